@@ -1,0 +1,160 @@
+# The one entry point of the tutorial. `make help` lists the targets.
+#
+#   make deps            install what is missing (Debian/Ubuntu packages)
+#   make run-00          build chapter 00 and run it on NP ranks (default 2) beside its baseline
+#   make check-00        the chapter's parity check on each of its standard layouts
+#   make plot-00         gnuplot PNGs of what the chapter measured
+#   make test            every unit test and every chapter check; last line "N passed, N failed"
+#   make cuda            compile and link every CUDA source with nvcc (sm_80, sm_90), warnings as errors
+#   make bench-01        a benchmark (never part of `make test`)
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := all
+
+# ---------------------------------------------------------------- configuration
+CUDA_HOME ?= $(if $(wildcard /usr/local/cuda/bin/nvcc),/usr/local/cuda,$(patsubst %/bin/nvcc,%,$(shell command -v nvcc 2>/dev/null)))
+NVCC      := $(if $(CUDA_HOME),$(CUDA_HOME)/bin/nvcc,)
+HAVE_NVCC := $(if $(wildcard $(NVCC)),yes,)
+HAVE_GPU  := $(shell nvidia-smi -L 2>/dev/null | grep -q GPU && echo yes)
+BACKEND   ?= $(if $(HAVE_GPU),cuda,cpu)
+NP        ?= 2
+ARGS      ?=
+NPROC     := $(shell nproc 2>/dev/null || echo 1)
+
+ifeq ($(filter $(BACKEND),cpu cuda),)
+$(error BACKEND=$(BACKEND) is not valid: use BACKEND=cpu or BACKEND=cuda)
+endif
+
+BUILD_ROOT ?= build
+BUILD     := $(BUILD_ROOT)/$(BACKEND)
+CC        := mpicc
+CFLAGS    ?= -O2 -g
+CFLAGS    += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -Icommon -MMD -MP
+LDLIBS_CPU  := -lopenblas -lcjson -lm
+CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
+LDLIBS_CUDA := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lcjson -lm
+MPI_CFLAGS  := $(shell mpicc --showme:compile 2>/dev/null)
+CUDA_ARCHS  := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+NVCCFLAGS   := -std=c++17 -O2 $(CUDA_ARCHS) -Icommon -I$(CUDA_HOME)/include $(MPI_CFLAGS) \
+               -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
+
+# mpirun: root needs --allow-run-as-root; more ranks than cores need --oversubscribe.
+# Each CPU rank uses one BLAS thread (the ranks are the parallelism).
+MPIRUN := mpirun $(if $(filter 0,$(shell id -u)),--allow-run-as-root,) \
+          $(if $(shell [ $(NP) -gt $(NPROC) ] 2>/dev/null && echo y),--oversubscribe,) \
+          --mca btl_vader_single_copy_mechanism none -x OPENBLAS_NUM_THREADS=1 -np $(NP)
+export MPIRUN_BASE := mpirun $(if $(filter 0,$(shell id -u)),--allow-run-as-root,) --oversubscribe \
+          --mca btl_vader_single_copy_mechanism none -x OPENBLAS_NUM_THREADS=1
+
+# ---------------------------------------------------------------- sources
+# common/: *_cpu.c are the CPU twins, *.cu the CUDA twins, every other .c is shared.
+COMMON_SHARED := $(filter-out %_cpu.c,$(wildcard common/*.c))
+COMMON_CPU    := $(wildcard common/*_cpu.c)
+COMMON_CU     := $(wildcard common/*.cu)
+CHAPTERS      := $(sort $(patsubst %/main.c,%,$(wildcard [0-9][0-9]_*/main.c)))
+TESTS_C       := $(wildcard tests/test_*.c)
+
+COMMON_OBJS_cpu  := $(patsubst %.c,$(BUILD_ROOT)/cpu/%.o,$(COMMON_SHARED) $(COMMON_CPU))
+COMMON_OBJS_cuda := $(patsubst %.c,$(BUILD_ROOT)/cuda/%.o,$(COMMON_SHARED)) $(patsubst %.cu,$(BUILD_ROOT)/cuda/%.o,$(COMMON_CU))
+LDLIBS_cpu  := $(LDLIBS_CPU)
+LDLIBS_cuda := $(LDLIBS_CUDA)
+
+# A chapter's binary: its own .c files plus the technique files of earlier chapters it
+# names in its chapter.mk (e.g. LINKS_02 := 01_transformer_tp/tp.c).
+-include $(wildcard [0-9][0-9]_*/chapter.mk)
+chapter_num  = $(firstword $(subst _, ,$(1)))
+chapter_srcs = $(wildcard $(1)/*.c) $(LINKS_$(call chapter_num,$(1)))
+chapter_dir  = $(filter $(1)_%,$(CHAPTERS))
+
+# ---------------------------------------------------------------- build rules
+$(BUILD_ROOT)/cpu/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD_ROOT)/cuda/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD_ROOT)/cuda/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD_ROOT)/cpu/libcommon.a: $(COMMON_OBJS_cpu)
+	ar rcs $@ $^
+$(BUILD_ROOT)/cuda/libcommon.a: $(COMMON_OBJS_cuda)
+	ar rcs $@ $^
+
+define chapter_rule
+$(1)_NUM := $(call chapter_num,$(1))
+$(BUILD_ROOT)/$(2)/$$($(1)_NUM): $$(patsubst %.c,$(BUILD_ROOT)/$(2)/%.o,$$(call chapter_srcs,$(1))) $(BUILD_ROOT)/$(2)/libcommon.a
+	$$(CC) $$^ -o $$@ $$(LDLIBS_$(2))
+endef
+$(foreach c,$(CHAPTERS),$(eval $(call chapter_rule,$(c),cpu)))
+$(foreach c,$(CHAPTERS),$(eval $(call chapter_rule,$(c),cuda)))
+
+define test_rule
+$(BUILD_ROOT)/$(2)/tests/$(1): $(BUILD_ROOT)/$(2)/tests/$(1).o $(BUILD_ROOT)/$(2)/libcommon.a
+	$$(CC) $$^ -o $$@ $$(LDLIBS_$(2))
+endef
+$(foreach t,$(basename $(notdir $(TESTS_C))),$(eval $(call test_rule,$(t),cpu)))
+$(foreach t,$(basename $(notdir $(TESTS_C))),$(eval $(call test_rule,$(t),cuda)))
+
+CHAPTER_BINS = $(foreach c,$(CHAPTERS),$(BUILD_ROOT)/$(1)/$(call chapter_num,$(c)))
+TEST_BINS    = $(foreach t,$(basename $(notdir $(TESTS_C))),$(BUILD_ROOT)/$(1)/tests/$(t))
+
+.PHONY: all cuda banner deps deps-check test clean help
+all: banner deps-check $(call CHAPTER_BINS,$(BACKEND)) $(call TEST_BINS,$(BACKEND))
+
+# `make cuda`: every .cu through nvcc for sm_80 and sm_90 with warnings as errors, and every
+# chapter and test linked against cuBLAS, cuBLASLt and NCCL. Runs without a GPU.
+cuda:
+	@if [ -z "$(HAVE_NVCC)" ]; then echo "make cuda: nvcc not found (set CUDA_HOME); nothing to build"; exit 1; fi
+	$(MAKE) --no-print-directory BACKEND=cuda $(call CHAPTER_BINS,cuda) $(call TEST_BINS,cuda)
+	@echo "make cuda: every CUDA source compiled (sm_80, sm_90, -Werror) and every binary linked"
+
+banner:
+	@./tests/banner.sh "$(BACKEND)" "$(NVCC)"
+
+# ---------------------------------------------------------------- dependencies
+deps:
+	@./tests/deps.sh install
+deps-check:
+	@./tests/deps.sh check || ./tests/deps.sh install
+
+# ---------------------------------------------------------------- running chapters
+# make run-NN [NP=2] [ARGS="..."]: one mpirun of chapter NN with its parity check on.
+run-%: all
+	@d=$(call chapter_dir,$*); [ -n "$$d" ] || { echo "no chapter $* (have: $(CHAPTERS))"; exit 2; }
+	$(MPIRUN) $(BUILD)/$* --check $(ARGS)
+
+# make check-NN: the chapter's standard layouts (its checks.txt), non-zero exit on failure.
+check-%: all
+	@./tests/run_checks.sh $(BACKEND) $*
+
+# make plot-NN: gnuplot PNGs from the CSV files the chapter wrote under out/NN/.
+plot-%:
+	@d=$(call chapter_dir,$*); [ -f $$d/plot.gp ] || { echo "chapter $* has no plot"; exit 2; }
+	@[ -n "$$(ls out/$*/*.csv 2>/dev/null)" ] || $(MAKE) --no-print-directory run-$*
+	@command -v gnuplot >/dev/null || ./tests/deps.sh install
+	gnuplot -e "outdir='out/$*'" $(call chapter_dir,$*)/plot.gp
+	@ls out/$*/*.png
+
+bench-%: all
+	@d=$(call chapter_dir,$*); [ -x $$d/bench.sh ] || { echo "chapter $* has no benchmark"; exit 2; }
+	@$(call chapter_dir,$*)/bench.sh $(BUILD)/$*
+
+# ---------------------------------------------------------------- tests
+test: all
+	@if [ -n "$(HAVE_NVCC)" ]; then echo "== make cuda (nvcc found at $(NVCC))"; \
+	 else echo "== nvcc not found: skipping the CUDA build (set CUDA_HOME to enable it)"; fi
+	@./tests/run_tests.sh $(BACKEND) "$(HAVE_NVCC)"
+
+clean:
+	rm -rf build out
+
+help:
+	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
+	@echo "  chapters: $(CHAPTERS)"
+	@echo "  variables: BACKEND=cpu|cuda (now $(BACKEND)), NP=ranks (now $(NP)), ARGS=\"chapter flags\", CUDA_HOME"
+
+-include $(shell find $(BUILD_ROOT) -name '*.d' 2>/dev/null)

@@ -1,0 +1,54 @@
+/* device.h: device memory, copies and the allocator's accounting.
+ *
+ * Every chapter allocates through device_alloc() with a category, so that the
+ * memory table a chapter prints (parameters, gradients, optimizer state,
+ * activations, buffers) is measured, not estimated.
+ *
+ * CPU backend (device_cpu.c):   "device" memory is host memory (calloc).
+ * CUDA backend (device_cuda.cu): cudaMalloc / cudaMemcpy on the rank's GPU.
+ * Both report to the same host-side bookkeeping (memory.c).
+ */
+#pragma once
+#include <stddef.h>
+#include "cdefs.h"
+
+C_BEGIN
+
+typedef enum {
+    MEM_PARAMS = 0,      /* model weights (the rank's shard of them)            */
+    MEM_GRADS,           /* their gradients                                      */
+    MEM_OPTIM,           /* optimizer state (AdamW m and v)                      */
+    MEM_ACTIVATIONS,     /* tensors saved in forward for use in backward         */
+    MEM_BUFFERS,         /* scratch: communication buffers, temporaries          */
+    MEM_NCATEGORIES
+} mem_category;
+
+/* Bind this rank to its device. CPU: one BLAS thread per rank. CUDA: cudaSetDevice(local_rank % ndev). */
+void device_init(int local_rank);
+void device_shutdown(void);
+const char *device_backend_name(void);          /* "cpu" or "cuda" */
+
+/* Zero-initialised allocation counted under `cat`; device_free() un-counts it. */
+void *device_alloc(size_t bytes, mem_category cat);
+float *device_alloc_floats(size_t n, mem_category cat);
+int *device_alloc_ints(size_t n, mem_category cat);
+void device_free(void *p);
+
+void device_copy_to_device(void *dst, const void *src_host, size_t bytes);
+void device_copy_to_host(void *dst_host, const void *src, size_t bytes);
+void device_copy(void *dst, const void *src, size_t bytes);          /* device to device */
+void device_zero(void *p, size_t bytes);
+void device_synchronize(void);
+
+/* ---- accounting (memory.c, shared by both backends) ---- */
+void mem_track_alloc(const void *p, size_t bytes, mem_category cat);
+void mem_track_free(const void *p);
+size_t mem_current(mem_category cat);
+size_t mem_peak(mem_category cat);
+size_t mem_current_total(void);
+size_t mem_peak_total(void);
+size_t mem_largest_alloc(mem_category cat);   /* the largest single live-or-past allocation */
+void mem_reset_peaks(void);                  /* peaks := current values */
+const char *mem_category_name(mem_category cat);
+
+C_END

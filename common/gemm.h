@@ -1,0 +1,51 @@
+/* gemm.h: one matrix multiply for both backends.
+ *
+ * Chapters think in row-major tensors: C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C.
+ * BLAS libraries (OpenBLAS's cblas_sgemm with CblasColMajor, cuBLAS's cublasSgemm) think
+ * column-major. A row-major matrix read as column-major is its transpose, so
+ *     C = op(A) op(B)   (row-major)   <=>   C^T = op(B)^T op(A)^T   (column-major)
+ * which means: swap the operands, swap their transpose flags, swap M and N.
+ * gemm_args_from_row_major() does this once; both backends receive the same tuple, so the
+ * CPU parity tests verify exactly the arguments cuBLAS gets.
+ */
+#pragma once
+#include <stdbool.h>
+#include "cdefs.h"
+
+C_BEGIN
+
+typedef struct {
+    bool swap_operands;  /* always true: the column-major call takes B first, then A */
+    char transa, transb; /* 'N' or 'T', column-major meaning                        */
+    int m, n, k;         /* column-major sizes                                      */
+    int lda, ldb, ldc;   /* column-major leading dimensions                         */
+} gemm_args;
+
+/* Row-major description -> column-major tuple.
+ * trans_a: A is stored [K,M] (use A^T); trans_b: B is stored [N,K] (use B^T).
+ * lda/ldb/ldc are the row-major leading dimensions (elements between rows); pass 0 for packed. */
+gemm_args gemm_args_from_row_major(bool trans_a, bool trans_b, int M, int N, int K,
+                                   int lda, int ldb, int ldc);
+
+/* The backend call (gemm_cpu.c: cblas_sgemm; gemm_cuda.cu: cublasSgemm[StridedBatched]).
+ * `first` and `second` are the column-major operands (first = row-major B, second = row-major A). */
+void gemm_colmajor(const gemm_args *g, float alpha, const float *first, const float *second,
+                   float beta, float *C);
+void gemm_colmajor_strided_batched(const gemm_args *g, float alpha,
+                                   const float *first, long long stride_first,
+                                   const float *second, long long stride_second, float beta,
+                                   float *C, long long stride_c, int batch);
+
+/* Row-major conveniences built on the two calls above. */
+/* C[M,N] = alpha * op(A) op(B) + beta * C, packed operands. */
+void matmul(float *C, const float *A, const float *B, int M, int N, int K,
+            bool trans_a, bool trans_b, float alpha, float beta);
+/* Same with explicit row-major leading dimensions and `batch` matrices at the given strides
+ * (elements). A stride of 0 reuses one operand for every batch entry (for example, the
+ * shared key head of grouped-query attention). */
+void matmul_strided_batched(float *C, const float *A, const float *B, int M, int N, int K,
+                            bool trans_a, bool trans_b, int lda, int ldb, int ldc,
+                            long long stride_a, long long stride_b, long long stride_c,
+                            int batch, float alpha, float beta);
+
+C_END

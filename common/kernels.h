@@ -1,0 +1,29 @@
+/* kernels.h: the element-wise kernels of the seed lesson (chapter 00) and a few generic ones.
+ * All pointers are device pointers; sizes are element counts. The formulas are in
+ * kernel_math.h; kernels_cpu.c and kernels_cuda.cu are the two loops around them.
+ */
+#pragma once
+#include <stddef.h>
+#include "cdefs.h"
+
+C_BEGIN
+
+/* out[n] = gelu(x[n]) */
+void gelu_forward(float *out, const float *x, size_t n);
+/* dx[n] = dout[n] * gelu'(x[n])   (overwrites dx) */
+void gelu_backward(float *dx, const float *dout, const float *x, size_t n);
+
+/* Returns sum over n of (y - t)^2 (host value). */
+float mse_sum(const float *y, const float *target, size_t n);
+/* dy[n] = 2 (y - t) / n_total   (n_total: the count the mean is taken over) */
+void mse_backward(float *dy, const float *y, const float *target, size_t n, size_t n_total);
+
+/* p[n] -= lr * g[n] */
+void sgd_step(float *p, const float *g, size_t n, float lr);
+
+/* y[n] += x[n] */
+void add_inplace(float *y, const float *x, size_t n);
+/* y[n] *= a */
+void scale_inplace(float *y, float a, size_t n);
+
+C_END

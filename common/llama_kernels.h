@@ -1,0 +1,86 @@
+/* llama_kernels.h: the layers of the Llama baseline, one forward and one backward each.
+ *
+ * All pointers are device pointers, all tensors row-major and contiguous unless a leading
+ * dimension says otherwise. N = B*T is the number of token rows. Backward functions say
+ * whether they overwrite (=) or accumulate (+=) into their outputs: accumulation is used where
+ * the residual stream or a shared weight receives gradient from several places.
+ *
+ * The per-element and per-row formulas live in llama_math.h (shared with the CUDA kernels);
+ * llama_kernels_cpu.c and llama_kernels_cuda.cu are the two loops around them.
+ * Parallel chapters call the same functions on their local shards (fewer heads, fewer FFN
+ * columns, a slice of the vocabulary, a slice of the sequence).
+ */
+#pragma once
+#include <stddef.h>
+#include "cdefs.h"
+
+C_BEGIN
+
+/* ---- token embedding ------------------------------------------------------------------
+ * The table holds rows [row0, row0 + nrows) of the full [V, D] table (the whole table on one
+ * device; a vocabulary shard in chapter 02). Tokens outside that range give zero rows.
+ *   forward:  out[N, D] = table[tokens[n] - row0]          (=)
+ *   backward: dtable[nrows, D] += dout[n] for every n whose token is in range            */
+void embedding_forward(float *out, const int *tokens, const float *table,
+                       int N, int D, int row0, int nrows);
+void embedding_backward(float *dtable, const float *dout, const int *tokens,
+                        int N, int D, int row0, int nrows);
+
+/* ---- RMSNorm: out = x / sqrt(mean(x^2) + eps) * w ------------------------------------
+ *   forward:  x[N, C], w[C] -> out[N, C] (=), rstd[N] (=, saved for backward)
+ *   backward: dx[N, C] += ..., dw[C] += ...                                               */
+void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w,
+                     int N, int C, float eps);
+void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
+                      const float *w, const float *rstd, int N, int C);
+
+/* ---- linear, y = x W^T, W stored [out, in] ------------------------------------------------
+ *   forward:  x[N, in], W[out, in] -> y[N, out] (=)
+ *   backward: dx[N, in] (=, skipped when dx is NULL), dW[out, in] += dy^T x               */
+void linear_forward(float *y, const float *x, const float *W, int N, int in, int out);
+void linear_backward(float *dx, float *dW, const float *dy, const float *x, const float *W,
+                     int N, int in, int out);
+
+/* ---- RoPE on interleaved pairs (2j, 2j+1) of each head, theta^(-2j/hd) ------------------
+ * x[B, T, H, hd] rotated in place; positions[T] (device ints) are the global positions of the
+ * T local rows of every sequence.
+ *   forward:  (a, b) -> (a cos - b sin, a sin + b cos)
+ *   backward: the inverse rotation applied to the gradient, in place                       */
+void rope_forward(float *x, const int *positions, int B, int T, int H, int hd, float theta);
+void rope_backward(float *dx, const int *positions, int B, int T, int H, int hd, float theta);
+
+/* ---- causal attention with grouped-query heads -------------------------------------------
+ * q[B, T, H, hd], k and v [B, T, Hkv, hd], Hkv divides H; query head h reads kv head
+ * h / (H / Hkv). scores = q k^T / sqrt(hd), causal mask, softmax in fp32.
+ *   forward:  out[B, T, H, hd] (=), probs[B, H, T, T] (=, saved for backward)
+ *   backward: dq (=), dk (=), dv (=); dprobs[B, H, T, T] is scratch                         */
+void attention_forward(float *out, float *probs, const float *q, const float *k, const float *v,
+                       int B, int T, int H, int Hkv, int hd);
+void attention_backward(float *dq, float *dk, float *dv, float *dprobs,
+                        const float *dout, const float *q, const float *k, const float *v,
+                        const float *probs, int B, int T, int H, int Hkv, int hd);
+
+/* ---- SwiGLU: out = silu(a) * b, a = x W1^T, b = x W3^T ------------------------------------
+ *   forward:  out[n] (=);  backward: da[n] (=), db[n] (=)                                  */
+void swiglu_forward(float *out, const float *a, const float *b, size_t n);
+void swiglu_backward(float *da, float *db, const float *dout, const float *a, const float *b,
+                     size_t n);
+
+/* ---- cross-entropy with ignore index -100 -------------------------------------------------
+ * logits[N, V], targets[N].
+ *   forward:  returns sum over rows with target != -100 of -log softmax(logits)[target]
+ *             (a host value; the caller divides by the global count of valid targets)
+ *   backward: dlogits[N, V] (=) = (softmax - onehot(target)) * grad_scale, zero rows for
+ *             ignored targets. dlogits may alias logits.                                    */
+#define IGNORE_INDEX (-100)
+float cross_entropy_forward(const float *logits, const int *targets, int N, int V);
+void cross_entropy_backward(float *dlogits, const float *logits, const int *targets,
+                            int N, int V, float grad_scale);
+
+/* ---- AdamW, as torch.optim.AdamW ----------------------------------------------------------
+ *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+ *   p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)        t = 1, 2, ...              */
+void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                float beta1, float beta2, float eps, float weight_decay, int t);
+
+C_END

@@ -1,0 +1,30 @@
+/* parity.h: compare a parallel run against the single-device baseline.
+ *
+ * Tolerances (DESIGN.md, fp32):
+ *   loss:      |a - b| <= 1e-5 * max(1, |b|)        on every step
+ *   gradients: max|ga - gb| / max|gb| <= 1e-4      per tensor
+ * Every comparison is recorded; parity_exit_code() is 1 if any failed. Rank 0 only.
+ */
+#pragma once
+#include <stddef.h>
+#include <stdbool.h>
+#include "cdefs.h"
+
+C_BEGIN
+
+#define PARITY_LOSS_RTOL 1e-5
+#define PARITY_GRAD_RTOL 1e-4
+
+void parity_set_tolerances(double loss_rtol, double grad_rtol);
+/* true when the losses agree; records a failure otherwise. */
+bool parity_loss(int step, double parallel, double baseline);
+/* Worst relative difference max|got-ref| / max|ref| (0/0 counts as 0, x/0 as inf). */
+double parity_rel_diff(const float *got, const float *ref, size_t n);
+/* Records and prints one row "name  rel_diff  ok/FAIL" of the gradient table. */
+bool parity_tensor(const char *name, const float *got, const float *ref, size_t n);
+void parity_print_header(const char *title);
+int parity_failures(void);
+/* Prints the verdict line; returns the process exit status (0 pass, 1 fail). */
+int parity_report(void);
+
+C_END

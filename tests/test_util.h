@@ -1,0 +1,34 @@
+/* test_util.h: the few macros every unit test uses.
+ *
+ * A test binary runs its checks, prints one line per failed check, and exits 0 only if all
+ * passed. Multi-rank tests reduce the verdict over the world so every rank exits alike.
+ * The driver (tests/run_tests.sh) counts binaries x rank counts as test cases.
+ */
+#pragma once
+#include <stdio.h>
+#include <math.h>
+
+static int tu_failed = 0, tu_checks = 0;
+
+#define CHECK(cond, ...) do {                                                   \
+    tu_checks++;                                                                \
+    if (!(cond)) {                                                              \
+        tu_failed++;                                                            \
+        fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);         \
+        fprintf(stderr, __VA_ARGS__);                                           \
+        fprintf(stderr, "\n");                                                  \
+    }                                                                           \
+} while (0)
+
+/* |a - b| <= atol + rtol * |b| */
+#define CHECK_CLOSE(a, b, atol, rtol, what) do {                                \
+    double _a = (double)(a), _b = (double)(b);                                  \
+    CHECK(fabs(_a - _b) <= (atol) + (rtol) * fabs(_b) && !isnan(_a),            \
+          "%s: got %.9g want %.9g", (what), _a, _b);                           \
+} while (0)
+
+static inline int tu_finish(const char *name) {
+    if (tu_failed) fprintf(stderr, "%s: %d of %d checks failed\n", name, tu_failed, tu_checks);
+    else printf("%s: %d checks ok\n", name, tu_checks);
+    return tu_failed ? 1 : 0;
+}
