@@ -1,0 +1,190 @@
+/* comm.c: process groups, statistics and timing, shared by both backends.
+ *
+ * MPI is always there: it launches the ranks, gives each its rank and local rank, and splits
+ * groups. The data of the lesson's collectives moves through the backend (comm_cpu.c: MPI,
+ * comm_cuda.cu: NCCL); every call passes through here first to be counted and timed.
+ */
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "comm.h"
+#include "comm_backend.h"
+#include "device.h"
+#include "log.h"
+
+#define MAX_GROUPS 64
+static comm_group *groups[MAX_GROUPS];
+static int n_groups = 0;
+static comm_group *world = NULL;
+static int local_rank = 0;
+
+static MPI_Comm mpi_of(comm_group *g) { return *(MPI_Comm *)g->mpi_comm; }
+
+static comm_group *group_new(MPI_Comm c, const char *name) {
+    comm_group *g = calloc(1, sizeof *g);
+    MPI_Comm *pc = malloc(sizeof *pc);
+    *pc = c;
+    g->mpi_comm = pc;
+    MPI_Comm_rank(c, &g->rank);
+    MPI_Comm_size(c, &g->size);
+    snprintf(g->name, sizeof g->name, "%s", name);
+    if (n_groups < MAX_GROUPS) groups[n_groups++] = g;
+    return g;
+}
+
+comm_group *comm_init(int *argc, char ***argv) {
+    MPI_Init(argc, argv);
+    /* Ranks on the same node share memory; their order there is this rank's GPU index. */
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &local_rank);
+    MPI_Comm_free(&node);
+    world = group_new(MPI_COMM_WORLD, "world");
+    log_set_rank(world->rank);
+    device_init(local_rank);
+    comm_backend_init(world);
+    return world;
+}
+
+void comm_finalize(void) {
+    comm_backend_finalize();
+    device_shutdown();
+    MPI_Finalize();
+}
+
+comm_group *comm_world(void) { return world; }
+int comm_local_rank(void) { return local_rank; }
+
+comm_group *comm_split(comm_group *parent, int color, int key, const char *name) {
+    MPI_Comm c;
+    MPI_Comm_split(mpi_of(parent), color, key, &c);
+    comm_group *g = group_new(c, name);
+    comm_backend_split(parent, g, color, key);
+    return g;
+}
+
+/* ---- counting ---- */
+
+static double ring_factor(collective_kind k, int p) {
+    if (p <= 1) return 0.0;
+    switch (k) {
+    case COLL_ALL_REDUCE: return 2.0 * (p - 1) / p;
+    case COLL_ALL_GATHER:
+    case COLL_REDUCE_SCATTER: return (double)(p - 1) / p;
+    case COLL_BROADCAST:
+    case COLL_SEND: return 1.0;
+    default: return 0.0;
+    }
+}
+
+static void count(comm_group *g, collective_kind k, double payload_bytes, double seconds) {
+    collective_stats *s = &g->stats[k];
+    s->calls++;
+    s->payload_bytes += payload_bytes;
+    s->wire_bytes += ring_factor(k, g->size) * payload_bytes;
+    s->seconds += seconds;
+}
+
+/* Time a collective end to end: on the GPU that means waiting for the stream, so the time is
+ * the collective's and not the kernels queued before it. */
+#define TIMED(g, kind, payload, call) do {               \
+    comm_backend_wait();                                 \
+    double t0_ = wall_seconds();                         \
+    call;                                                \
+    comm_backend_wait();                                 \
+    count((g), (kind), (payload), wall_seconds() - t0_); \
+} while (0)
+
+void comm_all_reduce(comm_group *g, float *buf, size_t count_, comm_op op) {
+    TIMED(g, COLL_ALL_REDUCE, count_ * 4.0, if (g->size > 1) backend_all_reduce(g, buf, count_, op));
+}
+void comm_all_gather(comm_group *g, const float *send, float *recv, size_t count_) {
+    TIMED(g, COLL_ALL_GATHER, count_ * 4.0 * g->size, backend_all_gather(g, send, recv, count_));
+}
+void comm_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count_) {
+    TIMED(g, COLL_REDUCE_SCATTER, count_ * 4.0 * g->size, backend_reduce_scatter(g, send, recv, count_));
+}
+void comm_broadcast(comm_group *g, float *buf, size_t count_, int root) {
+    TIMED(g, COLL_BROADCAST, count_ * 4.0, if (g->size > 1) backend_broadcast(g, buf, count_, root));
+}
+void comm_send(comm_group *g, const float *buf, size_t count_, int peer) {
+    TIMED(g, COLL_SEND, count_ * 4.0, backend_send(g, buf, count_, peer));
+}
+void comm_recv(comm_group *g, float *buf, size_t count_, int peer) {
+    TIMED(g, COLL_RECV, count_ * 4.0, backend_recv(g, buf, count_, peer));
+}
+void comm_barrier(comm_group *g) {
+    TIMED(g, COLL_BARRIER, 0.0, MPI_Barrier(mpi_of(g)));
+}
+
+/* ---- host-side agreement, not part of the lesson's traffic ---- */
+
+double comm_host_sum(comm_group *g, double x) {
+    double y;
+    MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, mpi_of(g));
+    return y;
+}
+double comm_host_max(comm_group *g, double x) {
+    double y;
+    MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_MAX, mpi_of(g));
+    return y;
+}
+void comm_host_gather(comm_group *g, const float *send, float *recv, size_t count_, int root) {
+    MPI_Gather(send, (int)count_, MPI_FLOAT, recv, (int)count_, MPI_FLOAT, root, mpi_of(g));
+}
+
+/* ---- statistics ---- */
+
+static const char *kind_names[COLL_NKINDS] = {
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv", "barrier"};
+const char *collective_name(collective_kind k) { return kind_names[k]; }
+
+void comm_reset_stats(comm_group *g) { memset(g->stats, 0, sizeof g->stats); }
+void comm_reset_all_stats(void) { for (int i = 0; i < n_groups; i++) comm_reset_stats(groups[i]); }
+
+double comm_total_seconds(void) {
+    double t = 0;
+    for (int i = 0; i < n_groups; i++)
+        for (int k = 0; k < COLL_NKINDS; k++) t += groups[i]->stats[k].seconds;
+    return t;
+}
+
+/* ---- bad input: one line from rank 0, status 2 everywhere, nobody left waiting ---- */
+
+void comm_exit_usage(const char *fmt, ...) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs("error: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+        fflush(stderr);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Finalize();
+    exit(2);
+}
+
+void comm_require_all(int ok, const char *fmt, ...) {
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    /* The lowest failing rank tells rank 0 its message. */
+    int mine = ok ? size : rank, first_bad;
+    MPI_Allreduce(&mine, &first_bad, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (first_bad == size) return;
+    char msg[512] = "";
+    if (rank == first_bad) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+    }
+    MPI_Bcast(msg, sizeof msg, MPI_CHAR, first_bad, MPI_COMM_WORLD);
+    comm_exit_usage("%s", msg);
+}

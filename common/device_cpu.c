@@ -1,0 +1,32 @@
+/* device_cpu.c: the CPU backend's "device" is the host. One BLAS thread per rank: the MPI
+ * ranks are the parallelism, and several BLAS threads per rank would fight over the cores. */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "device.h"
+
+void device_init(int local_rank) { (void)local_rank; openblas_set_num_threads(1); }
+void device_shutdown(void) {}
+const char *device_backend_name(void) { return "cpu"; }
+
+void *device_alloc(size_t bytes, mem_category cat) {
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p) { fprintf(stderr, "device_alloc: out of memory (%zu bytes)\n", bytes); exit(1); }
+    mem_track_alloc(p, bytes, cat);
+    return p;
+}
+float *device_alloc_floats(size_t n, mem_category cat) { return device_alloc(n * sizeof(float), cat); }
+int *device_alloc_ints(size_t n, mem_category cat) { return device_alloc(n * sizeof(int), cat); }
+
+void device_free(void *p) {
+    if (!p) return;
+    mem_track_free(p);
+    free(p);
+}
+
+void device_copy_to_device(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+void device_copy_to_host(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+void device_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
+void device_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+void device_synchronize(void) {}

@@ -1,0 +1,34 @@
+/* kernels_cpu.c: the CPU loops around kernel_math.h (the CUDA twin is kernels_cuda.cu). */
+#include "kernels.h"
+#include "kernel_math.h"
+
+void gelu_forward(float *out, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = gelu_value(x[i]);
+}
+
+void gelu_backward(float *dx, const float *dout, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) dx[i] = dout[i] * gelu_derivative(x[i]);
+}
+
+float mse_sum(const float *y, const float *target, size_t n) {
+    double sum = 0.0;   /* double accumulation: the loss is compared to 1e-5 */
+    for (size_t i = 0; i < n; i++) sum += mse_term(y[i], target[i]);
+    return (float)sum;
+}
+
+void mse_backward(float *dy, const float *y, const float *target, size_t n, size_t n_total) {
+    float inv_n = 1.0f / (float)n_total;
+    for (size_t i = 0; i < n; i++) dy[i] = mse_grad(y[i], target[i], inv_n);
+}
+
+void sgd_step(float *p, const float *g, size_t n, float lr) {
+    for (size_t i = 0; i < n; i++) p[i] = sgd_update(p[i], g[i], lr);
+}
+
+void add_inplace(float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+void scale_inplace(float *y, float a, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] *= a;
+}

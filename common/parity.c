@@ -1,0 +1,59 @@
+/* parity.c: the comparison every chapter ends with (rank 0 only). */
+#include <math.h>
+#include <stdio.h>
+#include "log.h"
+#include "parity.h"
+
+static double loss_rtol = PARITY_LOSS_RTOL, grad_rtol = PARITY_GRAD_RTOL;
+static int failures = 0, comparisons = 0;
+
+void parity_set_tolerances(double l, double g) { loss_rtol = l; grad_rtol = g; }
+
+bool parity_loss(int step, double parallel, double baseline) {
+    comparisons++;
+    double tol = loss_rtol * fmax(1.0, fabs(baseline));
+    bool ok = fabs(parallel - baseline) <= tol && !isnan(parallel);
+    if (!ok) {
+        failures++;
+        log0("  step %d: loss %.9g differs from the baseline %.9g by %.3g (tolerance %.3g)\n",
+             step, parallel, baseline, fabs(parallel - baseline), tol);
+    }
+    return ok;
+}
+
+double parity_rel_diff(const float *got, const float *ref, size_t n) {
+    double max_diff = 0.0, max_ref = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)ref[i]);
+        if (isnan(d)) return INFINITY;
+        if (d > max_diff) max_diff = d;
+        if (fabs(ref[i]) > max_ref) max_ref = fabs(ref[i]);
+    }
+    if (max_diff == 0.0) return 0.0;
+    return max_ref == 0.0 ? INFINITY : max_diff / max_ref;
+}
+
+void parity_print_header(const char *title) {
+    log0("%s\n  %-44s %12s  %s\n", title, "tensor", "rel. diff", "verdict");
+}
+
+bool parity_tensor(const char *name, const float *got, const float *ref, size_t n) {
+    comparisons++;
+    double r = parity_rel_diff(got, ref, n);
+    bool ok = r <= grad_rtol;
+    if (!ok) failures++;
+    log0("  %-44s %12.3e  %s\n", name, r, ok ? "ok" : "FAIL");
+    return ok;
+}
+
+int parity_failures(void) { return failures; }
+
+int parity_report(void) {
+    if (failures == 0)
+        log0("PARITY OK: %d comparisons within tolerance (loss %.0e, gradients %.0e)\n",
+             comparisons, loss_rtol, grad_rtol);
+    else
+        log0("PARITY FAILED: %d of %d comparisons out of tolerance (loss %.0e, gradients %.0e)\n",
+             failures, comparisons, loss_rtol, grad_rtol);
+    return failures ? 1 : 0;
+}
