@@ -40,11 +40,10 @@ NVCCFLAGS   := -std=c++17 -O2 $(CUDA_ARCHS) -Icommon -I$(CUDA_HOME)/include $(MP
 
 # mpirun: root needs --allow-run-as-root; more ranks than cores need --oversubscribe.
 # Each CPU rank uses one BLAS thread (the ranks are the parallelism).
-MPIRUN := mpirun $(if $(filter 0,$(shell id -u)),--allow-run-as-root,) \
+MPIRUN := mpirun -q $(if $(filter 0,$(shell id -u)),--allow-run-as-root,) \
           $(if $(shell [ $(NP) -gt $(NPROC) ] 2>/dev/null && echo y),--oversubscribe,) \
           --mca btl_vader_single_copy_mechanism none -x OPENBLAS_NUM_THREADS=1 -np $(NP)
-export MPIRUN_BASE := mpirun $(if $(filter 0,$(shell id -u)),--allow-run-as-root,) --oversubscribe \
-          --mca btl_vader_single_copy_mechanism none -x OPENBLAS_NUM_THREADS=1
+export MPIRUN_BASE := $(shell tests/mpirun_base.sh)
 
 # ---------------------------------------------------------------- sources
 # common/: *_cpu.c are the CPU twins, *.cu the CUDA twins, every other .c is shared.

@@ -1,0 +1,60 @@
+/* cli.c: see cli.h. Every rank parses the same argv, so every rank reaches the same verdict
+ * and comm_exit_usage() can end them all together without a hang. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli.h"
+#include "comm.h"
+
+int cli_int(const char *flag, const char *value, int min, int max) {
+    char *end;
+    errno = 0;
+    long v = strtol(value, &end, 10);
+    if (errno || end == value || *end || v < min || v > max)
+        comm_exit_usage("%s '%s' is not valid: expected an integer from %d to %d", flag, value, min, max);
+    return (int)v;
+}
+
+float cli_float(const char *flag, const char *value, float min, float max) {
+    char *end;
+    errno = 0;
+    double v = strtod(value, &end);
+    if (errno || end == value || *end || !isfinite(v) || v < min || v > max)
+        comm_exit_usage("%s '%s' is not valid: expected a number from %g to %g", flag, value, min, max);
+    return (float)v;
+}
+
+uint64_t cli_u64(const char *flag, const char *value) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(value, &end, 10);
+    if (errno || end == value || *end || value[0] == '-')
+        comm_exit_usage("%s '%s' is not valid: expected a non-negative integer", flag, value);
+    return (uint64_t)v;
+}
+
+int cli_choice(const char *flag, const char *value, const char *const *choices) {
+    char list[256] = "";
+    for (int i = 0; choices[i]; i++) {
+        if (strcmp(value, choices[i]) == 0) return i;
+        strncat(list, i ? ", " : "", sizeof list - strlen(list) - 1);
+        strncat(list, choices[i], sizeof list - strlen(list) - 1);
+    }
+    comm_exit_usage("%s '%s' is not valid: expected one of %s", flag, value, list);
+}
+
+void cli_unknown(int argc, char **argv, int optind_after) {
+    const char *arg = optind_after - 1 < argc ? argv[optind_after - 1] : "?";
+    comm_exit_usage("%s: unknown flag or missing value; run with --help for the list of flags", arg);
+}
+
+void cli_require_divisible(const char *what, int n, const char *by_what, int d) {
+    if (d > 0 && n % d == 0) return;
+    int lower = (n / d) * d, upper = lower + d;
+    if (lower > 0)
+        comm_exit_usage("%s %d is not divisible by %s %d: use a multiple of %d such as %d or %d",
+                        what, n, by_what, d, d, lower, upper);
+    comm_exit_usage("%s %d is not divisible by %s %d: use a multiple of %d such as %d",
+                    what, n, by_what, d, d, upper);
+}

@@ -1,0 +1,118 @@
+/* device_cuda.cu: the CUDA twin of device_cpu.c (see device.h).
+ *
+ * "Device memory" is GPU memory from cudaMalloc. The rank owns one GPU, one CUDA stream and one
+ * cuBLAS handle (cuda_common.h explains why one stream is enough). Allocations are reported to
+ * the same host-side bookkeeping as on CPU (memory.c), so the memory tables a chapter prints
+ * mean the same thing on both backends.
+ */
+#include "device.h"
+#include "cuda_common.h"
+
+static cudaStream_t g_stream = NULL;      /* the one stream everything goes onto  */
+static cublasHandle_t g_cublas = NULL;    /* the one cuBLAS handle, bound to it   */
+
+cudaStream_t cuda_stream(void) { return g_stream; }
+cublasHandle_t cuda_cublas(void) { return g_cublas; }
+
+/* Bind this rank to GPU (local_rank % number of GPUs): with 8 ranks on a node of 8 GPUs each
+ * rank gets its own; with more ranks than GPUs they share round-robin (slow, but it runs).
+ * Then create the stream and the cuBLAS handle that every other .cu file uses. */
+void device_init(int local_rank) {
+    int ndev = 0;
+    cudaError_t err = cudaGetDeviceCount(&ndev);
+    if (err != cudaSuccess || ndev <= 0) {   /* no GPU, or no driver: say what to do instead */
+        fprintf(stderr, "device_init: this binary was built with BACKEND=cuda but no usable GPU "
+                "was found (%s); rebuild with BACKEND=cpu\n",
+                err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+        exit(1);
+    }
+    CUDA_CHECK(cudaSetDevice(local_rank % ndev));
+    CUDA_CHECK(cudaStreamCreate(&g_stream));
+    CUBLAS_CHECK(cublasCreate(&g_cublas));
+    CUBLAS_CHECK(cublasSetStream(g_cublas, g_stream));
+    /* Plain fp32 GEMMs: no TF32 tensor-core shortcut, so a GEMM agrees with OpenBLAS to fp32
+     * rounding and the parity tolerances (1e-5 on the loss) hold on both backends. */
+    CUBLAS_CHECK(cublasSetMathMode(g_cublas, CUBLAS_DEFAULT_MATH));
+}
+
+/* Release the handle and the stream after the queued work has finished. */
+void device_shutdown(void) {
+    if (g_stream) CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    if (g_cublas) CUBLAS_CHECK(cublasDestroy(g_cublas));
+    if (g_stream) CUDA_CHECK(cudaStreamDestroy(g_stream));
+    g_cublas = NULL;
+    g_stream = NULL;
+}
+
+const char *device_backend_name(void) { return "cuda"; }
+
+/* `bytes` of zeroed GPU memory, counted under `cat`. The memset is queued on the stream, so
+ * any kernel issued afterwards sees zeros. */
+void *device_alloc(size_t bytes, mem_category cat) {
+    void *p = NULL;
+    CUDA_CHECK(cudaMalloc(&p, bytes > 0 ? bytes : 1));   /* like calloc: a valid pointer for 0 */
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g_stream));
+    mem_track_alloc(p, bytes, cat);
+    return p;
+}
+
+float *device_alloc_floats(size_t n, mem_category cat) {
+    return (float *)device_alloc(n * sizeof(float), cat);
+}
+
+int *device_alloc_ints(size_t n, mem_category cat) {
+    return (int *)device_alloc(n * sizeof(int), cat);
+}
+
+/* Un-count and release. cudaFree waits for the work that may still use the buffer. */
+void device_free(void *p) {
+    if (!p) return;
+    mem_track_free(p);
+    CUDA_CHECK(cudaFree(p));
+}
+
+/* Host -> GPU. Synchronous from the caller's point of view: when it returns, the host buffer
+ * may be reused or freed (the CPU twin's memcpy has the same contract). */
+void device_copy_to_device(void *dst, const void *src_host, size_t bytes) {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, g_stream));
+    CUDA_CHECK(cudaStreamSynchronize(g_stream));
+}
+
+/* GPU -> host. Waits for the kernels that produce `src` (they are earlier on the stream) and
+ * for the copy itself, because the caller reads dst_host right after. */
+void device_copy_to_host(void *dst_host, const void *src, size_t bytes) {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, g_stream));
+    CUDA_CHECK(cudaStreamSynchronize(g_stream));
+}
+
+/* GPU -> GPU. No wait: the host never looks at either buffer, and later work on the stream
+ * runs after the copy.
+ * The CPU twin is memmove, which allows dst and src to overlap; cudaMemcpy does not. So an
+ * overlapping copy goes through a temporary buffer (stream-ordered malloc/free: it exists only
+ * between the two copies and is not counted in the memory tables). */
+void device_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes == 0 || dst == src) return;
+    const char *d = (const char *)dst, *s = (const char *)src;
+    bool overlap = d < s + bytes && s < d + bytes;
+    if (!overlap) {
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_stream));
+        return;
+    }
+    void *tmp = NULL;
+    CUDA_CHECK(cudaMallocAsync(&tmp, bytes, g_stream));
+    CUDA_CHECK(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, g_stream));
+    CUDA_CHECK(cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, g_stream));
+    CUDA_CHECK(cudaFreeAsync(tmp, g_stream));
+}
+
+void device_zero(void *p, size_t bytes) {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g_stream));
+}
+
+/* Wait for everything queued so far (used before reading clocks and at the end of a step). */
+void device_synchronize(void) {
+    CUDA_CHECK(cudaStreamSynchronize(g_stream));
+}

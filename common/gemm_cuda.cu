@@ -1,0 +1,40 @@
+/* gemm_cuda.cu: the CUDA twin of gemm_cpu.c (see gemm.h).
+ *
+ * Both backends receive the same column-major tuple (transa, transb, m, n, k, lda, ldb, ldc)
+ * built once by gemm_args_from_row_major() in gemm.c. gemm_cpu.c hands it to
+ * cblas_sgemm(CblasColMajor, ...); here it goes to cublasSgemm unchanged, so the CPU parity
+ * tests check exactly the arguments cuBLAS receives. The cuBLAS handle is in fp32 mode without
+ * TF32 (device_init), so results match OpenBLAS to fp32 rounding.
+ */
+#include "gemm.h"
+#include "cuda_common.h"
+
+/* 'N' -> no transpose, 'T' -> transpose (the only two values gemm_args holds). */
+static cublasOperation_t to_cublas_op(char t) {
+    return (t == 'T' || t == 't') ? CUBLAS_OP_T : CUBLAS_OP_N;
+}
+
+/* Column-major C[m, n] = alpha * op(first)[m, k] * op(second)[k, n] + beta * C,
+ * with leading dimensions g->lda (first), g->ldb (second), g->ldc (C). All pointers are device
+ * pointers; alpha and beta are host scalars (the handle's default pointer mode). */
+void gemm_colmajor(const gemm_args *g, float alpha, const float *first, const float *second,
+                   float beta, float *C) {
+    CUBLAS_CHECK(cublasSgemm(cuda_cublas(), to_cublas_op(g->transa), to_cublas_op(g->transb),
+                             g->m, g->n, g->k, &alpha, first, g->lda, second, g->ldb,
+                             &beta, C, g->ldc));
+}
+
+/* The same product for `batch` independent matrices: entry i uses first + i*stride_first,
+ * second + i*stride_second and C + i*stride_c (strides in elements). A stride of 0 makes every
+ * entry read the same operand (grouped-query attention shares one key head among several
+ * query heads this way). */
+void gemm_colmajor_strided_batched(const gemm_args *g, float alpha,
+                                   const float *first, long long stride_first,
+                                   const float *second, long long stride_second, float beta,
+                                   float *C, long long stride_c, int batch) {
+    CUBLAS_CHECK(cublasSgemmStridedBatched(cuda_cublas(), to_cublas_op(g->transa),
+                                           to_cublas_op(g->transb), g->m, g->n, g->k, &alpha,
+                                           first, g->lda, stride_first,
+                                           second, g->ldb, stride_second,
+                                           &beta, C, g->ldc, stride_c, batch));
+}

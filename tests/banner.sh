@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# banner.sh BACKEND NVCC: one short block saying what the build found, and what to install
+# for anything missing.
+backend=$1; nvcc=$2
+found() { printf '  %-8s %s\n' "$1" "$2"; }
+echo "== build: backend $backend"
+if command -v mpicc >/dev/null; then found MPI "$(mpirun --version 2>/dev/null | head -1)"
+else found MPI "missing: apt-get install openmpi-bin libopenmpi-dev (or make deps)"; fi
+if echo '#include <cblas.h>' | cc -E -x c - >/dev/null 2>&1; then found BLAS "OpenBLAS (cblas.h)"
+else found BLAS "missing: apt-get install libopenblas-dev (or make deps)"; fi
+if [ -n "$nvcc" ] && [ -x "$nvcc" ]; then
+    found nvcc "$("$nvcc" --version | tail -1)"
+    inc=$(dirname "$(dirname "$nvcc")")/include/nccl.h
+    if [ -f "$inc" ]; then
+        v=$(awk '/define NCCL_MAJOR/{a=$3}/define NCCL_MINOR/{b=$3}/define NCCL_PATCH/{c=$3}END{print a"."b"."c}' "$inc")
+        found NCCL "$v"
+    else found NCCL "missing: install NCCL (libnccl-dev) for BACKEND=cuda"; fi
+else found nvcc "not found: CPU backend only (install the CUDA Toolkit and set CUDA_HOME for BACKEND=cuda)"; fi
+if command -v gnuplot >/dev/null; then found gnuplot "$(gnuplot --version)"
+else found gnuplot "missing: apt-get install gnuplot-nox (needed by make plot-NN)"; fi

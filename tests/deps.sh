@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# deps.sh check|install: the Debian/Ubuntu packages the tutorial needs.
+#   check    exit 0 when everything is present, 1 (listing what is missing) otherwise
+#   install  apt-get install what is missing (as root, or through sudo)
+# CUDA and NCCL are not installed here: they come with the CUDA Toolkit (set CUDA_HOME).
+set -u
+mode=${1:-check}
+
+# package : how we know it is there
+missing=()
+have_cmd() { command -v "$1" >/dev/null 2>&1; }
+have_header() { echo "#include <$1>" | cc -E -x c - >/dev/null 2>&1; }
+have_cmd mpicc && have_cmd mpirun        || missing+=(openmpi-bin libopenmpi-dev)
+have_header cblas.h                      || missing+=(libopenblas-dev)
+have_header cjson/cJSON.h                || missing+=(libcjson-dev)
+have_cmd gnuplot                         || missing+=(gnuplot-nox)
+have_cmd make && have_cmd cc             || missing+=(build-essential)
+# the outside check of the dumps: PyTorch reruns the exported steps (tests/reference_torch.py)
+/usr/bin/python3 -c "import torch, numpy" >/dev/null 2>&1 || missing+=(python3-torch python3-numpy)
+
+if [ ${#missing[@]} -eq 0 ]; then
+    [ "$mode" = install ] && echo "deps: everything is installed"
+    exit 0
+fi
+if [ "$mode" = check ]; then
+    echo "deps: missing ${missing[*]}"
+    exit 1
+fi
+
+if [ "$(id -u)" -eq 0 ]; then sudo=""
+elif command -v sudo >/dev/null 2>&1; then sudo="sudo"
+else
+    echo "deps: please install as root: apt-get install ${missing[*]}" >&2
+    exit 1
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "deps: no apt-get here; install the equivalents of: ${missing[*]}" >&2
+    exit 1
+fi
+echo "deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+    || { echo "deps: apt-get install ${missing[*]} failed" >&2; exit 1; }
+echo "deps: installed ${missing[*]}"

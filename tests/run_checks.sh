@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# run_checks.sh BACKEND NN [BUILD_ROOT]: run chapter NN's standard layouts from NN_*/checks.txt.
+# Each line of checks.txt:   <ranks> <pass|fail> <flags...>
+#   pass: the parity check must succeed (exit 0); fail: it must detect the deliberate bug
+#   (exit 1, not 2: a refused input is not a detected bug).
+# Prints one line per layout and exits non-zero when any layout does not behave.
+set -u
+backend=$1; nn=$2; root=${3:-build}
+dir=$(ls -d "${nn}"_*/ 2>/dev/null | head -1)
+[ -n "$dir" ] && [ -f "$dir/checks.txt" ] || { echo "chapter $nn has no checks.txt"; exit 2; }
+bin=$root/$backend/$nn
+mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
+passed=0; failed=0
+log=$(mktemp -d)
+while read -r np expect flags; do
+    case "$np" in ''|'#'*) continue;; esac
+    out=$log/run.txt
+    timeout 300 $mpirun_base -np "$np" "$bin" --check --out "$log/out" $flags </dev/null >"$out" 2>&1
+    rc=$?
+    # a "fail" layout must be caught by the parity check itself, not by anything else
+    if { [ "$expect" = pass ] && [ $rc -eq 0 ] && grep -q '^PARITY OK' "$out"; } ||
+       { [ "$expect" = fail ] && [ $rc -eq 1 ] && grep -q '^PARITY FAILED' "$out"; }; then
+        printf 'ok    check-%s  NP=%-2s %-5s %s\n' "$nn" "$np" "$expect" "$flags"; passed=$((passed+1))
+    else
+        printf 'FAIL  check-%s  NP=%-2s %-5s %s  (exit %d)\n' "$nn" "$np" "$expect" "$flags" $rc
+        sed 's/^/      | /' "$out" | tail -25
+        failed=$((failed+1))
+    fi
+done < "$dir/checks.txt"
+rm -rf "$log"
+echo "check-$nn: $passed passed, $failed failed"
+[ $failed -eq 0 ]

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# run_tests.sh BACKEND HAVE_NVCC: the whole test suite. Each line it prints is one test case:
+#   - the CUDA build (`make cuda`), when nvcc is present
+#   - every unit test tests/test_*.c on each rank count its first line names (/* ranks: 1 2 4 */)
+#   - every chapter's standard layouts (NN_*/checks.txt)
+#   - every scripted test tests/t_*.sh (bad input, dumps checked by PyTorch, ...)
+# The last line is "N passed, N failed".
+set -u
+backend=$1; have_nvcc=${2:-}
+root=${BUILD_ROOT:-build}
+export BUILD_ROOT=$root BACKEND=$backend
+passed=0; failed=0
+pass() { printf 'ok    %s\n' "$1"; passed=$((passed+1)); }
+fail() { printf 'FAIL  %s\n' "$1"; [ -n "${2:-}" ] && sed 's/^/      | /' "$2" | tail -30; failed=$((failed+1)); }
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
+t_start=$(date +%s)
+
+# 1. the CUDA build: every .cu through nvcc (sm_80, sm_90, warnings as errors), every binary linked
+if [ -n "$have_nvcc" ]; then
+    if make --no-print-directory cuda >"$tmp/cuda.txt" 2>&1; then pass "make cuda (nvcc, sm_80 + sm_90, -Werror, linked)"
+    else fail "make cuda" "$tmp/cuda.txt"; fi
+else
+    echo "skip  make cuda: nvcc not found"
+fi
+
+# 2. unit tests
+for src in tests/test_*.c; do
+    name=$(basename "$src" .c)
+    ranks=$(head -1 "$src" | sed -n 's#.*ranks:\([0-9 ]*\).*#\1#p')
+    for np in ${ranks:-1}; do
+        if timeout 300 $mpirun_base -np "$np" "$root/$backend/tests/$name" >"$tmp/u.txt" 2>&1; then
+            pass "$name (NP=$np)"
+        else fail "$name (NP=$np)" "$tmp/u.txt"; fi
+    done
+done
+
+# 3. chapter checks
+for checks in [0-9][0-9]_*/checks.txt; do
+    [ -f "$checks" ] || continue
+    nn=$(basename "$(dirname "$checks")" | cut -c1-2)
+    ./tests/run_checks.sh "$backend" "$nn" "$root" >"$tmp/c.txt" 2>&1
+    grep -v "^check-$nn:" "$tmp/c.txt"
+    p=$(sed -n "s/^check-$nn: \([0-9]*\) passed, \([0-9]*\) failed/\1/p" "$tmp/c.txt")
+    f=$(sed -n "s/^check-$nn: \([0-9]*\) passed, \([0-9]*\) failed/\2/p" "$tmp/c.txt")
+    if [ -z "$p" ]; then fail "check-$nn did not run" "$tmp/c.txt"; continue; fi
+    passed=$((passed+p)); failed=$((failed+f))
+done
+
+# 4. scripted tests
+for t in tests/t_*.sh; do
+    [ -f "$t" ] || continue
+    if timeout 600 bash "$t" >"$tmp/s.txt" 2>&1; then pass "$(basename "$t" .sh): $(tail -1 "$tmp/s.txt")"
+    else fail "$(basename "$t" .sh)" "$tmp/s.txt"; fi
+done
+
+echo "($(( $(date +%s) - t_start )) s)"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,70 @@
+/* ranks: 1 */
+/* test_kernels.c: chapter 00's element-wise kernels. Forwards against naive double loops,
+ * backwards against central finite differences. */
+#include <stdlib.h>
+#include "comm.h"
+#include "device.h"
+#include "init.h"
+#include "kernels.h"
+#include "test_util.h"
+
+#define N 37
+
+static float *upload(const float *h, size_t n) {
+    float *d = device_alloc_floats(n, MEM_BUFFERS);
+    device_copy_to_device(d, h, n * 4);
+    return d;
+}
+
+static double gelu_ref(double x) { return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+
+int main(int argc, char **argv) {
+    comm_init(&argc, &argv);
+    float x[N], t[N], out[N], g[N];
+    init_normal_slice(x, "x", 3, 2.0f, 1, N, 0, 1, 0, N);
+    init_normal_slice(t, "t", 3, 1.0f, 1, N, 0, 1, 0, N);
+    float *dx = upload(x, N), *dt = upload(t, N), *dout = device_alloc_floats(N, MEM_BUFFERS);
+
+    /* gelu forward vs the formula in double */
+    gelu_forward(dout, dx, N);
+    device_copy_to_host(out, dout, sizeof out);
+    for (int i = 0; i < N; i++) CHECK_CLOSE(out[i], gelu_ref(x[i]), 1e-6, 1e-5, "gelu");
+
+    /* gelu backward vs central differences of the double formula */
+    float ones[N];
+    for (int i = 0; i < N; i++) ones[i] = 1.0f;
+    float *dones = upload(ones, N);
+    gelu_backward(dout, dones, dx, N);
+    device_copy_to_host(g, dout, sizeof g);
+    for (int i = 0; i < N; i++) {
+        double h = 1e-4, fd = (gelu_ref(x[i] + h) - gelu_ref(x[i] - h)) / (2 * h);
+        CHECK_CLOSE(g[i], fd, 1e-5, 1e-4, "gelu'");
+    }
+
+    /* mse: sum and gradient (of the mean over N) vs finite differences of the mean */
+    double want = 0;
+    for (int i = 0; i < N; i++) want += (x[i] - t[i]) * (double)(x[i] - t[i]);
+    CHECK_CLOSE(mse_sum(dx, dt, N), want, 1e-4, 1e-6, "mse sum");
+    mse_backward(dout, dx, dt, N, N);
+    device_copy_to_host(g, dout, sizeof g);
+    for (int i = 0; i < N; i++) {
+        double h = 1e-3, up = want - (x[i] - t[i]) * (double)(x[i] - t[i]);
+        double lo = up + (x[i] + h - t[i]) * (x[i] + h - t[i]), hi = up + (x[i] - h - t[i]) * (x[i] - h - t[i]);
+        CHECK_CLOSE(g[i], (lo - hi) / (2 * h) / N, 1e-6, 1e-4, "mse grad");
+    }
+
+    /* sgd, add, scale */
+    sgd_step(dx, dones, N, 0.25f);
+    device_copy_to_host(out, dx, sizeof out);
+    for (int i = 0; i < N; i++) CHECK_CLOSE(out[i], x[i] - 0.25f, 0, 1e-6, "sgd");
+    add_inplace(dx, dones, N);
+    scale_inplace(dx, 2.0f, N);
+    device_copy_to_host(out, dx, sizeof out);
+    for (int i = 0; i < N; i++) CHECK_CLOSE(out[i], 2 * (x[i] + 0.75f), 0, 1e-6, "add+scale");
+
+    device_free(dx); device_free(dt); device_free(dout); device_free(dones);
+    CHECK(mem_current_total() == 0, "allocator still counts %zu bytes after freeing everything", mem_current_total());
+    int rc = tu_finish("test_kernels");
+    comm_finalize();
+    return rc;
+}
