@@ -23,6 +23,7 @@
 #include "mlp.h"
 #include "parity.h"
 #include "report.h"
+#include "shard.h"
 
 typedef struct {
     int dim, hidden, batch, steps;
@@ -76,23 +77,11 @@ static options parse_options(int argc, char **argv) {
     return o;
 }
 
-/* Bring a sharded gradient to rank 0 as the full tensor (host memory). Not part of the lesson's
- * traffic (uncounted), only of its checking. fc1 is split by rows: the rank-major gather is
- * already [hidden, dim]. fc2 is split by columns: each rank's [dim, Hl] block is re-interleaved. */
+/* Bring the sharded gradients to rank 0 as full tensors (host memory). For checking only:
+ * this traffic is not counted. fc1 is split by rows, fc2 by columns (see shard.h). */
 static void gather_grads(const mlp *m, comm_group *tp, float *fc1_full, float *fc2_full) {
-    size_t n = (size_t)m->hidden_local * m->dim;
-    float *local = malloc(n * sizeof(float)), *all = malloc(n * tp->size * sizeof(float));
-    device_copy_to_host(local, m->dfc1, n * sizeof(float));
-    comm_host_gather(tp, local, fc1_full, n, 0);
-    device_copy_to_host(local, m->dfc2, n * sizeof(float));
-    comm_host_gather(tp, local, all, n, 0);
-    if (tp->rank == 0)
-        for (int r = 0; r < tp->size; r++)
-            for (int d = 0; d < m->dim; d++)
-                memcpy(fc2_full + (size_t)d * m->hidden + r * m->hidden_local,
-                       all + r * n + (size_t)d * m->hidden_local, m->hidden_local * sizeof(float));
-    free(local);
-    free(all);
+    shard_gather_to_host(tp, SHARD_ROWS, m->dfc1, m->hidden, m->dim, fc1_full);
+    shard_gather_to_host(tp, SHARD_COLS, m->dfc2, m->dim, m->hidden, fc2_full);
 }
 
 static void print_corner(const char *label, const float *g, int cols) {

@@ -20,6 +20,7 @@
  *           logits = output(rmsnorm(h)); loss = sum of token losses / global valid count
  */
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
 #include "cdefs.h"
 
@@ -37,6 +38,9 @@ typedef struct {
 llama_config llama_config_default(void);   /* the tiny configuration every chapter defaults to */
 adamw_config adamw_config_default(void);   /* lr 1e-3, betas (0.9, 0.95), eps 1e-8, wd 0.1    */
 static inline int llama_head_dim(const llama_config *c) { return c->dim / c->n_heads; }
+/* 0 when the configuration and a [B, T] batch make a valid model; otherwise -1 and one line in
+ * err naming the values and the rule (n_heads divides dim, n_kv_heads divides n_heads, ...). */
+int llama_config_check(const llama_config *c, int B, int T, char *err, size_t errlen);
 
 /* ---- the parameter table: every tensor's name, kind and full shape ---- */
 typedef enum {

@@ -23,6 +23,13 @@ double parity_rel_diff(const float *got, const float *ref, size_t n);
 /* Records and prints one row "name  rel_diff  ok/FAIL" of the gradient table. */
 bool parity_tensor(const char *name, const float *got, const float *ref, size_t n);
 void parity_print_header(const char *title);
+/* Enforced (the default): a gradient past tolerance is a failure. Not enforced: the row is
+ * computed and shown but not judged (see run.h: gradients after step 1). */
+void parity_set_grads_enforced(bool enforced);
+/* verbose (the default): parity_tensor prints every row; quiet: only failing rows. */
+void parity_set_verbose(bool verbose);
+/* The worst relative difference recorded by parity_tensor since the last call, and its tensor. */
+double parity_worst(const char **name);
 int parity_failures(void);
 /* Prints the verdict line; returns the process exit status (0 pass, 1 fail). */
 int parity_report(void);

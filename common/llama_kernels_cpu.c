@@ -1,0 +1,283 @@
+/* llama_kernels_cpu.c: the CPU backend of llama_kernels.h.
+ *
+ * Every function is a plain loop around the formulas of llama_math.h, and every matrix product
+ * goes through gemm.h (OpenBLAS underneath). llama_kernels_cuda.cu is the same code with the
+ * loops turned into CUDA threads and the same GEMM calls: read the two side by side.
+ */
+#include <string.h>
+#include "llama_kernels.h"
+#include "llama_math.h"
+#include "gemm.h"
+
+/* ---- token embedding ---------------------------------------------------------------------- */
+
+/* out[N, D] = table[tokens[n] - row0], zero rows for tokens another shard owns. */
+void embedding_forward(float *out, const int *tokens, const float *table,
+                       int N, int D, int row0, int nrows) {
+    for (int n = 0; n < N; n++) {
+        int row = embedding_local_row(tokens[n], row0, nrows);
+        float *out_n = out + (size_t)n * D;
+        for (int d = 0; d < D; d++) out_n[d] = row >= 0 ? table[(size_t)row * D + d] : 0.0f;
+    }
+}
+
+/* dtable[nrows, D] += dout[n] for every token n of this shard. A token that occurs several
+ * times adds several rows into the same table row (the CUDA twin needs atomicAdd for this). */
+void embedding_backward(float *dtable, const float *dout, const int *tokens,
+                        int N, int D, int row0, int nrows) {
+    for (int n = 0; n < N; n++) {
+        int row = embedding_local_row(tokens[n], row0, nrows);
+        if (row < 0) continue;
+        for (int d = 0; d < D; d++) dtable[(size_t)row * D + d] += dout[(size_t)n * D + d];
+    }
+}
+
+/* ---- RMSNorm ------------------------------------------------------------------------------- */
+
+/* x[N, C], w[C] -> out[N, C] = x r w, rstd[N] = r (saved for backward). */
+void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w,
+                     int N, int C, float eps) {
+    for (int n = 0; n < N; n++) {
+        const float *x_n = x + (size_t)n * C;
+        float *out_n = out + (size_t)n * C;
+        float sum_sq = 0.0f;
+        for (int c = 0; c < C; c++) sum_sq += x_n[c] * x_n[c];
+        float r = rmsnorm_rstd(sum_sq, C, eps);
+        rstd[n] = r;
+        for (int c = 0; c < C; c++) out_n[c] = rmsnorm_value(x_n[c], r, w[c]);
+    }
+}
+
+/* dx[N, C] += dL/dx, dw[C] += dL/dw. Both accumulate: dx is the residual stream's gradient,
+ * which already holds the gradient that skipped this layer; dw sums over the rows (and over
+ * microbatches). */
+void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
+                      const float *w, const float *rstd, int N, int C) {
+    for (int n = 0; n < N; n++) {
+        const float *x_n = x + (size_t)n * C;
+        const float *dout_n = dout + (size_t)n * C;
+        float *dx_n = dx + (size_t)n * C;
+        float dot = 0.0f;   /* sum_c dout w x: every dx_c of the row depends on it */
+        for (int c = 0; c < C; c++) dot += rmsnorm_dot_term(dout_n[c], w[c], x_n[c]);
+        for (int c = 0; c < C; c++) {
+            dx_n[c] += rmsnorm_dx(dout_n[c], x_n[c], w[c], rstd[n], dot, C);
+            dw[c] += rmsnorm_dw_term(dout_n[c], x_n[c], rstd[n]);
+        }
+    }
+}
+
+/* ---- linear, y = x W^T ---------------------------------------------------------------------- */
+
+/* x[N, in], W[out, in] -> y[N, out] = x W^T. */
+void linear_forward(float *y, const float *x, const float *W, int N, int in, int out) {
+    matmul(y, x, W, N, out, in, false, true, 1.0f, 0.0f);
+}
+
+/* dx[N, in] = dy W (skipped when dx is NULL: the first layer's input needs no gradient);
+ * dW[out, in] += dy^T x (beta = 1 accumulates, e.g. over microbatches). */
+void linear_backward(float *dx, float *dW, const float *dy, const float *x, const float *W,
+                     int N, int in, int out) {
+    if (dx) matmul(dx, dy, W, N, in, out, false, false, 1.0f, 0.0f);
+    matmul(dW, dy, x, out, in, N, true, false, 1.0f, 1.0f);
+}
+
+/* ---- RoPE ------------------------------------------------------------------------------------ */
+
+/* Rotates every pair (2j, 2j+1) of every head of x[B, T, H, hd] in place, forward or back.
+ * The loop runs over the same index i = ((b T + t) H + h) hd/2 + j that the CUDA kernel gives
+ * its threads. */
+static void rope_apply(float *x, const int *positions, int B, int T, int H, int hd, float theta,
+                       int inverse) {
+    int half = hd / 2;
+    size_t npairs = (size_t)B * T * H * half;
+    for (size_t i = 0; i < npairs; i++) {
+        int j = (int)(i % half);
+        size_t row = i / half;            /* (b T + t) H + h: which head vector */
+        int t = (int)((row / H) % T);
+        float angle = rope_angle(positions[t], j, hd, theta);
+        float cos_t = cosf(angle), sin_t = sinf(angle);
+        float *pair = x + row * hd + 2 * j;
+        if (inverse) rope_rotate_inverse(&pair[0], &pair[1], cos_t, sin_t);
+        else         rope_rotate(&pair[0], &pair[1], cos_t, sin_t);
+    }
+}
+
+void rope_forward(float *x, const int *positions, int B, int T, int H, int hd, float theta) {
+    rope_apply(x, positions, B, T, H, hd, theta, 0);
+}
+
+/* The gradient of a rotation is the inverse rotation of the gradient. */
+void rope_backward(float *dx, const int *positions, int B, int T, int H, int hd, float theta) {
+    rope_apply(dx, positions, B, T, H, hd, theta, 1);
+}
+
+/* ---- causal attention with grouped-query heads ----------------------------------------------
+ * Layouts: q and out are [B, T, H, hd], k and v are [B, T, Hkv, hd]; one head of one sequence is
+ * a [T, hd] matrix whose rows are H*hd (or Hkv*hd) floats apart, and the next head starts hd
+ * floats later. probs is [B, H, T, T], one packed [T, T] matrix per (b, h).
+ * The `group` = H / Hkv query heads h = g*group .. g*group + group-1 share kv head g. For each
+ * (b, g) they form one strided batch: query stride hd, key/value stride 0 (the same head is
+ * read by every entry of the batch).                                                          */
+
+/* probs[rows, T]: row r is query i = r % T of its (b, h). Softmax over keys j <= i, 0 beyond. */
+static void causal_softmax(float *probs, int rows, int T) {
+    for (int r = 0; r < rows; r++) {
+        float *p = probs + (size_t)r * T;
+        int i = r % T;
+        softmax_state st = softmax_state_empty();
+        for (int j = 0; j < T; j++)
+            if (attention_visible(i, j)) st = softmax_state_add(st, p[j]);
+        for (int j = 0; j < T; j++) p[j] = attention_visible(i, j) ? softmax_prob(p[j], st) : 0.0f;
+    }
+}
+
+/* out[B, T, H, hd] = softmax(causal(q k^T / sqrt(hd))) v; probs[B, H, T, T] saved. */
+void attention_forward(float *out, float *probs, const float *q, const float *k, const float *v,
+                       int B, int T, int H, int Hkv, int hd) {
+    int group = H / Hkv;
+    int ldq = H * hd, ldkv = Hkv * hd;     /* row strides of q/out and of k/v */
+    long long TT = (long long)T * T;
+    float scale = attention_scale(hd);
+    /* scores[b, h] = scale * q_h k_g^T : [T, T] */
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < Hkv; g++) {
+            const float *q_g = q + (size_t)b * T * ldq + (size_t)g * group * hd;
+            const float *k_g = k + (size_t)b * T * ldkv + (size_t)g * hd;
+            float *scores_g = probs + ((size_t)b * H + (size_t)g * group) * TT;
+            matmul_strided_batched(scores_g, q_g, k_g, T, T, hd, false, true, ldq, ldkv, T,
+                                   hd, 0, TT, group, scale, 0.0f);
+        }
+    causal_softmax(probs, B * H * T, T);
+    /* out_h = P_h v_g : [T, hd], written into the head's columns of out */
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < Hkv; g++) {
+            const float *p_g = probs + ((size_t)b * H + (size_t)g * group) * TT;
+            const float *v_g = v + (size_t)b * T * ldkv + (size_t)g * hd;
+            float *out_g = out + (size_t)b * T * ldq + (size_t)g * group * hd;
+            matmul_strided_batched(out_g, p_g, v_g, T, hd, T, false, false, T, ldkv, ldq,
+                                   TT, 0, hd, group, 1.0f, 0.0f);
+        }
+}
+
+/* dprobs[rows, T] := dS = P * (dP - rowsum(P * dP)), zero above the causal diagonal. */
+static void causal_softmax_backward(float *dprobs, const float *probs, int rows, int T) {
+    for (int r = 0; r < rows; r++) {
+        const float *p = probs + (size_t)r * T;
+        float *dp = dprobs + (size_t)r * T;
+        int i = r % T;
+        float dot = 0.0f;
+        for (int j = 0; j < T; j++)
+            if (attention_visible(i, j)) dot += softmax_dot_term(p[j], dp[j]);
+        for (int j = 0; j < T; j++)
+            dp[j] = attention_visible(i, j) ? softmax_grad(p[j], dp[j], dot) : 0.0f;
+    }
+}
+
+/* dq (=), dk (=), dv (=) from dout[B, T, H, hd]; dprobs[B, H, T, T] is scratch.
+ *   dV_g = sum_h P_h^T dOut_h          dP_h = dOut_h V_g^T       dS_h = softmax backward
+ *   dQ_h = scale dS_h K_g              dK_g = scale sum_h dS_h^T Q_h
+ * dV_g and dK_g sum over the heads of the group. A single batched call would have all its
+ * entries write the same dV_g at once, a race on the GPU; instead the heads go one after the
+ * other, the first with beta = 0 (overwrite), the rest with beta = 1 (accumulate). */
+void attention_backward(float *dq, float *dk, float *dv, float *dprobs,
+                        const float *dout, const float *q, const float *k, const float *v,
+                        const float *probs, int B, int T, int H, int Hkv, int hd) {
+    int group = H / Hkv;
+    int ldq = H * hd, ldkv = Hkv * hd;
+    long long TT = (long long)T * T;
+    float scale = attention_scale(hd);
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < Hkv; g++) {
+            const float *dout_g = dout + (size_t)b * T * ldq + (size_t)g * group * hd;
+            const float *v_g = v + (size_t)b * T * ldkv + (size_t)g * hd;
+            const float *p_g = probs + ((size_t)b * H + (size_t)g * group) * TT;
+            float *dp_g = dprobs + ((size_t)b * H + (size_t)g * group) * TT;
+            float *dv_g = dv + (size_t)b * T * ldkv + (size_t)g * hd;
+            /* dV_g = sum_h P_h^T dOut_h : [T, hd] */
+            for (int i = 0; i < group; i++)
+                matmul_strided_batched(dv_g, p_g + i * TT, dout_g + i * hd, T, hd, T, true, false,
+                                       T, ldq, ldkv, 0, 0, 0, 1, 1.0f, i == 0 ? 0.0f : 1.0f);
+            /* dP_h = dOut_h V_g^T : [T, T], one per head, so one batched call */
+            matmul_strided_batched(dp_g, dout_g, v_g, T, T, hd, false, true, ldq, ldkv, T,
+                                   hd, 0, TT, group, 1.0f, 0.0f);
+        }
+    causal_softmax_backward(dprobs, probs, B * H * T, T);
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < Hkv; g++) {
+            const float *q_g = q + (size_t)b * T * ldq + (size_t)g * group * hd;
+            const float *k_g = k + (size_t)b * T * ldkv + (size_t)g * hd;
+            const float *ds_g = dprobs + ((size_t)b * H + (size_t)g * group) * TT;
+            float *dq_g = dq + (size_t)b * T * ldq + (size_t)g * group * hd;
+            float *dk_g = dk + (size_t)b * T * ldkv + (size_t)g * hd;
+            /* dQ_h = scale dS_h K_g : [T, hd], one per head */
+            matmul_strided_batched(dq_g, ds_g, k_g, T, hd, T, false, false, T, ldkv, ldq,
+                                   TT, 0, hd, group, scale, 0.0f);
+            /* dK_g = scale sum_h dS_h^T Q_h : [T, hd] */
+            for (int i = 0; i < group; i++)
+                matmul_strided_batched(dk_g, ds_g + i * TT, q_g + i * hd, T, hd, T, true, false,
+                                       T, ldq, ldkv, 0, 0, 0, 1, scale, i == 0 ? 0.0f : 1.0f);
+        }
+}
+
+/* ---- SwiGLU --------------------------------------------------------------------------------- */
+
+/* out[n] = silu(a) * b */
+void swiglu_forward(float *out, const float *a, const float *b, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = swiglu_value(a[i], b[i]);
+}
+
+/* da[n] = dout b silu'(a), db[n] = dout silu(a) */
+void swiglu_backward(float *da, float *db, const float *dout, const float *a, const float *b,
+                     size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float g = dout[i], a_i = a[i], b_i = b[i];   /* read first: da/db may alias the inputs */
+        da[i] = swiglu_grad_a(g, a_i, b_i);
+        db[i] = swiglu_grad_b(g, a_i);
+    }
+}
+
+/* ---- cross-entropy -------------------------------------------------------------------------- */
+
+/* Sum over rows whose target is not IGNORE_INDEX of -log softmax(logits[n])[target]. */
+float cross_entropy_forward(const float *logits, const int *targets, int N, int V) {
+    double total = 0.0;   /* double: the sum of many row losses is compared to 1e-5 */
+    for (int n = 0; n < N; n++) {
+        if (targets[n] == IGNORE_INDEX) continue;
+        const float *row = logits + (size_t)n * V;
+        softmax_state st = softmax_state_empty();
+        for (int j = 0; j < V; j++) st = softmax_state_add(st, row[j]);
+        total += cross_entropy_loss(row[targets[n]], st);
+    }
+    return (float)total;
+}
+
+/* dlogits[N, V] = (softmax - onehot(target)) * grad_scale; zero rows for ignored targets.
+ * dlogits may alias logits: a row's softmax state is complete before the row is overwritten,
+ * and each element is read before it is written. */
+void cross_entropy_backward(float *dlogits, const float *logits, const int *targets,
+                            int N, int V, float grad_scale) {
+    for (int n = 0; n < N; n++) {
+        const float *row = logits + (size_t)n * V;
+        float *drow = dlogits + (size_t)n * V;
+        if (targets[n] == IGNORE_INDEX) {
+            for (int j = 0; j < V; j++) drow[j] = 0.0f;
+            continue;
+        }
+        softmax_state st = softmax_state_empty();
+        for (int j = 0; j < V; j++) st = softmax_state_add(st, row[j]);
+        for (int j = 0; j < V; j++)
+            drow[j] = cross_entropy_grad(row[j], j == targets[n], st, grad_scale);
+    }
+}
+
+/* ---- AdamW ---------------------------------------------------------------------------------- */
+
+/* One step t (1, 2, ...) on n elements: p, m, v updated in place from gradient g. */
+void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                float beta1, float beta2, float eps, float weight_decay, int t) {
+    float bias_correction1 = adamw_bias_correction(beta1, t);
+    float bias_correction2 = adamw_bias_correction(beta2, t);
+    for (size_t i = 0; i < n; i++)
+        adamw_update(&p[i], &m[i], &v[i], g[i], lr, beta1, beta2, eps, weight_decay,
+                     bias_correction1, bias_correction2);
+}

@@ -1,0 +1,443 @@
+/* llama_kernels_cuda.cu: the CUDA twin of llama_kernels_cpu.c (see llama_kernels.h).
+ *
+ * Read it beside the CPU file: every function has the same argument list, the same GEMM calls
+ * (gemm.h, cuBLAS underneath) and the same formulas from llama_math.h. Only the loops change:
+ *   - element-wise loops become kernels with one thread per element (a grid-stride loop, so a
+ *     bounded grid covers any n);
+ *   - row loops (RMSNorm, softmax, cross-entropy) become one block of ROW_THREADS threads per
+ *     row: thread x handles elements x, x + ROW_THREADS, ..., then cub::BlockReduce combines the
+ *     threads' partial results (a sum, or a softmax state) and shared memory hands the row's
+ *     total to every thread.
+ * All pointers are device pointers and everything is launched on the rank's one stream
+ * (cuda_common.h), so kernels and GEMMs run in the order they are issued; only
+ * cross_entropy_forward, which returns a host value, waits for the GPU.
+ */
+#include <cub/block/block_reduce.cuh>
+#include "llama_kernels.h"
+#include "llama_math.h"
+#include "gemm.h"
+#include "cuda_common.h"
+
+/* The index of this thread's first element and the stride to its next one. */
+#define GRID_STRIDE_LOOP(i, n)                                                   \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)(n); \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/* ---- row reductions ----------------------------------------------------------------------------
+ * Row kernels are launched with exactly ROW_THREADS threads per block (cub sizes its shared
+ * scratch for that number). Each helper takes this thread's partial result and returns the
+ * whole block's, in every thread. The trailing __syncthreads() lets a kernel call the helper
+ * again (next row, or a second reduction) without overwriting shared memory still being read. */
+#define ROW_THREADS 256
+typedef cub::BlockReduce<float, ROW_THREADS> BlockReduceFloat;
+typedef cub::BlockReduce<softmax_state, ROW_THREADS> BlockReduceSoftmax;
+
+static __device__ float block_sum(float mine) {
+    __shared__ BlockReduceFloat::TempStorage temp;
+    __shared__ float total;
+    float sum = BlockReduceFloat(temp).Sum(mine);    /* valid in thread 0 only */
+    if (threadIdx.x == 0) total = sum;
+    __syncthreads();
+    float result = total;
+    __syncthreads();
+    return result;
+}
+
+/* cub needs the merge as a function object. */
+struct SoftmaxStateMerge {
+    __device__ softmax_state operator()(const softmax_state &a, const softmax_state &b) const {
+        return softmax_state_merge(a, b);
+    }
+};
+
+static __device__ softmax_state block_softmax_state(softmax_state mine) {
+    __shared__ BlockReduceSoftmax::TempStorage temp;
+    __shared__ softmax_state total;
+    softmax_state st = BlockReduceSoftmax(temp).Reduce(mine, SoftmaxStateMerge());
+    if (threadIdx.x == 0) total = st;
+    __syncthreads();
+    softmax_state result = total;
+    __syncthreads();
+    return result;
+}
+
+/* ---- token embedding ------------------------------------------------------------------------ */
+
+/* One thread per output element i = n D + d. */
+static __global__ void embedding_forward_kernel(float *out, const int *tokens, const float *table,
+                                                int N, int D, int row0, int nrows) {
+    GRID_STRIDE_LOOP(i, (size_t)N * D) {
+        size_t n = i / D, d = i % D;
+        int row = embedding_local_row(tokens[n], row0, nrows);
+        out[i] = row >= 0 ? table[(size_t)row * D + d] : 0.0f;
+    }
+}
+
+void embedding_forward(float *out, const int *tokens, const float *table,
+                       int N, int D, int row0, int nrows) {
+    size_t n = (size_t)N * D;
+    if (n == 0) return;
+    embedding_forward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(
+        out, tokens, table, N, D, row0, nrows);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* One thread per element of dout. Two occurrences of the same token add into the same table
+ * row from different threads, so the add must be atomic (the CPU loop simply adds in turn). */
+static __global__ void embedding_backward_kernel(float *dtable, const float *dout,
+                                                 const int *tokens, int N, int D, int row0,
+                                                 int nrows) {
+    GRID_STRIDE_LOOP(i, (size_t)N * D) {
+        size_t n = i / D, d = i % D;
+        int row = embedding_local_row(tokens[n], row0, nrows);
+        if (row >= 0) atomicAdd(&dtable[(size_t)row * D + d], dout[i]);
+    }
+}
+
+void embedding_backward(float *dtable, const float *dout, const int *tokens,
+                        int N, int D, int row0, int nrows) {
+    size_t n = (size_t)N * D;
+    if (n == 0) return;
+    embedding_backward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(
+        dtable, dout, tokens, N, D, row0, nrows);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- RMSNorm -------------------------------------------------------------------------------- */
+
+/* One block per row n: reduce sum x^2, then every thread writes its elements. */
+static __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *x,
+                                              const float *w, int C, float eps) {
+    size_t n = blockIdx.x;
+    const float *x_n = x + n * C;
+    float *out_n = out + n * C;
+    float sum_sq = 0.0f;
+    for (int c = threadIdx.x; c < C; c += ROW_THREADS) sum_sq += x_n[c] * x_n[c];
+    float r = rmsnorm_rstd(block_sum(sum_sq), C, eps);
+    if (threadIdx.x == 0) rstd[n] = r;
+    for (int c = threadIdx.x; c < C; c += ROW_THREADS) out_n[c] = rmsnorm_value(x_n[c], r, w[c]);
+}
+
+void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w,
+                     int N, int C, float eps) {
+    if (N == 0) return;
+    rmsnorm_forward_kernel<<<N, ROW_THREADS, 0, cuda_stream()>>>(out, rstd, x, w, C, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* dx: one block per row n, reduce dot = sum dout w x, then dx_c += ... per element. */
+static __global__ void rmsnorm_backward_dx_kernel(float *dx, const float *dout, const float *x,
+                                                  const float *w, const float *rstd, int C) {
+    size_t n = blockIdx.x;
+    const float *x_n = x + n * C;
+    const float *dout_n = dout + n * C;
+    float *dx_n = dx + n * C;
+    float dot = 0.0f;
+    for (int c = threadIdx.x; c < C; c += ROW_THREADS)
+        dot += rmsnorm_dot_term(dout_n[c], w[c], x_n[c]);
+    dot = block_sum(dot);
+    for (int c = threadIdx.x; c < C; c += ROW_THREADS)
+        dx_n[c] += rmsnorm_dx(dout_n[c], x_n[c], w[c], rstd[n], dot, C);
+}
+
+/* dw: a sum over rows. The CPU loop adds row after row into dw; here one thread per column c
+ * walks down the N rows (neighbouring threads read neighbouring columns, so the reads
+ * coalesce), which needs no atomics and adds in the same order on every run. */
+static __global__ void rmsnorm_backward_dw_kernel(float *dw, const float *dout, const float *x,
+                                                  const float *rstd, int N, int C) {
+    GRID_STRIDE_LOOP(c, C) {
+        float acc = 0.0f;
+        for (int n = 0; n < N; n++)
+            acc += rmsnorm_dw_term(dout[(size_t)n * C + c], x[(size_t)n * C + c], rstd[n]);
+        dw[c] += acc;
+    }
+}
+
+void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
+                      const float *w, const float *rstd, int N, int C) {
+    if (N == 0 || C == 0) return;
+    rmsnorm_backward_dx_kernel<<<N, ROW_THREADS, 0, cuda_stream()>>>(dx, dout, x, w, rstd, C);
+    CUDA_CHECK_LAUNCH();
+    rmsnorm_backward_dw_kernel<<<cuda_blocks(C), CUDA_THREADS, 0, cuda_stream()>>>(
+        dw, dout, x, rstd, N, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- linear, y = x W^T: the same GEMM calls as the CPU twin --------------------------------- */
+
+void linear_forward(float *y, const float *x, const float *W, int N, int in, int out) {
+    matmul(y, x, W, N, out, in, false, true, 1.0f, 0.0f);
+}
+
+void linear_backward(float *dx, float *dW, const float *dy, const float *x, const float *W,
+                     int N, int in, int out) {
+    if (dx) matmul(dx, dy, W, N, in, out, false, false, 1.0f, 0.0f);
+    matmul(dW, dy, x, out, in, N, true, false, 1.0f, 1.0f);
+}
+
+/* ---- RoPE ----------------------------------------------------------------------------------- */
+
+/* One thread per pair i = ((b T + t) H + h) hd/2 + j, the CPU loop's index. */
+static __global__ void rope_kernel(float *x, const int *positions, int B, int T, int H, int hd,
+                                   float theta, int inverse) {
+    int half = hd / 2;
+    GRID_STRIDE_LOOP(i, (size_t)B * T * H * half) {
+        int j = (int)(i % half);
+        size_t row = i / half;
+        int t = (int)((row / H) % T);
+        float angle = rope_angle(positions[t], j, hd, theta);
+        float cos_t = cosf(angle), sin_t = sinf(angle);
+        float *pair = x + row * hd + 2 * j;
+        if (inverse) rope_rotate_inverse(&pair[0], &pair[1], cos_t, sin_t);
+        else         rope_rotate(&pair[0], &pair[1], cos_t, sin_t);
+    }
+}
+
+static void rope_apply(float *x, const int *positions, int B, int T, int H, int hd, float theta,
+                       int inverse) {
+    size_t npairs = (size_t)B * T * H * (hd / 2);
+    if (npairs == 0) return;
+    rope_kernel<<<cuda_blocks(npairs), CUDA_THREADS, 0, cuda_stream()>>>(
+        x, positions, B, T, H, hd, theta, inverse);
+    CUDA_CHECK_LAUNCH();
+}
+
+void rope_forward(float *x, const int *positions, int B, int T, int H, int hd, float theta) {
+    rope_apply(x, positions, B, T, H, hd, theta, 0);
+}
+
+void rope_backward(float *dx, const int *positions, int B, int T, int H, int hd, float theta) {
+    rope_apply(dx, positions, B, T, H, hd, theta, 1);
+}
+
+/* ---- causal attention with grouped-query heads -----------------------------------------------
+ * The GEMMs are the CPU twin's, call for call (see the layout comment there). Between them, the
+ * causal softmax and its backward run one block per row of probs[B, H, T, T].                  */
+
+/* Row r is query i = r % T of its (b, h): softmax over keys j <= i, 0 beyond. */
+static __global__ void causal_softmax_kernel(float *probs, int T) {
+    size_t r = blockIdx.x;
+    float *p = probs + r * T;
+    int i = (int)(r % T);
+    softmax_state st = softmax_state_empty();
+    for (int j = threadIdx.x; j < T; j += ROW_THREADS)
+        if (attention_visible(i, j)) st = softmax_state_add(st, p[j]);
+    st = block_softmax_state(st);
+    for (int j = threadIdx.x; j < T; j += ROW_THREADS)
+        p[j] = attention_visible(i, j) ? softmax_prob(p[j], st) : 0.0f;
+}
+
+void attention_forward(float *out, float *probs, const float *q, const float *k, const float *v,
+                       int B, int T, int H, int Hkv, int hd) {
+    if (B == 0 || T == 0) return;
+    int group = H / Hkv;
+    int ldq = H * hd, ldkv = Hkv * hd;
+    long long TT = (long long)T * T;
+    float scale = attention_scale(hd);
+    /* scores[b, h] = scale * q_h k_g^T : [T, T] */
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < Hkv; g++) {
+            const float *q_g = q + (size_t)b * T * ldq + (size_t)g * group * hd;
+            const float *k_g = k + (size_t)b * T * ldkv + (size_t)g * hd;
+            float *scores_g = probs + ((size_t)b * H + (size_t)g * group) * TT;
+            matmul_strided_batched(scores_g, q_g, k_g, T, T, hd, false, true, ldq, ldkv, T,
+                                   hd, 0, TT, group, scale, 0.0f);
+        }
+    causal_softmax_kernel<<<B * H * T, ROW_THREADS, 0, cuda_stream()>>>(probs, T);
+    CUDA_CHECK_LAUNCH();
+    /* out_h = P_h v_g : [T, hd] */
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < Hkv; g++) {
+            const float *p_g = probs + ((size_t)b * H + (size_t)g * group) * TT;
+            const float *v_g = v + (size_t)b * T * ldkv + (size_t)g * hd;
+            float *out_g = out + (size_t)b * T * ldq + (size_t)g * group * hd;
+            matmul_strided_batched(out_g, p_g, v_g, T, hd, T, false, false, T, ldkv, ldq,
+                                   TT, 0, hd, group, 1.0f, 0.0f);
+        }
+}
+
+/* dprobs row r := dS = P * (dP - rowsum(P * dP)), zero above the causal diagonal. */
+static __global__ void causal_softmax_backward_kernel(float *dprobs, const float *probs, int T) {
+    size_t r = blockIdx.x;
+    const float *p = probs + r * T;
+    float *dp = dprobs + r * T;
+    int i = (int)(r % T);
+    float dot = 0.0f;
+    for (int j = threadIdx.x; j < T; j += ROW_THREADS)
+        if (attention_visible(i, j)) dot += softmax_dot_term(p[j], dp[j]);
+    dot = block_sum(dot);
+    for (int j = threadIdx.x; j < T; j += ROW_THREADS)
+        dp[j] = attention_visible(i, j) ? softmax_grad(p[j], dp[j], dot) : 0.0f;
+}
+
+/* dV_g and dK_g sum over the heads of the group: one batched call would let its entries write
+ * the same dV_g concurrently (a race), so the heads go one after the other, the first with
+ * beta = 0 (overwrite), the rest with beta = 1 (accumulate), all on one stream. */
+void attention_backward(float *dq, float *dk, float *dv, float *dprobs,
+                        const float *dout, const float *q, const float *k, const float *v,
+                        const float *probs, int B, int T, int H, int Hkv, int hd) {
+    if (B == 0 || T == 0) return;
+    int group = H / Hkv;
+    int ldq = H * hd, ldkv = Hkv * hd;
+    long long TT = (long long)T * T;
+    float scale = attention_scale(hd);
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < Hkv; g++) {
+            const float *dout_g = dout + (size_t)b * T * ldq + (size_t)g * group * hd;
+            const float *v_g = v + (size_t)b * T * ldkv + (size_t)g * hd;
+            const float *p_g = probs + ((size_t)b * H + (size_t)g * group) * TT;
+            float *dp_g = dprobs + ((size_t)b * H + (size_t)g * group) * TT;
+            float *dv_g = dv + (size_t)b * T * ldkv + (size_t)g * hd;
+            /* dV_g = sum_h P_h^T dOut_h : [T, hd] */
+            for (int i = 0; i < group; i++)
+                matmul_strided_batched(dv_g, p_g + i * TT, dout_g + i * hd, T, hd, T, true, false,
+                                       T, ldq, ldkv, 0, 0, 0, 1, 1.0f, i == 0 ? 0.0f : 1.0f);
+            /* dP_h = dOut_h V_g^T : [T, T] */
+            matmul_strided_batched(dp_g, dout_g, v_g, T, T, hd, false, true, ldq, ldkv, T,
+                                   hd, 0, TT, group, 1.0f, 0.0f);
+        }
+    causal_softmax_backward_kernel<<<B * H * T, ROW_THREADS, 0, cuda_stream()>>>(dprobs, probs, T);
+    CUDA_CHECK_LAUNCH();
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < Hkv; g++) {
+            const float *q_g = q + (size_t)b * T * ldq + (size_t)g * group * hd;
+            const float *k_g = k + (size_t)b * T * ldkv + (size_t)g * hd;
+            const float *ds_g = dprobs + ((size_t)b * H + (size_t)g * group) * TT;
+            float *dq_g = dq + (size_t)b * T * ldq + (size_t)g * group * hd;
+            float *dk_g = dk + (size_t)b * T * ldkv + (size_t)g * hd;
+            /* dQ_h = scale dS_h K_g : [T, hd] */
+            matmul_strided_batched(dq_g, ds_g, k_g, T, hd, T, false, false, T, ldkv, ldq,
+                                   TT, 0, hd, group, scale, 0.0f);
+            /* dK_g = scale sum_h dS_h^T Q_h : [T, hd] */
+            for (int i = 0; i < group; i++)
+                matmul_strided_batched(dk_g, ds_g + i * TT, q_g + i * hd, T, hd, T, true, false,
+                                       T, ldq, ldkv, 0, 0, 0, 1, scale, i == 0 ? 0.0f : 1.0f);
+        }
+}
+
+/* ---- SwiGLU --------------------------------------------------------------------------------- */
+
+static __global__ void swiglu_forward_kernel(float *out, const float *a, const float *b, size_t n) {
+    GRID_STRIDE_LOOP(i, n) out[i] = swiglu_value(a[i], b[i]);
+}
+
+void swiglu_forward(float *out, const float *a, const float *b, size_t n) {
+    if (n == 0) return;
+    swiglu_forward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(out, a, b, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+static __global__ void swiglu_backward_kernel(float *da, float *db, const float *dout,
+                                              const float *a, const float *b, size_t n) {
+    GRID_STRIDE_LOOP(i, n) {
+        float g = dout[i], a_i = a[i], b_i = b[i];   /* read first: da/db may alias the inputs */
+        da[i] = swiglu_grad_a(g, a_i, b_i);
+        db[i] = swiglu_grad_b(g, a_i);
+    }
+}
+
+void swiglu_backward(float *da, float *db, const float *dout, const float *a, const float *b,
+                     size_t n) {
+    if (n == 0) return;
+    swiglu_backward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(da, db, dout, a, b,
+                                                                              n);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- cross-entropy ---------------------------------------------------------------------------
+ * The forward returns one host number, summed in a fixed order so that it is the same on every
+ * run: CE_BLOCKS blocks (or fewer) each take rows blockIdx.x, + gridDim.x, ... and add their
+ * row losses in double into g_ce_partial[block]; then one block adds the partials (cub, double)
+ * into g_ce_total, which the host copies back. The two device globals need no allocation, so
+ * the memory tables are unaffected. */
+#define CE_BLOCKS 1024
+static __device__ double g_ce_partial[CE_BLOCKS];
+static __device__ double g_ce_total;
+
+static __global__ void cross_entropy_forward_kernel(const float *logits, const int *targets,
+                                                    int N, int V) {
+    double block_total = 0.0;   /* meaningful in thread 0 */
+    for (int n = blockIdx.x; n < N; n += gridDim.x) {
+        if (targets[n] == IGNORE_INDEX) continue;   /* the whole block skips the row together */
+        const float *row = logits + (size_t)n * V;
+        softmax_state st = softmax_state_empty();
+        for (int j = threadIdx.x; j < V; j += ROW_THREADS) st = softmax_state_add(st, row[j]);
+        st = block_softmax_state(st);
+        if (threadIdx.x == 0) block_total += cross_entropy_loss(row[targets[n]], st);
+    }
+    if (threadIdx.x == 0) g_ce_partial[blockIdx.x] = block_total;
+}
+
+static __global__ void cross_entropy_total_kernel(int nblocks) {
+    typedef cub::BlockReduce<double, ROW_THREADS> BlockReduceDouble;
+    __shared__ BlockReduceDouble::TempStorage temp;
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < nblocks; i += ROW_THREADS) acc += g_ce_partial[i];
+    double total = BlockReduceDouble(temp).Sum(acc);   /* valid in thread 0 only */
+    if (threadIdx.x == 0) g_ce_total = total;
+}
+
+float cross_entropy_forward(const float *logits, const int *targets, int N, int V) {
+    if (N == 0) return 0.0f;
+    int nblocks = N < CE_BLOCKS ? N : CE_BLOCKS;
+    cross_entropy_forward_kernel<<<nblocks, ROW_THREADS, 0, cuda_stream()>>>(logits, targets, N, V);
+    CUDA_CHECK_LAUNCH();
+    cross_entropy_total_kernel<<<1, ROW_THREADS, 0, cuda_stream()>>>(nblocks);
+    CUDA_CHECK_LAUNCH();
+    double total = 0.0;
+    CUDA_CHECK(cudaMemcpyFromSymbolAsync(&total, g_ce_total, sizeof total, 0,
+                                         cudaMemcpyDeviceToHost, cuda_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));   /* the host reads `total` next */
+    return (float)total;
+}
+
+/* One block per row. dlogits may alias logits: the row's softmax state is complete (and shared
+ * by all threads) before any thread overwrites an element, and each thread reads its element
+ * before writing it. */
+static __global__ void cross_entropy_backward_kernel(float *dlogits, const float *logits,
+                                                     const int *targets, int V, float grad_scale) {
+    size_t n = blockIdx.x;
+    const float *row = logits + n * V;
+    float *drow = dlogits + n * V;
+    int target = targets[n];
+    if (target == IGNORE_INDEX) {   /* the whole block takes this branch */
+        for (int j = threadIdx.x; j < V; j += ROW_THREADS) drow[j] = 0.0f;
+        return;
+    }
+    softmax_state st = softmax_state_empty();
+    for (int j = threadIdx.x; j < V; j += ROW_THREADS) st = softmax_state_add(st, row[j]);
+    st = block_softmax_state(st);
+    for (int j = threadIdx.x; j < V; j += ROW_THREADS)
+        drow[j] = cross_entropy_grad(row[j], j == target, st, grad_scale);
+}
+
+void cross_entropy_backward(float *dlogits, const float *logits, const int *targets,
+                            int N, int V, float grad_scale) {
+    if (N == 0) return;
+    cross_entropy_backward_kernel<<<N, ROW_THREADS, 0, cuda_stream()>>>(dlogits, logits, targets,
+                                                                         V, grad_scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- AdamW ---------------------------------------------------------------------------------- */
+
+static __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, size_t n,
+                                    float lr, float beta1, float beta2, float eps,
+                                    float weight_decay, float bias_correction1,
+                                    float bias_correction2) {
+    GRID_STRIDE_LOOP(i, n)
+        adamw_update(&p[i], &m[i], &v[i], g[i], lr, beta1, beta2, eps, weight_decay,
+                     bias_correction1, bias_correction2);
+}
+
+/* The bias corrections are per step, not per element: computed once here, on the host, with
+ * the same function the CPU twin uses. */
+void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                float beta1, float beta2, float eps, float weight_decay, int t) {
+    if (n == 0) return;
+    float bias_correction1 = adamw_bias_correction(beta1, t);
+    float bias_correction2 = adamw_bias_correction(beta2, t);
+    adamw_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(
+        p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2);
+    CUDA_CHECK_LAUNCH();
+}

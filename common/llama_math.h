@@ -1,0 +1,168 @@
+/* llama_math.h: the per-element and per-row formulas of the Llama layers.
+ *
+ * Each formula is defined here once. llama_kernels_cpu.c calls these functions in loops;
+ * llama_kernels_cuda.cu calls them once per thread (and, for row reductions, merges the
+ * threads' partial results with cub::BlockReduce). The CPU unit tests therefore test the math
+ * the GPU runs. Everything is fp32, as in the baseline model.
+ *
+ * Functions that produce two numbers (a rotated pair, an AdamW update of p, m and v) write
+ * through pointers; the rest return their value.
+ */
+#pragma once
+#include <math.h>
+#include "cdefs.h"
+
+/* ---- token embedding ------------------------------------------------------------------------
+ * A table shard holds rows [row0, row0 + nrows) of the full vocabulary. Returns the local row
+ * of `token`, or -1 when another shard owns it (its output row is zero, it gets no gradient). */
+HD static inline int embedding_local_row(int token, int row0, int nrows) {
+    int row = token - row0;
+    return (row >= 0 && row < nrows) ? row : -1;
+}
+
+/* ---- SiLU and SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer") ----------------------
+ *   sigmoid(x) = 1 / (1 + e^-x),  silu(x) = x sigmoid(x)
+ * For very negative x, e^-x overflows to +inf and sigmoid correctly becomes 0.                   */
+HD static inline float sigmoid_value(float x) { return 1.0f / (1.0f + expf(-x)); }
+HD static inline float silu_value(float x) { return x * sigmoid_value(x); }
+/* d silu / dx = s + x s (1 - s) = s (1 + x (1 - s)),  s = sigmoid(x)                           */
+HD static inline float silu_derivative(float x) {
+    float s = sigmoid_value(x);
+    return s * (1.0f + x * (1.0f - s));
+}
+/* out = silu(a) * b, where a = x W1^T is the gate and b = x W3^T the value.                     */
+HD static inline float swiglu_value(float a, float b) { return silu_value(a) * b; }
+/* d out / d a = b silu'(a),  d out / d b = silu(a)                                             */
+HD static inline float swiglu_grad_a(float dout, float a, float b) {
+    return dout * b * silu_derivative(a);
+}
+HD static inline float swiglu_grad_b(float dout, float a) { return dout * silu_value(a); }
+
+/* ---- RoPE (Su et al. 2021, "RoFormer") on interleaved pairs (2j, 2j+1) of a head ------------
+ * Frequency of pair j: f_j = theta^(-2j/hd). Computed as torchtitan does, 1 / theta^(2j/hd) in
+ * fp32, so the angles agree with PyTorch's to the last bit of the power.                        */
+HD static inline float rope_frequency(int j, int hd, float theta) {
+    return 1.0f / powf(theta, (float)(2 * j) / (float)hd);
+}
+/* The angle of pair j at global position pos (the position in the whole sequence, not in a
+ * local shard of it: that is what makes context-parallel shards agree with the baseline).     */
+HD static inline float rope_angle(int pos, int j, int hd, float theta) {
+    return (float)pos * rope_frequency(j, hd, theta);
+}
+/* Rotation by the angle: (a, b) -> (a cos - b sin, a sin + b cos). This is the complex product
+ * (a + ib) e^(i angle), which is how torchtitan writes it.                                     */
+HD static inline void rope_rotate(float *a, float *b, float cos_t, float sin_t) {
+    float a0 = *a, b0 = *b;
+    *a = a0 * cos_t - b0 * sin_t;
+    *b = a0 * sin_t + b0 * cos_t;
+}
+/* The inverse rotation (by -angle). A rotation R is orthogonal, so the gradient of y = R x is
+ * dx = R^T dy = R^-1 dy: RoPE's backward is this function applied to the incoming gradient.    */
+HD static inline void rope_rotate_inverse(float *a, float *b, float cos_t, float sin_t) {
+    float a0 = *a, b0 = *b;
+    *a = a0 * cos_t + b0 * sin_t;
+    *b = -a0 * sin_t + b0 * cos_t;
+}
+
+/* ---- RMSNorm (Zhang & Sennrich 2019): y_c = x_c r w_c,  r = 1 / sqrt(mean(x^2) + eps) -------
+ * The row kernels first reduce sum_c x_c^2, then call these per element.                       */
+HD static inline float rmsnorm_rstd(float sum_sq, int C, float eps) {
+    /* 1/sqrtf rather than rsqrtf: rsqrtf is an approximation on the GPU, and the two backends
+     * must compute the same number. */
+    return 1.0f / sqrtf(sum_sq / (float)C + eps);
+}
+/* (x r) w: the normalised value first, then the weight, in PyTorch's order of rounding.        */
+HD static inline float rmsnorm_value(float x, float rstd, float w) { return (x * rstd) * w; }
+/* Backward. With g = dL/dy and dr/dx_c = -r^3 x_c / C:
+ *   dL/dx_c = r w_c g_c - (r^3 x_c / C) * dot,   dot = sum_i g_i w_i x_i   (a row reduction)
+ *   dL/dw_c = g_c x_c r                          (summed over rows)                         */
+HD static inline float rmsnorm_dot_term(float dout, float w, float x) { return dout * w * x; }
+HD static inline float rmsnorm_dx(float dout, float x, float w, float rstd, float dot, int C) {
+    return rstd * (dout * w - x * (rstd * rstd * dot / (float)C));
+}
+HD static inline float rmsnorm_dw_term(float dout, float x, float rstd) { return dout * x * rstd; }
+
+/* ---- softmax, numerically stable and "online" (Milakov & Gimelshein 2018) --------------------
+ * softmax(x)_j = e^(x_j - M) / S with M = max_i x_i and S = sum_i e^(x_i - M). Subtracting the
+ * maximum keeps every exponent <= 0, so logits of 1e4 do not overflow.
+ * The pair (M, S) can be built one element at a time, rescaling S whenever the maximum grows,
+ * and two pairs built over different parts of a row can be merged. That is what lets every GPU
+ * thread summarise its own slice of a row in one pass and cub::BlockReduce combine the slices
+ * (and what lets a context-parallel ring combine attention over chunks of keys).
+ * An empty state is (M = -inf, S = 0).                                                          */
+typedef struct {
+    float max;   /* M: the largest element seen so far      */
+    float sum;   /* S: sum of e^(x - M) over those elements */
+} softmax_state;
+
+HD static inline softmax_state softmax_state_empty(void) {
+    softmax_state st;
+    st.max = -INFINITY;
+    st.sum = 0.0f;
+    return st;
+}
+/* Add element x. When x is a new maximum, the old sum was relative to the old maximum:
+ * rescale it by e^(old M - x) (and e^(x - x) = 1 for x itself). One exp per element.          */
+HD static inline softmax_state softmax_state_add(softmax_state st, float x) {
+    if (x > st.max) {
+        st.sum = st.sum * expf(st.max - x) + 1.0f;   /* the first x: 0 * e^-inf + 1 = 1 */
+        st.max = x;
+    } else {
+        st.sum += expf(x - st.max);
+    }
+    return st;
+}
+/* Combine two states: bring both sums to the larger maximum. Associative and commutative up to
+ * rounding, so any reduction tree gives the same answer to fp32 accuracy.                     */
+HD static inline softmax_state softmax_state_merge(softmax_state a, softmax_state b) {
+    if (b.max > a.max) { softmax_state t = a; a = b; b = t; }  /* now a.max >= b.max */
+    if (b.sum == 0.0f) return a;             /* b is empty: avoids e^(-inf - -inf) = NaN */
+    a.sum += b.sum * expf(b.max - a.max);
+    return a;
+}
+HD static inline float softmax_prob(float x, softmax_state st) { return expf(x - st.max) / st.sum; }
+/* log sum_i e^(x_i) = M + log S */
+HD static inline float softmax_logsumexp(softmax_state st) { return st.max + logf(st.sum); }
+/* Softmax backward. With p = softmax(s) and dp = dL/dp:
+ *   dL/ds_j = p_j (dp_j - dot),  dot = sum_i p_i dp_i   (a row reduction)                      */
+HD static inline float softmax_dot_term(float p, float dp) { return p * dp; }
+HD static inline float softmax_grad(float p, float dp, float dot) { return p * (dp - dot); }
+
+/* ---- attention -------------------------------------------------------------------------------
+ * scores = q k^T / sqrt(hd): the scale keeps the scores' variance near 1 whatever the head size
+ * (Vaswani et al. 2017). Causal: query i sees keys j <= i (local positions of one sequence).   */
+HD static inline float attention_scale(int hd) { return 1.0f / sqrtf((float)hd); }
+HD static inline int attention_visible(int query, int key) { return key <= query; }
+
+/* ---- cross-entropy of one row of logits --------------------------------------------------------
+ *   loss = -log softmax(x)[t] = logsumexp(x) - x_t = (M - x_t) + log S
+ * written with (M - x_t) first: both are large for logits of 1e4 and their difference is exact,
+ * while M + log S would round away log S.                                                       */
+HD static inline float cross_entropy_loss(float logit_target, softmax_state st) {
+    return (st.max - logit_target) + logf(st.sum);
+}
+/* d loss / d x_j = softmax(x)_j - [j == t], times the caller's scale (1 / global valid count). */
+HD static inline float cross_entropy_grad(float logit, int is_target, softmax_state st,
+                                          float grad_scale) {
+    return (softmax_prob(logit, st) - (is_target ? 1.0f : 0.0f)) * grad_scale;
+}
+
+/* ---- AdamW (Loshchilov & Hutter 2019), in torch.optim.AdamW's order ---------------------------
+ * Bias correction of step t = 1, 2, ...: 1 - beta^t (computed once per tensor by the caller).   */
+HD static inline float adamw_bias_correction(float beta, int t) {
+    return 1.0f - powf(beta, (float)t);
+}
+/* One element:
+ *   p *= 1 - lr wd                      decoupled weight decay, before the Adam step (as PyTorch)
+ *   m  = beta1 m + (1 - beta1) g        first moment
+ *   v  = beta2 v + (1 - beta2) g^2      second moment
+ *   p -= (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps)                                            */
+HD static inline void adamw_update(float *p, float *m, float *v, float g, float lr, float beta1,
+                                   float beta2, float eps, float weight_decay,
+                                   float bias_correction1, float bias_correction2) {
+    *p *= 1.0f - lr * weight_decay;
+    *m = beta1 * *m + (1.0f - beta1) * g;
+    *v = beta2 * *v + (1.0f - beta2) * g * g;
+    float denom = sqrtf(*v) / sqrtf(bias_correction2) + eps;
+    *p -= (lr / bias_correction1) * (*m / denom);
+}
