@@ -30,8 +30,9 @@ enum { OPT_TP = 1, OPT_SKIP };
 
 /* run.h's hook: bring a full parameter or gradient of the tp model to rank 0. */
 static void gather_tp(void *model, int index, bool grad, float *full) {
-    if (grad) tp_gather_grad(model, index, full);
-    else tp_gather_param(model, index, full);
+    tp_llama *m = model;
+    if (grad) tp_gather_grad(m->w, index, full);
+    else tp_gather_param(m->w, index, full);
 }
 
 int main(int argc, char **argv) {
@@ -91,7 +92,7 @@ int main(int argc, char **argv) {
         float scale = run_loss_scale(n_valid);
 
         double t0 = wall_seconds(), c0 = comm_total_seconds();
-        tp_llama_zero_grad(model);
+        tp_params_zero_grad(model->w);
         float loss = tp_llama_forward(model, tokens, targets, positions, scale);
         tp_llama_backward(model);
         device_synchronize();
@@ -115,7 +116,7 @@ int main(int argc, char **argv) {
         }
 
         t0 = wall_seconds();
-        tp_llama_adamw_step(model, &o.opt, step);
+        tp_params_adamw_step(model->w, &o.opt, step);
         device_synchronize();
         step_seconds += t_fb + (wall_seconds() - t0);
         comm_seconds += comm_total_seconds() - c0;

@@ -28,60 +28,97 @@ tp_layouts megatron_layouts(void) {
 
 #define PARAMS_PER_LAYER 9   /* llama.h's table: per layer attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 */
 
-float *tp_param(tp_llama *m, int i) { return m->params + m->offsets[i]; }
-float *tp_grad(tp_llama *m, int i) { return m->grads + m->offsets[i]; }
+float *tp_param(tp_params *w, int i) { return w->params + w->offsets[i]; }
+float *tp_grad(tp_params *w, int i) { return w->grads + w->offsets[i]; }
 
-tp_layer_weights tp_layer_view(const tp_llama *m, float *block, int l) {
-    const size_t *o = m->offsets + 1 + PARAMS_PER_LAYER * l;
-    tp_layer_weights w = {.attention_norm = block + o[0], .wq = block + o[1], .wk = block + o[2],
+tp_layer_weights tp_layer_view(const tp_params *w, float *block, int l) {
+    const size_t *o = w->offsets + 1 + PARAMS_PER_LAYER * l;
+    tp_layer_weights v = {.attention_norm = block + o[0], .wq = block + o[1], .wk = block + o[2],
                           .wv = block + o[3], .wo = block + o[4], .ffn_norm = block + o[5],
                           .w1 = block + o[6], .w2 = block + o[7], .w3 = block + o[8]};
-    return w;
+    return v;
 }
 
-tp_llama *tp_llama_create(const llama_config *c, comm_group *tp, tp_layouts layouts, int B, int T,
-                          uint64_t seed) {
+tp_params *tp_params_create(const llama_config *c, comm_group *tp, tp_layouts layouts, uint64_t seed) {
     int p = tp->size;
     /* Whole heads and whole ffn units per rank, or the split does not exist. */
     if (c->n_heads % p) comm_exit_usage("--tp %d does not divide --n-heads %d: each rank must own whole query heads; use a tp that divides %d", p, c->n_heads, c->n_heads);
     if (c->n_kv_heads % p) comm_exit_usage("--tp %d does not divide --n-kv-heads %d: each rank must own whole kv heads; use a tp that divides %d", p, c->n_kv_heads, c->n_kv_heads);
     if (c->ffn_dim % p) comm_exit_usage("--tp %d does not divide --ffn-dim %d: each rank must own ffn_dim/tp units; use a multiple of %d", p, c->ffn_dim, p);
+    if ((layouts.of[P_OUTPUT] != SHARD_REPLICATED || layouts.of[P_TOK_EMBEDDINGS] != SHARD_REPLICATED) &&
+        c->vocab_size % p) {
+        int lo = c->vocab_size / p * p, hi = lo + p;
+        if (lo > 0) comm_exit_usage("--vocab %d is not divisible by tp %d: each rank must own vocab/tp rows; the nearest valid sizes are %d and %d", c->vocab_size, p, lo, hi);
+        comm_exit_usage("--vocab %d is not divisible by tp %d: each rank must own vocab/tp rows; the nearest valid size is %d", c->vocab_size, p, hi);
+    }
 
-    tp_llama *m = calloc(1, sizeof *m);
-    m->c = *c;
-    m->tp = tp;
-    m->layouts = layouts;
-    m->B = B; m->T = T; m->N = B * T;
-    m->hd = llama_head_dim(c);
-    m->Hl = c->n_heads / p; m->Hkvl = c->n_kv_heads / p; m->Fl = c->ffn_dim / p;
-    int N = m->N, D = c->dim, V = c->vocab_size, L = c->n_layers, hd = m->hd;
-    int Hl = m->Hl, Hkvl = m->Hkvl, Fl = m->Fl;
+    tp_params *w = calloc(1, sizeof *w);
+    w->c = *c;
+    w->tp = tp;
+    w->layouts = layouts;
+    w->hd = llama_head_dim(c);
+    w->Hl = c->n_heads / p; w->Hkvl = c->n_kv_heads / p; w->Fl = c->ffn_dim / p;
 
     /* This rank's slice of every tensor, laid out one after another like the baseline's. */
-    m->nparams = llama_num_params(c);
-    m->specs = calloc(m->nparams, sizeof *m->specs);
-    m->r0 = calloc(m->nparams, sizeof(int)); m->nr = calloc(m->nparams, sizeof(int));
-    m->c0 = calloc(m->nparams, sizeof(int)); m->nc = calloc(m->nparams, sizeof(int));
-    m->offsets = calloc(m->nparams + 1, sizeof(size_t));
-    for (int i = 0; i < m->nparams; i++) {
-        param_spec *s = &m->specs[i];
+    w->nparams = llama_num_params(c);
+    w->specs = calloc(w->nparams, sizeof *w->specs);
+    w->r0 = calloc(w->nparams, sizeof(int)); w->nr = calloc(w->nparams, sizeof(int));
+    w->c0 = calloc(w->nparams, sizeof(int)); w->nc = calloc(w->nparams, sizeof(int));
+    w->offsets = calloc(w->nparams + 1, sizeof(size_t));
+    for (int i = 0; i < w->nparams; i++) {
+        param_spec *s = &w->specs[i];
         *s = llama_param_spec(c, i);
-        shard_slice(layouts.of[s->kind], s->rows, s->cols, tp->rank, p, &m->r0[i], &m->nr[i], &m->c0[i], &m->nc[i]);
-        m->offsets[i + 1] = m->offsets[i] + (size_t)m->nr[i] * m->nc[i];
+        shard_slice(layouts.of[s->kind], s->rows, s->cols, tp->rank, p, &w->r0[i], &w->nr[i], &w->c0[i], &w->nc[i]);
+        w->offsets[i + 1] = w->offsets[i] + (size_t)w->nr[i] * w->nc[i];
     }
-    m->num_local = m->offsets[m->nparams];
-    m->params = device_alloc_floats(m->num_local, MEM_PARAMS);
-    m->grads = device_alloc_floats(m->num_local, MEM_GRADS);
-    m->adam_m = device_alloc_floats(m->num_local, MEM_OPTIM);
-    m->adam_v = device_alloc_floats(m->num_local, MEM_OPTIM);
+    w->Vl = w->nr[w->nparams - 1];
+    w->v0 = w->r0[w->nparams - 1];
+    w->num_local = w->offsets[w->nparams];
+    w->params = device_alloc_floats(w->num_local, MEM_PARAMS);
+    w->grads = device_alloc_floats(w->num_local, MEM_GRADS);
+    w->adam_m = device_alloc_floats(w->num_local, MEM_OPTIM);
+    w->adam_v = device_alloc_floats(w->num_local, MEM_OPTIM);
     /* The shard-invariant initialiser gives each rank exactly its slice of the baseline. */
-    for (int i = 0; i < m->nparams; i++) {
-        const param_spec *s = &m->specs[i];
-        if (s->is_vector) init_constant_device(tp_param(m, i), (size_t)m->nr[i] * m->nc[i], 1.0f);
-        else init_normal_slice_device(tp_param(m, i), s->name, seed, s->init_std, s->rows, s->cols,
-                                      m->r0[i], m->nr[i], m->c0[i], m->nc[i]);
+    for (int i = 0; i < w->nparams; i++) {
+        const param_spec *s = &w->specs[i];
+        if (s->is_vector) init_constant_device(tp_param(w, i), (size_t)w->nr[i] * w->nc[i], 1.0f);
+        else init_normal_slice_device(tp_param(w, i), s->name, seed, s->init_std, s->rows, s->cols,
+                                      w->r0[i], w->nr[i], w->c0[i], w->nc[i]);
     }
+    return w;
+}
 
+void tp_params_free(tp_params *w) {
+    device_free(w->params); device_free(w->grads); device_free(w->adam_m); device_free(w->adam_v);
+    free(w->specs); free(w->offsets);
+    free(w->r0); free(w->nr); free(w->c0); free(w->nc);
+    free(w);
+}
+
+void tp_params_zero_grad(tp_params *w) { device_zero(w->grads, w->num_local * sizeof(float)); }
+
+void tp_params_adamw_step(tp_params *w, const adamw_config *o, int step) {
+    adamw_step(w->params, w->grads, w->adam_m, w->adam_v, w->num_local, o->lr, o->beta1, o->beta2,
+               o->eps, o->weight_decay, step);
+}
+
+static void gather(tp_params *w, float *block, int i, float *full) {
+    const param_spec *s = &w->specs[i];
+    shard_gather_to_host(w->tp, w->layouts.of[s->kind], block + w->offsets[i], s->rows, s->cols, full);
+}
+void tp_gather_param(tp_params *w, int i, float *full) { gather(w, w->params, i, full); }
+void tp_gather_grad(tp_params *w, int i, float *full) { gather(w, w->grads, i, full); }
+
+tp_llama *tp_llama_create(const llama_config *c, comm_group *tp, tp_layouts layouts, int B, int T,
+                          uint64_t seed) {
+    tp_llama *m = calloc(1, sizeof *m);
+    m->w = tp_params_create(c, tp, layouts, seed);
+    m->c = *c;
+    m->tp = tp;
+    m->B = B; m->T = T; m->N = B * T;
+    m->hd = m->w->hd; m->Hl = m->w->Hl; m->Hkvl = m->w->Hkvl; m->Fl = m->w->Fl; m->Vl = m->w->Vl;
+    int N = m->N, D = c->dim, L = c->n_layers, hd = m->hd;
+    int Hl = m->Hl, Hkvl = m->Hkvl, Fl = m->Fl;
     /* Saved activations, per layer (see tp_layer_acts for shapes). */
     m->acts = calloc(L, sizeof *m->acts);
     for (int l = 0; l < L; l++) {
@@ -104,7 +141,7 @@ tp_llama *tp_llama_create(const llama_config *c, comm_group *tp, tp_layouts layo
     m->h_final = device_alloc_floats((size_t)N * D, MEM_ACTIVATIONS);
     m->final_xn = device_alloc_floats((size_t)N * D, MEM_ACTIVATIONS);
     m->final_rstd = device_alloc_floats(N, MEM_ACTIVATIONS);
-    m->logits = device_alloc_floats((size_t)N * V, MEM_ACTIVATIONS);
+    m->logits = device_alloc_floats((size_t)N * m->Vl, MEM_ACTIVATIONS);
     m->tokens = device_alloc_ints(N, MEM_BUFFERS);
     m->targets = device_alloc_ints(N, MEM_BUFFERS);
     m->positions = device_alloc_ints(T, MEM_BUFFERS);
@@ -131,13 +168,12 @@ void tp_llama_free(tp_llama *m) {
                          a->h_mid, a->ffn_xn, a->ffn_rstd, a->ffn_a, a->ffn_b, a->ffn_g};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) device_free(bufs[i]);
     }
-    float *bufs[] = {m->params, m->grads, m->adam_m, m->adam_v, m->h_final, m->final_xn,
-                     m->final_rstd, m->logits, m->dh, m->dxn, m->dxn_part, m->dattn_out, m->dq,
-                     m->dk, m->dv, m->dprobs, m->dffn_g, m->dffn_a, m->dffn_b};
+    float *bufs[] = {m->h_final, m->final_xn, m->final_rstd, m->logits, m->dh, m->dxn, m->dxn_part,
+                     m->dattn_out, m->dq, m->dk, m->dv, m->dprobs, m->dffn_g, m->dffn_a, m->dffn_b};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) device_free(bufs[i]);
     device_free(m->tokens); device_free(m->targets); device_free(m->positions);
-    free(m->acts); free(m->specs); free(m->offsets);
-    free(m->r0); free(m->nr); free(m->c0); free(m->nc);
+    tp_params_free(m->w);
+    free(m->acts);
     free(m);
 }
 
@@ -146,7 +182,7 @@ void tp_llama_free(tp_llama *m) {
  * ------------------------------------------------------------------------------------------ */
 void tp_layer_forward(tp_llama *m, int l, float *h_out) {
     const llama_config *c = &m->c;
-    tp_layer_weights w = tp_layer_view(m, m->params, l);
+    tp_layer_weights w = tp_layer_view(m->w, m->w->params, l);
     tp_layer_acts *a = &m->acts[l];
     int B = m->B, T = m->T, N = m->N, D = c->dim, hd = m->hd;
     int Hl = m->Hl, Hkvl = m->Hkvl, Fl = m->Fl;
@@ -185,8 +221,8 @@ void tp_layer_forward(tp_llama *m, int l, float *h_out) {
  * ------------------------------------------------------------------------------------------ */
 void tp_layer_backward(tp_llama *m, int l, float *dh) {
     const llama_config *c = &m->c;
-    tp_layer_weights w = tp_layer_view(m, m->params, l);
-    tp_layer_weights g = tp_layer_view(m, m->grads, l);
+    tp_layer_weights w = tp_layer_view(m->w, m->w->params, l);
+    tp_layer_weights g = tp_layer_view(m->w, m->w->grads, l);
     tp_layer_acts *a = &m->acts[l];
     int B = m->B, T = m->T, N = m->N, D = c->dim, hd = m->hd;
     int Hl = m->Hl, Hkvl = m->Hkvl, Fl = m->Fl;
@@ -231,45 +267,30 @@ float tp_llama_forward(tp_llama *m, const int *tokens, const int *targets, const
                        float loss_scale) {
     const llama_config *c = &m->c;
     int N = m->N, D = c->dim, V = c->vocab_size, L = c->n_layers;
-    int i_norm = m->nparams - 2, i_out = m->nparams - 1;
+    int i_norm = m->w->nparams - 2, i_out = m->w->nparams - 1;
     device_copy(m->tokens, tokens, (size_t)N * sizeof(int));
     device_copy(m->targets, targets, (size_t)N * sizeof(int));
     device_copy(m->positions, positions, (size_t)m->T * sizeof(int));
     m->loss_scale = loss_scale;
 
-    embedding_forward(m->acts[0].h_in, m->tokens, tp_param(m, 0), N, D, 0, V);
+    embedding_forward(m->acts[0].h_in, m->tokens, tp_param(m->w, 0), N, D, 0, V);
     for (int l = 0; l < L; l++)
         tp_layer_forward(m, l, l + 1 < L ? m->acts[l + 1].h_in : m->h_final);
-    rmsnorm_forward(m->final_xn, m->final_rstd, m->h_final, tp_param(m, i_norm), N, D, c->norm_eps);
-    linear_forward(m->logits, m->final_xn, tp_param(m, i_out), N, D, V);
+    rmsnorm_forward(m->final_xn, m->final_rstd, m->h_final, tp_param(m->w, i_norm), N, D, c->norm_eps);
+    linear_forward(m->logits, m->final_xn, tp_param(m->w, i_out), N, D, V);
     return cross_entropy_forward(m->logits, m->targets, N, V) * loss_scale;
 }
 
 void tp_llama_backward(tp_llama *m) {
     const llama_config *c = &m->c;
     int N = m->N, D = c->dim, V = c->vocab_size;
-    int i_norm = m->nparams - 2, i_out = m->nparams - 1;
+    int i_norm = m->w->nparams - 2, i_out = m->w->nparams - 1;
     cross_entropy_backward(m->logits, m->logits, m->targets, N, V, m->loss_scale);
-    linear_backward(m->dxn, tp_grad(m, i_out), m->logits, m->final_xn, tp_param(m, i_out), N, D, V);
+    linear_backward(m->dxn, tp_grad(m->w, i_out), m->logits, m->final_xn, tp_param(m->w, i_out), N, D, V);
     device_zero(m->dh, (size_t)N * D * sizeof(float));
-    rmsnorm_backward(m->dh, tp_grad(m, i_norm), m->dxn, m->h_final, tp_param(m, i_norm),
+    rmsnorm_backward(m->dh, tp_grad(m->w, i_norm), m->dxn, m->h_final, tp_param(m->w, i_norm),
                      m->final_rstd, N, D);
     for (int l = c->n_layers - 1; l >= 0; l--) tp_layer_backward(m, l, m->dh);
-    embedding_backward(tp_grad(m, 0), m->dh, m->tokens, N, D, 0, V);
+    embedding_backward(tp_grad(m->w, 0), m->dh, m->tokens, N, D, 0, V);
 }
 
-void tp_llama_zero_grad(tp_llama *m) { device_zero(m->grads, m->num_local * sizeof(float)); }
-
-/* AdamW is element-wise: each rank updates its own slice, and the replicated tensors receive
- * identical gradients on every rank, so their copies stay identical without communication. */
-void tp_llama_adamw_step(tp_llama *m, const adamw_config *o, int step) {
-    adamw_step(m->params, m->grads, m->adam_m, m->adam_v, m->num_local, o->lr, o->beta1, o->beta2,
-               o->eps, o->weight_decay, step);
-}
-
-static void gather(tp_llama *m, float *block, int i, float *full) {
-    const param_spec *s = &m->specs[i];
-    shard_gather_to_host(m->tp, m->layouts.of[s->kind], block + m->offsets[i], s->rows, s->cols, full);
-}
-void tp_gather_param(tp_llama *m, int i, float *full) { gather(m, m->params, i, full); }
-void tp_gather_grad(tp_llama *m, int i, float *full) { gather(m, m->grads, i, full); }

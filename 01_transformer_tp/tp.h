@@ -57,21 +57,48 @@ typedef struct {
     float *ffn_a, *ffn_b, *ffn_g;  /* [B, T, Fl]  w1 m, w3 m, silu(a)*b: this rank's units    */
 } tp_layer_acts;
 
+/* This rank's slices of every parameter tensor, with their gradients and AdamW state.
+ * Chapters that change the activations (sequence parallelism, ...) reuse this as it is. */
 typedef struct {
     llama_config c;
     comm_group *tp;
     tp_layouts layouts;
-    int B, T, N;                    /* N = B*T token rows                                */
     int Hl, Hkvl, Fl, hd;           /* local heads, kv heads, ffn units; head dim        */
+    int Vl, v0;                     /* local vocabulary rows of output and their start   */
     int nparams;
     param_spec *specs;              /* the full shapes (llama.h's table)                 */
     int *r0, *nr, *c0, *nc;         /* [nparams] this rank's slice of each tensor        */
     size_t *offsets;                /* [nparams+1] offsets of the local slices            */
     size_t num_local;               /* floats of parameters held by this rank            */
     float *params, *grads, *adam_m, *adam_v;
+} tp_params;
+
+/* Validates that tp divides n_heads, n_kv_heads and ffn_dim (and the vocabulary when it is
+ * split), exit 2 otherwise; then allocates and initialises this rank's slices: the same values
+ * as the baseline's full tensors. */
+tp_params *tp_params_create(const llama_config *c, comm_group *tp, tp_layouts layouts, uint64_t seed);
+void tp_params_free(tp_params *w);
+float *tp_param(tp_params *w, int index);
+float *tp_grad(tp_params *w, int index);
+tp_layer_weights tp_layer_view(const tp_params *w, float *block, int l);
+void tp_params_zero_grad(tp_params *w);
+/* AdamW is element-wise: each rank updates its own slices; replicated tensors receive identical
+ * gradients on every rank, so their copies stay identical without communication. */
+void tp_params_adamw_step(tp_params *w, const adamw_config *opt, int step);
+/* Full tensor `index` (parameter or gradient) on rank 0 of the tp group (host). For checking. */
+void tp_gather_param(tp_params *w, int index, float *full);
+void tp_gather_grad(tp_params *w, int index, float *full);
+
+/* The tensor-parallel model: parameters plus the activations of a [B, T] batch. */
+typedef struct {
+    tp_params *w;
+    llama_config c;
+    comm_group *tp;
+    int B, T, N;                    /* N = B*T token rows                                */
+    int Hl, Hkvl, Fl, hd, Vl;       /* copied from w for short expressions               */
     tp_layer_acts *acts;            /* [L]                                               */
     float *h_final, *final_xn, *final_rstd;   /* [N, D], [N, D], [N]                    */
-    float *logits;                  /* [N, V] (replicated in this chapter)               */
+    float *logits;                  /* [N, Vl]: the whole vocabulary unless output is split */
     int *tokens, *targets, *positions;
     float loss_scale;
     /* backward scratch */
@@ -79,15 +106,9 @@ typedef struct {
     bool skip_backward_allreduce;   /* a deliberate bug: leave out f's all-reduce        */
 } tp_llama;
 
-/* Validates that p divides n_heads, n_kv_heads and ffn_dim (exit 2 otherwise), then allocates
- * and initialises this rank's slices (the same values as the baseline's full tensors). */
 tp_llama *tp_llama_create(const llama_config *c, comm_group *tp, tp_layouts layouts, int B, int T,
                           uint64_t seed);
 void tp_llama_free(tp_llama *m);
-
-float *tp_param(tp_llama *m, int index);
-float *tp_grad(tp_llama *m, int index);
-tp_layer_weights tp_layer_view(const tp_llama *m, float *block, int l);
 
 /* One transformer layer, h_out = layer(h_in), tensor parallel. h_in/h_out [B, T, D] replicated.
  * Issues: 2 all-reduces of B*T*D floats (g after wo, g after w2). */
@@ -101,9 +122,3 @@ void tp_layer_backward(tp_llama *m, int l, float *dh);
 float tp_llama_forward(tp_llama *m, const int *tokens, const int *targets, const int *positions,
                        float loss_scale);
 void tp_llama_backward(tp_llama *m);
-void tp_llama_zero_grad(tp_llama *m);
-void tp_llama_adamw_step(tp_llama *m, const adamw_config *opt, int step);
-
-/* Full tensor `index` (parameter or gradient) on rank 0 of the tp group (host). For checking. */
-void tp_gather_param(tp_llama *m, int index, float *full);
-void tp_gather_grad(tp_llama *m, int index, float *full);
