@@ -29,7 +29,9 @@ BUILD_ROOT ?= build
 BUILD     := $(BUILD_ROOT)/$(BACKEND)
 CC        := mpicc
 CFLAGS    ?= -O2 -g
-CFLAGS    += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -Icommon -MMD -MP
+-include local.mk
+WERROR    ?= -Werror
+CFLAGS    += -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter -Icommon -MMD -MP
 LDLIBS_CPU  := -lopenblas -lcjson -lm
 CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
 LDLIBS_CUDA := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lcjson -lm
@@ -130,13 +132,22 @@ run-%: all
 check-%: all
 	@./tests/run_checks.sh $(BACKEND) $*
 
-# make plot-NN: gnuplot PNGs from the CSV files the chapter wrote under out/NN/.
-plot-%:
+# make plot-NN: gnuplot PNGs of what the chapter measured, under out/NN/. A chapter with a
+# plot.sh runs the layouts it needs itself; otherwise its plot.gp draws the CSV of `make run-NN`.
+plot-%: all
 	@d=$(call chapter_dir,$*); [ -f $$d/plot.gp ] || { echo "chapter $* has no plot"; exit 2; }
-	@[ -n "$$(ls out/$*/*.csv 2>/dev/null)" ] || $(MAKE) --no-print-directory run-$*
 	@command -v gnuplot >/dev/null || ./tests/deps.sh install
-	gnuplot -e "outdir='out/$*'" $(call chapter_dir,$*)/plot.gp
+	@d=$(call chapter_dir,$*); if [ -x $$d/plot.sh ]; then \
+	    MPIRUN="$(MPIRUN_BASE)" $$d/plot.sh $(BUILD)/$* out/$*; \
+	 else \
+	    [ -n "$$(ls out/$*/*.csv 2>/dev/null)" ] || $(MAKE) --no-print-directory run-$*; \
+	    gnuplot -e "outdir='out/$*'" $$d/plot.gp; \
+	 fi
 	@ls out/$*/*.png
+
+# make assignment-NN [DEST=student/NN]: a student copy with chapter NN's exercises removed.
+assignment-%:
+	@./tests/make_assignment.sh $* $(or $(DEST),student/$*)
 
 bench-%: all
 	@d=$(call chapter_dir,$*); [ -x $$d/bench.sh ] || { echo "chapter $* has no benchmark"; exit 2; }

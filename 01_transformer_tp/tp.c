@@ -202,7 +202,9 @@ void tp_layer_forward(tp_llama *m, int l, float *h_out) {
     attention_forward(a->attn_out, a->probs, a->q, a->k, a->v, B, T, Hl, Hkvl, hd);
     /* h_mid[N, D] = partial attn_out wo^T from this rank's heads, summed by g */
     row_parallel_linear_forward(a->h_mid, a->attn_out, w.wo, N, Hl * hd, D);
+    /* BEGIN ASSIGNMENT: g: sum the heads' partial outputs over the tp group */
     tp_reduce_from_region_forward(m->tp, a->h_mid, ND);                      /* g: all-reduce */
+    /* END ASSIGNMENT */
     add_inplace(a->h_mid, a->h_in, ND);                                      /* residual */
 
     /* ---- feed-forward block ---- */
@@ -212,7 +214,9 @@ void tp_layer_forward(tp_llama *m, int l, float *h_out) {
     column_parallel_linear_forward(a->ffn_b, a->ffn_xn, w.w3, N, D, Fl);    /* [N, Fl] */
     swiglu_forward(a->ffn_g, a->ffn_a, a->ffn_b, (size_t)N * Fl);           /* element-wise: local */
     row_parallel_linear_forward(h_out, a->ffn_g, w.w2, N, Fl, D);           /* partial [N, D] */
+    /* BEGIN ASSIGNMENT: g: sum the ffn units' partial outputs over the tp group */
     tp_reduce_from_region_forward(m->tp, h_out, ND);                        /* g: all-reduce */
+    /* END ASSIGNMENT */
     add_inplace(h_out, a->h_mid, ND);                                       /* residual */
 }
 
@@ -254,8 +258,10 @@ void tp_layer_backward(tp_llama *m, int l, float *dh) {
     add_inplace(m->dxn, m->dxn_part, ND);
     column_parallel_linear_backward(m->dxn_part, g.wv, m->dv, a->attn_xn, w.wv, N, D, Hkvl * hd);
     add_inplace(m->dxn, m->dxn_part, ND);
+    /* BEGIN ASSIGNMENT: f backward: sum the heads' partial input gradients (unless the bug flag is set) */
     if (!m->skip_backward_allreduce)
         tp_copy_to_region_backward(m->tp, m->dxn, ND);                      /* f backward: all-reduce */
+    /* END ASSIGNMENT */
     rmsnorm_backward(dh, g.attention_norm, m->dxn, a->h_in, w.attention_norm, a->attn_rstd, N, D);
 }
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# t_assignment.sh: every chapter with exercises (BEGIN ASSIGNMENT regions) can be handed out and
+# graded: `make assignment-NN` writes a student copy with the regions removed, the copy builds,
+# and its `make check-NN` fails until the student writes the missing lines (the full tutorial's
+# check-NN, run by the rest of the suite, passes).
+set -u
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+n=0; bad=0
+for dir in [0-9][0-9]_*/; do
+    grep -qs 'BEGIN ASSIGNMENT' "$dir"*.c || continue
+    nn=${dir:0:2}; n=$((n+1)); dest=$tmp/student_$nn
+    if ! make --no-print-directory assignment-$nn DEST="$dest" >"$tmp/a.txt" 2>&1; then
+        echo "make assignment-$nn failed"; cat "$tmp/a.txt"; bad=$((bad+1)); continue
+    fi
+    if grep -rqs 'BEGIN ASSIGNMENT' "$dest/$dir"; then echo "assignment-$nn left a region in place"; bad=$((bad+1)); fi
+    if ! make --no-print-directory -C "$dest" -j2 BUILD_ROOT="$dest/build" BACKEND=cpu "$dest/build/cpu/$nn" >"$tmp/b.txt" 2>&1; then
+        echo "the student copy of chapter $nn does not build"; tail -20 "$tmp/b.txt"; bad=$((bad+1)); continue
+    fi
+    if (cd "$dest" && ./tests/run_checks.sh cpu "$nn" "$dest/build") >"$tmp/c.txt" 2>&1; then
+        echo "check-$nn passes on the student copy with the exercises removed: it grades nothing"; bad=$((bad+1))
+    fi
+done
+echo "$((n-bad)) of $n chapters' exercises are gradable by make check-NN"
+[ $bad -eq 0 ] && [ $n -gt 0 ]
