@@ -103,7 +103,7 @@ $(foreach t,$(basename $(notdir $(TESTS_C))),$(eval $(call test_rule,$(t),cuda))
 CHAPTER_BINS = $(foreach c,$(CHAPTERS),$(BUILD_ROOT)/$(1)/$(call chapter_num,$(c)))
 TEST_BINS    = $(foreach t,$(basename $(notdir $(TESTS_C))),$(BUILD_ROOT)/$(1)/tests/$(t))
 
-.PHONY: all cuda banner deps deps-check test clean help
+.PHONY: all cuda banner deps deps-check deps-check-test test clean help
 all: banner deps-check $(call CHAPTER_BINS,$(BACKEND)) $(call TEST_BINS,$(BACKEND))
 
 # `make cuda`: every .cu through nvcc for sm_80 and sm_90 with warnings as errors, and every
@@ -120,7 +120,9 @@ banner:
 deps:
 	@./tests/deps.sh install
 deps-check:
-	@./tests/deps.sh check || ./tests/deps.sh install
+	@./tests/deps.sh check core >/dev/null || ./tests/deps.sh install core
+deps-check-test:
+	@./tests/deps.sh check all >/dev/null || ./tests/deps.sh install all
 
 # ---------------------------------------------------------------- running chapters
 # make run-NN [NP=2] [ARGS="..."]: one mpirun of chapter NN with its parity check on.
@@ -154,7 +156,7 @@ bench-%: all
 	@$(call chapter_dir,$*)/bench.sh $(BUILD)/$*
 
 # ---------------------------------------------------------------- tests
-test: all
+test: deps-check-test all
 	@if [ -n "$(HAVE_NVCC)" ]; then echo "== make cuda (nvcc found at $(NVCC))"; \
 	 else echo "== nvcc not found: skipping the CUDA build (set CUDA_HOME to enable it)"; fi
 	@./tests/run_tests.sh $(BACKEND) "$(HAVE_NVCC)"
@@ -163,8 +165,17 @@ clean:
 	rm -rf build out
 
 help:
-	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
-	@echo "  chapters: $(CHAPTERS)"
-	@echo "  variables: BACKEND=cpu|cuda (now $(BACKEND)), NP=ranks (now $(NP)), ARGS=\"chapter flags\", CUDA_HOME"
+	@echo "make                  build every chapter and test for BACKEND (cpu or cuda)"
+	@echo "make deps             install what is missing (Debian/Ubuntu: Open MPI, OpenBLAS, cJSON, gnuplot, PyTorch for the dump check)"
+	@echo "make run-NN           build chapter NN and run it under mpirun on NP ranks (default 2), baseline beside it"
+	@echo "make check-NN         the chapter's parity check on each of its standard layouts (NN_*/checks.txt)"
+	@echo "make plot-NN          gnuplot PNGs of what the chapter measured, in out/NN/"
+	@echo "make bench-NN         the chapter's benchmark, if it has one (never part of make test)"
+	@echo "make assignment-NN    a student copy in student/NN with the chapter's exercises removed"
+	@echo "make test             every unit test, chapter check and scripted test; last line 'N passed, N failed'"
+	@echo "make cuda             compile and link every CUDA source with nvcc (sm_80, sm_90), warnings as errors"
+	@echo "make clean            remove build/ and out/"
+	@echo "chapters:  $(CHAPTERS)"
+	@echo "variables: BACKEND=cpu|cuda (now $(BACKEND)), NP=ranks (now $(NP)), ARGS=\"chapter flags\", CUDA_HOME (now $(CUDA_HOME))"
 
 -include $(shell find $(BUILD_ROOT) -name '*.d' 2>/dev/null)
