@@ -59,6 +59,12 @@ void attention_forward(float *out, float *probs, const float *q, const float *k,
 void attention_backward(float *dq, float *dk, float *dv, float *dprobs,
                         const float *dout, const float *q, const float *k, const float *v,
                         const float *probs, int B, int T, int H, int Hkv, int hd);
+/* The two backend kernels between attention's GEMMs (attention.c, shared by both backends,
+ * does the GEMMs). probs holds `rows` rows of T scores; row r is query i = r % T.
+ *   forward:  probs := softmax over keys j <= i of each row, 0 for j > i   (in place)
+ *   backward: dprobs := P * (dP - rowsum(P * dP)), 0 for j > i             (in place on dP)  */
+void causal_softmax_forward(float *probs, int rows, int T);
+void causal_softmax_backward(float *dprobs, const float *probs, int rows, int T);
 
 /* ---- SwiGLU: out = silu(a) * b, a = x W1^T, b = x W3^T ------------------------------------
  *   forward:  out[n] (=);  backward: da[n] (=), db[n] (=)                                  */

@@ -227,36 +227,12 @@ static __global__ void causal_softmax_kernel(float *probs, int T) {
         p[j] = attention_visible(i, j) ? softmax_prob(p[j], st) : 0.0f;
 }
 
-void attention_forward(float *out, float *probs, const float *q, const float *k, const float *v,
-                       int B, int T, int H, int Hkv, int hd) {
-    if (B == 0 || T == 0) return;
-    int group = H / Hkv;
-    int ldq = H * hd, ldkv = Hkv * hd;
-    long long TT = (long long)T * T;
-    float scale = attention_scale(hd);
-    /* scores[b, h] = scale * q_h k_g^T : [T, T] */
-    for (int b = 0; b < B; b++)
-        for (int g = 0; g < Hkv; g++) {
-            const float *q_g = q + (size_t)b * T * ldq + (size_t)g * group * hd;
-            const float *k_g = k + (size_t)b * T * ldkv + (size_t)g * hd;
-            float *scores_g = probs + ((size_t)b * H + (size_t)g * group) * TT;
-            matmul_strided_batched(scores_g, q_g, k_g, T, T, hd, false, true, ldq, ldkv, T,
-                                   hd, 0, TT, group, scale, 0.0f);
-        }
-    causal_softmax_kernel<<<B * H * T, ROW_THREADS, 0, cuda_stream()>>>(probs, T);
+void causal_softmax_forward(float *probs, int rows, int T) {
+    if (rows == 0 || T == 0) return;
+    causal_softmax_kernel<<<rows, ROW_THREADS, 0, cuda_stream()>>>(probs, T);
     CUDA_CHECK_LAUNCH();
-    /* out_h = P_h v_g : [T, hd] */
-    for (int b = 0; b < B; b++)
-        for (int g = 0; g < Hkv; g++) {
-            const float *p_g = probs + ((size_t)b * H + (size_t)g * group) * TT;
-            const float *v_g = v + (size_t)b * T * ldkv + (size_t)g * hd;
-            float *out_g = out + (size_t)b * T * ldq + (size_t)g * group * hd;
-            matmul_strided_batched(out_g, p_g, v_g, T, hd, T, false, false, T, ldkv, ldq,
-                                   TT, 0, hd, group, 1.0f, 0.0f);
-        }
 }
 
-/* dprobs row r := dS = P * (dP - rowsum(P * dP)), zero above the causal diagonal. */
 static __global__ void causal_softmax_backward_kernel(float *dprobs, const float *probs, int T) {
     size_t r = blockIdx.x;
     const float *p = probs + r * T;
@@ -273,46 +249,10 @@ static __global__ void causal_softmax_backward_kernel(float *dprobs, const float
 /* dV_g and dK_g sum over the heads of the group: one batched call would let its entries write
  * the same dV_g concurrently (a race), so the heads go one after the other, the first with
  * beta = 0 (overwrite), the rest with beta = 1 (accumulate), all on one stream. */
-void attention_backward(float *dq, float *dk, float *dv, float *dprobs,
-                        const float *dout, const float *q, const float *k, const float *v,
-                        const float *probs, int B, int T, int H, int Hkv, int hd) {
-    if (B == 0 || T == 0) return;
-    int group = H / Hkv;
-    int ldq = H * hd, ldkv = Hkv * hd;
-    long long TT = (long long)T * T;
-    float scale = attention_scale(hd);
-    for (int b = 0; b < B; b++)
-        for (int g = 0; g < Hkv; g++) {
-            const float *dout_g = dout + (size_t)b * T * ldq + (size_t)g * group * hd;
-            const float *v_g = v + (size_t)b * T * ldkv + (size_t)g * hd;
-            const float *p_g = probs + ((size_t)b * H + (size_t)g * group) * TT;
-            float *dp_g = dprobs + ((size_t)b * H + (size_t)g * group) * TT;
-            float *dv_g = dv + (size_t)b * T * ldkv + (size_t)g * hd;
-            /* dV_g = sum_h P_h^T dOut_h : [T, hd] */
-            for (int i = 0; i < group; i++)
-                matmul_strided_batched(dv_g, p_g + i * TT, dout_g + i * hd, T, hd, T, true, false,
-                                       T, ldq, ldkv, 0, 0, 0, 1, 1.0f, i == 0 ? 0.0f : 1.0f);
-            /* dP_h = dOut_h V_g^T : [T, T] */
-            matmul_strided_batched(dp_g, dout_g, v_g, T, T, hd, false, true, ldq, ldkv, T,
-                                   hd, 0, TT, group, 1.0f, 0.0f);
-        }
-    causal_softmax_backward_kernel<<<B * H * T, ROW_THREADS, 0, cuda_stream()>>>(dprobs, probs, T);
+void causal_softmax_backward(float *dprobs, const float *probs, int rows, int T) {
+    if (rows == 0 || T == 0) return;
+    causal_softmax_backward_kernel<<<rows, ROW_THREADS, 0, cuda_stream()>>>(dprobs, probs, T);
     CUDA_CHECK_LAUNCH();
-    for (int b = 0; b < B; b++)
-        for (int g = 0; g < Hkv; g++) {
-            const float *q_g = q + (size_t)b * T * ldq + (size_t)g * group * hd;
-            const float *k_g = k + (size_t)b * T * ldkv + (size_t)g * hd;
-            const float *ds_g = dprobs + ((size_t)b * H + (size_t)g * group) * TT;
-            float *dq_g = dq + (size_t)b * T * ldq + (size_t)g * group * hd;
-            float *dk_g = dk + (size_t)b * T * ldkv + (size_t)g * hd;
-            /* dQ_h = scale dS_h K_g : [T, hd] */
-            matmul_strided_batched(dq_g, ds_g, k_g, T, hd, T, false, false, T, ldkv, ldq,
-                                   TT, 0, hd, group, scale, 0.0f);
-            /* dK_g = scale sum_h dS_h^T Q_h : [T, hd] */
-            for (int i = 0; i < group; i++)
-                matmul_strided_batched(dk_g, ds_g + i * TT, q_g + i * hd, T, hd, T, true, false,
-                                       T, ldq, ldkv, 0, 0, 0, 1, scale, i == 0 ? 0.0f : 1.0f);
-        }
 }
 
 /* ---- SwiGLU --------------------------------------------------------------------------------- */
