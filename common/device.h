@@ -48,6 +48,7 @@ size_t mem_peak(mem_category cat);
 size_t mem_current_total(void);
 size_t mem_peak_total(void);
 size_t mem_largest_alloc(mem_category cat);   /* the largest single live-or-past allocation */
+size_t mem_allocation_bytes(const void *p);  /* bytes of the live allocation p (0 if unknown) */
 void mem_reset_peaks(void);                  /* peaks := current values */
 const char *mem_category_name(mem_category cat);
 

@@ -54,6 +54,12 @@ size_t mem_current_total(void) { return current_total; }
 size_t mem_peak_total(void) { return peak_total; }
 size_t mem_largest_alloc(mem_category cat) { return largest[cat]; }
 
+size_t mem_allocation_bytes(const void *p) {
+    for (size_t i = 0; i < n_live; i++)
+        if (live[i].p == p) return live[i].bytes;
+    return 0;
+}
+
 void mem_reset_peaks(void) {
     for (int c = 0; c < MEM_NCATEGORIES; c++) { peak[c] = current[c]; largest[c] = 0; }
     peak_total = current_total;
