@@ -69,7 +69,7 @@ int main(int argc, char **argv) {
     llama_model *base = o.check && comm_world()->rank == 0 ? llama_create(c, B, T, o.seed) : NULL;
     int *tokens = device_alloc_ints(N, MEM_BUFFERS), *targets = device_alloc_ints(N, MEM_BUFFERS);
     int *positions = run_positions(T);
-    float *dh0 = comm_world()->rank == 0 ? malloc((size_t)N * D * sizeof(float)) : NULL;
+    float *dh0 = o.check && comm_world()->rank == 0 ? malloc((size_t)N * D * sizeof(float)) : NULL;
 
     log0("chapter 01: Megatron tensor parallelism, tp = %d, backend %s\n", tp->size, device_backend_name());
     log0("model: dim %d, %d layers, %d heads (%d kv), head dim %d, ffn %d, vocab %d; batch %d x %d tokens\n",
@@ -98,22 +98,9 @@ int main(int argc, char **argv) {
         device_synchronize();
         double t_fb = wall_seconds() - t0;
 
-        double base_loss = NAN;
-        if (base) {
-            llama_zero_grad(base);
-            base_loss = llama_forward(base, tokens, targets, positions, scale);
-            llama_backward(base);
-        }
-        run_print_step(step, label, loss, base_loss, n_pad, 1e3 * t_fb);
-        csv_row(csv, "%d,%.9g,%.9g", step, base_loss, loss);
-        if (o.check) {
-            if (dh0) device_copy_to_host(dh0, model->dh, (size_t)N * D * sizeof(float));
-            run_compare_step(&o, step, loss, base_loss, base, gather_tp, model, dh0);
-        }
-        if (o.dump_dir) {
-            if (step == 1) run_dump_params(&o, "grads_1.safetensors", true, gather_tp, model);
-            run_dump_step(&o, step, loss);
-        }
+        double base_loss = run_baseline_step(base, tokens, targets, positions, scale);
+        if (dh0) device_copy_to_host(dh0, model->dh, (size_t)N * D * sizeof(float));   /* d loss / d h0, replicated */
+        run_step_report(&o, step, label, csv, loss, base_loss, n_pad, 1e3 * t_fb, base, gather_tp, model, dh0);
 
         t0 = wall_seconds();
         tp_params_adamw_step(model->w, &o.opt, step);

@@ -161,7 +161,7 @@ int main(int argc, char **argv) {
     mem_reset_peaks();   /* from here on the largest allocation is the run's own again */
     int *tokens = device_alloc_ints(N, MEM_BUFFERS), *targets = device_alloc_ints(N, MEM_BUFFERS);
     int *positions = run_positions(T);
-    float *dh0 = comm_world()->rank == 0 ? malloc((size_t)N * D * sizeof(float)) : NULL;
+    float *dh0 = o.check && comm_world()->rank == 0 ? malloc((size_t)N * D * sizeof(float)) : NULL;
     if (o.dump_dir) run_dump_params(&o, "init.safetensors", false, gather_tp, model);
     char label[32];
     snprintf(label, sizeof label, "tp=%d%s", p, loss_parallel ? " lp" : "");
@@ -188,21 +188,9 @@ int main(int argc, char **argv) {
         device_synchronize();
         double t_fb = wall_seconds() - t0;
 
-        double base_loss = NAN;
-        if (base) {
-            llama_zero_grad(base);
-            base_loss = llama_forward(base, tokens, targets, positions, scale);
-            llama_backward(base);
-        }
-        run_print_step(step, label, loss, base_loss, n_pad, 1e3 * t_fb);
-        if (o.check) {
-            if (dh0) device_copy_to_host(dh0, model->dh, (size_t)N * D * sizeof(float));
-            run_compare_step(&o, step, loss, base_loss, base, gather_tp, model, dh0);
-        }
-        if (o.dump_dir) {
-            if (step == 1) run_dump_params(&o, "grads_1.safetensors", true, gather_tp, model);
-            run_dump_step(&o, step, loss);
-        }
+        double base_loss = run_baseline_step(base, tokens, targets, positions, scale);
+        if (dh0) device_copy_to_host(dh0, model->dh, (size_t)N * D * sizeof(float));   /* d loss / d h0, replicated */
+        run_step_report(&o, step, label, NULL, loss, base_loss, n_pad, 1e3 * t_fb, base, gather_tp, model, dh0);
 
         t0 = wall_seconds();
         tp_params_adamw_step(model->w, &o.opt, step);

@@ -131,23 +131,12 @@ int main(int argc, char **argv) {
         device_synchronize();
         double t_fb = wall_seconds() - t0;
 
-        double base_loss = NAN;
-        if (base) {
-            llama_zero_grad(base);
-            base_loss = llama_forward(base, tokens, targets, positions, scale);
-            llama_backward(base);
-        }
-        run_print_step(step, label, loss, base_loss, n_pad, 1e3 * t_fb);
-        csv_row(csv, "%d,%.9g,%.9g", step, base_loss, loss);
+        double base_loss = run_baseline_step(base, tokens, targets, positions, scale);
         if (o.check) {
             /* d loss / d h0: [B, T/tp, D] per rank, put together on rank 0 (not counted) */
             sp_gather_residual_to_host(model, model->dh, dh0);
-            run_compare_step(&o, step, loss, base_loss, base, gather_sp, model, dh0);
         }
-        if (o.dump_dir) {
-            if (step == 1) run_dump_params(&o, "grads_1.safetensors", true, gather_sp, model);
-            run_dump_step(&o, step, loss);
-        }
+        run_step_report(&o, step, label, csv, loss, base_loss, n_pad, 1e3 * t_fb, base, gather_sp, model, dh0);
 
         t0 = wall_seconds();
         tp_params_adamw_step(model->w, &o.opt, step);

@@ -169,6 +169,27 @@ void run_compare_step(const run_options *o, int step, double loss, double base_l
     free(ref);
 }
 
+double run_baseline_step(llama_model *base, const int *tokens, const int *targets,
+                         const int *positions, float loss_scale) {
+    if (!base) return NAN;
+    llama_zero_grad(base);
+    double loss = llama_forward(base, tokens, targets, positions, loss_scale);
+    llama_backward(base);
+    return loss;
+}
+
+void run_step_report(const run_options *o, int step, const char *label, FILE *csv, double loss,
+                     double base_loss, int n_pad, double step_ms, llama_model *base,
+                     run_gather_fn gather, void *model, const float *dh0_full) {
+    run_print_step(step, label, loss, base_loss, n_pad, step_ms);
+    csv_row(csv, "%d,%.9g,%.9g", step, base_loss, loss);
+    if (o->check) run_compare_step(o, step, loss, base_loss, base, gather, model, dh0_full);
+    if (o->dump_dir) {
+        if (step == 1) run_dump_params(o, "grads_1.safetensors", true, gather, model);
+        run_dump_step(o, step, loss);
+    }
+}
+
 void run_dump_params(const run_options *o, const char *file, bool grads, run_gather_fn gather, void *model) {
     const llama_config *c = &o->model;
     int n = llama_num_params(c);

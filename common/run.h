@@ -9,6 +9,7 @@
  */
 #pragma once
 #include <getopt.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include "cdefs.h"
@@ -75,6 +76,17 @@ void run_print_step(int step, const char *label, double loss, double base_loss, 
  * Prints the full table on step 1 (and every step with --verbose-grads), one line otherwise. */
 void run_compare_step(const run_options *o, int step, double loss, double base_loss,
                       llama_model *base, run_gather_fn gather, void *model, const float *dh0_full);
+
+/* The baseline's half of a step, on rank 0 only (base == NULL elsewhere: returns NAN): zero its
+ * gradients, forward and backward on the same global batch as the parallel model. */
+double run_baseline_step(llama_model *base, const int *tokens, const int *targets,
+                         const int *positions, float loss_scale);
+/* Everything a step does after both backwards, the same in every chapter: print the step's
+ * line, append "step,baseline,parallel" to csv (may be NULL), compare with the baseline
+ * (--check, see run_compare_step) and export (--dump). Collective. */
+void run_step_report(const run_options *o, int step, const char *label, FILE *csv, double loss,
+                     double base_loss, int n_pad, double step_ms, llama_model *base,
+                     run_gather_fn gather, void *model, const float *dh0_full);
 
 /* --dump: full parameters before step 1, the batch of each step, the gradients of step 1 and
  * the losses. Collective (the gathers); rank 0 writes. Exit 2 when DIR cannot be written. */
