@@ -215,6 +215,7 @@ int main(int argc, char **argv) {
         double calls = (double)vp->loss_comm.calls / o.steps, bytes = vp->loss_comm.payload_bytes / o.steps;
         bool ok = calls == 3 && fabs(bytes - 3 * N4) < 0.5;
         mismatches += !ok;
+        if (!ok) parity_fail("the loss's measured communication differs from 3 x B*T*4 (above)");
         log0("  the loss: %.2f all-reduces, %s per step | 3 x B*T*4 = %s (max, sum of exp, target logit)  %s\n",
              calls, fmt_bytes(bytes), fmt_bytes(3 * N4), ok ? "" : "MISMATCH");
         log0("  gathering the logits instead: an all-gather of B*T*V*4 = %s per step (%s sent per rank, ring), %.0fx the loss's\n",
@@ -259,6 +260,7 @@ int main(int argc, char **argv) {
         else {
             bool ok = largest_measured < NV4;
             mismatches += !ok;
+            if (!ok) parity_fail("a rank allocated a buffer of B*T*V floats (above)");
             log0("  full logits: the largest buffer on any rank is %s < B*T*V*4 = %s: %s\n",
                  fmt_bytes(largest_measured), fmt_bytes(NV4),
                  ok ? "no rank ever held the [B, T, V] logits" : "MISMATCH, a rank allocated a full-logits buffer");

@@ -189,6 +189,7 @@ int main(int argc, char **argv) {
                  fmt_bytes(recompute));
         bool ok = fabs(measured - (pairs + regather + recompute)) < 0.5;
         mismatches += !ok;
+        if (!ok) parity_fail("the measured all-gather + reduce-scatter bytes differ from the formula (above)");
         log0("                measured all-gather + reduce-scatter: %s | formula %s %s\n", fmt_bytes(measured),
              fmt_bytes(pairs + regather + recompute), ok ? "" : "MISMATCH");
     } else {
@@ -196,6 +197,7 @@ int main(int argc, char **argv) {
         double formula = (boundaries + recomputed) * 2 * ring * X + 3 * 2 * ring * N4;
         bool ok = fabs(measured - formula) < 0.5;
         mismatches += !ok;
+        if (!ok) parity_fail("the measured all-reduce bytes differ from the formula (above)");
         log0("    here:       the same all-reduces (--no-sp)%s, with the loss's 3 x B*T*4: %s sent | formula %s %s\n",
              ac == AC_FULL ? " + L of the forward recomputed by full AC" : "", fmt_bytes(measured),
              fmt_bytes(formula), ok ? "" : "MISMATCH");
@@ -254,7 +256,10 @@ int main(int argc, char **argv) {
     snprintf(title, sizeof title, "this run (%s, ac %s), per rank (t' = %d: the sequence split)", layout,
              ac_mode_name(ac), sp ? p : 1);
     mismatches += report_memory(title, run_rows, 3) + (bad_layers > 0);
-    if (bad_layers) log0("  %d layer(s) saved a different number of bytes: MISMATCH\n", bad_layers);
+    if (bad_layers) {
+        log0("  %d layer(s) saved a different number of bytes: MISMATCH\n", bad_layers);
+        parity_fail("a layer saved a different number of activation bytes (above)");
+    }
     double none_bytes = sp_layer_act_bytes_formula(d, AC_NONE);
     if (ac != AC_NONE)
         log0("  ac %s keeps %s per layer instead of %s; what it drops lives once, in %s of buffers shared by the layers\n",

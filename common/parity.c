@@ -63,6 +63,12 @@ bool parity_tensor(const char *name, const float *got, const float *ref, size_t 
     return ok;
 }
 
+void parity_fail(const char *what) {
+    comparisons++;
+    failures++;
+    log0("  FAIL: %s\n", what);
+}
+
 int parity_failures(void) { return failures; }
 
 int parity_report(void) {

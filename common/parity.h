@@ -30,6 +30,8 @@ void parity_set_grads_enforced(bool enforced);
 void parity_set_verbose(bool verbose);
 /* The worst relative difference recorded by parity_tensor since the last call, and its tensor. */
 double parity_worst(const char **name);
+/* Records a failed comparison made elsewhere (a measured figure that differs from its formula). */
+void parity_fail(const char *what);
 int parity_failures(void);
 /* Prints the verdict line; returns the process exit status (0 pass, 1 fail). */
 int parity_report(void);

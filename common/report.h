@@ -3,7 +3,7 @@
  * Communication: per group and collective, calls and payload bytes per step as counted by
  * comm.c, next to what the chapter's README predicts. Memory: bytes per category as counted
  * by the allocator, next to the formula. A row whose measurement differs from its formula is
- * marked MISMATCH and counted as a parity failure: the numbers are deterministic.
+ * marked MISMATCH and recorded as a parity failure (parity_fail): the numbers are deterministic.
  */
 #pragma once
 #include "cdefs.h"
