@@ -132,7 +132,7 @@ run-%: all
 
 # make check-NN: the chapter's standard layouts (its checks.txt), non-zero exit on failure.
 check-%: all
-	@./tests/run_checks.sh $(BACKEND) $*
+	@./tests/run_checks.sh $(BACKEND) $* $(BUILD_ROOT)
 
 # make plot-NN: gnuplot PNGs of what the chapter measured, under out/NN/. A chapter with a
 # plot.sh runs the layouts it needs itself; otherwise its plot.gp draws the CSV of `make run-NN`.
