@@ -12,7 +12,7 @@ for dir in [0-9][0-9]_*/; do
     if ! make --no-print-directory assignment-$nn DEST="$dest" >"$tmp/a.txt" 2>&1; then
         echo "make assignment-$nn failed"; cat "$tmp/a.txt"; bad=$((bad+1)); continue
     fi
-    if grep -rqs 'BEGIN ASSIGNMENT' "$dest/$dir"; then echo "assignment-$nn left a region in place"; bad=$((bad+1)); fi
+    if grep -rqs --include='*.c' --include='*.h' 'BEGIN ASSIGNMENT' "$dest/$dir"; then echo "assignment-$nn left a region in place"; bad=$((bad+1)); fi
     if ! make --no-print-directory -C "$dest" -j2 BUILD_ROOT="$dest/build" BACKEND=cpu "$dest/build/cpu/$nn" >"$tmp/b.txt" 2>&1; then
         echo "the student copy of chapter $nn does not build"; tail -20 "$tmp/b.txt"; bad=$((bad+1)); continue
     fi
