@@ -86,27 +86,24 @@ int main(int argc, char **argv) {
 
     /* ---- train ---- */
     comm_reset_all_stats();
-    double step_seconds = 0, comm_seconds = 0;
+    run_clock clock = {0};
     for (int step = 1; step <= o.steps; step++) {
         int n_pad, n_valid = run_batch(&o, step, tokens, targets, &n_pad);
         float scale = run_loss_scale(n_valid);
 
-        double t0 = wall_seconds(), c0 = comm_total_seconds();
+        run_clock_start(&clock);
         tp_params_zero_grad(model->w);
         float loss = tp_llama_forward(model, tokens, targets, positions, scale);
         tp_llama_backward(model);
-        device_synchronize();
-        double t_fb = wall_seconds() - t0;
+        double t_fb = run_clock_stop(&clock);
 
         double base_loss = run_baseline_step(base, tokens, targets, positions, scale);
         if (dh0) device_copy_to_host(dh0, model->dh, (size_t)N * D * sizeof(float));   /* d loss / d h0, replicated */
         run_step_report(&o, step, label, csv, loss, base_loss, n_pad, 1e3 * t_fb, base, gather_tp, model, dh0);
 
-        t0 = wall_seconds();
+        run_clock_start(&clock);
         tp_params_adamw_step(model->w, &o.opt, step);
-        device_synchronize();
-        step_seconds += t_fb + (wall_seconds() - t0);
-        comm_seconds += comm_total_seconds() - c0;
+        run_clock_stop(&clock);
         if (base) llama_adamw_step(base, &o.opt, step);
     }
     csv_close(csv);
@@ -128,9 +125,7 @@ int main(int argc, char **argv) {
         {"parameters", param_bytes, 4 * (replicated + sharded), "4 (2VD + (2L+1)D + L(2H hd D + 2Hkv hd D + 3FD)/tp)"},
         {"saved activations", act_bytes, 4 * acts, "4 (L(4ND + 2N + 2N hd (H+Hkv)/tp + B T^2 H/tp + 3NF/tp) + 2ND + N + NV)"}};
     mismatches += report_memory("memory per rank", mem, 2);
-    log0("time per step: %.1f ms (compute %.1f ms, communication %.1f ms, %.0f%%)\n",
-         1e3 * step_seconds / o.steps, 1e3 * (step_seconds - comm_seconds) / o.steps,
-         1e3 * comm_seconds / o.steps, step_seconds > 0 ? 100.0 * comm_seconds / step_seconds : 0.0);
+    run_clock_report(&clock, o.steps);
 
     int status = 0;
     if (o.check) {

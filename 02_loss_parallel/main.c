@@ -169,13 +169,13 @@ int main(int argc, char **argv) {
     /* ---- train ---- */
     comm_reset_all_stats();
     if (vp) vp->loss_comm = (collective_stats){0};
-    double step_seconds = 0, comm_seconds = 0;
+    run_clock clock = {0};
     for (int step = 1; step <= o.steps; step++) {
         int n_pad, n_valid = run_batch(&o, step, tokens, targets, &n_pad);
         float scale = run_loss_scale(n_valid);   /* 1 / valid targets of the whole batch */
         if (step == 1) describe_batch(tokens, targets, B, T, V, loss_parallel ? p : 1);
 
-        double t0 = wall_seconds(), c0 = comm_total_seconds();
+        run_clock_start(&clock);
         tp_params_zero_grad(model->w);
         float loss;
         if (loss_parallel) {
@@ -185,18 +185,15 @@ int main(int argc, char **argv) {
             loss = tp_llama_forward(model, tokens, targets, positions, scale);
             tp_llama_backward(model);
         }
-        device_synchronize();
-        double t_fb = wall_seconds() - t0;
+        double t_fb = run_clock_stop(&clock);
 
         double base_loss = run_baseline_step(base, tokens, targets, positions, scale);
         if (dh0) device_copy_to_host(dh0, model->dh, (size_t)N * D * sizeof(float));   /* d loss / d h0, replicated */
         run_step_report(&o, step, label, NULL, loss, base_loss, n_pad, 1e3 * t_fb, base, gather_tp, model, dh0);
 
-        t0 = wall_seconds();
+        run_clock_start(&clock);
         tp_params_adamw_step(model->w, &o.opt, step);
-        device_synchronize();
-        step_seconds += t_fb + (wall_seconds() - t0);
-        comm_seconds += comm_total_seconds() - c0;
+        run_clock_stop(&clock);
         if (base) llama_adamw_step(base, &o.opt, step);
     }
 
@@ -267,9 +264,7 @@ int main(int argc, char **argv) {
         }
     }
     append_memory_csv(o.out_dir, p, loss_parallel, logits_bytes, 4 * N * vocab_rows);
-    log0("time per step: %.1f ms (compute %.1f ms, communication %.1f ms, %.0f%%)\n",
-         1e3 * step_seconds / o.steps, 1e3 * (step_seconds - comm_seconds) / o.steps,
-         1e3 * comm_seconds / o.steps, step_seconds > 0 ? 100.0 * comm_seconds / step_seconds : 0.0);
+    run_clock_report(&clock, o.steps);
 
     int status = 0;
     if (o.check) {

@@ -119,17 +119,16 @@ int main(int argc, char **argv) {
 
     /* ---- train ---- */
     comm_reset_all_stats();
-    double step_seconds = 0, comm_seconds = 0;
+    run_clock clock = {0};
     for (int step = 1; step <= o.steps; step++) {
         int n_pad, n_valid = run_batch(&o, step, tokens, targets, &n_pad);
         float scale = run_loss_scale(n_valid);
 
-        double t0 = wall_seconds(), c0 = comm_total_seconds();
+        run_clock_start(&clock);
         tp_params_zero_grad(model->w);
         float loss = sp_llama_forward(model, tokens, targets, positions, scale);
         sp_llama_backward(model);
-        device_synchronize();
-        double t_fb = wall_seconds() - t0;
+        double t_fb = run_clock_stop(&clock);
 
         double base_loss = run_baseline_step(base, tokens, targets, positions, scale);
         if (o.check) {
@@ -138,11 +137,9 @@ int main(int argc, char **argv) {
         }
         run_step_report(&o, step, label, csv, loss, base_loss, n_pad, 1e3 * t_fb, base, gather_sp, model, dh0);
 
-        t0 = wall_seconds();
+        run_clock_start(&clock);
         tp_params_adamw_step(model->w, &o.opt, step);
-        device_synchronize();
-        step_seconds += t_fb + (wall_seconds() - t0);
-        comm_seconds += comm_total_seconds() - c0;
+        run_clock_stop(&clock);
         if (base) llama_adamw_step(base, &o.opt, step);
     }
     csv_close(csv);
@@ -264,9 +261,7 @@ int main(int argc, char **argv) {
     if (ac != AC_NONE)
         log0("  ac %s keeps %s per layer instead of %s; what it drops lives once, in %s of buffers shared by the layers\n",
              ac_mode_name(ac), fmt_bytes(layer_formula), fmt_bytes(none_bytes), fmt_bytes(none_bytes - layer_formula));
-    log0("time per step: %.1f ms (compute %.1f ms, communication %.1f ms, %.0f%%)\n",
-         1e3 * step_seconds / o.steps, 1e3 * (step_seconds - comm_seconds) / o.steps,
-         1e3 * comm_seconds / o.steps, step_seconds > 0 ? 100.0 * comm_seconds / step_seconds : 0.0);
+    run_clock_report(&clock, o.steps);
 
     int status = 0;
     if (o.check) {

@@ -190,6 +190,26 @@ void run_step_report(const run_options *o, int step, const char *label, FILE *cs
     }
 }
 
+void run_clock_start(run_clock *k) {
+    device_synchronize();
+    k->t0 = wall_seconds();
+    k->c0 = comm_total_seconds();
+}
+
+double run_clock_stop(run_clock *k) {
+    device_synchronize();
+    double dt = wall_seconds() - k->t0;
+    k->seconds += dt;
+    k->comm_seconds += comm_total_seconds() - k->c0;
+    return dt;
+}
+
+void run_clock_report(const run_clock *k, int steps) {
+    log0("time per step: %.1f ms (compute %.1f ms, communication %.1f ms, %.0f%%)\n",
+         1e3 * k->seconds / steps, 1e3 * (k->seconds - k->comm_seconds) / steps,
+         1e3 * k->comm_seconds / steps, k->seconds > 0 ? 100.0 * k->comm_seconds / k->seconds : 0.0);
+}
+
 void run_dump_params(const run_options *o, const char *file, bool grads, run_gather_fn gather, void *model) {
     const llama_config *c = &o->model;
     int n = llama_num_params(c);

@@ -88,6 +88,15 @@ void run_step_report(const run_options *o, int step, const char *label, FILE *cs
                      double base_loss, int n_pad, double step_ms, llama_model *base,
                      run_gather_fn gather, void *model, const float *dh0_full);
 
+/* The parallel model's own time: wall seconds between start and stop (synchronised with the
+ * device), and the part of them spent inside counted collectives. The baseline and the checks
+ * run outside the started segments, so they do not count. */
+typedef struct { double t0, c0, seconds, comm_seconds; } run_clock;
+void run_clock_start(run_clock *k);
+double run_clock_stop(run_clock *k);                 /* returns this segment's seconds */
+/* Rank 0: "time per step: X ms (compute Y ms, communication Z ms, P%)". */
+void run_clock_report(const run_clock *k, int steps);
+
 /* --dump: full parameters before step 1, the batch of each step, the gradients of step 1 and
  * the losses. Collective (the gathers); rank 0 writes. Exit 2 when DIR cannot be written. */
 void run_dump_params(const run_options *o, const char *file, bool grads, run_gather_fn gather, void *model);
