@@ -1,7 +1,7 @@
 /* comm.h: process groups and collectives.
  *
- * CPU backend (comm_mpi.c):   MPI collectives on host buffers.
- * CUDA backend (comm_nccl.cu): NCCL on device buffers; the NCCL unique id travels over MPI,
+ * CPU backend (comm_cpu.c):   MPI collectives on host buffers.
+ * CUDA backend (comm_cuda.cu): NCCL on device buffers; the NCCL unique id travels over MPI,
  *                              sub-groups come from ncclCommSplit with the same colour/key
  *                              rule as MPI_Comm_split.
  *
@@ -40,7 +40,7 @@ typedef struct {
 typedef struct comm_group {
     char name[32];
     int rank, size;
-    void *mpi_comm;      /* MPI_Comm (stored untyped so this header needs no mpi.h) */
+    void *mpi_comm;      /* points to an MPI_Comm (untyped so this header needs no mpi.h) */
     void *nccl_comm;     /* ncclComm_t on the CUDA backend, NULL on CPU              */
     collective_stats stats[COLL_NKINDS];
 } comm_group;

@@ -36,7 +36,7 @@ void device_free(void *p);
 
 void device_copy_to_device(void *dst, const void *src_host, size_t bytes);
 void device_copy_to_host(void *dst_host, const void *src, size_t bytes);
-void device_copy(void *dst, const void *src, size_t bytes);          /* device to device */
+void device_copy(void *dst, const void *src, size_t bytes);  /* device to device; may overlap */
 void device_zero(void *p, size_t bytes);
 void device_synchronize(void);
 
