@@ -27,6 +27,22 @@ static int tu_failed = 0, tu_checks = 0;
           "%s: got %.9g want %.9g", (what), _a, _b);                           \
 } while (0)
 
+/* The cross-entropy reference of the kernel tests, in double: the sum over rows whose target
+ * is not ignore_index of logsumexp(row) - row[target]; logits [n, v]. */
+static inline double tu_cross_entropy_sum(const float *logits, const int *targets, int n, int v,
+                                          int ignore_index) {
+    double total = 0;
+    for (int r = 0; r < n; r++) {
+        if (targets[r] == ignore_index) continue;
+        const float *row = logits + (size_t)r * v;
+        double mx = -INFINITY, sum = 0;
+        for (int j = 0; j < v; j++) mx = fmax(mx, row[j]);
+        for (int j = 0; j < v; j++) sum += exp(row[j] - mx);
+        total += mx + log(sum) - row[targets[r]];
+    }
+    return total;
+}
+
 static inline int tu_finish(const char *name) {
     if (tu_failed) fprintf(stderr, "%s: %d of %d checks failed\n", name, tu_failed, tu_checks);
     else printf("%s: %d checks ok\n", name, tu_checks);

@@ -129,16 +129,7 @@ static void sharded_backward(shards *s, float grad_scale, float *full, int in_pl
 
 /* sum over valid rows of logsumexp(row) - row[target], in double over the full rows */
 static double reference_loss(const float *logits, const int *targets) {
-    double total = 0;
-    for (int n = 0; n < N; n++) {
-        if (targets[n] == IGNORE_INDEX) continue;
-        const float *row = logits + n * V;
-        double mx = -INFINITY, sum = 0;
-        for (int j = 0; j < V; j++) mx = fmax(mx, row[j]);
-        for (int j = 0; j < V; j++) sum += exp(row[j] - mx);
-        total += mx + log(sum) - row[targets[n]];
-    }
-    return total;
+    return tu_cross_entropy_sum(logits, targets, N, V, IGNORE_INDEX);
 }
 
 /* the plain (unsharded) kernels of llama_kernels.h on the full rows */
