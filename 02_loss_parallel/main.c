@@ -33,8 +33,7 @@ static const char *usage =
     "  --tp N                     tensor-parallel degree (default: NP; must equal NP)\n"
     "  --loss-parallel            vocabulary-parallel embedding, output and loss (the default)\n"
     "  --no-loss-parallel         chapter 01's replicated embedding, output and [B, T, V] logits\n"
-    "  --skip-output-allreduce    leave out f's backward all-reduce before output (a deliberate bug)\n"
-    "  (this chapter's --n-kv-heads defaults to --n-heads, no grouping, so that NP=4 runs as is)\n";
+    "  --skip-output-allreduce    leave out f's backward all-reduce before output (a deliberate bug)\n";
 
 enum { OPT_TP = 1, OPT_LOSS_PARALLEL, OPT_NO_LOSS_PARALLEL, OPT_SKIP };
 
@@ -98,8 +97,9 @@ int main(int argc, char **argv) {
 
     /* ---- flags ---- */
     run_options o = run_options_default("02");
+    o.kv_heads_follow_heads = true;   /* tp = 4 runs the default model as is */
     int tp_degree = world;
-    bool loss_parallel = true, skip_allreduce = false, kv_heads_given = false;
+    bool loss_parallel = true, skip_allreduce = false;
     static const struct option flags[] = {
         RUN_FLAGS, {"tp", required_argument, 0, OPT_TP},
         {"loss-parallel", no_argument, 0, OPT_LOSS_PARALLEL},
@@ -112,9 +112,7 @@ int main(int argc, char **argv) {
         else if (c == OPT_NO_LOSS_PARALLEL) loss_parallel = false;
         else if (c == OPT_SKIP) skip_allreduce = true;
         else if (!run_options_parse(&o, c, optarg, usage)) cli_unknown(argc, argv, optind);
-        kv_heads_given |= c == RUN_OPT_KV_HEADS;
     }
-    if (!kv_heads_given) o.model.n_kv_heads = o.model.n_heads;
     if (optind < argc) comm_exit_usage("unexpected argument '%s'; run with --help", argv[optind]);
     if (skip_allreduce && !loss_parallel)
         comm_exit_usage("--skip-output-allreduce needs --loss-parallel: without it the output layer is replicated and has no all-reduce to skip");

@@ -35,8 +35,7 @@ static const char *usage =
     "  --no-sp                      no sequence parallelism: chapter 01's replicated norms and\n"
     "                               all-reduces, for comparing memory and traffic\n"
     "  --skip-norm-grad-allreduce   leave the norm weights' gradients partial (a deliberate bug)\n"
-    "  --rope-local-positions       RoPE with each rank's positions within its shard (a deliberate bug)\n"
-    "  (this chapter's --n-kv-heads defaults to --n-heads, no grouping, so that NP=4 runs as is)\n";
+    "  --rope-local-positions       RoPE with each rank's positions within its shard (a deliberate bug)\n";
 
 enum { OPT_TP = 1, OPT_AC, OPT_NO_SP, OPT_SKIP_NORM, OPT_ROPE_LOCAL };
 
@@ -53,9 +52,10 @@ int main(int argc, char **argv) {
 
     /* ---- flags ---- */
     run_options o = run_options_default("03");
+    o.kv_heads_follow_heads = true;   /* tp = 4 runs the default model as is */
     int tp_degree = world;
     ac_mode ac = AC_NONE;
-    bool sp = true, skip_norm_allreduce = false, rope_local = false, kv_heads_given = false;
+    bool sp = true, skip_norm_allreduce = false, rope_local = false;
     static const char *const ac_names[] = {"none", "selective", "full", NULL};
     static const struct option flags[] = {
         RUN_FLAGS, {"tp", required_argument, 0, OPT_TP}, {"ac", required_argument, 0, OPT_AC},
@@ -70,9 +70,7 @@ int main(int argc, char **argv) {
         else if (c == OPT_SKIP_NORM) skip_norm_allreduce = true;
         else if (c == OPT_ROPE_LOCAL) rope_local = true;
         else if (!run_options_parse(&o, c, optarg, usage)) cli_unknown(argc, argv, optind);
-        kv_heads_given |= c == RUN_OPT_KV_HEADS;
     }
-    if (!kv_heads_given) o.model.n_kv_heads = o.model.n_heads;
     if (optind < argc) comm_exit_usage("unexpected argument '%s'; run with --help", argv[optind]);
     if (!sp && skip_norm_allreduce)
         comm_exit_usage("--skip-norm-grad-allreduce needs sequence parallelism: with --no-sp every rank's norms see every token and there is no all-reduce to skip");

@@ -26,13 +26,15 @@ run_options run_options_default(const char *chapter) {
     return o;
 }
 
-static void usage_common(void) {
+static void usage_common(const run_options *o) {
     llama_config c = llama_config_default();
+    char kv[16];
+    snprintf(kv, sizeof kv, "%d", c.n_kv_heads);
     log0("model and training (shared by every Llama chapter):\n"
          "  --dim N          model width (default %d)\n"
          "  --n-layers N     transformer layers (default %d)\n"
          "  --n-heads N      query heads (default %d)\n"
-         "  --n-kv-heads N   key/value heads, divides n-heads (default %d; = n-heads: no grouping)\n"
+         "  --n-kv-heads N   key/value heads, divides n-heads (default %s; = n-heads: no grouping)\n"
          "  --ffn-dim N      feed-forward hidden width (default %d)\n"
          "  --vocab N        vocabulary size (default %d)\n"
          "  --seq-len N      tokens per sequence (default %d)\n"
@@ -44,7 +46,8 @@ static void usage_common(void) {
          "  --verbose-grads  print every gradient's difference every step (default: step 1)\n"
          "  --dump DIR       export init/batches/grads/losses as safetensors (see DESIGN.md)\n"
          "  --out DIR        where the CSV files go (default out/NN)\n",
-         c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.ffn_dim, c.vocab_size, c.seq_len);
+         c.dim, c.n_layers, c.n_heads, o->kv_heads_follow_heads ? "n-heads" : kv, c.ffn_dim,
+         c.vocab_size, c.seq_len);
 }
 
 int run_options_parse(run_options *o, int code, const char *arg, const char *chapter_usage) {
@@ -53,7 +56,10 @@ int run_options_parse(run_options *o, int code, const char *arg, const char *cha
     case RUN_OPT_DIM: m->dim = cli_int("--dim", arg, 1, 1 << 16); break;
     case RUN_OPT_LAYERS: m->n_layers = cli_int("--n-layers", arg, 1, 1024); break;
     case RUN_OPT_HEADS: m->n_heads = cli_int("--n-heads", arg, 1, 4096); break;
-    case RUN_OPT_KV_HEADS: m->n_kv_heads = cli_int("--n-kv-heads", arg, 1, 4096); break;
+    case RUN_OPT_KV_HEADS:
+        m->n_kv_heads = cli_int("--n-kv-heads", arg, 1, 4096);
+        o->kv_heads_given = true;
+        break;
     case RUN_OPT_FFN: m->ffn_dim = cli_int("--ffn-dim", arg, 1, 1 << 20); break;
     case RUN_OPT_VOCAB: m->vocab_size = cli_int("--vocab", arg, 2, 1 << 24); break;
     case RUN_OPT_SEQ: m->seq_len = cli_int("--seq-len", arg, 2, 1 << 20); break;
@@ -67,7 +73,7 @@ int run_options_parse(run_options *o, int code, const char *arg, const char *cha
     case RUN_OPT_OUT: o->out_dir = arg; break;
     case RUN_OPT_HELP:
         log0("%s", chapter_usage);
-        usage_common();
+        usage_common(o);
         comm_finalize();
         exit(0);
     default: return 0;
@@ -75,7 +81,8 @@ int run_options_parse(run_options *o, int code, const char *arg, const char *cha
     return 1;
 }
 
-void run_options_validate(const run_options *o) {
+void run_options_validate(run_options *o) {
+    if (o->kv_heads_follow_heads && !o->kv_heads_given) o->model.n_kv_heads = o->model.n_heads;
     char err[512];
     if (llama_config_check(&o->model, o->batch, o->model.seq_len, err, sizeof err) != 0)
         comm_exit_usage("%s", err);

@@ -26,6 +26,9 @@ typedef struct {
     bool verbose_grads;      /* print the whole gradient table every step               */
     const char *dump_dir;    /* --dump DIR, or NULL                                     */
     const char *out_dir;     /* CSV files                                               */
+    bool kv_heads_follow_heads; /* set before parsing: without --n-kv-heads, n_kv_heads =
+                                 * n_heads (no grouping), so every tp dividing the heads runs */
+    bool kv_heads_given;     /* --n-kv-heads was on the command line                    */
 } run_options;
 
 /* getopt_long codes of the shared flags (above any single-character option). */
@@ -52,8 +55,8 @@ run_options run_options_default(const char *chapter);
 /* Handles one shared flag; returns 0 when `code` is not one of them. --help prints the shared
  * part of the usage after `chapter_usage` and exits 0. Bad values exit 2 (cli.h). */
 int run_options_parse(run_options *o, int code, const char *arg, const char *chapter_usage);
-/* After parsing: the model must be valid for a [batch, seq_len] batch (exit 2 otherwise). */
-void run_options_validate(const run_options *o);
+/* After parsing: applies kv_heads_follow_heads; the model must be valid for a [batch, seq_len] batch (exit 2 otherwise). */
+void run_options_validate(run_options *o);
 
 /* Device ints 0..T-1: the global positions of a whole sequence (MEM_BUFFERS). */
 int *run_positions(int T);
