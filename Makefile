@@ -31,13 +31,13 @@ CC        := mpicc
 CFLAGS    ?= -O2 -g
 -include local.mk
 WERROR    ?= -Werror
-CFLAGS    += -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter -Icommon -MMD -MP
+CFLAGS    += -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter $(COMMON_INC) -MMD -MP
 LDLIBS_CPU  := -lopenblas -lcjson -lm
 CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
 LDLIBS_CUDA := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lcjson -lm
 MPI_CFLAGS  := $(shell mpicc --showme:compile 2>/dev/null)
 CUDA_ARCHS  := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
-NVCCFLAGS   := -std=c++17 -O2 $(CUDA_ARCHS) -Icommon -I$(CUDA_HOME)/include $(MPI_CFLAGS) \
+NVCCFLAGS   = -std=c++17 -O2 $(CUDA_ARCHS) $(COMMON_INC) -I$(CUDA_HOME)/include $(MPI_CFLAGS) \
                -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
 
 # mpirun: root needs --allow-run-as-root; more ranks than cores need --oversubscribe.
@@ -49,9 +49,14 @@ export MPIRUN_BASE := $(shell tests/mpirun_base.sh)
 
 # ---------------------------------------------------------------- sources
 # common/: *_cpu.c are the CPU twins, *.cu the CUDA twins, every other .c is shared.
-COMMON_SHARED := $(filter-out %_cpu.c,$(wildcard common/*.c))
-COMMON_CPU    := $(wildcard common/*_cpu.c)
-COMMON_CU     := $(wildcard common/*.cu)
+# common/ is split by role: backend/ (device, GEMM, collectives: the CPU/CUDA twins), kernels/
+# (the math of each layer, twins too), model/ (the Llama model written once), parallel/ (mesh,
+# shards, the parallel plan), harness/ (flags, step loop, parity, reports, exports).
+COMMON_DIRS   := $(sort $(dir $(wildcard common/*/*.h)))
+COMMON_SHARED := $(filter-out %_cpu.c,$(wildcard common/*/*.c))
+COMMON_CPU    := $(wildcard common/*/*_cpu.c)
+COMMON_CU     := $(wildcard common/*/*.cu)
+COMMON_INC    := $(patsubst %/,-I%,$(COMMON_DIRS))
 CHAPTERS      := $(sort $(patsubst %/main.c,%,$(wildcard [0-9][0-9]_*/main.c)))
 TESTS_C       := $(wildcard tests/test_*.c)
 
