@@ -31,8 +31,14 @@ CC        := mpicc
 CFLAGS    ?= -O2 -g
 -include local.mk
 WERROR    ?= -Werror
-CFLAGS    += -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter $(COMMON_INC) -MMD -MP
-LDLIBS_CPU  := -lopenblas -lcjson -lm
+# OpenBLAS's own cblas.h and library, as tests/blas.sh finds them (pkg-config, else OpenBLAS's
+# header directory): <cblas.h> alone may be the reference BLAS's, which has no openblas_* calls.
+# Worked out once, on first use (after deps-check has installed OpenBLAS if it was missing);
+# `make BLAS_CFLAGS=-I... BLAS_LIBS=...` sets them by hand.
+BLAS_CFLAGS ?= $(eval BLAS_CFLAGS := $(shell tests/blas.sh cflags))$(BLAS_CFLAGS)
+BLAS_LIBS   ?= $(eval BLAS_LIBS := $(shell tests/blas.sh libs))$(BLAS_LIBS)
+CFLAGS    += -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter $(COMMON_INC) $(BLAS_CFLAGS) -MMD -MP
+LDLIBS_CPU   = $(LDFLAGS) $(BLAS_LIBS) -lcjson -lm
 CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
 LDLIBS_CUDA := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lcjson -lm
 MPI_CFLAGS  := $(shell mpicc --showme:compile 2>/dev/null)
@@ -62,7 +68,7 @@ TESTS_C       := $(wildcard tests/test_*.c)
 
 COMMON_OBJS_cpu  := $(patsubst %.c,$(BUILD_ROOT)/cpu/%.o,$(COMMON_SHARED) $(COMMON_CPU))
 COMMON_OBJS_cuda := $(patsubst %.c,$(BUILD_ROOT)/cuda/%.o,$(COMMON_SHARED)) $(patsubst %.cu,$(BUILD_ROOT)/cuda/%.o,$(COMMON_CU))
-LDLIBS_cpu  := $(LDLIBS_CPU)
+LDLIBS_cpu   = $(LDLIBS_CPU)
 LDLIBS_cuda := $(LDLIBS_CUDA)
 
 # A chapter's binary: its own .c files plus the technique files of earlier chapters it

@@ -6,8 +6,12 @@ found() { printf '  %-8s %s\n' "$1" "$2"; }
 echo "== build: backend $backend"
 if command -v mpicc >/dev/null; then found MPI "$(mpirun --version 2>/dev/null | head -1)"
 else found MPI "missing: apt-get install openmpi-bin libopenmpi-dev (or make deps)"; fi
-if echo '#include <cblas.h>' | cc -E -x c - >/dev/null 2>&1; then found BLAS "OpenBLAS (cblas.h)"
-else found BLAS "missing: apt-get install libopenblas-dev (or make deps)"; fi
+# the BLAS really used: a probe built with the Makefile's BLAS flags runs and names OpenBLAS's
+# version and the kernels it picked for this CPU (tests/blas.sh)
+if [ "$backend" = cuda ]; then found BLAS "cuBLAS (CUDA Toolkit)"
+elif blas=$("$(dirname "$0")/blas.sh" probe 2>&1); then
+    found BLAS "$blas, built with $("$(dirname "$0")/blas.sh" cflags) $("$(dirname "$0")/blas.sh" libs)"
+else found BLAS "no usable OpenBLAS: $blas; apt-get install libopenblas-dev (or make deps)"; fi
 if [ -n "$nvcc" ] && [ -x "$nvcc" ]; then
     found nvcc "$("$nvcc" --version | tail -1)"
     inc=$(dirname "$(dirname "$nvcc")")/include/nccl.h

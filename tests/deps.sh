@@ -13,7 +13,10 @@ missing=()
 have_cmd() { command -v "$1" >/dev/null 2>&1; }
 have_header() { echo "#include <$1>" | cc -E -x c - >/dev/null 2>&1; }
 have_cmd mpicc && have_cmd mpirun        || missing+=(openmpi-bin libopenmpi-dev)
-have_header cblas.h                      || missing+=(libopenblas-dev)
+# OpenBLAS by what the build uses: tests/blas.sh compiles, links and runs a program calling
+# openblas_* with the Makefile's BLAS flags. "Some cblas.h compiles" is not enough: the reference
+# BLAS (libblas-dev) has a cblas.h without them. BLAS_CFLAGS/BLAS_LIBS override the flags.
+"$(dirname "$0")/blas.sh" probe >/dev/null 2>&1 || missing+=(libopenblas-dev)
 have_header cjson/cJSON.h                || missing+=(libcjson-dev)
 have_cmd gnuplot                         || missing+=(gnuplot-nox)
 have_cmd make && have_cmd cc             || missing+=(build-essential)
@@ -46,3 +49,9 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
     || { echo "deps: apt-get install ${missing[*]} failed" >&2; exit 1; }
 echo "deps: installed ${missing[*]}"
+# what was installed must now be what the build finds
+if ! why=$("$(dirname "$0")/blas.sh" probe 2>&1); then
+    echo "deps: OpenBLAS is installed but the build cannot use it: $why" >&2
+    echo "deps: set BLAS_CFLAGS to -I the directory of OpenBLAS's cblas.h (make BLAS_CFLAGS=-I...)" >&2
+    exit 1
+fi

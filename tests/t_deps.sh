@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# t_deps.sh: OpenBLAS is detected by what the build uses, not by "some cblas.h exists".
+#   1. with the flags the Makefile uses (tests/blas.sh), the probe compiles, links and runs a
+#      program calling openblas_set_num_threads and openblas_get_corename, and deps.sh agrees;
+#   2. pointed (BLAS_CFLAGS) at a directory holding only the reference BLAS's cblas.h, the probe
+#      fails, deps.sh check names libopenblas-dev as missing (so deps.sh install would install
+#      it), and the banner does not claim OpenBLAS;
+#   3. the Makefile compiles the BLAS-calling file with exactly those flags and links with them.
+set -u
+cd "$(dirname "$0")/.."
+n=0; bad=0
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+check() {   # check "what" command...: the command must succeed
+    local what=$1; shift
+    n=$((n+1))
+    if ! "$@" >"$tmp/out.txt" 2>&1; then
+        echo "FAIL: $what"; sed 's/^/  | /' "$tmp/out.txt" | head -5; bad=$((bad+1))
+    fi
+}
+
+# the reference BLAS's cblas.h: Debian's libblas-dev installs it as cblas-netlib.h; without it,
+# a stand-in with the same kind of declarations (cblas_* only, no openblas_*)
+ref=$tmp/reference; mkdir -p "$ref"
+netlib=$(ls /usr/include/*-linux-gnu/cblas-netlib.h 2>/dev/null | head -1)
+if [ -n "$netlib" ]; then cp "$netlib" "$ref/cblas.h"; src="$netlib"
+else
+    src="a stand-in"
+    cat >"$ref/cblas.h" <<'EOF'
+/* stand-in for the reference BLAS's cblas.h: no openblas_* functions */
+enum CBLAS_ORDER { CblasRowMajor = 101, CblasColMajor = 102 };
+enum CBLAS_TRANSPOSE { CblasNoTrans = 111, CblasTrans = 112, CblasConjTrans = 113 };
+void cblas_sgemm(enum CBLAS_ORDER, enum CBLAS_TRANSPOSE, enum CBLAS_TRANSPOSE, int, int, int,
+                 float, const float *, int, const float *, int, float, float *, int);
+EOF
+fi
+
+# 1. the real flags
+check "probe with the build's flags ($(tests/blas.sh cflags) $(tests/blas.sh libs))" tests/blas.sh probe
+cp "$tmp/out.txt" "$tmp/probe.txt"
+check "probe names OpenBLAS and its core" grep -q "OpenBLAS.*(core " "$tmp/probe.txt"
+tests/blas.sh probe >/dev/null 2>&1 && check "deps.sh does not ask for libopenblas-dev" \
+    bash -c '! tests/deps.sh check core | grep -q libopenblas-dev'
+check "banner names OpenBLAS" bash -c 'tests/banner.sh cpu "" | grep -q "BLAS *OpenBLAS"'
+
+# 2. only the reference cblas.h visible
+check "probe fails with only the reference cblas.h ($src)" bash -c "! BLAS_CFLAGS=-I$ref tests/blas.sh probe"
+check "... and says why" bash -c "BLAS_CFLAGS=-I$ref tests/blas.sh probe | grep -q \"not OpenBLAS's\""
+check "deps.sh check core fails and names libopenblas-dev" \
+    bash -c "! BLAS_CFLAGS=-I$ref tests/deps.sh check core > $tmp/d.txt; grep -q libopenblas-dev $tmp/d.txt"
+check "deps.sh check all names libopenblas-dev too" \
+    bash -c "BLAS_CFLAGS=-I$ref tests/deps.sh check all | grep -q libopenblas-dev"
+check "banner does not claim OpenBLAS" \
+    bash -c "BLAS_CFLAGS=-I$ref tests/banner.sh cpu '' | grep BLAS | grep -q 'no usable OpenBLAS'"
+
+# 3. the Makefile's compile and link lines carry the same flags
+cf=$(tests/blas.sh cflags); lb=$(tests/blas.sh libs)
+make -n --no-print-directory BUILD_ROOT="$tmp/b" BACKEND=cpu "$tmp/b/cpu/common/backend/device_cpu.o" \
+    "$tmp/b/cpu/tests/test_gemm" >"$tmp/make.txt" 2>&1
+check "make compiles device_cpu.c with '$cf'" grep -qF -- "$cf" <(grep device_cpu "$tmp/make.txt")
+check "make links with '$lb'" grep -qF -- "$lb" <(grep -- "-o $tmp/b/cpu/tests/test_gemm" "$tmp/make.txt")
+make -n --no-print-directory BUILD_ROOT="$tmp/b" BACKEND=cpu BLAS_CFLAGS="-I$ref" \
+    "$tmp/b/cpu/common/backend/device_cpu.o" >"$tmp/make2.txt" 2>&1
+check "make BLAS_CFLAGS=... overrides the compile flags" grep -qF -- "-I$ref" "$tmp/make2.txt"
+
+echo "$((n-bad)) of $n OpenBLAS detection checks pass (reference cblas.h: $src)"
+[ $bad -eq 0 ]
