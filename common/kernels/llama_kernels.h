@@ -66,6 +66,53 @@ void attention_backward(float *dq, float *dk, float *dv, float *dprobs,
 void causal_softmax_forward(float *probs, int rows, int T);
 void causal_softmax_backward(float *dprobs, const float *probs, int rows, int T);
 
+/* ---- a block of causal attention, for ring attention (context parallelism) ------------------
+ * Queries q[B, Tq, H, hd] are the rows at global positions q_offset + i of their sequences,
+ * keys and values k, v [B, Tk, Hkv, hd] the rows at k_offset + j; grouped-query heads as above.
+ * Key j is visible to query i iff k_offset + j <= q_offset + i (with Tq == Tk and equal offsets
+ * this is attention_forward's causal mask). scores = q k^T / sqrt(hd), softmax in fp32.
+ * Both functions allocate their [B, H, Tq, Tk] score scratch (forward one, backward two) under
+ * MEM_BUFFERS for the duration of the call (attention_block.c does the GEMMs, for both backends).
+ *   forward:  out[B, Tq, H, hd] (=) = softmax over the block's visible keys, times v;
+ *             lse[B, H, Tq] (=) = log sum over the block's visible keys of e^score.
+ *             A row with no visible key in the block gets lse = -inf and out = 0 (no NaN).
+ *   backward: given dout[B, Tq, H, hd] and the FINAL out[B, Tq, H, hd] and lse[B, H, Tq] of the
+ *             query rows (merged over every key block with attention_merge), the gradients of
+ *             this block's share, as FlashAttention's backward: P = e^(S - lse) on visible
+ *             entries, D = rowsum(dout * out), dS = P * (dP - D):
+ *             dq[B, Tq, H, hd] += dS k / sqrt(hd),  dk[B, Tk, Hkv, hd] += dS^T q / sqrt(hd),
+ *             dv[B, Tk, Hkv, hd] += P^T dout  (all three accumulate: dq sums over the key blocks
+ *             of the ring, dk and dv over the query blocks that see them; the H/Hkv query heads
+ *             of a group add into their kv head). Zero them before the first call.            */
+void attention_block_forward(float *out, float *lse, const float *q, const float *k,
+                             const float *v, int B, int Tq, int Tk, int H, int Hkv, int hd,
+                             int q_offset, int k_offset);
+void attention_block_backward(float *dq, float *dk, float *dv, const float *dout,
+                              const float *out, const float *lse, const float *q, const float *k,
+                              const float *v, int B, int Tq, int Tk, int H, int Hkv, int hd,
+                              int q_offset, int k_offset);
+/* The backend kernels between the block's GEMMs. scores holds B*H*Tq rows of Tk scores; row
+ * r = (b H + h) Tq + i is query i of (b, h), the same order as lse[B, H, Tq].
+ *   forward:  scores := softmax over the visible keys of each row, 0 elsewhere (in place);
+ *             lse[B*H*Tq] (=) = log sum over visible keys of e^score, -inf for an empty row
+ *   backward: scores := P = e^(score - lse), 0 where masked (in place);
+ *             dscores := dS = P * (dP - D), D = rowsum(dout * out) over the row's hd elements of
+ *             dout and out [B, Tq, H, hd] (in place on dP)                                     */
+void attention_block_softmax_forward(float *scores, float *lse, int B, int H, int Tq, int Tk,
+                                     int q_offset, int k_offset);
+void attention_block_softmax_backward(float *scores, float *dscores, const float *lse,
+                                      const float *dout, const float *out, int B, int H, int Tq,
+                                      int Tk, int hd, int q_offset, int k_offset);
+
+/* ---- merge two partial attention results by log-sum-exp -------------------------------------
+ * (out, lse) and (out_b, lse_b) are two blocks' results for the same query rows, out [B, T, H, hd]
+ * and lse [B, H, T] as attention_block_forward writes them. In place into (out, lse):
+ *   lse := log(e^lse + e^lse_b)   (stable; -inf on either side or both is handled)
+ *   out := out e^(lse_old - lse) + out_b e^(lse_b - lse)     (a row empty on both sides stays 0)
+ * Starting from out = 0, lse = -inf and merging every key block gives full attention.        */
+void attention_merge(float *out, float *lse, const float *out_b, const float *lse_b,
+                     int B, int T, int H, int hd);
+
 /* ---- SwiGLU: out = silu(a) * b, a = x W1^T, b = x W3^T ------------------------------------
  *   forward:  out[n] (=);  backward: da[n] (=), db[n] (=)                                  */
 void swiglu_forward(float *out, const float *a, const float *b, size_t n);

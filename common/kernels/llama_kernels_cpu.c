@@ -145,6 +145,70 @@ void causal_softmax_backward(float *dprobs, const float *probs, int rows, int T)
     }
 }
 
+/* ---- a block of attention (ring attention) ---------------------------------------------------
+ * scores[B, H, Tq, Tk]: row r = (b H + h) Tq + i is query i (global position q_offset + i)
+ * against keys j (global k_offset + j). lse[B, H, Tq] has the same row order.                  */
+
+/* scores := softmax over the visible keys of each row, 0 elsewhere; lse[r] = M + log S, or -inf
+ * for a row that sees no key of the block (then the whole row of probabilities is 0). */
+void attention_block_softmax_forward(float *scores, float *lse, int B, int H, int Tq, int Tk,
+                                     int q_offset, int k_offset) {
+    size_t rows = (size_t)B * H * Tq;
+    for (size_t r = 0; r < rows; r++) {
+        float *p = scores + r * Tk;
+        int i = (int)(r % Tq);
+        softmax_state st = softmax_state_empty();
+        for (int j = 0; j < Tk; j++)
+            if (attention_block_visible(q_offset, i, k_offset, j)) st = softmax_state_add(st, p[j]);
+        for (int j = 0; j < Tk; j++)
+            p[j] = attention_block_visible(q_offset, i, k_offset, j) ? softmax_prob(p[j], st) : 0.0f;
+        lse[r] = attention_lse(st);
+    }
+}
+
+/* scores := P = e^(score - lse) (the final lse: the full softmax's probabilities), 0 where
+ * masked; dscores := dS = P (dP - D) with D = dout_i . out_i over the hd elements of the row's
+ * output (out and dout are [B, Tq, H, hd]: row (b, h, i) is at ((b Tq + i) H + h) hd). */
+void attention_block_softmax_backward(float *scores, float *dscores, const float *lse,
+                                      const float *dout, const float *out, int B, int H, int Tq,
+                                      int Tk, int hd, int q_offset, int k_offset) {
+    size_t rows = (size_t)B * H * Tq;
+    for (size_t r = 0; r < rows; r++) {
+        float *p = scores + r * Tk;
+        float *dp = dscores + r * Tk;
+        int i = (int)(r % Tq), h = (int)((r / Tq) % H);
+        size_t b = r / ((size_t)H * Tq);
+        size_t o = ((b * Tq + i) * H + h) * hd;
+        float D = 0.0f;
+        for (int d = 0; d < hd; d++) D += attention_delta_term(dout[o + d], out[o + d]);
+        for (int j = 0; j < Tk; j++) {
+            int visible = attention_block_visible(q_offset, i, k_offset, j);
+            p[j] = visible ? attention_block_prob(p[j], lse[r]) : 0.0f;
+            dp[j] = visible ? softmax_grad(p[j], dp[j], D) : 0.0f;
+        }
+    }
+}
+
+/* ---- merge of two partial attention results ---------------------------------------------------
+ * out, out_b [B, T, H, hd]; lse, lse_b [B, H, T]. Row by row: the merged lse, the two weights,
+ * the hd outputs, and last the lse itself (it is read for the weights first). */
+void attention_merge(float *out, float *lse, const float *out_b, const float *lse_b,
+                     int B, int T, int H, int hd) {
+    size_t rows = (size_t)B * T * H;
+    for (size_t row = 0; row < rows; row++) {     /* row = (b T + t) H + h of out */
+        int h = (int)(row % H), t = (int)((row / H) % T);
+        size_t b = row / ((size_t)T * H);
+        size_t l = (b * H + h) * T + t;           /* the same row in lse [B, H, T] */
+        float merged = attention_merge_lse(lse[l], lse_b[l]);
+        float wa = attention_merge_weight(lse[l], merged);
+        float wb = attention_merge_weight(lse_b[l], merged);
+        float *o = out + row * hd;
+        const float *ob = out_b + row * hd;
+        for (int d = 0; d < hd; d++) o[d] = attention_merge_value(o[d], wa, ob[d], wb);
+        lse[l] = merged;
+    }
+}
+
 /* ---- SwiGLU --------------------------------------------------------------------------------- */
 
 /* out[n] = silu(a) * b */

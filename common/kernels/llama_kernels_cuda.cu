@@ -255,6 +255,112 @@ void causal_softmax_backward(float *dprobs, const float *probs, int rows, int T)
     CUDA_CHECK_LAUNCH();
 }
 
+/* ---- a block of attention (ring attention) ---------------------------------------------------
+ * The GEMMs are in attention_block.c, shared with the CPU. These kernels run one block of
+ * ROW_THREADS threads per row r = (b H + h) Tq + i of scores[B, H, Tq, Tk], like the causal
+ * softmax above, with the mask on global positions (q_offset + i, k_offset + j).             */
+
+/* Softmax over the row's visible keys (cub merges the threads' softmax states), then thread 0
+ * writes the row's lse: -inf when no key is visible, and then every probability is 0. */
+static __global__ void attention_block_softmax_kernel(float *scores, float *lse, int Tq, int Tk,
+                                                      int q_offset, int k_offset) {
+    size_t r = blockIdx.x;
+    float *p = scores + r * Tk;
+    int i = (int)(r % Tq);
+    softmax_state st = softmax_state_empty();
+    for (int j = threadIdx.x; j < Tk; j += ROW_THREADS)
+        if (attention_block_visible(q_offset, i, k_offset, j)) st = softmax_state_add(st, p[j]);
+    st = block_softmax_state(st);
+    for (int j = threadIdx.x; j < Tk; j += ROW_THREADS)
+        p[j] = attention_block_visible(q_offset, i, k_offset, j) ? softmax_prob(p[j], st) : 0.0f;
+    if (threadIdx.x == 0) lse[r] = attention_lse(st);
+}
+
+void attention_block_softmax_forward(float *scores, float *lse, int B, int H, int Tq, int Tk,
+                                     int q_offset, int k_offset) {
+    size_t rows = (size_t)B * H * Tq;
+    if (rows == 0) return;
+    attention_block_softmax_kernel<<<(unsigned)rows, ROW_THREADS, 0, cuda_stream()>>>(
+        scores, lse, Tq, Tk, q_offset, k_offset);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* D = dout . out over the row's hd output elements (a block_sum), then per key: P from the
+ * score and the final lse, dS = P (dP - D); both written in place. */
+static __global__ void attention_block_softmax_backward_kernel(float *scores, float *dscores,
+                                                               const float *lse,
+                                                               const float *dout,
+                                                               const float *out, int H, int Tq,
+                                                               int Tk, int hd, int q_offset,
+                                                               int k_offset) {
+    size_t r = blockIdx.x;
+    float *p = scores + r * Tk;
+    float *dp = dscores + r * Tk;
+    int i = (int)(r % Tq), h = (int)((r / Tq) % H);
+    size_t b = r / ((size_t)H * Tq);
+    size_t o = ((b * Tq + i) * H + h) * hd;   /* the row's output in out/dout [B, Tq, H, hd] */
+    float D = 0.0f;
+    for (int d = threadIdx.x; d < hd; d += ROW_THREADS)
+        D += attention_delta_term(dout[o + d], out[o + d]);
+    D = block_sum(D);
+    float row_lse = lse[r];
+    for (int j = threadIdx.x; j < Tk; j += ROW_THREADS) {
+        int visible = attention_block_visible(q_offset, i, k_offset, j);
+        float prob = visible ? attention_block_prob(p[j], row_lse) : 0.0f;
+        dp[j] = visible ? softmax_grad(prob, dp[j], D) : 0.0f;
+        p[j] = prob;
+    }
+}
+
+void attention_block_softmax_backward(float *scores, float *dscores, const float *lse,
+                                      const float *dout, const float *out, int B, int H, int Tq,
+                                      int Tk, int hd, int q_offset, int k_offset) {
+    size_t rows = (size_t)B * H * Tq;
+    if (rows == 0 || Tk == 0) return;
+    attention_block_softmax_backward_kernel<<<(unsigned)rows, ROW_THREADS, 0, cuda_stream()>>>(
+        scores, dscores, lse, dout, out, H, Tq, Tk, hd, q_offset, k_offset);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- merge of two partial attention results ---------------------------------------------------
+ * Two element-wise kernels on the one stream: first every element of out (one thread each)
+ * computes its row's merged lse and the two weights from the old lse values and updates
+ * itself; only then does the second kernel overwrite lse (one thread per row). Updating lse in
+ * the first kernel would let one thread change a value that another thread of the same row
+ * still has to read. The CPU twin does the same per row, lse last.                            */
+static __global__ void attention_merge_out_kernel(float *out, const float *lse,
+                                                  const float *out_b, const float *lse_b, int B,
+                                                  int T, int H, int hd) {
+    GRID_STRIDE_LOOP(e, (size_t)B * T * H * hd) {
+        size_t row = e / hd;                       /* (b T + t) H + h of out */
+        int h = (int)(row % H), t = (int)((row / H) % T);
+        size_t b = row / ((size_t)T * H);
+        size_t l = (b * H + h) * T + t;            /* the same row in lse [B, H, T] */
+        float merged = attention_merge_lse(lse[l], lse_b[l]);
+        float wa = attention_merge_weight(lse[l], merged);
+        float wb = attention_merge_weight(lse_b[l], merged);
+        out[e] = attention_merge_value(out[e], wa, out_b[e], wb);
+    }
+}
+
+static __global__ void attention_merge_lse_kernel(float *lse, const float *lse_b, size_t n) {
+    GRID_STRIDE_LOOP(l, n) lse[l] = attention_merge_lse(lse[l], lse_b[l]);
+}
+
+void attention_merge(float *out, float *lse, const float *out_b, const float *lse_b,
+                     int B, int T, int H, int hd) {
+    size_t nrows = (size_t)B * H * T, n = nrows * hd;
+    if (nrows == 0) return;
+    if (n > 0) {
+        attention_merge_out_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(
+            out, lse, out_b, lse_b, B, T, H, hd);
+        CUDA_CHECK_LAUNCH();
+    }
+    attention_merge_lse_kernel<<<cuda_blocks(nrows), CUDA_THREADS, 0, cuda_stream()>>>(
+        lse, lse_b, nrows);
+    CUDA_CHECK_LAUNCH();
+}
+
 /* ---- SwiGLU --------------------------------------------------------------------------------- */
 
 static __global__ void swiglu_forward_kernel(float *out, const float *a, const float *b, size_t n) {

@@ -134,6 +134,55 @@ HD static inline float softmax_grad(float p, float dp, float dot) { return p * (
 HD static inline float attention_scale(int hd) { return 1.0f / sqrtf((float)hd); }
 HD static inline int attention_visible(int query, int key) { return key <= query; }
 
+/* ---- a block of attention, and the merge of two blocks (ring attention) ----------------------
+ * Context parallelism splits the sequence: a rank holds a block of Tq queries at global
+ * positions q_offset + i and sees, one after another, blocks of Tk keys at k_offset + j. The
+ * causal rule is the one above, on global positions. A block can be fully visible (keys all
+ * earlier), cut by the diagonal, or fully masked (keys all later).                             */
+HD static inline int attention_block_visible(int q_offset, int i, int k_offset, int j) {
+    return attention_visible(q_offset + i, k_offset + j);
+}
+/* What a block of keys gives a query row: its normalised output and the log of its softmax
+ * denominator, lse = log sum_{visible j} e^(s_j) = M + log S (the online state above). A row
+ * that sees no key of the block has the empty state; lse is then -inf (e^lse = 0: the block
+ * contributes nothing), written explicitly rather than as -inf + log 0.                       */
+HD static inline float attention_lse(softmax_state st) {
+    return st.sum > 0.0f ? st.max + logf(st.sum) : -INFINITY;
+}
+/* Merge of two blocks' results for one query row (the online softmax merge, done on (out, lse)
+ * instead of (M, S)): with A = e^lse_a and B = e^lse_b the two denominators,
+ *   lse' = log(A + B) = hi + log(1 + e^(lo - hi)),   hi = max(lse_a, lse_b), lo = the other,
+ * which never exponentiates a positive number. Both sides -inf (neither block sees a key):
+ * lse' = -inf, and the e^(-inf - -inf) = NaN of the formula is never evaluated.              */
+HD static inline float attention_merge_lse(float lse_a, float lse_b) {
+    float hi = fmaxf(lse_a, lse_b), lo = fminf(lse_a, lse_b);
+    if (hi == -INFINITY) return -INFINITY;
+    return hi + log1pf(expf(lo - hi));
+}
+/* out' = out_a A / (A + B) + out_b B / (A + B): each side is weighted by e^(lse_side - lse').
+ * An empty side (-inf) gets weight e^-inf = 0; when both are empty lse' is -inf too and the
+ * weight is 0 (the merged row stays 0), not e^(-inf + inf) = NaN.                             */
+HD static inline float attention_merge_weight(float lse_side, float lse_merged) {
+    return lse_merged == -INFINITY ? 0.0f : expf(lse_side - lse_merged);
+}
+HD static inline float attention_merge_value(float out_a, float weight_a, float out_b,
+                                             float weight_b) {
+    return out_a * weight_a + out_b * weight_b;
+}
+/* Block backward (FlashAttention-2, Dao 2023). The block does not see the other blocks' keys,
+ * so it cannot normalise its own scores; the final lse of the row (merged over all blocks)
+ * does it: P_ij = e^(s_ij - lse_i) is exactly the full softmax's probability of key j.
+ * A row with lse = -inf sees no key anywhere and has P = 0.                                    */
+HD static inline float attention_block_prob(float score, float lse) {
+    return lse == -INFINITY ? 0.0f : expf(score - lse);
+}
+/* The softmax backward needs D_i = sum_j P_ij dP_ij over ALL keys of the row, which one block
+ * does not have. But out = P V and dP = dOut V^T, so
+ *   D_i = sum_j P_ij (dOut_i . V_j) = dOut_i . (sum_j P_ij V_j) = dOut_i . out_i,
+ * a dot product over the hd elements of the final output row. This is its term; the gradient
+ * of a score is then softmax_grad(P_ij, dP_ij, D_i) = P_ij (dP_ij - D_i).                      */
+HD static inline float attention_delta_term(float dout, float out) { return dout * out; }
+
 /* ---- cross-entropy of one row of logits --------------------------------------------------------
  *   loss = -log softmax(x)[t] = logsumexp(x) - x_t = (M - x_t) + log S
  * written with (M - x_t) first: both are large for logits of 1e4 and their difference is exact,

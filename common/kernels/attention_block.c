@@ -1,0 +1,121 @@
+/* attention_block.c: one block of causal attention (queries against one block of keys), shared
+ * by both backends; what ring attention (context parallelism) runs once per step of the ring.
+ *
+ * The GEMM sequence is attention.c's with rectangular [Tq, Tk] score matrices; between the
+ * GEMMs run the backend kernels attention_block_softmax_forward/backward (llama_kernels_cpu.c
+ * and llama_kernels_cuda.cu), which apply the offset causal mask and produce or consume lse.
+ *
+ * Layout: q, out, dq [B, Tq, H, hd]; k, v, dk, dv [B, Tk, Hkv, hd]; scores [B, H, Tq, Tk];
+ * lse [B, H, Tq]. For one batch entry b and kv head g, the `group` = H/Hkv query heads of g are
+ * `group` matrices [Tq, hd] at a stride of hd inside rows of H*hd floats: one strided-batched
+ * GEMM covers them, with the key/value operand at stride 0.
+ *
+ * Where a block's result differs from attention.c's:
+ *   - forward: the softmax is over this block's visible keys only, so it also returns lse, the
+ *     log of its denominator; attention_merge combines blocks by it;
+ *   - backward: P is not saved but recomputed from the scores and the FINAL lse of the row
+ *     (e^(s - lse) is the full softmax's probability), and softmax's row sum D = sum_j P dP is
+ *     taken as dout . out, which needs only the row's final output (llama_math.h). So every
+ *     block's backward is independent of the others', and all three gradients accumulate.
+ */
+#include <stddef.h>
+#include "device.h"
+#include "gemm.h"
+#include "llama_kernels.h"
+#include "llama_math.h"
+
+/* out[B, Tq, H, hd] (=) and lse[B, H, Tq] (=) of queries q against the key block k, v. */
+void attention_block_forward(float *out, float *lse, const float *q, const float *k,
+                             const float *v, int B, int Tq, int Tk, int H, int Hkv, int hd,
+                             int q_offset, int k_offset) {
+    if (B == 0 || Tq == 0 || H == 0) return;
+    int group = H / Hkv;
+    int ldq = H * hd, ldkv = Hkv * hd;     /* row strides of q/out and of k/v */
+    long long TqTk = (long long)Tq * Tk;
+    float scale = attention_scale(hd);
+    float *scores = device_alloc_floats((size_t)B * H * TqTk, MEM_BUFFERS);
+    /* scores[b, h] = scale * q_h k_g^T : [Tq, Tk] (no GEMM for an empty key block: the kernel
+     * then only writes lse = -inf, and out is zeroed below) */
+    for (int b = 0; b < B && Tk > 0; b++)
+        for (int g = 0; g < Hkv; g++) {
+            const float *q_g = q + (size_t)b * Tq * ldq + (size_t)g * group * hd;
+            const float *k_g = k + (size_t)b * Tk * ldkv + (size_t)g * hd;
+            float *scores_g = scores + ((size_t)b * H + (size_t)g * group) * TqTk;
+            matmul_strided_batched(scores_g, q_g, k_g, Tq, Tk, hd, false, true, ldq, ldkv, Tk,
+                                   hd, 0, TqTk, group, scale, 0.0f);
+        }
+    attention_block_softmax_forward(scores, lse, B, H, Tq, Tk, q_offset, k_offset);
+    /* out_h = P_h v_g : [Tq, hd], written into the head's columns of out */
+    if (Tk == 0) device_zero(out, (size_t)B * Tq * H * hd * sizeof(float));
+    for (int b = 0; b < B && Tk > 0; b++)
+        for (int g = 0; g < Hkv; g++) {
+            const float *p_g = scores + ((size_t)b * H + (size_t)g * group) * TqTk;
+            const float *v_g = v + (size_t)b * Tk * ldkv + (size_t)g * hd;
+            float *out_g = out + (size_t)b * Tq * ldq + (size_t)g * group * hd;
+            matmul_strided_batched(out_g, p_g, v_g, Tq, hd, Tk, false, false, Tk, ldkv, ldq,
+                                   TqTk, 0, hd, group, 1.0f, 0.0f);
+        }
+    device_free(scores);
+}
+
+/* dq (+=), dk (+=), dv (+=) of this block, from dout and the final out and lse of the rows.
+ *   S_h = scale Q_h K_g^T (recomputed)      dP_h = dOut_h V_g^T
+ *   P_h, dS_h = the backend kernel (P = e^(S - lse), dS = P (dP - dout . out))
+ *   dV_g += sum_h P_h^T dOut_h      dQ_h += scale dS_h K_g      dK_g += scale sum_h dS_h^T Q_h
+ * dV_g and dK_g sum over the heads of the group one head after the other (a single batched call
+ * would have its entries write the same dV_g at once, a race on the GPU); every call has
+ * beta = 1, so all three outputs accumulate onto what the caller holds. */
+void attention_block_backward(float *dq, float *dk, float *dv, const float *dout,
+                              const float *out, const float *lse, const float *q, const float *k,
+                              const float *v, int B, int Tq, int Tk, int H, int Hkv, int hd,
+                              int q_offset, int k_offset) {
+    if (B == 0 || Tq == 0 || Tk == 0 || H == 0) return;   /* nothing to add */
+    int group = H / Hkv;
+    int ldq = H * hd, ldkv = Hkv * hd;
+    long long TqTk = (long long)Tq * Tk;
+    float scale = attention_scale(hd);
+    size_t nscores = (size_t)B * H * TqTk;
+    float *probs = device_alloc_floats(nscores, MEM_BUFFERS);
+    float *dprobs = device_alloc_floats(nscores, MEM_BUFFERS);
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < Hkv; g++) {
+            const float *q_g = q + (size_t)b * Tq * ldq + (size_t)g * group * hd;
+            const float *k_g = k + (size_t)b * Tk * ldkv + (size_t)g * hd;
+            const float *v_g = v + (size_t)b * Tk * ldkv + (size_t)g * hd;
+            const float *dout_g = dout + (size_t)b * Tq * ldq + (size_t)g * group * hd;
+            float *s_g = probs + ((size_t)b * H + (size_t)g * group) * TqTk;
+            float *dp_g = dprobs + ((size_t)b * H + (size_t)g * group) * TqTk;
+            /* S_h = scale Q_h K_g^T : [Tq, Tk], as in the forward */
+            matmul_strided_batched(s_g, q_g, k_g, Tq, Tk, hd, false, true, ldq, ldkv, Tk,
+                                   hd, 0, TqTk, group, scale, 0.0f);
+            /* dP_h = dOut_h V_g^T : [Tq, Tk] */
+            matmul_strided_batched(dp_g, dout_g, v_g, Tq, Tk, hd, false, true, ldq, ldkv, Tk,
+                                   hd, 0, TqTk, group, 1.0f, 0.0f);
+        }
+    attention_block_softmax_backward(probs, dprobs, lse, dout, out, B, H, Tq, Tk, hd,
+                                     q_offset, k_offset);
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < Hkv; g++) {
+            const float *q_g = q + (size_t)b * Tq * ldq + (size_t)g * group * hd;
+            const float *k_g = k + (size_t)b * Tk * ldkv + (size_t)g * hd;
+            const float *dout_g = dout + (size_t)b * Tq * ldq + (size_t)g * group * hd;
+            const float *p_g = probs + ((size_t)b * H + (size_t)g * group) * TqTk;
+            const float *ds_g = dprobs + ((size_t)b * H + (size_t)g * group) * TqTk;
+            float *dq_g = dq + (size_t)b * Tq * ldq + (size_t)g * group * hd;
+            float *dk_g = dk + (size_t)b * Tk * ldkv + (size_t)g * hd;
+            float *dv_g = dv + (size_t)b * Tk * ldkv + (size_t)g * hd;
+            /* dV_g += sum_h P_h^T dOut_h : [Tk, hd] */
+            for (int i = 0; i < group; i++)
+                matmul_strided_batched(dv_g, p_g + i * TqTk, dout_g + i * hd, Tk, hd, Tq, true,
+                                       false, Tk, ldq, ldkv, 0, 0, 0, 1, 1.0f, 1.0f);
+            /* dQ_h += scale dS_h K_g : [Tq, hd], one per head, so one batched call */
+            matmul_strided_batched(dq_g, ds_g, k_g, Tq, hd, Tk, false, false, Tk, ldkv, ldq,
+                                   TqTk, 0, hd, group, scale, 1.0f);
+            /* dK_g += scale sum_h dS_h^T Q_h : [Tk, hd] */
+            for (int i = 0; i < group; i++)
+                matmul_strided_batched(dk_g, ds_g + i * TqTk, q_g + i * hd, Tk, hd, Tq, true,
+                                       false, Tk, ldq, ldkv, 0, 0, 0, 1, scale, 1.0f);
+        }
+    device_free(probs);
+    device_free(dprobs);
+}
