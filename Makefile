@@ -38,9 +38,9 @@ WERROR    ?= -Werror
 BLAS_CFLAGS ?= $(eval BLAS_CFLAGS := $(shell tests/blas.sh cflags))$(BLAS_CFLAGS)
 BLAS_LIBS   ?= $(eval BLAS_LIBS := $(shell tests/blas.sh libs))$(BLAS_LIBS)
 CFLAGS    += -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter $(COMMON_INC) $(BLAS_CFLAGS) -MMD -MP
-LDLIBS_CPU   = $(LDFLAGS) $(BLAS_LIBS) -lcjson -lm
+LDLIBS_CPU   = $(LDFLAGS) $(BLAS_LIBS) -lcjson -lm -lpthread
 CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
-LDLIBS_CUDA := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lcjson -lm
+LDLIBS_CUDA := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lcjson -lm -lpthread
 MPI_CFLAGS  := $(shell mpicc --showme:compile 2>/dev/null)
 CUDA_ARCHS  := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVCCFLAGS   = -std=c++17 -O2 $(CUDA_ARCHS) $(COMMON_INC) -I$(CUDA_HOME)/include $(MPI_CFLAGS) \
@@ -137,9 +137,12 @@ deps-check-test:
 
 # ---------------------------------------------------------------- running chapters
 # make run-NN [NP=2] [ARGS="..."]: one mpirun of chapter NN with its parity check on.
+# A failed run ends with one line saying what its exit status means (tests/exit_status.sh; the
+# README's "Exit statuses"): make itself then says "Error N" with the run's status N.
 run-%: all
 	@d=$(call chapter_dir,$*); [ -n "$$d" ] || { echo "no chapter $* (have: $(CHAPTERS))"; exit 2; }
-	$(MPIRUN) $(BUILD)/$* --check $(ARGS)
+	@echo "$(strip $(MPIRUN)) $(BUILD)/$* --check $(ARGS)"
+	@$(MPIRUN) $(BUILD)/$* --check $(ARGS) || { st=$$?; tests/exit_status.sh $$st run-$* >&2; exit $$st; }
 
 # make check-NN: the chapter's standard layouts (its checks.txt), non-zero exit on failure.
 check-%: all

@@ -12,6 +12,7 @@
 #include "comm.h"
 #include "comm_backend.h"
 #include "device.h"
+#include "guard.h"
 #include "log.h"
 
 #define MAX_GROUPS 64
@@ -36,6 +37,7 @@ static comm_group *group_new(MPI_Comm c, const char *name) {
 
 comm_group *comm_init(int *argc, char ***argv) {
     MPI_Init(argc, argv);
+    guard_init(*argc, *argv);   /* same arguments on every rank; the watchdog (guard.h) */
     /* Ranks on the same node share memory; their order there is this rank's GPU index. */
     MPI_Comm node;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
@@ -90,11 +92,13 @@ static void count(comm_group *g, collective_kind k, double payload_bytes, double
 /* Time a collective end to end: on the GPU that means waiting for the stream, so the time is
  * the collective's and not the kernels queued before it. */
 #define TIMED(g, kind, payload, call) do {               \
+    guard_begin(collective_name(kind), (g)->name);       \
     comm_backend_wait();                                 \
     double t0_ = wall_seconds();                         \
     call;                                                \
     comm_backend_wait();                                 \
     count((g), (kind), (payload), wall_seconds() - t0_); \
+    guard_end();                                         \
 } while (0)
 
 void comm_all_reduce(comm_group *g, float *buf, size_t count_, comm_op op) {
@@ -123,16 +127,22 @@ void comm_barrier(comm_group *g) {
 
 double comm_host_sum(comm_group *g, double x) {
     double y;
+    guard_begin("host_sum", g->name);
     MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, mpi_of(g));
+    guard_end();
     return y;
 }
 double comm_host_max(comm_group *g, double x) {
     double y;
+    guard_begin("host_max", g->name);
     MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_MAX, mpi_of(g));
+    guard_end();
     return y;
 }
 void comm_host_gather(comm_group *g, const float *send, float *recv, size_t count_, int root) {
+    guard_begin("host_gather", g->name);
     MPI_Gather(send, (int)count_, MPI_FLOAT, recv, (int)count_, MPI_FLOAT, root, mpi_of(g));
+    guard_end();
 }
 
 /* ---- statistics ---- */

@@ -1,0 +1,59 @@
+/* guard.h: a job whose ranks disagree, stop or die ends with one line and a known exit status,
+ * never with a hang.
+ *
+ * Two guards, both started by comm_init (guard_init, right after MPI_Init):
+ *
+ *   Argument agreement. Every rank hashes its command line (the program's name and every
+ *   argument) and the ranks compare. Chapter code assumes every rank parsed the same flags
+ *   (each rank decides a bad value on its own and they all exit together); ranks started with
+ *   different arguments, as in `mpirun -np 1 01 --steps 1 : -np 1 01 --bogus`, would otherwise
+ *   wait for each other forever. Rank 0 prints one line and every rank exits with status 2.
+ *
+ *   Watchdog. A background thread on each rank watches what the rank is doing: comm.c tells it
+ *   when a collective (or a wait) begins and ends, and the harness may add a heartbeat once a
+ *   step (guard_progress). If the rank stays inside one call, or goes without any call or
+ *   heartbeat, for longer than the timeout (--timeout SECONDS, default 600), another rank has
+ *   stopped, died or is stuck: the watchdog prints one line naming what it waited for and for
+ *   how long, and ends the job with MPI_Abort and status 3. Rank 0 fires first; the others wait
+ *   a little longer (2 s and more) so that normally only rank 0 speaks, and speak only if rank 0
+ *   itself is the one that stopped. Time during which this process was itself stopped
+ *   (SIGSTOP, a suspended machine) does not count.
+ *
+ *   A rank killed by a signal ends the job through mpirun, which then kills the others
+ *   (SIGTERM) and exits with 128 + the signal. Rank 0, when it is not the one that died, prints
+ *   one line saying so when the SIGTERM arrives.
+ *
+ * Exit statuses of a chapter run (the README's "Exit statuses" lists the same):
+ *   0      the run finished (PARITY OK with --check)
+ *   1      PARITY FAILED: the parallel model disagrees with the baseline
+ *   2      bad input: a flag's value, or ranks started with different arguments
+ *   3      GUARD_EXIT_STALLED: a rank waited longer than --timeout (a rank stopped or died)
+ *   128+N  a rank was killed by signal N: 137 SIGKILL, 139 SIGSEGV, 134 SIGABRT (mpirun's status)
+ */
+#pragma once
+#include "cdefs.h"
+
+C_BEGIN
+
+#define GUARD_EXIT_STALLED 3
+#define GUARD_DEFAULT_TIMEOUT 600.0
+
+/* Called by comm_init right after MPI_Init, on every rank: argument agreement (exit 2 on a
+ * mismatch), the environment variable GUARD_TIMEOUT (seconds, 0 = no watchdog) if set, the
+ * SIGTERM line, and the watchdog thread. The thread stops by itself inside MPI_Finalize. */
+void guard_init(int argc, char **argv);
+
+/* The watchdog's timeout in seconds; 0 turns it off. For the --timeout flag. */
+void guard_set_timeout(double seconds);
+double guard_timeout(void);
+
+/* comm.c: a blocking call begins / ends. `what` ("all_reduce") and `group` ("tp") must stay
+ * valid until guard_end (they are the collective's and the group's names). */
+void guard_begin(const char *what, const char *group);
+void guard_end(void);
+
+/* A heartbeat outside any call, e.g. guard_progress("step 3") at the top of each step: the
+ * rank is alive, and the watchdog's line names the last heartbeat. `what` is copied. */
+void guard_progress(const char *what);
+
+C_END

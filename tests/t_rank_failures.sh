@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# t_rank_failures.sh: a job whose ranks disagree, stop or die ends with one line on stderr and
+# the exit status the README documents (common/backend/guard.h), never with a hang:
+#   a. ranks started with different arguments: exit 2 and one line, within 30 s;
+#   b. a rank stopped with SIGSTOP: the others' watchdog ends the job with exit 3 and one line
+#      ("no progress for ... s in ...") within 20 s of the stop, at --timeout 5; once with
+#      rank 1 stopped (rank 0 reports) and once with rank 0 stopped (rank 1 reports);
+#   c. a rank killed with SIGKILL: mpirun ends the job with exit 137 (128 + 9) within 10 s, and
+#      rank 0 says in one line that another rank died.
+# Chapter 01 is the victim: it runs long enough (--steps 100000) to be caught mid-step.
+set -u
+root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
+mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
+bin=$root/$backend/01
+n=0; bad=0
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+[ -x "$bin" ] || { echo "no $bin: build first (make BACKEND=$backend)"; exit 1; }
+
+# the timeout: the --timeout flag once the harness has it, else the environment variable
+if timeout 30 $mpirun_base -np 1 "$bin" --help 2>/dev/null | grep -q -- --timeout; then
+    timeout_flag="--timeout 5"; timeout_env=""
+else
+    timeout_flag=""; timeout_env="-x GUARD_TIMEOUT=5"
+fi
+
+# verdict "name" rc want_rc seconds max_seconds 'expected text': checks status, time, one line
+verdict() {
+    local name=$1 rc=$2 want=$3 secs=$4 max=$5 text=$6
+    local lines
+    lines=$(grep -c . "$tmp/err")
+    n=$((n+1))
+    if [ "$rc" -ne "$want" ] || [ "$lines" -ne 1 ] || ! grep -qF -- "$text" "$tmp/err" ||
+       [ "$(echo "$secs > $max" | bc)" = 1 ]; then
+        echo "FAIL $name: exit $rc after $secs s, $lines stderr line(s); want exit $want within $max s and one line with: $text"
+        sed 's/^/  | /' "$tmp/err" | head -10
+        bad=$((bad+1))
+    else
+        echo "ok   $name: exit $rc after $secs s: $(cat "$tmp/err")"
+    fi
+}
+
+now() { date +%s.%N; }
+since() { printf '%.1f' "$(echo "$(now) - $1" | bc)"; }
+
+# a. different arguments
+t0=$(now)
+timeout 30 $mpirun_base -np 1 "$bin" --steps 1 : -np 1 "$bin" --bogus </dev/null >"$tmp/out" 2>"$tmp/err"
+verdict "different arguments (2 ranks)" $? 2 "$(since "$t0")" 30 \
+    "error: the ranks were started with different arguments (rank 1 differs from rank 0); every rank must get the same flags"
+[ -s "$tmp/out" ] && { echo "FAIL  ... and stdout is not empty"; bad=$((bad+1)); }
+t0=$(now)
+timeout 30 $mpirun_base -np 2 "$bin" --steps 2 : -np 1 "$bin" --steps 3 </dev/null >"$tmp/out" 2>"$tmp/err"
+verdict "different arguments (rank 2 of 3)" $? 2 "$(since "$t0")" 30 "(rank 2 differs from rank 0)"
+
+# b, c. start a long run on 2 ranks, wait for its first steps, signal one rank, time the end
+signal_rank() {   # signal_rank SIG RANK MAX_SECONDS: leaves rc and secs
+    local sig=$1 rank=$2 max=$3
+    $mpirun_base $timeout_env -np 2 "$bin" --steps 100000 --check $timeout_flag \
+        </dev/null >"$tmp/out" 2>"$tmp/err" &
+    local mp=$! pid="" i c
+    for i in $(seq 300); do   # up to 30 s for the rank's pid and a first step
+        if [ -z "$pid" ]; then
+            for c in $(pgrep -P "$mp"); do
+                tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$rank" && pid=$c
+            done
+        fi
+        [ -n "$pid" ] && grep -q '^step' "$tmp/out" && break
+        sleep 0.1
+    done
+    if [ -z "$pid" ]; then
+        kill "$mp" 2>/dev/null; wait "$mp"; rc=-1; secs=0
+        echo "the run did not start:" >>"$tmp/err"; return
+    fi
+    pids+=("$pid")
+    sleep 1
+    local t0; t0=$(now)
+    kill -"$sig" "$pid"
+    for i in $(seq $((max * 10 + 50))); do kill -0 "$mp" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$mp" 2>/dev/null; then   # a hang: end it so the test itself does not hang
+        echo "(still running: killed by the test)" >>"$tmp/err"
+        kill -CONT "$pid" 2>/dev/null; kill "$mp" 2>/dev/null; sleep 2; kill -KILL "$mp" 2>/dev/null
+    fi
+    wait "$mp"; rc=$?
+    secs=$(since "$t0")
+    # mpirun may return while it is still taking the ranks down: give them 5 s
+    for i in $(seq 50); do
+        { [ ! -e "/proc/$pid" ] || grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null; } && break
+        sleep 0.1
+    done
+    [ -e "/proc/$pid" ] && ! grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null &&
+        echo "(rank $rank, pid $pid, is still alive 5 s after mpirun ended)" >>"$tmp/err"
+}
+
+signal_rank STOP 1 20
+verdict "rank 1 stopped (SIGSTOP), --timeout 5" "$rc" 3 "$secs" 20 "error: no progress for "
+signal_rank STOP 0 20
+verdict "rank 0 stopped (SIGSTOP), --timeout 5" "$rc" 3 "$secs" 20 "error: rank 1: no progress for "
+signal_rank KILL 1 10
+verdict "rank 1 killed (SIGKILL)" "$rc" 137 "$secs" 10 "another rank died"
+
+echo "$((n-bad)) of $n rank failures end the job with one line and the documented status"
+[ $bad -eq 0 ]
