@@ -1,25 +1,17 @@
-/* vocab_parallel.c: the vocabulary-parallel embedding and cross-entropy (vocab_parallel.h).
+/* vocab_parallel.c: the vocabulary-parallel ends of the model (vocab_parallel.h).
  *
- * Each function is a local kernel on this rank's slice of the vocabulary (llama_kernels.h and
- * vocab_kernels.h, which know nothing of ranks) plus the all-reduces that turn a per-shard
- * answer into the whole vocabulary's. Where the all-reduces are is the whole lesson.
+ * The cross-entropy is a local kernel on this rank's slice of the vocabulary (vocab_kernels.h,
+ * which knows nothing of ranks) plus the all-reduces that turn a per-shard answer into the
+ * whole vocabulary's. Where the all-reduces are is the whole lesson.
  */
-#include "llama_kernels.h"
+#include "../01_transformer_tp/tp.h"
 #include "vocab_kernels.h"
 #include "vocab_parallel.h"
 
-void vocab_parallel_embedding_forward(comm_group *tp, float *out, const int *tokens,
-                                      const float *table_local, int N, int D, int v0, int Vl) {
-    /* BEGIN ASSIGNMENT: look up the tokens this rank owns (zero rows for the rest), then sum over tp */
-    embedding_forward(out, tokens, table_local, N, D, v0, Vl);   /* out[N, D], one owner per row */
-    comm_all_reduce(tp, out, (size_t)N * D, COMM_SUM);            /* + zeros from the others      */
-    /* END ASSIGNMENT */
-}
-
-void vocab_parallel_embedding_backward(float *dtable_local, const float *dout, const int *tokens,
-                                       int N, int D, int v0, int Vl) {
-    /* BEGIN ASSIGNMENT: add each row of dout into the local table row of its token, if owned */
-    embedding_backward(dtable_local, dout, tokens, N, D, v0, Vl);
+void vocab_parallel_layouts(shard_layout layout[P_NKINDS]) {
+    /* BEGIN ASSIGNMENT: split the embedding table and the output layer over the vocabulary */
+    layout[P_TOK_EMBEDDINGS] = SHARD_ROWS;   /* rows [v0, v0 + V/tp) of [V, D] */
+    layout[P_OUTPUT] = SHARD_ROWS;           /* the same rows: column-parallel over the vocabulary */
     /* END ASSIGNMENT */
 }
 
@@ -50,3 +42,40 @@ void vocab_parallel_cross_entropy_backward(float *dlogits_local, const float *lo
                                        N, Vl, v0, grad_scale);
     /* END ASSIGNMENT */
 }
+
+/* The plan's loss operator: M and S are the loss's saved statistics [2N], x_t its scratch. */
+static float loss_forward(const llama_plan *p, const float *logits, const int *targets, int N, int Vl,
+                          int v0, float *stats, float *scratch) {
+    return vocab_parallel_cross_entropy_forward(p->tp, logits, targets, N, Vl, v0, stats, stats + N, scratch);
+}
+static void loss_backward(const llama_plan *p, float *dlogits, const float *logits, const int *targets,
+                          const float *stats, int N, int Vl, int v0, float grad_scale) {
+    vocab_parallel_cross_entropy_backward(dlogits, logits, targets, stats, stats + N, N, Vl, v0, grad_scale);
+}
+const loss_ops vocab_parallel_loss = {2, loss_forward, loss_backward};
+
+void loss_parallel_apply(llama_plan *plan, const llama_config *c) {
+    int p = plan->tp->size, V = c->vocab_size;
+    if (V % p) {
+        int lo = V / p * p, hi = lo + p;
+        if (lo > 0) comm_exit_usage("--vocab %d is not divisible by tp %d: each rank must own vocab/tp rows; the nearest valid sizes are %d and %d", V, p, lo, hi);
+        comm_exit_usage("--vocab %d is not divisible by tp %d: each rank must own vocab/tp rows; the nearest valid size is %d", V, p, hi);
+    }
+    plan->name = "megatron tp + loss parallel";
+    vocab_parallel_layouts(plan->layout);
+    plan->vocab = megatron_region;   /* g after the embedding's lookup, f before the output layer */
+    plan->loss = vocab_parallel_loss;
+}
+
+/* --fault skip-output-allreduce: the output layer's input gradient keeps only this rank's
+ * vocabulary rows' share (f's backward all-reduce before the output layer is left out). */
+static void f_backward_forgotten(const llama_plan *p, float *dx_local, float *dx_full, int B, int Ts, int C) {}
+static const char *skip_output_allreduce(llama_plan *p) {
+    if (p->loss.forward != vocab_parallel_loss.forward)
+        return "needs --loss-parallel: without it the output layer is replicated and has no all-reduce to skip";
+    p->vocab.enter_backward = f_backward_forgotten;
+    return NULL;
+}
+const plan_fault loss_parallel_faults[] = {
+    {"skip-output-allreduce", "f's backward all-reduce before the output layer is left out", skip_output_allreduce},
+    {0}};

@@ -22,6 +22,7 @@
 #include "device.h"
 #include "init.h"
 #include "llama.h"
+#include "model.h"
 #include "llama_kernels.h"
 #include "test_util.h"
 
@@ -65,34 +66,30 @@ static double max_abs(const float *x, size_t n) {
     return m;
 }
 
-/* A batch on the device: tokens, targets [B*T] and positions 0..T-1. */
+/* A batch on the device: tokens, targets [B*T] (the model uses positions 0..T-1). */
 typedef struct {
-    int tokens[B * T], targets[B * T], positions[T];
-    int *d_tokens, *d_targets, *d_positions;
+    int tokens[B * T], targets[B * T];
+    int *d_tokens, *d_targets;
     int valid;
 } batch;
 
 static void batch_upload(batch *b) {
     b->d_tokens = device_alloc_ints(B * T, MEM_BUFFERS);
     b->d_targets = device_alloc_ints(B * T, MEM_BUFFERS);
-    b->d_positions = device_alloc_ints(T, MEM_BUFFERS);
-    for (int t = 0; t < T; t++) b->positions[t] = t;
     device_copy_to_device(b->d_tokens, b->tokens, sizeof b->tokens);
     device_copy_to_device(b->d_targets, b->targets, sizeof b->targets);
-    device_copy_to_device(b->d_positions, b->positions, sizeof b->positions);
     b->valid = count_valid_targets(b->targets, B * T);
 }
 static void batch_free(batch *b) {
     device_free(b->d_tokens);
     device_free(b->d_targets);
-    device_free(b->d_positions);
 }
 
 /* The mean loss of the batch: sum of token losses / count of valid targets. An empty count
  * (all padding) uses scale 1 so that nothing divides by zero: the sum is 0 anyway. */
 static float batch_loss(llama_model *m, const batch *b) {
     float scale = b->valid > 0 ? 1.0f / (float)b->valid : 1.0f;
-    return llama_forward(m, b->d_tokens, b->d_targets, b->d_positions, scale);
+    return llama_forward(m, b->d_tokens, b->d_targets, scale);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -184,26 +181,22 @@ static void test_loss_at_init(void) {
         llama_config c = configs[k];
         int Bk = 2, Tk = c.seq_len, N = Bk * Tk;
         int *tok = malloc(N * sizeof(int)), *tgt = malloc(N * sizeof(int));
-        int pos[64];
-        for (int t = 0; t < Tk; t++) pos[t] = t;
         synthetic_batch(tok, tgt, Bk, Tk, c.vocab_size, 5, 1);
         int *d_tok = device_alloc_ints(N, MEM_BUFFERS), *d_tgt = device_alloc_ints(N, MEM_BUFFERS);
-        int *d_pos = device_alloc_ints(Tk, MEM_BUFFERS);
         device_copy_to_device(d_tok, tok, N * sizeof(int));
         device_copy_to_device(d_tgt, tgt, N * sizeof(int));
-        device_copy_to_device(d_pos, pos, Tk * sizeof(int));
 
-        llama_model *m = llama_create(&c, Bk, Tk, 1234);
-        float loss = llama_forward(m, d_tok, d_tgt, d_pos,
+        llama_model *m = llama_create_baseline(&c, Bk, 1234);
+        float loss = llama_forward(m, d_tok, d_tgt,
                                    1.0f / (float)count_valid_targets(tgt, N));
         CHECK_CLOSE(loss, log((double)c.vocab_size), 0.02, 0.0, "loss at init vs ln(V)");
 
         /* the norm weights start at exactly 1, the matrices at std 0.02 */
-        float *w = to_host(llama_param(m, 1), (size_t)c.dim);
+        float *w = to_host(param_in(m->params, m->params->params, 1), (size_t)c.dim);
         CHECK(w[0] == 1.0f && w[c.dim - 1] == 1.0f, "attention_norm init %g", w[0]);
         free(w);
         param_spec s = llama_param_spec(&c, 2);
-        float *wq = to_host(llama_param(m, 2), numel(&s));
+        float *wq = to_host(param_in(m->params, m->params->params, 2), numel(&s));
         double sq = 0;
         for (size_t i = 0; i < numel(&s); i++) sq += (double)wq[i] * wq[i];
         CHECK_CLOSE(sqrt(sq / numel(&s)), 0.02, 0.0, 0.1, "wq init std");
@@ -212,7 +205,6 @@ static void test_loss_at_init(void) {
         llama_free(m);
         device_free(d_tok);
         device_free(d_tgt);
-        device_free(d_pos);
         free(tok);
         free(tgt);
     }
@@ -275,7 +267,7 @@ static void set_test_weights(llama_model *m, const llama_config *c) {
             float std = s.kind == P_TOK_EMBEDDINGS ? 1.0f : 1.0f / sqrtf((float)s.cols);
             init_normal_slice(h, s.name, 99, std, s.rows, s.cols, 0, s.rows, 0, s.cols);
         }
-        device_copy_to_device(llama_param(m, i), h, n * sizeof(float));
+        device_copy_to_device(param_in(m->params, m->params->params, i), h, n * sizeof(float));
         free(h);
     }
 }
@@ -283,7 +275,7 @@ static void set_test_weights(llama_model *m, const llama_config *c) {
 static void test_gradients(void) {
     llama_config c = tiny_config();
     int D = c.dim, n = llama_num_params(&c);
-    llama_model *m = llama_create(&c, B, T, 1234);
+    llama_model *m = llama_create_baseline(&c, B, 1234);
     set_test_weights(m, &c);
 
     batch b;
@@ -298,9 +290,9 @@ static void test_gradients(void) {
     float **grads = malloc(n * sizeof(float *));
     for (int i = 0; i < n; i++) {
         param_spec s = llama_param_spec(&c, i);
-        grads[i] = to_host(llama_grad(m, i), numel(&s));
+        grads[i] = to_host(param_in(m->params, m->params->grads, i), numel(&s));
     }
-    float *dh0 = to_host(llama_embedding_output_grad(m), (size_t)B * T * D);
+    float *dh0 = to_host(m->dh, (size_t)B * T * D);
     CHECK(isfinite(loss) && loss > 0, "loss %g", loss);
 
     printf("  finite differences (eps %g), error = max|fd - grad| / max|grad| per tensor\n",
@@ -330,7 +322,7 @@ static void test_gradients(void) {
 
         double err = 0;
         for (int k = 0; k < npick; k++) {
-            double fd = finite_difference(m, &b, llama_param(m, i), pick[k]);
+            double fd = finite_difference(m, &b, param_in(m->params, m->params->params, i), pick[k]);
             err = fmax(err, fabs(fd - g[pick[k]]));
         }
         err /= gmax > 0 ? gmax : 1.0;
@@ -354,7 +346,7 @@ static void test_gradients(void) {
         const float *g0 = dh0 + (size_t)once * D;
         double gmax = max_abs(g0, D), err = 0;
         for (int d = 0; d < D; d++) {
-            double fd = finite_difference(m, &b, llama_param(m, 0), (size_t)tok * D + d);
+            double fd = finite_difference(m, &b, param_in(m->params, m->params->params, 0), (size_t)tok * D + d);
             err = fmax(err, fabs(fd - g0[d]));
         }
         err /= gmax > 0 ? gmax : 1.0;
@@ -398,7 +390,7 @@ static void test_gradients(void) {
 static void test_accumulate_zero_and_padding(void) {
     llama_config c = tiny_config();
     int n = llama_num_params(&c);
-    llama_model *m = llama_create(&c, B, T, 1234);
+    llama_model *m = llama_create_baseline(&c, B, 1234);
     batch b;
     synthetic_batch(b.tokens, b.targets, B, T, c.vocab_size, 7, 2);
     batch_upload(&b);
@@ -409,14 +401,14 @@ static void test_accumulate_zero_and_padding(void) {
     float **once = malloc(n * sizeof(float *));
     for (int i = 0; i < n; i++) {
         param_spec s = llama_param_spec(&c, i);
-        once[i] = to_host(llama_grad(m, i), numel(&s));
+        once[i] = to_host(param_in(m->params, m->params->grads, i), numel(&s));
     }
     /* the backward pass overwrites the logits with their gradient: run forward again */
     batch_loss(m, &b);
     llama_backward(m);
     for (int i = 0; i < n; i++) {
         param_spec s = llama_param_spec(&c, i);
-        float *twice = to_host(llama_grad(m, i), numel(&s));
+        float *twice = to_host(param_in(m->params, m->params->grads, i), numel(&s));
         double worst = 0;
         for (size_t j = 0; j < numel(&s); j++)
             worst = fmax(worst, fabs((double)twice[j] - 2.0 * once[i][j]));
@@ -428,7 +420,7 @@ static void test_accumulate_zero_and_padding(void) {
     llama_zero_grad(m);
     for (int i = 0; i < n; i++) {
         param_spec s = llama_param_spec(&c, i);
-        float *g = to_host(llama_grad(m, i), numel(&s));
+        float *g = to_host(param_in(m->params, m->params->grads, i), numel(&s));
         CHECK(max_abs(g, numel(&s)) == 0.0, "%s: not zero after llama_zero_grad", s.name);
         free(g);
     }
@@ -443,11 +435,11 @@ static void test_accumulate_zero_and_padding(void) {
     CHECK(loss == 0.0f, "all-padding loss %g", loss);
     for (int i = 0; i < n; i++) {
         param_spec s = llama_param_spec(&c, i);
-        float *g = to_host(llama_grad(m, i), numel(&s));
+        float *g = to_host(param_in(m->params, m->params->grads, i), numel(&s));
         CHECK(max_abs(g, numel(&s)) == 0.0, "%s: all-padding gradient not zero", s.name);
         free(g);
     }
-    float *dh0 = to_host(llama_embedding_output_grad(m), (size_t)B * T * c.dim);
+    float *dh0 = to_host(m->dh, (size_t)B * T * c.dim);
     CHECK(max_abs(dh0, (size_t)B * T * c.dim) == 0.0, "all-padding d loss / d h0 not zero");
     free(dh0);
 
@@ -465,7 +457,7 @@ static void test_adamw_step(void) {
     llama_config c = tiny_config();
     adamw_config o = adamw_config_default();
     int n = llama_num_params(&c);
-    llama_model *m = llama_create(&c, B, T, 1234);
+    llama_model *m = llama_create_baseline(&c, B, 1234);
     batch b;
     synthetic_batch(b.tokens, b.targets, B, T, c.vocab_size, 7, 3);
     batch_upload(&b);
@@ -476,13 +468,13 @@ static void test_adamw_step(void) {
     float **p0 = malloc(n * sizeof(float *)), **g = malloc(n * sizeof(float *));
     for (int i = 0; i < n; i++) {
         param_spec s = llama_param_spec(&c, i);
-        p0[i] = to_host(llama_param(m, i), numel(&s));
-        g[i] = to_host(llama_grad(m, i), numel(&s));
+        p0[i] = to_host(param_in(m->params, m->params->params, i), numel(&s));
+        g[i] = to_host(param_in(m->params, m->params->grads, i), numel(&s));
     }
     llama_adamw_step(m, &o, 1);
     for (int i = 0; i < n; i++) {
         param_spec s = llama_param_spec(&c, i);
-        float *p1 = to_host(llama_param(m, i), numel(&s));
+        float *p1 = to_host(param_in(m->params, m->params->params, i), numel(&s));
         double worst = 0;
         for (size_t j = 0; j < numel(&s); j++) {
             double gj = g[i][j];

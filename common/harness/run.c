@@ -1,5 +1,6 @@
 /* run.c: see run.h. */
 #include <math.h>
+#include <string.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -11,11 +12,13 @@
 #include "log.h"
 #include "parity.h"
 #include "run.h"
+#include "params.h"
 
 static char out_buf[256];
 
-run_options run_options_default(const char *chapter) {
+run_options run_options_default(const char *chapter, const plan_fault *faults) {
     run_options o = {0};
+    o.faults = faults;
     o.model = llama_config_default();
     o.opt = adamw_config_default();
     o.batch = 4;
@@ -44,10 +47,13 @@ static void usage_common(const run_options *o) {
          "  --seed N         initialisation and data seed (default 1234)\n"
          "  --check          train the single-device baseline on rank 0 and compare every step\n"
          "  --verbose-grads  print every gradient's difference every step (default: step 1)\n"
-         "  --dump DIR       export init/batches/grads/losses as safetensors (see DESIGN.md)\n"
-         "  --out DIR        where the CSV files go (default out/NN)\n",
+         "  --dump DIR       export init/batches/grads/losses as safetensors (docs/dump-format.md)\n"
+         "  --out DIR        where the CSV files go (default %s)\n"
+         "  --fault NAME     a deliberate bug, to see the parity check catch it:\n",
          c.dim, c.n_layers, c.n_heads, o->kv_heads_follow_heads ? "n-heads" : kv, c.ffn_dim,
-         c.vocab_size, c.seq_len);
+         c.vocab_size, c.seq_len, o->out_dir);
+    for (const plan_fault *f = o->faults; f && f->name; f++) log0("                     %-26s %s\n", f->name, f->what);
+    if (!o->faults || !o->faults[0].name) log0("                     (this chapter has none)\n");
 }
 
 int run_options_parse(run_options *o, int code, const char *arg, const char *chapter_usage) {
@@ -71,6 +77,7 @@ int run_options_parse(run_options *o, int code, const char *arg, const char *cha
     case RUN_OPT_VERBOSE: o->verbose_grads = true; break;
     case RUN_OPT_DUMP: o->dump_dir = arg; break;
     case RUN_OPT_OUT: o->out_dir = arg; break;
+    case RUN_OPT_FAULT: o->fault = arg; break;
     case RUN_OPT_HELP:
         log0("%s", chapter_usage);
         usage_common(o);
@@ -81,11 +88,25 @@ int run_options_parse(run_options *o, int code, const char *arg, const char *cha
     return 1;
 }
 
+/* The chapter's fault named `name`, or NULL. */
+static const plan_fault *find_fault(const run_options *o, const char *name) {
+    for (const plan_fault *f = o->faults; f && f->name; f++)
+        if (strcmp(f->name, name) == 0) return f;
+    return NULL;
+}
+
 void run_options_validate(run_options *o) {
     if (o->kv_heads_follow_heads && !o->kv_heads_given) o->model.n_kv_heads = o->model.n_heads;
     char err[512];
     if (llama_config_check(&o->model, o->batch, o->model.seq_len, err, sizeof err) != 0)
         comm_exit_usage("%s", err);
+    if (o->fault && !find_fault(o, o->fault)) {
+        char names[256] = "";
+        for (const plan_fault *f = o->faults; f && f->name; f++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", names[0] ? ", " : "", f->name);
+        comm_exit_usage("--fault '%s' is not valid: this chapter's faults are %s", o->fault,
+                        names[0] ? names : "none");
+    }
     /* --dump: find out now, before any work, that the directory can be written */
     if (o->dump_dir) {
         int ok = 1;
@@ -94,12 +115,40 @@ void run_options_validate(run_options *o) {
     }
 }
 
-int *run_positions(int T) {
-    int *host = malloc((size_t)T * sizeof(int)), *dev = device_alloc_ints(T, MEM_BUFFERS);
-    for (int t = 0; t < T; t++) host[t] = t;
-    device_copy_to_device(dev, host, (size_t)T * sizeof(int));
-    free(host);
-    return dev;
+void run_parse(run_options *o, int argc, char **argv, const struct option *flags,
+               void (*chapter_flag)(int code, const char *arg, void *ctx), void *ctx,
+               const char *chapter_usage) {
+    static const struct option shared[] = {RUN_FLAGS};
+    size_t n_shared = sizeof shared / sizeof *shared, n_own = 0;
+    while (flags && flags[n_own].name) n_own++;
+    struct option *all = calloc(n_shared + n_own + 1, sizeof *all);
+    memcpy(all, shared, sizeof shared);
+    if (n_own) memcpy(all + n_shared, flags, n_own * sizeof *flags);
+    opterr = 0;
+    for (int c; (c = getopt_long(argc, argv, "", all, NULL)) != -1;) {
+        if (run_options_parse(o, c, optarg, chapter_usage)) continue;
+        bool own = false;
+        for (size_t i = 0; i < n_own; i++) own |= c == flags[i].val;
+        if (!own) cli_unknown(argc, argv, optind);
+        chapter_flag(c, optarg, ctx);
+    }
+    free(all);
+    if (optind < argc) comm_exit_usage("unexpected argument '%s'; run with --help", argv[optind]);
+    run_options_validate(o);
+}
+
+int run_tp_degree(int tp_flag, char *name, size_t len) {
+    int degree = tp_flag > 0 ? tp_flag : comm_world()->size;
+    snprintf(name, len, tp_flag > 0 ? "--tp %d" : "NP=%d", degree);
+    return degree;
+}
+
+void run_apply_fault(const run_options *o, llama_plan *plan) {
+    if (!o->fault) return;
+    const plan_fault *f = find_fault(o, o->fault);
+    const char *why = f->apply(plan);
+    if (why) comm_exit_usage("--fault %s: %s", f->name, why);
+    log0("deliberate bug (--fault %s): %s\n", f->name, f->what);
 }
 
 int run_batch(const run_options *o, int step, int *tokens_dev, int *targets_dev, int *n_pad) {
@@ -119,83 +168,6 @@ int run_batch(const run_options *o, int step, int *tokens_dev, int *targets_dev,
 }
 
 float run_loss_scale(int n_valid) { return n_valid > 0 ? 1.0f / (float)n_valid : 0.0f; }
-
-void run_print_step(int step, const char *label, double loss, double base_loss, int n_pad,
-                    double step_ms) {
-    if (isnan(base_loss))
-        log0("step %3d | loss %s %.9f | padded targets %d | %.1f ms\n", step, label, loss, n_pad, step_ms);
-    else
-        log0("step %3d | loss %s %.9f  baseline %.9f  |diff| %.1e | padded targets %d | %.1f ms\n",
-             step, label, loss, base_loss, fabs(loss - base_loss), n_pad, step_ms);
-}
-
-void run_compare_step(const run_options *o, int step, double loss, double base_loss,
-                      llama_model *base, run_gather_fn gather, void *model, const float *dh0_full) {
-    const llama_config *c = &o->model;
-    bool root = comm_world()->rank == 0;
-    bool table = step == 1 || o->verbose_grads;
-    if (root) parity_loss(step, loss, base_loss);
-    /* Gradients are judged on step 1, where both models hold the same parameters. After that
-     * the two runs have taken AdamW steps from gradients that differ in their last bits, and
-     * AdamW's normalisation (m / sqrt(v)) turns a rounding-level difference in a near-zero
-     * gradient element into a parameter difference of up to lr: later gradients then differ
-     * by an amount proportional to lr, not to rounding. They are shown, not judged; the loss,
-     * judged on every step, covers the whole trajectory. */
-    parity_set_grads_enforced(step == 1);
-    parity_set_verbose(table);
-    if (table) parity_print_header("  gradients, parallel (gathered) vs baseline:");
-    size_t biggest = (size_t)c->vocab_size * c->dim;
-    for (int i = 0; i < llama_num_params(c); i++) {
-        param_spec s = llama_param_spec(c, i);
-        if ((size_t)s.rows * s.cols > biggest) biggest = (size_t)s.rows * s.cols;
-    }
-    float *full = root ? malloc(biggest * sizeof(float)) : NULL;
-    float *ref = root ? malloc(biggest * sizeof(float)) : NULL;
-    for (int i = 0; i < llama_num_params(c); i++) {
-        param_spec s = llama_param_spec(c, i);
-        size_t n = (size_t)s.rows * s.cols;
-        gather(model, i, true, full);
-        if (!root) continue;
-        device_copy_to_host(ref, llama_grad(base, i), n * sizeof(float));
-        parity_tensor(s.name, full, ref, n);
-    }
-    if (root) {
-        size_t n = (size_t)o->batch * c->seq_len * c->dim;
-        float *ref_dh = malloc(n * sizeof(float));
-        device_copy_to_host(ref_dh, llama_embedding_output_grad(base), n * sizeof(float));
-        parity_tensor("h0 = tok_embeddings[tokens] (dX)", dh0_full, ref_dh, n);
-        free(ref_dh);
-        const char *name;
-        double w = parity_worst(&name);
-        if (!table) log0("  gradients: worst relative difference %.3e (%s)%s\n", w, name,
-                         step > 1 ? ", after AdamW steps: shown, not judged" : "");
-    }
-    parity_set_verbose(true);
-    parity_set_grads_enforced(true);
-    free(full);
-    free(ref);
-}
-
-double run_baseline_step(llama_model *base, const int *tokens, const int *targets,
-                         const int *positions, float loss_scale) {
-    if (!base) return NAN;
-    llama_zero_grad(base);
-    double loss = llama_forward(base, tokens, targets, positions, loss_scale);
-    llama_backward(base);
-    return loss;
-}
-
-void run_step_report(const run_options *o, int step, const char *label, FILE *csv, double loss,
-                     double base_loss, int n_pad, double step_ms, llama_model *base,
-                     run_gather_fn gather, void *model, const float *dh0_full) {
-    run_print_step(step, label, loss, base_loss, n_pad, step_ms);
-    csv_row(csv, "%d,%.9g,%.9g", step, base_loss, loss);
-    if (o->check) run_compare_step(o, step, loss, base_loss, base, gather, model, dh0_full);
-    if (o->dump_dir) {
-        if (step == 1) run_dump_params(o, "grads_1.safetensors", true, gather, model);
-        run_dump_step(o, step, loss);
-    }
-}
 
 void run_clock_start(run_clock *k) {
     device_synchronize();
@@ -217,7 +189,65 @@ void run_clock_report(const run_clock *k, int steps) {
          1e3 * k->comm_seconds / steps, k->seconds > 0 ? 100.0 * k->comm_seconds / k->seconds : 0.0);
 }
 
-void run_dump_params(const run_options *o, const char *file, bool grads, run_gather_fn gather, void *model) {
+/* ---- the comparison with the baseline ---- */
+
+static void print_step(int step, const char *label, double loss, double base_loss, int n_pad, double step_ms) {
+    if (isnan(base_loss))
+        log0("step %3d | loss %s %.9f | padded targets %d | %.1f ms\n", step, label, loss, n_pad, step_ms);
+    else
+        log0("step %3d | loss %s %.9f  baseline %.9f  |diff| %.1e | padded targets %d | %.1f ms\n",
+             step, label, loss, base_loss, fabs(loss - base_loss), n_pad, step_ms);
+}
+
+/* Compares the losses (judged every step), then every gradient, gathered to world rank 0, and
+ * the gradient of the embedding output h0 (dX) with the baseline `base` (rank 0 only). */
+static void compare_step(const run_options *o, int step, double loss, double base_loss,
+                         llama_model *model, llama_model *base) {
+    const llama_config *c = &o->model;
+    bool root = comm_world()->rank == 0;
+    bool table = step == 1 || o->verbose_grads;
+    if (root) parity_loss(step, loss, base_loss);
+    /* Gradients are judged on step 1, where both models hold the same parameters. After that
+     * the two runs have taken AdamW steps from gradients that differ in their last bits, and
+     * AdamW's normalisation (m / sqrt(v)) turns a rounding-level difference in a near-zero
+     * gradient element into a parameter difference of up to lr: later gradients then differ
+     * by an amount proportional to lr, not to rounding. They are shown, not judged; the loss,
+     * judged on every step, covers the whole trajectory. */
+    parity_set_grads_enforced(step == 1);
+    parity_set_verbose(table);
+    if (table) parity_print_header("  gradients, parallel (gathered) vs baseline:");
+    size_t biggest = (size_t)o->batch * c->seq_len * c->dim;
+    for (int i = 0; i < llama_num_params(c); i++) {
+        param_spec s = llama_param_spec(c, i);
+        if ((size_t)s.rows * s.cols > biggest) biggest = (size_t)s.rows * s.cols;
+    }
+    float *full = root ? malloc(biggest * sizeof(float)) : NULL;
+    float *ref = root ? malloc(biggest * sizeof(float)) : NULL;
+    for (int i = 0; i < llama_num_params(c); i++) {
+        param_spec s = llama_param_spec(c, i);
+        param_gather(model->params, i, true, full);
+        if (!root) continue;
+        param_gather(base->params, i, true, ref);
+        parity_tensor(s.name, full, ref, (size_t)s.rows * s.cols);
+    }
+    llama_gather_residual(model, model->dh, full);
+    if (root) {
+        size_t n = (size_t)o->batch * c->seq_len * c->dim;
+        device_copy_to_host(ref, base->dh, n * sizeof(float));
+        parity_tensor("h0 = tok_embeddings[tokens] (dX)", full, ref, n);
+        const char *name;
+        double w = parity_worst(&name);
+        if (!table) log0("  gradients: worst relative difference %.3e (%s)%s\n", w, name,
+                         step > 1 ? ", after AdamW steps: shown, not judged" : "");
+    }
+    parity_set_verbose(true);
+    parity_set_grads_enforced(true);
+    free(full);
+    free(ref);
+}
+
+/* --dump: every full tensor (parameters, or gradients), gathered to rank 0 and written. */
+static void dump_tensors(const run_options *o, const char *file, bool grads, llama_model *model) {
     const llama_config *c = &o->model;
     int n = llama_num_params(c);
     bool root = comm_world()->rank == 0;
@@ -225,7 +255,7 @@ void run_dump_params(const run_options *o, const char *file, bool grads, run_gat
     for (int i = 0; i < n; i++) {
         param_spec s = llama_param_spec(c, i);
         if (root) full[i] = malloc((size_t)s.rows * s.cols * sizeof(float));
-        gather(model, i, grads, full[i]);
+        param_gather(model->params, i, grads, full[i]);
     }
     int rc = root ? dump_params(o->dump_dir, file, c, &o->opt, full) : 0;
     for (int i = 0; i < n; i++) free(full[i]);
@@ -233,7 +263,58 @@ void run_dump_params(const run_options *o, const char *file, bool grads, run_gat
     comm_require_all(rc == 0, "--dump %s: cannot write %s (is the directory writable?)", o->dump_dir, file);
 }
 
-void run_dump_step(const run_options *o, int step, double loss) {
-    int rc = comm_world()->rank == 0 ? dump_loss(o->dump_dir, step, loss) : 0;
-    comm_require_all(rc == 0, "--dump %s: cannot write losses.txt", o->dump_dir);
+run_clock run_train(const run_options *o, llama_model *model, const char *label, const char *csv_path) {
+    const llama_config *c = &o->model;
+    int N = o->batch * c->seq_len;
+    bool root = comm_world()->rank == 0;
+    llama_model *base = o->check && root ? llama_create_baseline(c, o->batch, o->seed) : NULL;
+    mem_reset_peaks();   /* the largest allocation seen from here on is the parallel run's own */
+    int *tokens = device_alloc_ints(N, MEM_BUFFERS), *targets = device_alloc_ints(N, MEM_BUFFERS);
+    if (o->dump_dir) dump_tensors(o, "init.safetensors", false, model);
+    FILE *csv = csv_path ? csv_open(csv_path, "step,baseline,parallel") : NULL;
+
+    comm_reset_all_stats();
+    run_clock clock = {0};
+    for (int step = 1; step <= o->steps; step++) {
+        int n_pad, n_valid = run_batch(o, step, tokens, targets, &n_pad);
+        float scale = run_loss_scale(n_valid);   /* 1 / valid targets of the whole batch */
+
+        run_clock_start(&clock);
+        llama_zero_grad(model);
+        float loss = llama_forward(model, tokens, targets, scale);
+        llama_backward(model);
+        double t_fb = run_clock_stop(&clock);
+
+        double base_loss = NAN;
+        if (base) {   /* the baseline's half of the step, on the same global batch */
+            llama_zero_grad(base);
+            base_loss = llama_forward(base, tokens, targets, scale);
+            llama_backward(base);
+        }
+        print_step(step, label, loss, base_loss, n_pad, 1e3 * t_fb);
+        csv_row(csv, "%d,%.9g,%.9g", step, base_loss, loss);
+        if (o->check) compare_step(o, step, loss, base_loss, model, base);
+        if (o->dump_dir) {
+            if (step == 1) dump_tensors(o, "grads_1.safetensors", true, model);
+            int rc = root ? dump_loss(o->dump_dir, step, loss) : 0;
+            comm_require_all(rc == 0, "--dump %s: cannot write losses.txt", o->dump_dir);
+        }
+
+        run_clock_start(&clock);
+        llama_adamw_step(model, &o->opt, step);
+        run_clock_stop(&clock);
+        if (base) llama_adamw_step(base, &o->opt, step);
+    }
+    csv_close(csv);
+    llama_free(base);
+    device_free(tokens);
+    device_free(targets);
+    return clock;
+}
+
+int run_finish(const run_options *o, int mismatches) {
+    if (mismatches) log0("%d measured figure(s) differ from the formulas\n", mismatches);
+    int status = o->check ? parity_report() : mismatches > 0;
+    comm_finalize();
+    return status;
 }

@@ -1,11 +1,9 @@
-/* run.h: what every Llama chapter's main does around its technique, written once:
- * the model and training flags, the synthetic batches, the per-step comparison with the
- * single-device baseline, and the --dump export.
+/* run.h: what every Llama chapter does around its plan, written once: the model and training
+ * flags, the synthetic batches, the training loop with the single-device baseline beside it,
+ * the per-step comparison, --dump, --fault, and the verdict.
  *
- * A chapter's main.c reads: parse flags (RUN_FLAGS + its own), build its mesh and its parallel
- * model, and for each step: run_batch, its forward/backward, the baseline's, run_compare_step,
- * the optimizer; then its report. The parallel model plugs in through one function that brings
- * a full parameter or gradient to rank 0 (run_gather_fn).
+ * A chapter's main.c reads: flags (RUN_FLAGS + its own), mesh, plan (+ the --fault it names),
+ * model, run_train(), its formula tables (report.h), run_finish(). Nothing else.
  */
 #pragma once
 #include <getopt.h>
@@ -14,6 +12,8 @@
 #include <stdint.h>
 #include "cdefs.h"
 #include "llama.h"
+#include "model.h"
+#include "plan.h"
 
 C_BEGIN
 
@@ -26,6 +26,8 @@ typedef struct {
     bool verbose_grads;      /* print the whole gradient table every step               */
     const char *dump_dir;    /* --dump DIR, or NULL                                     */
     const char *out_dir;     /* CSV files                                               */
+    const char *fault;       /* --fault NAME, or NULL                                   */
+    const plan_fault *faults;   /* the chapter's deliberate bugs, {NULL}-terminated     */
     bool kv_heads_follow_heads; /* set before parsing: without --n-kv-heads, n_kv_heads =
                                  * n_heads (no grouping), so every tp dividing the heads runs */
     bool kv_heads_given;     /* --n-kv-heads was on the command line                    */
@@ -35,7 +37,7 @@ typedef struct {
 enum {
     RUN_OPT_DIM = 1000, RUN_OPT_LAYERS, RUN_OPT_HEADS, RUN_OPT_KV_HEADS, RUN_OPT_FFN,
     RUN_OPT_VOCAB, RUN_OPT_SEQ, RUN_OPT_BATCH, RUN_OPT_STEPS, RUN_OPT_LR, RUN_OPT_SEED,
-    RUN_OPT_CHECK, RUN_OPT_VERBOSE, RUN_OPT_DUMP, RUN_OPT_OUT, RUN_OPT_HELP
+    RUN_OPT_CHECK, RUN_OPT_VERBOSE, RUN_OPT_DUMP, RUN_OPT_OUT, RUN_OPT_FAULT, RUN_OPT_HELP
 };
 #define RUN_FLAGS                                                                              \
     {"dim", required_argument, 0, RUN_OPT_DIM}, {"n-layers", required_argument, 0, RUN_OPT_LAYERS}, \
@@ -47,49 +49,36 @@ enum {
     {"seed", required_argument, 0, RUN_OPT_SEED}, {"check", no_argument, 0, RUN_OPT_CHECK},      \
     {"verbose-grads", no_argument, 0, RUN_OPT_VERBOSE},                                         \
     {"dump", required_argument, 0, RUN_OPT_DUMP}, {"out", required_argument, 0, RUN_OPT_OUT},    \
-    {"help", no_argument, 0, RUN_OPT_HELP}
+    {"fault", required_argument, 0, RUN_OPT_FAULT}, {"help", no_argument, 0, RUN_OPT_HELP}
 
 /* Defaults: llama_config_default(), adamw_config_default(), batch 4, 5 steps, seed 1234,
- * out_dir "out/<chapter>". */
-run_options run_options_default(const char *chapter);
-/* Handles one shared flag; returns 0 when `code` is not one of them. --help prints the shared
- * part of the usage after `chapter_usage` and exits 0. Bad values exit 2 (cli.h). */
+ * out_dir "out/<chapter>"; `faults` is the chapter's list for --fault (may be NULL). */
+run_options run_options_default(const char *chapter, const plan_fault *faults);
+/* Handles one shared flag; returns 0 when `code` is not one of them. --help prints
+ * `chapter_usage`, the shared flags and the chapter's faults, and exits 0. Bad values exit 2. */
 int run_options_parse(run_options *o, int code, const char *arg, const char *chapter_usage);
-/* After parsing: applies kv_heads_follow_heads; the model must be valid for a [batch, seq_len] batch (exit 2 otherwise). */
+/* Parses argv with the shared flags plus the chapter's `flags` (getopt_long's table, ending in
+ * {0}); each chapter flag goes to `chapter_flag(code, optarg, ctx)`. Then run_options_validate. */
+void run_parse(run_options *o, int argc, char **argv, const struct option *flags,
+               void (*chapter_flag)(int code, const char *arg, void *ctx), void *ctx,
+               const char *chapter_usage);
+/* After parsing: applies kv_heads_follow_heads; the model must be valid for a [batch, seq_len]
+ * batch, --fault must name one of the chapter's faults, --dump must be writable (exit 2). */
 void run_options_validate(run_options *o);
 
-/* Device ints 0..T-1: the global positions of a whole sequence (MEM_BUFFERS). */
-int *run_positions(int T);
+/* The tensor-parallel degree: --tp's value when it was given (tp_flag > 0), else the number of
+ * ranks; `name` receives how a message should call it ("--tp 4", or "NP=4" when --tp was not given). */
+int run_tp_degree(int tp_flag, char *name, size_t len);
+
+/* Applies --fault (if given) to the plan, before the model is built; prints what it breaks.
+ * A fault that does not fit the plan exits 2 with its reason. */
+void run_apply_fault(const run_options *o, llama_plan *plan);
+
 /* The step's global batch (data.h), copied to the device (and written to --dump DIR).
  * Returns the count of valid targets; *n_pad receives the count of padded ones. */
 int run_batch(const run_options *o, int step, int *tokens_dev, int *targets_dev, int *n_pad);
 /* 1 / the global count of valid targets; 0 valid targets give 0 (loss 0, zero gradients). */
 float run_loss_scale(int n_valid);
-
-/* Brings parameter (grad = false) or gradient (grad = true) `index` of the parallel model to
- * rank 0 of the world as a full host tensor. Collective over the world. */
-typedef void (*run_gather_fn)(void *model, int index, bool grad, float *full);
-
-/* Rank 0: the step's line, parallel loss beside the baseline's (base may be NAN without --check). */
-void run_print_step(int step, const char *label, double loss, double base_loss, int n_pad,
-                    double step_ms);
-/* Compares the losses (judged every step), then every gradient (judged on step 1, where both
- * models hold the same parameters; shown after that, see run.c for why), (gathered) and the embedding-output gradient
- * dh0_full (host, rank 0) with the baseline `base` (non-NULL on rank 0 only). Collective.
- * Prints the full table on step 1 (and every step with --verbose-grads), one line otherwise. */
-void run_compare_step(const run_options *o, int step, double loss, double base_loss,
-                      llama_model *base, run_gather_fn gather, void *model, const float *dh0_full);
-
-/* The baseline's half of a step, on rank 0 only (base == NULL elsewhere: returns NAN): zero its
- * gradients, forward and backward on the same global batch as the parallel model. */
-double run_baseline_step(llama_model *base, const int *tokens, const int *targets,
-                         const int *positions, float loss_scale);
-/* Everything a step does after both backwards, the same in every chapter: print the step's
- * line, append "step,baseline,parallel" to csv (may be NULL), compare with the baseline
- * (--check, see run_compare_step) and export (--dump). Collective. */
-void run_step_report(const run_options *o, int step, const char *label, FILE *csv, double loss,
-                     double base_loss, int n_pad, double step_ms, llama_model *base,
-                     run_gather_fn gather, void *model, const float *dh0_full);
 
 /* The parallel model's own time: wall seconds between start and stop (synchronised with the
  * device), and the part of them spent inside counted collectives. The baseline and the checks
@@ -100,9 +89,18 @@ double run_clock_stop(run_clock *k);                 /* returns this segment's s
 /* Rank 0: "time per step: X ms (compute Y ms, communication Z ms, P%)". */
 void run_clock_report(const run_clock *k, int steps);
 
-/* --dump: full parameters before step 1, the batch of each step, the gradients of step 1 and
- * the losses. Collective (the gathers); rank 0 writes. Exit 2 when DIR cannot be written. */
-void run_dump_params(const run_options *o, const char *file, bool grads, run_gather_fn gather, void *model);
-void run_dump_step(const run_options *o, int step, double loss);
+/* Trains `model` for o->steps AdamW steps on the synthetic batches. Every step: zero the
+ * gradients, forward, backward (timed), then with --check the baseline's step on world rank 0
+ * on the same global batch, the losses and every gradient compared (the gradients judged on
+ * step 1, where both models hold the same parameters; see run.c), --dump, and the optimizer.
+ * Rank 0 prints one line per step labelled `label` and, when csv_path is not NULL, writes
+ * "step,baseline,parallel" there. Collective. Resets the communication counters first, so the
+ * report that follows counts the training steps only. */
+run_clock run_train(const run_options *o, llama_model *model, const char *label, const char *csv_path);
+
+/* The verdict, the same in every chapter: `mismatches` measured figures that differ from their
+ * formulas (report.h) and, with --check, the parity comparisons. Prints the verdict line,
+ * finalises and returns the exit status: 0 pass, 1 a difference. */
+int run_finish(const run_options *o, int mismatches);
 
 C_END

@@ -1,4 +1,7 @@
-/* llama.h: the single-device Llama baseline (fp32), the ground truth of every chapter.
+/* llama.h: the Llama model's configuration and its table of parameters (fp32).
+ *
+ * The model itself, forward and backward, is model/model.h; the single-device baseline is that
+ * model under the single-device plan, the ground truth of every chapter.
  *
  * Names and shapes follow torchtitan's Llama so a dump loads into PyTorch as is
  * (linear weights [out_features, in_features], y = x W^T):
@@ -45,7 +48,7 @@ int llama_config_check(const llama_config *c, int B, int T, char *err, size_t er
 /* ---- the parameter table: every tensor's name, kind and full shape ---- */
 typedef enum {
     P_TOK_EMBEDDINGS = 0, P_ATTENTION_NORM, P_WQ, P_WK, P_WV, P_WO,
-    P_FFN_NORM, P_W1, P_W2, P_W3, P_NORM, P_OUTPUT
+    P_FFN_NORM, P_W1, P_W2, P_W3, P_NORM, P_OUTPUT, P_NKINDS
 } param_kind;
 
 typedef struct {
@@ -62,28 +65,7 @@ int llama_num_params(const llama_config *c);
 param_spec llama_param_spec(const llama_config *c, int index);
 /* Index of a name, -1 when absent. */
 int llama_param_index(const llama_config *c, const char *name);
-
-/* ---- the baseline model ---- */
-typedef struct llama_model llama_model;
-
-/* Allocates parameters (initialised from (seed, name, index)), gradients, AdamW state and the
- * activations of a [B, T] batch, all on the device. */
-llama_model *llama_create(const llama_config *c, int B, int T, uint64_t seed);
-void llama_free(llama_model *m);
-
-/* tokens, targets: device ints [B*T]; positions: device ints [T] (0..T-1 for the baseline).
- * Returns the sum of token losses times loss_scale (loss_scale = 1 / global valid count). */
-float llama_forward(llama_model *m, const int *tokens, const int *targets, const int *positions,
-                    float loss_scale);
-/* Gradients of the last forward's loss, accumulated into the gradient buffers. */
-void llama_backward(llama_model *m);
-void llama_zero_grad(llama_model *m);
-void llama_adamw_step(llama_model *m, const adamw_config *opt, int step);
-
-/* Device pointers to parameter / gradient `index` of the table (full tensors). */
-float *llama_param(llama_model *m, int index);
-float *llama_grad(llama_model *m, int index);
-/* Gradient of the loss with respect to the embedding output h0 [B, T, D] (after backward). */
-const float *llama_embedding_output_grad(llama_model *m);
+/* Index of the tensor of `kind` in `layer` (layer -1 for tok_embeddings, norm and output). */
+int llama_param_index_of(const llama_config *c, param_kind kind, int layer);
 
 C_END

@@ -1,0 +1,99 @@
+/* loss_report.c: see loss_report.h. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include "comm.h"
+#include "data.h"
+#include "device.h"
+#include "llama_kernels.h"
+#include "log.h"
+#include "parity.h"
+#include "loss_report.h"
+
+void describe_batch(const run_options *o, int p) {
+    int B = o->batch, T = o->model.seq_len, N = B * T, Vl = o->model.vocab_size / p;
+    int *tok = malloc((size_t)N * sizeof(int)), *tgt = malloc((size_t)N * sizeof(int));
+    int *tok_in = calloc(p, sizeof(int)), *tgt_in = calloc(p, sizeof(int));
+    synthetic_batch(tok, tgt, B, T, o->model.vocab_size, o->seed, 1);
+    int padded_seqs = 0, empty = 0;
+    for (int b = 0; b < B; b++) {
+        int padded = 0;
+        for (int t = 0; t < T; t++) padded |= tgt[b * T + t] == IGNORE_INDEX;
+        padded_seqs += padded;
+    }
+    for (int n = 0; n < N; n++) {
+        tok_in[tok[n] / Vl]++;
+        if (tgt[n] != IGNORE_INDEX) tgt_in[tgt[n] / Vl]++;
+    }
+    log0("step 1 batch: %d of %d sequences padded; tokens | targets per vocabulary shard:", padded_seqs, B);
+    for (int r = 0; r < p; r++) {
+        log0(" %d|%d", tok_in[r], tgt_in[r]);
+        empty += tok_in[r] == 0 || tgt_in[r] == 0;
+    }
+    log0(empty ? "  (%d shard(s) without tokens or targets)\n" : "  (every shard has both)\n", empty);
+    free(tok); free(tgt); free(tok_in); free(tgt_in);
+}
+
+/* The loss's collectives, counted around the plan's loss operator. */
+static collective_stats loss_comm;
+static loss_ops counted;
+static float counting_forward(const llama_plan *p, const float *logits, const int *targets, int N,
+                              int Vl, int v0, float *stats, float *scratch) {
+    collective_stats before = p->tp->stats[COLL_ALL_REDUCE];
+    float loss = counted.forward(p, logits, targets, N, Vl, v0, stats, scratch);
+    const collective_stats *now = &p->tp->stats[COLL_ALL_REDUCE];
+    loss_comm.calls += now->calls - before.calls;
+    loss_comm.payload_bytes += now->payload_bytes - before.payload_bytes;
+    return loss;
+}
+void count_loss_traffic(llama_plan *plan) {
+    counted = plan->loss;
+    plan->loss.forward = counting_forward;
+}
+
+int report_loss_parallel(const run_options *o, comm_group *tp, double largest_measured,
+                         double largest_other) {
+    int p = tp->size, mismatches = 0;
+    double N4 = 4.0 * o->batch * o->model.seq_len, NV4 = N4 * o->model.vocab_size;
+    /* the loss's share: 3 all-reduces of B*T floats per training step */
+    double calls = (double)loss_comm.calls / o->steps, bytes = loss_comm.payload_bytes / o->steps;
+    bool ok = fabs(calls - 3) < 1e-9 && fabs(bytes - 3 * N4) < 0.5;
+    mismatches += !ok;
+    if (!ok) parity_fail("the loss's measured communication differs from 3 x B*T*4 (above)");
+    log0("  the loss: %.2f all-reduces, %s per step | 3 x B*T*4 = %s (max, sum of exp, target logit)  %s\n",
+         calls, fmt_bytes(bytes), fmt_bytes(3 * N4), ok ? "" : "MISMATCH");
+    log0("  gathering the logits instead: an all-gather of B*T*V*4 = %s per step (%s sent per rank, ring), %.0fx the loss's\n",
+         fmt_bytes(NV4), fmt_bytes(NV4 * (p - 1) / p), NV4 / (3 * N4));
+    if (p == 1) return mismatches;
+    /* the lesson's claim, checked by the allocator: no rank ever held B*T*V floats */
+    if (largest_other >= NV4) {
+        log0("  full logits: not judged, another activation (%s) is as large as B*T*V*4 = %s\n",
+             fmt_bytes(largest_other), fmt_bytes(NV4));
+        return mismatches;
+    }
+    ok = largest_measured < NV4;
+    mismatches += !ok;
+    if (!ok) parity_fail("a rank allocated a buffer of B*T*V floats (above)");
+    log0("  full logits: the largest buffer on any rank is %s < B*T*V*4 = %s: %s\n",
+         fmt_bytes(largest_measured), fmt_bytes(NV4),
+         ok ? "no rank ever held the [B, T, V] logits" : "MISMATCH, a rank allocated a full-logits buffer");
+    return mismatches;
+}
+
+double largest_buffer(void) {
+    size_t a = mem_largest_alloc(MEM_ACTIVATIONS), b = mem_largest_alloc(MEM_BUFFERS);
+    return (double)(a > b ? a : b);
+}
+
+void append_memory_csv(const char *dir, int tp, bool loss_parallel, double measured, double formula) {
+    if (comm_world()->rank != 0) return;
+    char path[512];
+    snprintf(path, sizeof path, "%s/logits_memory.csv", dir);
+    bool is_new = make_dirs(dir) == 0 && access(path, F_OK) != 0;
+    FILE *f = fopen(path, "a");
+    if (!f) { log0("cannot append to %s\n", path); return; }
+    if (is_new) fprintf(f, "tp,loss_parallel,measured_bytes,formula_bytes\n");
+    fprintf(f, "%d,%d,%.0f,%.0f\n", tp, loss_parallel ? 1 : 0, measured, formula);
+    fclose(f);
+}

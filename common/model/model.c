@@ -1,0 +1,377 @@
+/* model.c: the Llama model, forward and backward, written once (model.h).
+ *
+ * Read it as the single-device model first: with plan_single_device() every operator of the
+ * plan is the identity or the local kernel, and what remains is llm.c's recipe: a plain
+ * sequence of layer calls (llama_kernels.h), every tensor saved for backward named with its
+ * shape, and a backward pass that walks the same sequence in reverse. Then read a chapter's plan
+ * to see what each operator becomes on several ranks.
+ *
+ * linear backward overwrites dx (=); rmsnorm backward and every weight gradient accumulate (+=).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "comm.h"
+#include "device.h"
+#include "kernels.h"
+#include "llama_kernels.h"
+#include "model.h"
+#include "seq_layout.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * Shapes and memory
+ * --------------------------------------------------------------------------------------------- */
+llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B) {
+    int p = plan->tp ? plan->tp->size : 1, r = plan->tp ? plan->tp->rank : 0;
+    int split_heads = plan->layout[P_WQ] == SHARD_ROWS ? p : 1;
+    int split_kv = plan->layout[P_WK] == SHARD_ROWS ? p : 1;
+    int split_ffn = plan->layout[P_W1] == SHARD_ROWS ? p : 1;
+    int split_vocab = plan->layout[P_OUTPUT] == SHARD_ROWS ? p : 1;
+    llama_dims d;
+    d.B = B;
+    d.T = c->seq_len;
+    d.Ts = c->seq_len / plan->seq_shards;
+    d.N = B * d.T;
+    d.Ns = B * d.Ts;
+    d.D = c->dim;
+    d.hd = llama_head_dim(c);
+    d.Hl = c->n_heads / split_heads;
+    d.Hkvl = c->n_kv_heads / split_kv;
+    d.Fl = c->ffn_dim / split_ffn;
+    d.Vl = c->vocab_size / split_vocab;
+    d.v0 = split_vocab > 1 ? r * d.Vl : 0;
+    return d;
+}
+
+size_t llama_act_numel(const llama_dims *d, int act) {
+    size_t N = d->N, Ns = d->Ns, D = d->D;
+    switch (act) {
+    case ACT_H_IN: case ACT_ATTN_XN: case ACT_H_MID: case ACT_FFN_XN: return Ns * D;
+    case ACT_ATTN_RSTD: case ACT_FFN_RSTD: return Ns;
+    case ACT_Q: case ACT_ATTN_OUT: return N * d->Hl * d->hd;
+    case ACT_K: case ACT_V: return N * d->Hkvl * d->hd;
+    case ACT_PROBS: return (size_t)d->B * d->Hl * d->T * d->T;
+    default: return N * d->Fl;                       /* ACT_FFN_A, ACT_FFN_B, ACT_FFN_G */
+    }
+}
+
+/* A layer's activations: what `keep` names is the layer's own (MEM_ACTIVATIONS), the rest points
+ * into `shared`. With shared == NULL the dropped tensors are allocated as the shared set. */
+static void layer_acts_alloc(llama_layer_acts *a, const llama_dims *d, unsigned keep,
+                             const llama_layer_acts *shared) {
+    for (int i = 0; i < ACT_NLAYER; i++) {
+        bool kept = keep & (1u << i);
+        if (shared) a->t[i] = kept ? device_alloc_floats(llama_act_numel(d, i), MEM_ACTIVATIONS) : shared->t[i];
+        else a->t[i] = kept ? NULL : device_alloc_floats(llama_act_numel(d, i), MEM_BUFFERS);
+    }
+}
+static void layer_acts_free(llama_layer_acts *a, const llama_layer_acts *shared) {
+    for (int i = 0; i < ACT_NLAYER; i++)
+        if (!shared || a->t[i] != shared->t[i]) device_free(a->t[i]);
+}
+
+size_t llama_layer_act_bytes_measured(const llama_dims *d, unsigned keep) {
+    llama_layer_acts shared, a;
+    layer_acts_alloc(&shared, d, keep, NULL);
+    size_t before = mem_current(MEM_ACTIVATIONS);
+    layer_acts_alloc(&a, d, keep, &shared);
+    size_t bytes = mem_current(MEM_ACTIVATIONS) - before;
+    layer_acts_free(&a, &shared);
+    layer_acts_free(&shared, NULL);
+    return bytes;
+}
+
+/* The buffer of the whole sequence when the plan splits it, else the local tensor itself. */
+static float *whole(const llama_model *m, float *full_buffer, float *local) {
+    return m->plan->seq_shards > 1 ? full_buffer : local;
+}
+
+llama_model *llama_create(const llama_config *c, const llama_plan *plan, int B, uint64_t seed) {
+    llama_model *m = calloc(1, sizeof *m);
+    m->c = *c;
+    m->plan = plan;
+    m->params = param_table_create(c, plan->mesh, plan->layout, seed);
+    m->d = llama_dims_make(c, plan, B);
+    const llama_dims *d = &m->d;
+    size_t N = d->N, Ns = d->Ns, D = d->D, T = d->T, L = c->n_layers;
+    size_t q_dim = (size_t)d->Hl * d->hd, kv_dim = (size_t)d->Hkvl * d->hd, Fl = d->Fl;
+    bool split = plan->seq_shards > 1;
+
+    /* What the layers keep, measured layer by layer by the allocator. */
+    layer_acts_alloc(&m->shared, d, plan->keep, NULL);
+    m->acts = calloc(L, sizeof *m->acts);
+    m->layer_act_bytes = calloc(L, sizeof *m->layer_act_bytes);
+    for (size_t l = 0; l < L; l++) {
+        size_t before = mem_current(MEM_ACTIVATIONS);
+        layer_acts_alloc(&m->acts[l], d, plan->keep, &m->shared);
+        m->layer_act_bytes[l] = mem_current(MEM_ACTIVATIONS) - before;
+    }
+    /* Outside the layers, kept in every mode. */
+    m->h_final = device_alloc_floats(Ns * D, MEM_ACTIVATIONS);
+    m->final_xn = device_alloc_floats(Ns * D, MEM_ACTIVATIONS);
+    m->final_rstd = device_alloc_floats(Ns, MEM_ACTIVATIONS);
+    m->logits = device_alloc_floats(N * d->Vl, MEM_ACTIVATIONS);
+    if (plan->loss.saved_per_row) m->loss_stats = device_alloc_floats(N * plan->loss.saved_per_row, MEM_ACTIVATIONS);
+    m->loss_scratch = device_alloc_floats(N, MEM_BUFFERS);
+    m->tokens = device_alloc_ints(N, MEM_BUFFERS);
+    m->targets = device_alloc_ints(N, MEM_BUFFERS);
+    m->positions = device_alloc_ints(T, MEM_BUFFERS);
+    int *pos = malloc(T * sizeof(int));
+    for (size_t t = 0; t < T; t++) pos[t] = (int)t;
+    if (plan->positions) plan->positions(plan, pos, (int)T);
+    device_copy_to_device(m->positions, pos, T * sizeof(int));
+    free(pos);
+
+    /* Scratch. */
+    if (split) {
+        m->attn_in = device_alloc_floats(N * D, MEM_BUFFERS);
+        m->ffn_in = device_alloc_floats(N * D, MEM_BUFFERS);
+        m->y_partial = device_alloc_floats(N * D, MEM_BUFFERS);
+        m->dy_full = device_alloc_floats(N * D, MEM_BUFFERS);
+        m->dxn = device_alloc_floats(Ns * D, MEM_BUFFERS);
+    }
+    m->dxn_full = device_alloc_floats(N * D, MEM_BUFFERS);
+    m->dxn_part = device_alloc_floats(N * D, MEM_BUFFERS);
+    m->dh = device_alloc_floats(Ns * D, MEM_BUFFERS);
+    m->dattn_out = device_alloc_floats(N * q_dim, MEM_BUFFERS);
+    m->dq = device_alloc_floats(N * q_dim, MEM_BUFFERS);
+    m->dk = device_alloc_floats(N * kv_dim, MEM_BUFFERS);
+    m->dv = device_alloc_floats(N * kv_dim, MEM_BUFFERS);
+    m->dprobs = device_alloc_floats(llama_act_numel(d, ACT_PROBS), MEM_BUFFERS);
+    m->dffn_g = device_alloc_floats(N * Fl, MEM_BUFFERS);
+    m->dffn_a = device_alloc_floats(N * Fl, MEM_BUFFERS);
+    m->dffn_b = device_alloc_floats(N * Fl, MEM_BUFFERS);
+    return m;
+}
+
+llama_model *llama_create_baseline(const llama_config *c, int B, uint64_t seed) {
+    static llama_plan single;   /* the same for every baseline: no mesh, no state */
+    single = plan_single_device();
+    return llama_create(c, &single, B, seed);
+}
+
+void llama_free(llama_model *m) {
+    if (!m) return;
+    for (int l = 0; l < m->c.n_layers; l++) layer_acts_free(&m->acts[l], &m->shared);
+    layer_acts_free(&m->shared, NULL);
+    float *bufs[] = {m->h_final, m->final_xn, m->final_rstd, m->logits, m->loss_stats,
+                     m->loss_scratch, m->attn_in, m->ffn_in, m->y_partial, m->dy_full, m->dxn,
+                     m->dxn_full, m->dxn_part, m->dh, m->dattn_out, m->dq, m->dk, m->dv,
+                     m->dprobs, m->dffn_g, m->dffn_a, m->dffn_b};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) device_free(bufs[i]);   /* NULL: no-op */
+    device_free(m->tokens); device_free(m->targets); device_free(m->positions);
+    param_table_free(m->params);
+    free(m->acts);
+    free(m->layer_act_bytes);
+    free(m);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * One layer, forward: h_in [Ns, D] -> h_out [Ns, D].
+ * --------------------------------------------------------------------------------------------- */
+void llama_layer_forward(llama_model *m, int l, float *h_out) {
+    const llama_plan *p = m->plan;
+    const llama_dims *d = &m->d;
+    layer_weights w = param_layer(m->params, m->params->params, l);
+    llama_layer_acts *a = &m->acts[l];
+    int B = d->B, T = d->T, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, hd = d->hd;
+    int Hl = d->Hl, Hkvl = d->Hkvl, Fl = d->Fl;
+    float eps = m->c.norm_eps, theta = m->c.rope_theta;
+    float *attn_in = whole(m, m->attn_in, a->attn_xn);     /* [N, D] */
+    float *ffn_in = whole(m, m->ffn_in, a->ffn_xn);        /* [N, D] */
+
+    /* ---- attention block: h_mid = h_in + wo(attention(rope(wq n), rope(wk n), wv n)) ---- */
+    /* attn_xn[Ns, D] = rmsnorm(h_in) * attention_norm */
+    rmsnorm_forward(a->attn_xn, a->attn_rstd, a->h_in, w.attention_norm, Ns, D, eps);
+    /* the region's entry: attn_in[N, D], every token of the sequence */
+    p->region.enter_forward(p, attn_in, a->attn_xn, B, Ts, D);
+    /* q[N, Hl*hd], k and v [N, Hkvl*hd]: three projections of the same normed input */
+    p->linear.forward(p, a->q, attn_in, w.wq, N, D, Hl * hd);
+    p->linear.forward(p, a->k, attn_in, w.wk, N, D, Hkvl * hd);
+    p->linear.forward(p, a->v, attn_in, w.wv, N, D, Hkvl * hd);
+    /* positions enter through RoPE only: rotate q and k (not v) in place */
+    rope_forward(a->q, m->positions, B, T, Hl, hd, theta);
+    rope_forward(a->k, m->positions, B, T, Hkvl, hd, theta);
+    /* attn_out[N, Hl*hd] = softmax(q k^T / sqrt(hd), causal) v; probs[B, Hl, T, T] saved */
+    p->attention.forward(p, a->attn_out, a->probs, a->q, a->k, a->v, B, T, Hl, Hkvl, hd);
+    /* partial[N, D] = attn_out wo^T (this rank's heads' share), then the region's exit */
+    float *partial = whole(m, m->y_partial, a->h_mid);
+    p->linear.forward(p, partial, a->attn_out, w.wo, N, Hl * hd, D);
+    p->region.exit_forward(p, a->h_mid, partial, B, Ts, D);
+    add_inplace(a->h_mid, a->h_in, (size_t)Ns * D);                   /* residual, [Ns, D] */
+
+    /* ---- feed-forward block: h_out = h_mid + w2(silu(w1 m) * w3 m) ---- */
+    rmsnorm_forward(a->ffn_xn, a->ffn_rstd, a->h_mid, w.ffn_norm, Ns, D, eps);
+    p->region.enter_forward(p, ffn_in, a->ffn_xn, B, Ts, D);
+    /* ffn_a, ffn_b [N, Fl]: the gate and the up projection */
+    p->linear.forward(p, a->ffn_a, ffn_in, w.w1, N, D, Fl);
+    p->linear.forward(p, a->ffn_b, ffn_in, w.w3, N, D, Fl);
+    /* ffn_g[N, Fl] = silu(ffn_a) * ffn_b, element-wise */
+    swiglu_forward(a->ffn_g, a->ffn_a, a->ffn_b, (size_t)N * Fl);
+    if (!h_out) return;     /* a recomputation: backward needs w2's input, not its output */
+    partial = whole(m, m->y_partial, h_out);
+    p->linear.forward(p, partial, a->ffn_g, w.w2, N, Fl, D);          /* [N, D] */
+    p->region.exit_forward(p, h_out, partial, B, Ts, D);
+    add_inplace(h_out, a->h_mid, (size_t)Ns * D);                     /* residual */
+}
+
+/* Before layer l's backward: what the checkpointing policy did not keep, then the region's
+ * inputs (the column-parallel linears' weight gradients need the whole sequence; when the plan
+ * splits it, only this rank's shard was kept and later layers reused the buffers). */
+static void layer_restore(llama_model *m, int l) {
+    const llama_plan *p = m->plan;
+    llama_layer_acts *a = &m->acts[l];
+    if (p->recompute && p->recompute(m, l)) return;   /* a full recomputation re-entered already */
+    p->region.enter_forward(p, whole(m, m->attn_in, a->attn_xn), a->attn_xn, m->d.B, m->d.Ts, m->d.D);
+    p->region.enter_forward(p, whole(m, m->ffn_in, a->ffn_xn), a->ffn_xn, m->d.B, m->d.Ts, m->d.D);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * One layer, backward: dh [Ns, D] holds d/d h_out on entry, d/d h_in on return.
+ * --------------------------------------------------------------------------------------------- */
+void llama_layer_backward(llama_model *m, int l, float *dh) {
+    const llama_plan *p = m->plan;
+    const llama_dims *d = &m->d;
+    layer_weights w = param_layer(m->params, m->params->params, l);
+    layer_weights g = param_layer(m->params, m->params->grads, l);
+    llama_layer_acts *a = &m->acts[l];
+    int B = d->B, T = d->T, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, hd = d->hd;
+    int Hl = d->Hl, Hkvl = d->Hkvl, Fl = d->Fl;
+    size_t ND = (size_t)N * D;
+    float theta = m->c.rope_theta;
+
+    layer_restore(m, l);
+    float *attn_in = whole(m, m->attn_in, a->attn_xn);     /* [N, D] */
+    float *ffn_in = whole(m, m->ffn_in, a->ffn_xn);        /* [N, D] */
+    float *dy = whole(m, m->dy_full, dh);                   /* [N, D] */
+    float *dxn = whole(m, m->dxn, m->dxn_full);             /* [Ns, D] */
+
+    /* ---- feed-forward block. h_out = h_mid + w2(g): the residual path passes dh through
+     * unchanged, the branch adds its part below. ---- */
+    p->region.exit_backward(p, dy, dh, B, Ts, D);           /* dy[N, D] = d/d (w2's output) */
+    /* dffn_g[N, Fl] = dy w2;  d w2 += dy^T ffn_g */
+    p->linear.backward(p, m->dffn_g, g.w2, dy, a->ffn_g, w.w2, N, Fl, D);
+    /* dffn_a, dffn_b [N, Fl] through silu(a) * b */
+    swiglu_backward(m->dffn_a, m->dffn_b, m->dffn_g, a->ffn_a, a->ffn_b, (size_t)N * Fl);
+    /* dxn_full[N, D] = dffn_a w1 + dffn_b w3 (this rank's units' share): ffn_in feeds both */
+    p->linear.backward(p, m->dxn_full, g.w1, m->dffn_a, ffn_in, w.w1, N, D, Fl);
+    p->linear.backward(p, m->dxn_part, g.w3, m->dffn_b, ffn_in, w.w3, N, D, Fl);
+    add_inplace(m->dxn_full, m->dxn_part, ND);
+    p->region.enter_backward(p, dxn, m->dxn_full, B, Ts, D);   /* dxn[Ns, D]: summed over ranks */
+    /* dh += d/d h_mid through ffn_norm: dh now holds d loss / d h_mid */
+    rmsnorm_backward(dh, g.ffn_norm, dxn, a->h_mid, w.ffn_norm, a->ffn_rstd, Ns, D);
+
+    /* ---- attention block: h_mid = h_in + wo(attn_out), the same pattern ---- */
+    p->region.exit_backward(p, dy, dh, B, Ts, D);
+    /* dattn_out[N, Hl*hd] = dy wo;  d wo += dy^T attn_out */
+    p->linear.backward(p, m->dattn_out, g.wo, dy, a->attn_out, w.wo, N, Hl * hd, D);
+    /* dq, dk, dv: gradients of the rotated q and k and of v */
+    p->attention.backward(p, m->dq, m->dk, m->dv, m->dprobs, m->dattn_out, a->q, a->k, a->v,
+                          a->probs, B, T, Hl, Hkvl, hd);
+    /* undo RoPE's rotation on the gradients: now d/d (wq n) and d/d (wk n) */
+    rope_backward(m->dq, m->positions, B, T, Hl, hd, theta);
+    rope_backward(m->dk, m->positions, B, T, Hkvl, hd, theta);
+    /* dxn_full[N, D] = dq wq + dk wk + dv wv: attn_in feeds three projections */
+    p->linear.backward(p, m->dxn_full, g.wq, m->dq, attn_in, w.wq, N, D, Hl * hd);
+    p->linear.backward(p, m->dxn_part, g.wk, m->dk, attn_in, w.wk, N, D, Hkvl * hd);
+    add_inplace(m->dxn_full, m->dxn_part, ND);
+    p->linear.backward(p, m->dxn_part, g.wv, m->dv, attn_in, w.wv, N, D, Hkvl * hd);
+    add_inplace(m->dxn_full, m->dxn_part, ND);
+    p->region.enter_backward(p, dxn, m->dxn_full, B, Ts, D);
+    /* dh += d/d h_in through attention_norm: dh now holds d loss / d h_in */
+    rmsnorm_backward(dh, g.attention_norm, dxn, a->h_in, w.attention_norm, a->attn_rstd, Ns, D);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The whole model
+ * --------------------------------------------------------------------------------------------- */
+float llama_forward(llama_model *m, const int *tokens, const int *targets, float loss_scale) {
+    const llama_plan *p = m->plan;
+    const llama_dims *d = &m->d;
+    param_table *t = m->params;
+    int B = d->B, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, Vl = d->Vl, v0 = d->v0, L = m->c.n_layers;
+    /* Keep the inputs: the backward pass needs tokens (embedding) and targets (loss). */
+    device_copy(m->tokens, tokens, (size_t)N * sizeof(int));
+    device_copy(m->targets, targets, (size_t)N * sizeof(int));
+    m->loss_scale = loss_scale;
+
+    /* h0[Ns, D]: look up the rows of the tokens this rank's table holds (zero rows for the rest),
+     * then the vocabulary's exit sums the ranks' lookups (identity with the whole table) */
+    float *h0 = m->acts[0].h_in, *looked_up = whole(m, m->y_partial, h0);   /* [N, D] */
+    embedding_forward(looked_up, m->tokens, param_in(t, t->params, param_index(t, P_TOK_EMBEDDINGS, -1)),
+                      N, D, v0, Vl);
+    p->vocab.exit_forward(p, h0, looked_up, B, Ts, D);
+
+    for (int l = 0; l < L; l++) llama_layer_forward(m, l, l + 1 < L ? m->acts[l + 1].h_in : m->h_final);
+
+    /* final_xn[Ns, D] = rmsnorm(h_final) * norm, entering the vocabulary's region */
+    int i_norm = param_index(t, P_NORM, -1), i_out = param_index(t, P_OUTPUT, -1);
+    rmsnorm_forward(m->final_xn, m->final_rstd, m->h_final, param_in(t, t->params, i_norm), Ns, D,
+                    m->c.norm_eps);
+    float *xn = whole(m, m->attn_in, m->final_xn);      /* [N, D] (attn_in is free here) */
+    p->vocab.enter_forward(p, xn, m->final_xn, B, Ts, D);
+    /* logits[N, Vl] = xn output^T: this rank's vocabulary rows */
+    p->linear.forward(p, m->logits, xn, param_in(t, t->params, i_out), N, D, Vl);
+    /* the sum over valid targets of -log softmax(logits)[target] */
+    float loss_sum = p->loss.forward(p, m->logits, m->targets, N, Vl, v0, m->loss_stats, m->loss_scratch);
+    return loss_sum * loss_scale;
+}
+
+void llama_backward(llama_model *m) {
+    const llama_plan *p = m->plan;
+    const llama_dims *d = &m->d;
+    param_table *t = m->params;
+    int B = d->B, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, Vl = d->Vl, v0 = d->v0;
+    int i_emb = param_index(t, P_TOK_EMBEDDINGS, -1), i_norm = param_index(t, P_NORM, -1);
+    int i_out = param_index(t, P_OUTPUT, -1);
+
+    /* dlogits[N, Vl] = (softmax - onehot(target)) * loss_scale, written over the logits */
+    p->loss.backward(p, m->logits, m->logits, m->targets, m->loss_stats, N, Vl, v0, m->loss_scale);
+    /* the output layer's input again (a split sequence kept only this rank's shard of it) */
+    float *xn = whole(m, m->attn_in, m->final_xn);
+    p->vocab.enter_forward(p, xn, m->final_xn, B, Ts, D);
+    /* dxn_full[N, D] = dlogits output (this rank's vocabulary rows' share);  d output += dlogits^T xn */
+    p->linear.backward(p, m->dxn_full, param_in(t, t->grads, i_out), m->logits, xn,
+                       param_in(t, t->params, i_out), N, D, Vl);
+    float *dxn = whole(m, m->dxn, m->dxn_full);
+    p->vocab.enter_backward(p, dxn, m->dxn_full, B, Ts, D);
+    /* dh[Ns, D] = d loss / d h_final (through the final norm); d norm += ... */
+    device_zero(m->dh, (size_t)Ns * D * sizeof(float));
+    rmsnorm_backward(m->dh, param_in(t, t->grads, i_norm), dxn, m->h_final,
+                     param_in(t, t->params, i_norm), m->final_rstd, Ns, D);
+
+    for (int l = m->c.n_layers - 1; l >= 0; l--) llama_layer_backward(m, l, m->dh);
+
+    /* dh is d loss / d h0; the vocabulary's exit backward gives every token's row to the rank
+     * whose table holds it, and each token's row adds into its table row */
+    float *dh0 = whole(m, m->dy_full, m->dh);           /* [N, D] */
+    p->vocab.exit_backward(p, dh0, m->dh, B, Ts, D);
+    embedding_backward(param_in(t, t->grads, i_emb), dh0, m->tokens, N, D, v0, Vl);
+
+    if (p->reduce_grads) p->reduce_grads(p, m);
+}
+
+void llama_zero_grad(llama_model *m) { param_zero_grads(m->params); }
+
+void llama_adamw_step(llama_model *m, const adamw_config *opt, int step) {
+    param_adamw_step(m->params, opt, step);
+}
+
+void llama_gather_residual(llama_model *m, const float *x_local, float *full) {
+    const llama_dims *d = &m->d;
+    size_t n = (size_t)d->Ns * d->D;
+    comm_group *g = m->plan->tp;
+    if (m->plan->seq_shards == 1 || !g) {        /* whole on every rank: world rank 0's copy */
+        if (comm_world()->rank == 0) device_copy_to_host(full, x_local, n * sizeof(float));
+        return;
+    }
+    /* [p][B][Ts][D] chunks on the tp group's rank 0 (world rank 0 is one of those), re-laid out */
+    float *mine = malloc(n * sizeof(float));
+    device_copy_to_host(mine, x_local, n * sizeof(float));
+    float *chunks = g->rank == 0 ? malloc(n * g->size * sizeof(float)) : NULL;
+    comm_host_gather(g, mine, chunks, n, 0);
+    if (comm_world()->rank == 0)
+        for (size_t i = 0; i < n * g->size; i++) full[i] = chunks[seq_chunk_index(i, g->size, d->B, d->Ts, d->D)];
+    free(chunks);
+    free(mine);
+}

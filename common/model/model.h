@@ -1,0 +1,119 @@
+/* model.h: the Llama model, written once, run under a parallel plan (parallel/plan.h).
+ *
+ * The single-device baseline and every parallel chapter build this same model; they differ
+ * only in the plan: how the parameters are split (params.h), which operators sit at the
+ * boundaries of the tensor-parallel region, which attention, linear and loss operators run,
+ * and what each layer keeps for backward.
+ *
+ *   h = tok_embeddings[tokens]
+ *   per layer: h += wo(attention(rope(wq n), rope(wk n), wv n)),  n = rmsnorm(h) * attention_norm
+ *              h += w2(silu(w1 m) * w3 m),                         m = rmsnorm(h) * ffn_norm
+ *   logits = output(rmsnorm(h) * norm);  loss = sum of token losses / global count of valid targets
+ *
+ * Notation (the shapes this rank holds): B batch, T sequence, N = B*T rows inside the
+ * tensor-parallel region, Ts = T / seq_shards tokens of each sequence outside it and Ns = B*Ts,
+ * D dim, hd head dim, Hl and Hkvl the query and kv heads held, Fl the ffn units held, Vl the
+ * vocabulary rows held (from v0). On one device Ts = T, Hl = H, Fl = F, Vl = V.
+ */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include "cdefs.h"
+#include "llama.h"
+#include "params.h"
+#include "plan.h"
+
+C_BEGIN
+
+typedef struct {
+    int B, T, Ts, N, Ns;
+    int D, hd, Hl, Hkvl, Fl;
+    int Vl, v0;
+} llama_dims;
+
+/* What one layer saves for backward, by name or by ACT_* index (plan.h). A tensor the plan's
+ * checkpointing policy does not keep points into the model's shared buffers instead. */
+typedef union {
+    struct {
+        float *h_in;        /* [Ns, D]          residual stream entering the layer          */
+        float *attn_xn;     /* [Ns, D]          rmsnorm(h_in) * attention_norm               */
+        float *attn_rstd;   /* [Ns]             1 / rms of each row of h_in                  */
+        float *q;           /* [N, Hl*hd]       queries after RoPE                           */
+        float *k, *v;       /* [N, Hkvl*hd]     keys after RoPE, values                      */
+        float *probs;       /* [B, Hl, T, T]    softmax of the causal scores                 */
+        float *attn_out;    /* [N, Hl*hd]       attention output: input of wo                */
+        float *h_mid;       /* [Ns, D]          residual stream after the attention block    */
+        float *ffn_xn;      /* [Ns, D]          rmsnorm(h_mid) * ffn_norm                    */
+        float *ffn_rstd;    /* [Ns]                                                          */
+        float *ffn_a, *ffn_b; /* [N, Fl]        w1 m (the gate), w3 m                        */
+        float *ffn_g;       /* [N, Fl]          silu(ffn_a) * ffn_b: input of w2             */
+    };
+    float *t[ACT_NLAYER];
+} llama_layer_acts;
+
+struct llama_model {
+    llama_config c;
+    const llama_plan *plan;
+    param_table *params;
+    llama_dims d;
+    llama_layer_acts *acts;         /* [L]                                                       */
+    llama_layer_acts shared;        /* what no layer keeps, recomputed before each backward      */
+    size_t *layer_act_bytes;        /* [L] bytes each layer keeps, as the allocator counted them */
+    float *h_final, *final_xn;      /* [Ns, D] residual after the last layer, its rmsnorm        */
+    float *final_rstd;              /* [Ns]                                                      */
+    float *logits;                  /* [N, Vl], overwritten by dlogits in backward               */
+    float *loss_stats;              /* [N * plan->loss.saved_per_row], NULL when 0               */
+    float *loss_scratch;            /* [N]                                                       */
+    int *tokens, *targets;          /* [N] the last forward's inputs                             */
+    int *positions;                 /* [T] RoPE positions of a whole sequence's rows            */
+    float loss_scale;
+    /* scratch, reused by every layer (MEM_BUFFERS); the [N, D] "full" buffers exist only when the
+     * plan splits the sequence, otherwise they are the local tensors themselves */
+    float *attn_in, *ffn_in;        /* [N, D] the region's inputs (norm outputs, whole sequence) */
+    float *y_partial;               /* [N, D] a row-parallel output before the region's exit     */
+    float *dy_full;                 /* [N, D] gradient of the residual stream, whole sequence    */
+    float *dxn_full, *dxn_part;     /* [N, D] gradient of a norm output (partial sums)           */
+    float *dxn;                     /* [Ns, D] the same after the region's entry backward        */
+    float *dh;                      /* [Ns, D] gradient of the residual stream, flowing back     */
+    float *dattn_out, *dq;          /* [N, Hl*hd]                                                */
+    float *dk, *dv;                 /* [N, Hkvl*hd]                                              */
+    float *dprobs;                  /* [B, Hl, T, T]                                             */
+    float *dffn_g, *dffn_a, *dffn_b; /* [N, Fl]                                                  */
+};
+
+/* The shapes a plan gives this rank for a [B, c->seq_len] batch. */
+llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B);
+/* Elements of layer activation `act` (ACT_*) for those shapes. */
+size_t llama_act_numel(const llama_dims *d, int act);
+/* Bytes one layer keeps with the policy `keep` (ACT_* bits), measured: allocated as the model
+ * does and counted by the allocator, then freed. */
+size_t llama_layer_act_bytes_measured(const llama_dims *d, unsigned keep);
+
+/* The model under `plan` for [B, c->seq_len] batches: this rank's parameters (initialised from
+ * `seed`), activations and scratch. The plan must outlive the model. */
+llama_model *llama_create(const llama_config *c, const llama_plan *plan, int B, uint64_t seed);
+/* The single-device baseline (plan_single_device()). */
+llama_model *llama_create_baseline(const llama_config *c, int B, uint64_t seed);
+void llama_free(llama_model *m);
+
+/* tokens, targets: device ints [B*T], the global batch. Returns the sum of the token losses
+ * times loss_scale (1 / the global count of valid targets gives the mean), the same on every
+ * rank. Issues what the plan's operators issue. */
+float llama_forward(llama_model *m, const int *tokens, const int *targets, float loss_scale);
+/* Gradients of the last forward's loss, accumulated (+=) into m->params->grads; then the plan's
+ * gradient reductions. m->dh ends as d loss / d h0, [Ns, D]. */
+void llama_backward(llama_model *m);
+void llama_zero_grad(llama_model *m);
+void llama_adamw_step(llama_model *m, const adamw_config *opt, int step);
+
+/* One layer. h_in = m->acts[l].h_in [Ns, D] -> h_out [Ns, D]. h_out == NULL stops once w2's
+ * input exists (what a full recomputation before backward needs). */
+void llama_layer_forward(llama_model *m, int l, float *h_out);
+/* dh [Ns, D]: d loss / d h_out in, d loss / d h_in out (in place). */
+void llama_layer_backward(llama_model *m, int l, float *dh);
+
+/* A [Ns, D] residual-stream tensor (e.g. m->dh) as the whole [B, T, D] on world rank 0 (host;
+ * NULL elsewhere). For checking: not counted as traffic. Collective over the world. */
+void llama_gather_residual(llama_model *m, const float *x_local, float *full);
+
+C_END

@@ -1,0 +1,65 @@
+/* plan.c: the single-device plan and the local operators every plan starts from (plan.h). */
+#include <stddef.h>
+#include "device.h"
+#include "llama_kernels.h"
+#include "plan.h"
+
+/* Identity boundaries: on one device (or with the sequence whole) the model passes the same
+ * buffer as local and full, and there is nothing to do. */
+static void identity_forward(const llama_plan *p, float *dst, const float *src, int B, int Ts, int C) {
+    if (dst != src) device_copy(dst, src, (size_t)B * Ts * C * sizeof(float));
+}
+static void identity_backward(const llama_plan *p, float *dst, float *src, int B, int Ts, int C) {
+    identity_forward(p, dst, src, B, Ts, C);
+}
+static void identity_exit_forward(const llama_plan *p, float *y_local, float *y_partial, int B, int Ts, int C) {
+    identity_forward(p, y_local, y_partial, B, Ts, C);
+}
+const region_ops region_identity = {identity_forward, identity_backward, identity_exit_forward, identity_forward};
+
+/* The whole vocabulary on this rank: the plain cross-entropy. */
+static float local_loss_forward(const llama_plan *p, const float *logits, const int *targets, int N,
+                                int Vl, int v0, float *stats, float *scratch) {
+    return cross_entropy_forward(logits, targets, N, Vl);
+}
+static void local_loss_backward(const llama_plan *p, float *dlogits, const float *logits,
+                                const int *targets, const float *stats, int N, int Vl, int v0,
+                                float grad_scale) {
+    cross_entropy_backward(dlogits, logits, targets, N, Vl, grad_scale);
+}
+const loss_ops loss_local = {0, local_loss_forward, local_loss_backward};
+
+static void local_attention_forward(const llama_plan *p, float *out, float *probs, const float *q,
+                                    const float *k, const float *v, int B, int T, int H, int Hkv, int hd) {
+    attention_forward(out, probs, q, k, v, B, T, H, Hkv, hd);
+}
+static void local_attention_backward(const llama_plan *p, float *dq, float *dk, float *dv, float *dprobs,
+                                     const float *dout, const float *q, const float *k, const float *v,
+                                     const float *probs, int B, int T, int H, int Hkv, int hd) {
+    attention_backward(dq, dk, dv, dprobs, dout, q, k, v, probs, B, T, H, Hkv, hd);
+}
+const attention_ops attention_local = {local_attention_forward, local_attention_backward};
+
+static void fp32_linear_forward(const llama_plan *p, float *y, const float *x, const float *W, int N,
+                                int in, int out) {
+    linear_forward(y, x, W, N, in, out);
+}
+static void fp32_linear_backward(const llama_plan *p, float *dx, float *dW, const float *dy,
+                                 const float *x, const float *W, int N, int in, int out) {
+    linear_backward(dx, dW, dy, x, W, N, in, out);
+}
+const linear_ops linear_fp32 = {fp32_linear_forward, fp32_linear_backward};
+
+llama_plan plan_single_device(void) {
+    llama_plan p = {0};
+    p.name = "single device";
+    p.seq_shards = 1;
+    for (int k = 0; k < P_NKINDS; k++) p.layout[k] = SHARD_REPLICATED;
+    p.region = region_identity;
+    p.vocab = region_identity;
+    p.loss = loss_local;
+    p.attention = attention_local;
+    p.linear = linear_fp32;
+    p.keep = ACT_KEEP_ALL;
+    return p;
+}

@@ -1,0 +1,135 @@
+/* plan.h: a parallel plan, the operators a chapter applies to the one model (model/model.c).
+ *
+ * The Llama layer is written once. Where it may be parallelised it calls an operator of the
+ * plan instead of doing the work itself, in the spirit of torchtitan's parallelize_llama and
+ * Megatron-LM's region functions:
+ *
+ *   h ─ rmsnorm ─ ENTER ─ [wq wk wv] ─ rope ─ ATTENTION ─ [wo] ─ EXIT ─ (+h) ─ rmsnorm ─ ENTER ─
+ *     ─ [w1 w3] ─ swiglu ─ [w2] ─ EXIT ─ (+)                         (every [..] is a LINEAR)
+ *
+ *   tokens ─ lookup of the rows held ─ EXIT(vocab) ─ h0 ... hL ─ rmsnorm ─ ENTER(vocab) ─ [output] ─ LOSS
+ *
+ * ENTER and EXIT are the boundaries of the tensor-parallel region (region_ops below):
+ *                       enter: forward / backward          exit: forward / backward
+ *   single device       identity / identity                identity / identity
+ *   Megatron TP (01)    f: identity / all-reduce           g: all-reduce / identity
+ *   sequence par. (03)  all-gather(seq) / reduce-scatter   reduce-scatter(seq) / all-gather
+ * The vocabulary ends have their own pair: identity while the embedding and the output layer
+ * are replicated (chapter 01), the same f and g when they are split over the vocabulary (02).
+ *
+ * Buffers: outside the region a rank holds the residual stream for Ts = T / seq_shards tokens
+ * of each sequence ("local", [B, Ts, C]); inside it, the whole sequence ("full", [B, T, C]).
+ * When the plan does not split the sequence (seq_shards = 1) the model passes the same buffer
+ * as local and full, so an operator that moves no data (identity, or an in-place all-reduce)
+ * works in place.
+ *
+ * The single-device baseline is plan_single_device(): every operator identity or local.
+ */
+#pragma once
+#include <stdbool.h>
+#include "cdefs.h"
+#include "comm.h"
+#include "llama.h"
+#include "mesh.h"
+#include "shard.h"
+
+C_BEGIN
+
+typedef struct llama_plan llama_plan;
+typedef struct llama_model llama_model;
+
+/* The two boundaries of a tensor-parallel region, forward and backward.
+ *   enter_forward   x_local [B, Ts, C] -> x_full [B, T, C]     before the column-parallel linears
+ *   enter_backward  dx_full [B, T, C] (this rank's partial sums, may be overwritten)
+ *                                      -> dx_local [B, Ts, C]  the input's gradient
+ *   exit_forward    y_partial [B, T, C] (partial sums, may be overwritten)
+ *                                      -> y_local [B, Ts, C]   after the row-parallel linears
+ *   exit_backward   dy_local [B, Ts, C] -> dy_full [B, T, C]                                  */
+typedef struct {
+    void (*enter_forward)(const llama_plan *p, float *x_full, const float *x_local, int B, int Ts, int C);
+    void (*enter_backward)(const llama_plan *p, float *dx_local, float *dx_full, int B, int Ts, int C);
+    void (*exit_forward)(const llama_plan *p, float *y_local, float *y_partial, int B, int Ts, int C);
+    void (*exit_backward)(const llama_plan *p, float *dy_full, const float *dy_local, int B, int Ts, int C);
+} region_ops;
+
+/* The loss on this rank's logits [N, Vl] (vocabulary rows [v0, v0 + Vl) of V). A loss may keep
+ * `saved_per_row` floats per row for its backward (stats [N * saved_per_row], activations) and
+ * use scratch [N]. forward returns the sum of the token losses over valid targets, the same on
+ * every rank; backward writes dlogits (=, may alias logits) = (softmax - onehot) * grad_scale. */
+typedef struct {
+    int saved_per_row;
+    float (*forward)(const llama_plan *p, const float *logits, const int *targets, int N, int Vl,
+                     int v0, float *stats, float *scratch);
+    void (*backward)(const llama_plan *p, float *dlogits, const float *logits, const int *targets,
+                     const float *stats, int N, int Vl, int v0, float grad_scale);
+} loss_ops;
+
+/* Causal attention over the heads this rank holds (llama_kernels.h's shapes): q [B, T, H, hd],
+ * k, v [B, T, Hkv, hd] -> out [B, T, H, hd], probs [B, H, T, T] saved for backward. */
+typedef struct {
+    void (*forward)(const llama_plan *p, float *out, float *probs, const float *q, const float *k,
+                    const float *v, int B, int T, int H, int Hkv, int hd);
+    void (*backward)(const llama_plan *p, float *dq, float *dk, float *dv, float *dprobs,
+                     const float *dout, const float *q, const float *k, const float *v,
+                     const float *probs, int B, int T, int H, int Hkv, int hd);
+} attention_ops;
+
+/* y = x W^T: forward x [N, in], W [out, in] -> y [N, out] (=); backward dx (=, NULL: skipped),
+ * dW (+=). The fp32 GEMM by default; a float8 chapter swaps in its own. */
+typedef struct {
+    void (*forward)(const llama_plan *p, float *y, const float *x, const float *W, int N, int in, int out);
+    void (*backward)(const llama_plan *p, float *dx, float *dW, const float *dy, const float *x,
+                     const float *W, int N, int in, int out);
+} linear_ops;
+
+/* The activations one layer may save for backward (model.h: llama_layer_acts names them). */
+enum {
+    ACT_H_IN = 0, ACT_ATTN_XN, ACT_ATTN_RSTD, ACT_Q, ACT_K, ACT_V, ACT_PROBS, ACT_ATTN_OUT,
+    ACT_H_MID, ACT_FFN_XN, ACT_FFN_RSTD, ACT_FFN_A, ACT_FFN_B, ACT_FFN_G, ACT_NLAYER
+};
+#define ACT_KEEP_ALL ((1u << ACT_NLAYER) - 1)
+
+struct llama_plan {
+    const char *name;              /* "single device", "megatron tp", ...                         */
+    device_mesh *mesh;             /* NULL on a single device                                      */
+    comm_group *tp;                /* the group the operators talk over (NULL: none)              */
+    int seq_shards;                /* the residual stream holds T / seq_shards tokens per sequence */
+    shard_layout layout[P_NKINDS]; /* how each kind of tensor is split over tp (params.h)         */
+    region_ops region;             /* the layers' tensor-parallel region                          */
+    region_ops vocab;              /* the embedding's exit and the output layer's entry            */
+    loss_ops loss;
+    attention_ops attention;
+    linear_ops linear;
+    /* Activation checkpointing: the bits ACT_* of what each layer keeps for backward (the rest
+     * lives once, in buffers shared by the layers), and what brings it back before a layer's
+     * backward. recompute returns true when it has also re-entered the region (a full forward
+     * again), so the model need not gather the region's inputs once more. NULL: keeps all. */
+    unsigned keep;
+    bool (*recompute)(llama_model *m, int layer);
+    /* After the backward pass: the gradient reductions the plan owes (e.g. chapter 03's norm
+     * weights, which saw only this rank's tokens). NULL: none. */
+    void (*reduce_grads)(const llama_plan *p, llama_model *m);
+    /* RoPE positions[T] of the rows of a whole sequence as the attention sees them. NULL: 0..T-1. */
+    void (*positions)(const llama_plan *p, int *positions_host, int T);
+    void *ctx;                     /* the operators' own state (e.g. scratch buffers), or NULL     */
+};
+
+/* The baseline: no mesh, every operator identity or local, every activation kept. */
+llama_plan plan_single_device(void);
+
+/* The local operators, for plans to reuse. */
+extern const region_ops region_identity;
+extern const loss_ops loss_local;           /* cross_entropy_forward / backward (llama_kernels.h) */
+extern const attention_ops attention_local; /* attention_forward / backward                         */
+extern const linear_ops linear_fp32;        /* linear_forward / backward                            */
+
+/* One deliberate bug, for the checks that prove the parity check catches it: --fault NAME
+ * applies it to the plan before the model is built. apply returns NULL, or why the fault does
+ * not fit this plan (one line, printed by rank 0 with exit status 2). */
+typedef struct {
+    const char *name;
+    const char *what;
+    const char *(*apply)(llama_plan *p);
+} plan_fault;
+
+C_END
