@@ -1,7 +1,13 @@
 /* ranks: 1 2 4 */
 /* test_comm.c: every collective against what it must compute, on the world and (on 4 ranks)
- * on the sub-groups of a 2x2 mesh (dp_shard=2 x tp=2), plus the byte accounting. */
+ * on the sub-groups of a 2x2 mesh (dp_shard=2 x tp=2), plus the byte accounting; then the
+ * exchanges (sendrecv) and the non-blocking calls against host references and against their
+ * blocking twins: same result bit for bit, same counted calls and bytes, time counted only
+ * while blocked in comm_wait. */
+#include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 #include "comm.h"
 #include "device.h"
 #include "mesh.h"
@@ -73,6 +79,295 @@ static void check_group(comm_group *g, const char *what) {
     device_free(out);
 }
 
+/* ---- exchanges and non-blocking calls ---- */
+
+/* Dyadic values (multiples of 1/64, small): any sum of a few is exact in float whatever the
+ * order, so a result can be compared bit for bit with the host and between the two twins
+ * (with arbitrary floats the twins may differ in the last bit: MPI may add in another order). */
+static float dy(int rank, int i) { return (float)((rank * 37 + i * 11) % 509) / 64.0f - 3.0f; }
+
+static float *dev_from(const float *host, size_t n) {
+    float *d = device_alloc_floats(n, MEM_BUFFERS);
+    device_copy_to_device(d, host, n * 4);
+    return d;
+}
+
+static void fetch(float *host, const float *d, size_t n) { device_copy_to_host(host, d, n * 4); }
+
+/* Same calls, payload and wire bytes under every collective (the seconds may differ). */
+static void check_same_counts(const collective_stats *a, const collective_stats *b,
+                              const char *what) {
+    for (int k = 0; k < COLL_NKINDS; k++)
+        CHECK(a[k].calls == b[k].calls && a[k].payload_bytes == b[k].payload_bytes &&
+              a[k].wire_bytes == b[k].wire_bytes,
+              "%s: %s counted %lld calls %g bytes %g wire, its twin %lld calls %g bytes %g wire",
+              what, collective_name((collective_kind)k), a[k].calls, a[k].payload_bytes,
+              a[k].wire_bytes, b[k].calls, b[k].payload_bytes, b[k].wire_bytes);
+}
+
+/* Some device work on buffers of its own, to run between an issue and its wait. */
+static void other_work(comm_group *g, float *scratch, float *scratch2, size_t n) {
+    device_copy(scratch2, scratch, n * 4);
+    comm_broadcast(g, scratch2, n, 0);          /* a blocking call while the others are in flight */
+    device_zero(scratch, n * 4);
+}
+
+/* The four non-blocking collectives in flight at once, with other work (device copies and a
+ * blocking broadcast) between issue and wait, waited for in a scrambled order; then compared
+ * with the blocking twins on the same inputs and with the host. */
+static void check_nonblocking_collectives(comm_group *g, const char *what) {
+    enum { N = 5, MAXP = 4 };
+    int p = g->size, r = g->rank;
+    CHECK(p <= MAXP, "%s: run on at most %d ranks", what, MAXP);
+    if (p > MAXP) return;
+    float in_sum[N], in_max[N], in_ag[N], in_rs[N * MAXP], h[N * MAXP], h2[N * MAXP];
+    for (int i = 0; i < N; i++) {
+        in_sum[i] = dy(r, i);
+        in_max[i] = dy(r, i + 7);
+        in_ag[i] = dy(r, i + 3);
+    }
+    for (int j = 0; j < N * p; j++) in_rs[j] = dy(r, j);
+    float scratch_h[N] = {1, 2, 3, 4, 5};
+
+    /* twin[0]: blocking, twin[1]: non-blocking; each on buffers of its own */
+    float *sum[2], *max[2], *ag_in[2], *ag_out[2], *rs_in[2], *rs_out[2];
+    collective_stats counted[2][COLL_NKINDS];
+    for (int t = 0; t < 2; t++) {
+        sum[t] = dev_from(in_sum, N);
+        max[t] = dev_from(in_max, N);
+        ag_in[t] = dev_from(in_ag, N);
+        ag_out[t] = device_alloc_floats(N * p, MEM_BUFFERS);
+        rs_in[t] = dev_from(in_rs, N * p);
+        rs_out[t] = device_alloc_floats(N, MEM_BUFFERS);
+    }
+    float *scratch = dev_from(scratch_h, N), *scratch2 = device_alloc_floats(N, MEM_BUFFERS);
+
+    comm_reset_stats(g);
+    comm_all_reduce(g, sum[0], N, COMM_SUM);
+    comm_all_reduce(g, max[0], N, COMM_MAX);
+    comm_all_gather(g, ag_in[0], ag_out[0], N);
+    comm_reduce_scatter(g, rs_in[0], rs_out[0], N);
+    other_work(g, scratch, scratch2, N);
+    memcpy(counted[0], g->stats, sizeof g->stats);
+
+    device_copy_to_device(scratch, scratch_h, N * 4);
+    comm_reset_stats(g);
+    comm_request req[4];
+    req[0] = comm_iall_reduce(g, sum[1], N, COMM_SUM);
+    req[1] = comm_iall_reduce(g, max[1], N, COMM_MAX);
+    req[2] = comm_iall_gather(g, ag_in[1], ag_out[1], N);
+    req[3] = comm_ireduce_scatter(g, rs_in[1], rs_out[1], N);
+    /* counted at issue, as the blocking twin counts; no time yet */
+    for (int k = COLL_ALL_REDUCE; k <= COLL_REDUCE_SCATTER; k++) {
+        CHECK(g->stats[k].calls == counted[0][k].calls &&
+              g->stats[k].payload_bytes == counted[0][k].payload_bytes &&
+              g->stats[k].wire_bytes == counted[0][k].wire_bytes,
+              "%s: %s not counted at issue", what, collective_name((collective_kind)k));
+        CHECK(g->stats[k].seconds == 0, "%s: %s timed at issue (%g s)", what,
+              collective_name((collective_kind)k), g->stats[k].seconds);
+    }
+    other_work(g, scratch, scratch2, N);
+    comm_wait(&req[3]);
+    CHECK(req[3].pending == NULL, "%s: a waited request is complete", what);
+    comm_wait(&req[1]);
+    comm_wait(&req[3]);                     /* waiting again does nothing */
+    comm_wait_all(req, 4);
+    for (int i = 0; i < 4; i++) CHECK(req[i].pending == NULL, "%s: request %d complete", what, i);
+    memcpy(counted[1], g->stats, sizeof g->stats);
+    check_same_counts(counted[1], counted[0], what);
+    for (int k = 0; k < COLL_NKINDS; k++)
+        CHECK(counted[1][k].seconds >= 0, "%s: negative time", what);
+
+    /* the other work was done alongside */
+    fetch(h, scratch2, N);
+    for (int i = 0; i < N; i++) CHECK_CLOSE(h[i], scratch_h[i], 0, 0, "work between issue and wait");
+    fetch(h, scratch, N);
+    for (int i = 0; i < N; i++) CHECK_CLOSE(h[i], 0, 0, 0, "work between issue and wait");
+
+    /* bit for bit the blocking twin's result, and the host's */
+    struct { const char *name; float **buf; int n; } res[4] = {
+        {"iall_reduce sum", sum, N}, {"iall_reduce max", max, N},
+        {"iall_gather", ag_out, N * p}, {"ireduce_scatter", rs_out, N}};
+    for (int k = 0; k < 4; k++) {
+        fetch(h, res[k].buf[0], res[k].n);
+        fetch(h2, res[k].buf[1], res[k].n);
+        CHECK(memcmp(h, h2, res[k].n * sizeof(float)) == 0, "%s: %s differs from its blocking twin",
+              what, res[k].name);
+    }
+    fetch(h, sum[1], N);
+    for (int i = 0; i < N; i++) {
+        double want = 0;
+        for (int q = 0; q < p; q++) want += dy(q, i);
+        CHECK_CLOSE(h[i], want, 0, 0, "iall_reduce sum");
+    }
+    fetch(h, max[1], N);
+    for (int i = 0; i < N; i++) {
+        double want = -1e30;
+        for (int q = 0; q < p; q++) want = fmax(want, dy(q, i + 7));
+        CHECK_CLOSE(h[i], want, 0, 0, "iall_reduce max");
+    }
+    fetch(h, ag_out[1], N * p);
+    for (int q = 0; q < p; q++)
+        for (int i = 0; i < N; i++) CHECK_CLOSE(h[q * N + i], dy(q, i + 3), 0, 0, "iall_gather");
+    fetch(h, rs_out[1], N);
+    for (int i = 0; i < N; i++) {
+        double want = 0;
+        for (int q = 0; q < p; q++) want += dy(q, r * N + i);
+        CHECK_CLOSE(h[i], want, 0, 0, "ireduce_scatter");
+    }
+
+    for (int t = 0; t < 2; t++) {
+        device_free(sum[t]); device_free(max[t]); device_free(ag_in[t]); device_free(ag_out[t]);
+        device_free(rs_in[t]); device_free(rs_out[t]);
+    }
+    device_free(scratch);
+    device_free(scratch2);
+}
+
+/* Message k of rank s around the ring: rightward (to s+1) and leftward (to s-1), each with a
+ * length and contents of its own, so a message matched to the wrong receive shows. The length
+ * depends on the sender, so a rank's send and receive counts differ. */
+enum { RING_K = 3 };
+static int right_len(int s, int k) { return 2 + k + s; }
+static int left_len(int s, int k) { return 6 + 2 * k + s; }
+static float right_val(int s, int k, int i) { return 1000.0f * k + 10.0f * s + i; }
+static float left_val(int s, int k, int i) { return -(1000.0f * k + 10.0f * s + i) - 0.5f; }
+
+static void check_ring_received(float *const *got, int from, bool right, const char *what) {
+    float h[32];
+    for (int k = 0; k < RING_K; k++) {
+        int n = right ? right_len(from, k) : left_len(from, k);
+        fetch(h, got[k], n);
+        for (int i = 0; i < n; i++)
+            CHECK_CLOSE(h[i], right ? right_val(from, k, i) : left_val(from, k, i), 0, 0, what);
+    }
+}
+
+/* Around a ring in both directions, 4*RING_K requests outstanding at once (sends and receives
+ * posted in mixed order), against the blocking sendrecv ring shift: same data, same counts.
+ * Then one isendrecv with work between issue and wait. On 1 rank the ring is the rank itself. */
+static void check_ring(comm_group *g, const char *what) {
+    int p = g->size, r = g->rank, next = (r + 1) % p, prev = (r + p - 1) % p;
+    float h[32];
+    float *rsend[RING_K], *lsend[RING_K], *rgot[2][RING_K], *lgot[2][RING_K];
+    int rs[RING_K], ls[RING_K], rr[RING_K], lr[RING_K];   /* send and receive lengths */
+    for (int k = 0; k < RING_K; k++) {
+        rs[k] = right_len(r, k), rr[k] = right_len(prev, k);
+        ls[k] = left_len(r, k), lr[k] = left_len(next, k);
+        for (int i = 0; i < rs[k]; i++) h[i] = right_val(r, k, i);
+        rsend[k] = dev_from(h, rs[k]);
+        for (int i = 0; i < ls[k]; i++) h[i] = left_val(r, k, i);
+        lsend[k] = dev_from(h, ls[k]);
+        for (int t = 0; t < 2; t++) {
+            rgot[t][k] = device_alloc_floats(rr[k], MEM_BUFFERS);
+            lgot[t][k] = device_alloc_floats(lr[k], MEM_BUFFERS);
+        }
+    }
+    collective_stats counted[2][COLL_NKINDS];
+
+    /* non-blocking: everything posted before anything is waited for */
+    comm_reset_stats(g);
+    comm_request req[4 * RING_K];
+    int nreq = 0;
+    for (int k = 0; k < RING_K; k++) {
+        if (k % 2 == 0) {
+            req[nreq++] = comm_irecv(g, rgot[1][k], rr[k], prev);
+            req[nreq++] = comm_isend(g, rsend[k], rs[k], next);
+        } else {
+            req[nreq++] = comm_isend(g, rsend[k], rs[k], next);
+            req[nreq++] = comm_irecv(g, rgot[1][k], rr[k], prev);
+        }
+    }
+    for (int k = 0; k < RING_K; k++) {
+        req[nreq++] = comm_isend(g, lsend[k], ls[k], prev);
+        req[nreq++] = comm_irecv(g, lgot[1][k], lr[k], next);
+    }
+    comm_wait(&req[2]);                     /* one from the middle first, then all */
+    comm_wait_all(req, nreq);
+    for (int i = 0; i < nreq; i++) CHECK(req[i].pending == NULL, "%s: request %d complete", what, i);
+    memcpy(counted[1], g->stats, sizeof g->stats);
+    check_ring_received(rgot[1], prev, true, "isend/irecv ring, rightward");
+    check_ring_received(lgot[1], next, false, "isend/irecv ring, leftward");
+
+    /* blocking twin: the same messages as ring shifts, every rank at once */
+    comm_reset_stats(g);
+    for (int k = 0; k < RING_K; k++)
+        comm_sendrecv(g, rsend[k], rs[k], next, rgot[0][k], rr[k], prev);
+    for (int k = 0; k < RING_K; k++)
+        comm_sendrecv(g, lsend[k], ls[k], prev, lgot[0][k], lr[k], next);
+    memcpy(counted[0], g->stats, sizeof g->stats);
+    check_ring_received(rgot[0], prev, true, "sendrecv ring shift, rightward");
+    check_ring_received(lgot[0], next, false, "sendrecv ring shift, leftward");
+    check_same_counts(counted[1], counted[0], what);
+    double sent = 0, received = 0, wire = p > 1 ? 1.0 : 0.0;
+    for (int k = 0; k < RING_K; k++) sent += 4.0 * (rs[k] + ls[k]), received += 4.0 * (rr[k] + lr[k]);
+    const collective_stats *snd = &counted[0][COLL_SEND], *rcv = &counted[0][COLL_RECV];
+    CHECK(snd->calls == 2 * RING_K && snd->payload_bytes == sent && snd->wire_bytes == wire * sent,
+          "%s: sends counted %lld calls %g bytes %g wire", what, snd->calls, snd->payload_bytes,
+          snd->wire_bytes);
+    CHECK(rcv->calls == 2 * RING_K && rcv->payload_bytes == received && rcv->wire_bytes == 0,
+          "%s: receives counted %lld calls %g bytes", what, rcv->calls, rcv->payload_bytes);
+
+    /* isendrecv: one ring step with work between issue and wait (context parallelism's shape) */
+    float scratch_h[4] = {7, 8, 9, 10};
+    float *scratch = dev_from(scratch_h, 4), *scratch2 = device_alloc_floats(4, MEM_BUFFERS);
+    comm_reset_stats(g);
+    device_zero(lgot[1][2], lr[2] * 4);
+    comm_request x = comm_isendrecv(g, lsend[2], ls[2], prev, lgot[1][2], lr[2], next);
+    CHECK(g->stats[COLL_SEND].calls == 1 && g->stats[COLL_RECV].calls == 1 &&
+          g->stats[COLL_SEND].payload_bytes == 4.0 * ls[2] &&
+          g->stats[COLL_RECV].payload_bytes == 4.0 * lr[2],
+          "%s: isendrecv counted at issue as one send and one recv", what);
+    other_work(g, scratch, scratch2, 4);
+    comm_wait(&x);
+    fetch(h, lgot[1][2], lr[2]);
+    for (int i = 0; i < lr[2]; i++) CHECK_CLOSE(h[i], left_val(next, 2, i), 0, 0, "isendrecv");
+    fetch(h, scratch2, 4);
+    for (int i = 0; i < 4; i++) CHECK_CLOSE(h[i], scratch_h[i], 0, 0, "work beside isendrecv");
+
+    for (int k = 0; k < RING_K; k++) {
+        device_free(rsend[k]); device_free(lsend[k]);
+        for (int t = 0; t < 2; t++) { device_free(rgot[t][k]); device_free(lgot[t][k]); }
+    }
+    device_free(scratch);
+    device_free(scratch2);
+}
+
+/* The seconds of a non-blocking call are the time blocked in comm_wait: counted when a late
+ * rank keeps the others waiting, not counted when the wait comes after the work that hid it. */
+static void check_wait_time(comm_group *g) {
+    const double nap = 0.2;                      /* seconds */
+    float one = 1.0f, *d = dev_from(&one, 1);
+    const collective_stats *s = &g->stats[COLL_ALL_REDUCE];
+
+    /* hidden: every rank issues, works (sleeps) for `nap`, then waits */
+    comm_barrier(g);
+    comm_reset_stats(g);
+    double total0 = comm_total_seconds();
+    comm_request q = comm_iall_reduce(g, d, 1, COMM_SUM);
+    usleep((useconds_t)(nap * 1e6));
+    comm_wait(&q);
+    CHECK(s->seconds < nap / 2, "hidden all-reduce counted %.3f s exposed", s->seconds);
+    CHECK(fabs(comm_total_seconds() - total0 - s->seconds) < 1e-9, "comm_total_seconds sums it");
+
+    /* exposed: rank 0 is late by `nap`, the others wait for it */
+    comm_barrier(g);
+    comm_reset_stats(g);
+    if (g->rank == 0) usleep((useconds_t)(nap * 1e6));
+    q = comm_iall_reduce(g, d, 1, COMM_SUM);
+    comm_wait(&q);
+    if (g->size > 1 && g->rank != 0)
+        CHECK(s->seconds > nap / 2, "waiting for a late rank counted only %.3f s", s->seconds);
+    float got;
+    fetch(&got, d, 1);
+    CHECK_CLOSE(got, (double)g->size * g->size, 0, 0, "two all-reduces of ones");
+    device_free(d);
+
+    comm_request none = {0};                     /* a zeroed request is complete */
+    comm_wait(&none);
+    comm_reset_stats(g);
+}
+
 int main(int argc, char **argv) {
     comm_group *world = comm_init(&argc, &argv);
     check_group(world, "world");
@@ -86,6 +381,10 @@ int main(int argc, char **argv) {
     comm_reset_stats(world);
     CHECK(world->stats[COLL_ALL_REDUCE].calls == 0, "reset");
 
+    check_nonblocking_collectives(world, "world, non-blocking");
+    check_ring(world, "world ring");
+    check_wait_time(world);
+
     if (world->size == 4) {
         /* 2x2 mesh: tp groups {0,1} {2,3}; dp_shard groups {0,2} {1,3} */
         mesh_shape s = {{1, 1, 2, 1, 2}};
@@ -95,6 +394,10 @@ int main(int argc, char **argv) {
         CHECK(tp->rank == world->rank % 2 && dp->rank == world->rank / 2, "ranks in groups");
         check_group(tp, "tp group");
         check_group(dp, "dp_shard group");
+        check_nonblocking_collectives(tp, "tp group, non-blocking");
+        check_nonblocking_collectives(dp, "dp_shard group, non-blocking");
+        check_ring(tp, "tp ring");
+        check_ring(dp, "dp_shard ring");
         /* the tp group of rank r holds r and r^1: sum of world ranks tells which */
         float x = (float)world->rank, *d = device_alloc_floats(1, MEM_BUFFERS);
         device_copy_to_device(d, &x, 4);

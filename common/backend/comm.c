@@ -122,6 +122,57 @@ void comm_recv(comm_group *g, float *buf, size_t count_, int peer) {
 void comm_barrier(comm_group *g) {
     TIMED(g, COLL_BARRIER, 0.0, MPI_Barrier(mpi_of(g)));
 }
+/* One send and one recv; the time is the recv's, the exchange ends when the data is in. */
+void comm_sendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
+                   float *recvbuf, size_t recv_count, int source) {
+    TIMED(g, COLL_RECV, recv_count * 4.0,
+          backend_sendrecv(g, sendbuf, send_count, dest, recvbuf, recv_count, source));
+    count(g, COLL_SEND, send_count * 4.0, 0.0);
+}
+
+/* ---- non-blocking: counted at issue like the blocking twin, timed in comm_wait ---- */
+
+static comm_request issued(comm_group *g, collective_kind k, double payload, void *pending) {
+    count(g, k, payload, 0.0);
+    comm_request r = {g, k, pending};
+    return r;
+}
+
+comm_request comm_isend(comm_group *g, const float *buf, size_t count_, int peer) {
+    return issued(g, COLL_SEND, count_ * 4.0, backend_isend(g, buf, count_, peer));
+}
+comm_request comm_irecv(comm_group *g, float *buf, size_t count_, int peer) {
+    return issued(g, COLL_RECV, count_ * 4.0, backend_irecv(g, buf, count_, peer));
+}
+comm_request comm_isendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
+                            float *recvbuf, size_t recv_count, int source) {
+    count(g, COLL_SEND, send_count * 4.0, 0.0);
+    return issued(g, COLL_RECV, recv_count * 4.0,
+                  backend_isendrecv(g, sendbuf, send_count, dest, recvbuf, recv_count, source));
+}
+comm_request comm_iall_reduce(comm_group *g, float *buf, size_t count_, comm_op op) {
+    return issued(g, COLL_ALL_REDUCE, count_ * 4.0,
+                  g->size > 1 ? backend_iall_reduce(g, buf, count_, op) : NULL);
+}
+comm_request comm_iall_gather(comm_group *g, const float *send, float *recv, size_t count_) {
+    return issued(g, COLL_ALL_GATHER, count_ * 4.0 * g->size,
+                  backend_iall_gather(g, send, recv, count_));
+}
+comm_request comm_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count_) {
+    return issued(g, COLL_REDUCE_SCATTER, count_ * 4.0 * g->size,
+                  backend_ireduce_scatter(g, send, recv, count_));
+}
+
+void comm_wait(comm_request *req) {
+    if (!req->pending) return;
+    guard_begin(collective_name(req->kind), req->group->name);
+    req->group->stats[req->kind].seconds += backend_wait(req->pending);
+    guard_end();
+    req->pending = NULL;
+}
+void comm_wait_all(comm_request *reqs, int n) {
+    for (int i = 0; i < n; i++) comm_wait(&reqs[i]);
+}
 
 /* ---- host-side agreement, not part of the lesson's traffic ---- */
 

@@ -16,6 +16,15 @@
  *                  gathered output; reduce-scatter: the full input; send/recv: the message).
  *   wire bytes:    what one rank sends with a ring algorithm: all-reduce 2(p-1)/p * payload,
  *                  all-gather and reduce-scatter (p-1)/p * payload, broadcast and send: payload.
+ *   seconds:       blocking calls: wall time of the call, after the device has finished the
+ *                  work queued before it (so a kernel's time is never counted as communication).
+ *                  Non-blocking calls (comm_i*): only the time the caller stayed blocked in
+ *                  comm_wait, i.e. the communication the overlapping work did not hide. On the
+ *                  GPU that is the time the compute stream stalled waiting for the transfer
+ *                  (measured with CUDA events), not the host's time in the call.
+ *                  So comm_total_seconds() is the communication a step could not hide.
+ * A non-blocking call is counted at issue exactly as its blocking twin (calls, payload, wire
+ * bytes), so a chapter's measured bytes do not depend on whether it overlaps or not.
  */
 #pragma once
 #include <stddef.h>
@@ -65,6 +74,82 @@ void comm_send(comm_group *g, const float *buf, size_t count, int peer);
 void comm_recv(comm_group *g, float *buf, size_t count, int peer);
 void comm_barrier(comm_group *g);
 
+/* Blocking exchange: send sendbuf[send_count] to `dest` and receive recvbuf[recv_count] from
+ * `source` at the same time, so a ring shift (dest = r+1, source = r-1, on every rank) cannot
+ * deadlock the way a send-then-recv on every rank would. dest's recv_count must equal this
+ * rank's send_count. Issues: one send and one recv (MPI_Sendrecv; NCCL send + recv fused in one
+ * group). Counted as one send and one recv; the seconds go to the recv (the exchange is over
+ * when the data has arrived). */
+void comm_sendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
+                   float *recvbuf, size_t recv_count, int source);
+
+/* ---- non-blocking communication ----
+ *
+ * A comm_i* call starts the operation and returns at once with a request; comm_wait(&req)
+ * finishes it. Between the two the caller computes on *other* buffers (that is the point: the
+ * transfer overlaps the computation); the operation's own buffers must not be read or written
+ * until the wait returns, exactly as with MPI. After comm_wait the buffers hold the result and
+ * may be used by the host and the device, like after the blocking twin.
+ *
+ * Every rank of a group must issue its calls on that group, blocking and non-blocking, in the
+ * same order (as MPI and NCCL require); requests may be waited for in any order.
+ *
+ * CPU: MPI_Isend, MPI_Irecv, MPI_Iallreduce, ... and MPI_Wait.
+ * GPU: NCCL on a second, "communication" stream, ordered after the kernels issued before the
+ *      call (an event on the compute stream) and ending with an event the wait hands back to
+ *      the compute stream. NCCL runs the calls on one communicator one after another, and a
+ *      send finishes only when the peer's receive runs; so that a ring of isend/irecv cannot
+ *      deadlock, isend and irecv are *posted*, and the posted ones are started together, as one
+ *      NCCL group, at the next communication call of any kind (often the wait itself) or at a
+ *      post on another group. Post the sends and receives of one exchange back to back, on one
+ *      group. To overlap an exchange with computation on the GPU, use comm_isendrecv, which
+ *      starts at once.
+ */
+
+/* One operation in flight. Copy it freely, but wait on it once; a zeroed request (or a waited
+ * one) is complete and waiting on it does nothing. */
+typedef struct comm_request {
+    comm_group *group;        /* where the waiting time is counted ...             */
+    collective_kind kind;     /* ... and under which collective                    */
+    void *pending;            /* the backend's handle; NULL when nothing is left   */
+} comm_request;
+
+/* Non-blocking send of buf[count] to `peer` (a rank of g); the peer posts a matching receive
+ * of the same count. Issues: one send (MPI_Isend; a posted ncclSend). */
+comm_request comm_isend(comm_group *g, const float *buf, size_t count, int peer);
+/* Non-blocking receive of buf[count] from `peer`. Issues: one recv (MPI_Irecv; a posted
+ * ncclRecv). Messages between two ranks are matched in the order they were posted. */
+comm_request comm_irecv(comm_group *g, float *buf, size_t count, int peer);
+/* Non-blocking twin of comm_sendrecv (same shapes, same counting), started at once on both
+ * backends: the exchange of a ring step (context parallelism) or of two pipeline stages.
+ * Issues: one send and one recv; the waiting time goes to the recv. */
+comm_request comm_isendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
+                            float *recvbuf, size_t recv_count, int source);
+
+/* Non-blocking twins of comm_all_reduce, comm_all_gather and comm_reduce_scatter: same shapes
+ * (rank-major chunks), same counting, and the same sums up to the order of the additions.
+ * The library may reduce in another order for the non-blocking twin (Open MPI 4.1's
+ * MPI_Ireduce_scatter_block does, on 3 ranks or more), so the results agree to the last bit
+ * only where the sums are exact; NCCL gets the same call on the other stream. For the
+ * prefetching of FSDP
+ * (gather the next layer's parameters while this one computes) and the bucketed gradient
+ * reduction of data parallelism (reduce a bucket while the backward pass goes on).
+ * Issue: one all-reduce (MPI_Iallreduce; ncclAllReduce on the communication stream), one
+ * all-gather (MPI_Iallgather; ncclAllGather), one reduce-scatter, sum
+ * (MPI_Ireduce_scatter_block; ncclReduceScatter). */
+comm_request comm_iall_reduce(comm_group *g, float *buf, size_t count, comm_op op);
+comm_request comm_iall_gather(comm_group *g, const float *send, float *recv, size_t count);
+comm_request comm_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count);
+
+/* Block until the request's operation is complete; its buffers are then the caller's again.
+ * The time blocked here is what the operation's collective counts as seconds (see above).
+ * On the GPU, the compute stream is also made to wait for the transfer, and the host waits for
+ * the compute stream, as after a blocking call. */
+void comm_wait(comm_request *req);
+/* comm_wait on reqs[0..n) in order; each request's blocked time is counted under its own
+ * collective (the time waiting for reqs[i] after reqs[0..i) were done). */
+void comm_wait_all(comm_request *reqs, int n);
+
 /* Host-side helpers that are not part of the lesson's traffic (not counted):
  * agreeing on a flag or a count, e.g. "did every rank parse its file?". */
 double comm_host_sum(comm_group *g, double x);
@@ -75,7 +160,8 @@ void comm_host_gather(comm_group *g, const float *send, float *recv, size_t coun
 /* Statistics. */
 void comm_reset_stats(comm_group *g);
 const char *collective_name(collective_kind k);
-/* Wall time spent inside collectives of every group created so far. */
+/* Seconds counted by every group created so far: blocking calls' wall time plus the exposed
+ * (waited-for) time of the non-blocking ones. */
 double comm_total_seconds(void);
 void comm_reset_all_stats(void);
 

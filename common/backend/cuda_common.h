@@ -5,6 +5,9 @@
  * collective of the rank goes onto that one stream, so they run in the order the host issued
  * them, exactly like the CPU backend's straight-line code. The host waits only where it needs a
  * value (a loss, a copy to host) or a timing (comm_backend_wait).
+ * The one exception is the non-blocking communication (comm_i* in comm.h): comm_cuda.cu runs it
+ * on a second stream of its own, tied to this one by events at issue and at comm_wait, so that
+ * a transfer can run beside the kernels issued after it.
  *
  * The stream is created as a *blocking* stream: it also synchronises with the legacy default
  * stream, so a stray launch on stream 0 still runs in program order instead of racing.
