@@ -47,7 +47,7 @@ int main(int argc, char **argv) {
     /* ---- the plan: Megatron's layouts and its f and g; then the model under it ---- */
     llama_plan plan = megatron_plan(mesh, c, degree);
     run_apply_fault(&o, &plan);
-    llama_model *model = llama_create(c, &plan, o.batch, o.seed);
+    llama_model *model = run_model(&o, &plan);   /* refuses up front what cannot fit */
     const llama_dims *d = &model->d;
     double param_bytes = mem_current(MEM_PARAMS), act_bytes = mem_current(MEM_ACTIVATIONS);
 

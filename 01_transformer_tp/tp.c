@@ -21,10 +21,14 @@ static void f_forward(const llama_plan *p, float *x_full, const float *x_local, 
     tp_copy_to_region_forward(p->tp, x_full, (size_t)B * Ts * C);        /* identity */
 }
 static void f_backward(const llama_plan *p, float *dx_local, float *dx_full, int B, int Ts, int C) {
+    /* BEGIN ASSIGNMENT: f backward: the input's gradient is the sum of every rank's share (chapter 00's f) */
     tp_copy_to_region_backward(p->tp, dx_full, (size_t)B * Ts * C);      /* all-reduce of the partial dx */
+    /* END ASSIGNMENT */
 }
 static void g_forward(const llama_plan *p, float *y_local, float *y_partial, int B, int Ts, int C) {
+    /* BEGIN ASSIGNMENT: g forward: the row-parallel outputs are partial sums (chapter 00's g) */
     tp_reduce_from_region_forward(p->tp, y_partial, (size_t)B * Ts * C); /* all-reduce of the partial y */
+    /* END ASSIGNMENT */
 }
 static void g_backward(const llama_plan *p, float *dy_full, const float *dy_local, int B, int Ts, int C) {
     tp_reduce_from_region_backward(p->tp, dy_full, (size_t)B * Ts * C);  /* identity */

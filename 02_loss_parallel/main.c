@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
     run_apply_fault(&o, &plan);
     count_loss_traffic(&plan);
     mem_reset_peaks();   /* the allocator watches what the model allocates */
-    llama_model *model = llama_create(c, &plan, o.batch, o.seed);
+    llama_model *model = run_model(&o, &plan);   /* refuses up front what cannot fit */
     const llama_dims *d = &model->d;
     double param_bytes = mem_current(MEM_PARAMS), act_bytes = mem_current(MEM_ACTIVATIONS);
     double logits_bytes = mem_allocation_bytes(model->logits), largest_model = largest_buffer();

@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
     loss_parallel_apply(&plan, c);
     sequence_parallel_apply(&plan, c, o.batch, co.sp, co.ac);
     run_apply_fault(&o, &plan);
-    llama_model *model = llama_create(c, &plan, o.batch, o.seed);
+    llama_model *model = run_model(&o, &plan);   /* refuses up front what cannot fit */
     const llama_dims *d = &model->d;
     double param_bytes = mem_current(MEM_PARAMS), act_bytes = mem_current(MEM_ACTIVATIONS);
 

@@ -3,7 +3,7 @@
 
     python3 tests/reference_torch.py DIR
 
-DIR holds what a chapter's --dump wrote (DESIGN.md, "Exports for outside checks"):
+DIR holds what a chapter's --dump wrote (docs/dump-format.md):
     init.safetensors      every parameter before step 1; __metadata__ holds the configuration
                           (dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, seq_len,
                           norm_eps, rope_theta) and AdamW's (lr, beta1, beta2, eps, weight_decay)
@@ -116,7 +116,7 @@ def read_losses(path):
 
 
 def expected_shapes(config):
-    """{name: shape} of every tensor of the model (DESIGN.md's table), in the table's order."""
+    """{name: shape} of every tensor of the model (docs/dump-format.md), in the table's order."""
     D, F_, V = config["dim"], config["ffn_dim"], config["vocab_size"]
     hd = D // config["n_heads"]
     q_dim, kv_dim = config["n_heads"] * hd, config["n_kv_heads"] * hd
@@ -206,7 +206,7 @@ def attention(q, k, v):
 
 
 def forward(params, config, tokens):
-    """logits [B, T, V] of the Llama of DESIGN.md; params maps torchtitan names to tensors."""
+    """logits [B, T, V] of the Llama of docs/dump-format.md; params maps torchtitan names to tensors."""
     B, T = tokens.shape
     H, Hkv = config["n_heads"], config["n_kv_heads"]
     hd = config["dim"] // H
@@ -243,7 +243,7 @@ def mean_loss(logits, targets):
 
 # ---------------------------------------------------------------------------- comparing
 def relative_diff(got, ref):
-    """max|got - ref| / max|ref|, with 0/0 = 0 (the parity metric of DESIGN.md)."""
+    """max|got - ref| / max|ref|, with 0/0 = 0 (the parity metric of docs/design.md)."""
     diff = float(np.max(np.abs(got - ref))) if got.size else 0.0
     scale = float(np.max(np.abs(ref))) if ref.size else 0.0
     if scale == 0.0:

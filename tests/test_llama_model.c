@@ -1,5 +1,5 @@
 /* ranks: 1 */
-/* test_llama_model.c: the single-device Llama baseline (common/llama.c) checked as a whole.
+/* test_llama_model.c: the single-device Llama baseline (common/model/model.c under the single-device plan) checked as a whole.
  *
  *   - the parameter table: count, names, shapes, index lookup
  *   - the synthetic batches of common/data.c: next-token targets, padding, determinism
@@ -227,7 +227,7 @@ static void test_loss_at_init(void) {
  *
  * Per tensor, the elements checked are the 4 with the largest analytic gradient plus 4 chosen
  * at random; the error is max |fd - analytic| / max |analytic| over the tensor (the parity
- * metric of DESIGN.md), with a tolerance of 1e-2.
+ * metric of docs/design.md), with a tolerance of 1e-2.
  * ------------------------------------------------------------------------------------------ */
 #define FD_EPS 1e-2
 #define FD_TOL 1e-2

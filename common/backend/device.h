@@ -27,6 +27,9 @@ typedef enum {
 void device_init(int local_rank);
 void device_shutdown(void);
 const char *device_backend_name(void);          /* "cpu" or "cuda" */
+/* Bytes this rank can still allocate: CPU, the host's available memory (MemAvailable) shared by
+ * `ranks_sharing` ranks; CUDA, the GPU's free memory (cudaMemGetInfo). 0 when unknown. */
+double device_memory_available(int ranks_sharing);
 
 /* Zero-initialised allocation counted under `cat`; device_free() un-counts it. */
 void *device_alloc(size_t bytes, mem_category cat);

@@ -10,6 +10,17 @@ void device_init(int local_rank) { (void)local_rank; openblas_set_num_threads(1)
 void device_shutdown(void) {}
 const char *device_backend_name(void) { return "cpu"; }
 
+double device_memory_available(int ranks_sharing) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    double kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
+    fclose(f);
+    return kib * 1024.0 / (ranks_sharing > 0 ? ranks_sharing : 1);
+}
+
 void *device_alloc(size_t bytes, mem_category cat) {
     void *p = calloc(1, bytes ? bytes : 1);
     if (!p) { fprintf(stderr, "device_alloc: out of memory (%zu bytes)\n", bytes); exit(1); }

@@ -46,6 +46,17 @@ void device_shutdown(void) {
 
 const char *device_backend_name(void) { return "cuda"; }
 
+/* Each rank owns one GPU (or shares it round-robin), so the GPU's free memory is this rank's
+ * unless several ranks share it. */
+double device_memory_available(int ranks_sharing) {
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 0;
+    int ndev = 1;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) ndev = 1;
+    int per_gpu = ranks_sharing > ndev ? (ranks_sharing + ndev - 1) / ndev : 1;
+    return (double)free_bytes / per_gpu;
+}
+
 /* `bytes` of zeroed GPU memory, counted under `cat`. The memset is queued on the stream, so
  * any kernel issued afterwards sees zeros. */
 void *device_alloc(size_t bytes, mem_category cat) {

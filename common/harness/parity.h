@@ -1,9 +1,9 @@
 /* parity.h: compare a parallel run against the single-device baseline.
  *
- * Tolerances (DESIGN.md, fp32):
+ * Tolerances (docs/design.md, fp32):
  *   loss:      |a - b| <= 1e-5 * max(1, |b|)        on every step
  *   gradients: max|ga - gb| / max|gb| <= 1e-4      per tensor
- * Every comparison is recorded; parity_exit_code() is 1 if any failed. Rank 0 only.
+ * Every comparison is recorded; parity_report() prints the verdict and returns 1 if any failed. Rank 0 only.
  */
 #pragma once
 #include <stddef.h>

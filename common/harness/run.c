@@ -151,6 +151,27 @@ void run_apply_fault(const run_options *o, llama_plan *plan) {
     log0("deliberate bug (--fault %s): %s\n", f->name, f->what);
 }
 
+llama_model *run_model(const run_options *o, const llama_plan *plan) {
+    const llama_config *c = &o->model;
+    double state, acts, largest, base_largest;
+    double need = llama_model_bytes(c, plan, o->batch, &state, &acts, &largest);
+    llama_plan single = plan_single_device();
+    double base = o->check ? llama_model_bytes(c, &single, o->batch, NULL, NULL, &base_largest) : 0;
+    if (o->check) largest = fmax(largest, base_largest);
+    if (largest >= 2147483648.0)
+        comm_exit_usage("--batch %d, --seq-len %d, --dim %d, --vocab %d: one tensor would hold %.3g elements; "
+                        "the kernels index with 32-bit ints, so at most 2147483647: make the batch, sequence, "
+                        "width or vocabulary smaller", o->batch, c->seq_len, c->dim, c->vocab_size, largest);
+    if (comm_world()->rank == 0) need += base;
+    double available = device_memory_available(comm_world()->size);
+    comm_require_all(available <= 0 || need <= available,
+                     "the run needs about %s on rank %d (parameters, gradients and AdamW state %s, activations "
+                     "and scratch %s%s) but %s is available to it: make the model or the batch smaller, or "
+                     "use more ranks", fmt_bytes(need), comm_world()->rank, fmt_bytes(state), fmt_bytes(acts),
+                     comm_world()->rank == 0 && o->check ? ", and the --check baseline" : "", fmt_bytes(available));
+    return llama_create(c, plan, o->batch, o->seed);
+}
+
 int run_batch(const run_options *o, int step, int *tokens_dev, int *targets_dev, int *n_pad) {
     int B = o->batch, T = o->model.seq_len;
     int *tokens = malloc((size_t)B * T * sizeof(int)), *targets = malloc((size_t)B * T * sizeof(int));

@@ -74,6 +74,12 @@ int run_tp_degree(int tp_flag, char *name, size_t len);
  * A fault that does not fit the plan exits 2 with its reason. */
 void run_apply_fault(const run_options *o, llama_plan *plan);
 
+/* The model under `plan` (llama_create), after checking up front that it can exist: no tensor
+ * of 2^31 elements or more (the kernels index with int), and the bytes it needs on this rank
+ * (with --check, rank 0 adds the baseline's) within what the device has available. Otherwise one
+ * line naming the figures and exit 2, before anything is allocated. Collective. */
+llama_model *run_model(const run_options *o, const llama_plan *plan);
+
 /* The step's global batch (data.h), copied to the device (and written to --dump DIR).
  * Returns the count of valid targets; *n_pad receives the count of padded ones. */
 int run_batch(const run_options *o, int step, int *tokens_dev, int *targets_dev, int *n_pad);

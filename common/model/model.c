@@ -8,6 +8,7 @@
  *
  * linear backward overwrites dx (=); rmsnorm backward and every weight gradient accumulate (+=).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,11 @@ llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B)
     return d;
 }
 
+/* How many ways the plan splits the tensor of `kind` (1: replicated). */
+static double plan_split(const llama_plan *plan, param_kind kind, double p) {
+    return plan->layout[kind] == SHARD_REPLICATED ? 1 : p;
+}
+
 size_t llama_act_numel(const llama_dims *d, int act) {
     size_t N = d->N, Ns = d->Ns, D = d->D;
     switch (act) {
@@ -53,6 +59,31 @@ size_t llama_act_numel(const llama_dims *d, int act) {
     case ACT_PROBS: return (size_t)d->B * d->Hl * d->T * d->T;
     default: return N * d->Fl;                       /* ACT_FFN_A, ACT_FFN_B, ACT_FFN_G */
     }
+}
+
+double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, double *state_bytes,
+                         double *act_bytes, double *largest_numel) {
+    double p = plan->tp ? plan->tp->size : 1, largest = 0, state = 0, acts = 0;
+    for (int i = 0; i < llama_num_params(c); i++) {           /* every tensor's local slice */
+        param_spec s = llama_param_spec(c, i);
+        double numel = (double)s.rows * s.cols / (plan->layout[s.kind] == SHARD_REPLICATED ? 1 : p);
+        state += 16 * numel;                                   /* parameters, gradients, m, v */
+        largest = fmax(largest, numel);
+    }
+    double split = plan_split(plan, P_WQ, p), T = c->seq_len, N = (double)B * T, Ns = N / plan->seq_shards;
+    double D = c->dim, hd = llama_head_dim(c), V = c->vocab_size / plan_split(plan, P_OUTPUT, p);
+    double q = c->n_heads / split * hd, kv = c->n_kv_heads / plan_split(plan, P_WK, p) * hd;
+    double F = c->ffn_dim / plan_split(plan, P_W1, p), probs = B * (c->n_heads / split) * T * T;
+    double layer = 4 * Ns * D + 2 * Ns + 2 * N * q + 2 * N * kv + probs + 3 * N * F;   /* all of it */
+    acts = 4 * (c->n_layers * layer                            /* an upper bound: every tensor kept */
+                + 2 * Ns * D + Ns + N * V + N * (plan->loss.saved_per_row + 1)    /* outside, loss */
+                + 6 * N * D + 2 * N * q + 2 * N * kv + probs + 3 * N * F + 3 * N); /* scratch */
+    double tensors[] = {N * V, N * D, N * q, N * F, probs};
+    for (size_t i = 0; i < sizeof tensors / sizeof *tensors; i++) largest = fmax(largest, tensors[i]);
+    if (state_bytes) *state_bytes = state;
+    if (act_bytes) *act_bytes = acts;
+    if (largest_numel) *largest_numel = largest;
+    return state + acts;
 }
 
 /* A layer's activations: what `keep` names is the layer's own (MEM_ACTIVATIONS), the rest points
