@@ -7,20 +7,32 @@
  *   3. the reader refuses corrupt files with one line that names the file and the problem:
  *      truncated, header length past the end, bad JSON, offsets out of range, offsets that
  *      disagree with shape x dtype, unknown dtype, a missing file, and a few more;
- *   4. dump_params / dump_batch / dump_loss write what DESIGN.md promises an outside reader.
+ *   4. dump_params / dump_batch / dump_loss write what docs/dump-format.md promises an outside
+ *      reader, inside dump_begin / dump_commit as the harness calls them;
+ *   5. dumps are atomic: nothing appears at DIR before dump_commit, a second (shorter) dump
+ *      replaces the first whole (no stale batch_K), dump_abort and a failed write (a file size
+ *      limit standing in for a full disk) leave DIR as it was, and dump_begin refuses a regular
+ *      file, a directory holding other files and an empty path, with a one-line reason;
+ *   6. make_dirs: an empty path, a file in the way, an unwritable place and an overlong name
+ *      fail and leave nothing behind; a long path is not truncated.
  * Everything happens in a fresh directory under /tmp that is removed at the end.
  * TEST_VERBOSE=1 prints each rejection message, i.e. what a user with a bad file would see.
  */
+#include <errno.h>
 #include <ftw.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "comm.h"
 #include "dump.h"
 #include "llama.h"
+#include "log.h"
 #include "safetensors.h"
 #include "test_util.h"
 
@@ -288,8 +300,17 @@ static void test_dump(void) {
         params[i] = malloc((size_t)s.rows * s.cols * sizeof(float));
         for (int j = 0; j < s.rows * s.cols; j++) params[i][j] = (float)i + 1e-3f * (float)j;
     }
-    const char *dir = tpath("dump/nested");   /* created by the dump */
-    CHECK(dump_params(dir, "init.safetensors", &c, &o, params) == 0, "dump_params");
+    const char *dir = tpath("dump/nested");   /* created by the dump (its parent too) */
+    CHECK(dump_begin(dir) == 0, "dump_begin: %s", dump_error());
+    CHECK(dump_params(dir, "init.safetensors", &c, &o, params) == 0, "dump_params: %s", dump_error());
+    int B = 2, T = 3;
+    int tokens[6] = {1, 2, 3, 4, 5, 6}, targets[6] = {2, 3, -100, 5, 6, 7};
+    CHECK(dump_batch(dir, 4, tokens, targets, B, T) == 0, "dump_batch");
+    CHECK(dump_loss(dir, 1, 9.0) == 0, "dump_loss 1");
+    CHECK(dump_loss(dir, 2, 8.0) == 0, "dump_loss 2");
+    CHECK(dump_loss(dir, 1, 4.8520441055297852) == 0, "dump_loss 1 again");
+    CHECK(dump_loss(dir, 2, 1.0 / 3.0) == 0, "dump_loss 2 again");
+    CHECK(dump_commit() == 0, "dump_commit: %s", dump_error());
 
     char path[300], err[512];
     snprintf(path, sizeof path, "%s/init.safetensors", dir);
@@ -326,9 +347,6 @@ static void test_dump(void) {
     for (int i = 0; i < n; i++) free(params[i]);
     free(params);
 
-    int B = 2, T = 3;
-    int tokens[6] = {1, 2, 3, 4, 5, 6}, targets[6] = {2, 3, -100, 5, 6, 7};
-    CHECK(dump_batch(dir, 4, tokens, targets, B, T) == 0, "dump_batch");
     snprintf(path, sizeof path, "%s/batch_4.safetensors", dir);
     rc = st_read(path, &f, err, sizeof err);
     CHECK(rc == 0, "read batch: %s", err);
@@ -342,16 +360,182 @@ static void test_dump(void) {
     }
 
     /* losses.txt: step 1 truncates (a stale line from an earlier run must vanish). */
-    CHECK(dump_loss(dir, 1, 9.0) == 0, "dump_loss 1");
-    CHECK(dump_loss(dir, 2, 8.0) == 0, "dump_loss 2");
-    CHECK(dump_loss(dir, 1, 4.8520441055297852) == 0, "dump_loss 1 again");
-    CHECK(dump_loss(dir, 2, 1.0 / 3.0) == 0, "dump_loss 2 again");
     snprintf(path, sizeof path, "%s/losses.txt", dir);
     FILE *fp = fopen(path, "r");
     char text[256] = {0};
     size_t got = fp ? fread(text, 1, sizeof text - 1, fp) : 0;
     if (fp) fclose(fp);
     CHECK(got > 0 && strcmp(text, "1 4.85204411\n2 0.333333333\n") == 0, "losses.txt is '%s'", text);
+}
+
+/* ---- atomic dumps ---- */
+
+static int exists(const char *path) { return access(path, F_OK) == 0; }
+
+/* The number of entries in a directory (-1 if it cannot be read). */
+static int count_entries(const char *dir) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "ls -A '%s' 2>/dev/null | wc -l", dir);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    if (p) {
+        if (fscanf(p, "%d", &n) != 1) n = -1;
+        pclose(p);
+    }
+    return exists(dir) ? n : -1;
+}
+
+/* The whole text of a small file ("" if missing) in a static buffer. */
+static const char *slurp(const char *path) {
+    static char text[256];
+    memset(text, 0, sizeof text);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        text[n] = 0;
+        fclose(f);
+    }
+    return text;
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) { fputs(text, f); fclose(f); }
+}
+
+static void test_dump_atomic(void) {
+    char dir[300], tmp[340], p[400];
+    snprintf(dir, sizeof dir, "%s", tpath("atomic"));
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
+    int tok[4] = {1, 2, 3, 4}, tgt[4] = {2, 3, 4, -100};
+
+    /* a. nothing at DIR until the commit; everything there after it, and no temporary left */
+    CHECK(dump_begin(dir) == 0, "begin: %s", dump_error());
+    CHECK(exists(tmp) && !exists(dir), "before the commit: tmp %d, dir %d", exists(tmp), exists(dir));
+    for (int k = 1; k <= 3; k++) CHECK(dump_batch(dir, k, tok, tgt, 2, 2) == 0, "batch %d", k);
+    CHECK(dump_loss(dir, 1, 5.0) == 0 && dump_loss(dir, 2, 4.0) == 0 && dump_loss(dir, 3, 3.0) == 0, "losses");
+    CHECK(!exists(dir), "DIR appeared before dump_commit");
+    CHECK(dump_commit() == 0, "commit: %s", dump_error());
+    CHECK(count_entries(dir) == 4 && !exists(tmp), "after the commit: %d entries, tmp %d",
+          count_entries(dir), exists(tmp));
+
+    /* b. a shorter second dump replaces the first whole: no stale batch_2, batch_3 */
+    snprintf(p, sizeof p, "%s/", dir);   /* a trailing '/' names the same directory */
+    CHECK(dump_begin(p) == 0, "begin 2: %s", dump_error());
+    CHECK(dump_batch(p, 1, tok, tgt, 2, 2) == 0 && dump_loss(p, 1, 7.0) == 0, "dump 2");
+    snprintf(p, sizeof p, "%s/losses.txt", dir);
+    CHECK(strcmp(slurp(p), "1 5\n2 4\n3 3\n") == 0, "the first dump changed before the commit: '%s'", slurp(p));
+    CHECK(dump_commit() == 0, "commit 2: %s", dump_error());
+    snprintf(p, sizeof p, "%s/batch_2.safetensors", dir);
+    CHECK(!exists(p), "a stale batch_2 of the longer first dump is still there");
+    snprintf(p, sizeof p, "%s/losses.txt", dir);
+    CHECK(count_entries(dir) == 2 && strcmp(slurp(p), "1 7\n") == 0, "second dump: %d entries, losses '%s'",
+          count_entries(dir), slurp(p));
+    CHECK(!exists(tmp), "the old dump was not removed");
+
+    /* c. dump_abort leaves DIR as it was */
+    CHECK(dump_begin(dir) == 0, "begin 3: %s", dump_error());
+    CHECK(dump_loss(dir, 1, 99.0) == 0 && dump_batch(dir, 5, tok, tgt, 2, 2) == 0, "dump 3");
+    dump_abort();
+    CHECK(!exists(tmp) && count_entries(dir) == 2 && strcmp(slurp(p), "1 7\n") == 0,
+          "after dump_abort: tmp %d, %d entries, losses '%s'", exists(tmp), count_entries(dir), slurp(p));
+    dump_abort();   /* twice is harmless */
+
+    /* d. a write that fails half-way (a file size limit: EFBIG, as a full disk gives ENOSPC)
+     *    leaves no half-written file, and after dump_abort DIR is as it was */
+    llama_config c = llama_config_default();
+    adamw_config o = adamw_config_default();
+    int n = llama_num_params(&c);
+    float **params = calloc((size_t)n, sizeof *params);
+    for (int i = 0; i < n; i++) {
+        param_spec s = llama_param_spec(&c, i);
+        params[i] = calloc((size_t)s.rows * s.cols, sizeof(float));
+    }
+    CHECK(dump_begin(dir) == 0, "begin 4: %s", dump_error());
+    CHECK(dump_batch(dir, 1, tok, tgt, 2, 2) == 0, "batch before the failure");
+    struct rlimit old, small = {4096, 4096};
+    getrlimit(RLIMIT_FSIZE, &old);
+    small.rlim_max = old.rlim_max;
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+    setrlimit(RLIMIT_FSIZE, &small);
+    int rc = dump_params(dir, "init.safetensors", &c, &o, params);
+    setrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, prev);
+    CHECK(rc == -1 && strstr(dump_error(), "File too large") && !strchr(dump_error(), '\n'),
+          "a failed write: rc %d, error '%s'", rc, dump_error());
+    snprintf(p, sizeof p, "%s/init.safetensors.tmp", tmp);
+    CHECK(!exists(p), "the failed write left %s", p);
+    dump_abort();
+    snprintf(p, sizeof p, "%s/losses.txt", dir);
+    CHECK(!exists(tmp) && count_entries(dir) == 2 && strcmp(slurp(p), "1 7\n") == 0,
+          "after a failed write and dump_abort: tmp %d, %d entries", exists(tmp), count_entries(dir));
+    for (int i = 0; i < n; i++) free(params[i]);
+    free(params);
+
+    /* e. refusals, each with a one-line reason, touching nothing */
+    snprintf(p, sizeof p, "%s", tpath("a_file"));
+    write_text(p, "x");
+    CHECK(dump_begin(p) == -1 && strstr(dump_error(), "is not a directory"), "a regular file: %s", dump_error());
+    snprintf(p, sizeof p, "%s", tpath("mine"));
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/notes.txt", tpath("mine"));
+    write_text(p, "keep me");
+    CHECK(dump_begin(tpath("mine")) == -1 && strstr(dump_error(), "notes.txt") &&
+          strstr(dump_error(), "new or empty"), "a directory with other files: %s", dump_error());
+    CHECK(strcmp(slurp(p), "keep me") == 0, "a refused directory was touched");
+    CHECK(dump_begin("") == -1 && strstr(dump_error(), "empty"), "an empty path: %s", dump_error());
+    CHECK(dump_begin("/") == -1, "/ as a dump directory");
+    CHECK(dump_commit() == -1, "dump_commit without dump_begin");
+    CHECK(!strchr(dump_error(), '\n'), "a reason is one line: %s", dump_error());
+
+    /* f. an empty directory (as cli_require_output_dir leaves it) is replaced; a missing parent
+     *    is created */
+    snprintf(p, sizeof p, "%s", tpath("empty_first"));
+    mkdir(p, 0755);
+    CHECK(dump_begin(p) == 0 && dump_loss(p, 1, 1.0) == 0 && dump_commit() == 0, "into an empty dir: %s",
+          dump_error());
+    snprintf(p, sizeof p, "%s/losses.txt", tpath("empty_first"));
+    CHECK(strcmp(slurp(p), "1 1\n") == 0, "empty dir: losses '%s'", slurp(p));
+    snprintf(p, sizeof p, "%s", tpath("new_parent/sub/d"));
+    CHECK(dump_begin(p) == 0 && dump_loss(p, 1, 2.0) == 0 && dump_commit() == 0, "missing parents: %s",
+          dump_error());
+    snprintf(p, sizeof p, "%s/losses.txt", tpath("new_parent/sub/d"));
+    CHECK(strcmp(slurp(p), "1 2\n") == 0, "missing parents: losses '%s'", slurp(p));
+}
+
+/* ---- make_dirs ---- */
+
+static void test_make_dirs(void) {
+    errno = 0;
+    CHECK(make_dirs("") == -1 && errno == ENOENT, "an empty path: errno %d", errno);
+    CHECK(make_dirs(NULL) == -1, "a NULL path");
+    write_text(tpath("plain_file"), "x");
+    CHECK(make_dirs(tpath("plain_file")) == -1 && errno == ENOTDIR, "a file in the way: errno %d", errno);
+    CHECK(make_dirs(tpath("plain_file/sub")) == -1, "a file as a parent");
+    CHECK(make_dirs("/proc/no_such_dir_here") == -1 && !exists("/proc/no_such_dir_here"), "/proc/x");
+    CHECK(make_dirs(tpath("md/a/b/")) == 0 && exists(tpath("md/a/b")), "a trailing '/'");
+    CHECK(make_dirs(tpath("md//c")) == 0 && exists(tpath("md/c")), "a double '/'");
+
+    /* an overlong last component fails (ENAMETOOLONG) and the parents it made are removed */
+    char *p = malloc(8192);
+    int k = snprintf(p, 8192, "%s/undo/x/", tmpdir);
+    memset(p + k, 'n', 300);
+    p[k + 300] = 0;
+    CHECK(make_dirs(p) == -1 && errno == ENAMETOOLONG, "a 300-byte name: errno %d", errno);
+    CHECK(!exists(tpath("undo")), "a failed make_dirs left the directories it created");
+
+    /* a path over PATH_MAX is refused, not cut */
+    k = snprintf(p, 8192, "%s/", tmpdir);
+    for (int i = k; i < 8000; i++) p[i] = (i % 100 == 99) ? '/' : 'd';
+    p[8000] = 0;
+    CHECK(make_dirs(p) == -1 && errno == ENAMETOOLONG, "an 8000-byte path: errno %d", errno);
+
+    /* a long path (over the old 1024-byte buffer) is created whole */
+    k = snprintf(p, 8192, "%s/long/", tmpdir);
+    for (int i = k; i < 1500; i++) p[i] = (i % 100 == 99) ? '/' : 'l';
+    p[1500] = 0;
+    CHECK(make_dirs(p) == 0 && exists(p), "a 1500-byte path");
+    free(p);
 }
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
@@ -369,6 +553,8 @@ int main(int argc, char **argv) {
     test_writer_errors();
     test_reader_errors();
     test_dump();
+    test_dump_atomic();
+    test_make_dirs();
 
     nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     comm_finalize();

@@ -239,13 +239,19 @@ void comm_require_all(int ok, const char *fmt, ...) {
     int mine = ok ? size : rank, first_bad;
     MPI_Allreduce(&mine, &first_bad, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (first_bad == size) return;
-    char msg[512] = "";
+    /* The message is sized to fit (a long path stays whole): its length first, then the text.
+     * (static: still reachable when the process exits inside comm_exit_usage) */
+    static char *msg;
+    int len = 0;
     if (rank == first_bad) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(msg, sizeof msg, fmt, ap);
+        len = vasprintf(&msg, fmt, ap);
         va_end(ap);
     }
-    MPI_Bcast(msg, sizeof msg, MPI_CHAR, first_bad, MPI_COMM_WORLD);
+    MPI_Bcast(&len, 1, MPI_INT, first_bad, MPI_COMM_WORLD);
+    if (rank != first_bad && len >= 0) msg = malloc((size_t)len + 1);
+    if (len < 0 || !msg) MPI_Abort(MPI_COMM_WORLD, 2);   /* out of memory for a message */
+    MPI_Bcast(msg, len + 1, MPI_CHAR, first_bad, MPI_COMM_WORLD);
     comm_exit_usage("%s", msg);
 }

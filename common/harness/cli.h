@@ -18,4 +18,16 @@ void cli_unknown(int argc, char **argv, int optind_after) __attribute__((noretur
 /* "n is not divisible by d" with the nearest valid values named, exit 2. */
 void cli_require_divisible(const char *what, int n, const char *by_what, int d);
 
+/* The longest directory path an output flag (--out, --dump) accepts: the run adds file names
+ * (and --dump a ".tmp.<pid>" sibling) to it. */
+#define CLI_MAX_DIR_PATH 400
+/* An output directory, checked on world rank 0 and created there (mkdir -p). Collective over
+ * the world: every rank calls it with the same flag. Refuses, with one line naming the flag and
+ * the path and exit status 2 on every rank: an empty path, a path over CLI_MAX_DIR_PATH bytes or
+ * with a control character, a path that exists and is not a directory, a directory that cannot
+ * be created (e.g. /proc/x) or in which a file cannot be created. A refused path leaves no
+ * directory behind. Call it after the other flags are checked, so that a run refused for
+ * another reason creates nothing. */
+void cli_require_output_dir(const char *flag, const char *path);
+
 C_END

@@ -1,4 +1,4 @@
-/* dump.c: --dump DIR, the files an outside check reads (DESIGN.md, "Exports for outside checks").
+/* dump.c: --dump DIR, the files an outside check reads (docs/dump-format.md).
  *
  * Everything is plain safetensors or plain text, so a reader needs nothing from this repository:
  *   DIR/init.safetensors, DIR/grads_1.safetensors   every parameter (or its gradient), F32, with
@@ -9,13 +9,22 @@
  * recovers the bits the run used.
  *
  * The caller (rank 0) passes full host tensors; these functions only format and write them.
- * Every failure prints one line to stderr and returns -1.
+ * Every failure returns -1 and leaves its one-line reason for dump_error().
+ *
+ * A dump started with dump_begin(DIR) is written into DIR.tmp.<pid> and renamed into place by
+ * dump_commit() (see dump.h), so DIR never holds half a dump.
  */
 #include "dump.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "safetensors.h"
@@ -23,30 +32,190 @@
 /* Tokens are written as I32 straight from int buffers. */
 _Static_assert(sizeof(int) == 4, "dump_batch writes int buffers as I32");
 
-/* Creates dir (mkdir -p) and writes dir/file into path. Returns 0, or -1 after printing why. */
-static int dump_path(char *path, size_t len, const char *dir, const char *file) {
-    errno = 0;
-    if (make_dirs(dir) != 0) {
-        fprintf(stderr, "dump: cannot create directory %s: %s\n", dir,
-                errno ? strerror(errno) : "unknown error");
+static char *last_error;      /* dump_error() */
+static char *final_dir;       /* dump_begin's DIR (trailing '/' removed), NULL when none */
+static char *tmp_dir;         /* where the writes go meanwhile: DIR.tmp.<pid>           */
+
+const char *dump_error(void) { return last_error ? last_error : ""; }
+
+/* Records the reason of a failure; returns -1. */
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int fail(const char *fmt, ...) {
+    free(last_error);
+    va_list ap;
+    va_start(ap, fmt);
+    if (vasprintf(&last_error, fmt, ap) < 0) last_error = NULL;
+    va_end(ap);
+    return -1;
+}
+
+/* The files a dump writes: init.safetensors, grads_1.safetensors, batch_<K>.safetensors,
+ * losses.txt (and the writer's "<name>.tmp" while it writes one). */
+static int is_dump_file(const char *name) {
+    size_t n = strlen(name);
+    if (n > 4 && strcmp(name + n - 4, ".tmp") == 0) n -= 4;
+    if ((n == 16 && strncmp(name, "init.safetensors", n) == 0) ||
+        (n == 19 && strncmp(name, "grads_1.safetensors", n) == 0) ||
+        (n == 10 && strncmp(name, "losses.txt", n) == 0))
+        return 1;
+    if (n <= 18 || strncmp(name, "batch_", 6) != 0 || strncmp(name + n - 12, ".safetensors", 12) != 0)
+        return 0;
+    for (size_t i = 6; i < n - 12; i++)
+        if (name[i] < '0' || name[i] > '9') return 0;
+    return 1;
+}
+
+/* A directory that holds nothing but dump files? 1 yes, 0 no (*other = a name that is not,
+ * to free), -1 it cannot be read. */
+static int holds_only_dump_files(const char *dir, char **other) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int only = 1;
+    struct dirent *e;
+    while (only && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        if (!is_dump_file(e->d_name)) { only = 0; if (other) *other = strdup(e->d_name); }
+    }
+    closedir(d);
+    return only;
+}
+
+/* Removes a directory holding dump files only: never anything else (a directory with other
+ * files stays, and 0 is returned with errno ENOTEMPTY from rmdir). Returns rmdir's result. */
+static int remove_dump_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (!is_dump_file(e->d_name)) continue;
+            char *p = NULL;
+            if (asprintf(&p, "%s/%s", dir, e->d_name) >= 0) { unlink(p); free(p); }
+        }
+        closedir(d);
+    }
+    return rmdir(dir);
+}
+
+static void end_dump(void) {
+    free(final_dir);
+    free(tmp_dir);
+    final_dir = tmp_dir = NULL;
+}
+
+int dump_begin(const char *dir) {
+    dump_abort();
+    size_t n = dir ? strlen(dir) : 0;
+    while (n > 1 && dir[n - 1] == '/') n--;
+    if (n == 0) return fail("the dump directory is empty: expected a directory path");
+    if (n == 1 && dir[0] == '/') return fail("/ cannot be a dump directory: it would be replaced");
+    char *d = strndup(dir, n);
+    if (!d) return fail("out of memory");
+
+    struct stat st;
+    if (stat(d, &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) { fail("%s exists and is not a directory", d); free(d); return -1; }
+        char *other = NULL;
+        int only = holds_only_dump_files(d, &other);
+        if (only <= 0) {
+            if (only < 0) fail("cannot read the directory %s: %s", d, strerror(errno));
+            else fail("%s holds files a dump does not write (%s); a dump replaces its directory: "
+                      "use a new or empty one", d, other ? other : "?");
+            free(other);
+            free(d);
+            return -1;
+        }
+    } else {
+        /* the parent must exist for the sibling DIR.tmp.<pid> */
+        char *parent = strdup(d), *slash = parent ? strrchr(parent, '/') : NULL;
+        int rc = 0;
+        if (slash && slash != parent) { *slash = 0; rc = make_dirs(parent); }
+        if (rc != 0) fail("cannot create the directory %s: %s", parent, strerror(errno));
+        free(parent);
+        if (rc != 0) { free(d); return -1; }
+    }
+
+    char *t = NULL;
+    if (asprintf(&t, "%s.tmp.%ld", d, (long)getpid()) < 0) { free(d); return fail("out of memory"); }
+    if (stat(t, &st) == 0) remove_dump_dir(t);   /* a stale one of an earlier run with our pid */
+    if (mkdir(t, 0755) != 0) {
+        fail("cannot create the directory %s: %s", t, strerror(errno));
+        free(t);
+        free(d);
         return -1;
     }
-    int n = snprintf(path, len, "%s/%s", dir, file);
-    if (n < 0 || (size_t)n >= len) {
-        fprintf(stderr, "dump: path %s/%s is too long\n", dir, file);
-        return -1;
-    }
+    final_dir = d;
+    tmp_dir = t;
     return 0;
 }
 
-/* Saves the writer to path, printing the writer's one-line error on failure. */
-static int dump_save(st_writer *w, const char *path) {
-    char err[512];
-    if (st_writer_save(w, path, err, sizeof err) != 0) {
-        fprintf(stderr, "dump: %s\n", err);
+int dump_commit(void) {
+    if (!final_dir) return fail("dump_commit without dump_begin");
+    struct stat st;
+    int rc;
+    if (stat(final_dir, &st) != 0) {
+        rc = rename(tmp_dir, final_dir);   /* nothing there: a plain rename */
+    } else {
+        /* Swap the two directories in one step, then remove the old dump (now under the
+         * temporary name). Filesystems without RENAME_EXCHANGE: move the old one aside first. */
+        rc = renameat2(AT_FDCWD, tmp_dir, AT_FDCWD, final_dir, RENAME_EXCHANGE);
+        if (rc != 0 && (errno == EINVAL || errno == ENOSYS)) {
+            char *old = NULL;
+            if (asprintf(&old, "%s.old.%ld", final_dir, (long)getpid()) < 0) old = NULL;
+            rc = old ? rename(final_dir, old) : -1;
+            if (rc == 0 && (rc = rename(tmp_dir, final_dir)) != 0) {
+                int e = errno;
+                rename(old, final_dir);   /* put the old dump back */
+                errno = e;
+            }
+            if (rc == 0) remove_dump_dir(old);
+            free(old);
+        } else if (rc == 0) {
+            remove_dump_dir(tmp_dir);   /* the old dump, under the temporary name now */
+        }
+    }
+    if (rc != 0) {
+        fail("cannot move the finished dump %s to %s: %s", tmp_dir, final_dir, strerror(errno));
+        dump_abort();
         return -1;
     }
+    end_dump();
     return 0;
+}
+
+void dump_abort(void) {
+    if (tmp_dir) remove_dump_dir(tmp_dir);
+    end_dump();
+}
+
+/* Where a write to dir/file goes: inside the temporary directory when dir is the one being
+ * dumped, else dir itself (created, mkdir -p). Returns a path to free, or NULL after fail(). */
+static char *dump_path(const char *dir, const char *file) {
+    const char *where = dir;
+    if (final_dir) {
+        size_t n = strlen(dir);
+        while (n > 1 && dir[n - 1] == '/') n--;
+        if (n == strlen(final_dir) && strncmp(dir, final_dir, n) == 0) where = tmp_dir;
+    }
+    if (where == dir) {
+        errno = 0;
+        if (make_dirs(dir) != 0) {
+            fail("cannot create the directory %s: %s", dir, errno ? strerror(errno) : "unknown error");
+            return NULL;
+        }
+    }
+    char *path = NULL;
+    if (asprintf(&path, "%s/%s", where, file) < 0) { fail("out of memory"); return NULL; }
+    return path;
+}
+
+/* Saves the writer to path; the writer's error becomes dump_error() on failure. */
+static int dump_save(st_writer *w, const char *path) {
+    size_t len = 2 * strlen(path) + 512;   /* the message names the path, maybe twice */
+    char *err = malloc(len);
+    int rc = st_writer_save(w, path, err, err ? len : 0);
+    if (rc != 0) fail("%s", err ? err : "out of memory");
+    free(err);
+    return rc == 0 ? 0 : -1;
 }
 
 /* Adds one metadata entry whose value is an int or a float (printed with %.9g, exact for fp32). */
@@ -66,8 +235,8 @@ static void meta_float(st_writer *w, const char *key, float v) {
  * [rows, cols]) and the settings a reader needs to rebuild the model as __metadata__ strings. */
 int dump_params(const char *dir, const char *file, const llama_config *c, const adamw_config *o,
                 float *const *params) {
-    char path[1024];
-    if (dump_path(path, sizeof path, dir, file) != 0) return -1;
+    char *path = dump_path(dir, file);
+    if (!path) return -1;
 
     st_writer *w = st_writer_new();
     meta_int(w, "dim", c->dim);
@@ -94,38 +263,43 @@ int dump_params(const char *dir, const char *file, const llama_config *c, const 
         if (s.is_vector) st_writer_add(w, s.name, "F32", &shape[1], 1, params[i]);
         else st_writer_add(w, s.name, "F32", shape, 2, params[i]);
     }
-    return dump_save(w, path);
+    int rc = dump_save(w, path);
+    free(path);
+    return rc;
 }
 
 /* Reads: tokens and targets, B*T ints each (row b holds sequence b).
  * Writes: dir/batch_<step>.safetensors with "tokens" and "targets", I32 [B, T]. */
 int dump_batch(const char *dir, int step, const int *tokens, const int *targets, int B, int T) {
-    char file[64], path[1024];
+    char file[64];
     snprintf(file, sizeof file, "batch_%d.safetensors", step);
-    if (dump_path(path, sizeof path, dir, file) != 0) return -1;
+    char *path = dump_path(dir, file);
+    if (!path) return -1;
 
     int64_t shape[2] = {B, T};
     st_writer *w = st_writer_new();
     st_writer_add(w, "tokens", "I32", shape, 2, tokens);
     st_writer_add(w, "targets", "I32", shape, 2, targets);
-    return dump_save(w, path);
+    int rc = dump_save(w, path);
+    free(path);
+    return rc;
 }
 
 /* Reads: step, loss. Writes: the line "step loss" to dir/losses.txt; step 1 starts the file
  * afresh so a second run into the same DIR does not append to the first. */
 int dump_loss(const char *dir, int step, double loss) {
-    char path[1024];
-    if (dump_path(path, sizeof path, dir, "losses.txt") != 0) return -1;
+    char *path = dump_path(dir, "losses.txt");
+    if (!path) return -1;
     FILE *f = fopen(path, step == 1 ? "w" : "a");
+    int rc = 0;
     if (!f) {
-        fprintf(stderr, "dump: cannot open %s: %s\n", path, strerror(errno));
-        return -1;
+        rc = fail("cannot open %s: %s", path, strerror(errno));
+    } else {
+        int ok = fprintf(f, "%d %.9g\n", step, loss) > 0;
+        int e = errno;
+        if (fclose(f) != 0 && ok) { ok = 0; e = errno; }
+        if (!ok) rc = fail("cannot write %s: %s", path, strerror(e));
     }
-    int ok = fprintf(f, "%d %.9g\n", step, loss) > 0;
-    if (fclose(f) != 0) ok = 0;
-    if (!ok) {
-        fprintf(stderr, "dump: cannot write %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    return 0;
+    free(path);
+    return rc;
 }

@@ -1,16 +1,43 @@
-/* dump.h: --dump DIR, the exports for outside checks (DESIGN.md):
+/* dump.h: --dump DIR, the exports for outside checks (docs/dump-format.md):
  *   DIR/init.safetensors     full parameters before step 1; __metadata__ holds the
  *                            configuration and optimizer settings as strings
  *   DIR/batch_K.safetensors  "tokens" and "targets", I32 [B, T], for each step K (1-based)
  *   DIR/grads_1.safetensors  full gradients of step 1
  *   DIR/losses.txt           one "step loss" line per step, %.9g
- * Rank 0 writes from host buffers; any failure prints one line and returns -1.
+ * Rank 0 writes from host buffers. Every function returns 0, or -1 with a one-line reason that
+ * dump_error() returns (nothing is printed: the caller reports it, once, as the bad input or the
+ * failure it is).
+ *
+ * Atomic dumps: between dump_begin(DIR) and dump_commit() every write to DIR goes to a fresh
+ * sibling directory DIR.tmp.<pid>; dump_commit() puts it in DIR's place in one rename (an
+ * earlier dump in DIR, with its batch_K files of a longer run, is replaced whole), and
+ * dump_abort() removes it. So DIR holds a complete dump or what it held before, never half of
+ * one, whatever fails (a full disk, a refused input, a killed run: a killed run leaves only the
+ * DIR.tmp.<pid> sibling). Without dump_begin the functions write straight into DIR.
+ *
+ * The harness (rank 0 only; each step's comm_require_all tells every rank):
+ *   dump_begin(dir)                   after the flags are checked, before step 1
+ *   dump_params(dir, "init...", ...), then per step dump_batch / dump_params("grads_1...") /
+ *   dump_loss(dir, ...)               as before, with the same dir
+ *   dump_commit()                     after the last step
+ *   dump_abort()                      on a failure or refusal after dump_begin
  */
 #pragma once
 #include "cdefs.h"
 #include "llama.h"
 
 C_BEGIN
+
+/* Starts an atomic dump into dir. Refuses (returns -1) a dir that exists and is not a directory,
+ * or that holds files a dump does not write (dump_commit replaces the whole directory; those
+ * files would be lost), and a parent that cannot be created. */
+int dump_begin(const char *dir);
+/* Puts the finished dump in place of dir. 0, or -1 (the dump is then aborted). */
+int dump_commit(void);
+/* Removes the unfinished dump, if any; dir is left as it was. Safe to call at any time. */
+void dump_abort(void);
+/* The reason of the last failure, one line ("" if none). */
+const char *dump_error(void);
 
 /* params[i] is the full host tensor of llama_param_spec(c, i). */
 int dump_params(const char *dir, const char *file, const llama_config *c, const adamw_config *o,

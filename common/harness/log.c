@@ -1,10 +1,13 @@
 /* log.c: rank-0 printing, CSV, timing, byte formatting. */
 #include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include "log.h"
 
 static int my_rank = 0;
@@ -20,25 +23,49 @@ void log0(const char *fmt, ...) {
     fflush(stdout);
 }
 
+/* mkdir -p. The path is copied whole (no fixed buffer to truncate it into); an empty path, or
+ * one longer than PATH_MAX, is refused with errno ENOENT or ENAMETOOLONG. A path that exists but
+ * is not a directory fails with ENOTDIR. On failure the directories this call created are
+ * removed again, so a refused path leaves nothing behind. */
 int make_dirs(const char *path) {
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
-        *p = '/';
+    size_t n = path ? strlen(path) : 0;
+    if (n == 0) { errno = ENOENT; return -1; }
+    if (n >= PATH_MAX) { errno = ENAMETOOLONG; return -1; }
+    char *buf = malloc(n + 1);
+    if (!buf) { errno = ENOMEM; return -1; }
+    memcpy(buf, path, n + 1);
+    /* created[] holds the offsets where each directory this call made ends (buf[k] = 0 there) */
+    size_t *created = malloc((n + 1) * sizeof *created);
+    int n_created = 0, rc = 0, err = 0;
+    if (!created) { free(buf); errno = ENOMEM; return -1; }
+    for (size_t k = 1; k <= n && rc == 0; k++) {
+        if (k < n && buf[k] != '/') continue;
+        if (buf[k - 1] == '/') continue;   /* "a//b" or a trailing '/' */
+        char saved = buf[k];
+        buf[k] = 0;
+        if (mkdir(buf, 0755) == 0) created[n_created++] = k;
+        else if (errno != EEXIST) { rc = -1; err = errno; }
+        buf[k] = saved;
     }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
-    return 0;
+    struct stat st;
+    if (rc == 0 && (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))) { rc = -1; err = ENOTDIR; }
+    if (rc != 0)
+        for (int i = n_created - 1; i >= 0; i--) {   /* undo, deepest first */
+            buf[created[i]] = 0;
+            rmdir(buf);
+        }
+    free(created);
+    free(buf);
+    errno = err;
+    return rc;
 }
 
 FILE *csv_open(const char *path, const char *header) {
     if (my_rank != 0) return NULL;
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash) { *slash = 0; make_dirs(dir); }
+    char *dir = strdup(path);
+    char *slash = dir ? strrchr(dir, '/') : NULL;
+    if (slash && slash != dir) { *slash = 0; make_dirs(dir); }
+    free(dir);
     FILE *f = fopen(path, "w");
     if (!f) { fprintf(stderr, "warning: cannot write %s: %s\n", path, strerror(errno)); return NULL; }
     fprintf(f, "%s\n", header);

@@ -19,7 +19,8 @@ void csv_close(FILE *f);
 double wall_seconds(void);
 /* Human-readable bytes ("1.50 MiB") into a static rotating buffer. */
 const char *fmt_bytes(double bytes);
-/* mkdir -p; 0 on success. */
+/* mkdir -p; 0 on success, -1 with errno set (ENOENT for an empty path, ENOTDIR when it exists
+ * but is not a directory); on failure it removes the directories it created. */
 int make_dirs(const char *path);
 
 C_END
