@@ -137,23 +137,22 @@ unsigned ac_keep_mask(ac_mode ac) {
 }
 
 /* Before layer l's backward: bring back what the mode did not keep. */
-static bool recompute(llama_model *m, int l) {
+static bool recompute(llama_model *m, int l, const unit_weights *w) {
     const llama_plan *p = m->plan;
     sp_state *s = p->ctx;
     const llama_dims *d = &m->d;
     llama_layer_acts *a = &m->acts[l];
-    layer_weights w = param_layer(m->params, m->params->params, l);
     if (s->ac == AC_FULL) {
         /* everything from h_in: the forward again, with its gathers and its first exit */
-        llama_layer_forward(m, l, NULL);
+        llama_layer_recompute(m, l, w);
         return true;
     }
     if (s->ac == AC_SELECTIVE) {
         /* BEGIN ASSIGNMENT: recompute what selective AC dropped: both norms, the softmax probabilities, the SwiGLU product */
-        rmsnorm_forward(a->attn_xn, a->attn_rstd, a->h_in, w.attention_norm, d->Ns, d->D, m->c.norm_eps);
+        rmsnorm_forward(a->attn_xn, a->attn_rstd, a->h_in, w->attention_norm, d->Ns, d->D, m->c.norm_eps);
         /* the probabilities from the kept q and k (one more q k^T); the output is thrown away */
         p->attention.forward(p, s->attn_out_scratch, a->probs, a->q, a->k, a->v, d->B, d->T, d->Hl, d->Hkvl, d->hd);
-        rmsnorm_forward(a->ffn_xn, a->ffn_rstd, a->h_mid, w.ffn_norm, d->Ns, d->D, m->c.norm_eps);
+        rmsnorm_forward(a->ffn_xn, a->ffn_rstd, a->h_mid, w->ffn_norm, d->Ns, d->D, m->c.norm_eps);
         swiglu_forward(a->ffn_g, a->ffn_a, a->ffn_b, (size_t)d->N * d->Fl);
         /* END ASSIGNMENT */
     }

@@ -198,12 +198,12 @@ void llama_free(llama_model *m) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * One layer, forward: h_in [Ns, D] -> h_out [Ns, D].
+ * One layer, forward: h_in [Ns, D] -> h_out [Ns, D], from the layer's weights w.
  * --------------------------------------------------------------------------------------------- */
-void llama_layer_forward(llama_model *m, int l, float *h_out) {
+static void layer_forward(llama_model *m, int l, float *h_out, const unit_weights *wp) {
     const llama_plan *p = m->plan;
     const llama_dims *d = &m->d;
-    layer_weights w = param_layer(m->params, m->params->params, l);
+    const unit_weights w = *wp;
     llama_layer_acts *a = &m->acts[l];
     int B = d->B, T = d->T, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, hd = d->hd;
     int Hl = d->Hl, Hkvl = d->Hkvl, Fl = d->Fl;
@@ -246,13 +246,23 @@ void llama_layer_forward(llama_model *m, int l, float *h_out) {
     add_inplace(h_out, a->h_mid, (size_t)Ns * D);                     /* residual */
 }
 
+void llama_layer_forward(llama_model *m, int l, float *h_out) {
+    const llama_plan *p = m->plan;
+    unit_weights w, g;
+    p->weights.acquire(p, m, l, false, &w, &g);
+    layer_forward(m, l, h_out, &w);
+    p->weights.release(p, m, l, false);
+}
+
+void llama_layer_recompute(llama_model *m, int l, const unit_weights *w) { layer_forward(m, l, NULL, w); }
+
 /* Before layer l's backward: what the checkpointing policy did not keep, then the region's
  * inputs (the column-parallel linears' weight gradients need the whole sequence; when the plan
  * splits it, only this rank's shard was kept and later layers reused the buffers). */
-static void layer_restore(llama_model *m, int l) {
+static void layer_restore(llama_model *m, int l, const unit_weights *w) {
     const llama_plan *p = m->plan;
     llama_layer_acts *a = &m->acts[l];
-    if (p->recompute && p->recompute(m, l)) return;   /* a full recomputation re-entered already */
+    if (p->recompute && p->recompute(m, l, w)) return;   /* a full recomputation re-entered already */
     p->region.enter_forward(p, whole(m, m->attn_in, a->attn_xn), a->attn_xn, m->d.B, m->d.Ts, m->d.D);
     p->region.enter_forward(p, whole(m, m->ffn_in, a->ffn_xn), a->ffn_xn, m->d.B, m->d.Ts, m->d.D);
 }
@@ -263,15 +273,15 @@ static void layer_restore(llama_model *m, int l) {
 void llama_layer_backward(llama_model *m, int l, float *dh) {
     const llama_plan *p = m->plan;
     const llama_dims *d = &m->d;
-    layer_weights w = param_layer(m->params, m->params->params, l);
-    layer_weights g = param_layer(m->params, m->params->grads, l);
+    unit_weights w, g;
+    p->weights.acquire(p, m, l, true, &w, &g);
     llama_layer_acts *a = &m->acts[l];
     int B = d->B, T = d->T, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, hd = d->hd;
     int Hl = d->Hl, Hkvl = d->Hkvl, Fl = d->Fl;
     size_t ND = (size_t)N * D;
     float theta = m->c.rope_theta;
 
-    layer_restore(m, l);
+    layer_restore(m, l, &w);
     float *attn_in = whole(m, m->attn_in, a->attn_xn);     /* [N, D] */
     float *ffn_in = whole(m, m->ffn_in, a->ffn_xn);        /* [N, D] */
     float *dy = whole(m, m->dy_full, dh);                   /* [N, D] */
@@ -311,6 +321,7 @@ void llama_layer_backward(llama_model *m, int l, float *dh) {
     p->region.enter_backward(p, dxn, m->dxn_full, B, Ts, D);
     /* dh += d/d h_in through attention_norm: dh now holds d loss / d h_in */
     rmsnorm_backward(dh, g.attention_norm, dxn, a->h_in, w.attention_norm, a->attn_rstd, Ns, D);
+    p->weights.release(p, m, l, true);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -319,8 +330,9 @@ void llama_layer_backward(llama_model *m, int l, float *dh) {
 float llama_forward(llama_model *m, const int *tokens, const int *targets, float loss_scale) {
     const llama_plan *p = m->plan;
     const llama_dims *d = &m->d;
-    param_table *t = m->params;
     int B = d->B, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, Vl = d->Vl, v0 = d->v0, L = m->c.n_layers;
+    unit_weights w, g;                                  /* the ends: embedding, final norm, output */
+    p->weights.acquire(p, m, L, false, &w, &g);
     /* Keep the inputs: the backward pass needs tokens (embedding) and targets (loss). */
     device_copy(m->tokens, tokens, (size_t)N * sizeof(int));
     device_copy(m->targets, targets, (size_t)N * sizeof(int));
@@ -329,32 +341,29 @@ float llama_forward(llama_model *m, const int *tokens, const int *targets, float
     /* h0[Ns, D]: look up the rows of the tokens this rank's table holds (zero rows for the rest),
      * then the vocabulary's exit sums the ranks' lookups (identity with the whole table) */
     float *h0 = m->acts[0].h_in, *looked_up = whole(m, m->y_partial, h0);   /* [N, D] */
-    embedding_forward(looked_up, m->tokens, param_in(t, t->params, param_index(t, P_TOK_EMBEDDINGS, -1)),
-                      N, D, v0, Vl);
+    embedding_forward(looked_up, m->tokens, w.tok_embeddings, N, D, v0, Vl);
     p->vocab.exit_forward(p, h0, looked_up, B, Ts, D);
 
     for (int l = 0; l < L; l++) llama_layer_forward(m, l, l + 1 < L ? m->acts[l + 1].h_in : m->h_final);
 
     /* final_xn[Ns, D] = rmsnorm(h_final) * norm, entering the vocabulary's region */
-    int i_norm = param_index(t, P_NORM, -1), i_out = param_index(t, P_OUTPUT, -1);
-    rmsnorm_forward(m->final_xn, m->final_rstd, m->h_final, param_in(t, t->params, i_norm), Ns, D,
-                    m->c.norm_eps);
+    rmsnorm_forward(m->final_xn, m->final_rstd, m->h_final, w.norm, Ns, D, m->c.norm_eps);
     float *xn = whole(m, m->attn_in, m->final_xn);      /* [N, D] (attn_in is free here) */
     p->vocab.enter_forward(p, xn, m->final_xn, B, Ts, D);
     /* logits[N, Vl] = xn output^T: this rank's vocabulary rows */
-    p->linear.forward(p, m->logits, xn, param_in(t, t->params, i_out), N, D, Vl);
+    p->linear.forward(p, m->logits, xn, w.output, N, D, Vl);
     /* the sum over valid targets of -log softmax(logits)[target] */
     float loss_sum = p->loss.forward(p, m->logits, m->targets, N, Vl, v0, m->loss_stats, m->loss_scratch);
+    p->weights.release(p, m, L, false);
     return loss_sum * loss_scale;
 }
 
 void llama_backward(llama_model *m) {
     const llama_plan *p = m->plan;
     const llama_dims *d = &m->d;
-    param_table *t = m->params;
-    int B = d->B, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, Vl = d->Vl, v0 = d->v0;
-    int i_emb = param_index(t, P_TOK_EMBEDDINGS, -1), i_norm = param_index(t, P_NORM, -1);
-    int i_out = param_index(t, P_OUTPUT, -1);
+    int B = d->B, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, Vl = d->Vl, v0 = d->v0, L = m->c.n_layers;
+    unit_weights w, g;                                  /* the ends: embedding, final norm, output */
+    p->weights.acquire(p, m, L, true, &w, &g);
 
     /* dlogits[N, Vl] = (softmax - onehot(target)) * loss_scale, written over the logits */
     p->loss.backward(p, m->logits, m->logits, m->targets, m->loss_stats, N, Vl, v0, m->loss_scale);
@@ -362,22 +371,21 @@ void llama_backward(llama_model *m) {
     float *xn = whole(m, m->attn_in, m->final_xn);
     p->vocab.enter_forward(p, xn, m->final_xn, B, Ts, D);
     /* dxn_full[N, D] = dlogits output (this rank's vocabulary rows' share);  d output += dlogits^T xn */
-    p->linear.backward(p, m->dxn_full, param_in(t, t->grads, i_out), m->logits, xn,
-                       param_in(t, t->params, i_out), N, D, Vl);
+    p->linear.backward(p, m->dxn_full, g.output, m->logits, xn, w.output, N, D, Vl);
     float *dxn = whole(m, m->dxn, m->dxn_full);
     p->vocab.enter_backward(p, dxn, m->dxn_full, B, Ts, D);
     /* dh[Ns, D] = d loss / d h_final (through the final norm); d norm += ... */
     device_zero(m->dh, (size_t)Ns * D * sizeof(float));
-    rmsnorm_backward(m->dh, param_in(t, t->grads, i_norm), dxn, m->h_final,
-                     param_in(t, t->params, i_norm), m->final_rstd, Ns, D);
+    rmsnorm_backward(m->dh, g.norm, dxn, m->h_final, w.norm, m->final_rstd, Ns, D);
 
-    for (int l = m->c.n_layers - 1; l >= 0; l--) llama_layer_backward(m, l, m->dh);
+    for (int l = L - 1; l >= 0; l--) llama_layer_backward(m, l, m->dh);
 
     /* dh is d loss / d h0; the vocabulary's exit backward gives every token's row to the rank
      * whose table holds it, and each token's row adds into its table row */
     float *dh0 = whole(m, m->dy_full, m->dh);           /* [N, D] */
     p->vocab.exit_backward(p, dh0, m->dh, B, Ts, D);
-    embedding_backward(param_in(t, t->grads, i_emb), dh0, m->tokens, N, D, v0, Vl);
+    embedding_backward(g.tok_embeddings, dh0, m->tokens, N, D, v0, Vl);
+    p->weights.release(p, m, L, true);
 
     if (p->reduce_grads) p->reduce_grads(p, m);
 }

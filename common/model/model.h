@@ -114,9 +114,12 @@ void llama_backward(llama_model *m);
 void llama_zero_grad(llama_model *m);
 void llama_adamw_step(llama_model *m, const adamw_config *opt, int step);
 
-/* One layer. h_in = m->acts[l].h_in [Ns, D] -> h_out [Ns, D]. h_out == NULL stops once w2's
- * input exists (what a full recomputation before backward needs). */
+/* One layer. h_in = m->acts[l].h_in [Ns, D] -> h_out [Ns, D], with the weights the plan's
+ * weight access gives (acquired before, released after). */
 void llama_layer_forward(llama_model *m, int l, float *h_out);
+/* Layer l's forward again before its backward, from the weights `w` its backward acquired,
+ * stopping once w2's input exists (a full recomputation, chapter 03's full checkpointing). */
+void llama_layer_recompute(llama_model *m, int l, const unit_weights *w);
 /* dh [Ns, D]: d loss / d h_out in, d loss / d h_in out (in place). */
 void llama_layer_backward(llama_model *m, int l, float *dh);
 

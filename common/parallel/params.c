@@ -66,11 +66,14 @@ int param_index(const param_table *t, param_kind kind, int layer) {
 float *param_in(const param_table *t, float *block, int i) { return block + t->t[i].offset; }
 size_t param_local_numel(const param_table *t, int i) { return (size_t)t->t[i].nr * t->t[i].nc; }
 
-layer_weights param_layer(const param_table *t, float *block, int l) {
-#define AT(kind) param_in(t, block, param_index(t, kind, l))
-    layer_weights w = {.attention_norm = AT(P_ATTENTION_NORM), .wq = AT(P_WQ), .wk = AT(P_WK), .wv = AT(P_WV),
-                       .wo = AT(P_WO), .ffn_norm = AT(P_FFN_NORM), .w1 = AT(P_W1), .w2 = AT(P_W2), .w3 = AT(P_W3)};
-#undef AT
+unit_weights param_unit(const param_table *t, float *block, int u) {
+    static const param_kind ends[] = {P_TOK_EMBEDDINGS, P_NORM, P_OUTPUT};
+    static const param_kind layer[] = {P_ATTENTION_NORM, P_WQ, P_WK, P_WV, P_WO, P_FFN_NORM, P_W1, P_W2, P_W3};
+    unit_weights w = {0};
+    bool is_ends = u == t->c.n_layers;
+    const param_kind *kinds = is_ends ? ends : layer;
+    int n = is_ends ? 3 : 9;
+    for (int k = 0; k < n; k++) w.of[kinds[k]] = param_in(t, block, param_index(t, kinds[k], is_ends ? -1 : u));
     return w;
 }
 

@@ -9,7 +9,7 @@
  * Tensors are found by what they are, never by position:
  *     param_index(t, P_WQ, layer)           the index of layer `layer`'s wq
  *     param_index(t, P_OUTPUT, -1)          the output layer (tensors outside the layers: -1)
- *     param_layer(t, t->grads, l)           named pointers to layer l's gradients
+ *     param_unit(t, t->grads, l)            named pointers to layer l's gradients
  *
  * The single-device baseline is the table with no mesh: every slice is the whole tensor.
  */
@@ -32,16 +32,25 @@ typedef struct {
     size_t offset;            /* where the slice starts in each of the four blocks (floats)   */
 } param_tensor;
 
-/* Pointers to one layer's tensors inside one of the blocks (params, grads, adam_m, adam_v). */
-typedef struct {
-    float *attention_norm;    /* [D]                                                          */
-    float *wq;                /* [Hl*hd, D]   (Hl = H on one device, H/tp under Megatron TP)  */
-    float *wk, *wv;           /* [Hkvl*hd, D]                                                 */
-    float *wo;                /* [D, Hl*hd]                                                   */
-    float *ffn_norm;          /* [D]                                                          */
-    float *w1, *w3;           /* [Fl, D]                                                      */
-    float *w2;                /* [D, Fl]                                                      */
-} layer_weights;
+/* Pointers to the tensors of one unit inside one of the blocks (params, grads, adam_m, adam_v),
+ * by name or by param_kind. A unit is a layer (its nine tensors; the others NULL) or the model's
+ * ends (tok_embeddings, norm and output). */
+typedef union {
+    struct {
+        float *tok_embeddings;    /* [Vl, D]      the ends                                      */
+        float *attention_norm;    /* [D]          a layer                                       */
+        float *wq;                /* [Hl*hd, D]   (Hl = H on one device, H/tp under Megatron TP) */
+        float *wk, *wv;           /* [Hkvl*hd, D]                                               */
+        float *wo;                /* [D, Hl*hd]                                                 */
+        float *ffn_norm;          /* [D]                                                        */
+        float *w1;                /* [Fl, D]                                                    */
+        float *w2;                /* [D, Fl]                                                    */
+        float *w3;                /* [Fl, D]                                                    */
+        float *norm;              /* [D]          the ends                                      */
+        float *output;            /* [Vl, D]      the ends                                      */
+    };
+    float *of[P_NKINDS];
+} unit_weights;
 
 typedef struct {
     llama_config c;
@@ -66,8 +75,8 @@ void param_table_free(param_table *t);
 int param_index(const param_table *t, param_kind kind, int layer);
 /* This rank's slice of tensor i inside a block (t->params, t->grads, ...). */
 float *param_in(const param_table *t, float *block, int i);
-/* Layer l's tensors inside a block. */
-layer_weights param_layer(const param_table *t, float *block, int l);
+/* The tensors of unit u inside a block: layer u for u < L, the ends for u == L. */
+unit_weights param_unit(const param_table *t, float *block, int u);
 /* Elements of this rank's slice of tensor i. */
 size_t param_local_numel(const param_table *t, int i);
 

@@ -2,6 +2,7 @@
 #include <stddef.h>
 #include "device.h"
 #include "llama_kernels.h"
+#include "model.h"
 #include "plan.h"
 
 /* Identity boundaries: on one device (or with the sequence whole) the model passes the same
@@ -50,6 +51,15 @@ static void fp32_linear_backward(const llama_plan *p, float *dx, float *dW, cons
 }
 const linear_ops linear_fp32 = {fp32_linear_forward, fp32_linear_backward};
 
+/* Every rank holds its slices for good: the tensors are the table's, nothing to gather or free. */
+static void resident_acquire(const llama_plan *p, llama_model *m, int unit, bool backward,
+                             unit_weights *w, unit_weights *g) {
+    *w = param_unit(m->params, m->params->params, unit);
+    *g = param_unit(m->params, m->params->grads, unit);
+}
+static void resident_release(const llama_plan *p, llama_model *m, int unit, bool backward) {}
+const weight_ops weights_resident = {resident_acquire, resident_release};
+
 llama_plan plan_single_device(void) {
     llama_plan p = {0};
     p.name = "single device";
@@ -60,6 +70,7 @@ llama_plan plan_single_device(void) {
     p.loss = loss_local;
     p.attention = attention_local;
     p.linear = linear_fp32;
+    p.weights = weights_resident;
     p.keep = ACT_KEEP_ALL;
     return p;
 }

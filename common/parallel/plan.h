@@ -31,6 +31,7 @@
 #include "comm.h"
 #include "llama.h"
 #include "mesh.h"
+#include "params.h"
 #include "shard.h"
 
 C_BEGIN
@@ -82,6 +83,17 @@ typedef struct {
                      const float *W, int N, int in, int out);
 } linear_ops;
 
+/* Weight access. Before a unit's forward (backward = false) or backward, acquire gives the
+ * tensors' values (w) and where their gradients accumulate (g); release follows the unit's pass.
+ * A unit is layer u for u < L, or the ends (tok_embeddings, norm, output) for u == L, acquired
+ * for the whole forward or backward around the layers. Resident: views of the parameter table
+ * and nothing to release (a sharded-data-parallel chapter gathers and frees here). */
+typedef struct {
+    void (*acquire)(const llama_plan *p, llama_model *m, int unit, bool backward, unit_weights *w,
+                    unit_weights *g);
+    void (*release)(const llama_plan *p, llama_model *m, int unit, bool backward);
+} weight_ops;
+
 /* The activations one layer may save for backward (model.h: llama_layer_acts names them). */
 enum {
     ACT_H_IN = 0, ACT_ATTN_XN, ACT_ATTN_RSTD, ACT_Q, ACT_K, ACT_V, ACT_PROBS, ACT_ATTN_OUT,
@@ -100,12 +112,14 @@ struct llama_plan {
     loss_ops loss;
     attention_ops attention;
     linear_ops linear;
+    weight_ops weights;
     /* Activation checkpointing: the bits ACT_* of what each layer keeps for backward (the rest
      * lives once, in buffers shared by the layers), and what brings it back before a layer's
-     * backward. recompute returns true when it has also re-entered the region (a full forward
-     * again), so the model need not gather the region's inputs once more. NULL: keeps all. */
+     * backward, from the weights `w` acquired for it. recompute returns true when it has also
+     * re-entered the region (a full forward again), so the model need not gather the region's
+     * inputs once more. NULL: keeps all. */
     unsigned keep;
-    bool (*recompute)(llama_model *m, int layer);
+    bool (*recompute)(llama_model *m, int layer, const unit_weights *w);
     /* After the backward pass: the gradient reductions the plan owes (e.g. chapter 03's norm
      * weights, which saw only this rank's tokens). NULL: none. */
     void (*reduce_grads)(const llama_plan *p, llama_model *m);
@@ -122,6 +136,7 @@ extern const region_ops region_identity;
 extern const loss_ops loss_local;           /* cross_entropy_forward / backward (llama_kernels.h) */
 extern const attention_ops attention_local; /* attention_forward / backward                         */
 extern const linear_ops linear_fp32;        /* linear_forward / backward                            */
+extern const weight_ops weights_resident;   /* views of the parameter table                          */
 
 /* One deliberate bug, for the checks that prove the parity check catches it: --fault NAME
  * applies it to the plan before the model is built. apply returns NULL, or why the fault does
