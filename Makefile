@@ -6,6 +6,7 @@
 #   make plot-00         gnuplot PNGs of what the chapter measured
 #   make test            every unit test and every chapter check; last line "N passed, N failed"
 #   make cuda            compile and link every CUDA source with nvcc (sm_80, sm_90), warnings as errors
+#   make sanitize        the unit tests and chapter layouts under ASan + UBSan + LeakSanitizer
 #   make bench-01        a benchmark (never part of `make test`)
 
 SHELL := /bin/bash
@@ -114,7 +115,7 @@ $(foreach t,$(basename $(notdir $(TESTS_C))),$(eval $(call test_rule,$(t),cuda))
 CHAPTER_BINS = $(foreach c,$(CHAPTERS),$(BUILD_ROOT)/$(1)/$(call chapter_num,$(c)))
 TEST_BINS    = $(foreach t,$(basename $(notdir $(TESTS_C))),$(BUILD_ROOT)/$(1)/tests/$(t))
 
-.PHONY: all cuda banner deps deps-check deps-check-test test clean help
+.PHONY: all cuda banner deps deps-check deps-check-test test sanitize clean help
 all: banner deps-check $(call CHAPTER_BINS,$(BACKEND)) $(call TEST_BINS,$(BACKEND))
 
 # `make cuda`: every .cu through nvcc for sm_80 and sm_90 with warnings as errors, and every
@@ -175,6 +176,12 @@ test: deps-check-test all
 	 else echo "== nvcc not found: skipping the CUDA build (set CUDA_HOME to enable it)"; fi
 	@./tests/run_tests.sh $(BACKEND) "$(HAVE_NVCC)"
 
+# make sanitize: the CPU backend built with ASan + UBSan + LeakSanitizer into $(BUILD_ROOT)/sanitize,
+# every unit test on its rank counts and two layouts per chapter under mpirun; fails on any
+# report (Open MPI's own leaks suppressed: tests/lsan.supp). make test runs a quick subset.
+sanitize:
+	@./tests/sanitize.sh
+
 clean:
 	rm -rf build out
 
@@ -188,6 +195,7 @@ help:
 	@echo "make assignment-NN    a student copy in student/NN with the chapter's exercises removed"
 	@echo "make test             every unit test, chapter check and scripted test; last line 'N passed, N failed'"
 	@echo "make cuda             compile and link every CUDA source with nvcc (sm_80, sm_90), warnings as errors"
+	@echo "make sanitize         unit tests and chapter layouts under ASan + UBSan + LeakSanitizer (build/sanitize)"
 	@echo "make clean            remove build/ and out/"
 	@echo "chapters:  $(CHAPTERS)"
 	@echo "variables: BACKEND=cpu|cuda (now $(BACKEND)), NP=ranks (now $(NP)), ARGS=\"chapter flags\", CUDA_HOME (now $(CUDA_HOME))"
