@@ -106,6 +106,7 @@ int main(int argc, char **argv) {
     mesh_shape shape = {{1, 1, 1, 1, world}};
     device_mesh *mesh = mesh_create(shape);
     comm_group *tp = mesh->group[MESH_TP];
+    cli_require_output_dir("--out", o.out_dir);   /* the last refusal: only now is out/ created */
     log0("chapter 00: tensor-parallel MLP  dim %d -> hidden %d -> dim %d, batch %d, tp = %d, backend %s\n",
          o.dim, o.hidden, o.dim, o.batch, tp->size, device_backend_name());
     if (o.skip_backward_allreduce) log0("deliberate bug: f's backward all-reduce is skipped\n");

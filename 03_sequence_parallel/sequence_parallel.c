@@ -197,7 +197,7 @@ void sequence_parallel_free(llama_plan *plan) {
 
 /* --fault skip-norm-grad-allreduce: the norm weights keep the gradient of this rank's tokens only. */
 static const char *skip_norm_grad_allreduce(llama_plan *p) {
-    if (p->seq_shards == 1) return "needs sequence parallelism: with --no-sp every rank's norms see every token and there is no all-reduce to skip";
+    if (p->seq_shards == 1) return "needs the sequence split over ranks (tp > 1, without --no-sp): otherwise every rank's norms see every token and there is no all-reduce to skip";
     p->reduce_grads = NULL;
     return NULL;
 }
@@ -207,7 +207,7 @@ static void local_positions(const llama_plan *p, int *positions, int T) {
     for (int t = 0; t < T; t++) positions[t] = t % (T / p->seq_shards);
 }
 static const char *rope_local_positions(llama_plan *p) {
-    if (p->seq_shards == 1) return "needs sequence parallelism: with --no-sp a rank's tokens are the whole sequence and local positions are the global ones";
+    if (p->seq_shards == 1) return "needs the sequence split over ranks (tp > 1, without --no-sp): otherwise a rank's tokens are the whole sequence and local positions are the global ones";
     p->positions = local_positions;
     return NULL;
 }

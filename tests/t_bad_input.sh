@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
 # t_bad_input.sh: every chapter's NN_*/bad_inputs.txt. Each case must end all ranks with exit
 # status 2 within 60 s (no hang), and print exactly one line (on stderr) containing the
-# expected text; stdout must be empty.
+# expected text; stdout must be empty; and it must leave nothing behind: each case runs in an
+# empty scratch directory (its default --out is relative to it) that must still be empty.
 set -u
 root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
 mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
 n=0; bad=0
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+bin_dir=$(cd "$root/$backend" && pwd)
 for f in [0-9][0-9]_*/bad_inputs.txt; do
     nn=$(basename "$(dirname "$f")" | cut -c1-2)
     while IFS='|' read -r np flags want; do
         case "$np" in ''|'#'*) continue;; esac
         np=$(echo $np); want=$(echo "$want" | sed 's/^ *//; s/ *$//')
-        timeout 60 $mpirun_base -np "$np" "$root/$backend/$nn" $flags </dev/null >"$tmp/out" 2>"$tmp/err"
+        rm -rf "$tmp/cwd"; mkdir "$tmp/cwd"
+        (cd "$tmp/cwd" && timeout 60 $mpirun_base -np "$np" "$bin_dir/$nn" $flags </dev/null >"$tmp/out" 2>"$tmp/err")
         rc=$?
+        left=$(ls -A "$tmp/cwd")
         lines=$(grep -c . "$tmp/err"); n=$((n+1))
-        if [ $rc -ne 2 ] || [ "$lines" -ne 1 ] || [ -s "$tmp/out" ] || ! grep -qF -- "$want" "$tmp/err"; then
-            echo "chapter $nn NP=$np '$flags': exit $rc, $lines stderr line(s), expected exit 2 and one line with: $want"
+        if [ $rc -ne 2 ] || [ "$lines" -ne 1 ] || [ -s "$tmp/out" ] || [ -n "$left" ] || ! grep -qF -- "$want" "$tmp/err"; then
+            echo "chapter $nn NP=$np '$flags': exit $rc, $lines stderr line(s), left '$left', expected exit 2, nothing left and one line with: $want"
             sed 's/^/  | /' "$tmp/err" "$tmp/out" | head -10
             bad=$((bad+1))
         fi

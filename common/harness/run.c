@@ -107,12 +107,13 @@ void run_options_validate(run_options *o) {
         comm_exit_usage("--fault '%s' is not valid: this chapter's faults are %s", o->fault,
                         names[0] ? names : "none");
     }
-    /* --dump: find out now, before any work, that the directory can be written */
-    if (o->dump_dir) {
-        int ok = 1;
-        if (comm_world()->rank == 0) ok = make_dirs(o->dump_dir) == 0 && access(o->dump_dir, W_OK) == 0;
-        comm_require_all(ok, "--dump %s: cannot create or write that directory", o->dump_dir);
-    }
+}
+
+/* A dump write's verdict on rank 0, told to every rank: a failure removes the unfinished dump
+ * (DIR keeps what it held before) and ends the run with one line and exit 2. */
+static void dump_require(const run_options *o, int rc) {
+    if (rc != 0) dump_abort();
+    comm_require_all(rc == 0, "--dump %s: %s", o->dump_dir, dump_error());
 }
 
 void run_parse(run_options *o, int argc, char **argv, const struct option *flags,
@@ -169,6 +170,13 @@ llama_model *run_model(const run_options *o, const llama_plan *plan) {
                      "and scratch %s%s) but %s is available to it: make the model or the batch smaller, or "
                      "use more ranks", fmt_bytes(need), comm_world()->rank, fmt_bytes(state), fmt_bytes(acts),
                      comm_world()->rank == 0 && o->check ? ", and the --check baseline" : "", fmt_bytes(available));
+    /* Every refusal is behind us: only now may the run create its outputs. The dump first: it
+     * is written aside and, should anything end the run before dump_commit, removed at exit. */
+    if (o->dump_dir) {
+        dump_require(o, comm_world()->rank == 0 ? dump_begin(o->dump_dir) : 0);
+        atexit(dump_abort);
+    }
+    cli_require_output_dir("--out", o->out_dir);
     return llama_create(c, plan, o->batch, o->seed);
 }
 
@@ -179,10 +187,7 @@ int run_batch(const run_options *o, int step, int *tokens_dev, int *targets_dev,
     int valid = count_valid_targets(targets, B * T);
     device_copy_to_device(tokens_dev, tokens, (size_t)B * T * sizeof(int));
     device_copy_to_device(targets_dev, targets, (size_t)B * T * sizeof(int));
-    if (o->dump_dir) {
-        int rc = log_rank() == 0 ? dump_batch(o->dump_dir, step, tokens, targets, B, T) : 0;
-        comm_require_all(rc == 0, "--dump %s: cannot write batch_%d.safetensors", o->dump_dir, step);
-    }
+    if (o->dump_dir) dump_require(o, log_rank() == 0 ? dump_batch(o->dump_dir, step, tokens, targets, B, T) : 0);
     free(tokens);
     free(targets);
     return valid;
@@ -281,7 +286,7 @@ static void dump_tensors(const run_options *o, const char *file, bool grads, lla
     int rc = root ? dump_params(o->dump_dir, file, c, &o->opt, full) : 0;
     for (int i = 0; i < n; i++) free(full[i]);
     free(full);
-    comm_require_all(rc == 0, "--dump %s: cannot write %s (is the directory writable?)", o->dump_dir, file);
+    dump_require(o, rc);
 }
 
 run_clock run_train(const run_options *o, llama_model *model, const char *label, const char *csv_path) {
@@ -317,8 +322,7 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
         if (o->check) compare_step(o, step, loss, base_loss, model, base);
         if (o->dump_dir) {
             if (step == 1) dump_tensors(o, "grads_1.safetensors", true, model);
-            int rc = root ? dump_loss(o->dump_dir, step, loss) : 0;
-            comm_require_all(rc == 0, "--dump %s: cannot write losses.txt", o->dump_dir);
+            dump_require(o, root ? dump_loss(o->dump_dir, step, loss) : 0);
         }
 
         run_clock_start(&clock);
@@ -327,6 +331,7 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
         if (base) llama_adamw_step(base, &o->opt, step);
     }
     csv_close(csv);
+    if (o->dump_dir) dump_require(o, root ? dump_commit() : 0);   /* the finished dump, in one rename */
     llama_free(base);
     device_free(tokens);
     device_free(targets);

@@ -63,7 +63,8 @@ void run_parse(run_options *o, int argc, char **argv, const struct option *flags
                void (*chapter_flag)(int code, const char *arg, void *ctx), void *ctx,
                const char *chapter_usage);
 /* After parsing: applies kv_heads_follow_heads; the model must be valid for a [batch, seq_len]
- * batch, --fault must name one of the chapter's faults, --dump must be writable (exit 2). */
+ * batch and --fault must name one of the chapter's faults (exit 2). The output directories are
+ * checked by run_model, after every other refusal, so a refused run creates nothing. */
 void run_options_validate(run_options *o);
 
 /* The tensor-parallel degree: --tp's value when it was given (tp_flag > 0), else the number of
@@ -77,7 +78,9 @@ void run_apply_fault(const run_options *o, llama_plan *plan);
 /* The model under `plan` (llama_create), after checking up front that it can exist: no tensor
  * of 2^31 elements or more (the kernels index with int), and the bytes it needs on this rank
  * (with --check, rank 0 adds the baseline's) within what the device has available. Otherwise one
- * line naming the figures and exit 2, before anything is allocated. Collective. */
+ * line naming the figures and exit 2, before anything is allocated or created. Then --out must be
+ * a usable directory and --dump starts an atomic dump (dump.h: written aside, renamed into place
+ * when run_train ends; a failure leaves DIR as it was). Collective. */
 llama_model *run_model(const run_options *o, const llama_plan *plan);
 
 /* The step's global batch (data.h), copied to the device (and written to --dump DIR).
