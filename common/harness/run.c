@@ -9,6 +9,7 @@
 #include "data.h"
 #include "device.h"
 #include "dump.h"
+#include "guard.h"
 #include "log.h"
 #include "parity.h"
 #include "run.h"
@@ -49,9 +50,11 @@ static void usage_common(const run_options *o) {
          "  --verbose-grads  print every gradient's difference every step (default: step 1)\n"
          "  --dump DIR       export init/batches/grads/losses as safetensors (docs/dump-format.md)\n"
          "  --out DIR        where the CSV files go (default %s)\n"
+         "  --timeout S      end the job (exit 3) when a rank waits more than S seconds for the\n"
+         "                   others: one stopped or died (default %.0f; 0: never)\n"
          "  --fault NAME     a deliberate bug, to see the parity check catch it:\n",
          c.dim, c.n_layers, c.n_heads, o->kv_heads_follow_heads ? "n-heads" : kv, c.ffn_dim,
-         c.vocab_size, c.seq_len, o->out_dir);
+         c.vocab_size, c.seq_len, o->out_dir, guard_timeout());
     for (const plan_fault *f = o->faults; f && f->name; f++) log0("                     %-26s %s\n", f->name, f->what);
     if (!o->faults || !o->faults[0].name) log0("                     (this chapter has none)\n");
 }
@@ -78,6 +81,7 @@ int run_options_parse(run_options *o, int code, const char *arg, const char *cha
     case RUN_OPT_DUMP: o->dump_dir = arg; break;
     case RUN_OPT_OUT: o->out_dir = arg; break;
     case RUN_OPT_FAULT: o->fault = arg; break;
+    case RUN_OPT_TIMEOUT: guard_set_timeout(cli_float("--timeout", arg, 0.0f, 1e6f)); break;
     case RUN_OPT_HELP:
         log0("%s", chapter_usage);
         usage_common(o);
@@ -302,6 +306,9 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
     comm_reset_all_stats();
     run_clock clock = {0};
     for (int step = 1; step <= o->steps; step++) {
+        char beat[32];
+        snprintf(beat, sizeof beat, "step %d", step);
+        guard_progress(beat);   /* the watchdog's heartbeat (guard.h) */
         int n_pad, n_valid = run_batch(o, step, tokens, targets, &n_pad);
         float scale = run_loss_scale(n_valid);   /* 1 / valid targets of the whole batch */
 
