@@ -253,6 +253,7 @@ int dump_params(const char *dir, const char *file, const llama_config *c, const 
     meta_float(w, "beta2", o->beta2);
     meta_float(w, "eps", o->eps);
     meta_float(w, "weight_decay", o->weight_decay);
+    if (o->clip_grad_norm > 0) meta_float(w, "clip_grad_norm", o->clip_grad_norm);   /* grads_1 is before clipping */
 
     int n = llama_num_params(c);
     for (int i = 0; i < n; i++) {

@@ -50,6 +50,7 @@ static void usage_common(const run_options *o) {
          "  --verbose-grads  print every gradient's difference every step (default: step 1)\n"
          "  --dump DIR       export init/batches/grads/losses as safetensors (docs/dump-format.md)\n"
          "  --out DIR        where the CSV files go (default %s)\n"
+         "  --clip-grad-norm X  scale the gradients so their global norm is at most X (default off)\n"
          "  --timeout S      end the job (exit 3) when a rank waits more than S seconds for the\n"
          "                   others: one stopped or died (default %.0f; 0: never)\n"
          "  --fault NAME     a deliberate bug, to see the parity check catch it:\n",
@@ -82,6 +83,7 @@ int run_options_parse(run_options *o, int code, const char *arg, const char *cha
     case RUN_OPT_OUT: o->out_dir = arg; break;
     case RUN_OPT_FAULT: o->fault = arg; break;
     case RUN_OPT_TIMEOUT: guard_set_timeout(cli_float("--timeout", arg, 0.0f, 1e6f)); break;
+    case RUN_OPT_CLIP: o->opt.clip_grad_norm = cli_float("--clip-grad-norm", arg, 1e-6f, 1e6f); break;
     case RUN_OPT_HELP:
         log0("%s", chapter_usage);
         usage_common(o);
@@ -293,6 +295,23 @@ static void dump_tensors(const run_options *o, const char *file, bool grads, lla
     dump_require(o, rc);
 }
 
+/* Clipping by the global norm, as torch.nn.utils.clip_grad_norm_: the norm of every gradient
+ * element of the whole model, whatever the layout (each rank sums the squares of the slices it
+ * holds for gather; one all-reduce of one float over the world), then every gradient times
+ * min(1, max_norm / (norm + 1e-6)). Returns the norm before clipping. Collective over `world`
+ * (NULL: the baseline, alone on its rank). */
+static double clip_grad_norm(llama_model *m, comm_group *world, float max_norm, float *dev_scalar) {
+    float sq = (float)param_grad_sq_held(m->params);
+    if (world) {
+        device_copy_to_device(dev_scalar, &sq, sizeof sq);
+        comm_all_reduce(world, dev_scalar, 1, COMM_SUM);
+        device_copy_to_host(&sq, dev_scalar, sizeof sq);
+    }
+    double norm = sqrt((double)sq), coef = max_norm / (norm + 1e-6);
+    if (coef < 1.0) param_scale_grads(m->params, (float)coef);
+    return norm;
+}
+
 run_clock run_train(const run_options *o, llama_model *model, const char *label, const char *csv_path) {
     const llama_config *c = &o->model;
     int N = o->batch * c->seq_len;
@@ -300,6 +319,10 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
     llama_model *base = o->check && root ? llama_create_baseline(c, o->batch, o->seed) : NULL;
     mem_reset_peaks();   /* the largest allocation seen from here on is the parallel run's own */
     int *tokens = device_alloc_ints(N, MEM_BUFFERS), *targets = device_alloc_ints(N, MEM_BUFFERS);
+    float *scalar = device_alloc_floats(1, MEM_BUFFERS);
+    /* this rank's rows of the global batch: its data-parallel coordinate's share */
+    comm_group *batch = model->plan->batch;
+    size_t rows_offset = (size_t)(batch ? batch->rank : 0) * model->d.B * c->seq_len;
     if (o->dump_dir) dump_tensors(o, "init.safetensors", false, model);
     FILE *csv = csv_path ? csv_open(csv_path, "step,baseline,parallel") : NULL;
 
@@ -314,9 +337,10 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
 
         run_clock_start(&clock);
         llama_zero_grad(model);
-        float loss = llama_forward(model, tokens, targets, scale);
+        float loss = llama_forward(model, tokens + rows_offset, targets + rows_offset, scale);
         llama_backward(model);
         double t_fb = run_clock_stop(&clock);
+        if (batch) loss = (float)comm_host_sum(batch, loss);   /* the global mean: every rank's share */
 
         double base_loss = NAN;
         if (base) {   /* the baseline's half of the step, on the same global batch */
@@ -333,6 +357,11 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
         }
 
         run_clock_start(&clock);
+        if (o->opt.clip_grad_norm > 0) {
+            double norm = clip_grad_norm(model, comm_world(), o->opt.clip_grad_norm, scalar);
+            double base_norm = base ? clip_grad_norm(base, NULL, o->opt.clip_grad_norm, NULL) : NAN;
+            log0("         grad norm %.6g (baseline %.6g), clipped to %g\n", norm, base_norm, o->opt.clip_grad_norm);
+        }
         llama_adamw_step(model, &o->opt, step);
         run_clock_stop(&clock);
         if (base) llama_adamw_step(base, &o->opt, step);
@@ -342,6 +371,7 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
     llama_free(base);
     device_free(tokens);
     device_free(targets);
+    device_free(scalar);
     return clock;
 }
 

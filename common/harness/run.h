@@ -37,7 +37,7 @@ typedef struct {
 enum {
     RUN_OPT_DIM = 1000, RUN_OPT_LAYERS, RUN_OPT_HEADS, RUN_OPT_KV_HEADS, RUN_OPT_FFN,
     RUN_OPT_VOCAB, RUN_OPT_SEQ, RUN_OPT_BATCH, RUN_OPT_STEPS, RUN_OPT_LR, RUN_OPT_SEED,
-    RUN_OPT_CHECK, RUN_OPT_VERBOSE, RUN_OPT_DUMP, RUN_OPT_OUT, RUN_OPT_FAULT, RUN_OPT_TIMEOUT, RUN_OPT_HELP
+    RUN_OPT_CHECK, RUN_OPT_VERBOSE, RUN_OPT_DUMP, RUN_OPT_OUT, RUN_OPT_FAULT, RUN_OPT_TIMEOUT, RUN_OPT_CLIP, RUN_OPT_HELP
 };
 #define RUN_FLAGS                                                                              \
     {"dim", required_argument, 0, RUN_OPT_DIM}, {"n-layers", required_argument, 0, RUN_OPT_LAYERS}, \
@@ -50,6 +50,7 @@ enum {
     {"verbose-grads", no_argument, 0, RUN_OPT_VERBOSE},                                         \
     {"dump", required_argument, 0, RUN_OPT_DUMP}, {"out", required_argument, 0, RUN_OPT_OUT},    \
     {"fault", required_argument, 0, RUN_OPT_FAULT}, {"timeout", required_argument, 0, RUN_OPT_TIMEOUT}, \
+    {"clip-grad-norm", required_argument, 0, RUN_OPT_CLIP},                                      \
     {"help", no_argument, 0, RUN_OPT_HELP}
 
 /* Defaults: llama_config_default(), adamw_config_default(), batch 4, 5 steps, seed 1234,
@@ -100,9 +101,11 @@ double run_clock_stop(run_clock *k);                 /* returns this segment's s
 void run_clock_report(const run_clock *k, int steps);
 
 /* Trains `model` for o->steps AdamW steps on the synthetic batches. Every step: zero the
- * gradients, forward, backward (timed), then with --check the baseline's step on world rank 0
- * on the same global batch, the losses and every gradient compared (the gradients judged on
- * step 1, where both models hold the same parameters; see run.c), --dump, and the optimizer.
+ * gradients, forward, backward (timed; each data-parallel rank of plan->batch takes its rows of
+ * the global batch, and the printed loss is their sum), then with --check the baseline's step on
+ * world rank 0 on the same global batch, the losses and every gradient compared (the gradients
+ * judged on step 1, where both models hold the same parameters; see run.c), --dump, clipping by
+ * the global norm (--clip-grad-norm, both models), and the optimizer.
  * Rank 0 prints one line per step labelled `label` and, when csv_path is not NULL, writes
  * "step,baseline,parallel" there. Collective. Resets the communication counters first, so the
  * report that follows counts the training steps only. */

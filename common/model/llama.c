@@ -32,6 +32,7 @@ adamw_config adamw_config_default(void) {
     o.beta2 = 0.95f;
     o.eps = 1e-8f;
     o.weight_decay = 0.1f;
+    o.clip_grad_norm = 0.0f;
     return o;
 }
 

@@ -36,6 +36,7 @@ typedef struct {
 
 typedef struct {
     float lr, beta1, beta2, eps, weight_decay;
+    float clip_grad_norm;   /* > 0: gradients scaled so that their global norm is at most this */
 } adamw_config;
 
 llama_config llama_config_default(void);   /* the tiny configuration every chapter defaults to */

@@ -393,24 +393,33 @@ void llama_backward(llama_model *m) {
 void llama_zero_grad(llama_model *m) { param_zero_grads(m->params); }
 
 void llama_adamw_step(llama_model *m, const adamw_config *opt, int step) {
-    param_adamw_step(m->params, opt, step);
+    if (m->plan->optimizer_step) m->plan->optimizer_step(m->plan, m, opt, step);
+    else param_adamw_step(m->params, opt, step);
 }
 
 void llama_gather_residual(llama_model *m, const float *x_local, float *full) {
     const llama_dims *d = &m->d;
     size_t n = (size_t)d->Ns * d->D;
-    comm_group *g = m->plan->tp;
-    if (m->plan->seq_shards == 1 || !g) {        /* whole on every rank: world rank 0's copy */
-        if (comm_world()->rank == 0) device_copy_to_host(full, x_local, n * sizeof(float));
-        return;
-    }
-    /* [p][B][Ts][D] chunks on the tp group's rank 0 (world rank 0 is one of those), re-laid out */
+    comm_group *g = m->plan->tp, *batch = m->plan->batch;
+    /* 1. this batch slice's [B, T, D] on the tp group's rank 0 (whole on every rank, or its
+     *    [p][B][Ts][D] chunks re-laid out when the plan splits the sequence) */
     float *mine = malloc(n * sizeof(float));
     device_copy_to_host(mine, x_local, n * sizeof(float));
-    float *chunks = g->rank == 0 ? malloc(n * g->size * sizeof(float)) : NULL;
-    comm_host_gather(g, mine, chunks, n, 0);
-    if (comm_world()->rank == 0)
-        for (size_t i = 0; i < n * g->size; i++) full[i] = chunks[seq_chunk_index(i, g->size, d->B, d->Ts, d->D)];
-    free(chunks);
+    size_t slice = (size_t)d->B * d->T * d->D;
+    float *rows = malloc(slice * sizeof(float));
+    if (m->plan->seq_shards == 1 || !g) {
+        memcpy(rows, mine, slice * sizeof(float));
+    } else {
+        float *chunks = g->rank == 0 ? malloc(n * g->size * sizeof(float)) : NULL;
+        comm_host_gather(g, mine, chunks, n, 0);
+        if (g->rank == 0)
+            for (size_t i = 0; i < slice; i++) rows[i] = chunks[seq_chunk_index(i, g->size, d->B, d->Ts, d->D)];
+        free(chunks);
+    }
+    /* 2. the data-parallel ranks' slices, in batch order, on the batch group's rank 0: world rank
+     *    0 is rank 0 of both groups (every other coordinate of it is 0) */
+    if (batch) comm_host_gather(batch, rows, full, slice, 0);
+    else if (comm_world()->rank == 0) memcpy(full, rows, slice * sizeof(float));
+    free(rows);
     free(mine);
 }

@@ -123,8 +123,9 @@ void llama_layer_recompute(llama_model *m, int l, const unit_weights *w);
 /* dh [Ns, D]: d loss / d h_out in, d loss / d h_in out (in place). */
 void llama_layer_backward(llama_model *m, int l, float *dh);
 
-/* A [Ns, D] residual-stream tensor (e.g. m->dh) as the whole [B, T, D] on world rank 0 (host;
- * NULL elsewhere). For checking: not counted as traffic. Collective over the world. */
+/* A [Ns, D] residual-stream tensor (e.g. m->dh) as the whole global [B_global, T, D] on world
+ * rank 0 (host; NULL elsewhere): the sequence's shards over tp, then the batch's rows over the
+ * data-parallel ranks. For checking: not counted as traffic. Collective over the world. */
 void llama_gather_residual(llama_model *m, const float *x_local, float *full);
 
 C_END

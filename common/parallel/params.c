@@ -5,6 +5,7 @@
 #include "comm.h"
 #include "device.h"
 #include "init.h"
+#include "kernels.h"
 #include "llama_kernels.h"
 #include "params.h"
 
@@ -93,6 +94,21 @@ static bool holds_for_gather(const param_table *t, const param_tensor *x) {
     }
     return true;
 }
+
+double param_grad_sq_held(const param_table *t) {
+    double sum = 0;
+    for (int i = 0; i < t->n; i++) {
+        if (t->mesh && !holds_for_gather(t, &t->t[i])) continue;
+        size_t n = param_local_numel(t, i);
+        float *g = malloc(n * sizeof(float));
+        device_copy_to_host(g, param_in(t, t->grads, i), n * sizeof(float));
+        for (size_t k = 0; k < n; k++) sum += (double)g[k] * g[k];
+        free(g);
+    }
+    return sum;
+}
+
+void param_scale_grads(param_table *t, float coef) { scale_inplace(t->grads, coef, t->num_local); }
 
 void param_gather(const param_table *t, int i, bool grad, float *full) {
     const param_tensor *x = &t->t[i];

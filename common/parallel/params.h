@@ -85,6 +85,12 @@ void param_zero_grads(param_table *t);
  * identical gradients on every rank that holds them, so their copies stay identical. */
 void param_adamw_step(param_table *t, const adamw_config *opt, int step);
 
+/* The sum of squares of the gradient slices this rank holds for gather (see param_gather): summed
+ * over the world, every element of every full gradient counts exactly once. */
+double param_grad_sq_held(const param_table *t);
+/* grads *= coef, every slice this rank stores. */
+void param_scale_grads(param_table *t, float coef);
+
 /* Tensor i (its parameters, or its gradients when `grad`) as the full [rows, cols] host tensor
  * on world rank 0, whatever the mesh: one holder of each slice sends it (the rank whose
  * coordinates are 0 in every dimension the tensor is not split over). `full` may be NULL on

@@ -105,6 +105,8 @@ struct llama_plan {
     const char *name;              /* "single device", "megatron tp", ...                         */
     device_mesh *mesh;             /* NULL on a single device                                      */
     comm_group *tp;                /* the group the operators talk over (NULL: none)              */
+    comm_group *batch;             /* the data-parallel ranks that split the global batch by rows
+                                    * (NULL: every rank sees the whole batch)                      */
     int seq_shards;                /* the residual stream holds T / seq_shards tokens per sequence */
     shard_layout layout[P_NKINDS]; /* how each kind of tensor is split over tp (params.h)         */
     region_ops region;             /* the layers' tensor-parallel region                          */
@@ -123,6 +125,8 @@ struct llama_plan {
     /* After the backward pass: the gradient reductions the plan owes (e.g. chapter 03's norm
      * weights, which saw only this rank's tokens). NULL: none. */
     void (*reduce_grads)(const llama_plan *p, llama_model *m);
+    /* The optimizer step on what this rank holds (NULL: AdamW on every slice of the table). */
+    void (*optimizer_step)(const llama_plan *p, llama_model *m, const adamw_config *opt, int step);
     /* RoPE positions[T] of the rows of a whole sequence as the attention sees them. NULL: 0..T-1. */
     void (*positions)(const llama_plan *p, int *positions_host, int T);
     void *ctx;                     /* the operators' own state (e.g. scratch buffers), or NULL     */
