@@ -6,7 +6,8 @@
 DIR holds what a chapter's --dump wrote (docs/dump-format.md):
     init.safetensors      every parameter before step 1; __metadata__ holds the configuration
                           (dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, seq_len,
-                          norm_eps, rope_theta) and AdamW's (lr, beta1, beta2, eps, weight_decay)
+                          norm_eps, rope_theta) and AdamW's (lr, beta1, beta2, eps, weight_decay),
+                          and clip_grad_norm when the run clipped by global norm
     batch_K.safetensors   "tokens" and "targets", I32 [B, T], for steps K = 1, 2, ...
     grads_1.safetensors   every gradient of step 1
     losses.txt            "K loss" per line
@@ -95,6 +96,9 @@ def read_config(metadata, path):
         if key not in metadata:
             raise DumpError(f"{path}: metadata has no '{key}'")
         config[key] = int(metadata[key]) if key in ints else float(metadata[key])
+    # optional: gradient clipping by global norm (grads_1 holds the gradients before clipping)
+    if "clip_grad_norm" in metadata:
+        config["clip_grad_norm"] = float(metadata["clip_grad_norm"])
     return config
 
 
@@ -298,6 +302,8 @@ def run(directory):
 
         if step == 1 and c_grads is not None:
             grad_table = [(name, p.grad.detach().clone().numpy()) for name, p in params.items()]
+        if "clip_grad_norm" in config:
+            torch.nn.utils.clip_grad_norm_(list(params.values()), config["clip_grad_norm"])
         optimizer.step()
 
     if c_grads is None:
