@@ -64,10 +64,12 @@ size_t llama_act_numel(const llama_dims *d, int act) {
 double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, double *state_bytes,
                          double *act_bytes, double *largest_numel) {
     double p = plan->tp ? plan->tp->size : 1, largest = 0, state = 0, acts = 0;
+    double S = plan->mesh ? plan->mesh->shape.degree[MESH_DP_SHARD] : 1;
     for (int i = 0; i < llama_num_params(c); i++) {           /* every tensor's local slice */
         param_spec s = llama_param_spec(c, i);
         double numel = (double)s.rows * s.cols / (plan->layout[s.kind] == SHARD_REPLICATED ? 1 : p);
-        state += 16 * numel;                                   /* parameters, gradients, m, v */
+        for (int b = 0; b < PARAM_NBLOCKS; b++)               /* values, gradients, m and v */
+            state += (b == PARAM_OPTIM ? 8 : 4) * numel / (plan->storage[b] == STORE_SHARD ? S : 1);
         largest = fmax(largest, numel);
     }
     double split = plan_split(plan, P_WQ, p), T = c->seq_len, N = (double)B * T, Ns = N / plan->seq_shards;
@@ -121,7 +123,7 @@ llama_model *llama_create(const llama_config *c, const llama_plan *plan, int B, 
     llama_model *m = calloc(1, sizeof *m);
     m->c = *c;
     m->plan = plan;
-    m->params = param_table_create(c, plan->mesh, plan->layout, seed);
+    m->params = param_table_create(c, plan->mesh, plan->layout, plan->storage, seed);
     m->d = llama_dims_make(c, plan, B);
     const llama_dims *d = &m->d;
     size_t N = d->N, Ns = d->Ns, D = d->D, T = d->T, L = c->n_layers;

@@ -9,45 +9,82 @@
 #include "llama_kernels.h"
 #include "params.h"
 
+/* The tensors of unit u in the blocks' order: a layer's nine, or the ends' three. */
+static int unit_tensors(const llama_config *c, int u, int idx[9]) {
+    static const param_kind ends[] = {P_TOK_EMBEDDINGS, P_NORM, P_OUTPUT};
+    static const param_kind layer[] = {P_ATTENTION_NORM, P_WQ, P_WK, P_WV, P_WO, P_FFN_NORM, P_W1, P_W2, P_W3};
+    bool is_ends = u == c->n_layers;
+    int n = is_ends ? 3 : 9;
+    for (int k = 0; k < n; k++) idx[k] = llama_param_index_of(c, is_ends ? ends[k] : layer[k], is_ends ? -1 : u);
+    return n;
+}
+
 param_table *param_table_create(const llama_config *c, device_mesh *mesh,
-                                const shard_layout layout[P_NKINDS], uint64_t seed) {
+                                const shard_layout layout[P_NKINDS],
+                                const block_storage storage[PARAM_NBLOCKS], uint64_t seed) {
     param_table *t = calloc(1, sizeof *t);
     t->c = *c;
     t->mesh = mesh;
     t->tp = mesh ? mesh->group[MESH_TP] : NULL;
+    t->dp_shard = mesh ? mesh->group[MESH_DP_SHARD] : NULL;
+    for (int b = 0; b < PARAM_NBLOCKS; b++) t->storage[b] = storage ? storage[b] : STORE_WHOLE;
     int p = t->tp ? t->tp->size : 1, r = t->tp ? t->tp->rank : 0;
+    int S = t->dp_shard ? t->dp_shard->size : 1, s = t->dp_shard ? t->dp_shard->rank : 0;
     t->n = llama_num_params(c);
     t->t = calloc((size_t)t->n, sizeof *t->t);
-    t->layer_first = calloc((size_t)c->n_layers, sizeof *t->layer_first);
-    size_t offset = 0;
     for (int i = 0; i < t->n; i++) {
         param_tensor *x = &t->t[i];
         x->spec = llama_param_spec(c, i);
         x->tp_layout = layout ? layout[x->spec.kind] : SHARD_REPLICATED;
         shard_slice(x->tp_layout, x->spec.rows, x->spec.cols, r, p, &x->r0, &x->nr, &x->c0, &x->nc);
-        if ((size_t)x->nr * p != (size_t)x->spec.rows && x->tp_layout == SHARD_ROWS) {
-            fprintf(stderr, "param_table_create: %s has %d rows, not divisible by tp %d\n", x->spec.name, x->spec.rows, p);
+        if ((x->tp_layout == SHARD_ROWS && x->nr * p != x->spec.rows) ||
+            (x->tp_layout == SHARD_COLS && x->nc * p != x->spec.cols)) {
+            fprintf(stderr, "param_table_create: %s [%d, %d] is not divisible by tp %d\n", x->spec.name,
+                    x->spec.rows, x->spec.cols, p);
             exit(1);
         }
-        if ((size_t)x->nc * p != (size_t)x->spec.cols && x->tp_layout == SHARD_COLS) {
-            fprintf(stderr, "param_table_create: %s has %d columns, not divisible by tp %d\n", x->spec.name, x->spec.cols, p);
-            exit(1);
-        }
-        x->offset = offset;
-        offset += (size_t)x->nr * x->nc;
-        if (x->spec.layer >= 0 && x->spec.kind == P_ATTENTION_NORM) t->layer_first[x->spec.layer] = i;
+        /* the dp_shard split of PyTorch's dim 0: a matrix's rows, a vector's elements */
+        x->units = x->spec.is_vector ? x->nc : x->nr;
+        x->width = x->spec.is_vector ? 1 : x->nc;
+        x->shard_units = (x->units + S - 1) / S;
+        x->own_first = s * x->shard_units;
+        x->own_units = x->units - x->own_first;
+        if (x->own_units > x->shard_units) x->own_units = x->shard_units;
+        if (x->own_units < 0) x->own_units = 0;
     }
-    t->num_local = offset;
-    t->params = device_alloc_floats(offset, MEM_PARAMS);
-    t->grads = device_alloc_floats(offset, MEM_GRADS);
-    t->adam_m = device_alloc_floats(offset, MEM_OPTIM);
-    t->adam_v = device_alloc_floats(offset, MEM_OPTIM);
-    /* The shard-invariant initialiser gives each rank exactly its slice of the baseline. */
+    /* Offsets, unit by unit, so that a unit is one contiguous range in every block. */
+    for (int u = 0; u <= c->n_layers; u++) {
+        int idx[9], n = unit_tensors(c, u, idx);
+        for (int k = 0; k < n; k++) {
+            param_tensor *x = &t->t[idx[k]];
+            x->offset_whole = t->whole_numel;
+            x->offset_shard = t->shard_numel;
+            t->whole_numel += (size_t)x->units * x->width;
+            t->shard_numel += (size_t)x->shard_units * x->width;
+        }
+    }
+#define BLOCK_NUMEL(b) (t->storage[b] == STORE_SHARD ? t->shard_numel : t->whole_numel)
+    t->params = device_alloc_floats(BLOCK_NUMEL(PARAM_VALUES), MEM_PARAMS);
+    t->grads = device_alloc_floats(BLOCK_NUMEL(PARAM_GRADS), MEM_GRADS);
+    t->adam_m = device_alloc_floats(BLOCK_NUMEL(PARAM_OPTIM), MEM_OPTIM);
+    t->adam_v = device_alloc_floats(BLOCK_NUMEL(PARAM_OPTIM), MEM_OPTIM);
+#undef BLOCK_NUMEL
+    /* The shard-invariant initialiser gives each rank exactly its slice of the baseline: the
+     * whole tp slice, or the rows (elements) of its dp shard; padding stays zero. */
+    bool sharded = t->storage[PARAM_VALUES] == STORE_SHARD;
     for (int i = 0; i < t->n; i++) {
         const param_tensor *x = &t->t[i];
-        if (x->spec.is_vector) init_constant_device(param_in(t, t->params, i), param_local_numel(t, i), 1.0f);
-        else init_normal_slice_device(param_in(t, t->params, i), x->spec.name, seed, x->spec.init_std,
-                                      x->spec.rows, x->spec.cols, x->r0, x->nr, x->c0, x->nc);
+        float *dst = param_in(t, t->params, i);
+        if (x->spec.is_vector) {
+            init_constant_device(dst, sharded ? (size_t)x->own_units : (size_t)x->nc, 1.0f);
+        } else if (sharded) {
+            if (x->own_units > 0)
+                init_normal_slice_device(dst, x->spec.name, seed, x->spec.init_std, x->spec.rows, x->spec.cols,
+                                         x->r0 + x->own_first, x->own_units, x->c0, x->nc);
+        } else {
+            init_normal_slice_device(dst, x->spec.name, seed, x->spec.init_std, x->spec.rows, x->spec.cols,
+                                     x->r0, x->nr, x->c0, x->nc);
+        }
     }
     return t;
 }
@@ -56,7 +93,6 @@ void param_table_free(param_table *t) {
     if (!t) return;
     device_free(t->params); device_free(t->grads); device_free(t->adam_m); device_free(t->adam_v);
     free(t->t);
-    free(t->layer_first);
     free(t);
 }
 
@@ -64,68 +100,107 @@ int param_index(const param_table *t, param_kind kind, int layer) {
     return llama_param_index_of(&t->c, kind, layer);
 }
 
-float *param_in(const param_table *t, float *block, int i) { return block + t->t[i].offset; }
-size_t param_local_numel(const param_table *t, int i) { return (size_t)t->t[i].nr * t->t[i].nc; }
+block_storage param_storage_of(const param_table *t, const float *block) {
+    if (block == t->params) return t->storage[PARAM_VALUES];
+    if (block == t->grads) return t->storage[PARAM_GRADS];
+    return t->storage[PARAM_OPTIM];
+}
+
+float *param_in(const param_table *t, float *block, int i) {
+    const param_tensor *x = &t->t[i];
+    return block + (param_storage_of(t, block) == STORE_SHARD ? x->offset_shard : x->offset_whole);
+}
+
+size_t param_stored_numel(const param_table *t, const float *block, int i) {
+    const param_tensor *x = &t->t[i];
+    return (size_t)(param_storage_of(t, block) == STORE_SHARD ? x->shard_units : x->units) * x->width;
+}
+
+void param_unit_range(const param_table *t, const float *block, int u, size_t *offset, size_t *count) {
+    int idx[9], n = unit_tensors(&t->c, u, idx);
+    bool shard = param_storage_of(t, block) == STORE_SHARD;
+    const param_tensor *first = &t->t[idx[0]], *last = &t->t[idx[n - 1]];
+    *offset = shard ? first->offset_shard : first->offset_whole;
+    *count = (shard ? last->offset_shard : last->offset_whole) + param_stored_numel(t, block, idx[n - 1]) - *offset;
+}
 
 unit_weights param_unit(const param_table *t, float *block, int u) {
-    static const param_kind ends[] = {P_TOK_EMBEDDINGS, P_NORM, P_OUTPUT};
-    static const param_kind layer[] = {P_ATTENTION_NORM, P_WQ, P_WK, P_WV, P_WO, P_FFN_NORM, P_W1, P_W2, P_W3};
     unit_weights w = {0};
-    bool is_ends = u == t->c.n_layers;
-    const param_kind *kinds = is_ends ? ends : layer;
-    int n = is_ends ? 3 : 9;
-    for (int k = 0; k < n; k++) w.of[kinds[k]] = param_in(t, block, param_index(t, kinds[k], is_ends ? -1 : u));
+    int idx[9], n = unit_tensors(&t->c, u, idx);
+    for (int k = 0; k < n; k++) w.of[t->t[idx[k]].spec.kind] = param_in(t, block, idx[k]);
     return w;
 }
 
-void param_zero_grads(param_table *t) { device_zero(t->grads, t->num_local * sizeof(float)); }
-
-void param_adamw_step(param_table *t, const adamw_config *o, int step) {
-    adamw_step(t->params, t->grads, t->adam_m, t->adam_v, t->num_local, o->lr, o->beta1, o->beta2,
-               o->eps, o->weight_decay, step);
+void param_zero_grads(param_table *t) {
+    size_t n = t->storage[PARAM_GRADS] == STORE_SHARD ? t->shard_numel : t->whole_numel;
+    device_zero(t->grads, n * sizeof(float));
 }
 
-/* Does this rank send its slice of tensor x to the gather? One holder per slice: coordinate 0
- * in every mesh dimension the tensor is not split over. */
-static bool holds_for_gather(const param_table *t, const param_tensor *x) {
-    for (int d = 0; d < MESH_NDIMS; d++) {
-        bool split = d == MESH_TP && x->tp_layout != SHARD_REPLICATED;
-        if (!split && t->mesh->coord[d] != 0) return false;
-    }
+void param_adamw_step(param_table *t, const adamw_config *o, int step) {
+    size_t n = t->storage[PARAM_VALUES] == STORE_SHARD ? t->shard_numel : t->whole_numel;
+    adamw_step(t->params, t->grads, t->adam_m, t->adam_v, n, o->lr, o->beta1, o->beta2, o->eps,
+               o->weight_decay, step);
+}
+
+/* The slice of tensor x this rank holds in `block`, in the global tensor's coordinates, and where
+ * its data starts; false when this rank is not the one to send it (see param_gather). */
+static bool held_slice(const param_table *t, const float *block, int i, int *r0, int *nr, int *c0,
+                       int *nc, size_t *offset) {
+    const param_tensor *x = &t->t[i];
+    block_storage st = param_storage_of(t, block);
+    bool dp_split = st != STORE_WHOLE;
+    if (t->mesh)
+        for (int d = 0; d < MESH_NDIMS; d++) {
+            bool split = (d == MESH_TP && x->tp_layout != SHARD_REPLICATED) || (d == MESH_DP_SHARD && dp_split);
+            if (!split && t->mesh->coord[d] != 0) return false;
+        }
+    *r0 = x->r0; *nr = x->nr; *c0 = x->c0; *nc = x->nc;
+    *offset = st == STORE_SHARD ? x->offset_shard : x->offset_whole;
+    if (!dp_split) return true;
+    if (x->spec.is_vector) { *c0 += x->own_first; *nc = x->own_units; }
+    else { *r0 += x->own_first; *nr = x->own_units; }
+    if (st == STORE_WHOLE_SHARD_VALID) *offset += (size_t)x->own_first * x->width;
     return true;
 }
 
 double param_grad_sq_held(const param_table *t) {
     double sum = 0;
     for (int i = 0; i < t->n; i++) {
-        if (t->mesh && !holds_for_gather(t, &t->t[i])) continue;
-        size_t n = param_local_numel(t, i);
-        float *g = malloc(n * sizeof(float));
-        device_copy_to_host(g, param_in(t, t->grads, i), n * sizeof(float));
+        int r0, nr, c0, nc;
+        size_t off;
+        if (!held_slice(t, t->grads, i, &r0, &nr, &c0, &nc, &off)) continue;
+        size_t n = (size_t)nr * nc;
+        float *g = malloc(n * sizeof(float) + 1);
+        device_copy_to_host(g, t->grads + off, n * sizeof(float));
         for (size_t k = 0; k < n; k++) sum += (double)g[k] * g[k];
         free(g);
     }
     return sum;
 }
 
-void param_scale_grads(param_table *t, float coef) { scale_inplace(t->grads, coef, t->num_local); }
+void param_scale_grads(param_table *t, float coef) {
+    size_t n = t->storage[PARAM_GRADS] == STORE_SHARD ? t->shard_numel : t->whole_numel;
+    scale_inplace(t->grads, coef, n);
+}
 
 void param_gather(const param_table *t, int i, bool grad, float *full) {
     const param_tensor *x = &t->t[i];
-    size_t n = param_local_numel(t, i);
-    const float *local = param_in(t, grad ? t->grads : t->params, i);
+    float *block = grad ? t->grads : t->params;
+    int r0, nr, c0, nc;
+    size_t off;
+    bool holds = held_slice(t, block, i, &r0, &nr, &c0, &nc, &off);
+    size_t n = holds ? (size_t)nr * nc : 0;
     if (!t->mesh) {                               /* one device: the slice is the tensor */
-        device_copy_to_host(full, local, n * sizeof(float));
+        device_copy_to_host(full, block + off, n * sizeof(float));
         return;
     }
     /* Every rank sends a header (does it hold, and which slice) and up to `most` floats; world
      * rank 0 puts each held slice where it belongs. Slice bounds are exact in a float (< 2^24). */
     comm_group *w = comm_world();
     size_t most = (size_t)comm_host_max(w, (double)n);
-    bool holds = holds_for_gather(t, x);
-    float head[5] = {holds, (float)x->r0, (float)x->nr, (float)x->c0, (float)x->nc};
+    float head[5] = {holds, (float)r0, (float)nr, (float)c0, (float)nc};
     float *mine = calloc(most + 1, sizeof(float));
-    if (holds) device_copy_to_host(mine, local, n * sizeof(float));
+    if (n) device_copy_to_host(mine, block + off, n * sizeof(float));
     bool root = w->rank == 0;
     float *heads = root ? malloc(5 * sizeof(float) * w->size) : NULL;
     float *all = root ? malloc((most + 1) * sizeof(float) * w->size) : NULL;
@@ -136,9 +211,9 @@ void param_gather(const param_table *t, int i, bool grad, float *full) {
         for (int q = 0; q < w->size; q++) {
             const float *h = heads + 5 * q, *data = all + (most + 1) * q;
             if (!h[0]) continue;
-            int r0 = (int)h[1], nr = (int)h[2], c0 = (int)h[3], nc = (int)h[4];
-            for (int row = 0; row < nr; row++)
-                memcpy(full + (size_t)(r0 + row) * cols + c0, data + (size_t)row * nc, nc * sizeof(float));
+            int qr0 = (int)h[1], qnr = (int)h[2], qc0 = (int)h[3], qnc = (int)h[4];
+            for (int row = 0; row < qnr; row++)
+                memcpy(full + (size_t)(qr0 + row) * cols + qc0, data + (size_t)row * qnc, qnc * sizeof(float));
         }
     }
     free(heads); free(all); free(mine);

@@ -24,12 +24,28 @@
 
 C_BEGIN
 
-/* One tensor: what it is, where it is, and which part of it this rank holds. */
+/* The four blocks a rank stores, and how each is laid out. */
+typedef enum { PARAM_VALUES = 0, PARAM_GRADS, PARAM_OPTIM, PARAM_NBLOCKS } param_block;   /* OPTIM: m and v */
+typedef enum {
+    STORE_WHOLE = 0,          /* every tensor's whole tp slice (replicated over the data ranks) */
+    STORE_SHARD,              /* only this rank's dp shard of each tensor (ZeRO / FSDP)          */
+    STORE_WHOLE_SHARD_VALID   /* whole tp slices, of which only this rank's dp shard is up to
+                               * date (ZeRO-1's gradients after their reduce-scatter)            */
+} block_storage;
+
+/* One tensor: what it is, where it is, and which part of it this rank holds.
+ * Over tp it is split as tp_layout says; over dp_shard (when a block is sharded) its first
+ * dimension in PyTorch's terms is split FSDP2-style: the rows of a matrix, the elements of a
+ * vector, in S chunks of ceil(units / S), the last ones padded with zeros. */
 typedef struct {
     param_spec spec;          /* name, kind, layer, global [rows, cols] (llama.h)              */
     shard_layout tp_layout;   /* how it is split over the mesh's tp dimension                 */
-    int r0, nr, c0, nc;       /* this rank's slice: rows [r0, r0+nr) x columns [c0, c0+nc)    */
-    size_t offset;            /* where the slice starts in each of the four blocks (floats)   */
+    int r0, nr, c0, nc;       /* this rank's tp slice: rows [r0, r0+nr) x columns [c0, c0+nc) */
+    int units, width;         /* the tp slice as [units, width]: [nr, nc], or [nc, 1] (vector) */
+    int shard_units;          /* units per dp shard, ceil(units / S)                           */
+    int own_first, own_units; /* this rank's real units of the tp slice (own_units may be 0)   */
+    size_t offset_whole;      /* where it starts in a whole block (floats)                     */
+    size_t offset_shard;      /* where its shard starts in a shard block (floats)              */
 } param_tensor;
 
 /* Pointers to the tensors of one unit inside one of the blocks (params, grads, adam_m, adam_v),
@@ -56,33 +72,44 @@ typedef struct {
     llama_config c;
     device_mesh *mesh;        /* NULL: a single device, every slice is the whole tensor       */
     comm_group *tp;           /* the mesh's tp group (NULL without a mesh)                    */
+    comm_group *dp_shard;     /* the mesh's dp_shard group (NULL without a mesh)              */
     int n;                    /* number of tensors: llama_num_params(c)                       */
     param_tensor *t;          /* [n], in llama.h's order                                      */
-    int *layer_first;         /* [L] index of each layer's first tensor                       */
-    size_t num_local;         /* floats this rank holds in each block                         */
+    block_storage storage[PARAM_NBLOCKS];
+    size_t whole_numel, shard_numel;   /* floats of a whole block, of a shard block           */
+    /* In the blocks the tensors lie unit by unit (layer 0, ..., layer L-1, then the ends:
+     * tok_embeddings, norm, output), so a unit's tensors are one contiguous range. */
     float *params, *grads, *adam_m, *adam_v;   /* MEM_PARAMS, MEM_GRADS, MEM_OPTIM, MEM_OPTIM */
 } param_table;
 
 /* Allocates this rank's slices (layout[kind] over the mesh's tp group; mesh NULL: whole
- * tensors) and initialises them from (seed, name, global index): exactly the baseline's values.
- * A layout that does not divide a tensor is a programming error here: a plan validates the
- * sizes it needs (with a message naming the flags) before it asks for the table. */
+ * tensors; storage[block] whole or dp-sharded, NULL: all whole) and initialises them from
+ * (seed, name, global index): exactly the baseline's values. A layout that does not divide a
+ * tensor is a programming error here: a plan validates the sizes it needs (with a message naming
+ * the flags) before it asks for the table. */
 param_table *param_table_create(const llama_config *c, device_mesh *mesh,
-                                const shard_layout layout[P_NKINDS], uint64_t seed);
+                                const shard_layout layout[P_NKINDS],
+                                const block_storage storage[PARAM_NBLOCKS], uint64_t seed);
 void param_table_free(param_table *t);
 
 /* The index of the tensor of `kind` in `layer` (-1 for the embedding, final norm and output). */
 int param_index(const param_table *t, param_kind kind, int layer);
-/* This rank's slice of tensor i inside a block (t->params, t->grads, ...). */
+/* Tensor i inside a block (t->params, t->grads, t->adam_m or t->adam_v): its whole tp slice, or
+ * its shard when that block is sharded. */
 float *param_in(const param_table *t, float *block, int i);
+/* Which of the four blocks `block` is, and how it is stored. */
+block_storage param_storage_of(const param_table *t, const float *block);
+/* The floats of unit u (its tensors one after the other) in a block: offset and count. */
+void param_unit_range(const param_table *t, const float *block, int u, size_t *offset, size_t *count);
 /* The tensors of unit u inside a block: layer u for u < L, the ends for u == L. */
 unit_weights param_unit(const param_table *t, float *block, int u);
-/* Elements of this rank's slice of tensor i. */
-size_t param_local_numel(const param_table *t, int i);
+/* Floats tensor i occupies in a block (its tp slice, or its padded shard). */
+size_t param_stored_numel(const param_table *t, const float *block, int i);
 
 void param_zero_grads(param_table *t);
 /* AdamW is element-wise: each rank updates the slices it holds. Replicated tensors receive
- * identical gradients on every rank that holds them, so their copies stay identical. */
+ * identical gradients on every rank that holds them, so their copies stay identical. For a
+ * table whose blocks are stored alike (all whole, or all sharded). */
 void param_adamw_step(param_table *t, const adamw_config *opt, int step);
 
 /* The sum of squares of the gradient slices this rank holds for gather (see param_gather): summed
@@ -92,9 +119,10 @@ double param_grad_sq_held(const param_table *t);
 void param_scale_grads(param_table *t, float coef);
 
 /* Tensor i (its parameters, or its gradients when `grad`) as the full [rows, cols] host tensor
- * on world rank 0, whatever the mesh: one holder of each slice sends it (the rank whose
- * coordinates are 0 in every dimension the tensor is not split over). `full` may be NULL on
- * other ranks. Collective over the world; for checking and exporting, so not counted as traffic. */
+ * on world rank 0, whatever the mesh and storage: one holder of each slice sends it (the rank
+ * whose coordinates are 0 in every dimension the block does not split the tensor over).
+ * `full` may be NULL on other ranks. Collective over the world; for checking and exporting, so
+ * not counted as traffic. */
 void param_gather(const param_table *t, int i, bool grad, float *full);
 
 C_END

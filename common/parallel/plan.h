@@ -109,6 +109,8 @@ struct llama_plan {
                                     * (NULL: every rank sees the whole batch)                      */
     int seq_shards;                /* the residual stream holds T / seq_shards tokens per sequence */
     shard_layout layout[P_NKINDS]; /* how each kind of tensor is split over tp (params.h)         */
+    block_storage storage[PARAM_NBLOCKS]; /* values, gradients, optimizer state: whole, or this
+                                    * rank's dp_shard shard of each tensor (params.h)            */
     region_ops region;             /* the layers' tensor-parallel region                          */
     region_ops vocab;              /* the embedding's exit and the output layer's entry            */
     loss_ops loss;
