@@ -160,8 +160,9 @@ void run_apply_fault(const run_options *o, llama_plan *plan) {
 
 llama_model *run_model(const run_options *o, const llama_plan *plan) {
     const llama_config *c = &o->model;
+    int B = o->batch / (plan->batch ? plan->batch->size : 1);   /* this data rank's sequences */
     double state, acts, largest, base_largest;
-    double need = llama_model_bytes(c, plan, o->batch, &state, &acts, &largest);
+    double need = llama_model_bytes(c, plan, B, &state, &acts, &largest);
     llama_plan single = plan_single_device();
     double base = o->check ? llama_model_bytes(c, &single, o->batch, NULL, NULL, &base_largest) : 0;
     if (o->check) largest = fmax(largest, base_largest);
@@ -183,7 +184,7 @@ llama_model *run_model(const run_options *o, const llama_plan *plan) {
         atexit(dump_abort);
     }
     cli_require_output_dir("--out", o->out_dir);
-    return llama_create(c, plan, o->batch, o->seed);
+    return llama_create(c, plan, B, o->seed);
 }
 
 int run_batch(const run_options *o, int step, int *tokens_dev, int *targets_dev, int *n_pad) {
@@ -278,6 +279,51 @@ static void compare_step(const run_options *o, int step, double loss, double bas
     free(ref);
 }
 
+/* After the last step: every parameter, gathered to world rank 0, beside the baseline's. A
+ * sharded optimizer is only proven by the weights it wrote. The judgement cannot be the
+ * gradients' 1e-4: AdamW divides by sqrt(v), so a rounding-level difference of a near-zero
+ * gradient becomes an update difference of a fraction of lr (seen: up to 0.05 lr). A wrong or
+ * missing update moves every element of a shard by about lr. So each tensor is judged by the
+ * share of its elements that moved more than lr/10 away from the baseline: at most 1%. */
+#define PARAM_FAR (0.1)      /* x lr                                   */
+#define PARAM_FAR_SHARE 0.01 /* of a tensor's elements                 */
+static void compare_params(const run_options *o, llama_model *model, llama_model *base) {
+    const llama_config *c = &o->model;
+    bool root = comm_world()->rank == 0;
+    size_t biggest = 0;
+    for (int i = 0; i < llama_num_params(c); i++) {
+        param_spec s = llama_param_spec(c, i);
+        if ((size_t)s.rows * s.cols > biggest) biggest = (size_t)s.rows * s.cols;
+    }
+    float *full = root ? malloc(biggest * sizeof(float)) : NULL, *ref = root ? malloc(biggest * sizeof(float)) : NULL;
+    double worst_share = 0;
+    char worst[64] = "";
+    int bad = 0;
+    for (int i = 0; i < llama_num_params(c); i++) {
+        param_spec s = llama_param_spec(c, i);
+        param_gather(model->params, i, false, full);
+        if (!root) continue;
+        param_gather(base->params, i, false, ref);
+        size_t n = (size_t)s.rows * s.cols, far = 0;
+        for (size_t k = 0; k < n; k++) far += fabs((double)full[k] - ref[k]) > PARAM_FAR * o->opt.lr;
+        double share = (double)far / n;
+        if (share > PARAM_FAR_SHARE) {
+            bad++;
+            log0("  %s: %.1f%% of its elements are more than %g lr from the baseline's after %d steps  FAIL\n",
+                 s.name, 100 * share, PARAM_FAR, o->steps);
+        }
+        if (share >= worst_share) { worst_share = share; snprintf(worst, sizeof worst, "%s", s.name); }
+    }
+    if (root) {
+        log0("  parameters after %d AdamW steps: %s (elements more than %g lr from the baseline's: at most "
+             "%.2f%% of a tensor, %s; allowed %.0f%%)\n", o->steps, bad ? "FAIL" : "ok", PARAM_FAR,
+             100 * worst_share, worst, 100 * PARAM_FAR_SHARE);
+        if (bad) parity_fail("parameters after the AdamW steps differ from the baseline's (above)");
+    }
+    free(full);
+    free(ref);
+}
+
 /* --dump: every full tensor (parameters, or gradients), gathered to rank 0 and written. */
 static void dump_tensors(const run_options *o, const char *file, bool grads, llama_model *model) {
     const llama_config *c = &o->model;
@@ -367,6 +413,7 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
         if (base) llama_adamw_step(base, &o->opt, step);
     }
     csv_close(csv);
+    if (o->check) compare_params(o, model, base);
     if (o->dump_dir) dump_require(o, root ? dump_commit() : 0);   /* the finished dump, in one rename */
     llama_free(base);
     device_free(tokens);

@@ -420,8 +420,15 @@ void llama_gather_residual(llama_model *m, const float *x_local, float *full) {
     }
     /* 2. the data-parallel ranks' slices, in batch order, on the batch group's rank 0: world rank
      *    0 is rank 0 of both groups (every other coordinate of it is 0) */
-    if (batch) comm_host_gather(batch, rows, full, slice, 0);
-    else if (comm_world()->rank == 0) memcpy(full, rows, slice * sizeof(float));
+    bool root = comm_world()->rank == 0;
+    if (batch) {   /* every batch group gathers (one per tp rank); only world rank 0's is kept */
+        float *all = batch->rank == 0 ? malloc(slice * batch->size * sizeof(float)) : NULL;
+        comm_host_gather(batch, rows, all, slice, 0);
+        if (root) memcpy(full, all, slice * batch->size * sizeof(float));
+        free(all);
+    } else if (root) {
+        memcpy(full, rows, slice * sizeof(float));
+    }
     free(rows);
     free(mine);
 }

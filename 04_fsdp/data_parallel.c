@@ -1,0 +1,405 @@
+/* data_parallel.c: DDP, ZeRO-1, ZeRO-2 and FSDP as a plan (data_parallel.h). The model is
+ * common/model/model.c; this file decides where the values, gradients and optimizer state live,
+ * and moves them with the plan's operators:
+ *
+ *   weights.acquire / release   fsdp: gather a unit's values before use, free them after;
+ *                               zero2, fsdp: a full-size gradient buffer during a unit's backward,
+ *                               reduce-scattered into the shard right after; ddp: the finished
+ *                               unit's gradients join an all-reduce bucket
+ *   reduce_grads                ddp: wait for the buckets; zero1: reduce-scatter every gradient
+ *   optimizer_step              zero1, zero2: AdamW on the own shard, then all-gather the values
+ *
+ * Every collective moves one tensor (shards of S chunks, rank-major = row order), so a gathered
+ * tensor lands as itself, followed by its padding.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "comm.h"
+#include "device.h"
+#include "kernels.h"
+#include "llama_kernels.h"
+#include "log.h"
+#include "model.h"
+#include "data_parallel.h"
+
+#define MAX_EVENTS 4096
+#define MAX_REQUESTS 256
+
+/* A unit's gathered values (fsdp): one padded full tensor after the other. */
+typedef struct {
+    float *data;
+    int unit;                          /* the unit held, -1 when free                  */
+    comm_request req[9];               /* its all-gathers while in flight              */
+    double issued;                     /* when they were issued (timeline)             */
+    int n_req;
+} unit_slot;
+
+struct dp_state {
+    dp_options o;
+    int L, S, R;
+    comm_group *shard, *replicate, *batch;
+    param_table *t;                    /* the model's table, known from the first acquire */
+    unit_slot *slots;                  /* fsdp: [n_slots], slot 0 for the ends          */
+    int n_slots;
+    size_t unit_padded_max, ends_padded;   /* floats of a gathered layer / the ends     */
+    float *grad_full[2];               /* zero2, fsdp: a unit's full gradients [0] ends, [1] a layer */
+    float *stage_in, *stage_out;       /* [S * max shard], [max shard]: collectives' staging */
+    size_t max_shard;
+    /* ddp: the open bucket (a range of the whole gradient block) and the issued all-reduces */
+    size_t bucket_off, bucket_count;
+    comm_request reqs[MAX_REQUESTS];
+    double req_issued[MAX_REQUESTS];
+    int n_reqs, buckets;
+    /* the gradient reductions, which a fault may replace */
+    void (*reduce_scatter)(comm_group *g, const float *send, float *recv, size_t count);
+    comm_request (*all_reduce)(comm_group *g, float *buf, size_t count, comm_op op);
+    double buffer_bytes;
+    double t_step0, t_acquired;
+    dp_event events[MAX_EVENTS];
+    int n_events;
+};
+
+const char *dp_mode_name(dp_mode mode) {
+    static const char *names[DP_NMODES] = {"ddp", "zero1", "zero2", "fsdp"};
+    return mode >= 0 && mode < DP_NMODES ? names[mode] : "?";
+}
+
+static float *buffer(dp_state *s, size_t n) {
+    s->buffer_bytes += 4.0 * n;
+    return device_alloc_floats(n, MEM_BUFFERS);
+}
+
+static void event(dp_state *s, const char *lane, double t0, const char *fmt, int arg) {
+    if (s->n_events == MAX_EVENTS) return;
+    dp_event *e = &s->events[s->n_events++];
+    e->lane = lane;
+    snprintf(e->what, sizeof e->what, fmt, arg);
+    e->t0 = t0 - s->t_step0;
+    e->t1 = wall_seconds() - s->t_step0;
+}
+
+/* A tensor's padded size: S shards of shard_units rows (elements) of `width`. */
+static size_t padded(const dp_state *s, const param_tensor *x) { return (size_t)s->S * x->shard_units * x->width; }
+static size_t shard_of(const param_tensor *x) { return (size_t)x->shard_units * x->width; }
+
+/* ==============================================================================================
+ * The two collectives of sharded data parallelism, on one tensor.
+ * ============================================================================================== */
+
+/* The whole tensor from every rank's shard: full [S * shard] (padded) from shard [shard].
+ * Issues: 1 all-gather of S * shard floats over dp_shard, non-blocking: wait on the request. */
+static comm_request gather_tensor(dp_state *s, const float *shard, float *full, size_t count) {
+    comm_request req = {0};   /* a request with nothing in flight */
+    /* BEGIN ASSIGNMENT: start the all-gather of the S shards of one tensor into its full (padded) buffer */
+    req = comm_iall_gather(s->shard, shard, full, count);
+    /* END ASSIGNMENT */
+    return req;
+}
+
+/* The gradient of this rank's shard: the sum over the data ranks of their full gradients' chunk
+ * s. full [S * shard] -> grad_shard [shard] (+=). Issues: 1 reduce-scatter of S * shard floats
+ * over dp_shard, and under HSDP 1 all-reduce of shard floats over dp_replicate. */
+static void reduce_tensor_grad(dp_state *s, const float *full, float *grad_shard, size_t count) {
+    /* BEGIN ASSIGNMENT: reduce-scatter the full gradient over dp_shard, then all-reduce the shard over dp_replicate */
+    s->reduce_scatter(s->shard, full, s->stage_out, count);
+    if (s->R > 1) comm_all_reduce(s->replicate, s->stage_out, count, COMM_SUM);
+    /* END ASSIGNMENT */
+    add_inplace(grad_shard, s->stage_out, count);
+}
+
+static void real_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
+    comm_reduce_scatter(g, send, recv, count);
+}
+static comm_request real_all_reduce(comm_group *g, float *buf, size_t count, comm_op op) {
+    return comm_iall_reduce(g, buf, count, op);
+}
+
+/* ==============================================================================================
+ * fsdp: the values of a unit, gathered into a slot.
+ * ============================================================================================== */
+
+static unit_slot *slot_holding(dp_state *s, int u) {
+    for (int k = 0; k < s->n_slots; k++)
+        if (s->slots[k].unit == u) return &s->slots[k];
+    return NULL;
+}
+
+/* Issues the all-gathers of unit u's values into a free slot (the ends have slot 0). */
+static void gather_unit(dp_state *s, int u) {
+    if (u < 0 || u > s->L || slot_holding(s, u)) return;
+    unit_slot *slot = NULL;
+    for (int k = u == s->L ? 0 : 1; k < (u == s->L ? 1 : s->n_slots) && !slot; k++)
+        if (s->slots[k].unit < 0) slot = &s->slots[k];
+    if (!slot) { fprintf(stderr, "fsdp: no free slot for unit %d\n", u); exit(1); }
+    int idx[9], n = param_unit_tensors(s->t, u, idx);
+    float *dst = slot->data;
+    slot->unit = u;
+    slot->n_req = n;
+    slot->issued = wall_seconds();
+    for (int k = 0; k < n; k++) {
+        const param_tensor *x = &s->t->t[idx[k]];
+        slot->req[k] = gather_tensor(s, param_in(s->t, s->t->params, idx[k]), dst, shard_of(x));
+        dst += padded(s, x);
+    }
+}
+
+/* Waits for slot's gathers; its tensors as views. */
+static unit_weights slot_views(dp_state *s, unit_slot *slot) {
+    if (slot->n_req) {
+        comm_wait_all(slot->req, slot->n_req);
+        slot->n_req = 0;
+        event(s, "comm", slot->issued, slot->unit == s->L ? "all_gather ends" : "all_gather %d", slot->unit);
+    }
+    unit_weights w = {0};
+    int idx[9], n = param_unit_tensors(s->t, slot->unit, idx);
+    float *p = slot->data;
+    for (int k = 0; k < n; k++) {
+        const param_tensor *x = &s->t->t[idx[k]];
+        w.of[x->spec.kind] = p;
+        p += padded(s, x);
+    }
+    return w;
+}
+
+/* The next unit a pass will ask for: forward runs the ends, 0, 1, ..., L-1; backward the ends,
+ * L-1, ..., 0. */
+static int next_unit(const dp_state *s, int u, bool backward) {
+    if (u == s->L) return backward ? s->L - 1 : 0;
+    return backward ? u - 1 : (u + 1 < s->L ? u + 1 : -1);
+}
+
+/* Views of a full-size gradient buffer, zeroed, for unit u's backward. */
+static unit_weights full_grads(dp_state *s, int u) {
+    float *g = s->grad_full[u == s->L ? 0 : 1];
+    int idx[9], n = param_unit_tensors(s->t, u, idx);
+    unit_weights w = {0};
+    for (int k = 0; k < n; k++) {
+        const param_tensor *x = &s->t->t[idx[k]];
+        device_zero(g, padded(s, x) * sizeof(float));
+        w.of[x->spec.kind] = g;
+        g += padded(s, x);
+    }
+    return w;
+}
+
+/* After unit u's backward: its full gradients reduce-scattered into the shards (zero2, fsdp). */
+static void reduce_unit_grads(dp_state *s, int u) {
+    double t0 = wall_seconds();
+    int idx[9], n = param_unit_tensors(s->t, u, idx);
+    const float *g = s->grad_full[u == s->L ? 0 : 1];
+    for (int k = 0; k < n; k++) {
+        const param_tensor *x = &s->t->t[idx[k]];
+        reduce_tensor_grad(s, g, param_in(s->t, s->t->grads, idx[k]), shard_of(x));
+        g += padded(s, x);
+    }
+    event(s, "comm", t0, u == s->L ? "reduce_scatter ends" : "reduce_scatter %d", u);
+}
+
+/* ==============================================================================================
+ * ddp: the finished gradients, all-reduced in buckets while backward goes on.
+ * ============================================================================================== */
+
+static void flush_bucket(dp_state *s) {
+    if (!s->bucket_count) return;
+    if (s->n_reqs == MAX_REQUESTS) { fprintf(stderr, "ddp: more than %d buckets\n", MAX_REQUESTS); exit(1); }
+    s->req_issued[s->n_reqs] = wall_seconds();
+    /* BEGIN ASSIGNMENT: start the all-reduce (sum over the data ranks) of the bucket's gradients */
+    s->reqs[s->n_reqs++] = s->all_reduce(s->batch, s->t->grads + s->bucket_off, s->bucket_count, COMM_SUM);
+    /* END ASSIGNMENT */
+    s->buckets++;
+    s->bucket_count = 0;
+}
+
+/* Unit u's gradients are final: add them to the open bucket (they lie just below it: backward
+ * walks the layers down, and the table lays them out in order), issue it once it is full. */
+static void bucket_unit(dp_state *s, int u) {
+    size_t off, count;
+    param_unit_range(s->t, s->t->grads, u, &off, &count);
+    if (s->bucket_count && off + count != s->bucket_off) flush_bucket(s);
+    s->bucket_off = off;
+    s->bucket_count += count;
+    if (s->bucket_count >= s->o.bucket_floats || u == s->L) flush_bucket(s);
+}
+
+/* ==============================================================================================
+ * The plan's operators.
+ * ============================================================================================== */
+
+static void dp_acquire(const llama_plan *p, llama_model *m, int u, bool backward, unit_weights *w,
+                       unit_weights *g) {
+    dp_state *s = p->ctx;
+    s->t = m->params;
+    if (u == s->L) {                     /* the first acquire of a pass */
+        if (!backward) { s->t_step0 = wall_seconds(); s->n_events = 0; s->buckets = 0; }
+    }
+    *w = param_unit(m->params, m->params->params, u);
+    *g = param_unit(m->params, m->params->grads, u);
+    if (s->o.mode == DP_FSDP) {
+        unit_slot *slot = slot_holding(s, u);
+        if (!slot) { gather_unit(s, u); slot = slot_holding(s, u); }
+        *w = slot_views(s, slot);
+        if (s->o.prefetch) gather_unit(s, next_unit(s, u, backward));   /* overlaps u's compute */
+    }
+    if (backward && (s->o.mode == DP_ZERO2 || s->o.mode == DP_FSDP)) *g = full_grads(s, u);
+    s->t_acquired = wall_seconds();
+}
+
+static void dp_release(const llama_plan *p, llama_model *m, int u, bool backward) {
+    dp_state *s = p->ctx;
+    if (u != s->L) event(s, "compute", s->t_acquired, backward ? "bwd %d" : "fwd %d", u);
+    if (backward && (s->o.mode == DP_ZERO2 || s->o.mode == DP_FSDP)) reduce_unit_grads(s, u);
+    if (backward && s->o.mode == DP_DDP) bucket_unit(s, u);
+    if (s->o.mode == DP_FSDP && (backward || s->o.reshard_after_forward)) {
+        unit_slot *slot = slot_holding(s, u);
+        if (slot) slot->unit = -1;       /* freed: the next unit may use the slot */
+    }
+}
+
+/* ddp: wait for the buckets. zero1: every gradient reduce-scattered now, whole buffers kept
+ * (only the own shard is reduced). */
+static void dp_reduce_grads(const llama_plan *p, llama_model *m) {
+    dp_state *s = p->ctx;
+    param_table *t = m->params;
+    if (s->o.mode == DP_DDP) {
+        for (int k = 0; k < s->n_reqs; k++) {
+            comm_wait(&s->reqs[k]);
+            event(s, "comm", s->req_issued[k], "all_reduce %d", k);
+        }
+        s->n_reqs = 0;
+    }
+    if (s->o.mode != DP_ZERO1) return;
+    double t0 = wall_seconds();
+    for (int i = 0; i < t->n; i++) {
+        const param_tensor *x = &t->t[i];
+        float *g = param_in(t, t->grads, i);
+        /* the whole gradient, padded to S shards, in; this rank's shard of the sum, back in place */
+        device_zero(s->stage_in, padded(s, x) * sizeof(float));
+        device_copy(s->stage_in, g, (size_t)x->units * x->width * sizeof(float));
+        device_zero(g + (size_t)x->own_first * x->width, (size_t)x->own_units * x->width * sizeof(float));
+        s->reduce_scatter(s->shard, s->stage_in, s->stage_out, shard_of(x));
+        if (s->R > 1) comm_all_reduce(s->replicate, s->stage_out, shard_of(x), COMM_SUM);
+        add_inplace(g + (size_t)x->own_first * x->width, s->stage_out, (size_t)x->own_units * x->width);
+    }
+    event(s, "comm", t0, "reduce_scatter all", 0);
+}
+
+/* zero1, zero2: AdamW on the own shard of each tensor (m and v exist only for it), then the
+ * updated values all-gathered so every rank holds them whole again. */
+static void dp_optimizer_step(const llama_plan *p, llama_model *m, const adamw_config *o, int step) {
+    dp_state *s = p->ctx;
+    param_table *t = m->params;
+    if (s->o.mode == DP_DDP || s->o.mode == DP_FSDP) { param_adamw_step(t, o, step); return; }
+    for (int i = 0; i < t->n; i++) {
+        const param_tensor *x = &t->t[i];
+        size_t own = (size_t)x->own_first * x->width, n = (size_t)x->own_units * x->width;
+        float *value = param_in(t, t->params, i) + own;
+        float *grad = param_in(t, t->grads, i) + (s->o.mode == DP_ZERO1 ? own : 0);
+        adamw_step(value, grad, param_in(t, t->adam_m, i), param_in(t, t->adam_v, i), n, o->lr,
+                   o->beta1, o->beta2, o->eps, o->weight_decay, step);
+        /* the own shard, padded, out; every shard back into the whole tensor */
+        device_zero(s->stage_out, shard_of(x) * sizeof(float));
+        device_copy(s->stage_out, value, n * sizeof(float));
+        comm_request r = gather_tensor(s, s->stage_out, s->stage_in, shard_of(x));
+        comm_wait(&r);
+        device_copy(param_in(t, t->params, i), s->stage_in, (size_t)x->units * x->width * sizeof(float));
+    }
+}
+
+void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const dp_options *o) {
+    dp_state *s = calloc(1, sizeof *s);
+    s->o = *o;
+    s->L = c->n_layers;
+    s->shard = mesh->group[MESH_DP_SHARD];
+    s->replicate = mesh->group[MESH_DP_REPLICATE];
+    s->S = s->shard->size;
+    s->R = s->replicate->size;
+    static const int batch_dims[] = {MESH_DP_REPLICATE, MESH_DP_SHARD};
+    s->batch = mesh_group_over(mesh, batch_dims, 2, "dp");
+    s->reduce_scatter = real_reduce_scatter;
+    s->all_reduce = real_all_reduce;
+    plan->name = "data parallel";
+    plan->mesh = mesh;
+    plan->batch = s->batch;
+    plan->ctx = s;
+    static const block_storage storage[DP_NMODES][PARAM_NBLOCKS] = {
+        [DP_DDP] = {STORE_WHOLE, STORE_WHOLE, STORE_WHOLE},
+        [DP_ZERO1] = {STORE_WHOLE, STORE_WHOLE_SHARD_VALID, STORE_SHARD},
+        [DP_ZERO2] = {STORE_WHOLE, STORE_SHARD, STORE_SHARD},
+        [DP_FSDP] = {STORE_SHARD, STORE_SHARD, STORE_SHARD}};
+    memcpy(plan->storage, storage[o->mode], sizeof plan->storage);
+    plan->weights = (weight_ops){dp_acquire, dp_release};
+    plan->reduce_grads = dp_reduce_grads;
+    plan->optimizer_step = dp_optimizer_step;
+
+    /* The transient buffers, sized from a table laid out as the model's will be. */
+    param_table *t = param_table_create(c, mesh, plan->layout, plan->storage, 0);
+    size_t layer_max = 0, ends = 0;
+    for (int u = 0; u <= s->L; u++) {
+        int idx[9], n = param_unit_tensors(t, u, idx);
+        size_t sum = 0;
+        for (int k = 0; k < n; k++) {
+            sum += padded(s, &t->t[idx[k]]);
+            if (shard_of(&t->t[idx[k]]) > s->max_shard) s->max_shard = shard_of(&t->t[idx[k]]);
+        }
+        if (u == s->L) ends = sum; else if (sum > layer_max) layer_max = sum;
+    }
+    param_table_free(t);
+    s->unit_padded_max = layer_max;
+    s->ends_padded = ends;
+    if (o->mode == DP_FSDP) {
+        /* the ends, and the layers in flight: one, a prefetched one, or every layer when they
+         * stay gathered from forward to backward */
+        s->n_slots = 1 + (!o->reshard_after_forward ? s->L : o->prefetch ? 2 : 1);
+        s->slots = calloc(s->n_slots, sizeof *s->slots);
+        for (int k = 0; k < s->n_slots; k++) {
+            s->slots[k].data = buffer(s, k == 0 ? ends : layer_max);
+            s->slots[k].unit = -1;
+        }
+    }
+    if (o->mode == DP_ZERO2 || o->mode == DP_FSDP) {
+        s->grad_full[0] = buffer(s, ends);
+        s->grad_full[1] = buffer(s, layer_max);
+    }
+    if (o->mode != DP_DDP) {
+        s->stage_in = buffer(s, s->S * s->max_shard);
+        s->stage_out = buffer(s, s->max_shard);
+    }
+}
+
+void data_parallel_free(llama_plan *plan) {
+    dp_state *s = plan->ctx;
+    if (!s) return;
+    for (int k = 0; k < s->n_slots; k++) device_free(s->slots[k].data);
+    free(s->slots);
+    device_free(s->grad_full[0]); device_free(s->grad_full[1]);
+    device_free(s->stage_in); device_free(s->stage_out);
+    free(s);
+    plan->ctx = NULL;
+}
+
+double dp_buffer_bytes(const llama_plan *plan) { return ((dp_state *)plan->ctx)->buffer_bytes; }
+int dp_buckets_per_step(const llama_plan *plan) { return ((dp_state *)plan->ctx)->buckets; }
+const dp_event *dp_timeline(const llama_plan *plan, int *n) {
+    dp_state *s = plan->ctx;
+    *n = s->n_events;
+    return s->events;
+}
+
+/* --fault skip-grad-reduce: the gradient reduction is left out. ddp keeps each rank's own
+ * gradient; the sharded modes keep their own chunk of it instead of the sum over ranks. */
+static void keep_own_chunk(comm_group *g, const float *send, float *recv, size_t count) {
+    device_copy(recv, send + (size_t)g->rank * count, count * sizeof(float));
+}
+static comm_request keep_own_gradient(comm_group *g, float *buf, size_t count, comm_op op) {
+    return (comm_request){0};   /* a request that is already complete: nothing was sent */
+}
+static const char *skip_grad_reduce(llama_plan *p) {
+    dp_state *s = p->ctx;
+    s->reduce_scatter = keep_own_chunk;
+    s->all_reduce = keep_own_gradient;
+    return NULL;
+}
+const plan_fault data_parallel_faults[] = {
+    {"skip-grad-reduce", "the gradients are not summed over the data-parallel ranks", skip_grad_reduce},
+    {0}};

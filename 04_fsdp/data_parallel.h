@@ -1,0 +1,79 @@
+/* data_parallel.h: data parallelism, from DDP to ZeRO-3/FSDP (Rajbhandari et al., 2020, "ZeRO:
+ * Memory Optimizations Toward Training Trillion Parameter Models"; PyTorch FSDP2's fully_shard),
+ * as a plan for the one model (common/model/model.c).
+ *
+ * The R x S data-parallel ranks (dp_replicate x dp_shard of the mesh) split the global batch by
+ * rows; each computes the gradient of its rows' share of the global mean loss, so the true
+ * gradient is the SUM over the data ranks. What each mode keeps per rank, and what it moves:
+ *
+ *   mode    values   grads    AdamW m,v   per step, over the S ranks of dp_shard (x R: HSDP)
+ *   ddp     whole    whole    whole       all-reduce the grads (4 Psi), in buckets during backward
+ *   zero1   whole    whole*   shard       reduce-scatter the grads, update the own shard,
+ *                                          all-gather the values
+ *   zero2   whole    shard    shard       reduce-scatter each layer's grads right after its
+ *                                          backward (only the shard is kept), all-gather values
+ *   fsdp    shard    shard    shard       all-gather a layer's values before its forward, free
+ *                                          them after, gather again before its backward,
+ *                                          reduce-scatter its grads right after
+ *   (* whole buffer, only the own shard is reduced)
+ *
+ * One layer's life under fsdp (reshard after forward, prefetch on):
+ *
+ *   forward   [all-gather l+1] ............                      (issued while l computes)
+ *             wait l ─ compute l ─ free l
+ *   backward  [all-gather l-1] ............
+ *             wait l ─ compute l (grads full) ─ reduce-scatter grads ─ free l
+ *
+ * Shards follow FSDP2: every tensor's first dimension (a matrix's rows, a vector's elements) is
+ * split in S chunks of ceil(units / S), the last padded with zeros (params.h). A unit is a
+ * layer, or the model's ends (tok_embeddings, norm, output). Under HSDP (R > 1) the shard's
+ * gradient is also all-reduced over the R replicas. Under FSDP x TP the tensors sharded are
+ * chapter 01's tensor-parallel slices.
+ *
+ * Notation: Psi the parameters this rank's tp slice holds (all of them without TP), S the
+ * dp_shard degree, R the dp_replicate degree.
+ */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include "comm.h"
+#include "llama.h"
+#include "mesh.h"
+#include "plan.h"
+
+typedef enum { DP_DDP = 0, DP_ZERO1, DP_ZERO2, DP_FSDP, DP_NMODES } dp_mode;
+const char *dp_mode_name(dp_mode mode);            /* "ddp", "zero1", "zero2", "fsdp" */
+
+typedef struct {
+    dp_mode mode;
+    bool reshard_after_forward;   /* fsdp: free a layer's gathered values after its forward     */
+    bool prefetch;                /* fsdp: gather the next unit while this one computes          */
+    size_t bucket_floats;         /* ddp: issue an all-reduce once a bucket holds this many floats */
+} dp_options;
+
+/* One timeline event of this rank, for the Gantt chart: a unit's compute, or a collective from
+ * its issue to the end of its wait. */
+typedef struct {
+    const char *lane;             /* "compute" or "comm"                                          */
+    char what[32];                /* "fwd 3", "bwd ends", "all_gather 4", ...                     */
+    double t0, t1;                /* seconds since the step began                                 */
+} dp_event;
+
+/* The plan's state. */
+typedef struct dp_state dp_state;
+
+/* Adds data parallelism to `plan` (the single-device plan, or chapter 01's tensor-parallel one):
+ * the batch split over dp_replicate x dp_shard, the mode's storage, weight access, gradient
+ * reduction and optimizer. Allocates the transient buffers (MEM_BUFFERS). */
+void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const dp_options *o);
+void data_parallel_free(llama_plan *plan);
+
+/* Bytes of this plan's transient buffers (gathered values, full-size gradients, staging). */
+double dp_buffer_bytes(const llama_plan *plan);
+/* The gradient all-reduces DDP issued in the last backward (its buckets). */
+int dp_buckets_per_step(const llama_plan *plan);
+/* The last step's timeline; the run's exposed (waited-for) communication. */
+const dp_event *dp_timeline(const llama_plan *plan, int *n);
+
+/* The deliberate bugs of this chapter, for --fault. */
+extern const plan_fault data_parallel_faults[];

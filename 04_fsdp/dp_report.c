@@ -1,0 +1,123 @@
+/* dp_report.c: see dp_report.h. Psi is the count of parameters a rank's tp slice holds, Psi_S
+ * the floats of its dp shard (ceil-padded): S x Psi_S >= Psi, the difference the padding. */
+#include <math.h>
+#include <stdio.h>
+#include "comm.h"
+#include "log.h"
+#include "mesh.h"
+#include "report.h"
+#include "dp_report.h"
+
+/* The sizes the formulas use, read off the model's table. */
+typedef struct { double psi, psi_s, n, layer_pad, ends_pad, max_shard, layer_whole; int S, R, L; } dp_sizes;
+static dp_sizes sizes_of(const llama_plan *plan, const llama_model *m) {
+    const param_table *t = m->params;
+    dp_sizes z = {0};
+    z.S = plan->mesh->shape.degree[MESH_DP_SHARD];
+    z.R = plan->mesh->shape.degree[MESH_DP_REPLICATE];
+    z.L = m->c.n_layers;
+    z.psi = (double)t->whole_numel;
+    z.psi_s = (double)t->shard_numel;
+    z.n = t->n;
+    for (int u = 0; u <= z.L; u += z.L) {   /* layer 0 (they are all alike) and the ends */
+        int idx[9], k = param_unit_tensors(t, u, idx);
+        double pad = 0, whole = 0;
+        for (int j = 0; j < k; j++) {
+            const param_tensor *x = &t->t[idx[j]];
+            pad += (double)z.S * x->shard_units * x->width;
+            whole += (double)x->units * x->width;
+        }
+        if (u == z.L) z.ends_pad = pad; else { z.layer_pad = pad; z.layer_whole = whole; }
+        if (z.L == 0) break;
+    }
+    for (int i = 0; i < t->n; i++)
+        z.max_shard = fmax(z.max_shard, (double)t->t[i].shard_units * t->t[i].width);
+    return z;
+}
+
+int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, const llama_model *m,
+                                 const dp_options *dp) {
+    dp_sizes z = sizes_of(plan, m);
+    device_mesh *mesh = plan->mesh;
+    comm_group *groups[4] = {mesh->group[MESH_DP_SHARD]};
+    int n_groups = 1, n_expect = 0;
+    comm_expectation expect[4];
+    double full = 4 * z.S * z.psi_s;                  /* an all-gather or reduce-scatter of every tensor */
+    char buckets_formula[64];
+    if (dp->mode == DP_DDP) {
+        /* ceil(bucket / layer) layers per bucket (at least 1), and the ends on their own */
+        double per = fmax(1, ceil((double)dp->bucket_floats / z.layer_whole)), buckets = ceil(z.L / per) + 1;
+        groups[0] = plan->batch;
+        snprintf(buckets_formula, sizeof buckets_formula, "Psi x 4 in %.0f buckets", buckets);
+        expect[n_expect++] = (comm_expectation){plan->batch, COLL_ALL_REDUCE, buckets, 4 * z.psi, buckets_formula};
+    } else {
+        bool twice = dp->mode == DP_FSDP && dp->reshard_after_forward;
+        expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_ALL_GATHER, z.n * (twice ? 2 : 1),
+                                                full * (twice ? 2 : 1),
+                                                dp->mode == DP_FSDP ? (twice ? "2 x S Psi_S x 4 (fwd + bwd)" : "S Psi_S x 4 (fwd)")
+                                                                    : "S Psi_S x 4 (after the step)"};
+        expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_REDUCE_SCATTER, z.n, full, "S Psi_S x 4"};
+        if (z.R > 1) {
+            groups[n_groups++] = mesh->group[MESH_DP_REPLICATE];
+            expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_REPLICATE], COLL_ALL_REDUCE, z.n, 4 * z.psi_s, "Psi_S x 4 (HSDP)"};
+        }
+    }
+    if (plan->tp) {
+        double N = (double)m->d.N, D = m->d.D;
+        groups[n_groups++] = plan->tp;
+        expect[n_expect++] = (comm_expectation){plan->tp, COLL_ALL_REDUCE, 4.0 * z.L, 4.0 * z.L * N * D * 4, "4 x L x (B/dp)*T*D*4"};
+    }
+    int mismatches = report_communication(groups, n_groups, o->steps, expect, n_expect);
+    log0("  Psi = %.0f parameters per rank's tp slice; S x Psi_S = %.0f with the padding of %d shards "
+         "(%.0f floats = %s of padding moved per gather)\n", z.psi, z.S * z.psi_s, z.S, z.S * z.psi_s - z.psi,
+         fmt_bytes(4 * (z.S * z.psi_s - z.psi)));
+    return mismatches;
+}
+
+int report_data_parallel_memory(const llama_plan *plan, const llama_model *m, const dp_options *dp,
+                                const double measured[3], double buffer_bytes) {
+    dp_sizes z = sizes_of(plan, m);
+    bool shard_values = dp->mode == DP_FSDP, shard_grads = dp->mode == DP_ZERO2 || dp->mode == DP_FSDP;
+    bool shard_optim = dp->mode != DP_DDP;
+    double v = 4 * (shard_values ? z.psi_s : z.psi), g = 4 * (shard_grads ? z.psi_s : z.psi);
+    double a = 8 * (shard_optim ? z.psi_s : z.psi);
+    static const char *total[DP_NMODES] = {"16 Psi", "8 Psi + 8 Psi_S", "4 Psi + 12 Psi_S", "16 Psi_S"};
+    /* the transient buffers: gathered layers in flight (fsdp), a unit's full gradients (zero2,
+     * fsdp), the collectives' staging (S + 1 shards of the largest tensor) */
+    double in_flight = !dp->reshard_after_forward ? z.L : dp->prefetch ? 2 : 1;
+    double buffers = dp->mode == DP_DDP ? 0 : 4 * (z.S + 1) * z.max_shard;
+    if (shard_grads) buffers += 4 * (z.ends_pad + z.layer_pad);
+    if (shard_values) buffers += 4 * (z.ends_pad + in_flight * z.layer_pad);
+    char buffer_formula[96];
+    snprintf(buffer_formula, sizeof buffer_formula, "%s%s4(S+1) max shard",
+             shard_values ? (in_flight == 2 ? "4(ends + 2 layers) + " : in_flight == 1 ? "4(ends + 1 layer) + "
+                                                                        : "4(ends + L layers) + ") : "",
+             shard_grads ? "4(ends + layer) grads + " : "");
+    memory_row rows[] = {
+        {"parameters", measured[0], v, shard_values ? "4 Psi_S" : "4 Psi"},
+        {"gradients", measured[1], g, shard_grads ? "4 Psi_S" : "4 Psi"},
+        {"AdamW m, v", measured[2], a, shard_optim ? "8 Psi_S" : "8 Psi"},
+        {"together (ZeRO)", measured[0] + measured[1] + measured[2], v + g + a, total[dp->mode]},
+        {"transient buffers", buffer_bytes, dp->mode == DP_DDP ? 0 : buffers, dp->mode == DP_DDP ? "none" : buffer_formula}};
+    int mismatches = report_memory("memory per rank (Psi_S = ceil-padded Psi / S)", rows, 5);
+    log0("  replicated (16 Psi) would be %s per rank: this mode keeps %.0f%% of it, plus the buffers\n",
+         fmt_bytes(16 * z.psi), 100 * (v + g + a) / (16 * z.psi));
+    return mismatches;
+}
+
+int report_timeline(const run_options *o, const llama_plan *plan, const dp_options *dp, const run_clock *k) {
+    int n;
+    const dp_event *e = dp_timeline(plan, &n);
+    char path[512];
+    snprintf(path, sizeof path, "%s/timeline_%s_rank%d.csv", o->out_dir, dp_mode_name(dp->mode), comm_world()->rank);
+    FILE *f = fopen(path, "w");   /* every rank writes its own lane */
+    if (f) {
+        fprintf(f, "lane,what,start_ms,end_ms\n");
+        for (int i = 0; i < n; i++) fprintf(f, "%s,%s,%.3f,%.3f\n", e[i].lane, e[i].what, 1e3 * e[i].t0, 1e3 * e[i].t1);
+        fclose(f);
+    }
+    double exposed = comm_host_max(comm_world(), k->comm_seconds / o->steps);
+    log0("exposed communication (time waited on collectives, the slowest rank): %.2f ms per step; "
+         "timeline of the last step in %s/timeline_%s_rank*.csv\n", 1e3 * exposed, o->out_dir, dp_mode_name(dp->mode));
+    return 0;
+}

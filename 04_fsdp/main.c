@@ -1,0 +1,114 @@
+/* Chapter 04: data parallelism, from DDP to ZeRO-3/FSDP, HSDP and FSDP x TP.
+ *
+ * The data ranks (dp_replicate x dp_shard) split the global batch; DDP keeps a whole model on
+ * each and all-reduces the gradients, ZeRO-1/2 shard the optimizer state and the gradients,
+ * FSDP the values too, gathering each layer just before it computes (data_parallel.h). Rank 0
+ * trains the single-device baseline beside it and compares every step; the run ends with the
+ * memory per rank beside ZeRO's formulas and the traffic beside each mode's.
+ *
+ *   make run-04                                        fsdp over 2 ranks
+ *   make run-04 NP=4 ARGS="--dp-mode zero1"            ZeRO-1 over 4 ranks
+ *   make run-04 NP=4 ARGS="--dp-replicate 2"           HSDP: shard over 2, replicate over 2
+ *   make run-04 NP=4 ARGS="--tp 2"                     FSDP x TP on a 2 x 2 mesh
+ *   make check-04                                      every mode at dp 1, 2, 4; HSDP; FSDP x TP; the bug
+ */
+#include <math.h>
+#include <stdio.h>
+#include "cli.h"
+#include "comm.h"
+#include "device.h"
+#include "log.h"
+#include "mesh.h"
+#include "model.h"
+#include "report.h"
+#include "run.h"
+#include "../01_transformer_tp/tp.h"
+#include "data_parallel.h"
+#include "dp_report.h"
+
+static const char *usage =
+    "usage: 04 [flags]   (under mpirun: NP = dp_replicate x dp_shard x tp ranks)\n"
+    "  --dp-mode ddp|zero1|zero2|fsdp   what each data rank keeps whole (default fsdp)\n"
+    "  --dp-shard S                     ranks the state is sharded over (default: NP / (R x T))\n"
+    "  --dp-replicate R                 replicas of the sharded state (HSDP; default 1)\n"
+    "  --tp T                           tensor parallelism inside each data rank (default 1)\n"
+    "  --bucket-kb K                    ddp: all-reduce the gradients in buckets of K KiB (default 64)\n"
+    "  --no-reshard-after-forward       fsdp: keep the gathered layers from forward to backward\n"
+    "  --no-prefetch                    fsdp: gather each layer only when it is needed\n";
+
+enum { OPT_MODE = 1, OPT_SHARD, OPT_REPLICATE, OPT_TP, OPT_BUCKET, OPT_NO_RESHARD, OPT_NO_PREFETCH };
+typedef struct { dp_options dp; int shard, replicate, tp; } chapter_options;
+static void chapter_flag(int code, const char *arg, void *ctx) {
+    static const char *const modes[] = {"ddp", "zero1", "zero2", "fsdp", NULL};
+    chapter_options *co = ctx;
+    if (code == OPT_MODE) co->dp.mode = (dp_mode)cli_choice("--dp-mode", arg, modes);
+    else if (code == OPT_SHARD) co->shard = cli_int("--dp-shard", arg, 1, 4096);
+    else if (code == OPT_REPLICATE) co->replicate = cli_int("--dp-replicate", arg, 1, 4096);
+    else if (code == OPT_TP) co->tp = cli_int("--tp", arg, 1, 4096);
+    else if (code == OPT_BUCKET) co->dp.bucket_floats = (size_t)cli_int("--bucket-kb", arg, 1, 1 << 20) * 256;
+    else if (code == OPT_NO_RESHARD) co->dp.reshard_after_forward = false;
+    else co->dp.prefetch = false;
+}
+
+int main(int argc, char **argv) {
+    comm_init(&argc, &argv);
+
+    /* ---- flags ---- */
+    run_options o = run_options_default("04", data_parallel_faults);
+    o.kv_heads_follow_heads = true;
+    chapter_options co = {{DP_FSDP, true, true, 64 * 256}, 0, 1, 1};
+    static const struct option flags[] = {
+        {"dp-mode", required_argument, 0, OPT_MODE}, {"dp-shard", required_argument, 0, OPT_SHARD},
+        {"dp-replicate", required_argument, 0, OPT_REPLICATE}, {"tp", required_argument, 0, OPT_TP},
+        {"bucket-kb", required_argument, 0, OPT_BUCKET},
+        {"no-reshard-after-forward", no_argument, 0, OPT_NO_RESHARD},
+        {"no-prefetch", no_argument, 0, OPT_NO_PREFETCH}, {0, 0, 0, 0}};
+    run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
+    const llama_config *c = &o.model;
+
+    /* ---- mesh: dp_replicate x dp_shard x tp (dp_shard inferred from NP when not given) ---- */
+    int R = co.replicate, T = co.tp, world = comm_world()->size;
+    int S = co.shard ? co.shard : (world % (R * T) == 0 ? world / (R * T) : 0);
+    if (!S) comm_exit_usage("NP=%d is not divisible by --dp-replicate %d x --tp %d: dp_shard would not be whole", world, R, T);
+    device_mesh *mesh = mesh_create((mesh_shape){{1, R, S, 1, T}});
+    if (o.batch % (R * S))
+        comm_exit_usage("--batch %d is not divisible by the data-parallel degree dp_replicate %d x dp_shard %d = %d: "
+                        "each data rank takes batch / %d sequences", o.batch, R, S, R * S, R * S);
+
+    /* ---- the plan: chapter 01's inside each data rank (when tp > 1), data parallelism around it ---- */
+    char degree[32];
+    snprintf(degree, sizeof degree, "--tp %d", T);
+    llama_plan plan = T > 1 ? megatron_plan(mesh, c, degree) : plan_single_device();
+    size_t buffers_before = mem_current(MEM_BUFFERS);
+    data_parallel_apply(&plan, mesh, c, &co.dp);
+    double buffer_bytes = (double)(mem_current(MEM_BUFFERS) - buffers_before);
+    run_apply_fault(&o, &plan);
+    llama_model *model = run_model(&o, &plan);   /* refuses up front what cannot fit */
+    double mem[3] = {mem_current(MEM_PARAMS), mem_current(MEM_GRADS), mem_current(MEM_OPTIM)};
+
+    log0("chapter 04: data parallelism, %s, dp_replicate %d x dp_shard %d x tp %d, backend %s\n",
+         dp_mode_name(co.dp.mode), R, S, T, device_backend_name());
+    log0("model: dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d; global batch %d x %d tokens, %d per data rank\n",
+         c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size, o.batch, c->seq_len,
+         model->d.B);
+    if (co.dp.mode == DP_FSDP)
+        log0("fsdp: reshard after forward %s, prefetch %s\n", co.dp.reshard_after_forward ? "on" : "off",
+             co.dp.prefetch ? "on" : "off");
+
+    /* ---- train, with the baseline beside it ---- */
+    char path[512], label[64];
+    snprintf(path, sizeof path, "%s/loss_%s_r%d_s%d_t%d.csv", o.out_dir, dp_mode_name(co.dp.mode), R, S, T);
+    snprintf(label, sizeof label, "%s %dx%dx%d", dp_mode_name(co.dp.mode), R, S, T);
+    run_clock clock = run_train(&o, model, label, path);
+
+    /* ---- measured beside the formulas ---- */
+    log0("\n");
+    int mismatches = report_data_parallel_traffic(&o, &plan, model, &co.dp);
+    mismatches += report_data_parallel_memory(&plan, model, &co.dp, mem, buffer_bytes);
+    mismatches += report_timeline(&o, &plan, &co.dp, &clock);
+    run_clock_report(&clock, o.steps);
+
+    llama_free(model);
+    data_parallel_free(&plan);
+    return run_finish(&o, mismatches);
+}
