@@ -1,7 +1,9 @@
 /* dp_report.c: see dp_report.h. Psi is the count of parameters a rank's tp slice holds, Psi_S
  * the floats of its dp shard (ceil-padded): S x Psi_S >= Psi, the difference the padding. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <unistd.h>
 #include "comm.h"
 #include "log.h"
 #include "mesh.h"
@@ -75,7 +77,7 @@ int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, c
 }
 
 int report_data_parallel_memory(const llama_plan *plan, const llama_model *m, const dp_options *dp,
-                                const double measured[3], double buffer_bytes) {
+                                const double measured[3], double buffer_bytes, const char *csv_dir) {
     dp_sizes z = sizes_of(plan, m);
     bool shard_values = dp->mode == DP_FSDP, shard_grads = dp->mode == DP_ZERO2 || dp->mode == DP_FSDP;
     bool shard_optim = dp->mode != DP_DDP;
@@ -100,6 +102,19 @@ int report_data_parallel_memory(const llama_plan *plan, const llama_model *m, co
         {"together (ZeRO)", measured[0] + measured[1] + measured[2], v + g + a, total[dp->mode]},
         {"transient buffers", buffer_bytes, dp->mode == DP_DDP ? 0 : buffers, dp->mode == DP_DDP ? "none" : buffer_formula}};
     int mismatches = report_memory("memory per rank (Psi_S = ceil-padded Psi / S)", rows, 5);
+    /* one row per run for make plot-04's bars */
+    if (comm_world()->rank == 0 && csv_dir) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/memory_modes.csv", csv_dir);
+        bool is_new = access(path, F_OK) != 0;
+        FILE *f = fopen(path, "a");
+        if (f) {
+            if (is_new) fprintf(f, "mode,dp_replicate,dp_shard,tp,parameters,gradients,optimizer,buffers\n");
+            fprintf(f, "%s,%d,%d,%d,%.0f,%.0f,%.0f,%.0f\n", dp_mode_name(dp->mode), z.R, z.S,
+                    plan->tp ? plan->tp->size : 1, measured[0], measured[1], measured[2], buffer_bytes);
+            fclose(f);
+        }
+    }
     log0("  replicated (16 Psi) would be %s per rank: this mode keeps %.0f%% of it, plus the buffers\n",
          fmt_bytes(16 * z.psi), 100 * (v + g + a) / (16 * z.psi));
     return mismatches;

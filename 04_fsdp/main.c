@@ -104,7 +104,7 @@ int main(int argc, char **argv) {
     /* ---- measured beside the formulas ---- */
     log0("\n");
     int mismatches = report_data_parallel_traffic(&o, &plan, model, &co.dp);
-    mismatches += report_data_parallel_memory(&plan, model, &co.dp, mem, buffer_bytes);
+    mismatches += report_data_parallel_memory(&plan, model, &co.dp, mem, buffer_bytes, o.out_dir);
     mismatches += report_timeline(&o, &plan, &co.dp, &clock);
     run_clock_report(&clock, o.steps);
 
