@@ -124,6 +124,8 @@ void param_unit_range(const param_table *t, const float *block, int u, size_t *o
     *count = (shard ? last->offset_shard : last->offset_whole) + param_stored_numel(t, block, idx[n - 1]) - *offset;
 }
 
+int param_unit_tensors(const param_table *t, int u, int idx[9]) { return unit_tensors(&t->c, u, idx); }
+
 unit_weights param_unit(const param_table *t, float *block, int u) {
     unit_weights w = {0};
     int idx[9], n = unit_tensors(&t->c, u, idx);
