@@ -54,6 +54,7 @@ struct dp_state {
     /* the gradient reductions, which a fault may replace */
     void (*reduce_scatter)(comm_group *g, const float *send, float *recv, size_t count);
     comm_request (*all_reduce)(comm_group *g, float *buf, size_t count, comm_op op);
+    linear_ops inner;                  /* the linear operator this plan wraps with progress calls */
     double buffer_bytes;
     double t_step0, t_acquired;
     dp_event events[MAX_EVENTS];
@@ -223,6 +224,29 @@ static void bucket_unit(dp_state *s, int u) {
 }
 
 /* ==============================================================================================
+ * Progress while computing. On the CPU, Open MPI moves a non-blocking collective's data only
+ * inside MPI calls: after every GEMM of a layer the plan lets the in-flight gathers (fsdp's
+ * prefetch) and all-reduces (ddp's buckets) move, so they run while the layer computes.
+ * ============================================================================================== */
+static void progress(dp_state *s) {
+    for (int k = 0; k < s->n_slots; k++)
+        for (int j = 0; j < s->slots[k].n_req; j++) comm_progress(&s->slots[k].req[j]);
+    for (int k = 0; k < s->n_reqs; k++) comm_progress(&s->reqs[k]);
+}
+static void linear_forward_progress(const llama_plan *p, float *y, const float *x, const float *W,
+                                    int N, int in, int out) {
+    dp_state *s = p->ctx;
+    s->inner.forward(p, y, x, W, N, in, out);
+    progress(s);
+}
+static void linear_backward_progress(const llama_plan *p, float *dx, float *dW, const float *dy,
+                                     const float *x, const float *W, int N, int in, int out) {
+    dp_state *s = p->ctx;
+    s->inner.backward(p, dx, dW, dy, x, W, N, in, out);
+    progress(s);
+}
+
+/* ==============================================================================================
  * The plan's operators.
  * ============================================================================================== */
 
@@ -329,6 +353,8 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
         [DP_FSDP] = {STORE_SHARD, STORE_SHARD, STORE_SHARD}};
     memcpy(plan->storage, storage[o->mode], sizeof plan->storage);
     plan->weights = (weight_ops){dp_acquire, dp_release};
+    s->inner = plan->linear;
+    plan->linear = (linear_ops){linear_forward_progress, linear_backward_progress};
     plan->reduce_grads = dp_reduce_grads;
     plan->optimizer_step = dp_optimizer_step;
 

@@ -170,6 +170,9 @@ void comm_wait(comm_request *req) {
     guard_end();
     req->pending = NULL;
 }
+void comm_progress(comm_request *req) {
+    if (req->pending) backend_progress(req->pending);
+}
 void comm_wait_all(comm_request *reqs, int n) {
     for (int i = 0; i < n; i++) comm_wait(&reqs[i]);
 }

@@ -146,6 +146,11 @@ comm_request comm_ireduce_scatter(comm_group *g, const float *send, float *recv,
  * On the GPU, the compute stream is also made to wait for the transfer, and the host waits for
  * the compute stream, as after a blocking call. */
 void comm_wait(comm_request *req);
+/* Lets the library move the operation's data now, without waiting (MPI_Test). Open MPI moves a
+ * non-blocking collective's data only inside MPI calls, so on the CPU a computation that makes
+ * none (a layer's GEMMs) hides nothing unless it calls this now and then; NCCL runs on its own
+ * stream and needs no help. Not counted; the request stays to be waited on. */
+void comm_progress(comm_request *req);
 /* comm_wait on reqs[0..n) in order; each request's blocked time is counted under its own
  * collective (the time waiting for reqs[i] after reqs[0..i) were done). */
 void comm_wait_all(comm_request *reqs, int n);

@@ -44,5 +44,7 @@ void *backend_ireduce_scatter(comm_group *g, const float *send, float *recv, siz
  * the caller was kept waiting (CPU: wall time in MPI_Wait; CUDA: how long the compute stream
  * stalled on the transfer, from events). */
 double backend_wait(void *handle);
+/* Moves the operation along if the library needs calls for that; never blocks. */
+void backend_progress(void *handle);
 
 C_END
