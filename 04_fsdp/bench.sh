@@ -23,7 +23,7 @@ printf '%-32s %14s %22s\n' "2 ranks, ${REPS:-3} runs each" "step (median)" "expo
 for k in "${!cases[@]}"; do
     printf '%-32s %11.1f ms %19.2f ms\n' "${cases[$k]}" "$(echo ${step[$k]} | median)" "$(echo ${exposed[$k]} | median)"
 done
-echo "On the CPU backend Open MPI moves a non-blocking collective's data inside MPI calls, and a"
-echo "layer's compute makes none: the prefetched all-gather mostly runs at its wait, so prefetch"
-echo "hides little here, and the exposed time includes the ranks' skew. On GPUs NCCL runs it on a"
-echo "second stream while the layer computes."
+echo "On the CPU backend Open MPI moves a non-blocking collective's data only inside MPI calls:"
+echo "the plan calls comm_progress after every GEMM so the prefetched all-gathers (and DDP's"
+echo "buckets) move while the layer computes. The exposed time also includes the ranks' skew."
+echo "On GPUs NCCL runs them on a second stream by itself."
