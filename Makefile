@@ -22,6 +22,17 @@ NP        ?= 2
 ARGS      ?=
 NPROC     := $(shell nproc 2>/dev/null || echo 1)
 
+ifneq ($(shell [ "$(NP)" -ge 1 ] 2>/dev/null && echo ok),ok)
+$(error NP=$(NP) is not valid: use the number of ranks, NP=1 or more)
+endif
+# Quiet builds: one short line per file; V=1 prints the whole commands.
+ifeq ($(V),1)
+Q :=
+say = @true
+else
+Q := @
+say = @echo "  $(1) $(2)"
+endif
 ifeq ($(filter $(BACKEND),cpu cuda),)
 $(error BACKEND=$(BACKEND) is not valid: use BACKEND=cpu or BACKEND=cuda)
 endif
@@ -82,32 +93,37 @@ chapter_dir  = $(filter $(1)_%,$(CHAPTERS))
 # ---------------------------------------------------------------- build rules
 $(BUILD_ROOT)/cpu/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(call say,CC,$<)
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD_ROOT)/cuda/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(call say,CC,$<)
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD_ROOT)/cuda/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(call say,NVCC,$<)
+	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 $(BUILD_ROOT)/cpu/libcommon.a: $(COMMON_OBJS_cpu)
-	ar rcs $@ $^
+	$(Q)ar rcs $@ $^
 $(BUILD_ROOT)/cuda/libcommon.a: $(COMMON_OBJS_cuda)
-	ar rcs $@ $^
+	$(Q)ar rcs $@ $^
 
 define chapter_rule
 $(1)_NUM := $(call chapter_num,$(1))
 $(BUILD_ROOT)/$(2)/$$($(1)_NUM): $$(patsubst %.c,$(BUILD_ROOT)/$(2)/%.o,$$(call chapter_srcs,$(1))) $(BUILD_ROOT)/$(2)/libcommon.a
-	$$(CC) $$^ -o $$@ $$(LDLIBS_$(2))
+	$$(call say,LINK,$$@)
+	$(Q)$$(CC) $$^ -o $$@ $$(LDLIBS_$(2))
 endef
 $(foreach c,$(CHAPTERS),$(eval $(call chapter_rule,$(c),cpu)))
 $(foreach c,$(CHAPTERS),$(eval $(call chapter_rule,$(c),cuda)))
 
 define test_rule
 $(BUILD_ROOT)/$(2)/tests/$(1): $(BUILD_ROOT)/$(2)/tests/$(1).o $(BUILD_ROOT)/$(2)/libcommon.a
-	$$(CC) $$^ -o $$@ $$(LDLIBS_$(2))
+	$$(call say,LINK,$$@)
+	$(Q)$$(CC) $$^ -o $$@ $$(LDLIBS_$(2))
 endef
 $(foreach t,$(basename $(notdir $(TESTS_C))),$(eval $(call test_rule,$(t),cpu)))
 $(foreach t,$(basename $(notdir $(TESTS_C))),$(eval $(call test_rule,$(t),cuda)))
@@ -140,18 +156,22 @@ deps-check-test:
 # make run-NN [NP=2] [ARGS="..."]: one mpirun of chapter NN with its parity check on.
 # A failed run ends with one line saying what its exit status means (tests/exit_status.sh; the
 # README's "Exit statuses"): make itself then says "Error N" with the run's status N.
-run-%: all
+# A chapter number that does not exist is answered before anything is built.
+CHAPTER_NUMS = $(foreach c,$(CHAPTERS),$(call chapter_num,$(c)))
+chapter-exists-%:
+	@[ -n "$(call chapter_dir,$*)" ] || { echo "no chapter $* yet; available: $(CHAPTER_NUMS)"; exit 2; }
+run-%: chapter-exists-% all
 	@d=$(call chapter_dir,$*); [ -n "$$d" ] || { echo "no chapter $* (have: $(CHAPTERS))"; exit 2; }
 	@echo "$(strip $(MPIRUN)) $(BUILD)/$* --check $(ARGS)"
 	@$(MPIRUN) $(BUILD)/$* --check $(ARGS) || { st=$$?; tests/exit_status.sh $$st run-$* >&2; exit $$st; }
 
 # make check-NN: the chapter's standard layouts (its checks.txt), non-zero exit on failure.
-check-%: all
+check-%: chapter-exists-% all
 	@./tests/run_checks.sh $(BACKEND) $* $(BUILD_ROOT)
 
 # make plot-NN: gnuplot PNGs of what the chapter measured, under out/NN/. A chapter with a
 # plot.sh runs the layouts it needs itself; otherwise its plot.gp draws the CSV of `make run-NN`.
-plot-%: all
+plot-%: chapter-exists-% all
 	@d=$(call chapter_dir,$*); [ -f $$d/plot.gp ] || { echo "chapter $* has no plot"; exit 2; }
 	@command -v gnuplot >/dev/null || ./tests/deps.sh install
 	@d=$(call chapter_dir,$*); if [ -x $$d/plot.sh ]; then \
@@ -166,7 +186,7 @@ plot-%: all
 assignment-%:
 	@./tests/make_assignment.sh $* $(or $(DEST),student/$*)
 
-bench-%: all
+bench-%: chapter-exists-% all
 	@d=$(call chapter_dir,$*); [ -x $$d/bench.sh ] || { echo "chapter $* has no benchmark"; exit 2; }
 	@$(call chapter_dir,$*)/bench.sh $(BUILD)/$*
 
