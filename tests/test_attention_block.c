@@ -27,17 +27,12 @@
 #include "llama_kernels.h"
 #include "test_util.h"
 
+/* The test's stream of numbers (test_util.h's xorshift64*). */
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+static float rand_uniform(float lo, float hi) { return tu_rand_uniform(&rng_state, lo, hi); }
+
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-/* xorshift64*: a fixed, dependency-free stream of test numbers. */
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static float rand_uniform(float lo, float hi) {
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    uint64_t bits = rng_state * 0x2545F4914F6CDD1Dull;
-    return lo + (hi - lo) * (float)((bits >> 40) / 16777216.0);
-}
 static float *random_floats(size_t n, float lo, float hi) {
     float *x = malloc((n ? n : 1) * sizeof(float));
     for (size_t i = 0; i < n; i++) x[i] = rand_uniform(lo, hi);
@@ -365,28 +360,6 @@ static void test_merge(void) {
 
 /* ---- 4. finite differences ------------------------------------------------------------------------- */
 
-/* Central differences of a scalar loss with respect to the host array x, as in
- * test_llama_kernels.c, and the same tolerance: |analytic - numeric| <= 1e-2 |numeric| +
- * 2e-3 max|numeric| (fp32 forwards make the differences noisy at about 1e-3). */
-#define FD_EPS 1e-3f
-typedef double (*loss_fn)(void *ctx);
-static void finite_differences(loss_fn loss, void *ctx, float *x, size_t n, double *numeric) {
-    for (size_t i = 0; i < n; i++) {
-        float saved = x[i], up = saved + FD_EPS, down = saved - FD_EPS;
-        x[i] = up;
-        double l_up = loss(ctx);
-        x[i] = down;
-        double l_down = loss(ctx);
-        x[i] = saved;
-        numeric[i] = (l_up - l_down) / ((double)up - (double)down);
-    }
-}
-static void check_grad(const char *what, const float *analytic, const double *numeric, size_t n) {
-    double scale = 0.0;
-    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(numeric[i]));
-    CHECK(scale > 0.0, "%s: the numeric gradient is all zero, the test sees nothing", what);
-    for (size_t i = 0; i < n; i++) CHECK_CLOSE(analytic[i], numeric[i], 2e-3 * scale + 1e-6, 1e-2, what);
-}
 
 /* Queries q[1, Tq, H, hd] at q_offset against `nblocks` key blocks (k, v [1, Tk, Hkv, hd] each,
  * the blocks one after another in the host arrays) at offsets k_offsets[]; out is the merge of

@@ -20,15 +20,9 @@
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-/* xorshift64*: a fixed, dependency-free stream of test numbers. */
+/* The test's stream of numbers (test_util.h's xorshift64*). */
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static float rand_uniform(float lo, float hi) {
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    uint64_t bits = rng_state * 0x2545F4914F6CDD1Dull;
-    return lo + (hi - lo) * (float)((bits >> 40) / 16777216.0);
-}
+static float rand_uniform(float lo, float hi) { return tu_rand_uniform(&rng_state, lo, hi); }
 static void fill_uniform(float *x, size_t n, float lo, float hi) {
     for (size_t i = 0; i < n; i++) x[i] = rand_uniform(lo, hi);
 }
@@ -65,31 +59,7 @@ static void check_values(const char *what, const float *got, const double *want,
     for (size_t i = 0; i < n; i++) CHECK_CLOSE(got[i], want[i], atol, 1e-5, what);
 }
 
-/* Central finite differences of a scalar loss with respect to the host array x (the loss
- * function uploads x itself): numeric[i] = (L(x + h e_i) - L(x - h e_i)) / (2h), with h the
- * step fp32 can actually represent at x[i]. */
-#define FD_EPS 1e-3f
-typedef double (*loss_fn)(void *ctx);
-static void finite_differences(loss_fn loss, void *ctx, float *x, size_t n, double *numeric) {
-    for (size_t i = 0; i < n; i++) {
-        float saved = x[i], up = saved + FD_EPS, down = saved - FD_EPS;
-        x[i] = up;
-        double l_up = loss(ctx);
-        x[i] = down;
-        double l_down = loss(ctx);
-        x[i] = saved;
-        numeric[i] = (l_up - l_down) / ((double)up - (double)down);
-    }
-}
 
-/* Gradient against finite differences. fp32 forwards make the differences noisy at about
- * 1e-3 of the gradient's scale, so: |analytic - numeric| <= 1e-2 |numeric| + 2e-3 max|numeric|. */
-static void check_grad(const char *what, const float *analytic, const double *numeric, size_t n) {
-    double scale = 0.0;
-    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(numeric[i]));
-    CHECK(scale > 0.0, "%s: the numeric gradient is all zero, the test sees nothing", what);
-    for (size_t i = 0; i < n; i++) CHECK_CLOSE(analytic[i], numeric[i], 2e-3 * scale + 1e-6, 1e-2, what);
-}
 
 /* ---- embedding ------------------------------------------------------------------------------- */
 

@@ -7,6 +7,7 @@
 #pragma once
 #include <stdio.h>
 #include <math.h>
+#include <stdint.h>
 
 static int tu_failed = 0, tu_checks = 0;
 
@@ -41,6 +42,41 @@ static inline double tu_cross_entropy_sum(const float *logits, const int *target
         total += mx + log(sum) - row[targets[r]];
     }
     return total;
+}
+
+/* xorshift64*: a fixed, dependency-free stream of test numbers in [lo, hi), advancing *state. */
+static inline float tu_rand_uniform(uint64_t *state, float lo, float hi) {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    uint64_t bits = *state * 0x2545F4914F6CDD1Dull;
+    return lo + (hi - lo) * (float)((bits >> 40) / 16777216.0);
+}
+
+/* Central finite differences of a scalar loss with respect to the host array x (the loss
+ * function uploads x itself): numeric[i] = (L(x + h e_i) - L(x - h e_i)) / (2h), with h the
+ * step fp32 can actually represent at x[i]. */
+#define TU_FD_EPS 1e-3f
+typedef double (*loss_fn)(void *ctx);
+static inline void finite_differences(loss_fn loss, void *ctx, float *x, size_t n, double *numeric) {
+    for (size_t i = 0; i < n; i++) {
+        float saved = x[i], up = saved + TU_FD_EPS, down = saved - TU_FD_EPS;
+        x[i] = up;
+        double l_up = loss(ctx);
+        x[i] = down;
+        double l_down = loss(ctx);
+        x[i] = saved;
+        numeric[i] = (l_up - l_down) / ((double)up - (double)down);
+    }
+}
+
+/* Gradient against finite differences. fp32 forwards make the differences noisy at about
+ * 1e-3 of the gradient's scale, so: |analytic - numeric| <= 1e-2 |numeric| + 2e-3 max|numeric|. */
+static inline void check_grad(const char *what, const float *analytic, const double *numeric, size_t n) {
+    double scale = 0.0;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(numeric[i]));
+    CHECK(scale > 0.0, "%s: the numeric gradient is all zero, the test sees nothing", what);
+    for (size_t i = 0; i < n; i++) CHECK_CLOSE(analytic[i], numeric[i], 2e-3 * scale + 1e-6, 1e-2, what);
 }
 
 static inline int tu_finish(const char *name) {

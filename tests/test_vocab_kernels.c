@@ -24,19 +24,14 @@
 #include "vocab_kernels.h"
 #include "test_util.h"
 
+/* The test's stream of numbers (test_util.h's xorshift64*). */
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+static float rand_uniform(float lo, float hi) { return tu_rand_uniform(&rng_state, lo, hi); }
+
 enum { N = 6, V = 28, VALID = 4, MAX_SHARDS = 7 };
 /* targets in shards 0, 3 and the last for P = 4 (columns 0-6, 7-13, 14-20, 21-27) */
 static const int targets_ref[N] = {2, IGNORE_INDEX, 27, 13, IGNORE_INDEX, 20};
 
-/* xorshift64*: fixed test numbers. */
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static float rand_uniform(float lo, float hi) {
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    uint64_t bits = rng_state * 0x2545F4914F6CDD1Dull;
-    return lo + (hi - lo) * (float)((bits >> 40) / 16777216.0);
-}
 
 static float *upload(const float *host, size_t n) {
     float *d = device_alloc_floats(n, MEM_BUFFERS);
