@@ -50,12 +50,11 @@ struct dp_state {
     size_t bucket_off, bucket_count;
     comm_request reqs[MAX_REQUESTS];
     double req_issued[MAX_REQUESTS];
-    int n_reqs, buckets;
+    int n_reqs;
     /* the gradient reductions, which a fault may replace */
     void (*reduce_scatter)(comm_group *g, const float *send, float *recv, size_t count);
     comm_request (*all_reduce)(comm_group *g, float *buf, size_t count, comm_op op);
     linear_ops inner;                  /* the linear operator this plan wraps with progress calls */
-    double buffer_bytes;
     double t_step0, t_acquired;
     dp_event events[MAX_EVENTS];
     int n_events;
@@ -66,10 +65,6 @@ const char *dp_mode_name(dp_mode mode) {
     return mode >= 0 && mode < DP_NMODES ? names[mode] : "?";
 }
 
-static float *buffer(dp_state *s, size_t n) {
-    s->buffer_bytes += 4.0 * n;
-    return device_alloc_floats(n, MEM_BUFFERS);
-}
 
 static void event(dp_state *s, const char *lane, double t0, const char *fmt, int arg) {
     if (s->n_events == MAX_EVENTS) return;
@@ -208,7 +203,6 @@ static void flush_bucket(dp_state *s) {
     /* BEGIN ASSIGNMENT: start the all-reduce (sum over the data ranks) of the bucket's gradients */
     s->reqs[s->n_reqs++] = s->all_reduce(s->batch, s->t->grads + s->bucket_off, s->bucket_count, COMM_SUM);
     /* END ASSIGNMENT */
-    s->buckets++;
     s->bucket_count = 0;
 }
 
@@ -254,8 +248,9 @@ static void dp_acquire(const llama_plan *p, llama_model *m, int u, bool backward
                        unit_weights *g) {
     dp_state *s = p->ctx;
     s->t = m->params;
-    if (u == s->L) {                     /* the first acquire of a pass */
-        if (!backward) { s->t_step0 = wall_seconds(); s->n_events = 0; s->buckets = 0; }
+    if (u == s->L && !backward) {        /* the first acquire of a step: a new timeline */
+        s->t_step0 = wall_seconds();
+        s->n_events = 0;
     }
     *w = param_unit(m->params, m->params->params, u);
     *g = param_unit(m->params, m->params->grads, u);
@@ -379,17 +374,17 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
         s->n_slots = 1 + (!o->reshard_after_forward ? s->L : o->prefetch ? 2 : 1);
         s->slots = calloc(s->n_slots, sizeof *s->slots);
         for (int k = 0; k < s->n_slots; k++) {
-            s->slots[k].data = buffer(s, k == 0 ? ends : layer_max);
+            s->slots[k].data = device_alloc_floats(k == 0 ? ends : layer_max, MEM_BUFFERS);
             s->slots[k].unit = -1;
         }
     }
     if (o->mode == DP_ZERO2 || o->mode == DP_FSDP) {
-        s->grad_full[0] = buffer(s, ends);
-        s->grad_full[1] = buffer(s, layer_max);
+        s->grad_full[0] = device_alloc_floats(ends, MEM_BUFFERS);
+        s->grad_full[1] = device_alloc_floats(layer_max, MEM_BUFFERS);
     }
     if (o->mode != DP_DDP) {
-        s->stage_in = buffer(s, s->S * s->max_shard);
-        s->stage_out = buffer(s, s->max_shard);
+        s->stage_in = device_alloc_floats(s->S * s->max_shard, MEM_BUFFERS);
+        s->stage_out = device_alloc_floats(s->max_shard, MEM_BUFFERS);
     }
 }
 
@@ -404,8 +399,6 @@ void data_parallel_free(llama_plan *plan) {
     plan->ctx = NULL;
 }
 
-double dp_buffer_bytes(const llama_plan *plan) { return ((dp_state *)plan->ctx)->buffer_bytes; }
-int dp_buckets_per_step(const llama_plan *plan) { return ((dp_state *)plan->ctx)->buckets; }
 const dp_event *dp_timeline(const llama_plan *plan, int *n) {
     dp_state *s = plan->ctx;
     *n = s->n_events;

@@ -68,11 +68,7 @@ typedef struct dp_state dp_state;
 void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const dp_options *o);
 void data_parallel_free(llama_plan *plan);
 
-/* Bytes of this plan's transient buffers (gathered values, full-size gradients, staging). */
-double dp_buffer_bytes(const llama_plan *plan);
-/* The gradient all-reduces DDP issued in the last backward (its buckets). */
-int dp_buckets_per_step(const llama_plan *plan);
-/* The last step's timeline; the run's exposed (waited-for) communication. */
+/* The last step's timeline. */
 const dp_event *dp_timeline(const llama_plan *plan, int *n);
 
 /* The deliberate bugs of this chapter, for --fault. */

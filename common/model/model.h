@@ -89,11 +89,12 @@ size_t llama_act_numel(const llama_dims *d, int act);
  * does and counted by the allocator, then freed. */
 size_t llama_layer_act_bytes_measured(const llama_dims *d, unsigned keep);
 
-/* What the model under `plan` will allocate on this rank for [B, c->seq_len] batches, computed
- * in double from the configuration before anything is allocated (so no 32-bit product can
- * overflow on the way): *state_bytes receives parameters, gradients and AdamW state, *act_bytes
- * activations and scratch, *largest_numel the element count of the largest single tensor (the
- * kernels index with int, so it must stay below 2^31). Returns their sum in bytes. */
+/* An upper bound of what the model under `plan` allocates on this rank for [B, c->seq_len]
+ * batches, computed in double from the configuration before anything is allocated (so no 32-bit
+ * product can overflow on the way): *state_bytes receives parameters, gradients and AdamW state
+ * (exact), *act_bytes activations and scratch (as if every activation were kept),
+ * *largest_numel the element count of the largest single tensor (the kernels index with int, so
+ * it must stay below 2^31). Returns their sum in bytes. */
 double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, double *state_bytes,
                          double *act_bytes, double *largest_numel);
 
