@@ -69,11 +69,10 @@ void loss_parallel_apply(llama_plan *plan, const llama_config *c) {
 
 /* --fault skip-output-allreduce: the output layer's input gradient keeps only this rank's
  * vocabulary rows' share (f's backward all-reduce before the output layer is left out). */
-static void f_backward_forgotten(const llama_plan *p, float *dx_local, float *dx_full, int B, int Ts, int C) {}
 static const char *skip_output_allreduce(llama_plan *p) {
     if (p->loss.forward != vocab_parallel_loss.forward)
         return "needs --loss-parallel: without it the output layer is replicated and has no all-reduce to skip";
-    p->vocab.enter_backward = f_backward_forgotten;
+    p->vocab.enter_backward = region_identity.enter_backward;   /* no all-reduce: each rank keeps its share */
     return NULL;
 }
 const plan_fault loss_parallel_faults[] = {

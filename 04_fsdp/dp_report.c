@@ -30,7 +30,6 @@ static dp_sizes sizes_of(const llama_plan *plan, const llama_model *m) {
             whole += (double)x->units * x->width;
         }
         if (u == z.L) z.ends_pad = pad; else { z.layer_pad = pad; z.layer_whole = whole; }
-        if (z.L == 0) break;
     }
     for (int i = 0; i < t->n; i++)
         z.max_shard = fmax(z.max_shard, (double)t->t[i].shard_units * t->t[i].width);

@@ -232,6 +232,16 @@ static void print_step(int step, const char *label, double loss, double base_los
              step, label, loss, base_loss, fabs(loss - base_loss), n_pad, step_ms);
 }
 
+/* Floats of the largest parameter tensor of the model, at least `at_least`. */
+static size_t largest_param_numel(const llama_config *c, size_t at_least) {
+    size_t biggest = at_least;
+    for (int i = 0; i < llama_num_params(c); i++) {
+        param_spec s = llama_param_spec(c, i);
+        if ((size_t)s.rows * s.cols > biggest) biggest = (size_t)s.rows * s.cols;
+    }
+    return biggest;
+}
+
 /* Compares the losses (judged every step), then every gradient, gathered to world rank 0, and
  * the gradient of the embedding output h0 (dX) with the baseline `base` (rank 0 only). */
 static void compare_step(const run_options *o, int step, double loss, double base_loss,
@@ -249,11 +259,7 @@ static void compare_step(const run_options *o, int step, double loss, double bas
     parity_set_grads_enforced(step == 1);
     parity_set_verbose(table);
     if (table) parity_print_header("  gradients, parallel (gathered) vs baseline:");
-    size_t biggest = (size_t)o->batch * c->seq_len * c->dim;
-    for (int i = 0; i < llama_num_params(c); i++) {
-        param_spec s = llama_param_spec(c, i);
-        if ((size_t)s.rows * s.cols > biggest) biggest = (size_t)s.rows * s.cols;
-    }
+    size_t biggest = largest_param_numel(c, (size_t)o->batch * c->seq_len * c->dim);   /* or dX */
     float *full = root ? malloc(biggest * sizeof(float)) : NULL;
     float *ref = root ? malloc(biggest * sizeof(float)) : NULL;
     for (int i = 0; i < llama_num_params(c); i++) {
@@ -290,11 +296,7 @@ static void compare_step(const run_options *o, int step, double loss, double bas
 static void compare_params(const run_options *o, llama_model *model, llama_model *base) {
     const llama_config *c = &o->model;
     bool root = comm_world()->rank == 0;
-    size_t biggest = 0;
-    for (int i = 0; i < llama_num_params(c); i++) {
-        param_spec s = llama_param_spec(c, i);
-        if ((size_t)s.rows * s.cols > biggest) biggest = (size_t)s.rows * s.cols;
-    }
+    size_t biggest = largest_param_numel(c, 0);
     float *full = root ? malloc(biggest * sizeof(float)) : NULL, *ref = root ? malloc(biggest * sizeof(float)) : NULL;
     double worst_share = 0;
     char worst[64] = "";
