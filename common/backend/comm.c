@@ -217,9 +217,18 @@ double comm_total_seconds(void) {
 
 /* ---- bad input: one line from rank 0, status 2 everywhere, nobody left waiting ---- */
 
+static void (*usage_cleanups[8])(void);
+static int n_usage_cleanups;
+
+void comm_on_usage_exit(void (*cleanup)(void)) {
+    if (n_usage_cleanups == 8) { fprintf(stderr, "comm_on_usage_exit: more than 8 clean-ups\n"); abort(); }
+    usage_cleanups[n_usage_cleanups++] = cleanup;
+}
+
 void comm_exit_usage(const char *fmt, ...) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    for (int i = n_usage_cleanups - 1; i >= 0; i--) usage_cleanups[i]();   /* before anyone may exit */
     if (rank == 0) {
         va_list ap;
         va_start(ap, fmt);

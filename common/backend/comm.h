@@ -176,5 +176,9 @@ void comm_exit_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), 
 /* Same, when only some ranks know: every rank passes its verdict; if any rank has ok == 0 the
  * lowest such rank's message is printed by rank 0 and every rank exits with status 2. */
 void comm_require_all(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Register a clean-up (for example removing an unfinished dump) that comm_exit_usage runs on this
+ * rank before the closing barrier. Not atexit: once the first rank has exited with status 2,
+ * mpirun may kill the others before their exit handlers run. At most 8. */
+void comm_on_usage_exit(void (*cleanup)(void));
 
 C_END

@@ -181,7 +181,8 @@ llama_model *run_model(const run_options *o, const llama_plan *plan) {
      * is written aside and, should anything end the run before dump_commit, removed at exit. */
     if (o->dump_dir) {
         dump_require(o, comm_world()->rank == 0 ? dump_begin(o->dump_dir) : 0);
-        atexit(dump_abort);
+        comm_on_usage_exit(dump_abort);   /* a refusal: removed before any rank exits */
+        atexit(dump_abort);               /* any other exit of this process */
     }
     cli_require_output_dir("--out", o->out_dir);
     return llama_create(c, plan, B, o->seed);
