@@ -69,7 +69,7 @@ int main(int argc, char **argv) {
     llama_model *model = run_model(&o, &plan);   /* refuses up front what cannot fit */
     const llama_dims *d = &model->d;
     double param_bytes = mem_current(MEM_PARAMS), act_bytes = mem_current(MEM_ACTIVATIONS);
-    double logits_bytes = mem_allocation_bytes(model->logits), largest_model = largest_buffer();
+    double logits_bytes = mem_allocation_bytes(model->saved->logits), largest_model = largest_buffer();
 
     log0("chapter 02: loss parallelism, tp = %d, loss parallel %s, backend %s\n", p,
          co.loss_parallel ? "on" : "off (--no-loss-parallel: chapter 01's replicated logits)", device_backend_name());

@@ -141,7 +141,7 @@ static bool recompute(llama_model *m, int l, const unit_weights *w) {
     const llama_plan *p = m->plan;
     sp_state *s = p->ctx;
     const llama_dims *d = &m->d;
-    llama_layer_acts *a = &m->acts[l];
+    llama_layer_acts *a = &m->saved->layers[l];
     if (s->ac == AC_FULL) {
         /* everything from h_in: the forward again, with its gathers and its first exit */
         llama_layer_recompute(m, l, w);

@@ -354,7 +354,7 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
     plan->optimizer_step = dp_optimizer_step;
 
     /* The transient buffers, sized from a table laid out as the model's will be. */
-    param_table *t = param_table_create(c, mesh, plan->layout, plan->storage, 0);
+    param_table *t = param_table_create(c, mesh, plan->layout, plan->storage, NULL, 0);
     size_t layer_max = 0, ends = 0;
     for (int u = 0; u <= s->L; u++) {
         int idx[9], n = param_unit_tensors(t, u, idx);

@@ -161,7 +161,9 @@ void run_apply_fault(const run_options *o, llama_plan *plan) {
 llama_model *run_model(const run_options *o, const llama_plan *plan) {
     const llama_config *c = &o->model;
     int B = o->batch / (plan->batch ? plan->batch->size : 1);   /* this data rank's sequences */
+    int pieces = plan->microbatches > 1 ? plan->microbatches : 1;  /* a pipeline's microbatches */
     double state, acts, largest, base_largest;
+    /* (a bound: as if every microbatch's activations were held at once) */
     double need = llama_model_bytes(c, plan, B, &state, &acts, &largest);
     llama_plan single = plan_single_device();
     double base = o->check ? llama_model_bytes(c, &single, o->batch, NULL, NULL, &base_largest) : 0;
@@ -185,7 +187,7 @@ llama_model *run_model(const run_options *o, const llama_plan *plan) {
         atexit(dump_abort);               /* any other exit of this process */
     }
     cli_require_output_dir("--out", o->out_dir);
-    return llama_create(c, plan, B, o->seed);
+    return llama_create(c, plan, B / pieces, o->seed);
 }
 
 int run_batch(const run_options *o, int step, int *tokens_dev, int *targets_dev, int *n_pad) {
@@ -244,9 +246,10 @@ static size_t largest_param_numel(const llama_config *c, size_t at_least) {
 }
 
 /* Compares the losses (judged every step), then every gradient, gathered to world rank 0, and
- * the gradient of the embedding output h0 (dX) with the baseline `base` (rank 0 only). */
+ * the gradient of the embedding output h0 (dX: dh0, this rank's `rows` sequences) with the
+ * baseline `base` (rank 0 only). */
 static void compare_step(const run_options *o, int step, double loss, double base_loss,
-                         llama_model *model, llama_model *base) {
+                         llama_model *model, const float *dh0, int rows, llama_model *base) {
     const llama_config *c = &o->model;
     bool root = comm_world()->rank == 0;
     bool table = step == 1 || o->verbose_grads;
@@ -270,7 +273,7 @@ static void compare_step(const run_options *o, int step, double loss, double bas
         param_gather(base->params, i, true, ref);
         parity_tensor(s.name, full, ref, (size_t)s.rows * s.cols);
     }
-    llama_gather_residual(model, model->dh, full);
+    llama_gather_residual(model, dh0, rows, full);
     if (root) {
         size_t n = (size_t)o->batch * c->seq_len * c->dim;
         device_copy_to_host(ref, base->dh, n * sizeof(float));
@@ -370,8 +373,10 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
     int *tokens = device_alloc_ints(N, MEM_BUFFERS), *targets = device_alloc_ints(N, MEM_BUFFERS);
     float *scalar = device_alloc_floats(1, MEM_BUFFERS);
     /* this rank's rows of the global batch: its data-parallel coordinate's share */
-    comm_group *batch = model->plan->batch;
-    size_t rows_offset = (size_t)(batch ? batch->rank : 0) * model->d.B * c->seq_len;
+    const llama_plan *plan = model->plan;
+    comm_group *batch = plan->batch;
+    int rows = model->d.B * (plan->microbatches > 1 ? plan->microbatches : 1);   /* this rank's sequences */
+    size_t rows_offset = (size_t)(batch ? batch->rank : 0) * rows * c->seq_len;
     if (o->dump_dir) dump_tensors(o, "init.safetensors", false, model);
     FILE *csv = csv_path ? csv_open(csv_path, "step,baseline,parallel") : NULL;
 
@@ -386,8 +391,14 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
 
         run_clock_start(&clock);
         llama_zero_grad(model);
-        float loss = llama_forward(model, tokens + rows_offset, targets + rows_offset, scale);
-        llama_backward(model);
+        float loss;
+        const float *dh0 = model->dh;
+        if (plan->forward_backward) {   /* the plan runs its own schedule (a pipeline) */
+            loss = plan->forward_backward(plan, model, tokens + rows_offset, targets + rows_offset, scale, &dh0);
+        } else {
+            loss = llama_forward(model, tokens + rows_offset, targets + rows_offset, scale);
+            llama_backward(model);
+        }
         double t_fb = run_clock_stop(&clock);
         if (batch) loss = (float)comm_host_sum(batch, loss);   /* the global mean: every rank's share */
 
@@ -399,7 +410,7 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
         }
         print_step(step, label, loss, base_loss, n_pad, 1e3 * t_fb);
         csv_row(csv, "%d,%.9g,%.9g", step, base_loss, loss);
-        if (o->check) compare_step(o, step, loss, base_loss, model, base);
+        if (o->check) compare_step(o, step, loss, base_loss, model, dh0, rows, base);
         if (o->dump_dir) {
             if (step == 1) dump_tensors(o, "grads_1.safetensors", true, model);
             dump_require(o, root ? dump_loss(o->dump_dir, step, loss) : 0);

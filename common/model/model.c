@@ -67,6 +67,7 @@ double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, d
     double S = plan->mesh ? plan->mesh->shape.degree[MESH_DP_SHARD] : 1;
     for (int i = 0; i < llama_num_params(c); i++) {           /* every tensor's local slice */
         param_spec s = llama_param_spec(c, i);
+        if (!plan_holds(plan, c->n_layers, s.kind, s.layer)) continue;
         double numel = (double)s.rows * s.cols / (plan->layout[s.kind] == SHARD_REPLICATED ? 1 : p);
         for (int b = 0; b < PARAM_NBLOCKS; b++)               /* values, gradients, m and v */
             state += (b == PARAM_OPTIM ? 8 : 4) * numel / (plan->storage[b] == STORE_SHARD ? S : 1);
@@ -77,7 +78,9 @@ double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, d
     double q = c->n_heads / split * hd, kv = c->n_kv_heads / plan_split(plan, P_WK, p) * hd;
     double F = c->ffn_dim / plan_split(plan, P_W1, p), probs = B * (c->n_heads / split) * T * T;
     double layer = 4 * Ns * D + 2 * Ns + 2 * N * q + 2 * N * kv + probs + 3 * N * F;   /* all of it */
-    acts = 4 * (c->n_layers * layer                            /* an upper bound: every tensor kept */
+    int held_layers = 0;
+    for (int l = 0; l < c->n_layers; l++) held_layers += plan_holds(plan, c->n_layers, P_WQ, l);
+    acts = 4 * (held_layers * layer                            /* an upper bound: every tensor kept */
                 + 2 * Ns * D + Ns + N * V + N * (plan->loss.saved_per_row + 1)    /* outside, loss */
                 + 6 * N * D + 2 * N * q + 2 * N * kv + probs + 3 * N * F + 3 * N); /* scratch */
     double tensors[] = {N * V, N * D, N * q, N * F, probs};
@@ -119,35 +122,67 @@ static float *whole(const llama_model *m, float *full_buffer, float *local) {
     return m->plan->seq_shards > 1 ? full_buffer : local;
 }
 
+void llama_saved_alloc(llama_model *m, llama_saved *s, int l0, int l1) {
+    const llama_dims *d = &m->d;
+    size_t N = d->N, Ns = d->Ns, D = d->D;
+    memset(s, 0, sizeof *s);
+    s->l0 = l0;
+    s->l1 = l1;
+    s->layers = calloc((size_t)m->c.n_layers, sizeof *s->layers);
+    for (int l = l0; l < l1; l++) {
+        size_t before = mem_current(MEM_ACTIVATIONS);
+        layer_acts_alloc(&s->layers[l], d, m->plan->keep, &m->shared);
+        m->layer_act_bytes[l] = mem_current(MEM_ACTIVATIONS) - before;
+        s->layer_bytes += m->layer_act_bytes[l];
+    }
+    s->tokens = device_alloc_ints(N, MEM_BUFFERS);
+    s->targets = device_alloc_ints(N, MEM_BUFFERS);
+    if (l1 < m->c.n_layers) return;
+    /* the head's, kept in every mode */
+    s->h_final = device_alloc_floats(Ns * D, MEM_ACTIVATIONS);
+    s->final_xn = device_alloc_floats(Ns * D, MEM_ACTIVATIONS);
+    s->final_rstd = device_alloc_floats(Ns, MEM_ACTIVATIONS);
+    s->logits = device_alloc_floats(N * d->Vl, MEM_ACTIVATIONS);
+    if (m->plan->loss.saved_per_row)
+        s->loss_stats = device_alloc_floats(N * m->plan->loss.saved_per_row, MEM_ACTIVATIONS);
+}
+
+void llama_saved_free(llama_model *m, llama_saved *s) {
+    for (int l = s->l0; l < s->l1; l++) layer_acts_free(&s->layers[l], &m->shared);
+    float *bufs[] = {s->h_final, s->final_xn, s->final_rstd, s->logits, s->loss_stats};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) device_free(bufs[i]);
+    device_free(s->tokens);
+    device_free(s->targets);
+    free(s->layers);
+    memset(s, 0, sizeof *s);
+}
+
 llama_model *llama_create(const llama_config *c, const llama_plan *plan, int B, uint64_t seed) {
     llama_model *m = calloc(1, sizeof *m);
     m->c = *c;
     m->plan = plan;
-    m->params = param_table_create(c, plan->mesh, plan->layout, plan->storage, seed);
+    bool *here = malloc((size_t)llama_num_params(c) * sizeof *here);   /* a pipeline stage's tensors */
+    for (int i = 0; i < llama_num_params(c); i++) {
+        param_spec s = llama_param_spec(c, i);
+        here[i] = plan_holds(plan, c->n_layers, s.kind, s.layer);
+    }
+    m->params = param_table_create(c, plan->mesh, plan->layout, plan->storage, here, seed);
+    free(here);
     m->d = llama_dims_make(c, plan, B);
     const llama_dims *d = &m->d;
     size_t N = d->N, Ns = d->Ns, D = d->D, T = d->T, L = c->n_layers;
     size_t q_dim = (size_t)d->Hl * d->hd, kv_dim = (size_t)d->Hkvl * d->hd, Fl = d->Fl;
     bool split = plan->seq_shards > 1;
 
-    /* What the layers keep, measured layer by layer by the allocator. */
+    /* What the layers keep, measured layer by layer by the allocator: the model's own set, unless
+     * the plan keeps one per microbatch itself (a pipeline schedule). */
     layer_acts_alloc(&m->shared, d, plan->keep, NULL);
-    m->acts = calloc(L, sizeof *m->acts);
     m->layer_act_bytes = calloc(L, sizeof *m->layer_act_bytes);
-    for (size_t l = 0; l < L; l++) {
-        size_t before = mem_current(MEM_ACTIVATIONS);
-        layer_acts_alloc(&m->acts[l], d, plan->keep, &m->shared);
-        m->layer_act_bytes[l] = mem_current(MEM_ACTIVATIONS) - before;
+    if (!plan->forward_backward) {
+        llama_saved_alloc(m, &m->own, 0, (int)L);
+        m->saved = &m->own;
     }
-    /* Outside the layers, kept in every mode. */
-    m->h_final = device_alloc_floats(Ns * D, MEM_ACTIVATIONS);
-    m->final_xn = device_alloc_floats(Ns * D, MEM_ACTIVATIONS);
-    m->final_rstd = device_alloc_floats(Ns, MEM_ACTIVATIONS);
-    m->logits = device_alloc_floats(N * d->Vl, MEM_ACTIVATIONS);
-    if (plan->loss.saved_per_row) m->loss_stats = device_alloc_floats(N * plan->loss.saved_per_row, MEM_ACTIVATIONS);
     m->loss_scratch = device_alloc_floats(N, MEM_BUFFERS);
-    m->tokens = device_alloc_ints(N, MEM_BUFFERS);
-    m->targets = device_alloc_ints(N, MEM_BUFFERS);
     m->positions = device_alloc_ints(T, MEM_BUFFERS);
     int *pos = malloc(T * sizeof(int));
     for (size_t t = 0; t < T; t++) pos[t] = (int)t;
@@ -185,16 +220,14 @@ llama_model *llama_create_baseline(const llama_config *c, int B, uint64_t seed) 
 
 void llama_free(llama_model *m) {
     if (!m) return;
-    for (int l = 0; l < m->c.n_layers; l++) layer_acts_free(&m->acts[l], &m->shared);
+    if (m->saved == &m->own) llama_saved_free(m, &m->own);
     layer_acts_free(&m->shared, NULL);
-    float *bufs[] = {m->h_final, m->final_xn, m->final_rstd, m->logits, m->loss_stats,
-                     m->loss_scratch, m->attn_in, m->ffn_in, m->y_partial, m->dy_full, m->dxn,
+    float *bufs[] = {m->loss_scratch, m->attn_in, m->ffn_in, m->y_partial, m->dy_full, m->dxn,
                      m->dxn_full, m->dxn_part, m->dh, m->dattn_out, m->dq, m->dk, m->dv,
                      m->dprobs, m->dffn_g, m->dffn_a, m->dffn_b};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) device_free(bufs[i]);   /* NULL: no-op */
-    device_free(m->tokens); device_free(m->targets); device_free(m->positions);
+    device_free(m->positions);
     param_table_free(m->params);
-    free(m->acts);
     free(m->layer_act_bytes);
     free(m);
 }
@@ -206,7 +239,7 @@ static void layer_forward(llama_model *m, int l, float *h_out, const unit_weight
     const llama_plan *p = m->plan;
     const llama_dims *d = &m->d;
     const unit_weights w = *wp;
-    llama_layer_acts *a = &m->acts[l];
+    llama_layer_acts *a = &m->saved->layers[l];
     int B = d->B, T = d->T, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, hd = d->hd;
     int Hl = d->Hl, Hkvl = d->Hkvl, Fl = d->Fl;
     float eps = m->c.norm_eps, theta = m->c.rope_theta;
@@ -263,7 +296,7 @@ void llama_layer_recompute(llama_model *m, int l, const unit_weights *w) { layer
  * splits it, only this rank's shard was kept and later layers reused the buffers). */
 static void layer_restore(llama_model *m, int l, const unit_weights *w) {
     const llama_plan *p = m->plan;
-    llama_layer_acts *a = &m->acts[l];
+    llama_layer_acts *a = &m->saved->layers[l];
     if (p->recompute && p->recompute(m, l, w)) return;   /* a full recomputation re-entered already */
     p->region.enter_forward(p, whole(m, m->attn_in, a->attn_xn), a->attn_xn, m->d.B, m->d.Ts, m->d.D);
     p->region.enter_forward(p, whole(m, m->ffn_in, a->ffn_xn), a->ffn_xn, m->d.B, m->d.Ts, m->d.D);
@@ -277,7 +310,7 @@ void llama_layer_backward(llama_model *m, int l, float *dh) {
     const llama_dims *d = &m->d;
     unit_weights w, g;
     p->weights.acquire(p, m, l, true, &w, &g);
-    llama_layer_acts *a = &m->acts[l];
+    llama_layer_acts *a = &m->saved->layers[l];
     int B = d->B, T = d->T, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, hd = d->hd;
     int Hl = d->Hl, Hkvl = d->Hkvl, Fl = d->Fl;
     size_t ND = (size_t)N * D;
@@ -329,66 +362,130 @@ void llama_layer_backward(llama_model *m, int l, float *dh) {
 /* ---------------------------------------------------------------------------------------------
  * The whole model
  * --------------------------------------------------------------------------------------------- */
-float llama_forward(llama_model *m, const int *tokens, const int *targets, float loss_scale) {
+/* The pieces outside the layers, from the ends' weights w (gradients into g). */
+
+/* tokens [N] -> h0 = saved->layers[0].h_in [Ns, D]: look up the rows of the tokens this rank's
+ * table holds (zero rows for the rest), then the vocabulary's exit sums the ranks' lookups
+ * (identity with the whole table). */
+static void embed_forward(llama_model *m, const int *tokens, const unit_weights *w) {
     const llama_plan *p = m->plan;
     const llama_dims *d = &m->d;
-    int B = d->B, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, Vl = d->Vl, v0 = d->v0, L = m->c.n_layers;
+    llama_saved *s = m->saved;
+    device_copy(s->tokens, tokens, (size_t)d->N * sizeof(int));   /* the backward needs them */
+    float *h0 = s->layers[0].h_in, *looked_up = whole(m, m->y_partial, h0);   /* [N, D] */
+    embedding_forward(looked_up, s->tokens, w->tok_embeddings, d->N, d->D, d->v0, d->Vl);
+    p->vocab.exit_forward(p, h0, looked_up, d->B, d->Ts, d->D);
+}
+
+/* saved->h_final [Ns, D], targets [N] -> the sum of the token losses times loss_scale. */
+static float head_forward(llama_model *m, const int *targets, float loss_scale, const unit_weights *w) {
+    const llama_plan *p = m->plan;
+    const llama_dims *d = &m->d;
+    llama_saved *s = m->saved;
+    int N = d->N, Vl = d->Vl, v0 = d->v0;
+    device_copy(s->targets, targets, (size_t)N * sizeof(int));     /* the backward needs them */
+    s->loss_scale = loss_scale;
+    /* final_xn[Ns, D] = rmsnorm(h_final) * norm, entering the vocabulary's region */
+    rmsnorm_forward(s->final_xn, s->final_rstd, s->h_final, w->norm, d->Ns, d->D, m->c.norm_eps);
+    float *xn = whole(m, m->attn_in, s->final_xn);      /* [N, D] (attn_in is free here) */
+    p->vocab.enter_forward(p, xn, s->final_xn, d->B, d->Ts, d->D);
+    /* logits[N, Vl] = xn output^T: this rank's vocabulary rows */
+    p->linear.forward(p, s->logits, xn, w->output, N, d->D, Vl);
+    /* the sum over valid targets of -log softmax(logits)[target] */
+    float loss_sum = p->loss.forward(p, s->logits, s->targets, N, Vl, v0, s->loss_stats, m->loss_scratch);
+    return loss_sum * loss_scale;
+}
+
+/* -> dh [Ns, D] = d loss / d h_final (=); d output, d norm += ... */
+static void head_backward(llama_model *m, float *dh, const unit_weights *w, const unit_weights *g) {
+    const llama_plan *p = m->plan;
+    const llama_dims *d = &m->d;
+    llama_saved *s = m->saved;
+    int B = d->B, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, Vl = d->Vl, v0 = d->v0;
+    /* dlogits[N, Vl] = (softmax - onehot(target)) * loss_scale, written over the logits */
+    p->loss.backward(p, s->logits, s->logits, s->targets, s->loss_stats, N, Vl, v0, s->loss_scale);
+    /* the output layer's input again (a split sequence kept only this rank's shard of it) */
+    float *xn = whole(m, m->attn_in, s->final_xn);
+    p->vocab.enter_forward(p, xn, s->final_xn, B, Ts, D);
+    /* dxn_full[N, D] = dlogits output (this rank's vocabulary rows' share);  d output += dlogits^T xn */
+    p->linear.backward(p, m->dxn_full, g->output, s->logits, xn, w->output, N, D, Vl);
+    float *dxn = whole(m, m->dxn, m->dxn_full);
+    p->vocab.enter_backward(p, dxn, m->dxn_full, B, Ts, D);
+    /* dh[Ns, D] = d loss / d h_final (through the final norm); d norm += ... */
+    device_zero(dh, (size_t)Ns * D * sizeof(float));
+    rmsnorm_backward(dh, g->norm, dxn, s->h_final, w->norm, s->final_rstd, Ns, D);
+}
+
+/* dh [Ns, D] = d loss / d h0: the vocabulary's exit backward gives every token's row to the rank
+ * whose table holds it, and each token's row adds into its table row. */
+static void embed_backward(llama_model *m, const float *dh, const unit_weights *g) {
+    const llama_plan *p = m->plan;
+    const llama_dims *d = &m->d;
+    float *dh0 = whole(m, m->dy_full, (float *)dh);     /* [N, D] */
+    p->vocab.exit_backward(p, dh0, dh, d->B, d->Ts, d->D);
+    embedding_backward(g->tok_embeddings, dh0, m->saved->tokens, d->N, d->D, d->v0, d->Vl);
+}
+
+/* The pieces on their own (a pipeline stage runs one end or the other): each acquires the ends'
+ * weights (unit L) for itself. */
+void llama_embed_forward(llama_model *m, const int *tokens) {
+    const llama_plan *p = m->plan;
+    unit_weights w, g;
+    p->weights.acquire(p, m, m->c.n_layers, false, &w, &g);
+    embed_forward(m, tokens, &w);
+    p->weights.release(p, m, m->c.n_layers, false);
+}
+
+float llama_head_forward(llama_model *m, const int *targets, float loss_scale) {
+    const llama_plan *p = m->plan;
+    unit_weights w, g;
+    p->weights.acquire(p, m, m->c.n_layers, false, &w, &g);
+    float loss = head_forward(m, targets, loss_scale, &w);
+    p->weights.release(p, m, m->c.n_layers, false);
+    return loss;
+}
+
+void llama_head_backward(llama_model *m, float *dh) {
+    const llama_plan *p = m->plan;
+    unit_weights w, g;
+    p->weights.acquire(p, m, m->c.n_layers, true, &w, &g);
+    head_backward(m, dh, &w, &g);
+    p->weights.release(p, m, m->c.n_layers, true);
+}
+
+void llama_embed_backward(llama_model *m, const float *dh) {
+    const llama_plan *p = m->plan;
+    unit_weights w, g;
+    p->weights.acquire(p, m, m->c.n_layers, true, &w, &g);
+    embed_backward(m, dh, &g);
+    p->weights.release(p, m, m->c.n_layers, true);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The whole model: the ends' weights acquired once around the layers
+ * --------------------------------------------------------------------------------------------- */
+float llama_forward(llama_model *m, const int *tokens, const int *targets, float loss_scale) {
+    const llama_plan *p = m->plan;
+    int L = m->c.n_layers;
+    llama_layer_acts *acts = m->saved->layers;
     unit_weights w, g;                                  /* the ends: embedding, final norm, output */
     p->weights.acquire(p, m, L, false, &w, &g);
-    /* Keep the inputs: the backward pass needs tokens (embedding) and targets (loss). */
-    device_copy(m->tokens, tokens, (size_t)N * sizeof(int));
-    device_copy(m->targets, targets, (size_t)N * sizeof(int));
-    m->loss_scale = loss_scale;
-
-    /* h0[Ns, D]: look up the rows of the tokens this rank's table holds (zero rows for the rest),
-     * then the vocabulary's exit sums the ranks' lookups (identity with the whole table) */
-    float *h0 = m->acts[0].h_in, *looked_up = whole(m, m->y_partial, h0);   /* [N, D] */
-    embedding_forward(looked_up, m->tokens, w.tok_embeddings, N, D, v0, Vl);
-    p->vocab.exit_forward(p, h0, looked_up, B, Ts, D);
-
-    for (int l = 0; l < L; l++) llama_layer_forward(m, l, l + 1 < L ? m->acts[l + 1].h_in : m->h_final);
-
-    /* final_xn[Ns, D] = rmsnorm(h_final) * norm, entering the vocabulary's region */
-    rmsnorm_forward(m->final_xn, m->final_rstd, m->h_final, w.norm, Ns, D, m->c.norm_eps);
-    float *xn = whole(m, m->attn_in, m->final_xn);      /* [N, D] (attn_in is free here) */
-    p->vocab.enter_forward(p, xn, m->final_xn, B, Ts, D);
-    /* logits[N, Vl] = xn output^T: this rank's vocabulary rows */
-    p->linear.forward(p, m->logits, xn, w.output, N, D, Vl);
-    /* the sum over valid targets of -log softmax(logits)[target] */
-    float loss_sum = p->loss.forward(p, m->logits, m->targets, N, Vl, v0, m->loss_stats, m->loss_scratch);
+    embed_forward(m, tokens, &w);                                        /* h0 = acts[0].h_in */
+    for (int l = 0; l < L; l++) llama_layer_forward(m, l, l + 1 < L ? acts[l + 1].h_in : m->saved->h_final);
+    float loss = head_forward(m, targets, loss_scale, &w);
     p->weights.release(p, m, L, false);
-    return loss_sum * loss_scale;
+    return loss;
 }
 
 void llama_backward(llama_model *m) {
     const llama_plan *p = m->plan;
-    const llama_dims *d = &m->d;
-    int B = d->B, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, Vl = d->Vl, v0 = d->v0, L = m->c.n_layers;
-    unit_weights w, g;                                  /* the ends: embedding, final norm, output */
+    int L = m->c.n_layers;
+    unit_weights w, g;
     p->weights.acquire(p, m, L, true, &w, &g);
-
-    /* dlogits[N, Vl] = (softmax - onehot(target)) * loss_scale, written over the logits */
-    p->loss.backward(p, m->logits, m->logits, m->targets, m->loss_stats, N, Vl, v0, m->loss_scale);
-    /* the output layer's input again (a split sequence kept only this rank's shard of it) */
-    float *xn = whole(m, m->attn_in, m->final_xn);
-    p->vocab.enter_forward(p, xn, m->final_xn, B, Ts, D);
-    /* dxn_full[N, D] = dlogits output (this rank's vocabulary rows' share);  d output += dlogits^T xn */
-    p->linear.backward(p, m->dxn_full, g.output, m->logits, xn, w.output, N, D, Vl);
-    float *dxn = whole(m, m->dxn, m->dxn_full);
-    p->vocab.enter_backward(p, dxn, m->dxn_full, B, Ts, D);
-    /* dh[Ns, D] = d loss / d h_final (through the final norm); d norm += ... */
-    device_zero(m->dh, (size_t)Ns * D * sizeof(float));
-    rmsnorm_backward(m->dh, g.norm, dxn, m->h_final, w.norm, m->final_rstd, Ns, D);
-
+    head_backward(m, m->dh, &w, &g);                    /* dh = d loss / d h_final */
     for (int l = L - 1; l >= 0; l--) llama_layer_backward(m, l, m->dh);
-
-    /* dh is d loss / d h0; the vocabulary's exit backward gives every token's row to the rank
-     * whose table holds it, and each token's row adds into its table row */
-    float *dh0 = whole(m, m->dy_full, m->dh);           /* [N, D] */
-    p->vocab.exit_backward(p, dh0, m->dh, B, Ts, D);
-    embedding_backward(g.tok_embeddings, dh0, m->tokens, N, D, v0, Vl);
+    embed_backward(m, m->dh, &g);                       /* dh is d loss / d h0 */
     p->weights.release(p, m, L, true);
-
     if (p->reduce_grads) p->reduce_grads(p, m);
 }
 
@@ -399,15 +496,15 @@ void llama_adamw_step(llama_model *m, const adamw_config *opt, int step) {
     else param_adamw_step(m->params, opt, step);
 }
 
-void llama_gather_residual(llama_model *m, const float *x_local, float *full) {
+void llama_gather_residual(llama_model *m, const float *x_local, int B, float *full) {
     const llama_dims *d = &m->d;
-    size_t n = (size_t)d->Ns * d->D;
+    size_t n = (size_t)B * d->Ts * d->D;
     comm_group *g = m->plan->tp, *batch = m->plan->batch;
     /* 1. this batch slice's [B, T, D] on the tp group's rank 0 (whole on every rank, or its
      *    [p][B][Ts][D] chunks re-laid out when the plan splits the sequence) */
     float *mine = malloc(n * sizeof(float));
     device_copy_to_host(mine, x_local, n * sizeof(float));
-    size_t slice = (size_t)d->B * d->T * d->D;
+    size_t slice = (size_t)B * d->T * d->D;
     float *rows = malloc(slice * sizeof(float));
     if (m->plan->seq_shards == 1 || !g) {
         memcpy(rows, mine, slice * sizeof(float));
@@ -415,7 +512,7 @@ void llama_gather_residual(llama_model *m, const float *x_local, float *full) {
         float *chunks = g->rank == 0 ? malloc(n * g->size * sizeof(float)) : NULL;
         comm_host_gather(g, mine, chunks, n, 0);
         if (g->rank == 0)
-            for (size_t i = 0; i < slice; i++) rows[i] = chunks[seq_chunk_index(i, g->size, d->B, d->Ts, d->D)];
+            for (size_t i = 0; i < slice; i++) rows[i] = chunks[seq_chunk_index(i, g->size, B, d->Ts, d->D)];
         free(chunks);
     }
     /* 2. the data-parallel ranks' slices, in batch order, on the batch group's rank 0: world rank

@@ -51,22 +51,34 @@ typedef union {
     float *t[ACT_NLAYER];
 } llama_layer_acts;
 
+/* What one batch's forward keeps for its backward: the layers' activations (layers[l], allocated
+ * for layers [l0, l1) only) and, when the set reaches the last layer, the head's. The model owns
+ * one set for its whole batch; a pipeline keeps one set per microbatch in flight and points
+ * m->saved at the one an action works on (chapter 05). */
+typedef struct {
+    int l0, l1;                     /* the layers whose activations this set holds               */
+    llama_layer_acts *layers;       /* [L]; layers outside [l0, l1) are all NULL                 */
+    size_t layer_bytes;             /* bytes its layers keep, as the allocator counted them      */
+    float *h_final, *final_xn;      /* [Ns, D] residual after the last layer, its rmsnorm        */
+    float *final_rstd;              /* [Ns]                        (the head's: NULL unless l1 == L) */
+    float *logits;                  /* [N, Vl], overwritten by dlogits in backward               */
+    float *loss_stats;              /* [N * plan->loss.saved_per_row], NULL when 0               */
+    int *tokens, *targets;          /* [N] the forward's inputs (embedding backward, loss)       */
+    float loss_scale;
+} llama_saved;
+
 struct llama_model {
     llama_config c;
     const llama_plan *plan;
     param_table *params;
     llama_dims d;
-    llama_layer_acts *acts;         /* [L]                                                       */
+    llama_saved *saved;             /* the set the layer and head functions read and write       */
+    llama_saved own;                /* the model's own set (all its layers); unused, not allocated,
+                                     * when the plan schedules microbatches itself                 */
     llama_layer_acts shared;        /* what no layer keeps, recomputed before each backward      */
     size_t *layer_act_bytes;        /* [L] bytes each layer keeps, as the allocator counted them */
-    float *h_final, *final_xn;      /* [Ns, D] residual after the last layer, its rmsnorm        */
-    float *final_rstd;              /* [Ns]                                                      */
-    float *logits;                  /* [N, Vl], overwritten by dlogits in backward               */
-    float *loss_stats;              /* [N * plan->loss.saved_per_row], NULL when 0               */
     float *loss_scratch;            /* [N]                                                       */
-    int *tokens, *targets;          /* [N] the last forward's inputs                             */
     int *positions;                 /* [T] RoPE positions of a whole sequence's rows            */
-    float loss_scale;
     /* scratch, reused by every layer (MEM_BUFFERS); the [N, D] "full" buffers exist only when the
      * plan splits the sequence, otherwise they are the local tensors themselves */
     float *attn_in, *ffn_in;        /* [N, D] the region's inputs (norm outputs, whole sequence) */
@@ -115,7 +127,24 @@ void llama_backward(llama_model *m);
 void llama_zero_grad(llama_model *m);
 void llama_adamw_step(llama_model *m, const adamw_config *opt, int step);
 
-/* One layer. h_in = m->acts[l].h_in [Ns, D] -> h_out [Ns, D], with the weights the plan's
+/* A saved set for layers [l0, l1) (and the head when l1 == L) of one [B, T] batch (MEM_ACTIVATIONS
+ * for what the plan's policy keeps); and its release. */
+void llama_saved_alloc(llama_model *m, llama_saved *s, int l0, int l1);
+void llama_saved_free(llama_model *m, llama_saved *s);
+
+/* The model's pass in pieces, for a plan that runs parts of it (a pipeline stage). Each piece
+ * acquires and releases the weights it needs; llama_forward and llama_backward are
+ *   embed_forward, layers 0..L-1, head_forward      and      head_backward, layers L-1..0, embed_backward.
+ * embed_forward: tokens [N] (device) -> m->saved->layers[0].h_in [Ns, D].
+ * head_forward:  h_final = m->saved->h_final [Ns, D], targets [N] -> the loss share (as llama_forward).
+ * head_backward: -> dh [Ns, D] = d loss / d h_final (=).
+ * embed_backward: dh [Ns, D] = d loss / d h0 -> d tok_embeddings (+=). */
+void llama_embed_forward(llama_model *m, const int *tokens);
+float llama_head_forward(llama_model *m, const int *targets, float loss_scale);
+void llama_head_backward(llama_model *m, float *dh);
+void llama_embed_backward(llama_model *m, const float *dh);
+
+/* One layer. h_in = m->saved->layers[l].h_in [Ns, D] -> h_out [Ns, D], with the weights the plan's
  * weight access gives (acquired before, released after). */
 void llama_layer_forward(llama_model *m, int l, float *h_out);
 /* Layer l's forward again before its backward, from the weights `w` its backward acquired,
@@ -124,9 +153,9 @@ void llama_layer_recompute(llama_model *m, int l, const unit_weights *w);
 /* dh [Ns, D]: d loss / d h_out in, d loss / d h_in out (in place). */
 void llama_layer_backward(llama_model *m, int l, float *dh);
 
-/* A [Ns, D] residual-stream tensor (e.g. m->dh) as the whole global [B_global, T, D] on world
+/* A [B, Ts, D] residual-stream tensor (e.g. m->dh, B = m->d.B) as the whole global [B_global, T, D] on world
  * rank 0 (host; NULL elsewhere): the sequence's shards over tp, then the batch's rows over the
  * data-parallel ranks. For checking: not counted as traffic. Collective over the world. */
-void llama_gather_residual(llama_model *m, const float *x_local, float *full);
+void llama_gather_residual(llama_model *m, const float *x_local, int B, float *full);
 
 C_END

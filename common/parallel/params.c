@@ -21,7 +21,8 @@ static int unit_tensors(const llama_config *c, int u, int idx[9]) {
 
 param_table *param_table_create(const llama_config *c, device_mesh *mesh,
                                 const shard_layout layout[P_NKINDS],
-                                const block_storage storage[PARAM_NBLOCKS], uint64_t seed) {
+                                const block_storage storage[PARAM_NBLOCKS], const bool *here,
+                                uint64_t seed) {
     param_table *t = calloc(1, sizeof *t);
     t->c = *c;
     t->mesh = mesh;
@@ -36,6 +37,7 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
         param_tensor *x = &t->t[i];
         x->spec = llama_param_spec(c, i);
         x->tp_layout = layout ? layout[x->spec.kind] : SHARD_REPLICATED;
+        x->here = here ? here[i] : true;
         shard_slice(x->tp_layout, x->spec.rows, x->spec.cols, r, p, &x->r0, &x->nr, &x->c0, &x->nc);
         if ((x->tp_layout == SHARD_ROWS && x->nr * p != x->spec.rows) ||
             (x->tp_layout == SHARD_COLS && x->nc * p != x->spec.cols)) {
@@ -51,6 +53,7 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
         x->own_units = x->units - x->own_first;
         if (x->own_units > x->shard_units) x->own_units = x->shard_units;
         if (x->own_units < 0) x->own_units = 0;
+        if (!x->here) x->units = x->shard_units = x->own_units = 0;   /* another stage's */
     }
     /* Offsets, unit by unit, so that a unit is one contiguous range in every block. */
     for (int u = 0; u <= c->n_layers; u++) {
@@ -75,6 +78,7 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
     for (int i = 0; i < t->n; i++) {
         const param_tensor *x = &t->t[i];
         float *dst = param_in(t, t->params, i);
+        if (!x->here) continue;
         if (x->spec.is_vector) {
             init_constant_device(dst, sharded ? (size_t)x->own_units : (size_t)x->nc, 1.0f);
         } else if (sharded) {
@@ -129,7 +133,8 @@ int param_unit_tensors(const param_table *t, int u, int idx[9]) { return unit_te
 unit_weights param_unit(const param_table *t, float *block, int u) {
     unit_weights w = {0};
     int idx[9], n = unit_tensors(&t->c, u, idx);
-    for (int k = 0; k < n; k++) w.of[t->t[idx[k]].spec.kind] = param_in(t, block, idx[k]);
+    for (int k = 0; k < n; k++)
+        if (t->t[idx[k]].here) w.of[t->t[idx[k]].spec.kind] = param_in(t, block, idx[k]);
     return w;
 }
 
@@ -151,9 +156,12 @@ static bool held_slice(const param_table *t, const float *block, int i, int *r0,
     const param_tensor *x = &t->t[i];
     block_storage st = param_storage_of(t, block);
     bool dp_split = st != STORE_WHOLE;
+    if (!x->here) return false;
     if (t->mesh)
         for (int d = 0; d < MESH_NDIMS; d++) {
-            bool split = (d == MESH_TP && x->tp_layout != SHARD_REPLICATED) || (d == MESH_DP_SHARD && dp_split);
+            bool split = (d == MESH_TP && x->tp_layout != SHARD_REPLICATED) || (d == MESH_DP_SHARD && dp_split) ||
+                         d == MESH_PP;   /* one stage stores it (or every stage its copy: the
+                                          * pipeline never replicates a tensor) */
             if (!split && t->mesh->coord[d] != 0) return false;
         }
     *r0 = x->r0; *nr = x->nr; *c0 = x->c0; *nc = x->nc;

@@ -2,8 +2,8 @@
  *
  * Every tensor of llama.h's table has a name, a global shape and a placement: how it is split
  * over the tensor-parallel dimension of the mesh (shard.h: replicated, by rows, by columns).
- * The other mesh dimensions (data, context, pipeline) hold copies for now; the chapters that
- * split over them add their placement here. A rank stores its slice of every tensor, one after
+ * Over dp_shard a block may be sharded (FSDP, chapter 04); over pp each stage stores only its
+ * layers' tensors (chapter 05); the context dimension holds copies. A rank stores its slice of every tensor, one after
  * the other, in four blocks: parameters, gradients and AdamW's m and v.
  *
  * Tensors are found by what they are, never by position:
@@ -46,6 +46,8 @@ typedef struct {
     int own_first, own_units; /* this rank's real units of the tp slice (own_units may be 0)   */
     size_t offset_whole;      /* where it starts in a whole block (floats)                     */
     size_t offset_shard;      /* where its shard starts in a shard block (floats)              */
+    bool here;                /* stored on this rank: false for another pipeline stage's tensors
+                               * (then it occupies nothing and its pointers are NULL)            */
 } param_tensor;
 
 /* Pointers to the tensors of one unit inside one of the blocks (params, grads, adam_m, adam_v),
@@ -83,13 +85,15 @@ typedef struct {
 } param_table;
 
 /* Allocates this rank's slices (layout[kind] over the mesh's tp group; mesh NULL: whole
- * tensors; storage[block] whole or dp-sharded, NULL: all whole) and initialises them from
+ * tensors; storage[block] whole or dp-sharded, NULL: all whole; here[i]: tensor i is stored on
+ * this rank, NULL: all are) and initialises them from
  * (seed, name, global index): exactly the baseline's values. A layout that does not divide a
  * tensor is a programming error here: a plan validates the sizes it needs (with a message naming
  * the flags) before it asks for the table. */
 param_table *param_table_create(const llama_config *c, device_mesh *mesh,
                                 const shard_layout layout[P_NKINDS],
-                                const block_storage storage[PARAM_NBLOCKS], uint64_t seed);
+                                const block_storage storage[PARAM_NBLOCKS], const bool *here,
+                                uint64_t seed);
 void param_table_free(param_table *t);
 
 /* The index of the tensor of `kind` in `layer` (-1 for the embedding, final norm and output). */
@@ -121,8 +125,9 @@ double param_grad_sq_held(const param_table *t);
 void param_scale_grads(param_table *t, float coef);
 
 /* Tensor i (its parameters, or its gradients when `grad`) as the full [rows, cols] host tensor
- * on world rank 0, whatever the mesh and storage: one holder of each slice sends it (the rank
- * whose coordinates are 0 in every dimension the block does not split the tensor over).
+ * on world rank 0, whatever the mesh and storage: one holder of each slice sends it (a rank
+ * that stores it, whose coordinates are 0 in every dimension the block does not split the tensor
+ * over; the pipeline dimension splits the layers, so each stage sends its own).
  * `full` may be NULL on other ranks. Collective over the world; for checking and exporting, so
  * not counted as traffic. */
 void param_gather(const param_table *t, int i, bool grad, float *full);

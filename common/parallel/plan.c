@@ -60,6 +60,12 @@ static void resident_acquire(const llama_plan *p, llama_model *m, int unit, bool
 static void resident_release(const llama_plan *p, llama_model *m, int unit, bool backward) {}
 const weight_ops weights_resident = {resident_acquire, resident_release};
 
+bool plan_holds(const llama_plan *p, int n_layers, param_kind kind, int layer) {
+    if (!p->holds_layer) return true;
+    if (layer >= 0) return p->holds_layer(p, layer);
+    return p->holds_layer(p, kind == P_TOK_EMBEDDINGS ? 0 : n_layers - 1);   /* the ends */
+}
+
 llama_plan plan_single_device(void) {
     llama_plan p = {0};
     p.name = "single device";
@@ -72,5 +78,6 @@ llama_plan plan_single_device(void) {
     p.linear = linear_fp32;
     p.weights = weights_resident;
     p.keep = ACT_KEEP_ALL;
+    p.microbatches = 1;
     return p;
 }

@@ -131,8 +131,24 @@ struct llama_plan {
     void (*optimizer_step)(const llama_plan *p, llama_model *m, const adamw_config *opt, int step);
     /* RoPE positions[T] of the rows of a whole sequence as the attention sees them. NULL: 0..T-1. */
     void (*positions)(const llama_plan *p, int *positions_host, int T);
+    /* Pipeline parallelism (chapter 05). holds_layer: the layers this rank runs; it stores only
+     * their weights, and the embedding when it holds layer 0, the final norm and the output layer
+     * when it holds layer L-1. NULL: every layer. */
+    bool (*holds_layer)(const llama_plan *p, int layer);
+    /* A plan that schedules the step itself runs this rank's rows of the batch as `microbatches`
+     * pieces (the model is built for one piece's rows). forward_backward: tokens, targets
+     * [microbatches * B, T] (device) -> the loss share of those rows, the same on every rank
+     * that runs them; gradients accumulated (+=); *dh0 receives d loss / d h0 of the rows,
+     * [microbatches * B, Ts, D], on the ranks that hold layer 0 (for the check). NULL: one
+     * piece, llama_forward then llama_backward (dh0 = m->dh). */
+    int microbatches;
+    float (*forward_backward)(const llama_plan *p, llama_model *m, const int *tokens, const int *targets,
+                              float loss_scale, const float **dh0);
     void *ctx;                     /* the operators' own state (e.g. scratch buffers), or NULL     */
 };
+
+/* Does the plan's rank hold the tensor of `kind` in `layer` (-1: outside the layers)? */
+bool plan_holds(const llama_plan *p, int n_layers, param_kind kind, int layer);
 
 /* The baseline: no mesh, every operator identity or local, every activation kept. */
 llama_plan plan_single_device(void);
