@@ -36,7 +36,8 @@ void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
 
 /* ---- linear, y = x W^T, W stored [out, in] ------------------------------------------------
  *   forward:  x[N, in], W[out, in] -> y[N, out] (=)
- *   backward: dx[N, in] (=, skipped when dx is NULL), dW[out, in] += dy^T x               */
+ *   backward: dx[N, in] (=, skipped when dx is NULL), dW[out, in] += dy^T x (skipped when NULL:
+ *             a zero-bubble pipeline computes it later) */
 void linear_forward(float *y, const float *x, const float *W, int N, int in, int out);
 void linear_backward(float *dx, float *dW, const float *dy, const float *x, const float *W,
                      int N, int in, int out);

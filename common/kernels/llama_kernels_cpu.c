@@ -78,7 +78,7 @@ void linear_forward(float *y, const float *x, const float *W, int N, int in, int
 void linear_backward(float *dx, float *dW, const float *dy, const float *x, const float *W,
                      int N, int in, int out) {
     if (dx) matmul(dx, dy, W, N, in, out, false, false, 1.0f, 0.0f);
-    matmul(dW, dy, x, out, in, N, true, false, 1.0f, 1.0f);
+    if (dW) matmul(dW, dy, x, out, in, N, true, false, 1.0f, 1.0f);
 }
 
 /* ---- RoPE ------------------------------------------------------------------------------------ */

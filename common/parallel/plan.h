@@ -76,7 +76,7 @@ typedef struct {
 } attention_ops;
 
 /* y = x W^T: forward x [N, in], W [out, in] -> y [N, out] (=); backward dx (=, NULL: skipped),
- * dW (+=). The fp32 GEMM by default; a float8 chapter swaps in its own. */
+ * dW (+=, NULL: skipped). The fp32 GEMM by default; a float8 chapter swaps in its own. */
 typedef struct {
     void (*forward)(const llama_plan *p, float *y, const float *x, const float *W, int N, int in, int out);
     void (*backward)(const llama_plan *p, float *dx, float *dW, const float *dy, const float *x,

@@ -1,0 +1,4 @@
+# Chapter 05 links chapter 00's building blocks (f and g) and chapter 01's plan (megatron_plan),
+# used inside each pipeline stage for PP x TP; its own files are schedule.c (the action lists and
+# their simulator), pipeline.c (the plan and the executor), pp_report.c and main.c.
+LINKS_05 := 00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c

@@ -1,0 +1,365 @@
+/* pipeline.c: the pipeline plan and its executor (pipeline.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "comm.h"
+#include "device.h"
+#include "log.h"
+#include "model.h"
+#include "pipeline.h"
+
+/* One weight gradient that zb-h1's I left for its W: dW += dy^T x of one linear. */
+typedef struct {
+    float *dW, *dy, *x_copy;      /* dy (and x, when it lives in a shared buffer) copied at I */
+    const float *x, *W;
+    int N, in, out;
+} deferred_wgrad;
+
+typedef struct {
+    deferred_wgrad *items;
+    int n, cap;
+} wgrad_list;
+
+/* A message in flight: the receive posted for action k, or a send not yet known to be done. */
+typedef struct {
+    comm_request req;
+    float *buf;
+} pp_message;
+
+typedef struct {
+    pp_options o;
+    pp_schedule *sched;
+    comm_group *pp;
+    int P, M, V, rank, L, chunk_layers;     /* chunk_layers = L / (P V)                          */
+    llama_plan inner;                       /* the plan's operators before the pipeline's         */
+    /* the step in progress */
+    llama_model *m;
+    const int *tokens, *targets;            /* [M * Bm, T] this rank's rows                        */
+    float loss_scale, loss;
+    llama_saved *sets;                      /* [M * P V]: (mb, chunk) -> its activation set        */
+    bool *live;                             /* [M * P V]                                            */
+    wgrad_list *deferred;                   /* [M * P V]: zb-h1's weight gradients awaiting W       */
+    wgrad_list *collecting;                 /* the list an I is filling, NULL outside I            */
+    float **mailbox;                        /* [2 * M * P V]: a tensor handed between chunks of the
+                                             * same rank, (dir, mb, receiving chunk)                */
+    pp_message *recv;                       /* [actions]: the receive posted for action k          */
+    bool *posted;                           /* [actions]                                            */
+    pp_message *sends;                      /* the step's sends, waited for at its end             */
+    int n_sends, cap_sends;
+    float *dh0;                             /* [M * Bm * Ts * D] on the rank of chunk 0             */
+    size_t live_bytes;
+    int live_sets;
+    bool drop_last_microbatch;              /* --fault drop-last-microbatch-grad                   */
+    /* measured */
+    pp_event *events;
+    int n_events;
+    pp_measured meas;
+} pp_state;
+
+static pp_state *state_of(const llama_plan *p) { return (pp_state *)p->ctx; }
+
+/* ---- placement ------------------------------------------------------------------------------- */
+
+static int chunk_of_layer(const pp_state *s, int layer) { return layer / s->chunk_layers; }
+
+static bool pp_holds_layer(const llama_plan *p, int layer) {
+    const pp_state *s = state_of(p);
+    return pp_chunk_rank(s->sched, chunk_of_layer(s, layer)) == s->rank;
+}
+
+/* ---- zb-h1: the linear operator that leaves dW for later -------------------------------------- */
+
+/* backward with the plan's own operator; during an I action only dx now, and dW += dy^T x put on
+ * the (microbatch, chunk)'s list for its W. dy lives in a buffer the next layer reuses, so it is
+ * copied; x is a saved activation of the set, kept until W, unless the plan splits the sequence
+ * (then the linear's input is the shared whole-sequence buffer: copied too). */
+static void deferring_linear_backward(const llama_plan *p, float *dx, float *dW, const float *dy,
+                                      const float *x, const float *W, int N, int in, int out) {
+    pp_state *s = state_of(p);
+    if (!s->collecting) {
+        s->inner.linear.backward(p, dx, dW, dy, x, W, N, in, out);
+        return;
+    }
+    s->inner.linear.backward(p, dx, NULL, dy, x, W, N, in, out);   /* the input gradient only */
+    wgrad_list *l = s->collecting;
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 16;
+        l->items = realloc(l->items, (size_t)l->cap * sizeof *l->items);
+    }
+    deferred_wgrad *d = &l->items[l->n++];
+    *d = (deferred_wgrad){dW, device_alloc_floats((size_t)N * out, MEM_BUFFERS), NULL, x, W, N, in, out};
+    device_copy(d->dy, dy, (size_t)N * out * sizeof(float));
+    if (p->seq_shards > 1) {
+        d->x_copy = device_alloc_floats((size_t)N * in, MEM_BUFFERS);
+        device_copy(d->x_copy, x, (size_t)N * in * sizeof(float));
+        d->x = d->x_copy;
+    }
+}
+
+static void run_deferred(pp_state *s, wgrad_list *l) {
+    const llama_plan *p = s->m->plan;
+    for (int k = 0; k < l->n; k++) {
+        deferred_wgrad *d = &l->items[k];
+        s->inner.linear.backward(p, NULL, d->dW, d->dy, d->x, d->W, d->N, d->in, d->out);
+        device_free(d->dy);
+        device_free(d->x_copy);
+    }
+    l->n = 0;
+}
+
+/* ---- messages between chunks ----------------------------------------------------------------- */
+
+static size_t act_floats(const pp_state *s) { return (size_t)s->m->d.Ns * s->m->d.D; }
+static int slot(const pp_state *s, int mb, int chunk) { return mb * s->P * s->V + chunk; }
+static float **mailbox(pp_state *s, bool backward, int mb, int chunk) {
+    return &s->mailbox[(backward ? s->M * s->P * s->V : 0) + slot(s, mb, chunk)];
+}
+
+/* The input action k needs from another chunk: h for F(mb, c > 0) from chunk c-1, dh for B or
+ * I(mb, c < last) from chunk c+1. Returns false when it needs none (its input is computed here). */
+static bool input_source(const pp_state *s, const pp_action *a, int *from_chunk) {
+    int last = s->P * s->V - 1;
+    if (a->op == PP_F && a->chunk > 0) { *from_chunk = a->chunk - 1; return true; }
+    if ((a->op == PP_B || a->op == PP_I) && a->chunk < last) { *from_chunk = a->chunk + 1; return true; }
+    return false;
+}
+
+/* Posts the receive of action k's input (once): MPI_Irecv / ncclRecv into a buffer of its own. */
+static void post_receive(pp_state *s, int k) {
+    if (k >= s->sched->n[s->rank] || s->posted[k]) return;
+    s->posted[k] = true;
+    const pp_action *a = &s->sched->a[s->rank][k];
+    int from;
+    if (!input_source(s, a, &from)) return;
+    int peer = pp_chunk_rank(s->sched, from);
+    if (peer == s->rank) return;                        /* handed over in place: see mailbox */
+    s->recv[k].buf = device_alloc_floats(act_floats(s), MEM_BUFFERS);
+    s->recv[k].req = comm_irecv(s->pp, s->recv[k].buf, act_floats(s), peer);
+}
+
+/* Action k's input once it has arrived (waiting for it is idle time, not the action's), in a
+ * buffer the action owns from now on; NULL when the action computes its own input. */
+static float *receive_input(pp_state *s, int k) {
+    const pp_action *a = &s->sched->a[s->rank][k];
+    int from;
+    if (!input_source(s, a, &from)) return NULL;
+    if (pp_chunk_rank(s->sched, from) == s->rank) {      /* handed over by this rank's own chunk */
+        float **box = mailbox(s, a->op != PP_F, a->mb, a->chunk);
+        float *buf = *box;
+        *box = NULL;
+        return buf;
+    }
+    comm_wait(&s->recv[k].req);
+    float *buf = s->recv[k].buf;
+    s->recv[k].buf = NULL;
+    return buf;
+}
+
+/* Sends `buf` (owned by the send from now on) to the chunk `to_chunk` of microbatch mb: a
+ * non-blocking send, or into the mailbox when that chunk lives on this rank. */
+static void send_output(pp_state *s, float *buf, bool backward, int mb, int to_chunk) {
+    int peer = pp_chunk_rank(s->sched, to_chunk);
+    if (peer == s->rank) { *mailbox(s, backward, mb, to_chunk) = buf; return; }
+    if (s->n_sends == s->cap_sends) {
+        s->cap_sends = s->cap_sends ? 2 * s->cap_sends : 32;
+        s->sends = realloc(s->sends, (size_t)s->cap_sends * sizeof *s->sends);
+    }
+    s->sends[s->n_sends++] = (pp_message){comm_isend(s->pp, buf, act_floats(s), peer), buf};
+}
+
+/* ---- the actions ----------------------------------------------------------------------------- */
+
+static void set_alloc(pp_state *s, int mb, int chunk) {
+    int i = slot(s, mb, chunk), l0 = chunk * s->chunk_layers;
+    llama_saved_alloc(s->m, &s->sets[i], l0, l0 + s->chunk_layers);
+    s->live[i] = true;
+    s->live_sets++;
+    s->live_bytes += s->sets[i].layer_bytes;
+    if (s->live_sets > s->meas.peak_sets) { s->meas.peak_sets = s->live_sets; s->meas.peak_set_bytes = s->live_bytes; }
+    s->meas.set_bytes = s->sets[i].layer_bytes;
+}
+
+static void set_free(pp_state *s, int mb, int chunk) {
+    int i = slot(s, mb, chunk);
+    s->live_sets--;
+    s->live_bytes -= s->sets[i].layer_bytes;
+    llama_saved_free(s->m, &s->sets[i]);
+    s->live[i] = false;
+}
+
+/* F(mb, c): h_in [Bm, Ts, D] (NULL for chunk 0: the embedding makes it) through the chunk's
+ * layers, out to the next chunk or into the loss. */
+static void forward_action(pp_state *s, float *h_in, int mb, int c) {
+    llama_model *m = s->m;
+    int l0 = c * s->chunk_layers, l1 = l0 + s->chunk_layers, L = s->L;
+    size_t rows = (size_t)m->d.B * m->d.T;              /* this microbatch's tokens */
+    set_alloc(s, mb, c);
+    llama_saved *set = &s->sets[slot(s, mb, c)];
+    m->saved = set;
+    if (c == 0) {
+        llama_embed_forward(m, s->tokens + mb * rows);   /* h0 = set->layers[0].h_in */
+    } else {
+        device_copy(set->layers[l0].h_in, h_in, act_floats(s) * sizeof(float));
+        device_free(h_in);
+    }
+    float *out = l1 < L ? device_alloc_floats(act_floats(s), MEM_BUFFERS) : set->h_final;
+    for (int l = l0; l < l1; l++) llama_layer_forward(m, l, l + 1 < l1 ? set->layers[l + 1].h_in : out);
+    if (l1 == L) s->loss += llama_head_forward(m, s->targets + mb * rows, s->loss_scale);
+    else send_output(s, out, false, mb, c + 1);
+}
+
+/* B(mb, c) or I(mb, c): dh [Bm, Ts, D] = d loss / d (the chunk's output) (NULL for the last
+ * chunk: the loss makes it) back through the chunk's layers, out to the previous chunk or into the
+ * embedding. Under I the linears leave their dW on the set's list for W. */
+static void backward_action(pp_state *s, float *dh, int mb, int c, bool input_grad_only) {
+    llama_model *m = s->m;
+    int l0 = c * s->chunk_layers, l1 = l0 + s->chunk_layers, L = s->L;
+    m->saved = &s->sets[slot(s, mb, c)];
+    if (input_grad_only) s->collecting = &s->deferred[slot(s, mb, c)];
+    if (l1 == L) {
+        dh = device_alloc_floats(act_floats(s), MEM_BUFFERS);
+        llama_head_backward(m, dh);                     /* dh = d loss / d h_final */
+        if (s->drop_last_microbatch && mb == s->M - 1) device_zero(dh, act_floats(s) * sizeof(float));
+    }
+    for (int l = l1 - 1; l >= l0; l--) llama_layer_backward(m, l, dh);
+    if (c == 0) {
+        llama_embed_backward(m, dh);                    /* dh is d loss / d h0 */
+        device_copy(s->dh0 + (size_t)mb * act_floats(s), dh, act_floats(s) * sizeof(float));
+        device_free(dh);
+    } else {
+        send_output(s, dh, true, mb, c - 1);
+    }
+    s->collecting = NULL;
+    if (!input_grad_only) set_free(s, mb, c);
+}
+
+/* W(mb, c): the deferred weight gradients, then the set is released. */
+static void weight_action(pp_state *s, int mb, int c) {
+    s->m->saved = &s->sets[slot(s, mb, c)];
+    run_deferred(s, &s->deferred[slot(s, mb, c)]);
+    set_free(s, mb, c);
+}
+
+/* ---- the executor: this rank's list of actions, in order ------------------------------------- */
+
+static float pipeline_forward_backward(const llama_plan *p, llama_model *m, const int *tokens,
+                                       const int *targets, float loss_scale, const float **dh0) {
+    pp_state *s = state_of(p);
+    int n = s->sched->n[s->rank];
+    s->m = m;
+    s->tokens = tokens;
+    s->targets = targets;
+    s->loss_scale = loss_scale;
+    s->loss = 0;
+    s->n_sends = 0;
+    s->n_events = 0;
+    s->meas.peak_sets = 0;
+    s->meas.peak_set_bytes = 0;
+    s->meas.busy_seconds = 0;
+    memset(s->posted, 0, (size_t)n * sizeof *s->posted);
+    if (!s->dh0) s->dh0 = device_alloc_floats((size_t)s->M * act_floats(s), MEM_BUFFERS);
+    double t_step = (device_synchronize(), wall_seconds());
+
+    for (int k = 0; k < n; k++) {
+        const pp_action *a = &s->sched->a[s->rank][k];
+        post_receive(s, k);         /* this action's input, if not posted yet ...              */
+        post_receive(s, k + 1);     /* ... and the next one's, so it arrives while this computes */
+        float *input = receive_input(s, k);
+        double t0 = wall_seconds();
+        if (a->op == PP_F) forward_action(s, input, a->mb, a->chunk);
+        else if (a->op == PP_W) weight_action(s, a->mb, a->chunk);
+        else backward_action(s, input, a->mb, a->chunk, a->op == PP_I);
+        device_synchronize();
+        double t1 = wall_seconds();
+        s->events[s->n_events++] = (pp_event){*a, t0 - t_step, t1 - t_step};
+        s->meas.busy_seconds += t1 - t0;
+    }
+    for (int i = 0; i < s->n_sends; i++) {   /* every send done before its buffer goes */
+        comm_wait(&s->sends[i].req);
+        device_free(s->sends[i].buf);
+    }
+    if (p->reduce_grads) p->reduce_grads(p, m);
+    s->meas.step_seconds = (device_synchronize(), wall_seconds()) - t_step;
+    *dh0 = s->dh0;
+    /* the loss lives on the last chunk's rank: the sum over the pipeline gives it to every stage */
+    return (float)comm_host_sum(s->pp, s->loss);
+}
+
+/* ---- validation and set-up ------------------------------------------------------------------- */
+
+void pipeline_validate(const llama_config *c, int batch, int pp, const pp_options *o) {
+    int chunks = pp * o->virtual_stages;
+    if (c->n_layers % chunks)
+        comm_exit_usage("--n-layers %d cannot be split evenly into --pp %d x --virtual-stages %d = %d chunks: "
+                        "use a multiple of %d layers", c->n_layers, pp, o->virtual_stages, chunks, chunks);
+    if (batch % o->microbatches)
+        comm_exit_usage("--batch %d is not divisible by --microbatches %d: each microbatch takes batch / %d sequences",
+                        batch, o->microbatches, o->microbatches);
+    char why[256];
+    pp_schedule *s = pp_schedule_build(o->schedule, pp, o->microbatches, o->virtual_stages, why, sizeof why);
+    if (!s) comm_exit_usage("%s", why);
+    pp_schedule_free(s);
+}
+
+void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const pp_options *o) {
+    pp_state *s = calloc(1, sizeof *s);
+    s->o = *o;
+    s->pp = mesh->group[MESH_PP];
+    s->P = s->pp->size;
+    s->M = o->microbatches;
+    s->V = o->virtual_stages;
+    s->rank = s->pp->rank;
+    s->L = c->n_layers;
+    s->chunk_layers = c->n_layers / (s->P * s->V);
+    char why[256];
+    s->sched = pp_schedule_build(o->schedule, s->P, s->M, s->V, why, sizeof why);   /* validated */
+    s->inner = *plan;
+    int sets = s->M * s->P * s->V, n = s->sched->n[s->rank];
+    s->sets = calloc((size_t)sets, sizeof *s->sets);
+    s->live = calloc((size_t)sets, sizeof *s->live);
+    s->deferred = calloc((size_t)sets, sizeof *s->deferred);
+    s->mailbox = calloc(2 * (size_t)sets, sizeof *s->mailbox);
+    s->recv = calloc((size_t)n, sizeof *s->recv);
+    s->posted = calloc((size_t)n, sizeof *s->posted);
+    s->events = calloc((size_t)n, sizeof *s->events);
+
+    plan->name = "pipeline";
+    plan->mesh = mesh;
+    plan->holds_layer = pp_holds_layer;
+    plan->microbatches = s->M;
+    plan->forward_backward = pipeline_forward_backward;
+    if (o->schedule == PP_ZB_H1) plan->linear.backward = deferring_linear_backward;
+    plan->ctx = s;
+}
+
+void pipeline_free(llama_plan *plan) {
+    pp_state *s = state_of(plan);
+    if (!s) return;
+    int sets = s->M * s->P * s->V;
+    for (int i = 0; i < sets; i++) free(s->deferred[i].items);
+    device_free(s->dh0);
+    pp_schedule_free(s->sched);
+    free(s->sets); free(s->live); free(s->deferred); free(s->mailbox);
+    free(s->recv); free(s->posted); free(s->events); free(s->sends);
+    free(s);
+    plan->ctx = NULL;
+}
+
+const pp_schedule *pipeline_schedule(const llama_plan *plan) { return state_of(plan)->sched; }
+const pp_event *pipeline_events(const llama_plan *plan, int *n) {
+    *n = state_of(plan)->n_events;
+    return state_of(plan)->events;
+}
+pp_measured pipeline_measured(const llama_plan *plan) { return state_of(plan)->meas; }
+
+/* ---- the deliberate bug ---------------------------------------------------------------------- */
+
+static const char *drop_last_microbatch(llama_plan *p) {
+    state_of(p)->drop_last_microbatch = true;
+    return NULL;
+}
+
+const plan_fault pipeline_faults[] = {
+    {"drop-last-microbatch-grad", "the last microbatch's gradient is zeroed where its backward starts, so "
+     "every layer's gradient misses that microbatch's share", drop_last_microbatch},
+    {NULL, NULL, NULL}};

@@ -1,0 +1,72 @@
+/* pipeline.h: pipeline parallelism as a plan for the one model (common/model/model.c).
+ *
+ * The layers are cut into P x V chunks of L / (P V) layers; chunk c runs on pipeline rank c % P
+ * (V > 1: each rank holds V chunks, round-robin, "interleaved"). Chunk 0 also holds the
+ * embedding, the last chunk the final norm, the output layer and the loss. Each rank stores only
+ * its chunks' weights. A step splits the batch into M microbatches of B / M sequences and runs
+ * the rank's list of actions that the schedule gives it (schedule.h):
+ *
+ *   F(mb, c)  forward of microbatch mb through chunk c: receive h [B/M, T, D] from chunk c-1's
+ *             rank (or look up the embedding), run the layers, send h to chunk c+1's rank (or
+ *             take the loss of the microbatch)
+ *   B(mb, c)  backward: receive dh from chunk c+1's rank (or start from the loss), run the
+ *             layers' backward, send dh to chunk c-1's rank (or into the embedding's gradient)
+ *   I, W      zb-h1's halves of B: I the input gradients (what the previous rank waits for), W
+ *             the weight gradients dW += dy^T x of every linear, deferred to fill idle time
+ *
+ *   rank 0   F0 F1 F2 F3 .  .  B0 .  F? ...          one generic executor runs any list:
+ *   rank 1   .  F0 F1 F2 F3 .  .  B0 ...             messages posted one action ahead
+ *
+ * The microbatches' losses are each the sum of their token losses over the global count of
+ * valid targets (DESIGN.md), so the gradients accumulated over the microbatches are exactly the
+ * baseline's.
+ *
+ * A microbatch's activations for a chunk (a llama_saved set) exist from the start of its F until
+ * the end of its B (or W): the allocator counts them, so the memory a schedule costs is measured.
+ *
+ * Messages (point-to-point, over the mesh's pp group; between chunks on the same rank the
+ * tensor is handed over in place): per step 2 M (P V - 1), each B/M * T * D floats.
+ */
+#pragma once
+#include <stdbool.h>
+#include "llama.h"
+#include "mesh.h"
+#include "plan.h"
+#include "schedule.h"
+
+typedef struct {
+    pp_schedule_kind schedule;
+    int microbatches;             /* M                                                             */
+    int virtual_stages;           /* V: chunks per rank (interleaved)                              */
+} pp_options;
+
+/* One action of this rank's last step, for the Gantt chart and the bubble: when it computed
+ * (after its input had arrived), in seconds since the step began. */
+typedef struct { pp_action a; double t0, t1; } pp_event;
+
+/* The measured figures of the last step on this rank. */
+typedef struct {
+    int peak_sets;                /* most (microbatch, chunk) activation sets held at once        */
+    size_t peak_set_bytes;        /* the allocator's count of their layer activations at that peak */
+    size_t set_bytes;             /* one set's layer activations (every chunk has L / (P V) layers) */
+    double step_seconds;          /* the step's wall time on this rank                             */
+    double busy_seconds;          /* the sum of its actions' compute                               */
+} pp_measured;
+
+/* Refuses (exit 2, one line) what the model cannot be split by: L not divisible by P x V, the
+ * batch not divisible by M x the data ranks, or (P, M, V) that the schedule does not admit. */
+void pipeline_validate(const llama_config *c, int batch, int pp, const pp_options *o);
+
+/* Adds pipeline parallelism over the mesh's pp dimension to `plan` (the single-device plan, or
+ * chapter 01's tensor-parallel one within each stage): the layers this rank holds, the schedule
+ * that runs the step, and (zb-h1) the linear operator that defers the weight gradients. */
+void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const pp_options *o);
+void pipeline_free(llama_plan *plan);
+
+const pp_schedule *pipeline_schedule(const llama_plan *plan);
+/* The last step's actions on this rank, in order, and its measured figures. */
+const pp_event *pipeline_events(const llama_plan *plan, int *n);
+pp_measured pipeline_measured(const llama_plan *plan);
+
+/* The deliberate bugs of this chapter, for --fault. */
+extern const plan_fault pipeline_faults[];
