@@ -46,7 +46,8 @@ typedef struct {
     bool *posted;                           /* [actions]                                            */
     pp_message *sends;                      /* the step's sends, waited for at its end             */
     int n_sends, cap_sends;
-    float *dh0;                             /* [M * Bm * Ts * D] on the rank of chunk 0             */
+    float *dh0;                             /* [M * Bm * Ts * D] d loss / d h0, written by chunk 0's
+                                             * rank (zeros elsewhere: gathered from stage 0)         */
     size_t live_bytes;
     int live_sets;
     bool drop_last_microbatch;              /* --fault drop-last-microbatch-grad                   */
@@ -96,13 +97,16 @@ static void deferring_linear_backward(const llama_plan *p, float *dx, float *dW,
     }
 }
 
+/* W(mb, c)'s work: every weight gradient its I deferred, in the order I met them. */
 static void run_deferred(pp_state *s, wgrad_list *l) {
     const llama_plan *p = s->m->plan;
     for (int k = 0; k < l->n; k++) {
         deferred_wgrad *d = &l->items[k];
+        /* BEGIN ASSIGNMENT: W's work: the weight gradient dW += dy^T x of the deferred linear d, with the plan's own linear operator (no input gradient), then free d's copies */
         s->inner.linear.backward(p, NULL, d->dW, d->dy, d->x, d->W, d->N, d->in, d->out);
         device_free(d->dy);
         device_free(d->x_copy);
+        /* END ASSIGNMENT */
     }
     l->n = 0;
 }

@@ -39,6 +39,7 @@ static void build_gpipe(pp_schedule *s, int r) {
 /* 1F1B: P-1-r forwards fill the pipeline below rank r; from then on each forward is followed by
  * the oldest backward, so at most P-r microbatches are in flight on rank r. */
 static void build_1f1b(pp_schedule *s, int r) {
+    /* BEGIN ASSIGNMENT: rank r's 1F1B list: min(M, P-1-r) warmup forwards, then one forward and the oldest backward in turn, then the remaining backwards (push(s, r, op, mb, r)) */
     int M = s->M, warmup = min_int(M, s->P - 1 - r);
     for (int mb = 0; mb < warmup; mb++) push(s, r, PP_F, mb, r);
     for (int j = 0; j < M - warmup; j++) {
@@ -46,6 +47,7 @@ static void build_1f1b(pp_schedule *s, int r) {
         push(s, r, PP_B, j, r);
     }
     for (int mb = M - warmup; mb < M; mb++) push(s, r, PP_B, mb, r);
+    /* END ASSIGNMENT */
 }
 
 /* Appends rank r's k-th forward (backward = 1: its k-th backward) in the interleaved order: the
