@@ -364,6 +364,20 @@ static double clip_grad_norm(llama_model *m, comm_group *world, float max_norm, 
     return norm;
 }
 
+/* Context parallelism: each sequence's rows at this rank's positions (model->positions, [Tl]),
+ * from the [rows, T] tokens (or targets) `src` into [rows, Tl] `dst`, both on the device. */
+static void take_context_rows(const llama_model *model, int *dst, const int *src, int rows, int T) {
+    int Tl = model->d.T;
+    int *pos = malloc((size_t)Tl * sizeof(int)), *all = malloc((size_t)rows * T * sizeof(int));
+    int *mine = malloc((size_t)rows * Tl * sizeof(int));
+    device_copy_to_host(pos, model->positions, (size_t)Tl * sizeof(int));
+    device_copy_to_host(all, src, (size_t)rows * T * sizeof(int));
+    for (int b = 0; b < rows; b++)
+        for (int t = 0; t < Tl; t++) mine[(size_t)b * Tl + t] = all[(size_t)b * T + pos[t]];
+    device_copy_to_device(dst, mine, (size_t)rows * Tl * sizeof(int));
+    free(pos); free(all); free(mine);
+}
+
 run_clock run_train(const run_options *o, llama_model *model, const char *label, const char *csv_path) {
     const llama_config *c = &o->model;
     int N = o->batch * c->seq_len;
@@ -377,6 +391,9 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
     comm_group *batch = plan->batch;
     int rows = model->d.B * (plan->microbatches > 1 ? plan->microbatches : 1);   /* this rank's sequences */
     size_t rows_offset = (size_t)(batch ? batch->rank : 0) * rows * c->seq_len;
+    /* under context parallelism, only this rank's positions of each of its rows */
+    int *cp_tokens = plan->cp ? device_alloc_ints((size_t)rows * model->d.T, MEM_BUFFERS) : NULL;
+    int *cp_targets = plan->cp ? device_alloc_ints((size_t)rows * model->d.T, MEM_BUFFERS) : NULL;
     if (o->dump_dir) dump_tensors(o, "init.safetensors", false, model);
     FILE *csv = csv_path ? csv_open(csv_path, "step,baseline,parallel") : NULL;
 
@@ -393,13 +410,21 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
         llama_zero_grad(model);
         float loss;
         const float *dh0 = model->dh;
+        const int *my_tokens = tokens + rows_offset, *my_targets = targets + rows_offset;
+        if (plan->cp) {
+            take_context_rows(model, cp_tokens, my_tokens, rows, c->seq_len);
+            take_context_rows(model, cp_targets, my_targets, rows, c->seq_len);
+            my_tokens = cp_tokens;
+            my_targets = cp_targets;
+        }
         if (plan->forward_backward) {   /* the plan runs its own schedule (a pipeline) */
-            loss = plan->forward_backward(plan, model, tokens + rows_offset, targets + rows_offset, scale, &dh0);
+            loss = plan->forward_backward(plan, model, my_tokens, my_targets, scale, &dh0);
         } else {
-            loss = llama_forward(model, tokens + rows_offset, targets + rows_offset, scale);
+            loss = llama_forward(model, my_tokens, my_targets, scale);
             llama_backward(model);
         }
         double t_fb = run_clock_stop(&clock);
+        if (plan->cp) loss = (float)comm_host_sum(plan->cp, loss);  /* the sequences' rows: every share */
         if (batch) loss = (float)comm_host_sum(batch, loss);   /* the global mean: every rank's share */
 
         double base_loss = NAN;
@@ -431,6 +456,8 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
     if (o->dump_dir) dump_require(o, root ? dump_commit() : 0);   /* the finished dump, in one rename */
     llama_free(base);
     device_free(tokens);
+    device_free(cp_tokens);
+    device_free(cp_targets);
     device_free(targets);
     device_free(scalar);
     return clock;

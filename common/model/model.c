@@ -30,8 +30,8 @@ llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B)
     int split_vocab = plan->layout[P_OUTPUT] == SHARD_ROWS ? p : 1;
     llama_dims d;
     d.B = B;
-    d.T = c->seq_len;
-    d.Ts = c->seq_len / plan->seq_shards;
+    d.T = c->seq_len / (plan->cp ? plan->cp->size : 1);    /* this rank's rows of each sequence */
+    d.Ts = d.T / plan->seq_shards;
     d.N = B * d.T;
     d.Ns = B * d.Ts;
     d.D = c->dim;
@@ -73,7 +73,7 @@ double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, d
             state += (b == PARAM_OPTIM ? 8 : 4) * numel / (plan->storage[b] == STORE_SHARD ? S : 1);
         largest = fmax(largest, numel);
     }
-    double split = plan_split(plan, P_WQ, p), T = c->seq_len, N = (double)B * T, Ns = N / plan->seq_shards;
+    double split = plan_split(plan, P_WQ, p), T = c->seq_len / (plan->cp ? plan->cp->size : 1), N = (double)B * T, Ns = N / plan->seq_shards;
     double D = c->dim, hd = llama_head_dim(c), V = c->vocab_size / plan_split(plan, P_OUTPUT, p);
     double q = c->n_heads / split * hd, kv = c->n_kv_heads / plan_split(plan, P_WK, p) * hd;
     double F = c->ffn_dim / plan_split(plan, P_W1, p), probs = B * (c->n_heads / split) * T * T;
@@ -342,8 +342,8 @@ void llama_layer_backward(llama_model *m, int l, float *dh) {
     /* dattn_out[N, Hl*hd] = dy wo;  d wo += dy^T attn_out */
     p->linear.backward(p, m->dattn_out, g.wo, dy, a->attn_out, w.wo, N, Hl * hd, D);
     /* dq, dk, dv: gradients of the rotated q and k and of v */
-    p->attention.backward(p, m->dq, m->dk, m->dv, m->dprobs, m->dattn_out, a->q, a->k, a->v,
-                          a->probs, B, T, Hl, Hkvl, hd);
+    p->attention.backward(p, m->dq, m->dk, m->dv, m->dprobs, m->dattn_out, a->attn_out, a->q, a->k,
+                          a->v, a->probs, B, T, Hl, Hkvl, hd);
     /* undo RoPE's rotation on the gradients: now d/d (wq n) and d/d (wk n) */
     rope_backward(m->dq, m->positions, B, T, Hl, hd, theta);
     rope_backward(m->dk, m->positions, B, T, Hkvl, hd, theta);
@@ -515,8 +515,31 @@ void llama_gather_residual(llama_model *m, const float *x_local, int B, float *f
             for (size_t i = 0; i < slice; i++) rows[i] = chunks[seq_chunk_index(i, g->size, B, d->Ts, d->D)];
         free(chunks);
     }
-    /* 2. the data-parallel ranks' slices, in batch order, on the batch group's rank 0: world rank
-     *    0 is rank 0 of both groups (every other coordinate of it is 0) */
+    /* 2. under context parallelism, the cp ranks' rows [B, Tl, D], each row put at its position in
+     *    the whole sequence: [B, T_global, D] on the cp group's rank 0 */
+    comm_group *cp = m->plan->cp;
+    if (cp) {
+        size_t Tl = d->T, T = Tl * cp->size, D = d->D;
+        float *pos = malloc(Tl * sizeof(float)), *all_pos = malloc(T * sizeof(float));
+        int *ipos = malloc(Tl * sizeof(int));
+        device_copy_to_host(ipos, m->positions, Tl * sizeof(int));
+        for (size_t t = 0; t < Tl; t++) pos[t] = (float)ipos[t];
+        float *all = malloc(slice * cp->size * sizeof(float));
+        comm_host_gather(cp, pos, all_pos, Tl, 0);
+        comm_host_gather(cp, rows, all, slice, 0);
+        free(rows);
+        slice *= cp->size;
+        rows = malloc(slice * sizeof(float));
+        if (cp->rank == 0)
+            for (int q = 0; q < cp->size; q++)
+                for (int b = 0; b < B; b++)
+                    for (size_t t = 0; t < Tl; t++)
+                        memcpy(rows + ((size_t)b * T + (size_t)all_pos[q * Tl + t]) * D,
+                               all + (((size_t)q * B + b) * Tl + t) * D, D * sizeof(float));
+        free(pos); free(all_pos); free(ipos); free(all);
+    }
+    /* 3. the data-parallel ranks' slices, in batch order, on the batch group's rank 0: world rank
+     *    0 is rank 0 of all three groups (every other coordinate of it is 0) */
     bool root = comm_world()->rank == 0;
     if (batch) {   /* every batch group gathers (one per tp rank); only world rank 0's is kept */
         float *all = batch->rank == 0 ? malloc(slice * batch->size * sizeof(float)) : NULL;

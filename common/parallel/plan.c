@@ -35,8 +35,8 @@ static void local_attention_forward(const llama_plan *p, float *out, float *prob
     attention_forward(out, probs, q, k, v, B, T, H, Hkv, hd);
 }
 static void local_attention_backward(const llama_plan *p, float *dq, float *dk, float *dv, float *dprobs,
-                                     const float *dout, const float *q, const float *k, const float *v,
-                                     const float *probs, int B, int T, int H, int Hkv, int hd) {
+                                     const float *dout, const float *out, const float *q, const float *k,
+                                     const float *v, const float *probs, int B, int T, int H, int Hkv, int hd) {
     attention_backward(dq, dk, dv, dprobs, dout, q, k, v, probs, B, T, H, Hkv, hd);
 }
 const attention_ops attention_local = {local_attention_forward, local_attention_backward};

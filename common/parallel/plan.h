@@ -66,12 +66,14 @@ typedef struct {
 } loss_ops;
 
 /* Causal attention over the heads this rank holds (llama_kernels.h's shapes): q [B, T, H, hd],
- * k, v [B, T, Hkv, hd] -> out [B, T, H, hd], probs [B, H, T, T] saved for backward. */
+ * k, v [B, T, Hkv, hd] -> out [B, T, H, hd], probs [B, H, T, T] saved for backward (an operator
+ * may keep less there: ring attention keeps the log-sum-exp of each row, [B, H, T]). backward
+ * also gets the forward's out. Under context parallelism T is this rank's rows of each sequence. */
 typedef struct {
     void (*forward)(const llama_plan *p, float *out, float *probs, const float *q, const float *k,
                     const float *v, int B, int T, int H, int Hkv, int hd);
     void (*backward)(const llama_plan *p, float *dq, float *dk, float *dv, float *dprobs,
-                     const float *dout, const float *q, const float *k, const float *v,
+                     const float *dout, const float *out, const float *q, const float *k, const float *v,
                      const float *probs, int B, int T, int H, int Hkv, int hd);
 } attention_ops;
 
@@ -105,6 +107,9 @@ struct llama_plan {
     const char *name;              /* "single device", "megatron tp", ...                         */
     device_mesh *mesh;             /* NULL on a single device                                      */
     comm_group *tp;                /* the group the operators talk over (NULL: none)              */
+    comm_group *cp;                /* context parallelism (chapter 06): every sequence is split over
+                                    * these ranks for the whole model; this rank holds the rows at
+                                    * `positions` (NULL: none)                                    */
     comm_group *batch;             /* the data-parallel ranks that split the global batch by rows
                                     * (NULL: every rank sees the whole batch)                      */
     int seq_shards;                /* the residual stream holds T / seq_shards tokens per sequence */

@@ -1,0 +1,4 @@
+# Chapter 06 links chapter 00's building blocks (f and g) and chapter 01's plan (megatron_plan),
+# used inside each cp rank for CP x TP; its own files are context_parallel.c (the technique) and
+# main.c.
+LINKS_06 := 00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c

@@ -1,0 +1,261 @@
+/* context_parallel.c: the context-parallel plan (context_parallel.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "comm.h"
+#include "device.h"
+#include "init.h"
+#include "kernels.h"
+#include "llama_kernels.h"
+#include "model.h"
+#include "context_parallel.h"
+
+typedef struct {
+    cp_options o;
+    comm_group *cp;
+    int C, r;
+    int chunks[2];                  /* the 2 of 2C chunks this rank holds, in its row order      */
+    llama_plan inner;               /* the plan's operators before context parallelism           */
+    double work;                    /* score elements of the last forward, per (sequence, head)  */
+    bool no_lse_rescale;            /* --fault no-lse-rescale                                   */
+} cp_state;
+
+static cp_state *state_of(const llama_plan *p) { return (cp_state *)p->ctx; }
+
+static const char *method_names[CP_NMETHODS] = {"ring", "allgather"};
+static const char *balance_names[CP_NBALANCES] = {"contiguous", "zigzag"};
+const char *cp_method_name(cp_method m) { return method_names[m]; }
+const char *cp_balance_name(cp_balance b) { return balance_names[b]; }
+
+void cp_chunks_of(cp_balance balance, int r, int C, int chunks[2]) {
+    chunks[0] = balance == CP_ZIGZAG ? r : 2 * r;
+    chunks[1] = balance == CP_ZIGZAG ? 2 * C - 1 - r : 2 * r + 1;
+}
+
+double cp_work_formula(cp_balance balance, int r, int C, int T) {
+    double Tc = (double)T / (2 * C);
+    return (balance == CP_ZIGZAG ? 2 * C + 1 : 4 * r + 3) * Tc * Tc;
+}
+
+/* The RoPE positions of this rank's Tl = T / C rows: its two chunks' positions, in order. */
+static void cp_positions(const llama_plan *p, int *positions, int Tl) {
+    const cp_state *s = state_of(p);
+    int Tc = Tl / 2;
+    for (int i = 0; i < 2; i++)
+        for (int t = 0; t < Tc; t++) positions[i * Tc + t] = s->chunks[i] * Tc + t;
+}
+
+/* ---- one K/V block against this rank's queries -----------------------------------------------
+ * A K/V block is one rank's rows of k and v, packed as kv [2][B][Tl][Hkv][hd] (k, then v); the
+ * rank that owns it holds chunks `kchunks`. Each of the B sequences and each pair (query chunk i
+ * of this rank, key chunk j of the block) is one call of the block kernels on [Tc] rows at their
+ * global offsets (the causal mask needs them); a pair whose keys all come after its queries is
+ * skipped. Query pieces: q[b, i*Tc .. (i+1)*Tc) of [B, Tl, H, hd]; their running lse in
+ * lse[B][2][H][Tc]. */
+typedef struct { int B, Tl, Tc, H, Hkv, hd; } cp_shape;
+
+static size_t q_piece(const cp_shape *z, int b, int i) { return ((size_t)b * z->Tl + (size_t)i * z->Tc) * z->H * z->hd; }
+static size_t k_piece(const cp_shape *z, int b, int j) { return ((size_t)b * z->Tl + (size_t)j * z->Tc) * z->Hkv * z->hd; }
+static size_t lse_piece(const cp_shape *z, int b, int i) { return ((size_t)b * 2 + i) * z->H * z->Tc; }
+static size_t kv_floats(const cp_shape *z) { return (size_t)z->B * z->Tl * z->Hkv * z->hd; }
+static bool pair_visible(int qchunk, int kchunk) { return kchunk <= qchunk; }
+
+/* Forward of this rank's queries against one block, merged into (out, lse). */
+static void block_forward(cp_state *s, const cp_shape *z, float *out, float *lse, const float *q,
+                          const float *kv, const int kchunks[2]) {
+    const float *k = kv, *v = kv + kv_floats(z);
+    float *out_b = device_alloc_floats((size_t)z->Tc * z->H * z->hd, MEM_BUFFERS);
+    float *lse_b = device_alloc_floats((size_t)z->H * z->Tc, MEM_BUFFERS);
+    for (int b = 0; b < z->B; b++)
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++) {
+                if (!pair_visible(s->chunks[i], kchunks[j])) continue;
+                attention_block_forward(out_b, lse_b, q + q_piece(z, b, i), k + k_piece(z, b, j), v + k_piece(z, b, j),
+                                        1, z->Tc, z->Tc, z->H, z->Hkv, z->hd, s->chunks[i] * z->Tc, kchunks[j] * z->Tc);
+                if (s->no_lse_rescale) {
+                    add_inplace(out + q_piece(z, b, i), out_b, (size_t)z->Tc * z->H * z->hd);
+                } else {
+                    /* BEGIN ASSIGNMENT: merge the block's (out_b, lse_b) into the running result of query piece (b, i) by log-sum-exp (attention_merge) */
+                    attention_merge(out + q_piece(z, b, i), lse + lse_piece(z, b, i), out_b, lse_b, 1, z->Tc, z->H, z->hd);
+                    /* END ASSIGNMENT */
+                }
+                if (b == 0) s->work += (double)z->Tc * z->Tc;
+            }
+    device_free(out_b);
+    device_free(lse_b);
+}
+
+/* Backward of this rank's queries against one block: dq (+=), and the block's dkv (+=). */
+static void block_backward(cp_state *s, const cp_shape *z, float *dq, float *dkv, const float *dout,
+                           const float *out, const float *lse, const float *q, const float *kv,
+                           const int kchunks[2]) {
+    const float *k = kv, *v = kv + kv_floats(z);
+    float *dk = dkv, *dv = dkv + kv_floats(z);
+    for (int b = 0; b < z->B; b++)
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++) {
+                if (!pair_visible(s->chunks[i], kchunks[j])) continue;
+                attention_block_backward(dq + q_piece(z, b, i), dk + k_piece(z, b, j), dv + k_piece(z, b, j),
+                                         dout + q_piece(z, b, i), out + q_piece(z, b, i), lse + lse_piece(z, b, i),
+                                         q + q_piece(z, b, i), k + k_piece(z, b, j), v + k_piece(z, b, j), 1, z->Tc,
+                                         z->Tc, z->H, z->Hkv, z->hd, s->chunks[i] * z->Tc, kchunks[j] * z->Tc);
+            }
+}
+
+static void owner_chunks(const cp_state *s, int owner, int chunks[2]) { cp_chunks_of(s->o.balance, owner, s->C, chunks); }
+
+/* This rank's k and v packed into one block [2][B][Tl][Hkv][hd]. */
+static float *pack_kv(const cp_shape *z, const float *k, const float *v) {
+    float *kv = device_alloc_floats(2 * kv_floats(z), MEM_BUFFERS);
+    device_copy(kv, k, kv_floats(z) * sizeof(float));
+    device_copy(kv + kv_floats(z), v, kv_floats(z) * sizeof(float));
+    return kv;
+}
+
+/* ---- the attention operator -------------------------------------------------------------------
+ * q [B, Tl, H, hd], k, v [B, Tl, Hkv, hd] (this rank's rows) -> out [B, Tl, H, hd]; saved: the
+ * final lse [B][2][H][Tc] in the probs buffer (B H Tl floats of its B H Tl^2). */
+static void cp_attention_forward(const llama_plan *p, float *out, float *probs, const float *q,
+                                 const float *k, const float *v, int B, int Tl, int H, int Hkv, int hd) {
+    cp_state *s = state_of(p);
+    cp_shape z = {B, Tl, Tl / 2, H, Hkv, hd};
+    float *lse = probs;
+    device_zero(out, (size_t)B * Tl * H * hd * sizeof(float));
+    init_constant_device(lse, (size_t)B * H * Tl, -INFINITY);   /* no key seen yet */
+    s->work = 0;
+    float *kv = pack_kv(&z, k, v);
+    size_t n = 2 * kv_floats(&z);
+    int next = (s->r + 1) % s->C, prev = (s->r + s->C - 1) % s->C, chunks[2];
+    if (s->o.method == CP_RING) {
+        /* step t: the block of rank r - t is in hand; send it on while computing on it */
+        float *incoming = device_alloc_floats(n, MEM_BUFFERS);
+        for (int t = 0; t < s->C; t++) {
+            /* BEGIN ASSIGNMENT: ring step t: post the exchange (kv to next, incoming from prev) unless this is the last step, compute on the block in hand (its owner is rank r - t), then wait and swap kv and incoming */
+            comm_request req = {0};
+            if (t < s->C - 1) req = comm_isendrecv(s->cp, kv, n, next, incoming, n, prev);
+            owner_chunks(s, (s->r - t + s->C) % s->C, chunks);
+            block_forward(s, &z, out, lse, q, kv, chunks);
+            if (t < s->C - 1) {
+                comm_wait(&req);
+                float *x = kv; kv = incoming; incoming = x;
+            }
+            /* END ASSIGNMENT */
+        }
+        device_free(incoming);
+    } else {
+        /* every rank's block at once: [C][2][B][Tl][Hkv][hd] */
+        float *all = device_alloc_floats(n * s->C, MEM_BUFFERS);
+        comm_all_gather(s->cp, kv, all, n);
+        for (int j = 0; j < s->C; j++) {
+            owner_chunks(s, j, chunks);
+            block_forward(s, &z, out, lse, q, all + (size_t)j * n, chunks);
+        }
+        device_free(all);
+    }
+    device_free(kv);
+}
+
+/* dout [B, Tl, H, hd] -> dq [B, Tl, H, hd], dk, dv [B, Tl, Hkv, hd] (=), from the saved lse. */
+static void cp_attention_backward(const llama_plan *p, float *dq, float *dk, float *dv, float *dprobs,
+                                  const float *dout, const float *out, const float *q, const float *k,
+                                  const float *v, const float *probs, int B, int Tl, int H, int Hkv, int hd) {
+    cp_state *s = state_of(p);
+    cp_shape z = {B, Tl, Tl / 2, H, Hkv, hd};
+    const float *lse = probs;
+    size_t n = 2 * kv_floats(&z);
+    device_zero(dq, (size_t)B * Tl * H * hd * sizeof(float));
+    float *kv = pack_kv(&z, k, v), *dkv = device_alloc_floats(n, MEM_BUFFERS);
+    device_zero(dkv, n * sizeof(float));
+    int next = (s->r + 1) % s->C, prev = (s->r + s->C - 1) % s->C, chunks[2];
+    if (s->o.method == CP_RING) {
+        /* step t: the block of rank r - t and its gradient so far are in hand; the block moves on
+         * while this rank adds its share, then the gradient follows it. After C steps the last
+         * send brings every block's whole gradient home. */
+        float *incoming = device_alloc_floats(n, MEM_BUFFERS), *dkv_in = device_alloc_floats(n, MEM_BUFFERS);
+        for (int t = 0; t < s->C; t++) {
+            comm_request req = {0};
+            if (t < s->C - 1) req = comm_isendrecv(s->cp, kv, n, next, incoming, n, prev);
+            owner_chunks(s, (s->r - t + s->C) % s->C, chunks);
+            block_backward(s, &z, dq, dkv, dout, out, lse, q, kv, chunks);
+            if (s->C > 1) {   /* (on one rank the block and its gradient never leave) */
+                comm_sendrecv(s->cp, dkv, n, next, dkv_in, n, prev);
+                float *x = dkv; dkv = dkv_in; dkv_in = x;
+            }
+            if (t < s->C - 1) {
+                comm_wait(&req);
+                float *x = kv; kv = incoming; incoming = x;
+            }
+        }
+        device_free(incoming);
+        device_free(dkv_in);
+    } else {
+        float *all = device_alloc_floats(n * s->C, MEM_BUFFERS), *dall = device_alloc_floats(n * s->C, MEM_BUFFERS);
+        comm_all_gather(s->cp, kv, all, n);
+        device_zero(dall, n * s->C * sizeof(float));
+        for (int j = 0; j < s->C; j++) {
+            owner_chunks(s, j, chunks);
+            block_backward(s, &z, dq, dall + (size_t)j * n, dout, out, lse, q, all + (size_t)j * n, chunks);
+        }
+        comm_reduce_scatter(s->cp, dall, dkv, n);   /* every rank's share of my block's gradient */
+        device_free(all);
+        device_free(dall);
+    }
+    device_copy(dk, dkv, kv_floats(&z) * sizeof(float));
+    device_copy(dv, dkv + kv_floats(&z), kv_floats(&z) * sizeof(float));
+    device_free(kv);
+    device_free(dkv);
+}
+
+/* The parameters are replicated over cp and each rank's gradient is its rows' share: their sum,
+ * one all-reduce of the whole gradient block over cp, then what the inner plan owes. */
+static void cp_reduce_grads(const llama_plan *p, llama_model *m) {
+    cp_state *s = state_of(p);
+    if (s->inner.reduce_grads) s->inner.reduce_grads(p, m);
+    if (s->C > 1) comm_all_reduce(s->cp, m->params->grads, m->params->whole_numel, COMM_SUM);
+}
+
+/* ---- validation and set-up ------------------------------------------------------------------- */
+
+void context_parallel_validate(const llama_config *c, int cp, const cp_options *o) {
+    if (c->seq_len % (2 * cp))
+        comm_exit_usage("--seq-len %d cannot be split over --cp %d: each rank holds 2 chunks of seq_len / (2 x cp) "
+                        "rows, so use a multiple of %d", c->seq_len, cp, 2 * cp);
+}
+
+void context_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const cp_options *o) {
+    cp_state *s = calloc(1, sizeof *s);
+    s->o = *o;
+    s->cp = mesh->group[MESH_CP];
+    s->C = s->cp->size;
+    s->r = s->cp->rank;
+    cp_chunks_of(o->balance, s->r, s->C, s->chunks);
+    s->inner = *plan;
+    plan->name = "context parallel";
+    plan->mesh = mesh;
+    plan->cp = s->cp;
+    plan->positions = cp_positions;
+    plan->attention = (attention_ops){cp_attention_forward, cp_attention_backward};
+    plan->reduce_grads = cp_reduce_grads;
+    plan->ctx = s;
+}
+
+void context_parallel_free(llama_plan *plan) {
+    free(plan->ctx);
+    plan->ctx = NULL;
+}
+
+double context_parallel_work(const llama_plan *plan) { return state_of(plan)->work; }
+void context_parallel_reset_work(llama_plan *plan) { state_of(plan)->work = 0; }
+
+/* ---- the deliberate bug ---------------------------------------------------------------------- */
+
+static const char *no_lse_rescale(llama_plan *p) {
+    state_of(p)->no_lse_rescale = true;
+    return NULL;
+}
+
+const plan_fault context_parallel_faults[] = {
+    {"no-lse-rescale", "each key block's partial attention is added to the running output as it is, "
+     "without rescaling both by their log-sum-exp", no_lse_rescale},
+    {NULL, NULL, NULL}};

@@ -1,0 +1,69 @@
+/* context_parallel.h: context parallelism, the sequence of every batch split over C ranks for the
+ * whole model (Liu et al. 2023, "Ring Attention with Blockwise Transformers"; torchtitan's and
+ * PyTorch's context_parallel), as a plan for the one model (common/model/model.c).
+ *
+ * Every layer but attention works row by row, so a rank runs the model on its own rows of each
+ * sequence (T / C of them) with no communication at all. Attention needs every earlier key: the
+ * keys and values come to the queries, block by block, and each block's partial result is merged
+ * into the running one by its log-sum-exp (attention_merge, llama_kernels.h):
+ *
+ *   ring        C - 1 rotations: each rank sends the K/V block in hand to the next rank while it
+ *               computes on it (non-blocking sendrecv posted first), so after C steps every
+ *               query has met every key. Backward: the blocks go round again, and the gradients
+ *               dK, dV travel with their block and come home after C sends. dQ stays local.
+ *   allgather   K and V all-gathered once per layer (and again in backward), dK and dV
+ *               reduce-scattered back to their owners.
+ *
+ * Balance. Causal attention makes late queries see more keys. Cut the sequence into 2C chunks:
+ *
+ *   contiguous  rank r holds chunks 2r, 2r+1 (one piece): rank C-1 does C times rank 0's work
+ *   zigzag      rank r holds chunks r and 2C-1-r: every rank the same work, 2C+1 chunk pairs
+ *
+ *   C = 2, chunks 0 1 2 3:   contiguous  rank 0: 0 1   rank 1: 2 3
+ *                            zigzag      rank 0: 0 3   rank 1: 1 2
+ *
+ * The tokens, the targets and the RoPE positions of a rank's rows follow the same order (the
+ * plan's `positions`; the harness selects the tokens by them). The parameters are replicated over
+ * cp, and each rank's gradient is its rows' share: one all-reduce over cp per step sums them. The
+ * loss is each rank's sum of token losses over the global count of valid targets, summed over cp.
+ */
+#pragma once
+#include <stdbool.h>
+#include "llama.h"
+#include "mesh.h"
+#include "plan.h"
+
+typedef enum { CP_RING = 0, CP_ALLGATHER, CP_NMETHODS } cp_method;
+typedef enum { CP_CONTIGUOUS = 0, CP_ZIGZAG, CP_NBALANCES } cp_balance;
+const char *cp_method_name(cp_method m);      /* "ring", "allgather"        */
+const char *cp_balance_name(cp_balance b);    /* "contiguous", "zigzag"     */
+
+typedef struct {
+    cp_method method;
+    cp_balance balance;
+} cp_options;
+
+/* The 2C chunks of T / (2C) rows that rank r of C holds, in its row order: chunks[0], chunks[1]. */
+void cp_chunks_of(cp_balance balance, int r, int C, int chunks[2]);
+/* Attention score elements one rank computes per (sequence, head) in a forward: each visible pair
+ * (query chunk, key chunk) computed whole, Tc^2 with Tc = T / (2C); the closed forms the run
+ * prints beside the count: contiguous (4r + 3) Tc^2 (its chunks 2r, 2r+1 see 2r+1 and 2r+2
+ * chunks), zigzag (2C + 1) Tc^2 on every rank. */
+double cp_work_formula(cp_balance balance, int r, int C, int T);
+
+/* Refuses (exit 2, one line) a sequence length the split cannot take: T divisible by 2C. */
+void context_parallel_validate(const llama_config *c, int cp, const cp_options *o);
+
+/* Adds context parallelism over the mesh's cp dimension to `plan` (the single-device plan, or
+ * chapter 01's tensor-parallel one: heads split by tp, rows by cp): the rows and positions of
+ * this rank, the attention operator of the method, the gradient all-reduce over cp. */
+void context_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const cp_options *o);
+void context_parallel_free(llama_plan *plan);
+
+/* Score elements this rank computed in the forwards since the last reset, per (sequence, head,
+ * layer): what the balance is about. */
+double context_parallel_work(const llama_plan *plan);
+void context_parallel_reset_work(llama_plan *plan);
+
+/* The deliberate bugs of this chapter, for --fault. */
+extern const plan_fault context_parallel_faults[];
