@@ -2,6 +2,7 @@
  * model.c, the same code the single-device baseline runs; this file says only how the weights
  * are split and what the boundaries of the tensor-parallel region do.
  */
+#include <stdio.h>
 #include "../00_naive_tp_mlp/tensor_parallel.h"
 #include "comm.h"
 #include "tp.h"
@@ -48,6 +49,14 @@ llama_plan megatron_plan(device_mesh *mesh, const llama_config *c, const char *d
     megatron_layouts(plan.layout);
     plan.region = megatron_region;
     return plan;
+}
+
+llama_plan tensor_parallel_or_single(device_mesh *mesh, const llama_config *c) {
+    int tp = mesh->group[MESH_TP]->size;
+    if (tp == 1) return plan_single_device();
+    char degree[32];
+    snprintf(degree, sizeof degree, "--tp %d", tp);
+    return megatron_plan(mesh, c, degree);
 }
 
 /* --fault skip-backward-allreduce: f's backward forgets to sum the ranks' partial gradients.

@@ -36,5 +36,9 @@ extern const region_ops megatron_region;
  * `degree_flag` names where the degree came from, e.g. "--tp 4" or "NP=4"). */
 llama_plan megatron_plan(device_mesh *mesh, const llama_config *c, const char *degree_flag);
 
+/* What a later chapter's ranks run inside: megatron_plan when the mesh's tp degree (from --tp)
+ * is above 1, else plan_single_device(). */
+llama_plan tensor_parallel_or_single(device_mesh *mesh, const llama_config *c);
+
 /* The deliberate bugs of this chapter, for --fault. */
 extern const plan_fault megatron_faults[];

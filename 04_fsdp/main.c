@@ -76,9 +76,7 @@ int main(int argc, char **argv) {
                         "each data rank takes batch / %d sequences", o.batch, R, S, R * S, R * S);
 
     /* ---- the plan: chapter 01's inside each data rank (when tp > 1), data parallelism around it ---- */
-    char degree[32];
-    snprintf(degree, sizeof degree, "--tp %d", T);
-    llama_plan plan = T > 1 ? megatron_plan(mesh, c, degree) : plan_single_device();
+    llama_plan plan = tensor_parallel_or_single(mesh, c);
     size_t buffers_before = mem_current(MEM_BUFFERS);
     data_parallel_apply(&plan, mesh, c, &co.dp);
     double buffer_bytes = (double)(mem_current(MEM_BUFFERS) - buffers_before);

@@ -74,9 +74,7 @@ int main(int argc, char **argv) {
     pipeline_validate(c, o.batch, P, &co.pp);
 
     /* ---- the plan: chapter 01's inside each stage (when tp > 1), the pipeline around it ---- */
-    char degree[32];
-    snprintf(degree, sizeof degree, "--tp %d", T);
-    llama_plan plan = T > 1 ? megatron_plan(mesh, c, degree) : plan_single_device();
+    llama_plan plan = tensor_parallel_or_single(mesh, c);
     pipeline_apply(&plan, mesh, c, &co.pp);
     run_apply_fault(&o, &plan);
     llama_model *model = run_model(&o, &plan);   /* refuses up front what cannot fit */

@@ -114,9 +114,7 @@ int main(int argc, char **argv) {
     context_parallel_validate(c, C, &co.cp);
 
     /* ---- the plan: chapter 01's inside each cp rank (when tp > 1), context parallelism around it ---- */
-    char degree[32];
-    snprintf(degree, sizeof degree, "--tp %d", T);
-    llama_plan plan = T > 1 ? megatron_plan(mesh, c, degree) : plan_single_device();
+    llama_plan plan = tensor_parallel_or_single(mesh, c);
     context_parallel_apply(&plan, mesh, c, &co.cp);
     run_apply_fault(&o, &plan);
     llama_model *model = run_model(&o, &plan);   /* refuses up front what cannot fit */
