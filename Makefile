@@ -123,6 +123,7 @@ $(foreach c,$(CHAPTERS),$(eval $(call chapter_rule,$(c),cuda)))
 # A unit test links libcommon.a, plus the chapter files named in its TEST_LINKS_<test> (a
 # chapter's logic tested on its own).
 TEST_LINKS_test_schedule := 05_pipeline/schedule.c
+TEST_LINKS_test_ring_attention := 06_context_parallel/context_parallel.c
 
 define test_rule
 $(BUILD_ROOT)/$(2)/tests/$(1): $(BUILD_ROOT)/$(2)/tests/$(1).o $(patsubst %.c,$(BUILD_ROOT)/$(2)/%.o,$(TEST_LINKS_$(1))) $(BUILD_ROOT)/$(2)/libcommon.a
