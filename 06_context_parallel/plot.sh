@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# plot.sh BINARY OUTDIR: make plot-06. One figure from real runs:
+#   work.png  attention work per rank at cp 4, contiguous against zigzag: the score elements each
+#             rank computed per sequence and head in one layer's forward, as the run prints them
+#             ("attention work per rank"), beside the formulas (4r + 3) Tc^2 and (2C + 1) Tc^2
+# The ring's timeline is not drawn: context_parallel.c records no per-step times.
+set -eu
+bin=$1; out=$2
+mpirun=${MPIRUN:-mpirun}
+mkdir -p "$out"
+csv="$out/attention_work.csv"
+echo "rank,contiguous,contiguous_formula,zigzag,zigzag_formula" > "$csv.tmp"
+for balance in contiguous zigzag; do
+    # the lines "  rank q (cp c):   measured |   formula  ..." of the run's table
+    $mpirun -np 4 "$bin" --cp-balance "$balance" --steps 1 --out "$out" > "$out/run_$balance.txt"
+    sed -nE 's/^  rank ([0-9]+) \(cp [0-9]+\): +([0-9.]+) \| +([0-9.]+) .*/\1,\2,\3/p' "$out/run_$balance.txt" > "$out/work_$balance.txt"
+    [ "$(wc -l < "$out/work_$balance.txt")" -eq 4 ] || { echo "plot-06: no work table in the $balance run" >&2; exit 1; }
+done
+join -t, "$out/work_contiguous.txt" "$out/work_zigzag.txt" >> "$csv.tmp"
+mv "$csv.tmp" "$csv"
+tc=$(sed -nE 's/.*Tc = T \/ 2C = ([0-9]+)\):.*/\1/p' "$out/run_zigzag.txt")
+seq=$(sed -nE 's/.*batch [0-9]+ x ([0-9]+) tokens.*/\1/p' "$out/run_zigzag.txt")
+rm -f "$out"/work_*.txt "$out"/run_*.txt
+gnuplot -e "outdir='$out'; tc=$tc; seqlen=$seq" "$(dirname "$0")/plot.gp"
