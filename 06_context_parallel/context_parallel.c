@@ -73,8 +73,14 @@ static void block_forward(cp_state *s, const cp_shape *z, float *out, float *lse
                 if (!pair_visible(s->chunks[i], kchunks[j])) continue;
                 attention_block_forward(out_b, lse_b, q + q_piece(z, b, i), k + k_piece(z, b, j), v + k_piece(z, b, j),
                                         1, z->Tc, z->Tc, z->H, z->Hkv, z->hd, s->chunks[i] * z->Tc, kchunks[j] * z->Tc);
-                if (s->no_lse_rescale) {
-                    add_inplace(out + q_piece(z, b, i), out_b, (size_t)z->Tc * z->H * z->hd);
+                if (s->no_lse_rescale) {   /* lse merged right, the outputs simply added */
+                    size_t piece = (size_t)z->Tc * z->H * z->hd;
+                    float *kept = device_alloc_floats(piece, MEM_BUFFERS);
+                    device_copy(kept, out + q_piece(z, b, i), piece * sizeof(float));
+                    attention_merge(out + q_piece(z, b, i), lse + lse_piece(z, b, i), out_b, lse_b, 1, z->Tc, z->H, z->hd);
+                    device_copy(out + q_piece(z, b, i), kept, piece * sizeof(float));
+                    add_inplace(out + q_piece(z, b, i), out_b, piece);
+                    device_free(kept);
                 } else {
                     /* BEGIN ASSIGNMENT: merge the block's (out_b, lse_b) into the running result of query piece (b, i) by log-sum-exp (attention_merge) */
                     attention_merge(out + q_piece(z, b, i), lse + lse_piece(z, b, i), out_b, lse_b, 1, z->Tc, z->H, z->hd);
@@ -246,7 +252,6 @@ void context_parallel_free(llama_plan *plan) {
 }
 
 double context_parallel_work(const llama_plan *plan) { return state_of(plan)->work; }
-void context_parallel_reset_work(llama_plan *plan) { state_of(plan)->work = 0; }
 
 /* ---- the deliberate bug ---------------------------------------------------------------------- */
 
@@ -257,5 +262,5 @@ static const char *no_lse_rescale(llama_plan *p) {
 
 const plan_fault context_parallel_faults[] = {
     {"no-lse-rescale", "each key block's partial attention is added to the running output as it is, "
-     "without rescaling both by their log-sum-exp", no_lse_rescale},
+     "without rescaling both by their log-sum-exp (the log-sum-exp itself is merged right)", no_lse_rescale},
     {NULL, NULL, NULL}};

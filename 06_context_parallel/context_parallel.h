@@ -60,10 +60,9 @@ void context_parallel_validate(const llama_config *c, int cp, const cp_options *
 void context_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const cp_options *o);
 void context_parallel_free(llama_plan *plan);
 
-/* Score elements this rank computed in the forwards since the last reset, per (sequence, head,
- * layer): what the balance is about. */
+/* Score elements this rank computed in its last attention forward (one layer), per (sequence,
+ * head): what the balance is about. */
 double context_parallel_work(const llama_plan *plan);
-void context_parallel_reset_work(llama_plan *plan);
 
 /* The deliberate bugs of this chapter, for --fault. */
 extern const plan_fault context_parallel_faults[];
