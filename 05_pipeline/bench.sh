@@ -12,8 +12,8 @@
 # one microbatch through 4 layers takes milliseconds, a message microseconds). Each case runs REPS
 # times (default 3), interleaved, without --check; medians are printed:
 #   theory     the formula at unit costs (F = 1, B = 2, I = W = 1), as the run prints it
-#   measured   the run's "measured idle share": the mean over the ranks of 1 - busy / the rank's
-#              own step time; judged: PASS when within 5 points of theory
+#   measured   the run's "measured idle share": the mean over the ranks of 1 - busy / the longest
+#              rank's step time; judged: PASS when within 5 points of theory
 #   common     1 - all busy time / (P x the pipeline's step), from the timeline CSV: the formula's
 #              own definition (the ranks start their steps together, after the last step's loss sum)
 #   replay     the same lists replayed with each action's measured duration and messages that take
@@ -109,9 +109,9 @@ for c in "${configs[@]}"; do
                "$(echo ${costs[$c,$s]} | median)" "$(echo ${ratio[$c,$s]} | median)" "$durs"
     done
 done
-echo "measured: the run's idle share (each rank over its own step); common: over the pipeline's step"
-echo "(the formula's definition); replay: the measured durations, messages taking no time; costs: the"
-echo "same at uniform stages. PASS: measured within 5 points of theory. With the defaults a message"
-echo "above Open MPI's eager limit moves only while its sender is inside an MPI call, and the executor"
-echo "makes none while it computes (common far above replay); r0/r1 away from 1.00: one core was slower"
-echo "(replay above costs). README, \"The bubble on this machine\"."
+echo "measured: the run's idle share (over the longest rank's step); common: the same from the CSV;"
+echo "replay: the measured durations, messages taking no time; costs: the same at uniform stages."
+echo "PASS: measured within 5 points of theory. A message above Open MPI's eager limit moves only while"
+echo "its sender is inside an MPI call: the executor calls comm_progress after every GEMM (common near"
+echo "replay); r0/r1 away from 1.00: one core was slower (replay above costs). README, \"The bubble on"
+echo "this machine\"."

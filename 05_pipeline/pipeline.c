@@ -46,6 +46,7 @@ typedef struct {
     bool *posted;                           /* [actions]                                            */
     pp_message *sends;                      /* the step's sends, waited for at its end             */
     int n_sends, cap_sends;
+    int k_now;                              /* the action in progress                              */
     float *dh0;                             /* [M * Bm * Ts * D] d loss / d h0, written by chunk 0's
                                              * rank (zeros elsewhere: gathered from stage 0)         */
     size_t live_bytes;
@@ -68,20 +69,40 @@ static bool pp_holds_layer(const llama_plan *p, int layer) {
     return pp_chunk_rank(s->sched, chunk_of_layer(s, layer)) == s->rank;
 }
 
-/* ---- zb-h1: the linear operator that leaves dW for later -------------------------------------- */
+/* ---- the linear operator: messages progressed after each GEMM; zb-h1 leaves dW for later ------- */
 
-/* backward with the plan's own operator; during an I action only dx now, and dW += dy^T x put on
- * the (microbatch, chunk)'s list for its W. dy lives in a buffer the next layer reuses, so it is
- * copied; x is a saved activation of the set, kept until W, unless the plan splits the sequence
+/* The messages in flight move now. Open MPI moves a message above its eager size only inside an
+ * MPI call of the sender (and of the receiver), so on the CPU a send posted at the end of an
+ * action would otherwise wait for the next action's receive; every GEMM of the stage calls this
+ * (MPI_Test on each pending request). NCCL moves them on its own stream and needs no help. */
+static void progress_messages(pp_state *s) {
+    for (int i = 0; i < s->n_sends; i++) comm_progress(&s->sends[i].req);
+    int n = s->sched->n[s->rank];
+    for (int k = s->k_now; k < s->k_now + 2 && k < n; k++)
+        if (s->posted[k] && s->recv[k].buf) comm_progress(&s->recv[k].req);
+}
+
+static void pipeline_linear_forward(const llama_plan *p, float *y, const float *x, const float *W, int N,
+                                    int in, int out) {
+    pp_state *s = state_of(p);
+    s->inner.linear.forward(p, y, x, W, N, in, out);
+    progress_messages(s);
+}
+
+/* backward with the plan's own operator; during zb-h1's I action only dx now, and dW += dy^T x put
+ * on the (microbatch, chunk)'s list for its W. dy lives in a buffer the next layer reuses, so it
+ * is copied; x is a saved activation of the set, kept until W, unless the plan splits the sequence
  * (then the linear's input is the shared whole-sequence buffer: copied too). */
-static void deferring_linear_backward(const llama_plan *p, float *dx, float *dW, const float *dy,
-                                      const float *x, const float *W, int N, int in, int out) {
+static void pipeline_linear_backward(const llama_plan *p, float *dx, float *dW, const float *dy,
+                                     const float *x, const float *W, int N, int in, int out) {
     pp_state *s = state_of(p);
     if (!s->collecting) {
         s->inner.linear.backward(p, dx, dW, dy, x, W, N, in, out);
+        progress_messages(s);
         return;
     }
     s->inner.linear.backward(p, dx, NULL, dy, x, W, N, in, out);   /* the input gradient only */
+    progress_messages(s);
     wgrad_list *l = s->collecting;
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 16;
@@ -107,6 +128,7 @@ static void run_deferred(pp_state *s, wgrad_list *l) {
         device_free(d->dy);
         device_free(d->x_copy);
         /* END ASSIGNMENT */
+        progress_messages(s);
     }
     l->n = 0;
 }
@@ -266,6 +288,7 @@ static float pipeline_forward_backward(const llama_plan *p, llama_model *m, cons
 
     for (int k = 0; k < n; k++) {
         const pp_action *a = &s->sched->a[s->rank][k];
+        s->k_now = k;
         post_receive(s, k);         /* this action's input, if not posted yet ...              */
         post_receive(s, k + 1);     /* ... and the next one's, so it arrives while this computes */
         float *input = receive_input(s, k);
@@ -332,7 +355,7 @@ void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, 
     plan->holds_layer = pp_holds_layer;
     plan->microbatches = s->M;
     plan->forward_backward = pipeline_forward_backward;
-    if (o->schedule == PP_ZB_H1) plan->linear.backward = deferring_linear_backward;
+    plan->linear = (linear_ops){pipeline_linear_forward, pipeline_linear_backward};
     plan->ctx = s;
 }
 

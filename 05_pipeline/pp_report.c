@@ -36,13 +36,13 @@ int report_pipeline_memory(const llama_plan *plan) {
     log0("activations held at the peak, per rank (allocator | formula; one set = a microbatch's "
          "activations of one chunk, %s):\n", fmt_bytes((double)me.set_bytes));
     const char *rule = s->kind == PP_GPIPE ? "M" : s->kind == PP_1F1B ? "min(M, P - r)" :
-                       s->kind == PP_INTERLEAVED ? "interleaved warm-up + 1 (README)" : "min(M, P - r) (README)";
+                       s->kind == PP_INTERLEAVED ? "min((V-1)P + 2(P-1-r) + 1, MV)" : "min(M, P)";
     if (all)
         for (int q = 0; q < comm_world()->size; q++) {
             const float *x = all + 4 * q;
             bool ok = x[0] == x[1] && x[2] == x[3];
-            log0("  rank %d (stage %d): %3.0f sets %12s | %3.0f sets %12s   %s %s\n", q, pp_coord(plan, q), x[0],
-                 fmt_bytes(x[2]), x[1], fmt_bytes(x[3]), rule, ok ? "" : "MISMATCH");
+            log0("  rank %d (stage %d): %3.0f set(s) %12s | %3.0f set(s) %12s   %s%s\n", q, pp_coord(plan, q), x[0],
+                 fmt_bytes(x[2]), x[1], fmt_bytes(x[3]), rule, ok ? "" : "  MISMATCH");
         }
     if (mismatches) parity_fail("the activations a rank held differ from the schedule's formula (above)");
     free(all);
@@ -61,9 +61,9 @@ int report_pipeline_messages(const run_options *o, const llama_plan *plan, const
     double expect = s->P > 1 ? (double)pp_messages_per_step(s->P, s->M, s->V) : 0;
     bool ok = fabs(sends - expect) < 1e-9 && fabs(bytes - expect * msg_bytes) < 0.5;
     log0("point-to-point messages per step, one pipeline (measured | formula):\n");
-    log0("  %8.0f messages %12s | %8.0f messages %12s  2 M (P V - 1) x B/M*T*D*4 = 2 x %d x (%d x %d - 1) x %s %s\n",
+    log0("  %8.0f messages %12s | %8.0f messages %12s  2 M (P V - 1) x B/M*T*D*4 = 2 x %d x (%d x %d - 1) x %s%s\n",
          sends, fmt_bytes(bytes), expect, fmt_bytes(expect * msg_bytes), s->M, s->P, s->V,
-         fmt_bytes(msg_bytes), ok ? "" : "MISMATCH");
+         fmt_bytes(msg_bytes), ok ? "" : "  MISMATCH");
     if (!ok) parity_fail("the pipeline's messages differ from the formula (above)");
     return ok ? 0 : 1;
 }
@@ -78,7 +78,10 @@ void report_pipeline_bubble(const run_options *o, const llama_plan *plan) {
     int most = (int)comm_host_max(w, n);
     float *mine = calloc((size_t)6 * most + 2, sizeof(float));
     mine[0] = (float)n;
-    mine[1] = (float)(1 - me.busy_seconds / me.step_seconds);   /* idle share of the step */
+    /* idle share of the step: of the longest rank's step, as the formula counts it (a rank that
+     * finishes early idles until the step ends) */
+    double step = comm_host_max(w, me.step_seconds);
+    mine[1] = (float)(1 - me.busy_seconds / step);
     for (int i = 0; i < n; i++) {
         float *row = mine + 2 + 6 * i;
         row[0] = (float)plan->mesh->coord[MESH_PP];
