@@ -25,6 +25,7 @@
 #include "comm.h"
 #include "device.h"
 #include "llama_kernels.h"
+#include "test_device.h"
 #include "test_util.h"
 
 /* The test's stream of numbers (test_util.h's xorshift64*). */
@@ -42,16 +43,6 @@ static float *filled(size_t n, float value) {
     float *x = malloc((n ? n : 1) * sizeof(float));
     for (size_t i = 0; i < n; i++) x[i] = value;
     return x;
-}
-static float *upload(const float *host, size_t n) {
-    float *d = device_alloc_floats(n, MEM_BUFFERS);
-    device_copy_to_device(d, host, n * sizeof(float));
-    return d;
-}
-static float *download_new(const float *dev, size_t n) {
-    float *h = malloc((n ? n : 1) * sizeof(float));
-    device_copy_to_host(h, dev, n * sizeof(float));
-    return h;
 }
 
 /* max|got - want| / max|want|, and NaN-proof: a NaN anywhere makes it infinite. */
@@ -127,26 +118,14 @@ static size_t nkv_of(const problem *p) { return (size_t)p->B * p->T * p->Hkv * p
 
 static problem make_problem(int B, int T, int H, int Hkv, int hd) {
     problem p = {B, T, H, Hkv, hd, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-    size_t nq = nq_of(&p), nkv = nkv_of(&p), np = (size_t)B * H * T * T;
+    size_t nq = nq_of(&p), nkv = nkv_of(&p);
     p.q = random_floats(nq, -1, 1);
     p.k = random_floats(nkv, -1, 1);
     p.v = random_floats(nkv, -1, 1);
     p.dout = random_floats(nq, -1, 1);
-    float *q = upload(p.q, nq), *k = upload(p.k, nkv), *v = upload(p.v, nkv), *dout = upload(p.dout, nq);
-    float *out = device_alloc_floats(nq, MEM_BUFFERS), *probs = device_alloc_floats(np, MEM_BUFFERS);
-    float *dprobs = device_alloc_floats(np, MEM_BUFFERS);
-    float *dq = device_alloc_floats(nq, MEM_BUFFERS), *dk = device_alloc_floats(nkv, MEM_BUFFERS);
-    float *dv = device_alloc_floats(nkv, MEM_BUFFERS);
-    attention_forward(out, probs, q, k, v, B, T, H, Hkv, hd);
-    attention_backward(dq, dk, dv, dprobs, dout, q, k, v, probs, B, T, H, Hkv, hd);
-    p.out = download_new(out, nq);
-    p.dq = download_new(dq, nq);
-    p.dk = download_new(dk, nkv);
-    p.dv = download_new(dv, nkv);
+    tu_full_attention(p.q, p.k, p.v, p.dout, B, T, H, Hkv, hd, &p.out, &p.dq, &p.dk, &p.dv);
     p.lse = malloc((size_t)B * H * T * sizeof(double));
     reference_lse(p.lse, p.q, p.k, B, T, H, Hkv, hd);
-    device_free(q); device_free(k); device_free(v); device_free(dout); device_free(out);
-    device_free(probs); device_free(dprobs); device_free(dq); device_free(dk); device_free(dv);
     return p;
 }
 static void free_problem(problem *p) {
@@ -160,11 +139,11 @@ static void test_whole_sequence(int B, int T, int H, int Hkv, int hd, int offset
     char what[128];
     problem p = make_problem(B, T, H, Hkv, hd);
     size_t nq = nq_of(&p), nkv = nkv_of(&p), nl = (size_t)B * H * T;
-    float *q = upload(p.q, nq), *k = upload(p.k, nkv), *v = upload(p.v, nkv), *dout = upload(p.dout, nq);
+    float *q = tu_upload(p.q, nq), *k = tu_upload(p.k, nkv), *v = tu_upload(p.v, nkv), *dout = tu_upload(p.dout, nq);
     float *init = filled(nq, 9.0f);   /* out and lse are overwritten (=) */
-    float *out = upload(init, nq), *lse = upload(init, nl);
+    float *out = tu_upload(init, nq), *lse = tu_upload(init, nl);
     attention_block_forward(out, lse, q, k, v, B, T, T, H, Hkv, hd, offset, offset);
-    float *out_h = download_new(out, nq), *lse_h = download_new(lse, nl);
+    float *out_h = tu_download_new(out, nq), *lse_h = tu_download_new(lse, nl);
     snprintf(what, sizeof what, "block = whole sequence, out, B=%d T=%d H=%d Hkv=%d hd=%d offset %d", B, T, H, Hkv, hd, offset);
     check_rel(what, out_h, p.out, nq, 1e-6);
     snprintf(what, sizeof what, "block = whole sequence, lse, B=%d T=%d H=%d Hkv=%d hd=%d offset %d", B, T, H, Hkv, hd, offset);
@@ -176,7 +155,7 @@ static void test_whole_sequence(int B, int T, int H, int Hkv, int hd, int offset
     float *dv = device_alloc_floats(nkv, MEM_BUFFERS);
     for (int call = 1; call <= 2; call++) {
         attention_block_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, T, H, Hkv, hd, offset, offset);
-        float *dq_h = download_new(dq, nq), *dk_h = download_new(dk, nkv), *dv_h = download_new(dv, nkv);
+        float *dq_h = tu_download_new(dq, nq), *dk_h = tu_download_new(dk, nkv), *dv_h = tu_download_new(dv, nkv);
         for (size_t i = 0; i < nq; i++) dq_h[i] /= (float)call;
         for (size_t i = 0; i < nkv; i++) { dk_h[i] /= (float)call; dv_h[i] /= (float)call; }
         snprintf(what, sizeof what, "block = whole sequence, dq / %d calls, H=%d Hkv=%d offset %d", call, H, Hkv, offset);
@@ -209,9 +188,9 @@ static void ring_forward(const problem *p, int Cq, int Ck, int key_shift, float 
         size_t nq = (size_t)B * Tq * H * hd, nl = (size_t)B * H * Tq;
         float *h = malloc((nq ? nq : 1) * sizeof(float));
         slice_rows(h, p->q, B, T, q0, Tq, H * hd);
-        float *q = upload(h, nq);
+        float *q = tu_upload(h, nq);
         float *zeros = filled(nq, 0.0f), *minus_inf = filled(nl, -INFINITY);
-        float *out = upload(zeros, nq), *lse = upload(minus_inf, nl);
+        float *out = tu_upload(zeros, nq), *lse = tu_upload(minus_inf, nl);
         float *out_b = device_alloc_floats(nq, MEM_BUFFERS), *lse_b = device_alloc_floats(nl, MEM_BUFFERS);
         for (int s = 0; s < Ck; s++) {
             int kb = (qb + 1 + s) % Ck;
@@ -220,11 +199,11 @@ static void ring_forward(const problem *p, int Cq, int Ck, int key_shift, float 
             float *hk = malloc((nkv ? nkv : 1) * sizeof(float)), *hv = malloc((nkv ? nkv : 1) * sizeof(float));
             slice_rows(hk, p->k, B, T, k0, Tk, Hkv * hd);
             slice_rows(hv, p->v, B, T, k0, Tk, Hkv * hd);
-            float *k = upload(hk, nkv), *v = upload(hv, nkv);
+            float *k = tu_upload(hk, nkv), *v = tu_upload(hv, nkv);
             attention_block_forward(out_b, lse_b, q, k, v, B, Tq, Tk, H, Hkv, hd, q0, k0 + key_shift);
             if (key_shift == 0 && Tq > 0 && k0 > q0 + Tq - 1) {
                 /* a fully masked block: exactly zero output and -inf lse, no NaN */
-                float *ob = download_new(out_b, nq), *lb = download_new(lse_b, nl);
+                float *ob = tu_download_new(out_b, nq), *lb = tu_download_new(lse_b, nl);
                 int bad = 0;
                 for (size_t i = 0; i < nq; i++) bad += ob[i] != 0.0f;
                 for (size_t i = 0; i < nl; i++) bad += !(isinf(lb[i]) && lb[i] < 0);
@@ -235,7 +214,7 @@ static void ring_forward(const problem *p, int Cq, int Ck, int key_shift, float 
             device_free(k); device_free(v);
             free(hk); free(hv);
         }
-        float *out_h = download_new(out, nq), *lse_h = download_new(lse, nl);
+        float *out_h = tu_download_new(out, nq), *lse_h = tu_download_new(lse, nl);
         unslice_rows(out_full, out_h, B, T, q0, Tq, H * hd);
         unslice_lse(lse_full, lse_h, B * H, T, q0, Tq);
         device_free(q); device_free(out); device_free(lse); device_free(out_b); device_free(lse_b);
@@ -260,13 +239,13 @@ static void ring_backward(const problem *p, int Cq, int Ck, const float *out_ful
         size_t nq = (size_t)B * Tq * H * hd, nl = (size_t)B * H * Tq;
         float *h = malloc((nq ? nq : 1) * sizeof(float)), *hl = malloc((nl ? nl : 1) * sizeof(float));
         slice_rows(h, p->q, B, T, q0, Tq, H * hd);
-        float *q = upload(h, nq);
+        float *q = tu_upload(h, nq);
         slice_rows(h, p->dout, B, T, q0, Tq, H * hd);
-        float *dout = upload(h, nq);
+        float *dout = tu_upload(h, nq);
         slice_rows(h, out_full, B, T, q0, Tq, H * hd);
-        float *out = upload(h, nq);
+        float *out = tu_upload(h, nq);
         slice_lse(hl, lse_full, B * H, T, q0, Tq);
-        float *lse = upload(hl, nl);
+        float *lse = tu_upload(hl, nl);
         float *dq = device_alloc_floats(nq, MEM_BUFFERS);
         for (int kb = 0; kb < Ck; kb++) {
             int k0 = block_start(kb, Ck, T), Tk = block_start(kb + 1, Ck, T) - k0;
@@ -274,12 +253,12 @@ static void ring_backward(const problem *p, int Cq, int Ck, const float *out_ful
             float *hk = malloc((nkv ? nkv : 1) * sizeof(float)), *hv = malloc((nkv ? nkv : 1) * sizeof(float));
             slice_rows(hk, p->k, B, T, k0, Tk, Hkv * hd);
             slice_rows(hv, p->v, B, T, k0, Tk, Hkv * hd);
-            float *k = upload(hk, nkv), *v = upload(hv, nkv);
+            float *k = tu_upload(hk, nkv), *v = tu_upload(hv, nkv);
             attention_block_backward(dq, dk[kb], dv[kb], dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, hd, q0, k0);
             device_free(k); device_free(v);
             free(hk); free(hv);
         }
-        float *dq_h = download_new(dq, nq);
+        float *dq_h = tu_download_new(dq, nq);
         unslice_rows(dq_full, dq_h, B, T, q0, Tq, H * hd);
         device_free(q); device_free(dout); device_free(out); device_free(lse); device_free(dq);
         free(h); free(hl); free(dq_h);
@@ -287,7 +266,7 @@ static void ring_backward(const problem *p, int Cq, int Ck, const float *out_ful
     for (int kb = 0; kb < Ck; kb++) {
         int k0 = block_start(kb, Ck, T), Tk = block_start(kb + 1, Ck, T) - k0;
         size_t nkv = (size_t)B * Tk * Hkv * hd;
-        float *hk = download_new(dk[kb], nkv), *hv = download_new(dv[kb], nkv);
+        float *hk = tu_download_new(dk[kb], nkv), *hv = tu_download_new(dv[kb], nkv);
         unslice_rows(dk_full, hk, B, T, k0, Tk, Hkv * hd);
         unslice_rows(dv_full, hv, B, T, k0, Tk, Hkv * hd);
         device_free(dk[kb]); device_free(dv[kb]);
@@ -337,9 +316,9 @@ static void test_merge(void) {
     for (int d = 0; d < MHD; d++) oa[d] = ob[d] = 0.0f;            /* row 0: both empty */
     for (int d = 0; d < MHD; d++) ob[1 * MHD + d] = 0.0f;           /* row 1: b empty */
     for (int d = 0; d < MHD; d++) oa[2 * MHD + d] = 0.0f;           /* row 2: a empty */
-    float *out = upload(oa, MT * MHD), *lse = upload(la, MT), *out_b = upload(ob, MT * MHD), *lse_b = upload(lb, MT);
+    float *out = tu_upload(oa, MT * MHD), *lse = tu_upload(la, MT), *out_b = tu_upload(ob, MT * MHD), *lse_b = tu_upload(lb, MT);
     attention_merge(out, lse, out_b, lse_b, 1, MT, 1, MHD);
-    float *got = download_new(out, MT * MHD), *got_l = download_new(lse, MT);
+    float *got = tu_download_new(out, MT * MHD), *got_l = tu_download_new(lse, MT);
     for (int t = 0; t < MT; t++) {
         double A = la[t], Bv = lb[t];
         double m = fmax(A, Bv), want_l = m == -INFINITY ? -INFINITY : m + log(exp(A - m) + exp(Bv - m));
@@ -376,12 +355,12 @@ typedef struct {
 
 /* The forward of the context: device out and lse (caller frees). */
 static void fd_forward(const fd_ctx *c, float **out_dev, float **lse_dev) {
-    float *q = upload(c->q, FD_NQ);
+    float *q = tu_upload(c->q, FD_NQ);
     float *zeros = filled(FD_NQ, 0.0f), *minus_inf = filled(FD_NL, -INFINITY);
-    float *out = upload(zeros, FD_NQ), *lse = upload(minus_inf, FD_NL);
+    float *out = tu_upload(zeros, FD_NQ), *lse = tu_upload(minus_inf, FD_NL);
     float *out_b = device_alloc_floats(FD_NQ, MEM_BUFFERS), *lse_b = device_alloc_floats(FD_NL, MEM_BUFFERS);
     for (int blk = 0; blk < c->nblocks; blk++) {
-        float *k = upload(c->k + blk * FD_NKV, FD_NKV), *v = upload(c->v + blk * FD_NKV, FD_NKV);
+        float *k = tu_upload(c->k + blk * FD_NKV, FD_NKV), *v = tu_upload(c->v + blk * FD_NKV, FD_NKV);
         attention_block_forward(out_b, lse_b, q, k, v, 1, FD_TQ, FD_TK, FD_H, FD_HKV, FD_HD,
                                 c->q_offset, c->k_offsets[blk]);
         attention_merge(out, lse, out_b, lse_b, 1, FD_TQ, FD_H, FD_HD);
@@ -396,7 +375,7 @@ static double fd_loss(void *p) {
     fd_ctx *c = p;
     float *out, *lse;
     fd_forward(c, &out, &lse);
-    float *h = download_new(out, FD_NQ);
+    float *h = tu_download_new(out, FD_NQ);
     double L = 0;
     for (int i = 0; i < FD_NQ; i++) L += (double)h[i] * c->r[i];
     device_free(out); device_free(lse); free(h);
@@ -415,10 +394,10 @@ static void test_finite_differences(int nblocks, int q_offset, const int *k_offs
     /* analytic: the final out and lse, then every block's backward (all += from zero) */
     float *out, *lse;
     fd_forward(&c, &out, &lse);
-    float *q = upload(c.q, FD_NQ), *r = upload(c.r, FD_NQ), *dq = device_alloc_floats(FD_NQ, MEM_BUFFERS);
+    float *q = tu_upload(c.q, FD_NQ), *r = tu_upload(c.r, FD_NQ), *dq = device_alloc_floats(FD_NQ, MEM_BUFFERS);
     float dq_h[FD_NQ], dk_h[FD_MAXBLOCKS * FD_NKV], dv_h[FD_MAXBLOCKS * FD_NKV];
     for (int blk = 0; blk < nblocks; blk++) {
-        float *k = upload(c.k + blk * FD_NKV, FD_NKV), *v = upload(c.v + blk * FD_NKV, FD_NKV);
+        float *k = tu_upload(c.k + blk * FD_NKV, FD_NKV), *v = tu_upload(c.v + blk * FD_NKV, FD_NKV);
         float *dk = device_alloc_floats(FD_NKV, MEM_BUFFERS), *dv = device_alloc_floats(FD_NKV, MEM_BUFFERS);
         attention_block_backward(dq, dk, dv, r, out, lse, q, k, v, 1, FD_TQ, FD_TK, FD_H, FD_HKV,
                                  FD_HD, q_offset, k_offsets[blk]);
@@ -442,7 +421,7 @@ static void test_finite_differences(int nblocks, int q_offset, const int *k_offs
     if (nblocks == 1 && q_offset == 1 && k_offsets[0] == 2) {
         /* query 0 (position 1) sees no key (positions 2..4): out 0, lse -inf, dq 0;
          * key 2 (position 4) is seen by no query (positions 1..3): dk = dv = 0 */
-        float *out_h = download_new(out, FD_NQ), *lse_h = download_new(lse, FD_NL);
+        float *out_h = tu_download_new(out, FD_NQ), *lse_h = tu_download_new(lse, FD_NL);
         int bad = 0;
         for (int h = 0; h < FD_H; h++) {
             bad += !(isinf(lse_h[h * FD_TQ]) && lse_h[h * FD_TQ] < 0);

@@ -6,15 +6,11 @@
 #include "device.h"
 #include "init.h"
 #include "kernels.h"
+#include "test_device.h"
 #include "test_util.h"
 
 #define N 37
 
-static float *upload(const float *h, size_t n) {
-    float *d = device_alloc_floats(n, MEM_BUFFERS);
-    device_copy_to_device(d, h, n * 4);
-    return d;
-}
 
 static double gelu_ref(double x) { return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
 
@@ -23,7 +19,7 @@ int main(int argc, char **argv) {
     float x[N], t[N], out[N], g[N];
     init_normal_slice(x, "x", 3, 2.0f, 1, N, 0, 1, 0, N);
     init_normal_slice(t, "t", 3, 1.0f, 1, N, 0, 1, 0, N);
-    float *dx = upload(x, N), *dt = upload(t, N), *dout = device_alloc_floats(N, MEM_BUFFERS);
+    float *dx = tu_upload(x, N), *dt = tu_upload(t, N), *dout = device_alloc_floats(N, MEM_BUFFERS);
 
     /* gelu forward vs the formula in double */
     gelu_forward(dout, dx, N);
@@ -33,7 +29,7 @@ int main(int argc, char **argv) {
     /* gelu backward vs central differences of the double formula */
     float ones[N];
     for (int i = 0; i < N; i++) ones[i] = 1.0f;
-    float *dones = upload(ones, N);
+    float *dones = tu_upload(ones, N);
     gelu_backward(dout, dones, dx, N);
     device_copy_to_host(g, dout, sizeof g);
     for (int i = 0; i < N; i++) {

@@ -16,6 +16,7 @@
 #include "comm.h"
 #include "device.h"
 #include "llama_kernels.h"
+#include "test_device.h"
 #include "test_util.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -27,11 +28,6 @@ static void fill_uniform(float *x, size_t n, float lo, float hi) {
     for (size_t i = 0; i < n; i++) x[i] = rand_uniform(lo, hi);
 }
 
-static float *upload(const float *host, size_t n) {
-    float *d = device_alloc_floats(n, MEM_BUFFERS);
-    device_copy_to_device(d, host, n * sizeof(float));
-    return d;
-}
 static int *upload_ints(const int *host, size_t n) {
     int *d = device_alloc_ints(n, MEM_BUFFERS);
     device_copy_to_device(d, host, n * sizeof(int));
@@ -69,7 +65,7 @@ static const int emb_tokens[EMB_N] = {3, 0, 6, 3, 2, 5, 3, 4};   /* token 3 thre
 typedef struct { float *table; const float *r; const int *tokens_dev; } embedding_ctx;
 static double embedding_loss(void *p) {
     embedding_ctx *c = p;
-    float *table = upload(c->table, SHARD_ROWS * EMB_D), *out = device_alloc_floats(EMB_N * EMB_D, MEM_BUFFERS);
+    float *table = tu_upload(c->table, SHARD_ROWS * EMB_D), *out = device_alloc_floats(EMB_N * EMB_D, MEM_BUFFERS);
     embedding_forward(out, c->tokens_dev, table, EMB_N, EMB_D, SHARD_ROW0, SHARD_ROWS);
     double L = project(out, c->r, EMB_N * EMB_D);
     device_free(table); device_free(out);
@@ -84,7 +80,7 @@ static void test_embedding(void) {
     float *out_dev = device_alloc_floats(EMB_N * EMB_D, MEM_BUFFERS);
 
     /* the whole table: row n is table[token n] */
-    float *table_dev = upload(table, EMB_V * EMB_D);
+    float *table_dev = tu_upload(table, EMB_V * EMB_D);
     embedding_forward(out_dev, tokens, table_dev, EMB_N, EMB_D, 0, EMB_V);
     download(out, out_dev, EMB_N * EMB_D);
     for (int n = 0; n < EMB_N; n++)
@@ -93,7 +89,7 @@ static void test_embedding(void) {
 
     /* a shard of rows [2, 5): tokens 0, 5, 6 belong to other shards and give zero rows */
     float *shard = table + SHARD_ROW0 * EMB_D;
-    float *shard_dev = upload(shard, SHARD_ROWS * EMB_D);
+    float *shard_dev = tu_upload(shard, SHARD_ROWS * EMB_D);
     embedding_forward(out_dev, tokens, shard_dev, EMB_N, EMB_D, SHARD_ROW0, SHARD_ROWS);
     download(out, out_dev, EMB_N * EMB_D);
     for (int n = 0; n < EMB_N; n++) {
@@ -106,7 +102,7 @@ static void test_embedding(void) {
     float r[EMB_N * EMB_D], dshard[SHARD_ROWS * EMB_D];
     fill_uniform(r, EMB_N * EMB_D, -1, 1);
     for (int i = 0; i < SHARD_ROWS * EMB_D; i++) dshard[i] = 0.5f;
-    float *dshard_dev = upload(dshard, SHARD_ROWS * EMB_D), *r_dev = upload(r, EMB_N * EMB_D);
+    float *dshard_dev = tu_upload(dshard, SHARD_ROWS * EMB_D), *r_dev = tu_upload(r, EMB_N * EMB_D);
     embedding_backward(dshard_dev, r_dev, tokens, EMB_N, EMB_D, SHARD_ROW0, SHARD_ROWS);
     download(dshard, dshard_dev, SHARD_ROWS * EMB_D);
     for (int i = 0; i < SHARD_ROWS * EMB_D; i++) dshard[i] -= 0.5f;
@@ -130,7 +126,7 @@ enum { RMS_N = 3, RMS_C = 8 };
 typedef struct { float *x, *w; const float *r; } rmsnorm_ctx;
 static double rmsnorm_loss(void *p) {
     rmsnorm_ctx *c = p;
-    float *x = upload(c->x, RMS_N * RMS_C), *w = upload(c->w, RMS_C);
+    float *x = tu_upload(c->x, RMS_N * RMS_C), *w = tu_upload(c->w, RMS_C);
     float *out = device_alloc_floats(RMS_N * RMS_C, MEM_BUFFERS), *rstd = device_alloc_floats(RMS_N, MEM_BUFFERS);
     rmsnorm_forward(out, rstd, x, w, RMS_N, RMS_C, RMS_EPS);
     double L = project(out, c->r, RMS_N * RMS_C);
@@ -143,7 +139,7 @@ static void test_rmsnorm(void) {
     fill_uniform(x, RMS_N * RMS_C, -2, 2);
     fill_uniform(w, RMS_C, 0.5f, 1.5f);
     fill_uniform(r, RMS_N * RMS_C, -1, 1);
-    float *x_dev = upload(x, RMS_N * RMS_C), *w_dev = upload(w, RMS_C), *r_dev = upload(r, RMS_N * RMS_C);
+    float *x_dev = tu_upload(x, RMS_N * RMS_C), *w_dev = tu_upload(w, RMS_C), *r_dev = tu_upload(r, RMS_N * RMS_C);
     float *out_dev = device_alloc_floats(RMS_N * RMS_C, MEM_BUFFERS), *rstd_dev = device_alloc_floats(RMS_N, MEM_BUFFERS);
 
     rmsnorm_forward(out_dev, rstd_dev, x_dev, w_dev, RMS_N, RMS_C, RMS_EPS);
@@ -163,7 +159,7 @@ static void test_rmsnorm(void) {
     float dx[RMS_N * RMS_C], dw[RMS_C];
     for (int i = 0; i < RMS_N * RMS_C; i++) dx[i] = 0.25f;
     for (int i = 0; i < RMS_C; i++) dw[i] = -0.5f;
-    float *dx_dev = upload(dx, RMS_N * RMS_C), *dw_dev = upload(dw, RMS_C);
+    float *dx_dev = tu_upload(dx, RMS_N * RMS_C), *dw_dev = tu_upload(dw, RMS_C);
     rmsnorm_backward(dx_dev, dw_dev, r_dev, x_dev, w_dev, rstd_dev, RMS_N, RMS_C);
     download(dx, dx_dev, RMS_N * RMS_C);
     download(dw, dw_dev, RMS_C);
@@ -188,7 +184,7 @@ enum { LIN_N = 3, LIN_IN = 5, LIN_OUT = 4 };
 typedef struct { float *x, *W; const float *r; } linear_ctx;
 static double linear_loss(void *p) {
     linear_ctx *c = p;
-    float *x = upload(c->x, LIN_N * LIN_IN), *W = upload(c->W, LIN_OUT * LIN_IN);
+    float *x = tu_upload(c->x, LIN_N * LIN_IN), *W = tu_upload(c->W, LIN_OUT * LIN_IN);
     float *y = device_alloc_floats(LIN_N * LIN_OUT, MEM_BUFFERS);
     linear_forward(y, x, W, LIN_N, LIN_IN, LIN_OUT);
     double L = project(y, c->r, LIN_N * LIN_OUT);
@@ -201,7 +197,7 @@ static void test_linear(void) {
     fill_uniform(x, LIN_N * LIN_IN, -1, 1);
     fill_uniform(W, LIN_OUT * LIN_IN, -1, 1);
     fill_uniform(r, LIN_N * LIN_OUT, -1, 1);
-    float *x_dev = upload(x, LIN_N * LIN_IN), *W_dev = upload(W, LIN_OUT * LIN_IN), *r_dev = upload(r, LIN_N * LIN_OUT);
+    float *x_dev = tu_upload(x, LIN_N * LIN_IN), *W_dev = tu_upload(W, LIN_OUT * LIN_IN), *r_dev = tu_upload(r, LIN_N * LIN_OUT);
     float *y_dev = device_alloc_floats(LIN_N * LIN_OUT, MEM_BUFFERS);
 
     linear_forward(y_dev, x_dev, W_dev, LIN_N, LIN_IN, LIN_OUT);
@@ -219,7 +215,7 @@ static void test_linear(void) {
     float dx[LIN_N * LIN_IN], dW[LIN_OUT * LIN_IN];
     for (int i = 0; i < LIN_N * LIN_IN; i++) dx[i] = 123.0f;
     for (int i = 0; i < LIN_OUT * LIN_IN; i++) dW[i] = 1.0f;
-    float *dx_dev = upload(dx, LIN_N * LIN_IN), *dW_dev = upload(dW, LIN_OUT * LIN_IN);
+    float *dx_dev = tu_upload(dx, LIN_N * LIN_IN), *dW_dev = tu_upload(dW, LIN_OUT * LIN_IN);
     linear_backward(dx_dev, dW_dev, r_dev, x_dev, W_dev, LIN_N, LIN_IN, LIN_OUT);
     download(dx, dx_dev, LIN_N * LIN_IN);
     download(dW, dW_dev, LIN_OUT * LIN_IN);
@@ -253,7 +249,7 @@ static const int rope_positions[ROPE_T] = {17, 3, 130};
 typedef struct { float *x; const float *r; const int *pos_dev; } rope_ctx;
 static double rope_loss(void *p) {
     rope_ctx *c = p;
-    float *x = upload(c->x, ROPE_SIZE);
+    float *x = tu_upload(c->x, ROPE_SIZE);
     rope_forward(x, c->pos_dev, ROPE_B, ROPE_T, ROPE_H, ROPE_HD, ROPE_THETA);
     double L = project(x, c->r, ROPE_SIZE);
     device_free(x);
@@ -265,7 +261,7 @@ static void test_rope(void) {
     fill_uniform(x, ROPE_SIZE, -1, 1);
     fill_uniform(r, ROPE_SIZE, -1, 1);
     int *pos_dev = upload_ints(rope_positions, ROPE_T);
-    float *x_dev = upload(x, ROPE_SIZE);
+    float *x_dev = tu_upload(x, ROPE_SIZE);
 
     rope_forward(x_dev, pos_dev, ROPE_B, ROPE_T, ROPE_H, ROPE_HD, ROPE_THETA);
     download(y, x_dev, ROPE_SIZE);
@@ -288,7 +284,7 @@ static void test_rope(void) {
     for (int i = 0; i < ROPE_SIZE; i++) CHECK_CLOSE(y[i], x[i], 1e-6, 0, "rope_backward(rope_forward(x)) == x");
 
     /* and it is the gradient */
-    float *g_dev = upload(r, ROPE_SIZE), g[ROPE_SIZE];
+    float *g_dev = tu_upload(r, ROPE_SIZE), g[ROPE_SIZE];
     rope_backward(g_dev, pos_dev, ROPE_B, ROPE_T, ROPE_H, ROPE_HD, ROPE_THETA);
     download(g, g_dev, ROPE_SIZE);
     rope_ctx ctx = {x, r, pos_dev};
@@ -312,7 +308,7 @@ static size_t probs_size(const attention_ctx *c) { return (size_t)c->B * c->H * 
 
 /* forward on the context's inputs; out and probs copied to the host if asked for */
 static void attention_run(attention_ctx *c, float *out_host, float *probs_host) {
-    float *q = upload(c->q, q_size(c)), *k = upload(c->k, kv_size(c)), *v = upload(c->v, kv_size(c));
+    float *q = tu_upload(c->q, q_size(c)), *k = tu_upload(c->k, kv_size(c)), *v = tu_upload(c->v, kv_size(c));
     float *out = device_alloc_floats(q_size(c), MEM_BUFFERS), *probs = device_alloc_floats(probs_size(c), MEM_BUFFERS);
     attention_forward(out, probs, q, k, v, c->B, c->T, c->H, c->Hkv, c->hd);
     if (out_host) download(out_host, out, q_size(c));
@@ -375,9 +371,9 @@ static void test_attention(int B, int T, int H, int Hkv, int hd) {
     float *dq = floats(nq), *dk = floats(nkv), *dv = floats(nkv);
     for (size_t i = 0; i < nq; i++) dq[i] = 7.0f;
     for (size_t i = 0; i < nkv; i++) dk[i] = dv[i] = 7.0f;
-    float *q_dev = upload(c.q, nq), *k_dev = upload(c.k, nkv), *v_dev = upload(c.v, nkv);
-    float *p_dev = upload(probs, np), *r_dev = upload(r, nq);
-    float *dq_dev = upload(dq, nq), *dk_dev = upload(dk, nkv), *dv_dev = upload(dv, nkv);
+    float *q_dev = tu_upload(c.q, nq), *k_dev = tu_upload(c.k, nkv), *v_dev = tu_upload(c.v, nkv);
+    float *p_dev = tu_upload(probs, np), *r_dev = tu_upload(r, nq);
+    float *dq_dev = tu_upload(dq, nq), *dk_dev = tu_upload(dk, nkv), *dv_dev = tu_upload(dv, nkv);
     float *dprobs = device_alloc_floats(np, MEM_BUFFERS);
     attention_backward(dq_dev, dk_dev, dv_dev, dprobs, r_dev, q_dev, k_dev, v_dev, p_dev, B, T, H, Hkv, hd);
     download(dq, dq_dev, nq); download(dk, dk_dev, nkv); download(dv, dv_dev, nkv);
@@ -426,7 +422,7 @@ enum { SWIGLU_N = 12 };
 typedef struct { float *a, *b; const float *r; } swiglu_ctx;
 static double swiglu_loss(void *p) {
     swiglu_ctx *c = p;
-    float *a = upload(c->a, SWIGLU_N), *b = upload(c->b, SWIGLU_N), *out = device_alloc_floats(SWIGLU_N, MEM_BUFFERS);
+    float *a = tu_upload(c->a, SWIGLU_N), *b = tu_upload(c->b, SWIGLU_N), *out = device_alloc_floats(SWIGLU_N, MEM_BUFFERS);
     swiglu_forward(out, a, b, SWIGLU_N);
     double L = project(out, c->r, SWIGLU_N);
     device_free(a); device_free(b); device_free(out);
@@ -438,7 +434,7 @@ static void test_swiglu(void) {
     fill_uniform(a, SWIGLU_N, -4, 4);
     fill_uniform(b, SWIGLU_N, -2, 2);
     fill_uniform(r, SWIGLU_N, -1, 1);
-    float *a_dev = upload(a, SWIGLU_N), *b_dev = upload(b, SWIGLU_N), *r_dev = upload(r, SWIGLU_N);
+    float *a_dev = tu_upload(a, SWIGLU_N), *b_dev = tu_upload(b, SWIGLU_N), *r_dev = tu_upload(r, SWIGLU_N);
     float *out_dev = device_alloc_floats(SWIGLU_N, MEM_BUFFERS);
     float *da_dev = device_alloc_floats(SWIGLU_N, MEM_BUFFERS), *db_dev = device_alloc_floats(SWIGLU_N, MEM_BUFFERS);
 
@@ -476,7 +472,7 @@ typedef struct { float *logits; const int *targets_dev; } ce_ctx;
 /* the loss the model back-propagates: the sum over valid rows divided by their count */
 static double cross_entropy_mean_loss(void *p) {
     ce_ctx *c = p;
-    float *logits = upload(c->logits, CE_N * CE_V);
+    float *logits = tu_upload(c->logits, CE_N * CE_V);
     double L = cross_entropy_forward(logits, c->targets_dev, CE_N, CE_V) / (double)CE_VALID;
     device_free(logits);
     return L;
@@ -486,7 +482,7 @@ static void test_cross_entropy(void) {
     float logits[CE_N * CE_V], dlogits[CE_N * CE_V], alias[CE_N * CE_V];
     fill_uniform(logits, CE_N * CE_V, -3, 3);
     int *targets = upload_ints(ce_targets, CE_N);
-    float *logits_dev = upload(logits, CE_N * CE_V), *dlogits_dev = device_alloc_floats(CE_N * CE_V, MEM_BUFFERS);
+    float *logits_dev = tu_upload(logits, CE_N * CE_V), *dlogits_dev = device_alloc_floats(CE_N * CE_V, MEM_BUFFERS);
 
     float loss = cross_entropy_forward(logits_dev, targets, CE_N, CE_V);
     CHECK_CLOSE(loss, cross_entropy_reference(logits, ce_targets), 1e-6, 1e-5, "cross-entropy forward");
@@ -508,7 +504,7 @@ static void test_cross_entropy(void) {
                 CHECK(dlogits[n * CE_V + j] == 0.0f, "ignored row %d has gradient %g", n, dlogits[n * CE_V + j]);
 
     /* dlogits may alias logits: the same numbers, written over the logits */
-    float *inplace_dev = upload(logits, CE_N * CE_V);
+    float *inplace_dev = tu_upload(logits, CE_N * CE_V);
     cross_entropy_backward(inplace_dev, inplace_dev, targets, CE_N, CE_V, grad_scale);
     download(alias, inplace_dev, CE_N * CE_V);
     CHECK(memcmp(alias, dlogits, sizeof alias) == 0, "cross-entropy backward in place differs");
@@ -516,7 +512,7 @@ static void test_cross_entropy(void) {
     /* logits of order 1e4 stay finite (the max is subtracted before exp) and still correct */
     float big[CE_N * CE_V];
     for (int i = 0; i < CE_N * CE_V; i++) big[i] = logits[i] * 1e4f;
-    float *big_dev = upload(big, CE_N * CE_V);
+    float *big_dev = tu_upload(big, CE_N * CE_V);
     float big_loss = cross_entropy_forward(big_dev, targets, CE_N, CE_V);
     CHECK(isfinite(big_loss), "cross-entropy of 1e4 logits is %g", big_loss);
     CHECK_CLOSE(big_loss, cross_entropy_reference(big, ce_targets), 1e-2, 1e-5, "cross-entropy forward, 1e4 logits");
@@ -559,8 +555,8 @@ static void test_adamw(void) {
     fill_uniform(g1, ADAM_N, -1, 1);
     fill_uniform(g2, ADAM_N, -1, 1);
     g2[0] = 0.0f;   /* a zero gradient still moves p through momentum and decay */
-    float *p_dev = upload(p, ADAM_N), *m_dev = upload(zeros, ADAM_N), *v_dev = upload(zeros, ADAM_N);
-    float *g1_dev = upload(g1, ADAM_N), *g2_dev = upload(g2, ADAM_N);
+    float *p_dev = tu_upload(p, ADAM_N), *m_dev = tu_upload(zeros, ADAM_N), *v_dev = tu_upload(zeros, ADAM_N);
+    float *g1_dev = tu_upload(g1, ADAM_N), *g2_dev = tu_upload(g2, ADAM_N);
     adamw_step(p_dev, g1_dev, m_dev, v_dev, ADAM_N, lr, beta1, beta2, eps, wd, 1);
     adamw_step(p_dev, g2_dev, m_dev, v_dev, ADAM_N, lr, beta1, beta2, eps, wd, 2);
     float got_p[ADAM_N], got_m[ADAM_N], got_v[ADAM_N];

@@ -29,6 +29,7 @@
 #include "llama_kernels.h"
 #include "mesh.h"
 #include "plan.h"
+#include "test_device.h"
 #include "test_util.h"
 #include "../06_context_parallel/context_parallel.h"
 
@@ -38,16 +39,6 @@ static float *random_floats(uint64_t *state, size_t n) {
     float *x = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) x[i] = tu_rand_uniform(state, -1, 1);
     return x;
-}
-static float *upload(const float *host, size_t n) {
-    float *d = device_alloc_floats(n, MEM_BUFFERS);
-    device_copy_to_device(d, host, n * sizeof(float));
-    return d;
-}
-static float *download_new(const float *dev, size_t n) {
-    float *h = malloc(n * sizeof(float));
-    device_copy_to_host(h, dev, n * sizeof(float));
-    return h;
 }
 static void fill_device(float *dev, size_t n, float value) {
     float *h = malloc(n * sizeof(float));
@@ -88,25 +79,13 @@ typedef struct {
 
 static problem make_problem(int B, int T, int H, int Hkv, int hd, uint64_t seed) {
     problem p = {B, T, H, Hkv, hd, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-    size_t nq = (size_t)B * T * H * hd, nkv = (size_t)B * T * Hkv * hd, np = (size_t)B * H * T * T;
+    size_t nq = (size_t)B * T * H * hd, nkv = (size_t)B * T * Hkv * hd;
     uint64_t state = seed;   /* the same numbers on every rank */
     p.q = random_floats(&state, nq);
     p.k = random_floats(&state, nkv);
     p.v = random_floats(&state, nkv);
     p.dout = random_floats(&state, nq);
-    float *q = upload(p.q, nq), *k = upload(p.k, nkv), *v = upload(p.v, nkv), *dout = upload(p.dout, nq);
-    float *out = device_alloc_floats(nq, MEM_BUFFERS), *probs = device_alloc_floats(np, MEM_BUFFERS);
-    float *dprobs = device_alloc_floats(np, MEM_BUFFERS);
-    float *dq = device_alloc_floats(nq, MEM_BUFFERS), *dk = device_alloc_floats(nkv, MEM_BUFFERS);
-    float *dv = device_alloc_floats(nkv, MEM_BUFFERS);
-    attention_forward(out, probs, q, k, v, B, T, H, Hkv, hd);
-    attention_backward(dq, dk, dv, dprobs, dout, q, k, v, probs, B, T, H, Hkv, hd);
-    p.out = download_new(out, nq);
-    p.dq = download_new(dq, nq);
-    p.dk = download_new(dk, nkv);
-    p.dv = download_new(dv, nkv);
-    device_free(q); device_free(k); device_free(v); device_free(dout); device_free(out);
-    device_free(probs); device_free(dprobs); device_free(dq); device_free(dk); device_free(dv);
+    tu_full_attention(p.q, p.k, p.v, p.dout, B, T, H, Hkv, hd, &p.out, &p.dq, &p.dk, &p.dv);
     return p;
 }
 static void free_problem(problem *p) {
@@ -145,7 +124,7 @@ static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp
     /* every position of the sequence is held by exactly one rank */
     float *held_h = calloc((size_t)T, sizeof(float));
     for (int t = 0; t < Tl; t++) held_h[pos[t]] += 1;
-    float *held = upload(held_h, T);
+    float *held = tu_upload(held_h, T);
     comm_all_reduce(plan.cp, held, T, COMM_SUM);
     device_copy_to_host(held_h, held, T * sizeof(float));
     bad = 0;
@@ -158,13 +137,13 @@ static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp
     size_t nq = (size_t)B * Tl * H * hd, nkv = (size_t)B * Tl * Hkv * hd;
     float *h = malloc(nq * sizeof(float));
     take_rows(h, p->q, pos, B, T, Tl, H * hd);
-    float *q = upload(h, nq);
+    float *q = tu_upload(h, nq);
     take_rows(h, p->dout, pos, B, T, Tl, H * hd);
-    float *dout = upload(h, nq);
+    float *dout = tu_upload(h, nq);
     take_rows(h, p->k, pos, B, T, Tl, Hkv * hd);
-    float *k = upload(h, nkv);
+    float *k = tu_upload(h, nkv);
     take_rows(h, p->v, pos, B, T, Tl, Hkv * hd);
-    float *v = upload(h, nkv);
+    float *v = tu_upload(h, nkv);
     float *want_out = malloc(nq * sizeof(float)), *want_dq = malloc(nq * sizeof(float));
     float *want_dk = malloc(nkv * sizeof(float)), *want_dv = malloc(nkv * sizeof(float));
     take_rows(want_out, p->out, pos, B, T, Tl, H * hd);
@@ -178,7 +157,7 @@ static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp
     fill_device(out, nq, 9.0f);
     fill_device(saved, nsaved, 9.0f);
     plan.attention.forward(&plan, out, saved, q, k, v, B, Tl, H, Hkv, hd);
-    float *got = download_new(out, nq);
+    float *got = tu_download_new(out, nq);
     double e_out = rel_error(got, want_out, nq);
     snprintf(what, sizeof what, "%s %s C=%d rank %d, out, B=%d T=%d H=%d Hkv=%d hd=%d", name, bal, C, r, B, T, H, Hkv, hd);
     if (!fault) check_rel(what, got, want_out, nq);
@@ -196,15 +175,15 @@ static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp
         fill_device(dk, nkv, 9.0f);
         fill_device(dv, nkv, 9.0f);
         plan.attention.backward(&plan, dq, dk, dv, NULL, dout, out, q, k, v, saved, B, Tl, H, Hkv, hd);
-        float *g = download_new(dq, nq);
+        float *g = tu_download_new(dq, nq);
         snprintf(what, sizeof what, "%s %s C=%d rank %d, dq, B=%d T=%d H=%d Hkv=%d hd=%d", name, bal, C, r, B, T, H, Hkv, hd);
         check_rel(what, g, want_dq, nq);
         free(g);
-        g = download_new(dk, nkv);
+        g = tu_download_new(dk, nkv);
         snprintf(what, sizeof what, "%s %s C=%d rank %d, dk, B=%d T=%d H=%d Hkv=%d hd=%d", name, bal, C, r, B, T, H, Hkv, hd);
         check_rel(what, g, want_dk, nkv);
         free(g);
-        g = download_new(dv, nkv);
+        g = tu_download_new(dv, nkv);
         snprintf(what, sizeof what, "%s %s C=%d rank %d, dv, B=%d T=%d H=%d Hkv=%d hd=%d", name, bal, C, r, B, T, H, Hkv, hd);
         check_rel(what, g, want_dv, nkv);
         free(g);

@@ -22,6 +22,7 @@
 #include "device.h"
 #include "llama_kernels.h"
 #include "vocab_kernels.h"
+#include "test_device.h"
 #include "test_util.h"
 
 /* The test's stream of numbers (test_util.h's xorshift64*). */
@@ -33,11 +34,6 @@ enum { N = 6, V = 28, VALID = 4, MAX_SHARDS = 7 };
 static const int targets_ref[N] = {2, IGNORE_INDEX, 27, 13, IGNORE_INDEX, 20};
 
 
-static float *upload(const float *host, size_t n) {
-    float *d = device_alloc_floats(n, MEM_BUFFERS);
-    device_copy_to_device(d, host, n * sizeof(float));
-    return d;
-}
 
 /* ---- the shards and the host-side "all-reduces" ---------------------------------------------- */
 
@@ -54,7 +50,7 @@ static shards shards_create(const float *full, const int *targets, int P) {
     for (int p = 0; p < P; p++) {
         for (int n = 0; n < N; n++)
             memcpy(col + n * s.Vl, full + n * V + p * s.Vl, s.Vl * sizeof(float));
-        s.logits[p] = upload(col, (size_t)N * s.Vl);
+        s.logits[p] = tu_upload(col, (size_t)N * s.Vl);
         s.row_max[p] = device_alloc_floats(N, MEM_BUFFERS);
         s.row_sumexp[p] = device_alloc_floats(N, MEM_BUFFERS);
         s.target_logit[p] = device_alloc_floats(N, MEM_BUFFERS);
@@ -129,7 +125,7 @@ static double reference_loss(const float *logits, const int *targets) {
 
 /* the plain (unsharded) kernels of llama_kernels.h on the full rows */
 static float plain_forward(const float *logits, const int *targets, float grad_scale, float *dlogits) {
-    float *x = upload(logits, N * V);
+    float *x = tu_upload(logits, N * V);
     int *t = device_alloc_ints(N, MEM_BUFFERS);
     device_copy_to_device(t, targets, N * sizeof(int));
     float loss = cross_entropy_forward(x, t, N, V);
