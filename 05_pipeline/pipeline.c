@@ -27,7 +27,6 @@ typedef struct {
 } pp_message;
 
 typedef struct {
-    pp_options o;
     pp_schedule *sched;
     comm_group *pp;
     int P, M, V, rank, L, chunk_layers;     /* chunk_layers = L / (P V)                          */
@@ -37,7 +36,6 @@ typedef struct {
     const int *tokens, *targets;            /* [M * Bm, T] this rank's rows                        */
     float loss_scale, loss;
     llama_saved *sets;                      /* [M * P V]: (mb, chunk) -> its activation set        */
-    bool *live;                             /* [M * P V]                                            */
     wgrad_list *deferred;                   /* [M * P V]: zb-h1's weight gradients awaiting W       */
     wgrad_list *collecting;                 /* the list an I is filling, NULL outside I            */
     float **mailbox;                        /* [2 * M * P V]: a tensor handed between chunks of the
@@ -198,7 +196,6 @@ static void send_output(pp_state *s, float *buf, bool backward, int mb, int to_c
 static void set_alloc(pp_state *s, int mb, int chunk) {
     int i = slot(s, mb, chunk), l0 = chunk * s->chunk_layers;
     llama_saved_alloc(s->m, &s->sets[i], l0, l0 + s->chunk_layers);
-    s->live[i] = true;
     s->live_sets++;
     s->live_bytes += s->sets[i].layer_bytes;
     if (s->live_sets > s->meas.peak_sets) { s->meas.peak_sets = s->live_sets; s->meas.peak_set_bytes = s->live_bytes; }
@@ -210,7 +207,6 @@ static void set_free(pp_state *s, int mb, int chunk) {
     s->live_sets--;
     s->live_bytes -= s->sets[i].layer_bytes;
     llama_saved_free(s->m, &s->sets[i]);
-    s->live[i] = false;
 }
 
 /* F(mb, c): h_in [Bm, Ts, D] (NULL for chunk 0: the embedding makes it) through the chunk's
@@ -330,7 +326,6 @@ void pipeline_validate(const llama_config *c, int batch, int pp, const pp_option
 
 void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const pp_options *o) {
     pp_state *s = calloc(1, sizeof *s);
-    s->o = *o;
     s->pp = mesh->group[MESH_PP];
     s->P = s->pp->size;
     s->M = o->microbatches;
@@ -343,7 +338,6 @@ void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, 
     s->inner = *plan;
     int sets = s->M * s->P * s->V, n = s->sched->n[s->rank];
     s->sets = calloc((size_t)sets, sizeof *s->sets);
-    s->live = calloc((size_t)sets, sizeof *s->live);
     s->deferred = calloc((size_t)sets, sizeof *s->deferred);
     s->mailbox = calloc(2 * (size_t)sets, sizeof *s->mailbox);
     s->recv = calloc((size_t)n, sizeof *s->recv);
@@ -366,7 +360,7 @@ void pipeline_free(llama_plan *plan) {
     for (int i = 0; i < sets; i++) free(s->deferred[i].items);
     device_free(s->dh0);
     pp_schedule_free(s->sched);
-    free(s->sets); free(s->live); free(s->deferred); free(s->mailbox);
+    free(s->sets); free(s->deferred); free(s->mailbox);
     free(s->recv); free(s->posted); free(s->events); free(s->sends);
     free(s);
     plan->ctx = NULL;
