@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench.sh BINARY: make bench-06. Ring against all-gather attention at cp 2 on a size where the
+# bench.sh BINARY: make bench-06. Ring against all-gather and all-to-all (Ulysses) attention at cp 2 on a size where the
 # attention's compute matters (dim 256, 4 layers, 4 heads of 64, seq-len 512, batch 2: each rank
 # holds 256 rows of each sequence), the ring with the contiguous split beside the zigzag one, and
 # the same model on one rank (--cp 1, the whole sequence) for scale.
@@ -14,7 +14,7 @@ mpirun=${MPIRUN_BASE:-$(dirname "$0")/../tests/mpirun_base.sh}
 reps=${REPS:-3}
 args="--dim 256 --n-layers 4 --seq-len 512 --batch 2 --steps ${STEPS:-4} --out /tmp/bench06"
 cases=("--cp-method ring --cp-balance zigzag" "--cp-method allgather --cp-balance zigzag"
-       "--cp-method ring --cp-balance contiguous" "--cp 1")
+       "--cp-method alltoall --cp-balance zigzag" "--cp-method ring --cp-balance contiguous" "--cp 1")
 declare -A step comm sent
 for rep in $(seq "$reps"); do
     for k in "${!cases[@]}"; do

@@ -8,7 +8,9 @@
 #include "init.h"
 #include "kernels.h"
 #include "llama_kernels.h"
+#include "log.h"
 #include "model.h"
+#include "seq_layout.h"
 #include "context_parallel.h"
 
 typedef struct {
@@ -18,24 +20,42 @@ typedef struct {
     int chunks[2];                  /* the 2 of 2C chunks this rank holds, in its row order      */
     llama_plan inner;               /* the plan's operators before context parallelism           */
     double work;                    /* score elements of the last forward, per (sequence, head)  */
+    size_t forward_set, backward_set; /* bytes of scratch the last forward / backward held at most */
+    bool record;                    /* keep the ring's timeline (context_parallel_record_timeline) */
+    int n_events;
+    cp_event events[2 * CP_MAX_RANKS]; /* the last ring forward's steps                          */
     bool no_lse_rescale;            /* --fault no-lse-rescale                                   */
 } cp_state;
 
 static cp_state *state_of(const llama_plan *p) { return (cp_state *)p->ctx; }
 
-static const char *method_names[CP_NMETHODS] = {"ring", "allgather"};
+static const char *method_names[CP_NMETHODS] = {"ring", "allgather", "alltoall"};
 static const char *balance_names[CP_NBALANCES] = {"contiguous", "zigzag"};
 const char *cp_method_name(cp_method m) { return method_names[m]; }
 const char *cp_balance_name(cp_balance b) { return balance_names[b]; }
 
 void cp_chunks_of(cp_balance balance, int r, int C, int chunks[2]) {
-    chunks[0] = balance == CP_ZIGZAG ? r : 2 * r;
-    chunks[1] = balance == CP_ZIGZAG ? 2 * C - 1 - r : 2 * r + 1;
+    for (int slot = 0; slot < 2; slot++) chunks[slot] = cp_chunk_of(balance == CP_ZIGZAG, r, slot, C);
 }
 
 double cp_work_formula(cp_balance balance, int r, int C, int T) {
     double Tc = (double)T / (2 * C);
     return (balance == CP_ZIGZAG ? 2 * C + 1 : 4 * r + 3) * Tc * Tc;
+}
+
+void cp_working_set_formula(cp_method method, int C, int B, int Tl, int H, int Hkv, int hd,
+                            double *forward, double *backward) {
+    double Tc = Tl / 2.0, T = (double)C * Tl, K = (double)B * Tl * Hkv * hd, Q = (double)B * Tl * H * hd;
+    double pair = Tc * H * hd + H * Tc + H * Tc * Tc;     /* one chunk pair's out, lse and scores */
+    switch (method) {
+    case CP_RING: *forward = 4 * K + pair; *backward = 8 * K + 2 * H * Tc * Tc; break;
+    case CP_ALLGATHER: *forward = 2 * K * (C + 1) + pair; *backward = 4 * K * (C + 1) + 2 * H * Tc * Tc; break;
+    default: {
+        double scores = (double)B * (H / C) * T * T;
+        *forward = 2 * Q + 2 * K + fmax(2 * Q, scores);
+        *backward = 4 * Q + 4 * K + fmax(2 * Q, 2 * scores);
+    }
+    }
 }
 
 /* The RoPE positions of this rank's Tl = T / C rows: its two chunks' positions, in order. */
@@ -119,31 +139,53 @@ static float *pack_kv(const cp_shape *z, const float *k, const float *v) {
     return kv;
 }
 
-/* ---- the attention operator -------------------------------------------------------------------
+/* ---- ring and all-gather: the K/V blocks come to the queries --------------------------------
  * q [B, Tl, H, hd], k, v [B, Tl, Hkv, hd] (this rank's rows) -> out [B, Tl, H, hd]; saved: the
- * final lse [B][2][H][Tc] in the probs buffer (B H Tl floats of its B H Tl^2). */
-static void cp_attention_forward(const llama_plan *p, float *out, float *probs, const float *q,
-                                 const float *k, const float *v, int B, int Tl, int H, int Hkv, int hd) {
-    cp_state *s = state_of(p);
-    cp_shape z = {B, Tl, Tl / 2, H, Hkv, hd};
-    float *lse = probs;
-    device_zero(out, (size_t)B * Tl * H * hd * sizeof(float));
-    init_constant_device(lse, (size_t)B * H * Tl, -INFINITY);   /* no key seen yet */
-    s->work = 0;
-    float *kv = pack_kv(&z, k, v);
-    size_t n = 2 * kv_floats(&z);
+ * final lse [B][2][H][Tc] (B H Tl floats). */
+
+/* A moment of the ring's timeline (CUDA: the device is synchronised first, so only when asked). */
+static double stamp(const cp_state *s) {
+    if (!s->record) return 0;
+    device_synchronize();
+    return wall_seconds();
+}
+static void record(cp_state *s, int step, bool wait, double t0, double t1) {
+    if (s->record && s->n_events < 2 * CP_MAX_RANKS)
+        s->events[s->n_events++] = (cp_event){step, (s->r - step + s->C) % s->C, wait, t0, t1};
+}
+
+/* Ring step t's compute: this rank's queries against the block in hand, which rank r - t owns. */
+static void ring_compute_step(cp_state *s, const cp_shape *z, float *out, float *lse, const float *q,
+                              const float *kv, int t) {
+    int chunks[2];
+    double t0 = stamp(s);
+    owner_chunks(s, (s->r - t + s->C) % s->C, chunks);
+    block_forward(s, z, out, lse, q, kv, chunks);
+    record(s, t, false, t0, stamp(s));
+}
+/* Ring step t's end: wait for the next block (what the compute did not hide). */
+static void ring_wait(cp_state *s, comm_request *req, int t) {
+    double t0 = stamp(s);
+    comm_wait(req);
+    record(s, t, true, t0, stamp(s));
+}
+
+static void kv_forward(cp_state *s, const cp_shape *z, float *out, float *lse, const float *q,
+                       const float *k, const float *v) {
+    float *kv = pack_kv(z, k, v);
+    size_t n = 2 * kv_floats(z);
     int next = (s->r + 1) % s->C, prev = (s->r + s->C - 1) % s->C, chunks[2];
     if (s->o.method == CP_RING) {
         /* step t: the block of rank r - t is in hand; send it on while computing on it */
         float *incoming = device_alloc_floats(n, MEM_BUFFERS);
+        s->n_events = 0;
         for (int t = 0; t < s->C; t++) {
-            /* BEGIN ASSIGNMENT: ring step t: post the exchange (kv to next, incoming from prev) unless this is the last step, compute on the block in hand (its owner is rank r - t), then wait and swap kv and incoming */
+            /* BEGIN ASSIGNMENT: ring step t: post the exchange (kv to next, incoming from prev) unless this is the last step, compute on the block in hand (ring_compute_step), then wait (ring_wait) and swap kv and incoming */
             comm_request req = {0};
             if (t < s->C - 1) req = comm_isendrecv(s->cp, kv, n, next, incoming, n, prev);
-            owner_chunks(s, (s->r - t + s->C) % s->C, chunks);
-            block_forward(s, &z, out, lse, q, kv, chunks);
+            ring_compute_step(s, z, out, lse, q, kv, t);
             if (t < s->C - 1) {
-                comm_wait(&req);
+                ring_wait(s, &req, t);
                 float *x = kv; kv = incoming; incoming = x;
             }
             /* END ASSIGNMENT */
@@ -155,7 +197,7 @@ static void cp_attention_forward(const llama_plan *p, float *out, float *probs, 
         comm_all_gather(s->cp, kv, all, n);
         for (int j = 0; j < s->C; j++) {
             owner_chunks(s, j, chunks);
-            block_forward(s, &z, out, lse, q, all + (size_t)j * n, chunks);
+            block_forward(s, z, out, lse, q, all + (size_t)j * n, chunks);
         }
         device_free(all);
     }
@@ -163,15 +205,11 @@ static void cp_attention_forward(const llama_plan *p, float *out, float *probs, 
 }
 
 /* dout [B, Tl, H, hd] -> dq [B, Tl, H, hd], dk, dv [B, Tl, Hkv, hd] (=), from the saved lse. */
-static void cp_attention_backward(const llama_plan *p, float *dq, float *dk, float *dv, float *dprobs,
-                                  const float *dout, const float *out, const float *q, const float *k,
-                                  const float *v, const float *probs, int B, int Tl, int H, int Hkv, int hd) {
-    cp_state *s = state_of(p);
-    cp_shape z = {B, Tl, Tl / 2, H, Hkv, hd};
-    const float *lse = probs;
-    size_t n = 2 * kv_floats(&z);
-    device_zero(dq, (size_t)B * Tl * H * hd * sizeof(float));
-    float *kv = pack_kv(&z, k, v), *dkv = device_alloc_floats(n, MEM_BUFFERS);
+static void kv_backward(cp_state *s, const cp_shape *z, float *dq, float *dk, float *dv, const float *dout,
+                        const float *out, const float *q, const float *k, const float *v, const float *lse) {
+    size_t n = 2 * kv_floats(z);
+    device_zero(dq, (size_t)z->B * z->Tl * z->H * z->hd * sizeof(float));
+    float *kv = pack_kv(z, k, v), *dkv = device_alloc_floats(n, MEM_BUFFERS);
     device_zero(dkv, n * sizeof(float));
     int next = (s->r + 1) % s->C, prev = (s->r + s->C - 1) % s->C, chunks[2];
     if (s->o.method == CP_RING) {
@@ -183,7 +221,7 @@ static void cp_attention_backward(const llama_plan *p, float *dq, float *dk, flo
             comm_request req = {0};
             if (t < s->C - 1) req = comm_isendrecv(s->cp, kv, n, next, incoming, n, prev);
             owner_chunks(s, (s->r - t + s->C) % s->C, chunks);
-            block_backward(s, &z, dq, dkv, dout, out, lse, q, kv, chunks);
+            block_backward(s, z, dq, dkv, dout, out, lse, q, kv, chunks);
             if (s->C > 1) {   /* (on one rank the block and its gradient never leave) */
                 comm_sendrecv(s->cp, dkv, n, next, dkv_in, n, prev);
                 float *x = dkv; dkv = dkv_in; dkv_in = x;
@@ -201,17 +239,125 @@ static void cp_attention_backward(const llama_plan *p, float *dq, float *dk, flo
         device_zero(dall, n * s->C * sizeof(float));
         for (int j = 0; j < s->C; j++) {
             owner_chunks(s, j, chunks);
-            block_backward(s, &z, dq, dall + (size_t)j * n, dout, out, lse, q, all + (size_t)j * n, chunks);
+            block_backward(s, z, dq, dall + (size_t)j * n, dout, out, lse, q, all + (size_t)j * n, chunks);
         }
         comm_reduce_scatter(s->cp, dall, dkv, n);   /* every rank's share of my block's gradient */
         device_free(all);
         device_free(dall);
     }
-    device_copy(dk, dkv, kv_floats(&z) * sizeof(float));
-    device_copy(dv, dkv + kv_floats(&z), kv_floats(&z) * sizeof(float));
+    device_copy(dk, dkv, kv_floats(z) * sizeof(float));
+    device_copy(dv, dkv + kv_floats(z), kv_floats(z) * sizeof(float));
     device_free(kv);
     device_free(dkv);
 }
+
+/* ---- all-to-all (DeepSpeed-Ulysses): the heads go to the rows ---------------------------------
+ * Two all-to-alls turn this rank's rows of every head into every row of H / C heads (and back):
+ * then attention is the ordinary causal attention of whole sequences, on fewer heads. The heads
+ * (and the kv heads) must divide by C; a query head's kv head stays on the same rank, since rank
+ * j gets query heads [j H/C, (j+1) H/C) and kv heads [j Hkv/C, (j+1) Hkv/C). */
+static ulysses_shape ulysses_of(const cp_state *s, int B, int Tl, int heads, int hd) {
+    return (ulysses_shape){s->C, B, Tl, heads / s->C, hd, s->o.balance == CP_ZIGZAG};
+}
+
+/* x [B, Tl, heads, hd] (this rank's rows, every head) -> y [B, T, heads / C, hd] (every row in
+ * sequence order, this rank's heads). Issues: one all-to-all of B Tl heads hd floats. */
+static void rows_to_heads(cp_state *s, float *y, const float *x, ulysses_shape u) {
+    size_t n = (size_t)u.C * u.B * u.Tl * u.Hg * u.hd;
+    float *send = device_alloc_floats(n, MEM_BUFFERS), *recv = device_alloc_floats(n, MEM_BUFFERS);
+    ulysses_heads_to_chunks(send, x, u);
+    comm_all_to_all(s->cp, send, recv, n / u.C);
+    ulysses_rank_rows_to_sequence(y, recv, u);
+    device_free(send);
+    device_free(recv);
+}
+/* The way back: y [B, T, heads / C, hd] -> x [B, Tl, heads, hd]. Issues: one all-to-all. */
+static void heads_to_rows(cp_state *s, float *x, const float *y, ulysses_shape u) {
+    size_t n = (size_t)u.C * u.B * u.Tl * u.Hg * u.hd;
+    float *send = device_alloc_floats(n, MEM_BUFFERS), *recv = device_alloc_floats(n, MEM_BUFFERS);
+    ulysses_sequence_to_rank_rows(send, y, u);
+    comm_all_to_all(s->cp, send, recv, n / u.C);
+    ulysses_chunks_to_heads(x, recv, u);
+    device_free(send);
+    device_free(recv);
+}
+
+/* Forward: q, k, v to heads (3 all-to-alls), attention over whole sequences, out back (1);
+ * saved: lse [B, H/C, T] (B H Tl floats, the same count as the ring's). */
+static void ulysses_forward(cp_state *s, const cp_shape *z, float *out, float *lse, const float *q,
+                            const float *k, const float *v) {
+    int T = z->Tl * s->C;
+    ulysses_shape uq = ulysses_of(s, z->B, z->Tl, z->H, z->hd), ukv = ulysses_of(s, z->B, z->Tl, z->Hkv, z->hd);
+    size_t nq = (size_t)z->B * z->Tl * z->H * z->hd, nkv = kv_floats(z);
+    float *qh = device_alloc_floats(nq, MEM_BUFFERS), *kh = device_alloc_floats(nkv, MEM_BUFFERS);
+    float *vh = device_alloc_floats(nkv, MEM_BUFFERS), *outh = device_alloc_floats(nq, MEM_BUFFERS);
+    rows_to_heads(s, qh, q, uq);
+    rows_to_heads(s, kh, k, ukv);
+    rows_to_heads(s, vh, v, ukv);
+    attention_block_forward(outh, lse, qh, kh, vh, z->B, T, T, uq.Hg, ukv.Hg, z->hd, 0, 0);
+    heads_to_rows(s, out, outh, uq);
+    s->work = (double)T * T / s->C;   /* all T x T scores of H / C heads: T^2 / C per head */
+    device_free(qh); device_free(kh); device_free(vh); device_free(outh);
+}
+
+/* Backward: q, k, v, out and dout to heads (5 all-to-alls: the model saved them by rows),
+ * the attention backward of whole sequences, dq, dk, dv back (3). */
+static void ulysses_backward(cp_state *s, const cp_shape *z, float *dq, float *dk, float *dv, const float *dout,
+                             const float *out, const float *q, const float *k, const float *v, const float *lse) {
+    int T = z->Tl * s->C;
+    ulysses_shape uq = ulysses_of(s, z->B, z->Tl, z->H, z->hd), ukv = ulysses_of(s, z->B, z->Tl, z->Hkv, z->hd);
+    size_t nq = (size_t)z->B * z->Tl * z->H * z->hd, nkv = kv_floats(z);
+    float *qh = device_alloc_floats(nq, MEM_BUFFERS), *outh = device_alloc_floats(nq, MEM_BUFFERS);
+    float *douth = device_alloc_floats(nq, MEM_BUFFERS), *dqh = device_alloc_floats(nq, MEM_BUFFERS);
+    float *kh = device_alloc_floats(nkv, MEM_BUFFERS), *vh = device_alloc_floats(nkv, MEM_BUFFERS);
+    float *dkh = device_alloc_floats(nkv, MEM_BUFFERS), *dvh = device_alloc_floats(nkv, MEM_BUFFERS);
+    rows_to_heads(s, qh, q, uq);
+    rows_to_heads(s, kh, k, ukv);
+    rows_to_heads(s, vh, v, ukv);
+    rows_to_heads(s, outh, out, uq);
+    rows_to_heads(s, douth, dout, uq);
+    device_zero(dqh, nq * sizeof(float));
+    device_zero(dkh, nkv * sizeof(float));
+    device_zero(dvh, nkv * sizeof(float));
+    attention_block_backward(dqh, dkh, dvh, douth, outh, lse, qh, kh, vh, z->B, T, T, uq.Hg, ukv.Hg, z->hd, 0, 0);
+    heads_to_rows(s, dq, dqh, uq);
+    heads_to_rows(s, dk, dkh, ukv);
+    heads_to_rows(s, dv, dvh, ukv);
+    float *bufs[] = {qh, outh, douth, dqh, kh, vh, dkh, dvh};
+    for (int i = 0; i < 8; i++) device_free(bufs[i]);
+}
+
+/* ---- the attention operator: the method's, with its scratch measured ------------------------- */
+static void cp_attention_forward(const llama_plan *p, float *out, float *probs, const float *q,
+                                 const float *k, const float *v, int B, int Tl, int H, int Hkv, int hd) {
+    cp_state *s = state_of(p);
+    cp_shape z = {B, Tl, Tl / 2, H, Hkv, hd};
+    size_t base = mem_mark(MEM_BUFFERS);
+    s->work = 0;
+    if (s->o.method == CP_ALLTOALL) {
+        ulysses_forward(s, &z, out, probs, q, k, v);
+    } else {
+        device_zero(out, (size_t)B * Tl * H * hd * sizeof(float));
+        init_constant_device(probs, (size_t)B * H * Tl, -INFINITY);   /* lse: no key seen yet */
+        kv_forward(s, &z, out, probs, q, k, v);
+    }
+    s->forward_set = mem_mark_peak(MEM_BUFFERS) - base;
+}
+
+static void cp_attention_backward(const llama_plan *p, float *dq, float *dk, float *dv, float *dprobs,
+                                  const float *dout, const float *out, const float *q, const float *k,
+                                  const float *v, const float *probs, int B, int Tl, int H, int Hkv, int hd) {
+    cp_state *s = state_of(p);
+    cp_shape z = {B, Tl, Tl / 2, H, Hkv, hd};
+    size_t base = mem_mark(MEM_BUFFERS);
+    if (s->o.method == CP_ALLTOALL) ulysses_backward(s, &z, dq, dk, dv, dout, out, q, k, v, probs);
+    else kv_backward(s, &z, dq, dk, dv, dout, out, q, k, v, probs);
+    s->backward_set = mem_mark_peak(MEM_BUFFERS) - base;
+}
+
+/* Saved per layer: the log-sum-exp of every (sequence, head, row), B H Tl floats, whatever the
+ * method (the single-device operator keeps the softmax, B H T^2). */
+static size_t cp_saved_numel(const llama_plan *p, int B, int Tl, int H) { return (size_t)B * H * Tl; }
 
 /* The parameters are replicated over cp and each rank's gradient is its rows' share: their sum,
  * one all-reduce of the whole gradient block over cp, then what the inner plan owes. */
@@ -223,10 +369,16 @@ static void cp_reduce_grads(const llama_plan *p, llama_model *m) {
 
 /* ---- validation and set-up ------------------------------------------------------------------- */
 
-void context_parallel_validate(const llama_config *c, int cp, const cp_options *o) {
+void context_parallel_validate(const llama_config *c, int cp, int tp, const cp_options *o) {
+    if (cp > CP_MAX_RANKS)
+        comm_exit_usage("--cp %d is more than this chapter's %d ranks per ring", cp, CP_MAX_RANKS);
     if (c->seq_len % (2 * cp))
         comm_exit_usage("--seq-len %d cannot be split over --cp %d: each rank holds 2 chunks of seq_len / (2 x cp) "
                         "rows, so use a multiple of %d", c->seq_len, cp, 2 * cp);
+    if (o->method == CP_ALLTOALL && ((c->n_heads / tp) % cp || (c->n_kv_heads / tp) % cp))
+        comm_exit_usage("--cp-method alltoall deals whole heads out to the --cp %d ranks, but a tp rank holds %d "
+                        "heads and %d kv heads (--n-heads %d, --n-kv-heads %d over --tp %d): both must divide by %d",
+                        cp, c->n_heads / tp, c->n_kv_heads / tp, c->n_heads, c->n_kv_heads, tp, cp);
 }
 
 void context_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const cp_options *o) {
@@ -241,7 +393,7 @@ void context_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_con
     plan->mesh = mesh;
     plan->cp = s->cp;
     plan->positions = cp_positions;
-    plan->attention = (attention_ops){cp_attention_forward, cp_attention_backward};
+    plan->attention = (attention_ops){cp_attention_forward, cp_attention_backward, cp_saved_numel};
     plan->reduce_grads = cp_reduce_grads;
     plan->ctx = s;
 }
@@ -253,9 +405,23 @@ void context_parallel_free(llama_plan *plan) {
 
 double context_parallel_work(const llama_plan *plan) { return state_of(plan)->work; }
 
+void context_parallel_working_sets(const llama_plan *plan, size_t *forward, size_t *backward) {
+    *forward = state_of(plan)->forward_set;
+    *backward = state_of(plan)->backward_set;
+}
+
+void context_parallel_record_timeline(llama_plan *plan, bool on) { state_of(plan)->record = on; }
+int context_parallel_timeline(const llama_plan *plan, const cp_event **events) {
+    *events = state_of(plan)->events;
+    return state_of(plan)->n_events;
+}
+
 /* ---- the deliberate bug ---------------------------------------------------------------------- */
 
 static const char *no_lse_rescale(llama_plan *p) {
+    if (state_of(p)->o.method == CP_ALLTOALL)
+        return "it breaks the merge of key blocks, and --cp-method alltoall merges none (it "
+               "attends to whole sequences): use --cp-method ring or allgather";
     state_of(p)->no_lse_rescale = true;
     return NULL;
 }

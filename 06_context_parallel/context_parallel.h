@@ -13,6 +13,9 @@
  *               dK, dV travel with their block and come home after C sends. dQ stays local.
  *   allgather   K and V all-gathered once per layer (and again in backward), dK and dV
  *               reduce-scattered back to their owners.
+ *   alltoall    DeepSpeed-Ulysses (Jacobs et al. 2023): an all-to-all gives each rank every row
+ *               of H / C heads, attention runs on whole sequences, a second all-to-all brings the
+ *               outputs back to the rows (heads and kv heads divisible by C).
  *
  * Balance. Causal attention makes late queries see more keys. Cut the sequence into 2C chunks:
  *
@@ -33,9 +36,9 @@
 #include "mesh.h"
 #include "plan.h"
 
-typedef enum { CP_RING = 0, CP_ALLGATHER, CP_NMETHODS } cp_method;
+typedef enum { CP_RING = 0, CP_ALLGATHER, CP_ALLTOALL, CP_NMETHODS } cp_method;
 typedef enum { CP_CONTIGUOUS = 0, CP_ZIGZAG, CP_NBALANCES } cp_balance;
-const char *cp_method_name(cp_method m);      /* "ring", "allgather"        */
+const char *cp_method_name(cp_method m);      /* "ring", "allgather", "alltoall" */
 const char *cp_balance_name(cp_balance b);    /* "contiguous", "zigzag"     */
 
 typedef struct {
@@ -51,8 +54,10 @@ void cp_chunks_of(cp_balance balance, int r, int C, int chunks[2]);
  * chunks), zigzag (2C + 1) Tc^2 on every rank. */
 double cp_work_formula(cp_balance balance, int r, int C, int T);
 
-/* Refuses (exit 2, one line) a sequence length the split cannot take: T divisible by 2C. */
-void context_parallel_validate(const llama_config *c, int cp, const cp_options *o);
+/* Refuses (exit 2, one line) a sequence length the split cannot take (T divisible by 2C) and,
+ * for alltoall, heads the all-to-all cannot deal out (the heads and kv heads of a tp rank,
+ * n_heads / tp and n_kv_heads / tp, divisible by C). */
+void context_parallel_validate(const llama_config *c, int cp, int tp, const cp_options *o);
 
 /* Adds context parallelism over the mesh's cp dimension to `plan` (the single-device plan, or
  * chapter 01's tensor-parallel one: heads split by tp, rows by cp): the rows and positions of
@@ -61,8 +66,38 @@ void context_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_con
 void context_parallel_free(llama_plan *plan);
 
 /* Score elements this rank computed in its last attention forward (one layer), per (sequence,
- * head): what the balance is about. */
+ * head): what the balance is about. alltoall computes every score of its H / C heads, T^2 / C. */
 double context_parallel_work(const llama_plan *plan);
+
+/* The attention's scratch by formula, in floats, for one forward and one backward of a layer on a
+ * rank holding Tl rows (Tc = Tl / 2) of B sequences, H heads and Hkv kv heads of hd, C ranks;
+ * K = B Tl Hkv hd (this rank's k, or v), Q = B Tl H hd, T = C Tl:
+ *   ring       forward 4K + Tc H hd + H Tc + H Tc^2   (block in hand and incoming; one pair's out,
+ *                                                      lse and scores)
+ *              backward 8K + 2 H Tc^2                 (block, gradient, both incoming; P and dS)
+ *   allgather  forward 2K (C + 1) + Tc H hd + H Tc + H Tc^2     backward 4K (C + 1) + 2 H Tc^2
+ *   alltoall   forward 2Q + 2K + max(2Q, B (H/C) T^2)           (q, k, v, out by heads; the
+ *                                                      all-to-all's send and receive, or the scores)
+ *              backward 4Q + 4K + max(2Q, 2 B (H/C) T^2)
+ * Against the single-device operator, whose softmax alone is B H T^2 per layer, saved.        */
+void cp_working_set_formula(cp_method method, int C, int B, int Tl, int H, int Hkv, int hd,
+                            double *forward, double *backward);
+
+/* The most scratch (MEM_BUFFERS bytes, the allocator's count) the last attention forward and
+ * backward held on this rank, above what was allocated before the call. */
+void context_parallel_working_sets(const llama_plan *plan, size_t *forward, size_t *backward);
+
+/* The ring's timeline: with recording on (the device is synchronised at every mark, so only when
+ * asked), each ring forward keeps its steps' compute and wait intervals; the last one's are read
+ * back with context_parallel_timeline. Times are wall_seconds(). */
+#define CP_MAX_RANKS 64
+typedef struct {
+    int step, owner;    /* ring step t, and the rank whose K/V block was in hand (r - t)         */
+    bool wait;          /* false: computing on the block; true: waiting for the next one         */
+    double t0, t1;
+} cp_event;
+void context_parallel_record_timeline(llama_plan *plan, bool on);
+int context_parallel_timeline(const llama_plan *plan, const cp_event **events);
 
 /* The deliberate bugs of this chapter, for --fault. */
 extern const plan_fault context_parallel_faults[];

@@ -57,6 +57,14 @@ static void check_group(comm_group *g, const char *what) {
         CHECK_CLOSE(host[i], want, 0, 0, what);
     }
 
+    /* all-to-all: rank r's chunk q lands as rank q's chunk r */
+    for (int j = 0; j < n * p; j++) host[j] = val(r, j);
+    device_copy_to_device(buf, host, n * p * 4);
+    comm_all_to_all(g, buf, out, n);
+    device_copy_to_host(host, out, n * p * 4);
+    for (int q = 0; q < p; q++)
+        for (int i = 0; i < n; i++) CHECK_CLOSE(host[q * n + i], val(q, r * n + i), 0, 0, what);
+
     /* broadcast from the last rank */
     for (int i = 0; i < n; i++) host[i] = val(r, i);
     device_copy_to_device(buf, host, n * 4);
@@ -403,6 +411,9 @@ int main(int argc, char **argv) {
     CHECK(ag->calls == 1 && ag->payload_bytes == 6 * 4 * world->size, "all-gather counted %lld calls %g bytes", ag->calls, ag->payload_bytes);
     double p = world->size;
     CHECK_CLOSE(ar->wire_bytes, 2 * (p - 1) / p * 48, 1e-9, 0, "all-reduce ring bytes");
+    const collective_stats *aa = &world->stats[COLL_ALL_TO_ALL];
+    CHECK(aa->calls == 1 && aa->payload_bytes == 6 * 4 * p, "all-to-all counted %lld calls %g bytes", aa->calls, aa->payload_bytes);
+    CHECK_CLOSE(aa->wire_bytes, (p - 1) / p * 6 * 4 * p, 1e-9, 0, "all-to-all bytes on the wire: all but its own chunk");
     comm_reset_stats(world);
     CHECK(world->stats[COLL_ALL_REDUCE].calls == 0, "reset");
 

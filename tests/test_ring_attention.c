@@ -2,7 +2,8 @@
 /* test_ring_attention.c: chapter 06's attention operator (06_context_parallel/context_parallel.h)
  * on its own, against full causal attention of the whole sequence.
  *
- * On the mesh cp = world size (C ranks), for each method (ring, allgather) and each balance
+ * On the mesh cp = world size (C ranks), for each method (ring, allgather, and alltoall where the
+ * heads and kv heads divide by C) and each balance
  * (contiguous, zigzag), the single-device plan with context_parallel_apply is given random global
  * q [B, T, H, hd], k, v [B, T, Hkv, hd] and dout (the same on every rank: one fixed seed). Each rank
  * takes its rows at the plan's positions, runs plan.attention.forward and .backward on them, and
@@ -13,12 +14,14 @@
  * gradients), within 1e-6: the blocks sum the same products in another order and merge them by
  * log-sum-exp, which moves the results by a few fp32 roundings (about 1e-7 of the tensor's scale),
  * while a wrong block, mask or merge moves them by 1e-2 or more. Shapes: grouped-query heads (H = 4
- * with Hkv = 2 and Hkv = 1) and plain multi-head; T = 24 gives chunks of 3 rows at C = 4.
+ * with Hkv = 2 and Hkv = 1, and H = 8 with Hkv = 4 for alltoall at C = 4) and plain multi-head;
+ * T = 24 gives chunks of 3 rows at C = 4.
  *
  * Also: the positions of the ranks are the documented chunks (cp_chunks_of) and together cover
  * every position once; out, dq, dk, dv are written (=) over whatever the buffers held; the work
- * counter equals cp_work_formula on every rank; and the comparison is not blind: the chapter's
- * deliberate bug (--fault no-lse-rescale) is far off, at every C.
+ * counter equals cp_work_formula on every rank (alltoall: T^2 / C, every score of its heads); and
+ * the comparison is not blind: the chapter's deliberate bug (--fault no-lse-rescale) is far off,
+ * at every C, for the methods that merge blocks (alltoall, which merges none, refuses it).
  * Every tensor goes through device_alloc and device copies, so the same test runs on CUDA.
  */
 #include <stdint.h>
@@ -164,7 +167,8 @@ static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp
     free(got);
 
     /* the work of this forward, per (sequence, head), beside the closed form */
-    double work = context_parallel_work(&plan), formula = cp_work_formula(balance, r, C, T);
+    double work = context_parallel_work(&plan);
+    double formula = method == CP_ALLTOALL ? (double)T * T / C : cp_work_formula(balance, r, C, T);
     CHECK(work == formula, "%s %s C=%d rank %d T=%d: work %.0f, formula %.0f", name, bal, C, r, T, work, formula);
 
     if (!fault) {
@@ -201,23 +205,34 @@ int main(int argc, char **argv) {
     int C = comm_world()->size;
     device_mesh *mesh = mesh_create((mesh_shape){{1, 1, 1, C, 1}});
     /* B, T, H, Hkv, hd: T divisible by 2C for C = 1, 2, 4 (T = 24: chunks of 3 rows at C = 4) */
-    const int shapes[][5] = {{2, 32, 4, 2, 8}, {1, 24, 4, 1, 4}, {2, 16, 2, 2, 16}};
+    const int shapes[][5] = {{2, 32, 4, 2, 8}, {1, 24, 4, 1, 4}, {2, 16, 2, 2, 16}, {2, 16, 8, 4, 4}};
     uint64_t seed = 0x2545F4914F6CDD1Dull;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int *z = shapes[s];
         problem p = make_problem(z[0], z[1], z[2], z[3], z[4], seed + s);
+        bool heads_divide = z[2] % C == 0 && z[3] % C == 0;   /* what alltoall needs */
         for (int m = 0; m < CP_NMETHODS; m++)
-            for (int b = 0; b < CP_NBALANCES; b++) run_case(mesh, &p, (cp_method)m, (cp_balance)b, false);
+            for (int b = 0; b < CP_NBALANCES; b++)
+                if (m != CP_ALLTOALL || heads_divide) run_case(mesh, &p, (cp_method)m, (cp_balance)b, false);
         /* not blind: the deliberate bug adds the blocks' partial results without rescaling them.
          * Every rank holds a query chunk that sees two key chunks (even at C = 1), so every rank's
          * out is far off. */
         for (int m = 0; m < CP_NMETHODS; m++) {
+            if (m == CP_ALLTOALL) continue;
             double e = run_case(mesh, &p, (cp_method)m, CP_ZIGZAG, true);
             CHECK(e > 1e-2, "%s with --fault no-lse-rescale, shape %zu: relative error only %.3g, the test is blind",
                   cp_method_name((cp_method)m), s, e);
         }
         free_problem(&p);
     }
+    /* alltoall refuses the fault: it has no merge to break */
+    llama_config cfg = llama_config_default();
+    cp_options all_to_all = {CP_ALLTOALL, CP_ZIGZAG};
+    llama_plan plan = plan_single_device();
+    context_parallel_apply(&plan, mesh, &cfg, &all_to_all);
+    CHECK(context_parallel_faults[0].apply(&plan) != NULL, "alltoall accepted --fault %s", context_parallel_faults[0].name);
+    context_parallel_free(&plan);
+
     /* the documented chunks: C = 2, contiguous 0 1 | 2 3, zigzag 0 3 | 1 2 */
     int ch[2];
     cp_chunks_of(CP_CONTIGUOUS, 1, 2, ch);

@@ -6,7 +6,11 @@
  *   - all-gather, then seq_chunks_to_sequence, gives every rank the whole [B, T, C] tensor from
  *     the [B, T/p, C] shards;
  *   - seq_sequence_to_chunks, then reduce-scatter, gives rank r the sum over ranks of its rows
- *     [r*T/p, (r+1)*T/p) of every sequence. */
+ *     [r*T/p, (r+1)*T/p) of every sequence;
+ *   - chapter 06's chunk rule: cp_chunk_owner inverts cp_chunk_of, both balances, C = 1..8;
+ *   - chapter 06's Ulysses all-to-all (C = p ranks), both balances: ulysses_heads_to_chunks, the
+ *     all-to-all and ulysses_rank_rows_to_sequence give rank r every position of heads
+ *     [r Hg, (r+1) Hg) in sequence order; the way back returns the original rows exactly. */
 #include <stdlib.h>
 #include "comm.h"
 #include "device.h"
@@ -46,9 +50,68 @@ static void check_relayout(int p, int B, int Ts, int C) {
     free(h); free(back);
 }
 
+/* Element (b, position, head, d) of a [B, T, heads, hd] tensor, exact in fp32. */
+static float tag4(int b, int pos, int h, int d) { return (float)(b * 1000000 + pos * 1000 + h * 10 + d); }
+
+static void check_chunk_rule(void) {
+    int bad = 0;
+    for (int C = 1; C <= 8; C++)
+        for (int z = 0; z < 2; z++)
+            for (int r = 0; r < C; r++)
+                for (int slot = 0; slot < 2; slot++) {
+                    int owner, owner_slot;
+                    cp_chunk_owner(z, cp_chunk_of(z, r, slot, C), C, &owner, &owner_slot);
+                    bad += owner != r || owner_slot != slot;
+                }
+    CHECK(bad == 0, "cp_chunk_owner does not invert cp_chunk_of in %d cases", bad);
+    CHECK(cp_chunk_of(true, 1, 1, 4) == 6 && cp_chunk_of(false, 1, 1, 4) == 3, "C = 4, rank 1's second chunk: zigzag 6, contiguous 3");
+}
+
+static void check_ulysses(comm_group *world, bool zigzag) {
+    int C = world->size, r = world->rank, B = 2, Tc = 3, Tl = 2 * Tc, T = C * Tl, Hg = 2, hd = 3;
+    ulysses_shape u = {C, B, Tl, Hg, hd, zigzag};
+    size_t n = (size_t)B * Tl * C * Hg * hd;
+    float *h = malloc(n * sizeof(float));
+    for (int b = 0; b < B; b++)            /* x [B, Tl, C Hg, hd]: this rank's rows, every head */
+        for (int t = 0; t < Tl; t++)
+            for (int head = 0; head < C * Hg; head++)
+                for (int d = 0; d < hd; d++)
+                    h[(((size_t)b * Tl + t) * C * Hg + head) * hd + d] = tag4(b, cp_chunk_of(zigzag, r, t / Tc, C) * Tc + t % Tc, head, d);
+    float *x = device_alloc_floats(n, MEM_BUFFERS), *send = device_alloc_floats(n, MEM_BUFFERS);
+    float *recv = device_alloc_floats(n, MEM_BUFFERS), *y = device_alloc_floats(n, MEM_BUFFERS);
+    device_copy_to_device(x, h, n * sizeof(float));
+    ulysses_heads_to_chunks(send, x, u);
+    comm_all_to_all(world, send, recv, n / C);
+    ulysses_rank_rows_to_sequence(y, recv, u);
+    float *got = malloc(n * sizeof(float));
+    device_copy_to_host(got, y, n * sizeof(float));
+    int bad = 0;
+    for (int b = 0; b < B; b++)            /* y [B, T, Hg, hd]: every position, this rank's heads */
+        for (int pos = 0; pos < T; pos++)
+            for (int head = 0; head < Hg; head++)
+                for (int d = 0; d < hd; d++)
+                    bad += got[(((size_t)b * T + pos) * Hg + head) * hd + d] != tag4(b, pos, r * Hg + head, d);
+    CHECK(bad == 0, "ulysses %s, rank %d of %d: %d elements of the head-sharded sequence wrong", zigzag ? "zigzag" : "contiguous", r, C, bad);
+    /* and back */
+    device_zero(x, n * sizeof(float));
+    ulysses_sequence_to_rank_rows(send, y, u);
+    comm_all_to_all(world, send, recv, n / C);
+    ulysses_chunks_to_heads(x, recv, u);
+    device_copy_to_host(got, x, n * sizeof(float));
+    bad = 0;
+    for (size_t i = 0; i < n; i++) bad += got[i] != h[i];
+    CHECK(bad == 0, "ulysses %s, rank %d of %d: %d elements differ after the way back", zigzag ? "zigzag" : "contiguous", r, C, bad);
+    device_free(x); device_free(send); device_free(recv); device_free(y);
+    free(h); free(got);
+}
+
 int main(int argc, char **argv) {
     comm_group *world = comm_init(&argc, &argv);
     int p = world->size, r = world->rank;
+
+    check_chunk_rule();
+    check_ulysses(world, false);
+    check_ulysses(world, true);
 
     check_relayout(1, 3, 5, 4);
     check_relayout(4, 1, 3, 2);     /* B = 1: the two orders coincide */

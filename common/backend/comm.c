@@ -74,7 +74,8 @@ static double ring_factor(collective_kind k, int p) {
     switch (k) {
     case COLL_ALL_REDUCE: return 2.0 * (p - 1) / p;
     case COLL_ALL_GATHER:
-    case COLL_REDUCE_SCATTER: return (double)(p - 1) / p;
+    case COLL_REDUCE_SCATTER:
+    case COLL_ALL_TO_ALL: return (double)(p - 1) / p;
     case COLL_BROADCAST:
     case COLL_SEND: return 1.0;
     default: return 0.0;
@@ -112,6 +113,9 @@ void comm_reduce_scatter(comm_group *g, const float *send, float *recv, size_t c
 }
 void comm_broadcast(comm_group *g, float *buf, size_t count_, int root) {
     TIMED(g, COLL_BROADCAST, count_ * 4.0, if (g->size > 1) backend_broadcast(g, buf, count_, root));
+}
+void comm_all_to_all(comm_group *g, const float *send, float *recv, size_t count_) {
+    TIMED(g, COLL_ALL_TO_ALL, count_ * 4.0 * g->size, backend_all_to_all(g, send, recv, count_));
 }
 void comm_send(comm_group *g, const float *buf, size_t count_, int peer) {
     TIMED(g, COLL_SEND, count_ * 4.0, backend_send(g, buf, count_, peer));
@@ -202,7 +206,7 @@ void comm_host_gather(comm_group *g, const float *send, float *recv, size_t coun
 /* ---- statistics ---- */
 
 static const char *kind_names[COLL_NKINDS] = {
-    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv", "barrier"};
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv", "all_to_all", "barrier"};
 const char *collective_name(collective_kind k) { return kind_names[k]; }
 
 void comm_reset_stats(comm_group *g) { memset(g->stats, 0, sizeof g->stats); }

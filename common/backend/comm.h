@@ -9,13 +9,17 @@
  *   all-gather:     recv = [rank 0's chunk | rank 1's chunk | ...], each `count` floats.
  *   reduce-scatter: send = [chunk for rank 0 | chunk for rank 1 | ...]; rank r receives the
  *                   element-wise sum of every rank's chunk r (`count` floats).
+ *   all-to-all:     send = [chunk for rank 0 | chunk for rank 1 | ...], recv = [chunk from
+ *                   rank 0 | chunk from rank 1 | ...]: a transpose of the ranks' chunks.
  *
  * Every call is counted per group and collective (calls, payload bytes, modelled wire bytes,
  * wall time) so chapters can print measured communication next to their formulas.
  *   payload bytes: size of the full logical tensor (all-reduce: count*4; all-gather: the
- *                  gathered output; reduce-scatter: the full input; send/recv: the message).
+ *                  gathered output; reduce-scatter: the full input; send/recv: the message;
+ *                  all-to-all: this rank's whole send buffer).
  *   wire bytes:    what one rank sends with a ring algorithm: all-reduce 2(p-1)/p * payload,
- *                  all-gather and reduce-scatter (p-1)/p * payload, broadcast and send: payload.
+ *                  all-gather and reduce-scatter (p-1)/p * payload, broadcast and send: payload;
+ *                  all-to-all: (p-1)/p * payload (its own chunk stays).
  *   seconds:       blocking calls: wall time of the call, after the device has finished the
  *                  work queued before it (so a kernel's time is never counted as communication).
  *                  Non-blocking calls (comm_i*): only the time the caller stayed blocked in
@@ -36,7 +40,7 @@ typedef enum { COMM_SUM = 0, COMM_MAX } comm_op;
 
 typedef enum {
     COLL_ALL_REDUCE = 0, COLL_ALL_GATHER, COLL_REDUCE_SCATTER, COLL_BROADCAST,
-    COLL_SEND, COLL_RECV, COLL_BARRIER, COLL_NKINDS
+    COLL_SEND, COLL_RECV, COLL_ALL_TO_ALL, COLL_BARRIER, COLL_NKINDS
 } collective_kind;
 
 typedef struct {
@@ -70,6 +74,10 @@ void comm_all_gather(comm_group *g, const float *send, float *recv, size_t count
 /* send: [size * count], recv: [count]. Issues: one reduce-scatter (sum). */
 void comm_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count);
 void comm_broadcast(comm_group *g, float *buf, size_t count, int root);
+/* send: [size * count], chunk j for rank j; recv: [size * count], chunk i from rank i (send and
+ * recv distinct). Issues: one all-to-all (MPI_Alltoall; on NCCL one group of a ncclSend and a
+ * ncclRecv per peer). DeepSpeed-Ulysses' switch between sequence and head sharding (chapter 06). */
+void comm_all_to_all(comm_group *g, const float *send, float *recv, size_t count);
 void comm_send(comm_group *g, const float *buf, size_t count, int peer);
 void comm_recv(comm_group *g, float *buf, size_t count, int peer);
 void comm_barrier(comm_group *g);

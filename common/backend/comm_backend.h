@@ -25,6 +25,7 @@ void backend_all_reduce(comm_group *g, float *buf, size_t count, comm_op op);
 void backend_all_gather(comm_group *g, const float *send, float *recv, size_t count);
 void backend_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count);
 void backend_broadcast(comm_group *g, float *buf, size_t count, int root);
+void backend_all_to_all(comm_group *g, const float *send, float *recv, size_t count);
 void backend_send(comm_group *g, const float *buf, size_t count, int peer);
 void backend_recv(comm_group *g, float *buf, size_t count, int peer);
 void backend_sendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,

@@ -24,6 +24,9 @@ void backend_reduce_scatter(comm_group *g, const float *send, float *recv, size_
 void backend_broadcast(comm_group *g, float *buf, size_t count, int root) {
     MPI_Bcast(buf, (int)count, MPI_FLOAT, root, mpi_of(g));
 }
+void backend_all_to_all(comm_group *g, const float *send, float *recv, size_t count) {
+    MPI_Alltoall(send, (int)count, MPI_FLOAT, recv, (int)count, MPI_FLOAT, mpi_of(g));
+}
 void backend_send(comm_group *g, const float *buf, size_t count, int peer) {
     MPI_Send(buf, (int)count, MPI_FLOAT, peer, 0, mpi_of(g));
 }

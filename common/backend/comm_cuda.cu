@@ -253,6 +253,16 @@ void backend_broadcast(comm_group *g, float *buf, size_t count, int root) {
 
 /* Point to point, for pipeline stages. `peer` is a rank of g. The matching call on the peer
  * must be its backend_recv (resp. backend_send) with the same count. */
+/* NCCL has no all-to-all call of its own: one ncclSend and one ncclRecv per peer (itself
+ * included), grouped so that they run together and cannot deadlock. */
+void backend_all_to_all(comm_group *g, const float *send, float *recv, size_t count) {
+    NCCL_CHECK(ncclGroupStart());
+    for (int peer = 0; peer < g->size; peer++) {
+        NCCL_CHECK(ncclSend(send + (size_t)peer * count, count, ncclFloat, peer, nccl_of(g), cuda_stream()));
+        NCCL_CHECK(ncclRecv(recv + (size_t)peer * count, count, ncclFloat, peer, nccl_of(g), cuda_stream()));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+}
 void backend_send(comm_group *g, const float *buf, size_t count, int peer) {
     NCCL_CHECK(ncclSend(buf, count, ncclFloat, peer, nccl_of(g), cuda_stream()));
 }

@@ -53,6 +53,11 @@ size_t mem_peak_total(void);
 size_t mem_largest_alloc(mem_category cat);   /* the largest single live-or-past allocation */
 size_t mem_allocation_bytes(const void *p);  /* bytes of the live allocation p (0 if unknown) */
 void mem_reset_peaks(void);                  /* peaks := current values */
+/* A second high-water mark, for measuring one operation's working set without disturbing the
+ * peaks above: mem_mark returns the category's current bytes and restarts the mark there;
+ * mem_mark_peak is the most the category held since. Working set = mem_mark_peak - mem_mark. */
+size_t mem_mark(mem_category cat);
+size_t mem_mark_peak(mem_category cat);
 const char *mem_category_name(mem_category cat);
 
 C_END

@@ -15,6 +15,7 @@ static live_alloc *live = NULL;
 static size_t n_live = 0, cap_live = 0;
 static size_t current[MEM_NCATEGORIES], peak[MEM_NCATEGORIES], largest[MEM_NCATEGORIES];
 static size_t current_total = 0, peak_total = 0;
+static size_t mark_peak[MEM_NCATEGORIES];   /* the highest current[] since mem_mark (mem_mark_peak) */
 
 static const char *category_names[MEM_NCATEGORIES] = {
     "parameters", "gradients", "optimizer", "activations", "buffers"};
@@ -31,6 +32,7 @@ void mem_track_alloc(const void *p, size_t bytes, mem_category cat) {
     current[cat] += bytes;
     current_total += bytes;
     if (current[cat] > peak[cat]) peak[cat] = current[cat];
+    if (current[cat] > mark_peak[cat]) mark_peak[cat] = current[cat];
     if (current_total > peak_total) peak_total = current_total;
     if (bytes > largest[cat]) largest[cat] = bytes;
 }
@@ -59,6 +61,9 @@ size_t mem_allocation_bytes(const void *p) {
         if (live[i].p == p) return live[i].bytes;
     return 0;
 }
+
+size_t mem_mark(mem_category cat) { return mark_peak[cat] = current[cat]; }
+size_t mem_mark_peak(mem_category cat) { return mark_peak[cat]; }
 
 void mem_reset_peaks(void) {
     for (int c = 0; c < MEM_NCATEGORIES; c++) { peak[c] = current[c]; largest[c] = 0; }

@@ -36,3 +36,29 @@ void seq_sequence_to_chunks(float *chunks, const float *x, int p, int B, int Ts,
                                                                                 Ts, C, n);
     CUDA_CHECK_LAUNCH();
 }
+
+/* ---- Ulysses: one thread per element, the index maps of seq_layout.h ---- */
+
+static size_t ulysses_numel(ulysses_shape s) { return (size_t)s.C * s.B * s.Tl * s.Hg * s.hd; }
+
+/* gather: dst[o] = src[map(o)]; scatter: dst[map(o)] = src[o] */
+static __global__ void ulysses_kernel(float *dst, const float *src, ulysses_shape s, bool by_heads,
+                                      bool gather, size_t n) {
+    GRID_STRIDE_LOOP(o, n) {
+        size_t i = by_heads ? ulysses_head_index(o, s) : ulysses_rank_row_index(o, s);
+        if (gather) dst[o] = src[i];
+        else dst[i] = src[o];
+    }
+}
+
+static void ulysses_launch(float *dst, const float *src, ulysses_shape s, bool by_heads, bool gather) {
+    size_t n = ulysses_numel(s);
+    if (n == 0) return;
+    ulysses_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(dst, src, s, by_heads, gather, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void ulysses_heads_to_chunks(float *chunks, const float *x, ulysses_shape s) { ulysses_launch(chunks, x, s, true, true); }
+void ulysses_chunks_to_heads(float *x, const float *chunks, ulysses_shape s) { ulysses_launch(x, chunks, s, true, false); }
+void ulysses_rank_rows_to_sequence(float *y, const float *recv, ulysses_shape s) { ulysses_launch(y, recv, s, false, true); }
+void ulysses_sequence_to_rank_rows(float *recv, const float *y, ulysses_shape s) { ulysses_launch(recv, y, s, false, false); }

@@ -41,6 +41,8 @@ llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B)
     d.Fl = c->ffn_dim / split_ffn;
     d.Vl = c->vocab_size / split_vocab;
     d.v0 = split_vocab > 1 ? r * d.Vl : 0;
+    d.probs = plan->attention.saved_numel ? plan->attention.saved_numel(plan, B, d.T, d.Hl)
+                                          : (size_t)B * d.Hl * d.T * d.T;
     return d;
 }
 
@@ -56,7 +58,7 @@ size_t llama_act_numel(const llama_dims *d, int act) {
     case ACT_ATTN_RSTD: case ACT_FFN_RSTD: return Ns;
     case ACT_Q: case ACT_ATTN_OUT: return N * d->Hl * d->hd;
     case ACT_K: case ACT_V: return N * d->Hkvl * d->hd;
-    case ACT_PROBS: return (size_t)d->B * d->Hl * d->T * d->T;
+    case ACT_PROBS: return d->probs;
     default: return N * d->Fl;                       /* ACT_FFN_A, ACT_FFN_B, ACT_FFN_G */
     }
 }
@@ -77,6 +79,8 @@ double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, d
     double D = c->dim, hd = llama_head_dim(c), V = c->vocab_size / plan_split(plan, P_OUTPUT, p);
     double q = c->n_heads / split * hd, kv = c->n_kv_heads / plan_split(plan, P_WK, p) * hd;
     double F = c->ffn_dim / plan_split(plan, P_W1, p), probs = B * (c->n_heads / split) * T * T;
+    if (plan->attention.saved_numel)
+        probs = (double)plan->attention.saved_numel(plan, B, (int)T, (int)(c->n_heads / split));
     double layer = 4 * Ns * D + 2 * Ns + 2 * N * q + 2 * N * kv + probs + 3 * N * F;   /* all of it */
     int held_layers = 0;
     for (int l = 0; l < c->n_layers; l++) held_layers += plan_holds(plan, c->n_layers, P_WQ, l);

@@ -29,6 +29,7 @@ typedef struct {
     int B, T, Ts, N, Ns;
     int D, hd, Hl, Hkvl, Fl;
     int Vl, v0;
+    size_t probs;                   /* floats attention saves per layer (the plan's saved_numel) */
 } llama_dims;
 
 /* What one layer saves for backward, by name or by ACT_* index (plan.h). A tensor the plan's
@@ -40,7 +41,8 @@ typedef union {
         float *attn_rstd;   /* [Ns]             1 / rms of each row of h_in                  */
         float *q;           /* [N, Hl*hd]       queries after RoPE                           */
         float *k, *v;       /* [N, Hkvl*hd]     keys after RoPE, values                      */
-        float *probs;       /* [B, Hl, T, T]    softmax of the causal scores                 */
+        float *probs;       /* [B, Hl, T, T]    softmax of the causal scores (or what the
+                             *                  plan's attention saves instead, d.probs)      */
         float *attn_out;    /* [N, Hl*hd]       attention output: input of wo                */
         float *h_mid;       /* [Ns, D]          residual stream after the attention block    */
         float *ffn_xn;      /* [Ns, D]          rmsnorm(h_mid) * ffn_norm                    */
@@ -89,7 +91,7 @@ struct llama_model {
     float *dh;                      /* [Ns, D] gradient of the residual stream, flowing back     */
     float *dattn_out, *dq;          /* [N, Hl*hd]                                                */
     float *dk, *dv;                 /* [N, Hkvl*hd]                                              */
-    float *dprobs;                  /* [B, Hl, T, T]                                             */
+    float *dprobs;                  /* [d.probs] the attention backward's scratch                */
     float *dffn_g, *dffn_a, *dffn_b; /* [N, Fl]                                                  */
 };
 

@@ -39,7 +39,8 @@ static void local_attention_backward(const llama_plan *p, float *dq, float *dk, 
                                      const float *v, const float *probs, int B, int T, int H, int Hkv, int hd) {
     attention_backward(dq, dk, dv, dprobs, dout, q, k, v, probs, B, T, H, Hkv, hd);
 }
-const attention_ops attention_local = {local_attention_forward, local_attention_backward};
+const attention_ops attention_local = {.forward = local_attention_forward, .backward = local_attention_backward,
+                                       .saved_numel = NULL};   /* the softmax, B H T T */
 
 static void fp32_linear_forward(const llama_plan *p, float *y, const float *x, const float *W, int N,
                                 int in, int out) {

@@ -66,15 +66,18 @@ typedef struct {
 } loss_ops;
 
 /* Causal attention over the heads this rank holds (llama_kernels.h's shapes): q [B, T, H, hd],
- * k, v [B, T, Hkv, hd] -> out [B, T, H, hd], probs [B, H, T, T] saved for backward (an operator
- * may keep less there: ring attention keeps the log-sum-exp of each row, [B, H, T]). backward
- * also gets the forward's out. Under context parallelism T is this rank's rows of each sequence. */
+ * k, v [B, T, Hkv, hd] -> out [B, T, H, hd], probs [saved_numel] saved for backward: the softmax
+ * [B, H, T, T] for the local operator; an operator may keep less (ring attention keeps the
+ * log-sum-exp of each row, [B, H, T]) and says how much with saved_numel (NULL: B H T T). The
+ * backward gets the forward's out and a scratch dprobs of the same size. Under context
+ * parallelism T is this rank's rows of each sequence. */
 typedef struct {
     void (*forward)(const llama_plan *p, float *out, float *probs, const float *q, const float *k,
                     const float *v, int B, int T, int H, int Hkv, int hd);
     void (*backward)(const llama_plan *p, float *dq, float *dk, float *dv, float *dprobs,
                      const float *dout, const float *out, const float *q, const float *k, const float *v,
                      const float *probs, int B, int T, int H, int Hkv, int hd);
+    size_t (*saved_numel)(const llama_plan *p, int B, int T, int H);
 } attention_ops;
 
 /* y = x W^T: forward x [N, in], W [out, in] -> y [N, out] (=); backward dx (=, NULL: skipped),
