@@ -227,16 +227,16 @@ static void progress(dp_state *s) {
         for (int j = 0; j < s->slots[k].n_req; j++) comm_progress(&s->slots[k].req[j]);
     for (int k = 0; k < s->n_reqs; k++) comm_progress(&s->reqs[k]);
 }
-static void linear_forward_progress(const llama_plan *p, float *y, const float *x, const float *W,
-                                    int N, int in, int out) {
+static void linear_forward_progress(const llama_plan *p, linear_site site, float *y, const float *x,
+                                    const float *W, int N, int in, int out) {
     dp_state *s = p->ctx;
-    s->inner.forward(p, y, x, W, N, in, out);
+    s->inner.forward(p, site, y, x, W, N, in, out);
     progress(s);
 }
-static void linear_backward_progress(const llama_plan *p, float *dx, float *dW, const float *dy,
-                                     const float *x, const float *W, int N, int in, int out) {
+static void linear_backward_progress(const llama_plan *p, linear_site site, float *dx, float *dW,
+                                     const float *dy, const float *x, const float *W, int N, int in, int out) {
     dp_state *s = p->ctx;
-    s->inner.backward(p, dx, dW, dy, x, W, N, in, out);
+    s->inner.backward(p, site, dx, dW, dy, x, W, N, in, out);
     progress(s);
 }
 

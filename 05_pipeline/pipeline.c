@@ -10,6 +10,7 @@
 
 /* One weight gradient that zb-h1's I left for its W: dW += dy^T x of one linear. */
 typedef struct {
+    linear_site site;
     float *dW, *dy, *x_copy;      /* dy (and x, when it lives in a shared buffer) copied at I */
     const float *x, *W;
     int N, in, out;
@@ -80,10 +81,10 @@ static void progress_messages(pp_state *s) {
         if (s->posted[k] && s->recv[k].buf) comm_progress(&s->recv[k].req);
 }
 
-static void pipeline_linear_forward(const llama_plan *p, float *y, const float *x, const float *W, int N,
-                                    int in, int out) {
+static void pipeline_linear_forward(const llama_plan *p, linear_site site, float *y, const float *x,
+                                    const float *W, int N, int in, int out) {
     pp_state *s = state_of(p);
-    s->inner.linear.forward(p, y, x, W, N, in, out);
+    s->inner.linear.forward(p, site, y, x, W, N, in, out);
     progress_messages(s);
 }
 
@@ -91,15 +92,15 @@ static void pipeline_linear_forward(const llama_plan *p, float *y, const float *
  * on the (microbatch, chunk)'s list for its W. dy lives in a buffer the next layer reuses, so it
  * is copied; x is a saved activation of the set, kept until W, unless the plan splits the sequence
  * (then the linear's input is the shared whole-sequence buffer: copied too). */
-static void pipeline_linear_backward(const llama_plan *p, float *dx, float *dW, const float *dy,
-                                     const float *x, const float *W, int N, int in, int out) {
+static void pipeline_linear_backward(const llama_plan *p, linear_site site, float *dx, float *dW,
+                                     const float *dy, const float *x, const float *W, int N, int in, int out) {
     pp_state *s = state_of(p);
     if (!s->collecting) {
-        s->inner.linear.backward(p, dx, dW, dy, x, W, N, in, out);
+        s->inner.linear.backward(p, site, dx, dW, dy, x, W, N, in, out);
         progress_messages(s);
         return;
     }
-    s->inner.linear.backward(p, dx, NULL, dy, x, W, N, in, out);   /* the input gradient only */
+    s->inner.linear.backward(p, site, dx, NULL, dy, x, W, N, in, out);   /* the input gradient only */
     progress_messages(s);
     wgrad_list *l = s->collecting;
     if (l->n == l->cap) {
@@ -107,7 +108,7 @@ static void pipeline_linear_backward(const llama_plan *p, float *dx, float *dW, 
         l->items = realloc(l->items, (size_t)l->cap * sizeof *l->items);
     }
     deferred_wgrad *d = &l->items[l->n++];
-    *d = (deferred_wgrad){dW, device_alloc_floats((size_t)N * out, MEM_BUFFERS), NULL, x, W, N, in, out};
+    *d = (deferred_wgrad){site, dW, device_alloc_floats((size_t)N * out, MEM_BUFFERS), NULL, x, W, N, in, out};
     device_copy(d->dy, dy, (size_t)N * out * sizeof(float));
     if (p->seq_shards > 1) {
         d->x_copy = device_alloc_floats((size_t)N * in, MEM_BUFFERS);
@@ -122,7 +123,7 @@ static void run_deferred(pp_state *s, wgrad_list *l) {
     for (int k = 0; k < l->n; k++) {
         deferred_wgrad *d = &l->items[k];
         /* BEGIN ASSIGNMENT: W's work: the weight gradient dW += dy^T x of the deferred linear d, with the plan's own linear operator (no input gradient), then free d's copies */
-        s->inner.linear.backward(p, NULL, d->dW, d->dy, d->x, d->W, d->N, d->in, d->out);
+        s->inner.linear.backward(p, d->site, NULL, d->dW, d->dy, d->x, d->W, d->N, d->in, d->out);
         device_free(d->dy);
         device_free(d->x_copy);
         /* END ASSIGNMENT */

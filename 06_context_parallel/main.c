@@ -12,7 +12,7 @@
  *   make run-06 NP=4 ARGS="--cp-method allgather"
  *   make run-06 NP=4 ARGS="--cp-method alltoall"            Ulysses: heads dealt out, whole sequences
  *   make run-06 NP=4 ARGS="--cp 2 --tp 2"                   CP x TP: heads by tp, rows by cp
- *   make check-06                                           both methods and balances at cp 1, 2, 4; the bug
+ *   make check-06                                           the methods and balances at cp 1, 2, 4; the bug
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,11 +32,11 @@
 static const char *usage =
     "usage: 06 [flags]   (under mpirun: NP = cp x tp ranks)\n"
     "  --cp-method ring|allgather|alltoall  how the keys and values reach the queries (default ring)\n"
-    "  --cp-balance contiguous|zigzag    which rows each rank holds (default zigzag)\n"
-    "  --cp C                            ranks each sequence is split over (default: NP / tp)\n"
-    "  --tp T                            tensor parallelism inside each cp rank (default 1)\n"
-    "  --ring-timeline                   write each rank's ring steps (compute, wait) of the last forward\n"
-    "                                    to OUT/ring_timeline.csv (synchronises the device at each step)\n"
+    "  --cp-balance contiguous|zigzag       which rows each rank holds (default zigzag)\n"
+    "  --cp C                               ranks each sequence is split over (default: NP / tp)\n"
+    "  --tp T                               tensor parallelism inside each cp rank (default 1)\n"
+    "  --ring-timeline                      write each rank's ring steps (compute, wait) of the last\n"
+    "                                       forward to OUT/ring_timeline.csv (synchronises the device)\n"
     "  (defaults of this chapter: --seq-len 64)\n";
 
 enum { OPT_METHOD = 1, OPT_BALANCE, OPT_CP, OPT_TP, OPT_TIMELINE };
@@ -122,10 +122,10 @@ static int report_attention_memory(const llama_plan *plan, const llama_model *m,
         {"saved: log-sum-exp", saved, 4.0 * d->B * d->Hl * d->T, "B H Tl x 4"},
         {"forward scratch, at most", (double)forward, 4 * f_forward,
          o->method == CP_RING ? "(4K + Tc H hd + H Tc + H Tc^2) x 4"
-         : o->method == CP_ALLGATHER ? "(2K (C+1) + Tc H hd + H Tc + H Tc^2) x 4" : "(2Q + 2K + max(2Q, B H/C T^2)) x 4"},
+         : o->method == CP_ALLGATHER ? "(2K (C+1) + Tc H hd + H Tc + H Tc^2) x 4" : "(2Q + 2K + max(2Q, B (H/C) T^2)) x 4"},
         {"backward scratch, at most", (double)backward, 4 * f_backward,
          o->method == CP_RING ? "(8K + 2 H Tc^2) x 4"
-         : o->method == CP_ALLGATHER ? "(4K (C+1) + 2 H Tc^2) x 4" : "(4Q + 4K + max(2Q, 2 B H/C T^2)) x 4"}};
+         : o->method == CP_ALLGATHER ? "(4K (C+1) + 2 H Tc^2) x 4" : "(4Q + 4K + max(2Q, 2 B (H/C) T^2)) x 4"}};
     int bad = report_memory(title, rows, 3);
     log0("  (K = B Tl Hkv hd, Q = B Tl H hd: this rank's k and q; Tl = %d rows, Tc = %d)\n", d->T, d->T / 2);
     return (int)comm_host_sum(comm_world(), bad);

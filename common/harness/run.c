@@ -253,14 +253,16 @@ static void compare_step(const run_options *o, int step, double loss, double bas
     const llama_config *c = &o->model;
     bool root = comm_world()->rank == 0;
     bool table = step == 1 || o->verbose_grads;
-    if (root) parity_loss(step, loss, base_loss);
+    if (root && (step == 1 || !o->judge_first_step_only)) parity_loss(step, loss, base_loss);
     /* Gradients are judged on step 1, where both models hold the same parameters. After that
      * the two runs have taken AdamW steps from gradients that differ in their last bits, and
      * AdamW's normalisation (m / sqrt(v)) turns a rounding-level difference in a near-zero
      * gradient element into a parameter difference of up to lr: later gradients then differ
      * by an amount proportional to lr, not to rounding. They are shown, not judged; the loss,
      * judged on every step, covers the whole trajectory. */
-    parity_set_grads_enforced(step == 1);
+    const char *unjudged = root && step == 1 && o->step1_grads_unjudged ? o->step1_grads_unjudged(o->step1_ctx) : NULL;
+    if (unjudged) log0("  step 1's gradients: shown, not judged: %s\n", unjudged);
+    parity_set_grads_enforced(step == 1 && !unjudged);
     parity_set_verbose(table);
     if (table) parity_print_header("  gradients, parallel (gathered) vs baseline:");
     size_t biggest = largest_param_numel(c, (size_t)o->batch * c->seq_len * c->dim);   /* or dX */
@@ -382,7 +384,10 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
     const llama_config *c = &o->model;
     int N = o->batch * c->seq_len;
     bool root = comm_world()->rank == 0;
-    llama_model *base = o->check && root ? llama_create_baseline(c, o->batch, o->seed) : NULL;
+    llama_model *base = NULL;
+    if (o->check && root)
+        base = o->baseline_plan ? llama_create(c, o->baseline_plan, o->batch, o->seed)
+                                : llama_create_baseline(c, o->batch, o->seed);
     mem_reset_peaks();   /* the largest allocation seen from here on is the parallel run's own */
     int *tokens = device_alloc_ints(N, MEM_BUFFERS), *targets = device_alloc_ints(N, MEM_BUFFERS);
     float *scalar = device_alloc_floats(1, MEM_BUFFERS);
@@ -452,7 +457,9 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
         if (base) llama_adamw_step(base, &o->opt, step);
     }
     csv_close(csv);
-    if (o->check) compare_params(o, model, base);
+    if (o->check && !o->judge_first_step_only) compare_params(o, model, base);
+    else if (o->check && o->steps > 1)
+        log0("  losses after step 1 and the parameters after the last step: shown, not judged (see above)\n");
     if (o->dump_dir) dump_require(o, root ? dump_commit() : 0);   /* the finished dump, in one rename */
     llama_free(base);
     device_free(tokens);

@@ -31,6 +31,15 @@ typedef struct {
     bool kv_heads_follow_heads; /* set before parsing: without --n-kv-heads, n_kv_heads =
                                  * n_heads (no grouping), so every tp dividing the heads runs */
     bool kv_heads_given;     /* --n-kv-heads was on the command line                    */
+    const llama_plan *baseline_plan; /* the --check baseline's plan, on one device (NULL:
+                                 * plan_single_device(); chapter 07: the same float8 casts) */
+    bool judge_first_step_only; /* judge the loss and the gradients of step 1 only, and not the
+                                 * parameters after the last step (chapter 07: float8 casts turn
+                                 * rounding-level differences into whole quanta after step 1) */
+    /* Rank 0, before step 1's gradients are compared: NULL to judge them, or why they are shown
+     * and not judged (chapter 07: a cast landed on the neighbouring code; NULL: always judged). */
+    const char *(*step1_grads_unjudged)(const void *ctx);
+    const void *step1_ctx;
 } run_options;
 
 /* getopt_long codes of the shared flags (above any single-character option). */

@@ -256,9 +256,9 @@ static void layer_forward(llama_model *m, int l, float *h_out, const unit_weight
     /* the region's entry: attn_in[N, D], every token of the sequence */
     p->region.enter_forward(p, attn_in, a->attn_xn, B, Ts, D);
     /* q[N, Hl*hd], k and v [N, Hkvl*hd]: three projections of the same normed input */
-    p->linear.forward(p, a->q, attn_in, w.wq, N, D, Hl * hd);
-    p->linear.forward(p, a->k, attn_in, w.wk, N, D, Hkvl * hd);
-    p->linear.forward(p, a->v, attn_in, w.wv, N, D, Hkvl * hd);
+    p->linear.forward(p, (linear_site){P_WQ, l}, a->q, attn_in, w.wq, N, D, Hl * hd);
+    p->linear.forward(p, (linear_site){P_WK, l}, a->k, attn_in, w.wk, N, D, Hkvl * hd);
+    p->linear.forward(p, (linear_site){P_WV, l}, a->v, attn_in, w.wv, N, D, Hkvl * hd);
     /* positions enter through RoPE only: rotate q and k (not v) in place */
     rope_forward(a->q, m->positions, B, T, Hl, hd, theta);
     rope_forward(a->k, m->positions, B, T, Hkvl, hd, theta);
@@ -266,7 +266,7 @@ static void layer_forward(llama_model *m, int l, float *h_out, const unit_weight
     p->attention.forward(p, a->attn_out, a->probs, a->q, a->k, a->v, B, T, Hl, Hkvl, hd);
     /* partial[N, D] = attn_out wo^T (this rank's heads' share), then the region's exit */
     float *partial = whole(m, m->y_partial, a->h_mid);
-    p->linear.forward(p, partial, a->attn_out, w.wo, N, Hl * hd, D);
+    p->linear.forward(p, (linear_site){P_WO, l}, partial, a->attn_out, w.wo, N, Hl * hd, D);
     p->region.exit_forward(p, a->h_mid, partial, B, Ts, D);
     add_inplace(a->h_mid, a->h_in, (size_t)Ns * D);                   /* residual, [Ns, D] */
 
@@ -274,13 +274,13 @@ static void layer_forward(llama_model *m, int l, float *h_out, const unit_weight
     rmsnorm_forward(a->ffn_xn, a->ffn_rstd, a->h_mid, w.ffn_norm, Ns, D, eps);
     p->region.enter_forward(p, ffn_in, a->ffn_xn, B, Ts, D);
     /* ffn_a, ffn_b [N, Fl]: the gate and the up projection */
-    p->linear.forward(p, a->ffn_a, ffn_in, w.w1, N, D, Fl);
-    p->linear.forward(p, a->ffn_b, ffn_in, w.w3, N, D, Fl);
+    p->linear.forward(p, (linear_site){P_W1, l}, a->ffn_a, ffn_in, w.w1, N, D, Fl);
+    p->linear.forward(p, (linear_site){P_W3, l}, a->ffn_b, ffn_in, w.w3, N, D, Fl);
     /* ffn_g[N, Fl] = silu(ffn_a) * ffn_b, element-wise */
     swiglu_forward(a->ffn_g, a->ffn_a, a->ffn_b, (size_t)N * Fl);
     if (!h_out) return;     /* a recomputation: backward needs w2's input, not its output */
     partial = whole(m, m->y_partial, h_out);
-    p->linear.forward(p, partial, a->ffn_g, w.w2, N, Fl, D);          /* [N, D] */
+    p->linear.forward(p, (linear_site){P_W2, l}, partial, a->ffn_g, w.w2, N, Fl, D);          /* [N, D] */
     p->region.exit_forward(p, h_out, partial, B, Ts, D);
     add_inplace(h_out, a->h_mid, (size_t)Ns * D);                     /* residual */
 }
@@ -330,12 +330,12 @@ void llama_layer_backward(llama_model *m, int l, float *dh) {
      * unchanged, the branch adds its part below. ---- */
     p->region.exit_backward(p, dy, dh, B, Ts, D);           /* dy[N, D] = d/d (w2's output) */
     /* dffn_g[N, Fl] = dy w2;  d w2 += dy^T ffn_g */
-    p->linear.backward(p, m->dffn_g, g.w2, dy, a->ffn_g, w.w2, N, Fl, D);
+    p->linear.backward(p, (linear_site){P_W2, l}, m->dffn_g, g.w2, dy, a->ffn_g, w.w2, N, Fl, D);
     /* dffn_a, dffn_b [N, Fl] through silu(a) * b */
     swiglu_backward(m->dffn_a, m->dffn_b, m->dffn_g, a->ffn_a, a->ffn_b, (size_t)N * Fl);
     /* dxn_full[N, D] = dffn_a w1 + dffn_b w3 (this rank's units' share): ffn_in feeds both */
-    p->linear.backward(p, m->dxn_full, g.w1, m->dffn_a, ffn_in, w.w1, N, D, Fl);
-    p->linear.backward(p, m->dxn_part, g.w3, m->dffn_b, ffn_in, w.w3, N, D, Fl);
+    p->linear.backward(p, (linear_site){P_W1, l}, m->dxn_full, g.w1, m->dffn_a, ffn_in, w.w1, N, D, Fl);
+    p->linear.backward(p, (linear_site){P_W3, l}, m->dxn_part, g.w3, m->dffn_b, ffn_in, w.w3, N, D, Fl);
     add_inplace(m->dxn_full, m->dxn_part, ND);
     p->region.enter_backward(p, dxn, m->dxn_full, B, Ts, D);   /* dxn[Ns, D]: summed over ranks */
     /* dh += d/d h_mid through ffn_norm: dh now holds d loss / d h_mid */
@@ -344,7 +344,7 @@ void llama_layer_backward(llama_model *m, int l, float *dh) {
     /* ---- attention block: h_mid = h_in + wo(attn_out), the same pattern ---- */
     p->region.exit_backward(p, dy, dh, B, Ts, D);
     /* dattn_out[N, Hl*hd] = dy wo;  d wo += dy^T attn_out */
-    p->linear.backward(p, m->dattn_out, g.wo, dy, a->attn_out, w.wo, N, Hl * hd, D);
+    p->linear.backward(p, (linear_site){P_WO, l}, m->dattn_out, g.wo, dy, a->attn_out, w.wo, N, Hl * hd, D);
     /* dq, dk, dv: gradients of the rotated q and k and of v */
     p->attention.backward(p, m->dq, m->dk, m->dv, m->dprobs, m->dattn_out, a->attn_out, a->q, a->k,
                           a->v, a->probs, B, T, Hl, Hkvl, hd);
@@ -352,10 +352,10 @@ void llama_layer_backward(llama_model *m, int l, float *dh) {
     rope_backward(m->dq, m->positions, B, T, Hl, hd, theta);
     rope_backward(m->dk, m->positions, B, T, Hkvl, hd, theta);
     /* dxn_full[N, D] = dq wq + dk wk + dv wv: attn_in feeds three projections */
-    p->linear.backward(p, m->dxn_full, g.wq, m->dq, attn_in, w.wq, N, D, Hl * hd);
-    p->linear.backward(p, m->dxn_part, g.wk, m->dk, attn_in, w.wk, N, D, Hkvl * hd);
+    p->linear.backward(p, (linear_site){P_WQ, l}, m->dxn_full, g.wq, m->dq, attn_in, w.wq, N, D, Hl * hd);
+    p->linear.backward(p, (linear_site){P_WK, l}, m->dxn_part, g.wk, m->dk, attn_in, w.wk, N, D, Hkvl * hd);
     add_inplace(m->dxn_full, m->dxn_part, ND);
-    p->linear.backward(p, m->dxn_part, g.wv, m->dv, attn_in, w.wv, N, D, Hkvl * hd);
+    p->linear.backward(p, (linear_site){P_WV, l}, m->dxn_part, g.wv, m->dv, attn_in, w.wv, N, D, Hkvl * hd);
     add_inplace(m->dxn_full, m->dxn_part, ND);
     p->region.enter_backward(p, dxn, m->dxn_full, B, Ts, D);
     /* dh += d/d h_in through attention_norm: dh now holds d loss / d h_in */
@@ -394,7 +394,7 @@ static float head_forward(llama_model *m, const int *targets, float loss_scale, 
     float *xn = whole(m, m->attn_in, s->final_xn);      /* [N, D] (attn_in is free here) */
     p->vocab.enter_forward(p, xn, s->final_xn, d->B, d->Ts, d->D);
     /* logits[N, Vl] = xn output^T: this rank's vocabulary rows */
-    p->linear.forward(p, s->logits, xn, w->output, N, d->D, Vl);
+    p->linear.forward(p, (linear_site){P_OUTPUT, -1}, s->logits, xn, w->output, N, d->D, Vl);
     /* the sum over valid targets of -log softmax(logits)[target] */
     float loss_sum = p->loss.forward(p, s->logits, s->targets, N, Vl, v0, s->loss_stats, m->loss_scratch);
     return loss_sum * loss_scale;
@@ -412,7 +412,7 @@ static void head_backward(llama_model *m, float *dh, const unit_weights *w, cons
     float *xn = whole(m, m->attn_in, s->final_xn);
     p->vocab.enter_forward(p, xn, s->final_xn, B, Ts, D);
     /* dxn_full[N, D] = dlogits output (this rank's vocabulary rows' share);  d output += dlogits^T xn */
-    p->linear.backward(p, m->dxn_full, g->output, s->logits, xn, w->output, N, D, Vl);
+    p->linear.backward(p, (linear_site){P_OUTPUT, -1}, m->dxn_full, g->output, s->logits, xn, w->output, N, D, Vl);
     float *dxn = whole(m, m->dxn, m->dxn_full);
     p->vocab.enter_backward(p, dxn, m->dxn_full, B, Ts, D);
     /* dh[Ns, D] = d loss / d h_final (through the final norm); d norm += ... */

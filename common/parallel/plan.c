@@ -42,12 +42,12 @@ static void local_attention_backward(const llama_plan *p, float *dq, float *dk, 
 const attention_ops attention_local = {.forward = local_attention_forward, .backward = local_attention_backward,
                                        .saved_numel = NULL};   /* the softmax, B H T T */
 
-static void fp32_linear_forward(const llama_plan *p, float *y, const float *x, const float *W, int N,
-                                int in, int out) {
+static void fp32_linear_forward(const llama_plan *p, linear_site site, float *y, const float *x,
+                                const float *W, int N, int in, int out) {
     linear_forward(y, x, W, N, in, out);
 }
-static void fp32_linear_backward(const llama_plan *p, float *dx, float *dW, const float *dy,
-                                 const float *x, const float *W, int N, int in, int out) {
+static void fp32_linear_backward(const llama_plan *p, linear_site site, float *dx, float *dW,
+                                 const float *dy, const float *x, const float *W, int N, int in, int out) {
     linear_backward(dx, dW, dy, x, W, N, in, out);
 }
 const linear_ops linear_fp32 = {fp32_linear_forward, fp32_linear_backward};

@@ -80,12 +80,19 @@ typedef struct {
     size_t (*saved_numel)(const llama_plan *p, int B, int T, int H);
 } attention_ops;
 
+/* Which linear a call is: its weight's kind (P_WQ ... P_W3, or P_OUTPUT) and layer (-1 for the
+ * output layer). An operator may treat linears differently (chapter 07 keeps the output layer in
+ * fp32, keeps a scale history per weight, and reads plan->layout[kind] to know which operands a
+ * tensor-parallel split has cut). */
+typedef struct { param_kind kind; int layer; } linear_site;
+
 /* y = x W^T: forward x [N, in], W [out, in] -> y [N, out] (=); backward dx (=, NULL: skipped),
  * dW (+=, NULL: skipped). The fp32 GEMM by default; a float8 chapter swaps in its own. */
 typedef struct {
-    void (*forward)(const llama_plan *p, float *y, const float *x, const float *W, int N, int in, int out);
-    void (*backward)(const llama_plan *p, float *dx, float *dW, const float *dy, const float *x,
-                     const float *W, int N, int in, int out);
+    void (*forward)(const llama_plan *p, linear_site site, float *y, const float *x, const float *W,
+                    int N, int in, int out);
+    void (*backward)(const llama_plan *p, linear_site site, float *dx, float *dW, const float *dy,
+                     const float *x, const float *W, int N, int in, int out);
 } linear_ops;
 
 /* Weight access. Before a unit's forward (backward = false) or backward, acquire gives the
@@ -153,6 +160,9 @@ struct llama_plan {
     float (*forward_backward)(const llama_plan *p, llama_model *m, const int *tokens, const int *targets,
                               float loss_scale, const float **dh0);
     void *ctx;                     /* the operators' own state (e.g. scratch buffers), or NULL     */
+    void *linear_ctx;              /* the linear operator's own state (chapter 07's scales), apart
+                                    * from ctx so that it composes with a plan that keeps its state
+                                    * there (chapter 04's FSDP, chapter 01's TP): NULL by default  */
 };
 
 /* Does the plan's rank hold the tensor of `kind` in `layer` (-1: outside the layers)? */

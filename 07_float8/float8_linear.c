@@ -1,0 +1,460 @@
+/* float8_linear.c: the float8 linear operator (float8_linear.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "comm.h"
+#include "device.h"
+#include "float8.h"
+#include "kernels.h"
+#include "llama_kernels.h"
+#include "model.h"
+#include "shard.h"
+#include "float8_linear.h"
+
+typedef enum { OPERAND_X = 0, OPERAND_W, OPERAND_DY, NOPERANDS } operand;
+typedef enum { ALONG_ROWS = 0, ALONG_COLS } scale_axis;   /* the contraction runs along rows / down columns */
+
+#define CASTS 6   /* a site's casts in call order: fwd x, fwd W, bwd dy (rows), W, x, dy (columns) */
+
+typedef struct fp8_state_s {
+    fp8_options o;
+    linear_ops inner;               /* the GEMM on the dequantized operands: the plan's linear before */
+    comm_group *tp;                 /* NULL: no tensor parallelism                                  */
+    shard_layout layout[P_NKINDS];
+    int sites;                      /* L * P_NKINDS: a site is layer * P_NKINDS + kind             */
+    bool local_amax;                /* --fault local-amax                                          */
+    float *forward_scale;           /* [sites][2]: x's and W's tensorwise scale, for the backward  */
+    float *history;                 /* delayed: [sites][NOPERANDS][H] amaxes, newest first        */
+    int *seen;                      /* delayed: [sites][NOPERANDS] amaxes recorded (<= H)         */
+    float *scalar;                  /* one device float, for an amax's all-reduce                  */
+    int step;                       /* forward passes begun (layer 0's wq): the training step      */
+    double worst[FP8_NROLES], first[FP8_NROLES];   /* lowest SQNR: over the run, in step 1      */
+    linear_site worst_at[FP8_NROLES];
+    /* Step 1's casts, code by code (float8_compare_casts): the parallel run keeps each cast's
+     * codes, gathered over tp, on its tp rank 0 (stash); the baseline's operator, on the same
+     * process, compares its own casts with them (peer: the parallel run's state). */
+    float **stash;                  /* [sites][CASTS] host codes, or NULL                          */
+    struct fp8_state_s *peer;
+    fp8_cast_comparison cmp;
+} fp8_state;
+
+static const char *recipe_names[FP8_NRECIPES] = {"off", "tensorwise", "rowwise", "delayed"};
+const char *fp8_recipe_name(fp8_recipe r) { return recipe_names[r]; }
+static const char *role_names[FP8_NROLES] = {"cast x", "cast W", "cast dy", "y = x W^T", "dx = dy W", "dW = dy^T x"};
+const char *fp8_role_name(int role) { return role_names[role]; }
+
+/* torchao's formats: inputs and weights E4M3, the gradient E5M2 (its range, not its precision,
+ * is what a gradient needs); rowwise keeps E4M3 for all (its per-row scales cover the range). */
+float8_format fp8_role_format(fp8_recipe r, int role) {
+    return role == FP8_CAST_DY && r != FP8_ROWWISE ? FLOAT8_E5M2 : FLOAT8_E4M3;
+}
+
+static fp8_state *state_of(const llama_plan *p) { return (fp8_state *)p->linear_ctx; }
+static int site_index(linear_site at) { return at.layer * P_NKINDS + at.kind; }
+
+/* ---- accuracy ---------------------------------------------------------------------------------
+ * SQNR = 20 log10(|ref| / |ref - got|) over the whole tensor (torchao's compute_error), in
+ * double on the host; +inf when the two are equal. */
+static double sqnr_db(const float *ref_dev, const float *got_dev, size_t n) {
+    float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    device_copy_to_host(ref, ref_dev, n * sizeof(float));
+    device_copy_to_host(got, got_dev, n * sizeof(float));
+    double signal = 0, noise = 0;
+    for (size_t i = 0; i < n; i++) {
+        signal += (double)ref[i] * ref[i];
+        noise += ((double)ref[i] - got[i]) * ((double)ref[i] - got[i]);
+    }
+    free(ref);
+    free(got);
+    return noise == 0 ? INFINITY : 10 * log10(signal / noise);
+}
+
+static void note(fp8_state *s, int role, linear_site at, const float *ref, const float *got, size_t n) {
+    double db = sqnr_db(ref, got, n);
+    if (db < s->worst[role]) {
+        s->worst[role] = db;
+        s->worst_at[role] = at;
+    }
+    if (s->step == 1 && db < s->first[role]) s->first[role] = db;
+}
+
+/* ---- step 1's casts, code by code ------------------------------------------------------------
+ * Both runs cast the same tensors at step 1, but a tensor computed on several ranks (a partial
+ * sum all-reduced, a GEMM of another shape) can differ from the single device's in its last bit,
+ * and a value that lies on a rounding boundary then lands on the neighbouring code. So the codes
+ * are compared: equal, the neighbouring code (a boundary case, the only difference the same
+ * scales can produce), or anything else (a wrong scale or cast). */
+
+/* The codes of one cast (q = the fake-quantized values, x its input) as floats 0..255, on the
+ * host of tp rank 0, gathered over tp as `layout` cuts the [rows, cols] operand. */
+static float *gather_codes(fp8_state *s, const float *x, float scale, const float *scales, float8_scaling how,
+                           int rows, int cols, shard_layout layout, float8_format fmt, int *full_rows, int *full_cols) {
+    size_t n = (size_t)rows * cols;
+    uint8_t *q = device_alloc(n, MEM_BUFFERS), *bytes = malloc(n);
+    float8_quantize_scaled(q, x, n, cols, how, scale, scales, fmt);
+    device_copy_to_host(bytes, q, n);
+    float *codes = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) codes[i] = bytes[i];
+    int p = s->tp ? s->tp->size : 1;
+    *full_rows = layout == SHARD_ROWS ? rows * p : rows;
+    *full_cols = layout == SHARD_COLS ? cols * p : cols;
+    float *all = codes;
+    if (s->tp && layout != SHARD_REPLICATED) {
+        float *dev = device_alloc_floats(n, MEM_BUFFERS);
+        device_copy_to_device(dev, codes, n * sizeof(float));
+        all = s->tp->rank == 0 ? malloc((size_t)*full_rows * *full_cols * sizeof(float)) : NULL;
+        shard_gather_to_host(s->tp, layout, dev, *full_rows, *full_cols, all);
+        device_free(dev);
+        free(codes);
+    }
+    device_free(q);
+    free(bytes);
+    return all;
+}
+
+/* One cast's codes against the parallel run's. Until a cast has had a neighbour, every code must
+ * be equal or a neighbour; the casts after it are computed from values that already moved by a
+ * whole float8 step, so they are counted apart (differ_after), not judged. */
+static void compare_codes(fp8_state *s, const float *mine, const float *theirs, size_t n) {
+    long long equal = 0, neighbour = 0, other = 0;
+    for (size_t i = 0; i < n; i++) {
+        int a = (int)mine[i], b = (int)theirs[i];
+        if (a == b) equal++;
+        else if ((a & 0x80) == (b & 0x80) && abs(a - b) == 1) neighbour++;   /* same sign, next code */
+        else other++;
+    }
+    fp8_cast_comparison *k = &s->cmp;
+    if (k->neighbour > 0) {   /* a whole float8 step has already happened upstream */
+        k->equal_after += equal;
+        k->differ_after += neighbour + other;
+        return;
+    }
+    k->equal += equal;
+    k->neighbour += neighbour;
+    k->other += other;
+}
+
+/* After a cast at step 1: the parallel run keeps its codes, the baseline compares with them. */
+static void keep_or_compare(fp8_state *s, linear_site at, int cast, const float *x, float scale, const float *scales,
+                            float8_scaling how, int rows, int cols, shard_layout layout, float8_format fmt) {
+    if (s->step != 1 || (!s->stash && !s->peer)) return;
+    int R, Cn;
+    float *codes = gather_codes(s, x, scale, scales, how, rows, cols, layout, fmt, &R, &Cn);
+    if (s->stash) {
+        float **slot = &s->stash[site_index(at) * CASTS + cast];
+        free(*slot);
+        *slot = codes;
+        return;
+    }
+    float *theirs = s->peer->stash ? s->peer->stash[site_index(at) * CASTS + cast] : NULL;
+    if (theirs) compare_codes(s, codes, theirs, (size_t)R * Cn);
+    else s->cmp.missing++;
+    free(codes);
+}
+
+/* ---- amax and scales ---------------------------------------------------------------------------*/
+
+/* MAX over tp of amax[k] (device), unless the fault keeps each shard's own. Issues: one all-reduce. */
+static void agree_amax(fp8_state *s, float *amax_dev, int k) {
+    if (!s->local_amax) comm_all_reduce(s->tp, amax_dev, (size_t)k, COMM_MAX);
+}
+
+/* This step's amax of a whole tensor: max |x| over this rank's part, and over tp when tp cuts it. */
+static float tensor_amax(fp8_state *s, const float *x, size_t n, bool cut) {
+    float amax = float8_amax(x, n);
+    if (cut && s->tp) {
+        device_copy_to_device(s->scalar, &amax, sizeof amax);
+        agree_amax(s, s->scalar, 1);
+        device_copy_to_host(&amax, s->scalar, sizeof amax);
+    }
+    return amax;
+}
+
+/* The tensorwise scale of one operand at one site: from this step's amax (tensorwise), or from the
+ * amax history (delayed: the largest of the last H steps; the first step, its own), after which
+ * this step's amax joins the history. */
+static float tensor_scale(fp8_state *s, linear_site at, operand which, const float *x, size_t n, bool cut,
+                          float8_format fmt) {
+    float amax = tensor_amax(s, x, n, cut);
+    if (s->o.recipe != FP8_DELAYED) return float8_scale_from_amax(amax, fmt, 0);
+    int H = s->o.amax_history, slot = site_index(at) * NOPERANDS + which;
+    float *hist = s->history + (size_t)slot * H;
+    /* BEGIN ASSIGNMENT: delayed scaling: the scale from the largest amax of the history (the first step: this step's amax), then push this step's amax at the front of the history (newest first, at most H kept) */
+    float known = amax;
+    if (s->seen[slot] > 0) {
+        known = hist[0];
+        for (int i = 1; i < s->seen[slot]; i++) known = float8_amax_merge(known, hist[i]);
+    }
+    memmove(hist + 1, hist, (size_t)(H - 1) * sizeof(float));
+    hist[0] = amax;
+    if (s->seen[slot] < H) s->seen[slot]++;
+    return float8_scale_from_amax(known, fmt, 0);
+    /* END ASSIGNMENT */
+}
+
+/* q (=) x [rows, cols] cast to float8 and back (what the float8 GEMM multiplies). Tensorwise and
+ * delayed: one scale, `scale` when given (> 0: the forward's, reused by the backward), else the
+ * recipe's, returned. Rowwise: one power-of-two scale per row (ALONG_ROWS) or per column
+ * (ALONG_COLS), the amaxes agreed over tp when tp cuts the contraction dimension
+ * (`cut_along`); returns 0. `cut`: tp cuts the tensor at all (a tensorwise amax is agreed). */
+static float cast_operand(fp8_state *s, linear_site at, operand which, int cast, shard_layout layout, float *q,
+                          const float *x, int rows, int cols, scale_axis axis, bool cut, bool cut_along,
+                          float8_format fmt, float scale) {
+    size_t n = (size_t)rows * cols;
+    if (s->o.recipe != FP8_ROWWISE) {
+        if (scale <= 0) scale = tensor_scale(s, at, which, x, n, cut, fmt);
+        float8_fake_quantize(q, x, n, scale, fmt);
+        keep_or_compare(s, at, cast, x, scale, NULL, FLOAT8_PER_TENSOR, rows, cols, layout, fmt);
+        return scale;
+    }
+    int k = axis == ALONG_ROWS ? rows : cols;
+    float *amax = device_alloc_floats((size_t)k, MEM_BUFFERS), *scales = device_alloc_floats((size_t)k, MEM_BUFFERS);
+    if (axis == ALONG_ROWS) float8_amax_rows(amax, x, rows, cols);
+    else float8_amax_cols(amax, x, rows, cols);
+    if (cut_along && s->tp) agree_amax(s, amax, k);
+    float8_scales_from_amax(scales, amax, k, fmt, 1);
+    if (axis == ALONG_ROWS) float8_fake_quantize_rows(q, x, scales, rows, cols, fmt);
+    else float8_fake_quantize_cols(q, x, scales, rows, cols, fmt);
+    keep_or_compare(s, at, cast, x, 0, scales, axis == ALONG_ROWS ? FLOAT8_PER_ROW : FLOAT8_PER_COL, rows, cols,
+                    layout, fmt);
+    device_free(amax);
+    device_free(scales);
+    return 0;
+}
+
+/* Which operands tp cuts at this site (float8_linear.h's table). */
+static bool column_parallel(const fp8_state *s, linear_site at) { return s->tp && s->layout[at.kind] == SHARD_ROWS; }
+static bool row_parallel(const fp8_state *s, linear_site at) { return s->tp && s->layout[at.kind] == SHARD_COLS; }
+static bool in_blocks(linear_site at) { return at.kind != P_OUTPUT; }
+
+/* ---- the operator -----------------------------------------------------------------------------*/
+
+/* y [N, out] (=) = x [N, in] W [out, in]^T on E4M3 operands. Issues: tensorwise/delayed one
+ * all-reduce (MAX, 1 float) for W when tp cuts it and one for x when tp cuts x (row-parallel);
+ * rowwise, on a row-parallel site, one of N floats for x's rows and one of out for W's rows. */
+static void fp8_linear_forward(const llama_plan *p, linear_site at, float *y, const float *x, const float *W,
+                               int N, int in, int out) {
+    fp8_state *s = state_of(p);
+    if (!in_blocks(at)) {
+        s->inner.forward(p, at, y, x, W, N, in, out);
+        return;
+    }
+    if (at.kind == P_WQ && at.layer == 0) s->step++;
+    bool col = column_parallel(s, at), row = row_parallel(s, at);
+    float *xq = device_alloc_floats((size_t)N * in, MEM_BUFFERS), *Wq = device_alloc_floats((size_t)out * in, MEM_BUFFERS);
+    float *scale = s->forward_scale + 2 * site_index(at);
+    shard_layout x_cut = row ? SHARD_COLS : SHARD_REPLICATED, w_cut = s->tp ? s->layout[at.kind] : SHARD_REPLICATED;
+    scale[0] = cast_operand(s, at, OPERAND_X, 0, x_cut, xq, x, N, in, ALONG_ROWS, row, row,
+                            fp8_role_format(s->o.recipe, FP8_CAST_X), 0);
+    scale[1] = cast_operand(s, at, OPERAND_W, 1, w_cut, Wq, W, out, in, ALONG_ROWS, row || col, row,
+                            fp8_role_format(s->o.recipe, FP8_CAST_W), 0);
+    s->inner.forward(p, at, y, xq, Wq, N, in, out);
+
+    /* against fp32: the casts, and the product */
+    float *ref = device_alloc_floats((size_t)N * out, MEM_BUFFERS);
+    linear_forward(ref, x, W, N, in, out);
+    note(s, FP8_CAST_X, at, x, xq, (size_t)N * in);
+    note(s, FP8_CAST_W, at, W, Wq, (size_t)out * in);
+    note(s, FP8_OUT_Y, at, ref, y, (size_t)N * out);
+    device_free(ref);
+    device_free(xq);
+    device_free(Wq);
+}
+
+/* dx [N, in] (=) = dy [N, out] W and dW [out, in] (+=) dy^T x, on float8 operands: dy E5M2 (rowwise
+ * E4M3), W and x as in forward. Tensorwise/delayed: x and W with the forward's scales, dy cast once
+ * (its amax agreed over tp on a column-parallel site). Rowwise: each GEMM casts its operands along
+ * its own contraction: dx's over out (dy's rows, W's columns; agreed over tp on a column-parallel
+ * site), dW's over the tokens (dy's and x's columns; never cut). */
+static void fp8_linear_backward(const llama_plan *p, linear_site at, float *dx, float *dW, const float *dy,
+                                const float *x, const float *W, int N, int in, int out) {
+    fp8_state *s = state_of(p);
+    if (!in_blocks(at)) {
+        s->inner.backward(p, at, dx, dW, dy, x, W, N, in, out);
+        return;
+    }
+    bool col = column_parallel(s, at);
+    bool rowwise = s->o.recipe == FP8_ROWWISE;
+    const float *scale = s->forward_scale + 2 * site_index(at);
+    float8_format fx = fp8_role_format(s->o.recipe, FP8_CAST_X), fw = fp8_role_format(s->o.recipe, FP8_CAST_W);
+    float8_format fdy = fp8_role_format(s->o.recipe, FP8_CAST_DY);
+    size_t n_dy = (size_t)N * out, n_x = (size_t)N * in, n_w = (size_t)out * in;
+    float *dyq = device_alloc_floats(n_dy, MEM_BUFFERS), *Wq = device_alloc_floats(n_w, MEM_BUFFERS);
+    float *xq = device_alloc_floats(n_x, MEM_BUFFERS);
+    float *dy_cols = rowwise ? device_alloc_floats(n_dy, MEM_BUFFERS) : dyq;
+    float *dW_here = dW ? device_alloc_floats(n_w, MEM_BUFFERS) : NULL;
+
+    /* the operands */
+    shard_layout dy_cut = col ? SHARD_COLS : SHARD_REPLICATED, w_cut = s->tp ? s->layout[at.kind] : SHARD_REPLICATED;
+    shard_layout x_cut = row_parallel(s, at) ? SHARD_COLS : SHARD_REPLICATED;
+    cast_operand(s, at, OPERAND_DY, 2, dy_cut, dyq, dy, N, out, ALONG_ROWS, col, col, fdy, 0);
+    cast_operand(s, at, OPERAND_W, 3, w_cut, Wq, W, out, in, ALONG_COLS, false, col, fw, scale[1]);
+    cast_operand(s, at, OPERAND_X, 4, x_cut, xq, x, N, in, ALONG_COLS, false, false, fx, scale[0]);
+    if (rowwise) cast_operand(s, at, OPERAND_DY, 5, dy_cut, dy_cols, dy, N, out, ALONG_COLS, false, false, fdy, 0);
+
+    /* the two GEMMs, with the inner plan's operator */
+    if (dx) s->inner.backward(p, at, dx, NULL, dyq, xq, Wq, N, in, out);
+    if (dW) {
+        device_zero(dW_here, n_w * sizeof(float));
+        s->inner.backward(p, at, NULL, dW_here, dy_cols, xq, Wq, N, in, out);
+    }
+
+    /* against fp32: the gradient's cast, and the products */
+    note(s, FP8_CAST_DY, at, dy, dyq, n_dy);
+    if (dx) {
+        float *ref = device_alloc_floats(n_x, MEM_BUFFERS);
+        linear_backward(ref, NULL, dy, x, W, N, in, out);
+        note(s, FP8_OUT_DX, at, ref, dx, n_x);
+        device_free(ref);
+    }
+    if (dW) {
+        float *ref = device_alloc_floats(n_w, MEM_BUFFERS);
+        device_zero(ref, n_w * sizeof(float));
+        linear_backward(NULL, ref, dy, x, W, N, in, out);
+        note(s, FP8_OUT_DW, at, ref, dW_here, n_w);
+        add_inplace(dW, dW_here, n_w);
+        device_free(ref);
+    }
+    device_free(dyq); device_free(Wq); device_free(xq); device_free(dW_here);
+    if (rowwise) device_free(dy_cols);
+}
+
+/* ---- set-up -----------------------------------------------------------------------------------*/
+
+void float8_apply(llama_plan *plan, const llama_config *c, const fp8_options *o) {
+    if (o->recipe == FP8_OFF) return;
+    fp8_state *s = calloc(1, sizeof *s);
+    s->o = *o;
+    s->inner = plan->linear;
+    s->tp = plan->tp && plan->tp->size > 1 ? plan->tp : NULL;
+    memcpy(s->layout, plan->layout, sizeof s->layout);
+    s->sites = c->n_layers * P_NKINDS;
+    s->forward_scale = calloc((size_t)s->sites * 2, sizeof(float));
+    if (o->recipe == FP8_DELAYED) {
+        s->history = calloc((size_t)s->sites * NOPERANDS * o->amax_history, sizeof(float));
+        s->seen = calloc((size_t)s->sites * NOPERANDS, sizeof(int));
+    }
+    s->scalar = device_alloc_floats(1, MEM_BUFFERS);
+    for (int r = 0; r < FP8_NROLES; r++) s->worst[r] = s->first[r] = INFINITY;
+    plan->linear = (linear_ops){fp8_linear_forward, fp8_linear_backward};
+    plan->linear_ctx = s;
+}
+
+void float8_free(llama_plan *plan) {
+    fp8_state *s = state_of(plan);
+    if (!s) return;
+    free(s->forward_scale);
+    free(s->history);
+    free(s->seen);
+    if (s->stash)
+        for (int i = 0; i < s->sites * CASTS; i++) free(s->stash[i]);
+    free(s->stash);
+    device_free(s->scalar);
+    free(s);
+    plan->linear_ctx = NULL;
+}
+
+void float8_worst_sqnr(const llama_plan *plan, double first[FP8_NROLES], double worst[FP8_NROLES],
+                       linear_site where[FP8_NROLES]) {
+    const fp8_state *s = state_of(plan);
+    for (int r = 0; r < FP8_NROLES; r++) {
+        first[r] = s ? s->first[r] : INFINITY;
+        worst[r] = s ? s->worst[r] : INFINITY;
+        where[r] = s ? s->worst_at[r] : (linear_site){P_WQ, 0};
+    }
+}
+
+void float8_compare_casts(llama_plan *parallel, llama_plan *baseline) {
+    fp8_state *p = state_of(parallel), *b = state_of(baseline);
+    if (!p || !b) return;
+    p->stash = calloc((size_t)p->sites * CASTS, sizeof *p->stash);
+    b->peer = p;
+}
+
+fp8_cast_comparison float8_cast_comparison(const llama_plan *baseline) {
+    const fp8_state *s = state_of(baseline);
+    return s ? s->cmp : (fp8_cast_comparison){0, 0, 0, 0, 0, 0};
+}
+
+/* ---- the exact test: sharded cast = single-device cast ----------------------------------------*/
+
+/* codes (=) as floats 0..255: the bytes of x cast as the forward casts a weight (tensorwise and
+ * delayed: the scale of this step's amax, agreed over tp when `cut`; rowwise: its rows' scales,
+ * agreed when `cut_along`). */
+static void weight_codes(fp8_state *s, float *codes, const float *W, int rows, int cols, bool cut, bool cut_along,
+                         float8_format fmt) {
+    size_t n = (size_t)rows * cols;
+    uint8_t *q = device_alloc(n, MEM_BUFFERS), *host = malloc(n);
+    if (s->o.recipe == FP8_ROWWISE) {
+        float *amax = device_alloc_floats((size_t)rows, MEM_BUFFERS), *scales = device_alloc_floats((size_t)rows, MEM_BUFFERS);
+        float8_amax_rows(amax, W, rows, cols);
+        if (cut_along && s->tp) agree_amax(s, amax, rows);
+        float8_scales_from_amax(scales, amax, rows, fmt, 1);
+        float8_quantize_rows(q, W, scales, rows, cols, fmt);
+        device_free(amax);
+        device_free(scales);
+    } else {
+        float8_quantize(q, W, n, float8_scale_from_amax(tensor_amax(s, W, n, cut), fmt, 0), fmt);
+    }
+    device_copy_to_host(host, q, n);
+    float *f = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) f[i] = host[i];
+    device_copy_to_device(codes, f, n * sizeof(float));
+    free(f); free(host);
+    device_free(q);
+}
+
+long long float8_sharded_cast_mismatches(const llama_plan *plan, llama_model *m, long long *compared) {
+    fp8_state *s = state_of(plan);
+    const param_table *t = m->params;
+    comm_group *tp = plan->tp;
+    bool root = !tp || tp->rank == 0;
+    fp8_state single = *s;            /* the single-device cast: no tp, so no agreement */
+    single.tp = NULL;
+    long long bad = 0, n_all = 0;
+    float8_format fmt = fp8_role_format(s->o.recipe, FP8_CAST_W);
+    for (int i = 0; i < t->n; i++) {
+        const param_tensor *x = &t->t[i];
+        param_kind k = x->spec.kind;
+        if (x->spec.layer < 0 || !x->here || x->spec.cols == 1 || k == P_ATTENTION_NORM || k == P_FFN_NORM) continue;
+        linear_site at = {k, x->spec.layer};
+        bool col = column_parallel(s, at), row = row_parallel(s, at);
+        int R = x->spec.rows, Cn = x->spec.cols;
+        float *codes = device_alloc_floats((size_t)x->nr * x->nc, MEM_BUFFERS);
+        weight_codes(s, codes, param_in(t, t->params, i), x->nr, x->nc, row || col, row, fmt);
+        float *gathered = root ? malloc((size_t)R * Cn * sizeof(float)) : NULL;
+        float *whole = root ? malloc((size_t)R * Cn * sizeof(float)) : NULL;
+        shard_layout layout = tp ? x->tp_layout : SHARD_REPLICATED;
+        shard_gather_to_host(tp ? tp : comm_world(), layout, codes, R, Cn, gathered);
+        shard_gather_to_host(tp ? tp : comm_world(), layout, param_in(t, t->params, i), R, Cn, whole);
+        if (root) {   /* the whole weight, cast on one device */
+            float *w_dev = device_alloc_floats((size_t)R * Cn, MEM_BUFFERS), *ref = device_alloc_floats((size_t)R * Cn, MEM_BUFFERS);
+            device_copy_to_device(w_dev, whole, (size_t)R * Cn * sizeof(float));
+            weight_codes(&single, ref, w_dev, R, Cn, false, false, fmt);
+            device_copy_to_host(whole, ref, (size_t)R * Cn * sizeof(float));
+            for (size_t e = 0; e < (size_t)R * Cn; e++) bad += gathered[e] != whole[e];
+            n_all += (long long)R * Cn;
+            device_free(w_dev);
+            device_free(ref);
+        }
+        free(gathered); free(whole);
+        device_free(codes);
+    }
+    *compared = (long long)comm_host_max(comm_world(), (double)n_all);
+    return (long long)comm_host_max(comm_world(), (double)bad);
+}
+
+/* ---- the deliberate bug -----------------------------------------------------------------------*/
+
+static const char *local_amax(llama_plan *p) {
+    fp8_state *s = state_of(p);
+    if (!s) return "it changes the float8 casts, and --fp8 off casts nothing: use --fp8 tensorwise, rowwise or delayed";
+    s->local_amax = true;
+    return NULL;
+}
+
+const plan_fault float8_faults[] = {
+    {"local-amax", "each tensor-parallel shard scales by its own amax instead of the tensor's (no MAX all-reduce over tp)",
+     local_amax},
+    {NULL, NULL, NULL}};

@@ -1,0 +1,95 @@
+/* float8_linear.h: float8 training of the transformer blocks' linears, as an operator of the plan
+ * (Micikevicius et al. 2022, "FP8 Formats for Deep Learning"; torchao's float8 training; NVIDIA
+ * Transformer Engine's delayed scaling).
+ *
+ * Every linear inside the blocks (wq, wk, wv, wo, w1, w2, w3) runs its three GEMMs on float8
+ * operands with fp32 accumulation; the output layer stays fp32 (as torchtitan does):
+ *
+ *   forward    y  = x  W^T      x, W: E4M3           contraction over in
+ *   backward   dx = dy W        dy: E5M2, W: E4M3    contraction over out
+ *              dW = dy^T x      dy: E5M2, x: E4M3    contraction over the N tokens
+ *
+ * A float8 number has 3 (E4M3) or 2 (E5M2) mantissa bits and a narrow range (448, 57344), so each
+ * operand is multiplied by a scale before the cast and divided by it after: q = cast(x s),
+ * x ~ q / s. The recipe says how s is chosen:
+ *
+ *   tensorwise  s = max_fp8 / amax(x), one per tensor, from this step's values (torchao's default)
+ *   rowwise     one s per row of the operand along the GEMM's contraction dimension, rounded down
+ *               to a power of two, every operand E4M3 (torchao's ROWWISE): an outlier spoils its
+ *               row only
+ *   delayed     s = max_fp8 / max(the last `history` amaxes of this tensor), known before the
+ *               tensor is (Transformer Engine's DelayedScaling): the first step uses its own amax
+ *
+ * The GEMM itself: the CPU emulates it as torchao does, an fp32 GEMM of the dequantized operands
+ * (q / s: exactly the products an fp8 tensor core would sum, in fp32). The linear operator of the
+ * inner plan runs that GEMM, so the float8 operator composes with chapter 01's tensor
+ * parallelism and chapter 04's sharded data parallelism.
+ *
+ * Across tensor-parallel shards: a shard's amax is not the tensor's, so before a tensor cut by tp
+ * is cast, its amax is MAX-all-reduced over tp (for rowwise, the amaxes of the rows that the cut
+ * splits along the contraction). Then every shard casts with the scale a single device would use,
+ * and the sharded cast is byte for byte the single-device one. Which operands are cut:
+ *
+ *   column-parallel (wq wk wv w1 w3)  W by rows (out), dy by columns (out); x whole
+ *   row-parallel    (wo w2)           W by columns (in), x by columns (in); dy whole
+ *
+ * Per step and layer that is 14 all-reduces over tp: tensorwise and delayed one float each
+ * (W and the cut activation of each of the 7 linears), rowwise N + D floats per linear (the
+ * rows of the cut activation, and W's D rows or columns).
+ */
+#pragma once
+#include <stdbool.h>
+#include "float8_math.h"
+#include "llama.h"
+#include "plan.h"
+
+typedef enum { FP8_OFF = 0, FP8_TENSORWISE, FP8_ROWWISE, FP8_DELAYED, FP8_NRECIPES } fp8_recipe;
+const char *fp8_recipe_name(fp8_recipe r);   /* "off", "tensorwise", "rowwise", "delayed" */
+
+typedef struct {
+    fp8_recipe recipe;
+    int amax_history;     /* delayed: amaxes kept per tensor (Transformer Engine: 1024; here 16) */
+} fp8_options;
+
+/* The roles an operand plays, for the accuracy report: the three casts and the three products. */
+enum { FP8_CAST_X = 0, FP8_CAST_W, FP8_CAST_DY, FP8_OUT_Y, FP8_OUT_DX, FP8_OUT_DW, FP8_NROLES };
+const char *fp8_role_name(int role);
+
+/* Wraps plan->linear with the float8 linear (does nothing for FP8_OFF). The plan's tp group and
+ * layouts must be final (apply it after chapter 01's plan). */
+void float8_apply(llama_plan *plan, const llama_config *c, const fp8_options *o);
+void float8_free(llama_plan *plan);
+
+/* Accuracy against fp32, SQNR = 20 log10(|ref| / |ref - fp8|) in dB over a whole tensor: each
+ * call of the operator also computes its casts' and its products' fp32 references. first[role]
+ * receives the lowest SQNR of step 1, worst[role] the lowest since float8_apply (+inf for a role
+ * never seen), where[role] the site of the latter. */
+void float8_worst_sqnr(const llama_plan *plan, double first[FP8_NROLES], double worst[FP8_NROLES],
+                       linear_site where[FP8_NROLES]);
+
+/* Step 1's casts of the two runs, code by code: the parallel run's plan keeps each cast's codes
+ * (gathered over tp to its tp rank 0, world rank 0 with a tp-only mesh), the baseline's operator
+ * (on world rank 0) compares its own with them, in the order the baseline casts. Counts, on world
+ * rank 0, up to and including the first cast with a neighbour, and after it: */
+typedef struct {
+    long long equal;      /* the same code                                                    */
+    long long neighbour;  /* the next code up or down: a value on a rounding boundary, whose
+                           * input differed in its last bits (a sum in another order)          */
+    long long other;      /* anything else: a different scale or a wrong cast                 */
+    long long missing;    /* casts the parallel run did not keep (a programming error)        */
+    long long equal_after, differ_after;   /* the casts after the first neighbour, whose inputs
+                           * already carry a whole float8 step's difference: not judged       */
+} fp8_cast_comparison;
+void float8_compare_casts(llama_plan *parallel, llama_plan *baseline);
+fp8_cast_comparison float8_cast_comparison(const llama_plan *baseline);
+/* The format each role is cast to under the recipe (FP8_CAST_*), for the report. */
+float8_format fp8_role_format(fp8_recipe r, int role);
+
+/* The exact test: every block weight of this rank cast as the recipe casts it in forward (the
+ * global scale, or the rows' scales), gathered over tp on rank 0 of tp and compared byte for byte
+ * with the cast of the whole gathered weight. Returns the number of bytes that differ (the same on
+ * every rank), and the number compared in *compared. Collective over tp (and the world). */
+long long float8_sharded_cast_mismatches(const llama_plan *plan, llama_model *m, long long *compared);
+
+/* The deliberate bugs of this chapter, for --fault. */
+extern const plan_fault float8_faults[];
