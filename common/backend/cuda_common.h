@@ -67,3 +67,9 @@ static inline unsigned cuda_blocks(size_t n) {
     const size_t max_blocks = 65535u * 8u;   /* plenty to fill any GPU; the loop does the rest */
     return (unsigned)(blocks < max_blocks ? blocks : max_blocks);
 }
+
+/* The loop of every element-wise kernel: thread t of the grid takes elements t, t + the grid's
+ * size, ... (a grid from cuda_blocks may be smaller than n). */
+#define GRID_STRIDE_LOOP(i, n)                                                   \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)(n); \
+         i += (size_t)gridDim.x * blockDim.x)

@@ -18,10 +18,6 @@
 #include "device.h"
 #include "cuda_common.h"
 
-#define GRID_STRIDE_LOOP(i, n)                                                   \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)(n); \
-         i += (size_t)gridDim.x * blockDim.x)
-
 #define ROW_THREADS 256
 typedef cub::BlockReduce<float, ROW_THREADS> BlockReduceFloat;
 

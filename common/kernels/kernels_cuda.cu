@@ -15,10 +15,6 @@
 #include "cuda_common.h"
 
 /* The index of this thread's first element and the stride to its next one. */
-#define GRID_STRIDE_LOOP(i, n)                                                   \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);      \
-         i += (size_t)gridDim.x * blockDim.x)
-
 /* ---- GELU ------------------------------------------------------------------------------ */
 
 static __global__ void gelu_forward_kernel(float *out, const float *x, size_t n) {

@@ -19,10 +19,6 @@
 #include "cuda_common.h"
 
 /* The index of this thread's first element and the stride to its next one. */
-#define GRID_STRIDE_LOOP(i, n)                                                   \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)(n); \
-         i += (size_t)gridDim.x * blockDim.x)
-
 /* ---- row reductions ----------------------------------------------------------------------------
  * Row kernels are launched with exactly ROW_THREADS threads per block (cub sizes its shared
  * scratch for that number). Each helper takes this thread's partial result and returns the

@@ -7,10 +7,6 @@
 #include "seq_layout.h"
 #include "cuda_common.h"
 
-#define GRID_STRIDE_LOOP(i, n)                                                   \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)(n); \
-         i += (size_t)gridDim.x * blockDim.x)
-
 static __global__ void chunks_to_sequence_kernel(float *x, const float *chunks, int p, int B,
                                                  int Ts, int C, size_t n) {
     GRID_STRIDE_LOOP(i, n) x[i] = chunks[seq_chunk_index(i, p, B, Ts, C)];
