@@ -265,9 +265,11 @@ static ulysses_shape ulysses_of(const cp_state *s, int B, int Tl, int heads, int
 static void rows_to_heads(cp_state *s, float *y, const float *x, ulysses_shape u) {
     size_t n = (size_t)u.C * u.B * u.Tl * u.Hg * u.hd;
     float *send = device_alloc_floats(n, MEM_BUFFERS), *recv = device_alloc_floats(n, MEM_BUFFERS);
+    /* BEGIN ASSIGNMENT: Ulysses' first all-to-all: x's heads into rank-major chunks (ulysses_heads_to_chunks), one all-to-all over cp, then the received rows into sequence order in y (ulysses_rank_rows_to_sequence) */
     ulysses_heads_to_chunks(send, x, u);
     comm_all_to_all(s->cp, send, recv, n / u.C);
     ulysses_rank_rows_to_sequence(y, recv, u);
+    /* END ASSIGNMENT */
     device_free(send);
     device_free(recv);
 }
