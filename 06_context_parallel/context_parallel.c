@@ -297,8 +297,8 @@ static void ulysses_forward(cp_state *s, const cp_shape *z, float *out, float *l
     rows_to_heads(s, kh, k, ukv);
     rows_to_heads(s, vh, v, ukv);
     attention_block_forward(outh, lse, qh, kh, vh, z->B, T, T, uq.Hg, ukv.Hg, z->hd, 0, 0);
+    s->work += (double)T * T * uq.Hg / z->H;   /* every score of Hg of the H heads, per (sequence, head) */
     heads_to_rows(s, out, outh, uq);
-    s->work = (double)T * T / s->C;   /* all T x T scores of H / C heads: T^2 / C per head */
     device_free(qh); device_free(kh); device_free(vh); device_free(outh);
 }
 
