@@ -1,0 +1,192 @@
+/* gemm_fp8_cuda.cu: the CUDA twin of gemm_fp8_cpu.c (see gemm_fp8.h): one cublasLtMatmul on
+ * the float8 codes themselves.
+ *
+ * Plain cuBLAS (cublasSgemm, cublasGemmEx) has no float8 GEMM; cuBLASLt, the library's
+ * lower-level interface, does. A cuBLASLt call is described by descriptors instead of a long
+ * argument list: a matmul descriptor (compute and scale types, transposes, the scale pointers),
+ * one layout per matrix (element type, rows, columns, leading dimension, column-major), and an
+ * algorithm that cublasLtMatmulAlgoGetHeuristic picks for them. It computes (cuBLAS
+ * documentation, "Tensorwide Scaling For FP8 Data Types")
+ *     D = scale_D (alpha scale_A scale_B op(A) op(B) + beta scale_C C)
+ * where scale_A and scale_B DEQUANTIZE: they multiply the codes back to real values. Our cast
+ * multiplied by a_scale (q = cast(x * a_scale)), so cuBLASLt's scale is 1 / a_scale, which is
+ * also what torch._scaled_mm takes ("inverse scales"). scale_C and scale_D stay unset: the
+ * documentation's note on scaling modes says a scale set on a non-float8 tensor is an error
+ * (C's tensorwide scale excepted), and our C and D are fp32.
+ *
+ * The requirements for float8 (documentation, "cublasLtMatmul()"; checked once for both
+ * backends by gemm_fp8_check in gemm_fp8.h):
+ *   - compute type CUBLAS_COMPUTE_32F, scale type CUDA_R_32F (alpha, beta and the scales fp32);
+ *   - "A must be transposed and B non-transposed (the TN format)" on Ada and Hopper;
+ *   - dimensions and pointers as in "Tensor Core Usage" (16-byte alignment);
+ *   - the FP8 type table: A, B in E4M3/E5M2 (not both E5M2), and with C = CUDA_R_32F the output
+ *     D = CUDA_R_32F. That row is our case: fp32 C and D, no bias (the table's bias type for it
+ *     is CUDA_R_16BF; we use no bias), beta = 0.
+ *
+ * The layout, row-major to cuBLASLt's column-major (gemm.h explains the general rule):
+ * a row-major [r, c] buffer read column-major is the transposed matrix, [c, r], leading
+ * dimension c. So our buffers are, to cuBLASLt,
+ *     A[M, K] row-major  =  A^T, column-major [K, M], ld K
+ *     B[N, K] row-major  =  B^T, column-major [K, N], ld K
+ *     C[M, N] row-major  =  C^T, column-major [N, M], ld N
+ * and C = A B^T is the same equation as C^T = B A^T. Column-major, that is
+ *     D[N, M] = op(first)[N, K] op(second)[K, M]
+ * with first = the buffer of B (B^T [K, N] to cuBLASLt; op = T makes it B [N, K]) and
+ * second = the buffer of A (A^T [K, M]; op = N keeps it). cuBLASLt's m, n, k are N, M, K, its
+ * A is our B and its B is our A: transa = T, transb = N, exactly the TN format float8 demands.
+ * (TN in column-major terms means both operands have K contiguous in memory, which is what
+ * row-major A[M, K] and B[N, K] are.) This is the tuple gemm_args_from_row_major(false, true,
+ * ...) builds for every fp32 linear layer, so we take it from there: test_gemm checks it, and
+ * the CPU twin's fp32 GEMM uses the same one.
+ *
+ * Accumulation: with CUBLASLT_MATMUL_DESC_FAST_ACCUM left at 0 (the default), the kernel
+ * periodically promotes its intermediate sums to higher precision (cublasLt.h: fast accumulation
+ * skips that, "faster but at the cost of lower accuracy"; torchao's default config turns it on
+ * for the forward output GEMM only). We keep the accurate default.
+ *
+ * State kept for the whole run, created on the first call: the cuBLASLt handle (cublasLtCreate
+ * once, as cuBLAS's handle is created once in device_init), and one device block from
+ * device_alloc (MEM_BUFFERS) holding the two scales in its first 256 bytes and the workspace
+ * after them (cudaMalloc aligns to 256 bytes, and cuBLASLt wants a 256-byte aligned workspace).
+ * Everything is issued on the rank's one stream, cuda_stream(), so successive calls, and the
+ * kernels around them, run in program order and can share the block.
+ */
+#include <cublasLt.h>
+#include "gemm_fp8.h"
+#include "device.h"
+#include "gemm.h"
+#include "cuda_common.h"
+
+static cublasLtHandle_t g_lt = NULL;  /* the cuBLASLt handle                                  */
+static float *g_scales = NULL;        /* device: cuBLASLt's scale_A, scale_B (dequantization) */
+static void *g_workspace = NULL;      /* device: cuBLASLt's scratch for split-K and the like  */
+static size_t g_workspace_bytes = 0;
+
+static void compute_capability(int *dev, int *major, int *minor) {
+    CUDA_CHECK(cudaGetDevice(dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, *dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, *dev));
+}
+
+/* Tensorwide float8 scaling needs compute capability 8.9 or later (the documentation's
+ * "Scaling Mode Support Overview": 8.9+): Ada (8.9), Hopper (9.0), Blackwell (10.x, 12.x).
+ * Ampere (8.0, 8.6) has no float8 tensor cores. */
+bool gemm_fp8_supported(char *why, size_t len) {
+    int dev = 0, major = 0, minor = 0;
+    compute_capability(&dev, &major, &minor);
+    bool ok = major > 8 || (major == 8 && minor >= 9);
+    if (why && len) {
+        if (ok) why[0] = '\0';
+        else snprintf(why, len, "GPU %d has compute capability %d.%d; cuBLASLt's float8 GEMM "
+                      "needs 8.9 (Ada) or 9.0 and later (Hopper, Blackwell)", dev, major, minor);
+    }
+    return ok;
+}
+
+/* The handle and the block, once. Workspace sizes are the documentation's recommendations
+ * (cublasSetWorkspace()): 32 MiB on Hopper and Blackwell, 4 MiB on other GPUs. */
+static void gemm_fp8_init(void) {
+    if (g_lt) return;
+    char why[192];
+    if (!gemm_fp8_supported(why, sizeof why)) {
+        fprintf(stderr, "gemm_fp8: %s (ask gemm_fp8_supported first)\n", why);
+        abort();
+    }
+    int dev = 0, major = 0, minor = 0;
+    compute_capability(&dev, &major, &minor);
+    g_workspace_bytes = (size_t)(major >= 9 ? 32 : 4) << 20;
+    char *block = (char *)device_alloc(256 + g_workspace_bytes, MEM_BUFFERS);
+    g_scales = (float *)block;
+    g_workspace = block + 256;
+    CUBLAS_CHECK(cublasLtCreate(&g_lt));
+}
+
+/* The two dequantization scales, written by the GPU in stream order. A kernel's arguments are
+ * copied at launch, so unlike a host-to-device copy from a stack variable this needs no host
+ * buffer to outlive the call, and the previous GEMM, earlier on the stream, has read the old
+ * values before these land. */
+static __global__ void set_scales_kernel(float *scales, float first, float second) {
+    scales[0] = first;
+    scales[1] = second;
+}
+
+static cudaDataType_t cuda_fp8_type(float8_format fmt) {
+    return fmt == FLOAT8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+
+/* A cuBLASLt layout for an operand that enters as op(X) with op(X) [rows_op, cols_op]: stored
+ * column-major it is [rows_op, cols_op] when not transposed, [cols_op, rows_op] when it is. */
+static cublasLtMatrixLayout_t operand_layout(cudaDataType_t type, char trans, int rows_op,
+                                             int cols_op, int ld) {
+    cublasLtMatrixLayout_t layout = NULL;
+    bool t = trans == 'T';
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, (uint64_t)(t ? cols_op : rows_op),
+                                            (uint64_t)(t ? rows_op : cols_op), ld));
+    return layout;
+}
+
+static cublasOperation_t to_op(char t) { return t == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+void gemm_fp8(float *C, const uint8_t *A, float8_format fa, float a_scale, const uint8_t *B,
+              float8_format fb, float b_scale, int M, int N, int K) {
+    gemm_fp8_check(C, A, fa, B, fb, M, N, K);
+    gemm_fp8_init();
+    cudaStream_t stream = cuda_stream();
+
+    /* C = A B^T, row-major -> (first = B, 'T'; second = A, 'N'; m = N, n = M, k = K). */
+    gemm_args g = gemm_args_from_row_major(false, true, M, N, K, 0, 0, 0);
+    const void *first = B, *second = A;
+    float8_format f_first = fb, f_second = fa;
+    float s_first = 1.0f / b_scale, s_second = 1.0f / a_scale;
+
+    set_scales_kernel<<<1, 1, 0, stream>>>(g_scales, s_first, s_second);
+    CUDA_CHECK_LAUNCH();
+    const float *scale_first = g_scales, *scale_second = g_scales + 1;
+
+    cublasLtMatmulDesc_t desc = NULL;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t opa = to_op(g.transa), opb = to_op(g.transb);
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                &scale_first, sizeof scale_first));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                &scale_second, sizeof scale_second));
+
+    /* cuBLASLt's A: op(A) [m, k]; its B: op(B) [k, n]; C and D: [m, n], the same layout. */
+    cublasLtMatrixLayout_t la = operand_layout(cuda_fp8_type(f_first), g.transa, g.m, g.k, g.lda);
+    cublasLtMatrixLayout_t lb = operand_layout(cuda_fp8_type(f_second), g.transb, g.k, g.n, g.ldb);
+    cublasLtMatrixLayout_t lc = operand_layout(CUDA_R_32F, 'N', g.m, g.n, g.ldc);
+
+    cublasLtMatmulPreference_t pref = NULL;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t max_workspace = g_workspace_bytes;   /* the attribute is a uint64_t */
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &max_workspace, sizeof max_workspace));
+    cublasLtMatmulHeuristicResult_t heuristic = {};
+    int found = 0;
+    /* No algorithm comes back either as a status (NOT_SUPPORTED) or as found = 0; either way
+     * the line names the call, as CUBLAS_CHECK would not. */
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g_lt, desc, la, lb, lc, lc, pref, 1,
+                                                       &heuristic, &found);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+        fprintf(stderr, "gemm_fp8: cuBLASLt offers no float8 algorithm for M = %d, N = %d, K = %d "
+                "(%s x %s): %s\n", M, N, K, fa == FLOAT8_E4M3 ? "E4M3" : "E5M2",
+                fb == FLOAT8_E4M3 ? "E4M3" : "E5M2",
+                st != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(st) : "none found");
+        exit(1);
+    }
+
+    /* D = alpha scale_A scale_B op(A) op(B) with beta = 0; D is C, in place (C == D with one
+     * layout, the form the documentation allows), so C is simply overwritten. */
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(cublasLtMatmul(g_lt, desc, &alpha, first, la, second, lb, &beta, C, lc, C, lc,
+                                &heuristic.algo, g_workspace, g_workspace_bytes, stream));
+
+    /* The descriptors are host objects the enqueued work no longer needs. */
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lc));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
+}
