@@ -11,10 +11,13 @@ DIR holds what a chapter's --dump wrote (docs/dump-format.md):
     batch_K.safetensors   "tokens" and "targets", I32 [B, T], for steps K = 1, 2, ...
     grads_1.safetensors   every gradient of step 1
     losses.txt            "K loss" per line
+and, in init.safetensors' metadata, an optional "run_options" JSON object with a chapter's own
+settings. The one this script reads is "float8" (chapter 07): the block linears named in
+"float8_linears" then run on float8 operands, as described under "float8 training" below.
 
 This script rebuilds the model from the formulas alone (nothing from the C code), replays every
 step with autograd and torch.optim.AdamW, and compares:
-    loss of every step      |c - ref| <= 1e-5 * max(1, |ref|)
+    loss of every step      |c - ref| <= 1e-5 * max(1, |ref|)   (a float8 dump: step 1's only)
     gradients of step 1     max|c - ref| / max|ref| <= 1e-4, per tensor
 It prints both tables and exits 0 when everything agrees, 1 when something does not, 2 when
 the directory cannot be read.
@@ -22,6 +25,41 @@ the directory cannot be read.
 The reference runs in float64. The C model runs in fp32, so the comparison measures the C
 model's error against (nearly) exact arithmetic; a float32 reference would add its own rounding
 of the same size and the tolerances would have to absorb two errors instead of one.
+
+float8 training (run_options {"float8": {"recipe", "amax_history", "float8_linears", "formats",
+"activation_groups", "scale_rule"}}; scale_rule is a note for a person, the recipe decides):
+each named linear (wq wk wv wo w1 w2 w3 of every layer; never the output layer) is an
+autograd.Function whose three GEMMs multiply fake-quantized operands, computed here from the
+formats' definitions:
+    forward    y  = xq Wq^T        x, W cast to formats["x"], formats["w"]
+    backward   dx = dyq Wq         dy cast to formats["dy"]
+               dW = dyq^T xq
+A cast takes the fp32 value v (the float64 activation rounded to fp32, as the run holds it),
+multiplies it by the fp32 scale s in fp32, rounds to the nearest float8 value (ties to even),
+saturating at +-max (E4M3fn 448, E5M2 57344; NaN stays NaN), and divides by s in fp32 (torchao's
+hp_tensor_to_float8 with to_fp8_saturated, then to_original_precision). The scale is
+fp32(max / max(amax, 1e-12)) with the division in double; the recipe decides which amax:
+    tensorwise  this step's amax of the whole tensor; the backward reuses the forward's x and W
+                (the same casts) and casts dy once
+    rowwise     one scale per row of each operand along each GEMM's contraction, rounded down to
+                a power of two (frexp; the run's formats: E4M3 for all): forward x and W by rows
+                (over in); dx's dy by rows and W by columns (over out); dW's dy and x by columns
+                (over the tokens)
+    delayed     as tensorwise, with the largest amax of the last amax_history steps of that tensor
+                (per linear and per operand; step 1: its own amax), this step's amax then joining
+                the history
+With data parallelism each rank scales the activations (x, dy) of its own rows of the batch:
+"activation_groups" (the data-parallel degree, 1 without) says in how many equal blocks of the
+batch's rows (sequences 0.., in rank order) x and dy are scaled, each block with its own scales
+(and, delayed, its own amax history); the weights are scaled whole. The run agreed the amaxes
+over tensor parallelism, so its casts are the single-device ones that this script computes.
+
+The replay of a float8 run cannot be bit-exact: a value on a rounding boundary lands on the
+neighbouring float8 code when its fp32 input differs in the last bit from the run's (a sum in
+another order), and that moves it by a whole float8 step. Step 1's loss and gradients are judged
+as for every dump, at the same tolerances; such a flip in step 1 can fail them, so the script
+lists step 1's activation values that lie next to a rounding midpoint (the candidates). The
+losses after step 1 of a float8 dump are shown, not judged (FLOAT8_LATER_LOSSES).
 
 Safetensors is read with struct, json and numpy only: the format is an 8-byte little-endian
 header length, a JSON header, then the raw little-endian tensor bytes.
@@ -102,6 +140,22 @@ def read_config(metadata, path):
     return config
 
 
+def read_run_options(metadata, path):
+    """The chapter's own settings: the "run_options" JSON object, {} when there is none."""
+    if "run_options" not in metadata:
+        return {}
+    try:
+        options = json.loads(metadata["run_options"])
+    except ValueError as e:
+        raise DumpError(f"{path}: metadata 'run_options' is not JSON ({e})")
+    if not isinstance(options, dict):
+        raise DumpError(f"{path}: metadata 'run_options' is not a JSON object")
+    unknown = sorted(set(options) - {"float8"})
+    if unknown:   # a setting this script does not reproduce: refuse rather than replay wrongly
+        raise DumpError(f"{path}: run_options has {unknown}, which this script does not replay")
+    return options
+
+
 def read_losses(path):
     """{step: loss} from the "step loss" lines of losses.txt."""
     losses = {}
@@ -167,6 +221,264 @@ def batch_steps(directory):
     return steps
 
 
+# ---------------------------------------------------------------------------- float8
+# The two formats: mantissa bits, the exponent of the smallest normal number, the largest finite
+# value (E4M3fn: 1.75 * 2^8, E5M2: 1.75 * 2^15). torch.float8_* dtypes appeared in PyTorch 2.1;
+# the cast is computed from these definitions instead, so any version replays the same values.
+FLOAT8_FORMATS = {"e4m3fn": (3, -6, 448.0), "e5m2": (2, -14, 57344.0)}
+FLOAT8_LINEARS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")   # the block linears: never output
+FLOAT8_RECIPES = ("tensorwise", "rowwise", "delayed")
+AMAX_EPS = 1e-12            # torchao's floor on amax in the scale
+# After step 1 the run's parameters and the replay's differ in their last bits, and every cast of
+# a value next to a rounding boundary turns such a difference into a whole float8 step: the
+# losses of steps 2.. are shown, not judged (step 1's loss and gradients are).
+FLOAT8_LATER_LOSSES = "shown, not judged"
+
+
+def read_float8(options, path):
+    """The float8 settings of run_options, checked: {recipe, amax_history, linears, formats}."""
+    f8 = options.get("float8")
+    if f8 is None:
+        return None
+    if not isinstance(f8, dict):
+        raise DumpError(f"{path}: run_options.float8 is not an object")
+    recipe = f8.get("recipe")
+    if recipe not in FLOAT8_RECIPES:
+        raise DumpError(f"{path}: run_options.float8.recipe is {recipe!r}, expected one of "
+                        f"{', '.join(FLOAT8_RECIPES)}")
+    history = f8.get("amax_history")
+    if recipe == "delayed" and (not isinstance(history, int) or history < 1):
+        raise DumpError(f"{path}: run_options.float8.amax_history is {history!r}, expected an "
+                        f"integer >= 1")
+    linears = f8.get("float8_linears")
+    if not isinstance(linears, list) or not set(linears) <= set(FLOAT8_LINEARS):
+        raise DumpError(f"{path}: run_options.float8.float8_linears is {linears!r}, expected "
+                        f"names among {', '.join(FLOAT8_LINEARS)}")
+    formats = f8.get("formats")
+    if not isinstance(formats, dict) or any(formats.get(k) not in FLOAT8_FORMATS
+                                            for k in ("x", "w", "dy")):
+        raise DumpError(f"{path}: run_options.float8.formats is {formats!r}, expected x, w "
+                        f"and dy each one of {', '.join(FLOAT8_FORMATS)}")
+    groups = f8.get("activation_groups", 1)
+    if not isinstance(groups, int) or groups < 1:
+        raise DumpError(f"{path}: run_options.float8.activation_groups is {groups!r}, expected an "
+                        f"integer >= 1")
+    return {"recipe": recipe, "amax_history": history, "linears": set(linears),
+            "formats": {k: formats[k] for k in ("x", "w", "dy")}, "groups": groups}
+
+
+def round_to_float8(v, fmt):
+    """The float8 value nearest to each element of the fp32 tensor v, ties to even, saturating:
+    |v| beyond the largest finite value (infinity included) gives +-max; NaN stays NaN. fp32.
+
+    A float8 number of binade [2^e, 2^(e+1)) is a multiple of 2^(e - mbits); below the smallest
+    normal 2^emin (the subnormals) every number is a multiple of 2^(emin - mbits). So v is
+    rounded to an integer multiple of its binade's quantum: in float64 the division by a power
+    of two is exact, torch.round rounds halves to even, and an even multiple is an even code
+    (the mantissa's last bit). A value rounding up out of its binade lands on 2^(e+1), the next
+    binade's first number; clamping to +-max first leaves nothing above max to round."""
+    mbits, emin, fmax = FLOAT8_FORMATS[fmt]
+    a = v.double().clamp(-fmax, fmax)                   # saturation (clamp keeps NaN)
+    _, e = torch.frexp(a)                               # a = m 2^e, m in [0.5, 1): binade e - 1
+    e = torch.clamp(e - 1, min=emin).double()           # subnormals: the smallest normal's quantum
+    quantum = torch.pow(2.0, e - mbits)
+    return (torch.round(a / quantum) * quantum).float()
+
+
+def check_float8_arithmetic():
+    """The cast on values whose rounding is known: ties go to the even code, saturation, the
+    subnormals and their boundary with the normals, NaN. Also against torch's own float8 cast
+    (clamp, then .to(dtype), torchao's to_fp8_saturated) where this PyTorch has one. And the
+    scales against numpy's. Returns the list of disagreements (empty when all is right)."""
+    nan, inf = float("nan"), float("inf")
+    cases = {"e4m3fn": [(1 + 1 / 16, 1.0), (1 + 3 / 16, 1.25), (1 + 1 / 16 + 2 ** -20, 1.125),
+                        (-(1 + 3 / 16), -1.25), (440.0, 448.0), (464.0, 448.0), (1e30, 448.0),
+                        (inf, 448.0), (-inf, -448.0), (2 ** -10, 0.0), (3 * 2 ** -10, 2 ** -8),
+                        (15 * 2 ** -10, 2 ** -6), (2 ** -6 + 2 ** -10, 2 ** -6), (1e-30, 0.0),
+                        (nan, nan)],
+             "e5m2": [(1 + 1 / 8, 1.0), (1 + 3 / 8, 1.5), (61440.0, 57344.0), (inf, 57344.0),
+                      (-1e30, -57344.0), (2 ** -17, 0.0), (3 * 2 ** -17, 2 ** -15),
+                      (7 * 2 ** -17, 2 ** -14), (nan, nan)]}
+    dtypes = {"e4m3fn": getattr(torch, "float8_e4m3fn", None),
+              "e5m2": getattr(torch, "float8_e5m2", None)}
+    problems = []
+    for fmt, pairs in cases.items():
+        v = torch.tensor([p[0] for p in pairs], dtype=torch.float32)
+        want = torch.tensor([p[1] for p in pairs], dtype=torch.float32)
+        got = round_to_float8(v, fmt)
+        refs = [("expected", want)]
+        if dtypes[fmt] is not None:
+            fmax = FLOAT8_FORMATS[fmt][2]
+            refs.append((f"torch.{dtypes[fmt]}", v.clamp(-fmax, fmax).to(dtypes[fmt]).float()))
+        for name, ref in refs:
+            same = (got == ref) | (torch.isnan(got) & torch.isnan(ref))
+            for i in torch.nonzero(~same).flatten().tolist():
+                problems.append(f"{fmt}: {v[i].item()!r} -> {got[i].item()!r}, "
+                                f"{name} {ref[i].item()!r}")
+    # the scales: numpy's float64 division, rounded to fp32, and frexp's power of two
+    amax = np.concatenate([[0.0, 1e-13, 1.0, 448.0, 3.0, np.inf, np.nan],
+                           np.random.default_rng(0).lognormal(0, 8, 1000)]).astype(np.float32)
+    for fmt, fmax in (("e4m3fn", 448.0), ("e5m2", 57344.0)):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            want = (fmax / np.maximum(amax.astype(np.float64), AMAX_EPS)).astype(np.float32)
+            want[np.isnan(amax)] = np.nan
+            m, e = np.frexp(want)
+            want2 = np.where((want > 0) & np.isfinite(want), np.ldexp(np.float32(1), e - 1), want)
+        for pow2, ref in ((False, want), (True, want2)):
+            got = float8_scale(torch.from_numpy(amax), fmt, pow2).numpy()
+            wrong = ~((got == ref) | (np.isnan(got) & np.isnan(ref)))
+            for i in np.nonzero(wrong)[0][:3]:
+                problems.append(f"{fmt} scale of amax {amax[i]!r}{' (pow2)' if pow2 else ''}: "
+                                f"{got[i]!r}, expected {ref[i]!r}")
+    return problems
+
+
+def float8_scale(amax, fmt, pow2):
+    """fp32(max / max(amax, 1e-12)), the division in double (amax: an fp32 tensor, any shape);
+    pow2: rounded down to a power of two, 2^(e-1) for scale = f 2^e with f in [0.5, 1) (frexp);
+    0, inf and NaN kept. A NaN amax gives NaN, an infinite one 0."""
+    a = amax.double()
+    a = torch.where(a < AMAX_EPS, torch.full_like(a, AMAX_EPS), a)   # NaN < eps is false: kept
+    # a tensor by a tensor: IEEE division (a Python number divided by a tensor is computed as
+    # the number times the tensor's reciprocal, which can differ in the last bit)
+    scale = (torch.full_like(a, FLOAT8_FORMATS[fmt][2]) / a).float()
+    if pow2:
+        _, e = torch.frexp(scale)
+        down = torch.pow(2.0, (e - 1).double()).float()
+        scale = torch.where((scale > 0) & ~torch.isinf(scale), down, scale)
+    return scale
+
+
+def amax_of(v, dim=None):
+    """max |v| (fp32), NaN propagating as torch.max does; over dim, kept for broadcasting."""
+    return v.abs().amax() if dim is None else v.abs().amax(dim=dim, keepdim=True)
+
+
+def fake_quantize(v, scale, fmt):
+    """v (fp32) cast to float8 with scale (fp32, broadcast) and back: round(v * s) / s in fp32."""
+    return round_to_float8(v * scale, fmt) / scale
+
+
+# How close to a rounding midpoint a scaled value must be, in float8 steps, to be listed as a
+# boundary value in step 1 (about 16 fp32 ulps for E4M3, 32 for E5M2): its code then depends on
+# the last bits of the fp32 input, which the run computed in another order. Only the activations
+# (x, dy) are listed: step 1's weights are the dump's own fp32 values, cast exactly as the run.
+BOUNDARY_STEPS = 2.0 ** -16
+
+
+def boundary_distance(p, fmt):
+    """For each fp32 scaled value p: its distance to the nearest rounding midpoint of fmt, in
+    float8 steps (0: an exact tie; 0.5: on a float8 number). Values clamped to +-max: 0.5."""
+    mbits, emin, fmax = FLOAT8_FORMATS[fmt]
+    a = p.double()
+    _, e = torch.frexp(a)
+    steps = a.abs() / torch.pow(2.0, torch.clamp(e - 1, min=emin).double() - mbits)
+    d = (steps - torch.floor(steps) - 0.5).abs()
+    return torch.where(a.abs() < fmax, d, torch.full_like(d, 0.5))   # NaN: False, 0.5
+
+
+class Float8State:
+    """The recipe, and what it keeps across steps: the delayed amax histories, per linear (layer,
+    name) and operand ("x", "w", "dy"), newest first, at most amax_history. In step 1 it also
+    notes the boundary values of every cast (BOUNDARY_STEPS), for the report."""
+
+    def __init__(self, f8):
+        self.recipe, self.formats, self.linears = f8["recipe"], f8["formats"], f8["linears"]
+        self.history_len, self.groups = f8["amax_history"], f8["groups"]
+        self.history = {}
+        self.step = 0
+        self.boundary = []      # step 1: (distance, "layers.i.name operand", scaled value)
+
+    def cast(self, site, operand, v, scale):
+        """v (fp32) fake-quantized with scale in the operand's format."""
+        fmt = self.formats[operand]
+        if self.step == 1 and operand != "w":
+            p = v * scale
+            d = boundary_distance(p, fmt).flatten()
+            for i in torch.nonzero(d <= BOUNDARY_STEPS).flatten().tolist():
+                self.boundary.append((d[i].item(), f"layers.{site[0]}.{site[1]} {operand}",
+                                      p.flatten()[i].item()))
+        return fake_quantize(v, scale, fmt)
+
+    def tensor_scale(self, site, operand, v):
+        """The per-tensor scale of fp32 tensor v (operand: its name and row block): from this
+        step's amax (tensorwise), or from the largest amax of the history (delayed; the first
+        time, this step's), this step's amax then pushed at the front of the history."""
+        fmt = self.formats[operand[0]]
+        amax = amax_of(v)
+        if self.recipe != "delayed":
+            return float8_scale(amax, fmt, False)
+        hist = self.history.setdefault((site, operand), [])   # operand: (name, row block)
+        known = amax
+        if hist:
+            known = torch.stack(hist).amax()     # amax propagates a NaN, as the run's max does
+        hist.insert(0, amax)
+        del hist[self.history_len:]
+        return float8_scale(known, fmt, False)
+
+    def blocks(self, operand, v):
+        """The row blocks an operand is scaled in: an activation (x, dy; rows = the tokens of the
+        global batch, sequence by sequence) in activation_groups equal blocks, each data-parallel
+        rank's own rows; a weight whole."""
+        if operand == "w" or self.groups == 1:
+            return [v]
+        if v.shape[0] % self.groups:
+            raise DumpError(f"{v.shape[0]} tokens do not split into {self.groups} "
+                            f"activation groups")
+        return list(v.chunk(self.groups, dim=0))
+
+    def tensorwise(self, site, operand, v):
+        """v (fp32) cast with one scale per row block, the recipe's."""
+        return torch.cat([self.cast(site, operand, b, self.tensor_scale(site, (operand, g), b))
+                          for g, b in enumerate(self.blocks(operand, v))])
+
+    def rowwise(self, site, operand, v, dim):
+        """v (fp32) cast with one power-of-two scale per slice along dim (the contraction) of each
+        row block: dim 1 one per row, dim 0 one per column."""
+        fmt = self.formats[operand]
+        return torch.cat([self.cast(site, operand, b, float8_scale(amax_of(b, dim), fmt, True))
+                          for b in self.blocks(operand, v)])
+
+
+class Float8Linear(torch.autograd.Function):
+    """y = x W^T on float8 operands (the module docstring's table): float64 GEMMs of the
+    fake-quantized fp32 operands. site = (layer, name)."""
+
+    @staticmethod
+    def forward(ctx, x, W, state, site):
+        shape = x.shape
+        x32 = x.detach().reshape(-1, shape[-1]).float()   # [N, in]: the fp32 values the run casts
+        W32 = W.detach().float()                          # [out, in]
+        if state.recipe == "rowwise":                     # contraction over in: rows of both
+            xq, Wq = state.rowwise(site, "x", x32, 1), state.rowwise(site, "w", W32, 1)
+        else:
+            xq, Wq = state.tensorwise(site, "x", x32), state.tensorwise(site, "w", W32)
+        ctx.state, ctx.site, ctx.shape = state, site, shape
+        ctx.save_for_backward(x, W, xq, Wq)
+        return (xq.double() @ Wq.double().T).to(x.dtype).reshape(*shape[:-1], W.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, W, xq, Wq = ctx.saved_tensors
+        state, site, shape = ctx.state, ctx.site, ctx.shape
+        dy32 = dy.reshape(-1, W.shape[0]).float()          # [N, out]
+        x32, W32 = x.reshape(-1, shape[-1]).float(), W.float()
+        if state.recipe == "rowwise":
+            # dx = dy W: contraction over out, dy by rows, W by columns;
+            # dW = dy^T x: contraction over the tokens, dy and x by columns
+            dyq = state.rowwise(site, "dy", dy32, 1)
+            Wq = state.rowwise(site, "w", W32, 0)
+            xq = state.rowwise(site, "x", x32, 0)
+            dyq_cols = state.rowwise(site, "dy", dy32, 0)
+        else:
+            # dy cast once; x and W with the forward's scales: the forward's casts xq, Wq
+            dyq = state.tensorwise(site, "dy", dy32)
+            dyq_cols = dyq
+        dx = (dyq.double() @ Wq.double()).to(dy.dtype).reshape(shape)
+        dW = (dyq_cols.double().T @ xq.double()).to(dy.dtype)
+        return dx, dW, None, None
+
+
 # ---------------------------------------------------------------------------- the model
 def rmsnorm(x, weight, eps):
     """x / sqrt(mean(x^2) + eps) * weight, over the last dimension."""
@@ -209,8 +521,9 @@ def attention(q, k, v):
     return out.transpose(1, 2).reshape(B, T, H * hd)
 
 
-def forward(params, config, tokens):
-    """logits [B, T, V] of the Llama of docs/dump-format.md; params maps torchtitan names to tensors."""
+def forward(params, config, tokens, float8=None):
+    """logits [B, T, V] of the Llama of docs/dump-format.md; params maps torchtitan names to tensors.
+    float8: a Float8State, whose linears then run on float8 operands (Float8Linear)."""
     B, T = tokens.shape
     H, Hkv = config["n_heads"], config["n_kv_heads"]
     hd = config["dim"] // H
@@ -221,17 +534,23 @@ def forward(params, config, tokens):
         def w(name):
             return params[f"layers.{i}.{name}.weight"]
 
+        def linear(x, name):   # x W^T, W = layers.i.<name>.weight; float8 if the run's was
+            short = name.split(".")[-1]
+            if float8 is not None and short in float8.linears:
+                return Float8Linear.apply(x, w(name), float8, (i, short))
+            return x @ w(name).T
+
         # attention block: h += wo(attention(rope(wq n), rope(wk n), wv n)),  n = rmsnorm(h)
         n = rmsnorm(h, w("attention_norm"), eps)
-        q = (n @ w("attention.wq").T).view(B, T, H, hd)
-        k = (n @ w("attention.wk").T).view(B, T, Hkv, hd)
-        v = (n @ w("attention.wv").T).view(B, T, Hkv, hd)
-        h = h + attention(rope(q, theta), rope(k, theta), v) @ w("attention.wo").T
+        q = linear(n, "attention.wq").view(B, T, H, hd)
+        k = linear(n, "attention.wk").view(B, T, Hkv, hd)
+        v = linear(n, "attention.wv").view(B, T, Hkv, hd)
+        h = h + linear(attention(rope(q, theta), rope(k, theta), v), "attention.wo")
 
         # feed-forward block: h += w2(silu(w1 m) * w3 m),  m = rmsnorm(h)
         m = rmsnorm(h, w("ffn_norm"), eps)
-        h = h + (F.silu(m @ w("feed_forward.w1").T) * (m @ w("feed_forward.w3").T)) \
-            @ w("feed_forward.w2").T
+        h = h + linear(F.silu(linear(m, "feed_forward.w1")) * linear(m, "feed_forward.w3"),
+                       "feed_forward.w2")
 
     return rmsnorm(h, params["norm.weight"], eps) @ params["output.weight"].T
 
@@ -258,6 +577,8 @@ def relative_diff(got, ref):
 def run(directory):
     init, metadata = read_safetensors(os.path.join(directory, "init.safetensors"))
     config = read_config(metadata, os.path.join(directory, "init.safetensors"))
+    f8 = read_float8(read_run_options(metadata, os.path.join(directory, "init.safetensors")),
+                     os.path.join(directory, "init.safetensors"))
     check_tensors(init, config, os.path.join(directory, "init.safetensors"))
     losses = read_losses(os.path.join(directory, "losses.txt"))
     steps = batch_steps(directory)
@@ -270,6 +591,18 @@ def run(directory):
     print(f"reference_torch: {directory}, {len(steps)} steps, {len(init)} tensors, "
           f"reference in {str(DTYPE).replace('torch.', '')}")
     print("  config: " + ", ".join(f"{k} {v:g}" for k, v in config.items()))
+    float8 = None
+    failures = 0
+    if f8 is not None:
+        float8 = Float8State(f8)
+        print(f"  float8: {f8['recipe']}"
+              + (f" (amax history {f8['amax_history']})" if f8["recipe"] == "delayed" else "")
+              + f", x {f8['formats']['x']}, W {f8['formats']['w']}, dy {f8['formats']['dy']}; "
+              + " ".join(n for n in FLOAT8_LINEARS if n in f8["linears"]) + " of every layer")
+        problems = check_float8_arithmetic()
+        failures += len(problems)
+        for p in problems:
+            print(f"  float8 arithmetic wrong: {p}  FAIL")
 
     # The parameters, as float64 leaves in the file's order, and the optimizer over them.
     params = {name: torch.tensor(array, dtype=DTYPE, requires_grad=True)
@@ -278,7 +611,6 @@ def run(directory):
                                   betas=(config["beta1"], config["beta2"]),
                                   eps=config["eps"], weight_decay=config["weight_decay"])
 
-    failures = 0
     print(f"\n  {'step':>4} {'loss (dump)':>14} {'loss (torch)':>14} {'|diff|':>10}  verdict")
     for step in steps:
         batch, _ = read_safetensors(os.path.join(directory, f"batch_{step}.safetensors"))
@@ -286,16 +618,21 @@ def run(directory):
         targets = torch.from_numpy(batch["targets"].astype(np.int64))
 
         optimizer.zero_grad(set_to_none=True)
-        loss = mean_loss(forward(params, config, tokens), targets)
+        if float8 is not None:
+            float8.step = step
+        loss = mean_loss(forward(params, config, tokens, float8), targets)
         loss.backward()
 
         ref = loss.item()
         if step in losses:
             got = losses[step]
             ok = abs(got - ref) <= LOSS_RTOL * max(1.0, abs(ref))
-            failures += not ok
-            print(f"  {step:>4} {got:>14.9g} {ref:>14.9g} {abs(got - ref):>10.3e}  "
-                  f"{'ok' if ok else 'FAIL'}")
+            if float8 is None or step == 1:
+                failures += not ok
+                verdict = "ok" if ok else "FAIL"
+            else:
+                verdict = f"{FLOAT8_LATER_LOSSES} ({'within' if ok else 'beyond'} {LOSS_RTOL:g})"
+            print(f"  {step:>4} {got:>14.9g} {ref:>14.9g} {abs(got - ref):>10.3e}  {verdict}")
         else:
             failures += 1
             print(f"  {step:>4} {'(missing)':>14} {ref:>14.9g} {'':>10}  FAIL")
@@ -305,6 +642,12 @@ def run(directory):
         if "clip_grad_norm" in config:
             torch.nn.utils.clip_grad_norm_(list(params.values()), config["clip_grad_norm"])
         optimizer.step()
+
+    if float8 is not None:
+        if len(steps) > 1:
+            print(f"  losses after step 1: {FLOAT8_LATER_LOSSES}: after an AdamW step the run's "
+                  f"and the replay's parameters differ in their last bits, and a float8 cast of a "
+                  f"value next to a rounding boundary turns that into a whole float8 step")
 
     if c_grads is None:
         failures += 1
@@ -319,6 +662,16 @@ def run(directory):
             failures += not ok
             print(f"  {name:<36} {np.max(np.abs(ref)):>12.4e} {rel:>12.3e}  "
                   f"{'ok' if ok else 'FAIL'}")
+
+    if float8 is not None:
+        near = sorted(float8.boundary)
+        ties = sum(1 for d, _, _ in near if d == 0)
+        print(f"\n  float8, step 1: {len(near)} activation value(s) cast within {BOUNDARY_STEPS:g} "
+              f"of a float8 step of a rounding midpoint ({ties} exact ties): their code depends on "
+              f"the last bits of the fp32 input, and one that the run rounded the other way moves "
+              f"the step-1 gradients by a float8 step" + (". The nearest:" if near else ""))
+        for d, where, p in near[:3]:
+            print(f"    {where}: scaled value {p!r}, {d:.3g} of a step from the midpoint")
 
     print(f"\nreference_torch: {'PASS' if failures == 0 else f'FAIL ({failures} failed)'}")
     return 0 if failures == 0 else 1

@@ -5,6 +5,8 @@
  *                                                   the model and optimizer settings as metadata
  *   DIR/batch_K.safetensors                         the step's "tokens" and "targets", I32 [B, T]
  *   DIR/losses.txt                                  "step loss" per line, %.9g
+ * and the chapter's own settings, when it gives some, as the JSON string "run_options" among the
+ * metadata (dump_set_run_options).
  * %.9g prints any float exactly (9 significant digits identify an fp32 value), so a reader
  * recovers the bits the run used.
  *
@@ -35,6 +37,7 @@ _Static_assert(sizeof(int) == 4, "dump_batch writes int buffers as I32");
 static char *last_error;      /* dump_error() */
 static char *final_dir;       /* dump_begin's DIR (trailing '/' removed), NULL when none */
 static char *tmp_dir;         /* where the writes go meanwhile: DIR.tmp.<pid>           */
+static char *run_options;     /* dump_set_run_options: the "run_options" metadata, or NULL */
 
 const char *dump_error(void) { return last_error ? last_error : ""; }
 
@@ -230,6 +233,18 @@ static void meta_float(st_writer *w, const char *key, float v) {
     st_writer_meta(w, key, buf);
 }
 
+int dump_set_run_options(const char *json) {
+    free(run_options);
+    run_options = NULL;
+    if (!json) return 0;
+    size_t n = strlen(json);
+    if (n < 2 || json[0] != '{' || json[n - 1] != '}')
+        return fail("run_options must be a JSON object {...}, got '%.40s'", json);
+    if (n > 255) return fail("run_options is %zu bytes: a metadata value holds at most 255", n);
+    run_options = strdup(json);
+    return run_options ? 0 : fail("out of memory");
+}
+
 /* Reads: the parameter table of c, params[i] (full host tensor i, rows*cols floats), c and o.
  * Writes: dir/file with every tensor under its torchtitan name (vectors as [cols], matrices as
  * [rows, cols]) and the settings a reader needs to rebuild the model as __metadata__ strings. */
@@ -254,6 +269,7 @@ int dump_params(const char *dir, const char *file, const llama_config *c, const 
     meta_float(w, "eps", o->eps);
     meta_float(w, "weight_decay", o->weight_decay);
     if (o->clip_grad_norm > 0) meta_float(w, "clip_grad_norm", o->clip_grad_norm);   /* grads_1 is before clipping */
+    if (run_options) st_writer_meta(w, "run_options", run_options);   /* the chapter's, for the replay */
 
     int n = llama_num_params(c);
     for (int i = 0; i < n; i++) {

@@ -4,6 +4,9 @@
  *   DIR/batch_K.safetensors  "tokens" and "targets", I32 [B, T], for each step K (1-based)
  *   DIR/grads_1.safetensors  full gradients of step 1
  *   DIR/losses.txt           one "step loss" line per step, %.9g
+ * and, when the chapter set one (dump_set_run_options), a "run_options" metadata string in
+ * init.safetensors and grads_1.safetensors: a JSON object with the chapter's settings that change
+ * the arithmetic a replay must reproduce (chapter 07: {"float8": {...}}, the float8 recipe).
  * Rank 0 writes from host buffers. Every function returns 0, or -1 with a one-line reason that
  * dump_error() returns (nothing is printed: the caller reports it, once, as the bad input or the
  * failure it is).
@@ -38,6 +41,13 @@ int dump_commit(void);
 void dump_abort(void);
 /* The reason of the last failure, one line ("" if none). */
 const char *dump_error(void);
+
+/* A chapter's own settings for the replay: a JSON object of at most 255 bytes (a safetensors
+ * metadata value here; dump_params fails on a longer one), copied and written as the metadata
+ * key "run_options" by every later dump_params. NULL (the default) writes no such key. The C code
+ * does not parse it: the chapter writes valid JSON, the reader (tests/reference_torch.py) checks
+ * it. Returns 0, or -1 when it is not NULL and does not look like an object ({...}) or is longer. */
+int dump_set_run_options(const char *json);
 
 /* params[i] is the full host tensor of llama_param_spec(c, i). */
 int dump_params(const char *dir, const char *file, const llama_config *c, const adamw_config *o,

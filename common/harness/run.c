@@ -182,7 +182,9 @@ llama_model *run_model(const run_options *o, const llama_plan *plan) {
     /* Every refusal is behind us: only now may the run create its outputs. The dump first: it
      * is written aside and, should anything end the run before dump_commit, removed at exit. */
     if (o->dump_dir) {
-        dump_require(o, comm_world()->rank == 0 ? dump_begin(o->dump_dir) : 0);
+        int rc = comm_world()->rank == 0 ? dump_begin(o->dump_dir) : 0;
+        if (rc == 0 && comm_world()->rank == 0) rc = dump_set_run_options(o->dump_run_options);
+        dump_require(o, rc);
         comm_on_usage_exit(dump_abort);   /* a refusal: removed before any rank exits */
         atexit(dump_abort);               /* any other exit of this process */
     }

@@ -25,6 +25,9 @@ typedef struct {
     bool check;              /* train the baseline on rank 0 and compare every step     */
     bool verbose_grads;      /* print the whole gradient table every step               */
     const char *dump_dir;    /* --dump DIR, or NULL                                     */
+    const char *dump_run_options; /* --dump: the chapter's settings a replay needs, a JSON
+                                 * object (<= 255 bytes) written as the "run_options" metadata
+                                 * (dump.h); NULL: none (chapter 07: the float8 recipe)     */
     const char *out_dir;     /* CSV files                                               */
     const char *fault;       /* --fault NAME, or NULL                                   */
     const plan_fault *faults;   /* the chapter's deliberate bugs, {NULL}-terminated     */
