@@ -31,6 +31,8 @@ typedef struct {
     float *data;
     int unit;                          /* the unit held, -1 when free                  */
     comm_request req[9];               /* its all-gathers while in flight              */
+    int idx[9];                        /* the tensors (table indices) of the unit      */
+    void *pending[9];                  /* a dp_gather_ops's state per gather, or NULL  */
     double issued;                     /* when they were issued (timeline)             */
     int n_req;
 } unit_slot;
@@ -135,7 +137,11 @@ static void gather_unit(dp_state *s, int u) {
     slot->issued = wall_seconds();
     for (int k = 0; k < n; k++) {
         const param_tensor *x = &s->t->t[idx[k]];
-        slot->req[k] = gather_tensor(s, param_in(s->t, s->t->params, idx[k]), dst, shard_of(x));
+        const float *shard = param_in(s->t, s->t->params, idx[k]);
+        slot->idx[k] = idx[k];
+        slot->pending[k] = NULL;
+        if (s->o.gather) slot->req[k] = s->o.gather->start(s->o.gather->ctx, s->shard, x, shard, dst, shard_of(x), &slot->pending[k]);
+        else slot->req[k] = gather_tensor(s, shard, dst, shard_of(x));
         dst += padded(s, x);
     }
 }
@@ -144,6 +150,13 @@ static void gather_unit(dp_state *s, int u) {
 static unit_weights slot_views(dp_state *s, unit_slot *slot) {
     if (slot->n_req) {
         comm_wait_all(slot->req, slot->n_req);
+        float *full = slot->data;
+        for (int k = 0; s->o.gather && k < slot->n_req; k++) {   /* e.g. float8 bytes back to values */
+            const param_tensor *x = &s->t->t[slot->idx[k]];
+            s->o.gather->finish(s->o.gather->ctx, x, full, shard_of(x), slot->pending[k]);
+            slot->pending[k] = NULL;
+            full += padded(s, x);
+        }
         slot->n_req = 0;
         event(s, "comm", slot->issued, slot->unit == s->L ? "all_gather ends" : "all_gather %d", slot->unit);
     }

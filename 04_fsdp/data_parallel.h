@@ -39,16 +39,29 @@
 #include "comm.h"
 #include "llama.h"
 #include "mesh.h"
+#include "params.h"
 #include "plan.h"
 
 typedef enum { DP_DDP = 0, DP_ZERO1, DP_ZERO2, DP_FSDP, DP_NMODES } dp_mode;
 const char *dp_mode_name(dp_mode mode);            /* "ddp", "zero1", "zero2", "fsdp" */
+
+/* How fsdp's all-gathers move a tensor, when a chapter moves it in another form than fp32
+ * (chapter 07: float8 bytes). start issues the gather of tensor x: this rank's shard [count] ->
+ * full [S * count] (padded), and may leave state in *pending; finish runs after the request's
+ * wait, before the values are used, and must leave full [S * count] holding the values. */
+typedef struct {
+    comm_request (*start)(void *ctx, comm_group *shard_group, const param_tensor *x, const float *shard,
+                          float *full, size_t count, void **pending);
+    void (*finish)(void *ctx, const param_tensor *x, float *full, size_t count, void *pending);
+    void *ctx;
+} dp_gather_ops;
 
 typedef struct {
     dp_mode mode;
     bool reshard_after_forward;   /* fsdp: free a layer's gathered values after its forward     */
     bool prefetch;                /* fsdp: gather the next unit while this one computes          */
     size_t bucket_floats;         /* ddp: issue an all-reduce once a bucket holds this many floats */
+    const dp_gather_ops *gather;  /* fsdp: NULL, the fp32 all-gather of each tensor's shards     */
 } dp_options;
 
 /* One timeline event of this rank, for the Gantt chart: a unit's compute, or a collective from

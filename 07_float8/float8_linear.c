@@ -6,6 +6,7 @@
 #include "comm.h"
 #include "device.h"
 #include "float8.h"
+#include "gemm_fp8.h"
 #include "kernels.h"
 #include "llama_kernels.h"
 #include "model.h"
@@ -23,8 +24,12 @@ typedef struct fp8_state_s {
     comm_group *tp;                 /* NULL: no tensor parallelism                                  */
     shard_layout layout[P_NKINDS];
     int sites;                      /* L * P_NKINDS: a site is layer * P_NKINDS + kind             */
+    int groups;                     /* activations are scaled in this many row blocks (a baseline's
+                                     * stand-ins for the dp ranks' rows; 1 otherwise)               */
     bool local_amax;                /* --fault local-amax                                          */
-    float *forward_scale;           /* [sites][2]: x's and W's tensorwise scale, for the backward  */
+    float *forward_scale;           /* [sites][groups + 1]: x's tensorwise scales (per row block)
+                                     * and W's, from the forward, for the backward                 */
+    float *dy_scale;                /* [groups]: dy's, between the backward's two GEMMs             */
     float *history;                 /* delayed: [sites][NOPERANDS][H] amaxes, newest first        */
     int *seen;                      /* delayed: [sites][NOPERANDS] amaxes recorded (<= H)         */
     float *scalar;                  /* one device float, for an amax's all-reduce                  */
@@ -35,6 +40,8 @@ typedef struct fp8_state_s {
      * codes, gathered over tp, on its tp rank 0 (stash); the baseline's operator, on the same
      * process, compares its own casts with them (peer: the parallel run's state). */
     float **stash;                  /* [sites][CASTS] host codes, or NULL                          */
+    float *stash_scale;             /* [sites][CASTS][tp ranks] each tp rank's tensorwise scale     */
+    int stash_ranks;
     struct fp8_state_s *peer;
     fp8_cast_comparison cmp;
 } fp8_state;
@@ -141,13 +148,24 @@ static void keep_or_compare(fp8_state *s, linear_site at, int cast, const float 
     if (s->step != 1 || (!s->stash && !s->peer)) return;
     int R, Cn;
     float *codes = gather_codes(s, x, scale, scales, how, rows, cols, layout, fmt, &R, &Cn);
+    int slot = site_index(at) * CASTS + cast;
     if (s->stash) {
-        float **slot = &s->stash[site_index(at) * CASTS + cast];
-        free(*slot);
-        *slot = codes;
+        free(s->stash[slot]);
+        s->stash[slot] = codes;
+        float *mine = s->stash_scale + (size_t)slot * s->stash_ranks;   /* every tp rank's scale */
+        if (s->tp) comm_host_gather(s->tp, &scale, mine, 1, 0);
+        else mine[0] = scale;
         return;
     }
-    float *theirs = s->peer->stash ? s->peer->stash[site_index(at) * CASTS + cast] : NULL;
+    float *theirs = s->peer->stash ? s->peer->stash[slot] : NULL;
+    /* A tensorwise scale comes from an amax, which a last-bit difference of the tensor moves by
+     * a last bit at most: a scale further than 1e-5 away, on any tp rank, is a wrong scale,
+     * whatever the codes show. */
+    for (int q = 0; theirs && s->cmp.neighbour == 0 && how == FLOAT8_PER_TENSOR && q < s->peer->stash_ranks; q++)
+        if (fabs((double)scale - s->peer->stash_scale[(size_t)slot * s->peer->stash_ranks + q]) > 1e-5 * fabs((double)scale)) {
+            s->cmp.scale_differs++;
+            break;
+        }
     if (theirs) compare_codes(s, codes, theirs, (size_t)R * Cn);
     else s->cmp.missing++;
     free(codes);
@@ -174,11 +192,11 @@ static float tensor_amax(fp8_state *s, const float *x, size_t n, bool cut) {
 /* The tensorwise scale of one operand at one site: from this step's amax (tensorwise), or from the
  * amax history (delayed: the largest of the last H steps; the first step, its own), after which
  * this step's amax joins the history. */
-static float tensor_scale(fp8_state *s, linear_site at, operand which, const float *x, size_t n, bool cut,
-                          float8_format fmt) {
+static float tensor_scale(fp8_state *s, linear_site at, operand which, int group, const float *x, size_t n,
+                          bool cut, float8_format fmt) {
     float amax = tensor_amax(s, x, n, cut);
     if (s->o.recipe != FP8_DELAYED) return float8_scale_from_amax(amax, fmt, 0);
-    int H = s->o.amax_history, slot = site_index(at) * NOPERANDS + which;
+    int H = s->o.amax_history, slot = (site_index(at) * NOPERANDS + which) * s->groups + group;
     float *hist = s->history + (size_t)slot * H;
     /* BEGIN ASSIGNMENT: delayed scaling: the scale from the largest amax of the history (the first step: this step's amax), then push this step's amax at the front of the history (newest first, at most H kept) */
     float known = amax;
@@ -193,40 +211,116 @@ static float tensor_scale(fp8_state *s, linear_site at, operand which, const flo
     /* END ASSIGNMENT */
 }
 
-/* q (=) x [rows, cols] cast to float8 and back (what the float8 GEMM multiplies). Tensorwise and
- * delayed: one scale, `scale` when given (> 0: the forward's, reused by the backward), else the
- * recipe's, returned. Rowwise: one power-of-two scale per row (ALONG_ROWS) or per column
- * (ALONG_COLS), the amaxes agreed over tp when tp cuts the contraction dimension
- * (`cut_along`); returns 0. `cut`: tp cuts the tensor at all (a tensorwise amax is agreed). */
-static float cast_operand(fp8_state *s, linear_site at, operand which, int cast, shard_layout layout, float *q,
-                          const float *x, int rows, int cols, scale_axis axis, bool cut, bool cut_along,
-                          float8_format fmt, float scale) {
-    size_t n = (size_t)rows * cols;
-    if (s->o.recipe != FP8_ROWWISE) {
-        if (scale <= 0) scale = tensor_scale(s, at, which, x, n, cut, fmt);
-        float8_fake_quantize(q, x, n, scale, fmt);
-        keep_or_compare(s, at, cast, x, scale, NULL, FLOAT8_PER_TENSOR, rows, cols, layout, fmt);
-        return scale;
+/* q (=) x [rows, cols] cast to float8 and back (what the float8 GEMM multiplies).
+ * Tensorwise and delayed: one scale per tensor, the recipe's, written to scale_io, or read from
+ * it when `reuse` (the backward takes the forward's). Rowwise: one power-of-two scale per row
+ * (ALONG_ROWS) or per column (ALONG_COLS), the amaxes agreed over tp when tp cuts the contraction
+ * dimension (`cut_along`). `cut`: tp cuts the tensor at all (a tensorwise amax is agreed).
+ * An activation (x, dy) is cast in s->groups row blocks, each with its own scales: the baseline
+ * of a data-parallel run scales each dp rank's rows apart, as the ranks do (scale_io[group]). */
+static void cast_operand(fp8_state *s, linear_site at, operand which, int cast, shard_layout layout, float *q,
+                         const float *x, int rows, int cols, scale_axis axis, bool cut, bool cut_along,
+                         float8_format fmt, float *scale_io, bool reuse) {
+    int G = which == OPERAND_W ? 1 : s->groups, rows_g = rows / G;
+    size_t n = (size_t)rows_g * cols;
+    for (int g = 0; g < G; g++) {
+        const float *xg = x + (size_t)g * n;
+        float *qg = q + (size_t)g * n;
+        if (s->o.recipe != FP8_ROWWISE) {
+            float scale = reuse ? scale_io[g] : tensor_scale(s, at, which, g, xg, n, cut, fmt);
+            if (!reuse) scale_io[g] = scale;
+            float8_fake_quantize(qg, xg, n, scale, fmt);
+            if (g == 0) keep_or_compare(s, at, cast, xg, scale, NULL, FLOAT8_PER_TENSOR, rows_g, cols, layout, fmt);
+            continue;
+        }
+        int k = axis == ALONG_ROWS ? rows_g : cols;
+        float *amax = device_alloc_floats((size_t)k, MEM_BUFFERS), *scales = device_alloc_floats((size_t)k, MEM_BUFFERS);
+        if (axis == ALONG_ROWS) float8_amax_rows(amax, xg, rows_g, cols);
+        else float8_amax_cols(amax, xg, rows_g, cols);
+        if (cut_along && s->tp) agree_amax(s, amax, k);
+        float8_scales_from_amax(scales, amax, k, fmt, 1);
+        if (axis == ALONG_ROWS) float8_fake_quantize_rows(qg, xg, scales, rows_g, cols, fmt);
+        else float8_fake_quantize_cols(qg, xg, scales, rows_g, cols, fmt);
+        if (g == 0)
+            keep_or_compare(s, at, cast, xg, 0, scales, axis == ALONG_ROWS ? FLOAT8_PER_ROW : FLOAT8_PER_COL, rows_g,
+                            cols, layout, fmt);
+        device_free(amax);
+        device_free(scales);
     }
-    int k = axis == ALONG_ROWS ? rows : cols;
-    float *amax = device_alloc_floats((size_t)k, MEM_BUFFERS), *scales = device_alloc_floats((size_t)k, MEM_BUFFERS);
-    if (axis == ALONG_ROWS) float8_amax_rows(amax, x, rows, cols);
-    else float8_amax_cols(amax, x, rows, cols);
-    if (cut_along && s->tp) agree_amax(s, amax, k);
-    float8_scales_from_amax(scales, amax, k, fmt, 1);
-    if (axis == ALONG_ROWS) float8_fake_quantize_rows(q, x, scales, rows, cols, fmt);
-    else float8_fake_quantize_cols(q, x, scales, rows, cols, fmt);
-    keep_or_compare(s, at, cast, x, 0, scales, axis == ALONG_ROWS ? FLOAT8_PER_ROW : FLOAT8_PER_COL, rows, cols,
-                    layout, fmt);
-    device_free(amax);
-    device_free(scales);
-    return 0;
 }
 
 /* Which operands tp cuts at this site (float8_linear.h's table). */
 static bool column_parallel(const fp8_state *s, linear_site at) { return s->tp && s->layout[at.kind] == SHARD_ROWS; }
 static bool row_parallel(const fp8_state *s, linear_site at) { return s->tp && s->layout[at.kind] == SHARD_COLS; }
 static bool in_blocks(linear_site at) { return at.kind != P_OUTPUT; }
+
+/* ---- the float8 GEMMs of the per-tensor recipes ------------------------------------------------
+ * Tensorwise and delayed scaling give each operand one scale (per row block of an activation in a
+ * data-parallel baseline), which is what cuBLASLt's float8 GEMM takes: the operands go to it as
+ * float8 bytes with their scales (gemm_fp8.h: cublasLtMatmul on the GPU; on the CPU its twin
+ * decodes them and runs the fp32 GEMM, the emulation torchao uses). cuBLASLt wants the
+ * contraction contiguous in both operands, C = A B^T with A [M, K], B [N, K]:
+ *   y  = x W^T     A = x [N, in],         B = W [out, in]          as they are
+ *   dx = dy W      A = dy [N, out],       B = W^T [in, out]        W transposed
+ *   dW = dy^T x    A = dy^T [out, N],     B = x^T [in, N]          both transposed
+ * Rowwise scaling (a scale per row of each operand) keeps the emulation on both backends. */
+
+/* x [rows, cols] as float8 bytes, row block g (of G) with scale[g]. */
+static uint8_t *to_bytes(const float *x, int rows, int cols, const float *scale, int G, float8_format fmt) {
+    size_t n = (size_t)(rows / G) * cols;
+    uint8_t *b = device_alloc((size_t)rows * cols, MEM_BUFFERS);
+    for (int g = 0; g < G; g++) float8_quantize(b + g * n, x + g * n, n, scale[g], fmt);
+    return b;
+}
+
+/* C [rows, N] (=) A [rows, K] B [N, K]^T, A's row block g with a_scale[g]. */
+static void gemm_blocks(float *C, const uint8_t *A, float8_format fa, const float *a_scale, int G, const uint8_t *B,
+                        float8_format fb, float b_scale, int rows, int N, int K) {
+    int rg = rows / G;
+    for (int g = 0; g < G; g++)
+        gemm_fp8(C + (size_t)g * rg * N, A + (size_t)g * rg * K, fa, a_scale[g], B, fb, b_scale, rg, N, K);
+}
+
+static void fp8_bytes_forward(fp8_state *s, float *y, const float *x, const float *W, int N, int in, int out,
+                              const float *scale) {
+    int G = s->groups;
+    float8_format fx = fp8_role_format(s->o.recipe, FP8_CAST_X), fw = fp8_role_format(s->o.recipe, FP8_CAST_W);
+    uint8_t *xb = to_bytes(x, N, in, scale, G, fx), *Wb = to_bytes(W, out, in, scale + G, 1, fw);
+    gemm_blocks(y, xb, fx, scale, G, Wb, fw, scale[G], N, out, in);
+    device_free(xb);
+    device_free(Wb);
+}
+
+/* dx (=) and dW_here (=); each NULL: skipped. */
+static void fp8_bytes_backward(fp8_state *s, float *dx, float *dW_here, const float *dy, const float *x,
+                               const float *W, int N, int in, int out, const float *scale, const float *dy_scale) {
+    int G = s->groups, rg = N / G;
+    float8_format fx = fp8_role_format(s->o.recipe, FP8_CAST_X), fw = fp8_role_format(s->o.recipe, FP8_CAST_W);
+    float8_format fdy = fp8_role_format(s->o.recipe, FP8_CAST_DY);
+    uint8_t *dyb = to_bytes(dy, N, out, dy_scale, G, fdy);
+    if (dx) {
+        uint8_t *Wb = to_bytes(W, out, in, scale + G, 1, fw), *Wt = device_alloc((size_t)out * in, MEM_BUFFERS);
+        float8_transpose(Wt, Wb, out, in);                                    /* [in, out] */
+        gemm_blocks(dx, dyb, fdy, dy_scale, G, Wt, fw, scale[G], N, in, out);
+        device_free(Wb);
+        device_free(Wt);
+    }
+    if (dW_here) {   /* summed over the row blocks: each block's tokens have their own scales */
+        uint8_t *xb = to_bytes(x, N, in, scale, G, fx);
+        uint8_t *dyt = device_alloc((size_t)out * rg, MEM_BUFFERS), *xt = device_alloc((size_t)in * rg, MEM_BUFFERS);
+        float *part = G > 1 ? device_alloc_floats((size_t)out * in, MEM_BUFFERS) : dW_here;
+        device_zero(dW_here, (size_t)out * in * sizeof(float));
+        for (int g = 0; g < G; g++) {
+            float8_transpose(dyt, dyb + (size_t)g * rg * out, rg, out);      /* [out, rg] */
+            float8_transpose(xt, xb + (size_t)g * rg * in, rg, in);          /* [in, rg]  */
+            gemm_fp8(part, dyt, fdy, dy_scale[g], xt, fx, scale[g], out, in, rg);
+            if (G > 1) add_inplace(dW_here, part, (size_t)out * in);
+        }
+        if (G > 1) device_free(part);
+        device_free(xb); device_free(dyt); device_free(xt);
+    }
+    device_free(dyb);
+}
 
 /* ---- the operator -----------------------------------------------------------------------------*/
 
@@ -243,13 +337,14 @@ static void fp8_linear_forward(const llama_plan *p, linear_site at, float *y, co
     if (at.kind == P_WQ && at.layer == 0) s->step++;
     bool col = column_parallel(s, at), row = row_parallel(s, at);
     float *xq = device_alloc_floats((size_t)N * in, MEM_BUFFERS), *Wq = device_alloc_floats((size_t)out * in, MEM_BUFFERS);
-    float *scale = s->forward_scale + 2 * site_index(at);
+    float *scale = s->forward_scale + (size_t)site_index(at) * (s->groups + 1);   /* x's per group, then W's */
     shard_layout x_cut = row ? SHARD_COLS : SHARD_REPLICATED, w_cut = s->tp ? s->layout[at.kind] : SHARD_REPLICATED;
-    scale[0] = cast_operand(s, at, OPERAND_X, 0, x_cut, xq, x, N, in, ALONG_ROWS, row, row,
-                            fp8_role_format(s->o.recipe, FP8_CAST_X), 0);
-    scale[1] = cast_operand(s, at, OPERAND_W, 1, w_cut, Wq, W, out, in, ALONG_ROWS, row || col, row,
-                            fp8_role_format(s->o.recipe, FP8_CAST_W), 0);
-    s->inner.forward(p, at, y, xq, Wq, N, in, out);
+    cast_operand(s, at, OPERAND_X, 0, x_cut, xq, x, N, in, ALONG_ROWS, row, row, fp8_role_format(s->o.recipe, FP8_CAST_X),
+                 scale, false);
+    cast_operand(s, at, OPERAND_W, 1, w_cut, Wq, W, out, in, ALONG_ROWS, row || col, row,
+                 fp8_role_format(s->o.recipe, FP8_CAST_W), scale + s->groups, false);
+    if (s->o.recipe == FP8_ROWWISE) s->inner.forward(p, at, y, xq, Wq, N, in, out);
+    else fp8_bytes_forward(s, y, x, W, N, in, out, scale);
 
     /* against fp32: the casts, and the product */
     float *ref = device_alloc_floats((size_t)N * out, MEM_BUFFERS);
@@ -276,7 +371,8 @@ static void fp8_linear_backward(const llama_plan *p, linear_site at, float *dx, 
     }
     bool col = column_parallel(s, at);
     bool rowwise = s->o.recipe == FP8_ROWWISE;
-    const float *scale = s->forward_scale + 2 * site_index(at);
+    float *scale = s->forward_scale + (size_t)site_index(at) * (s->groups + 1);
+    float *dy_scale = s->dy_scale;
     float8_format fx = fp8_role_format(s->o.recipe, FP8_CAST_X), fw = fp8_role_format(s->o.recipe, FP8_CAST_W);
     float8_format fdy = fp8_role_format(s->o.recipe, FP8_CAST_DY);
     size_t n_dy = (size_t)N * out, n_x = (size_t)N * in, n_w = (size_t)out * in;
@@ -288,16 +384,21 @@ static void fp8_linear_backward(const llama_plan *p, linear_site at, float *dx, 
     /* the operands */
     shard_layout dy_cut = col ? SHARD_COLS : SHARD_REPLICATED, w_cut = s->tp ? s->layout[at.kind] : SHARD_REPLICATED;
     shard_layout x_cut = row_parallel(s, at) ? SHARD_COLS : SHARD_REPLICATED;
-    cast_operand(s, at, OPERAND_DY, 2, dy_cut, dyq, dy, N, out, ALONG_ROWS, col, col, fdy, 0);
-    cast_operand(s, at, OPERAND_W, 3, w_cut, Wq, W, out, in, ALONG_COLS, false, col, fw, scale[1]);
-    cast_operand(s, at, OPERAND_X, 4, x_cut, xq, x, N, in, ALONG_COLS, false, false, fx, scale[0]);
-    if (rowwise) cast_operand(s, at, OPERAND_DY, 5, dy_cut, dy_cols, dy, N, out, ALONG_COLS, false, false, fdy, 0);
+    cast_operand(s, at, OPERAND_DY, 2, dy_cut, dyq, dy, N, out, ALONG_ROWS, col, col, fdy, dy_scale, false);
+    cast_operand(s, at, OPERAND_W, 3, w_cut, Wq, W, out, in, ALONG_COLS, false, col, fw, scale + s->groups, true);
+    cast_operand(s, at, OPERAND_X, 4, x_cut, xq, x, N, in, ALONG_COLS, false, false, fx, scale, true);
+    if (rowwise) cast_operand(s, at, OPERAND_DY, 5, dy_cut, dy_cols, dy, N, out, ALONG_COLS, false, false, fdy, dy_scale, false);
 
-    /* the two GEMMs, with the inner plan's operator */
-    if (dx) s->inner.backward(p, at, dx, NULL, dyq, xq, Wq, N, in, out);
-    if (dW) {
-        device_zero(dW_here, n_w * sizeof(float));
-        s->inner.backward(p, at, NULL, dW_here, dy_cols, xq, Wq, N, in, out);
+    /* the two GEMMs: rowwise with the inner plan's operator on the dequantized operands, the
+     * per-tensor recipes on float8 bytes */
+    if (rowwise) {
+        if (dx) s->inner.backward(p, at, dx, NULL, dyq, xq, Wq, N, in, out);
+        if (dW) {
+            device_zero(dW_here, n_w * sizeof(float));
+            s->inner.backward(p, at, NULL, dW_here, dy_cols, xq, Wq, N, in, out);
+        }
+    } else {
+        fp8_bytes_backward(s, dx, dW_here, dy, x, W, N, in, out, scale, dy_scale);
     }
 
     /* against fp32: the gradient's cast, and the products */
@@ -330,10 +431,12 @@ void float8_apply(llama_plan *plan, const llama_config *c, const fp8_options *o)
     s->tp = plan->tp && plan->tp->size > 1 ? plan->tp : NULL;
     memcpy(s->layout, plan->layout, sizeof s->layout);
     s->sites = c->n_layers * P_NKINDS;
-    s->forward_scale = calloc((size_t)s->sites * 2, sizeof(float));
+    s->groups = o->activation_groups > 1 ? o->activation_groups : 1;
+    s->forward_scale = calloc((size_t)s->sites * (s->groups + 1), sizeof(float));
+    s->dy_scale = calloc((size_t)s->groups, sizeof(float));
     if (o->recipe == FP8_DELAYED) {
-        s->history = calloc((size_t)s->sites * NOPERANDS * o->amax_history, sizeof(float));
-        s->seen = calloc((size_t)s->sites * NOPERANDS, sizeof(int));
+        s->history = calloc((size_t)s->sites * NOPERANDS * s->groups * o->amax_history, sizeof(float));
+        s->seen = calloc((size_t)s->sites * NOPERANDS * s->groups, sizeof(int));
     }
     s->scalar = device_alloc_floats(1, MEM_BUFFERS);
     for (int r = 0; r < FP8_NROLES; r++) s->worst[r] = s->first[r] = INFINITY;
@@ -341,15 +444,40 @@ void float8_apply(llama_plan *plan, const llama_config *c, const fp8_options *o)
     plan->linear_ctx = s;
 }
 
+const char *float8_shape_error(const llama_config *c, int tp, int rows, fp8_recipe r) {
+    static char why[320];
+    if (r == FP8_OFF || r == FP8_ROWWISE) return NULL;   /* (rowwise: the emulation on both backends) */
+    char unsupported[200];
+    if (!gemm_fp8_supported(unsupported, sizeof unsupported)) {
+        snprintf(why, sizeof why, "--fp8 %s needs the float8 GEMM: %s", fp8_recipe_name(r), unsupported);
+        return why;
+    }
+    int hd = c->dim / c->n_heads;
+    struct { const char *what; int n; } dims[] = {
+        {"--dim", c->dim}, {"the heads per tp rank x head dim", c->n_heads / tp * hd},
+        {"the kv heads per tp rank x head dim", c->n_kv_heads / tp * hd}, {"--ffn-dim / tp", c->ffn_dim / tp},
+        {"the tokens per rank (batch / dp x seq-len)", rows}};
+    for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
+        if (dims[i].n % 16) {
+            snprintf(why, sizeof why, "--fp8 %s: %s is %d, not a multiple of 16: cuBLASLt's float8 GEMM contracts "
+                     "over and produces widths that are multiples of 16 (the CPU keeps the same rule)",
+                     fp8_recipe_name(r), dims[i].what, dims[i].n);
+            return why;
+        }
+    return NULL;
+}
+
 void float8_free(llama_plan *plan) {
     fp8_state *s = state_of(plan);
     if (!s) return;
     free(s->forward_scale);
+    free(s->dy_scale);
     free(s->history);
     free(s->seen);
     if (s->stash)
         for (int i = 0; i < s->sites * CASTS; i++) free(s->stash[i]);
     free(s->stash);
+    free(s->stash_scale);
     device_free(s->scalar);
     free(s);
     plan->linear_ctx = NULL;
@@ -369,12 +497,14 @@ void float8_compare_casts(llama_plan *parallel, llama_plan *baseline) {
     fp8_state *p = state_of(parallel), *b = state_of(baseline);
     if (!p || !b) return;
     p->stash = calloc((size_t)p->sites * CASTS, sizeof *p->stash);
+    p->stash_ranks = p->tp ? p->tp->size : 1;
+    p->stash_scale = calloc((size_t)p->sites * CASTS * p->stash_ranks, sizeof *p->stash_scale);
     b->peer = p;
 }
 
 fp8_cast_comparison float8_cast_comparison(const llama_plan *baseline) {
     const fp8_state *s = state_of(baseline);
-    return s ? s->cmp : (fp8_cast_comparison){0, 0, 0, 0, 0, 0};
+    return s ? s->cmp : (fp8_cast_comparison){0, 0, 0, 0, 0, 0, 0};
 }
 
 /* ---- the exact test: sharded cast = single-device cast ----------------------------------------*/

@@ -49,6 +49,9 @@ const char *fp8_recipe_name(fp8_recipe r);   /* "off", "tensorwise", "rowwise", 
 typedef struct {
     fp8_recipe recipe;
     int amax_history;     /* delayed: amaxes kept per tensor (Transformer Engine: 1024; here 16) */
+    int activation_groups;/* scale the activations (x, dy) in this many row blocks, each apart: a
+                           * single-device baseline standing in for that many data-parallel
+                           * ranks, each of which scales only its own rows (0 or 1: whole)     */
 } fp8_options;
 
 /* The roles an operand plays, for the accuracy report: the three casts and the three products. */
@@ -59,6 +62,12 @@ const char *fp8_role_name(int role);
  * layouts must be final (apply it after chapter 01's plan). */
 void float8_apply(llama_plan *plan, const llama_config *c, const fp8_options *o);
 void float8_free(llama_plan *plan);
+
+/* NULL, or why the recipe cannot run this model (one line): tensorwise and delayed multiply
+ * float8 bytes with cuBLASLt's float8 GEMM (gemm_fp8.h), which needs a GPU of compute capability
+ * 8.9 or 9.0+ and every width and the tokens per rank (`rows`) a multiple of 16; the CPU's twin
+ * keeps the same rule so that a run that works here works on a GPU. */
+const char *float8_shape_error(const llama_config *c, int tp, int rows, fp8_recipe r);
 
 /* Accuracy against fp32, SQNR = 20 log10(|ref| / |ref - fp8|) in dB over a whole tensor: each
  * call of the operator also computes its casts' and its products' fp32 references. first[role]
@@ -77,6 +86,8 @@ typedef struct {
                            * input differed in its last bits (a sum in another order)          */
     long long other;      /* anything else: a different scale or a wrong cast                 */
     long long missing;    /* casts the parallel run did not keep (a programming error)        */
+    long long scale_differs; /* tensorwise casts whose scale is more than 1e-5 from the other
+                           * run's (a wrong amax), up to the first neighbour                   */
     long long equal_after, differ_after;   /* the casts after the first neighbour, whose inputs
                            * already carry a whole float8 step's difference: not judged       */
 } fp8_cast_comparison;

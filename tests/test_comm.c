@@ -401,6 +401,28 @@ static void check_progress(comm_group *g) {
     free(mine); free(all);
 }
 
+/* The byte all-gather: rank-major bytes, counted as an all-gather of size * nbytes bytes. */
+static void check_byte_gather(comm_group *g) {
+    enum { n = 13 };   /* an odd count: bytes, not floats */
+    unsigned char mine[n], *all = malloc((size_t)n * g->size);
+    for (int i = 0; i < n; i++) mine[i] = (unsigned char)(g->rank * 31 + i);
+    unsigned char *d_mine = device_alloc(n, MEM_BUFFERS), *d_all = device_alloc((size_t)n * g->size, MEM_BUFFERS);
+    device_copy_to_device(d_mine, mine, n);
+    collective_stats before = g->stats[COLL_ALL_GATHER];
+    comm_request r = comm_iall_gather_bytes(g, d_mine, d_all, n);
+    comm_wait(&r);
+    device_copy_to_host(all, d_all, (size_t)n * g->size);
+    int wrong = 0;
+    for (int q = 0; q < g->size; q++)
+        for (int i = 0; i < n; i++) wrong += all[(size_t)q * n + i] != (unsigned char)(q * 31 + i);
+    CHECK(wrong == 0, "byte all-gather: %d wrong bytes", wrong);
+    const collective_stats *after = &g->stats[COLL_ALL_GATHER];
+    CHECK(after->calls == before.calls + 1 && after->payload_bytes == before.payload_bytes + (double)n * g->size,
+          "byte all-gather counted as %g bytes, want %d", after->payload_bytes - before.payload_bytes, n * g->size);
+    device_free(d_mine); device_free(d_all);
+    free(all);
+}
+
 int main(int argc, char **argv) {
     comm_group *world = comm_init(&argc, &argv);
     check_group(world, "world");
@@ -421,6 +443,7 @@ int main(int argc, char **argv) {
     check_ring(world, "world ring");
     check_wait_time(world);
     check_progress(world);
+    check_byte_gather(world);
 
     if (world->size == 4) {
         /* 2x2 mesh: tp groups {0,1} {2,3}; dp_shard groups {0,2} {1,3} */

@@ -482,8 +482,26 @@ static void test_sqnr(const format_spec *f) {
     device_free(x_d); device_free(y_d);
 }
 
+/* float8_transpose: dst[c][r] = src[r][c], byte for byte, on a shape that is not square. */
+static void test_transpose(void) {
+    enum { R = 37, C = 19 };
+    uint8_t h[R * C], back[R * C];
+    for (int i = 0; i < R * C; i++) h[i] = (uint8_t)(i * 7 + 3);
+    uint8_t *src = device_alloc(R * C, MEM_BUFFERS), *dst = device_alloc(R * C, MEM_BUFFERS);
+    device_copy_to_device(src, h, R * C);
+    float8_transpose(dst, src, R, C);
+    device_copy_to_host(back, dst, R * C);
+    int wrong = 0;
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) wrong += back[c * R + r] != h[r * C + c];
+    CHECK(wrong == 0, "float8_transpose [%d, %d]: %d bytes misplaced", R, C, wrong);
+    device_free(src);
+    device_free(dst);
+}
+
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
+    test_transpose();
     for (int i = 0; i < 2; i++) test_decode(&FORMATS[i]);
     for (int i = 0; i < 2; i++) test_encode_exhaustive(&FORMATS[i]);
     test_reference_points();

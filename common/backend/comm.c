@@ -162,6 +162,9 @@ comm_request comm_iall_gather(comm_group *g, const float *send, float *recv, siz
     return issued(g, COLL_ALL_GATHER, count_ * 4.0 * g->size,
                   backend_iall_gather(g, send, recv, count_));
 }
+comm_request comm_iall_gather_bytes(comm_group *g, const void *send, void *recv, size_t nbytes) {
+    return issued(g, COLL_ALL_GATHER, (double)nbytes * g->size, backend_iall_gather_bytes(g, send, recv, nbytes));
+}
 comm_request comm_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count_) {
     return issued(g, COLL_REDUCE_SCATTER, count_ * 4.0 * g->size,
                   backend_ireduce_scatter(g, send, recv, count_));

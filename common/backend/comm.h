@@ -148,6 +148,11 @@ comm_request comm_isendrecv(comm_group *g, const float *sendbuf, size_t send_cou
 comm_request comm_iall_reduce(comm_group *g, float *buf, size_t count, comm_op op);
 comm_request comm_iall_gather(comm_group *g, const float *send, float *recv, size_t count);
 comm_request comm_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count);
+/* The all-gather of bytes instead of floats: send [nbytes], recv [size * nbytes], rank-major as
+ * above, counted as an all-gather of size * nbytes bytes (chapter 07's float8 weights move one
+ * byte per element). Issues: one all-gather (MPI_Iallgather of MPI_BYTE; ncclAllGather of
+ * ncclUint8 on the communication stream). */
+comm_request comm_iall_gather_bytes(comm_group *g, const void *send, void *recv, size_t nbytes);
 
 /* Block until the request's operation is complete; its buffers are then the caller's again.
  * The time blocked here is what the operation's collective counts as seconds (see above).

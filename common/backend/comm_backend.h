@@ -41,6 +41,7 @@ void *backend_isendrecv(comm_group *g, const float *sendbuf, size_t send_count, 
 void *backend_iall_reduce(comm_group *g, float *buf, size_t count, comm_op op);
 void *backend_iall_gather(comm_group *g, const float *send, float *recv, size_t count);
 void *backend_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count);
+void *backend_iall_gather_bytes(comm_group *g, const void *send, void *recv, size_t nbytes);
 /* Completes the operation of `handle` and releases it. Returns the exposed seconds: how long
  * the caller was kept waiting (CPU: wall time in MPI_Wait; CUDA: how long the compute stream
  * stalled on the transfer, from events). */

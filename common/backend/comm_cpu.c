@@ -85,6 +85,11 @@ void *backend_iall_gather(comm_group *g, const float *send, float *recv, size_t 
                    &r->req[0]);
     return r;
 }
+void *backend_iall_gather_bytes(comm_group *g, const void *send, void *recv, size_t nbytes) {
+    cpu_request *r = new_request(1);
+    MPI_Iallgather(send, (int)nbytes, MPI_BYTE, recv, (int)nbytes, MPI_BYTE, mpi_of(g), &r->req[0]);
+    return r;
+}
 void *backend_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
     cpu_request *r = new_request(1);
     MPI_Ireduce_scatter_block(send, recv, (int)count, MPI_FLOAT, MPI_SUM, mpi_of(g), &r->req[0]);

@@ -320,6 +320,13 @@ void *backend_iall_gather(comm_group *g, const float *send, float *recv, size_t 
     return record_done();
 }
 
+void *backend_iall_gather_bytes(comm_group *g, const void *send, void *recv, size_t nbytes) {
+    launch_posted();
+    comm_stream_follow_compute();
+    NCCL_CHECK(ncclAllGather(send, recv, nbytes, ncclUint8, nccl_of(g), g_comm_stream));
+    return record_done();
+}
+
 void *backend_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
     launch_posted();
     comm_stream_follow_compute();

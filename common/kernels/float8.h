@@ -101,4 +101,11 @@ static inline void float8_fake_quantize_cols(float *y, const float *x, const flo
                                 fmt);
 }
 
+/* ---- transpose ------------------------------------------------------------------------------
+ * dst [cols, rows] (=) the transpose of src [rows, cols], float8 codes (one byte each). cuBLASLt
+ * multiplies float8 operands only with the contraction dimension contiguous in both (its "TN"
+ * layout), so a GEMM that contracts over another dimension (the backward's dx = dy W and
+ * dW = dy^T x) transposes its float8 operands first, as torchao does. */
+void float8_transpose(uint8_t *dst, const uint8_t *src, int rows, int cols);
+
 C_END

@@ -57,3 +57,8 @@ void float8_fake_quantize_scaled(float *y, const float *x, size_t n, int cols, f
         y[i] = float8_fake_quantize_value(x[i], float8_element_scale(i, how, scale, scales, cols),
                                           fmt);
 }
+
+void float8_transpose(uint8_t *dst, const uint8_t *src, int rows, int cols) {
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) dst[(size_t)c * rows + r] = src[(size_t)r * cols + c];
+}

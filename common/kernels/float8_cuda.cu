@@ -151,3 +151,19 @@ void float8_fake_quantize_scaled(float *y, const float *x, size_t n, int cols, f
         y, x, n, cols, how, scale, scales, fmt);
     CUDA_CHECK_LAUNCH();
 }
+
+/* ---- transpose: one thread per element of dst (writes coalesce, reads stride) ---------------- */
+
+static __global__ void transpose_kernel(uint8_t *dst, const uint8_t *src, int rows, int cols, size_t n) {
+    GRID_STRIDE_LOOP(i, n) {
+        size_t c = i / (size_t)rows, r = i % (size_t)rows;   /* dst[c][r] */
+        dst[i] = src[r * (size_t)cols + c];
+    }
+}
+
+void float8_transpose(uint8_t *dst, const uint8_t *src, int rows, int cols) {
+    size_t n = (size_t)rows * cols;
+    if (n == 0) return;
+    transpose_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(dst, src, rows, cols, n);
+    CUDA_CHECK_LAUNCH();
+}
