@@ -5,6 +5,7 @@
 #include "device.h"
 #include "float8.h"
 #include "float8_all_gather.h"
+#include "float8_linear.h"
 
 typedef struct {
     comm_group *tp;
@@ -26,21 +27,11 @@ bool float8_gathers(param_kind kind) {
 /* The cast's accuracy against the fp32 shard (the gathered weight is what the float8 linear sees,
  * so its own cast of it is exact: the rounding happened here). SQNR in dB, as float8_linear.c. */
 static void note_sqnr(gather_state *s, const float *shard, const uint8_t *q, size_t count, float scale) {
-    float *ref = malloc(count * sizeof(float)), *got = malloc(count * sizeof(float));
     float *dev = device_alloc_floats(count, MEM_BUFFERS);
     float8_dequantize(dev, q, count, scale, FLOAT8_E4M3);
-    device_copy_to_host(ref, shard, count * sizeof(float));
-    device_copy_to_host(got, dev, count * sizeof(float));
-    double signal = 0, noise = 0;
-    for (size_t i = 0; i < count; i++) {
-        signal += (double)ref[i] * ref[i];
-        noise += ((double)ref[i] - got[i]) * ((double)ref[i] - got[i]);
-    }
-    double db = noise == 0 ? INFINITY : 10 * log10(signal / noise);
+    double db = float8_sqnr_db(shard, dev, count);
     if (db < s->worst_sqnr) s->worst_sqnr = db;
     device_free(dev);
-    free(ref);
-    free(got);
 }
 
 /* shard [count] -> the float8 bytes of every shard, in flight. Issues: 1 all-reduce (MAX) of

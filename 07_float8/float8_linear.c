@@ -63,7 +63,7 @@ static int site_index(linear_site at) { return at.layer * P_NKINDS + at.kind; }
 /* ---- accuracy ---------------------------------------------------------------------------------
  * SQNR = 20 log10(|ref| / |ref - got|) over the whole tensor (torchao's compute_error), in
  * double on the host; +inf when the two are equal. */
-static double sqnr_db(const float *ref_dev, const float *got_dev, size_t n) {
+double float8_sqnr_db(const float *ref_dev, const float *got_dev, size_t n) {
     float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
     device_copy_to_host(ref, ref_dev, n * sizeof(float));
     device_copy_to_host(got, got_dev, n * sizeof(float));
@@ -78,7 +78,7 @@ static double sqnr_db(const float *ref_dev, const float *got_dev, size_t n) {
 }
 
 static void note(fp8_state *s, int role, linear_site at, const float *ref, const float *got, size_t n) {
-    double db = sqnr_db(ref, got, n);
+    double db = float8_sqnr_db(ref, got, n);
     if (db < s->worst[role]) {
         s->worst[role] = db;
         s->worst_at[role] = at;

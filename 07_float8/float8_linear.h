@@ -69,6 +69,10 @@ void float8_free(llama_plan *plan);
  * keeps the same rule so that a run that works here works on a GPU. */
 const char *float8_shape_error(const llama_config *c, int tp, int rows, fp8_recipe r);
 
+/* SQNR = 20 log10(|ref| / |ref - got|) of two device tensors of n floats, in dB, computed in
+ * double on the host (torchao's compute_error); +inf when they are equal. */
+double float8_sqnr_db(const float *ref_dev, const float *got_dev, size_t n);
+
 /* Accuracy against fp32, SQNR = 20 log10(|ref| / |ref - fp8|) in dB over a whole tensor: each
  * call of the operator also computes its casts' and its products' fp32 references. first[role]
  * receives the lowest SQNR of step 1, worst[role] the lowest since float8_apply (+inf for a role

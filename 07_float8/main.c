@@ -20,6 +20,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "cli.h"
 #include "comm.h"
 #include "device.h"
@@ -281,9 +282,14 @@ int main(int argc, char **argv) {
     run_apply_fault(&o, &plan);
     llama_model *model = run_model(&o, &plan);
 
-    log0("chapter 07: float8 training, %s scaling%s, %s%stp %d, backend %s (the float8 GEMM emulated: fp32 GEMM of "
-         "dequantized operands)\n", fp8_recipe_name(co.fp8.recipe), co.fp8.recipe == FP8_DELAYED ? " (history)" : "",
-         S > 1 ? "fsdp x " : "", co.fp8_all_gather ? "(float8 all-gather) " : "", tp, device_backend_name());
+    bool on_gpu = strcmp(device_backend_name(), "cuda") == 0, bytes = co.fp8.recipe != FP8_ROWWISE;
+    log0("chapter 07: float8 training, %s scaling%s, %s%stp %d, backend %s (the float8 GEMMs: %s)\n",
+         fp8_recipe_name(co.fp8.recipe), co.fp8.recipe == FP8_DELAYED ? " (history)" : "", S > 1 ? "fsdp x " : "",
+         co.fp8_all_gather ? "(float8 all-gather) " : "", tp, device_backend_name(),
+         co.fp8.recipe == FP8_OFF ? "none, fp32"
+         : bytes && on_gpu ? "cuBLASLt on float8 bytes"
+         : bytes ? "float8 bytes decoded into an fp32 GEMM, cuBLASLt's CPU twin"
+                 : "emulated, an fp32 GEMM of the dequantized operands");
     if (S > 1) log0("fsdp: dp-shard %d; every dp rank scales its own rows' activations (x, dy), and so does the "
                     "baseline, row block by row block\n", S);
     log0("model: dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d; batch %d x %d tokens; float8: wq wk wv wo "
