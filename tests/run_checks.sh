@@ -3,6 +3,9 @@
 # Each line of checks.txt:   <ranks> <pass|fail> <flags...>
 #   pass: the parity check must succeed (exit 0); fail: it must detect the deliberate bug
 #   (exit 1, not 2: a refused input is not a detected bug).
+# or:                        <ranks> unit <test>
+#   a unit test of tests/ that the chapter's lesson rests on (e.g. chapter 07's exhaustive float8
+#   codec test), run on <ranks> ranks: it must exit 0.
 # Prints one line per layout and exits non-zero when any layout does not behave.
 set -u
 backend=$1; nn=$2; root=${3:-build}
@@ -15,6 +18,18 @@ log=$(mktemp -d)
 while read -r np expect flags; do
     case "$np" in ''|'#'*) continue;; esac
     out=$log/run.txt
+    if [ "$expect" = unit ]; then
+        timeout 300 $mpirun_base -np "$np" "$root/$backend/tests/$flags" </dev/null >"$out" 2>&1
+        rc=$?
+        if [ $rc -eq 0 ]; then
+            printf 'ok    check-%s  NP=%-2s unit  %s\n' "$nn" "$np" "$(tail -1 "$out")"; passed=$((passed+1))
+        else
+            printf 'FAIL  check-%s  NP=%-2s unit  %s  (exit %d)\n' "$nn" "$np" "$flags" $rc
+            sed 's/^/      | /' "$out" | tail -25
+            failed=$((failed+1))
+        fi
+        continue
+    fi
     timeout 300 $mpirun_base -np "$np" "$bin" --check --out "$log/out" $flags </dev/null >"$out" 2>&1
     rc=$?
     # a "fail" layout must be caught by the parity check itself, not by anything else
