@@ -124,6 +124,7 @@ $(foreach c,$(CHAPTERS),$(eval $(call chapter_rule,$(c),cuda)))
 # chapter's logic tested on its own).
 TEST_LINKS_test_schedule := 05_pipeline/schedule.c
 TEST_LINKS_test_ring_attention := 06_context_parallel/context_parallel.c
+TEST_LINKS_test_float8_linear := 07_float8/float8_linear.c
 
 define test_rule
 $(BUILD_ROOT)/$(2)/tests/$(1): $(BUILD_ROOT)/$(2)/tests/$(1).o $(patsubst %.c,$(BUILD_ROOT)/$(2)/%.o,$(TEST_LINKS_$(1))) $(BUILD_ROOT)/$(2)/libcommon.a

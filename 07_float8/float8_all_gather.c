@@ -43,21 +43,24 @@ static comm_request start(void *ctx, comm_group *g, const param_tensor *x, const
         *pending = NULL;
         return comm_iall_gather(g, shard, full, count);
     }
-    /* BEGIN ASSIGNMENT: the whole tensor's scale (this shard's amax MAX-all-reduced over dp_shard g, then over s->tp when there is one: the float8 linear agrees its weight's amax over tp), this shard cast to E4M3 bytes with it, and the byte all-gather of the S shards issued (comm_iall_gather_bytes); keep the buffers and the scale in a gather_pending for finish */
+    gather_pending *p = malloc(sizeof *p);
+    p->scale = 1.0f;
+    p->count = count * g->size;
+    p->send = device_alloc(count, MEM_BUFFERS);                 /* this shard's bytes      */
+    p->recv = device_alloc(p->count, MEM_BUFFERS);              /* every shard's, gathered */
+    device_zero(p->send, count);
+    comm_request req = {0};
+    /* BEGIN ASSIGNMENT: p->scale, the whole tensor's scale (this shard's amax MAX-all-reduced over dp_shard g, then over s->tp when there is one: the float8 linear agrees its weight's amax over tp); p->send, this shard cast to E4M3 bytes with it; req, the byte all-gather of the S shards into p->recv (comm_iall_gather_bytes) */
     float amax = float8_amax(shard, count);
     device_copy_to_device(s->scalar, &amax, sizeof amax);
     comm_all_reduce(g, s->scalar, 1, COMM_MAX);
     if (s->tp) comm_all_reduce(s->tp, s->scalar, 1, COMM_MAX);
     device_copy_to_host(&amax, s->scalar, sizeof amax);
-    gather_pending *p = malloc(sizeof *p);
     p->scale = float8_scale_from_amax(amax, FLOAT8_E4M3, 0);
-    p->count = count * g->size;
-    p->send = device_alloc(count, MEM_BUFFERS);
-    p->recv = device_alloc(p->count, MEM_BUFFERS);
     float8_quantize(p->send, shard, count, p->scale, FLOAT8_E4M3);
-    *pending = p;
-    comm_request req = comm_iall_gather_bytes(g, p->send, p->recv, count);
+    req = comm_iall_gather_bytes(g, p->send, p->recv, count);
     /* END ASSIGNMENT */
+    *pending = p;
     note_sqnr(s, shard, p->send, count, p->scale);
     return req;
 }

@@ -198,8 +198,8 @@ static float tensor_scale(fp8_state *s, linear_site at, operand which, int group
     if (s->o.recipe != FP8_DELAYED) return float8_scale_from_amax(amax, fmt, 0);
     int H = s->o.amax_history, slot = (site_index(at) * NOPERANDS + which) * s->groups + group;
     float *hist = s->history + (size_t)slot * H;
-    /* BEGIN ASSIGNMENT: delayed scaling: the scale from the largest amax of the history (the first step: this step's amax), then push this step's amax at the front of the history (newest first, at most H kept) */
-    float known = amax;
+    float known = amax;   /* the amax the scale is computed from */
+    /* BEGIN ASSIGNMENT: delayed scaling: `known` = the largest amax of the history hist[0 .. seen[slot]) (the first step, with an empty history: this step's amax), then push this step's amax at the front of the history (newest first, at most H kept; seen[slot] counts them) */
     if (s->seen[slot] > 0) {
         known = hist[0];
         for (int i = 1; i < s->seen[slot]; i++) known = float8_amax_merge(known, hist[i]);
@@ -207,8 +207,8 @@ static float tensor_scale(fp8_state *s, linear_site at, operand which, int group
     memmove(hist + 1, hist, (size_t)(H - 1) * sizeof(float));
     hist[0] = amax;
     if (s->seen[slot] < H) s->seen[slot]++;
-    return float8_scale_from_amax(known, fmt, 0);
     /* END ASSIGNMENT */
+    return float8_scale_from_amax(known, fmt, 0);
 }
 
 /* q (=) x [rows, cols] cast to float8 and back (what the float8 GEMM multiplies).

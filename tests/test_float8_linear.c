@@ -1,0 +1,94 @@
+/* ranks: 1 */
+/* test_float8_linear.c: chapter 07's float8 linear operator (07_float8/float8_linear.h) on one
+ * device, where its output can be predicted exactly. W is the identity (cast exactly: 1 x 448 is
+ * E4M3's largest value), so y = x W^T is x's own cast, and x is zero but for x[0][0] = a_t at
+ * step t. Then y[0][0] tells which scale the cast used:
+ *   tensorwise  the step's own amax: y = a_t, always exact for these a_t
+ *   delayed     the largest of the last H amaxes (step 1: its own): when a_t is larger than that,
+ *               a_t s saturates at 448 and y = 448 / s; the history's length decides which steps
+ * (a = 1, 4, 2, 8, 1; H = 1 gives y = 1, 1, 2, 2, 1 and H = 2 gives 1, 1, 2, 4, 1). This grades
+ * the delayed-scaling exercise of make assignment-07, which the chapter's parity checks cannot:
+ * the parallel run and its baseline share the operator. Also: the output layer is not cast
+ * (its y is x, rounding-free), and dx of a float8 linear is dy's cast times W. */
+#include <math.h>
+#include <stdlib.h>
+#include "comm.h"
+#include "device.h"
+#include "float8_math.h"
+#include "test_util.h"
+#include "test_device.h"
+#include "../07_float8/float8_linear.h"
+
+enum { N = 16, IN = 16, OUT = 16 };
+static const float amax_of_step[] = {1, 4, 2, 8, 1};
+
+/* y[0][0] of each step's forward under the recipe. */
+static void run_steps(fp8_recipe r, int history, float got[5]) {
+    llama_config c = llama_config_default();
+    c.n_layers = 1;
+    llama_plan plan = plan_single_device();
+    fp8_options o = {r, history, 1};
+    float8_apply(&plan, &c, &o);
+    float W[OUT * IN] = {0}, x[N * IN] = {0}, y[N * OUT];
+    for (int i = 0; i < OUT; i++) W[i * IN + i] = 1.0f;
+    float *dW = tu_upload(W, OUT * IN), *dy_out = device_alloc_floats(N * OUT, MEM_BUFFERS);
+    for (int t = 0; t < 5; t++) {
+        x[0] = amax_of_step[t];
+        float *dx = tu_upload(x, N * IN);
+        plan.linear.forward(&plan, (linear_site){P_WQ, 0}, dy_out, dx, dW, N, IN, OUT);
+        device_copy_to_host(y, dy_out, sizeof y);
+        got[t] = y[0];
+        int others = 0;
+        for (int i = 1; i < N * OUT; i++) others += y[i] != 0.0f;
+        CHECK(others == 0, "%s step %d: %d outputs other than y[0][0] are not 0", fp8_recipe_name(r), t + 1, others);
+        device_free(dx);
+    }
+    device_free(dW);
+    device_free(dy_out);
+    float8_free(&plan);
+}
+
+int main(int argc, char **argv) {
+    comm_init(&argc, &argv);
+    float got[5];
+    run_steps(FP8_TENSORWISE, 16, got);
+    size_t kept = mem_current_total();   /* (CUDA: the float8 GEMM's workspace stays, by design) */
+    for (int t = 0; t < 5; t++)
+        CHECK(got[t] == amax_of_step[t], "tensorwise step %d: y = %g, want %g (the step's own scale)", t + 1, got[t],
+              amax_of_step[t]);
+    const float want_h1[5] = {1, 1, 2, 2, 1}, want_h2[5] = {1, 1, 2, 4, 1};
+    run_steps(FP8_DELAYED, 1, got);
+    for (int t = 0; t < 5; t++)
+        CHECK(got[t] == want_h1[t], "delayed, history 1, step %d: y = %g, want %g", t + 1, got[t], want_h1[t]);
+    run_steps(FP8_DELAYED, 2, got);
+    for (int t = 0; t < 5; t++)
+        CHECK(got[t] == want_h2[t], "delayed, history 2, step %d: y = %g, want %g", t + 1, got[t], want_h2[t]);
+
+    /* the output layer stays fp32: 0.3 (no E4M3 value) passes through an identity W unrounded */
+    llama_config c = llama_config_default();
+    c.n_layers = 1;
+    llama_plan plan = plan_single_device();
+    fp8_options o = {FP8_TENSORWISE, 16, 1};
+    float8_apply(&plan, &c, &o);
+    float W[OUT * IN] = {0}, x[N * IN] = {0}, y[N * OUT];
+    for (int i = 0; i < OUT; i++) W[i * IN + i] = 1.0f;
+    x[0] = 0.3f;
+    x[1] = 1.0f;
+    float *dW = tu_upload(W, OUT * IN), *dx = tu_upload(x, N * IN), *dy = device_alloc_floats(N * OUT, MEM_BUFFERS);
+    plan.linear.forward(&plan, (linear_site){P_OUTPUT, -1}, dy, dx, dW, N, IN, OUT);
+    device_copy_to_host(y, dy, sizeof y);
+    CHECK(y[0] == 0.3f, "the output layer: y = %.9g, want 0.3 uncast", y[0]);
+    /* a block linear casts it: 0.3 x (448 / 1) = 134.4 -> 128 (E4M3 steps of 16 there; 134.4 is nearer 128 than 144) */
+    plan.linear.forward(&plan, (linear_site){P_W1, 0}, dy, dx, dW, N, IN, OUT);
+    device_copy_to_host(y, dy, sizeof y);
+    CHECK(y[0] == 128.0f / 448.0f, "w1: y = %.9g, want 128/448 = %.9g (0.3 cast to E4M3 with scale 448)", y[0],
+          128.0 / 448.0);
+    device_free(dW); device_free(dx); device_free(dy);
+    float8_free(&plan);
+
+    CHECK(mem_current_total() == kept, "allocator counts %zu bytes after freeing everything, %zu before",
+          mem_current_total(), kept);
+    int rc = tu_finish("test_float8_linear");
+    comm_finalize();
+    return rc;
+}
