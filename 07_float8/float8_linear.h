@@ -3,7 +3,8 @@
  * Transformer Engine's delayed scaling).
  *
  * Every linear inside the blocks (wq, wk, wv, wo, w1, w2, w3) runs its three GEMMs on float8
- * operands with fp32 accumulation; the output layer stays fp32 (as torchtitan does):
+ * operands with fp32 accumulation; the output layer stays fp32 (its logits feed the loss
+ * directly; torchtitan's float8 converter lets a run exclude it the same way):
  *
  *   forward    y  = x  W^T      x, W: E4M3           contraction over in
  *   backward   dx = dy W        dy: E5M2, W: E4M3    contraction over out
@@ -20,10 +21,12 @@
  *   delayed     s = max_fp8 / max(the last `history` amaxes of this tensor), known before the
  *               tensor is (Transformer Engine's DelayedScaling): the first step uses its own amax
  *
- * The GEMM itself: the CPU emulates it as torchao does, an fp32 GEMM of the dequantized operands
- * (q / s: exactly the products an fp8 tensor core would sum, in fp32). The linear operator of the
- * inner plan runs that GEMM, so the float8 operator composes with chapter 01's tensor
- * parallelism and chapter 04's sharded data parallelism.
+ * The GEMM itself. Tensorwise and delayed hand float8 bytes and their scales to gemm_fp8.h:
+ * cuBLASLt's float8 GEMM on a GPU; on the CPU its twin decodes them into an fp32 GEMM, torchao's
+ * emulation (q / s: exactly the products a float8 tensor core sums, in fp32). Rowwise, a scale per
+ * row, runs that emulation on both backends through the inner plan's linear operator. Either way
+ * the operator composes with chapter 01's tensor parallelism and chapter 04's sharded data
+ * parallelism (their state lives in plan->ctx, this operator's in plan->linear_ctx).
  *
  * Across tensor-parallel shards: a shard's amax is not the tensor's, so before a tensor cut by tp
  * is cast, its amax is MAX-all-reduced over tp (for rowwise, the amaxes of the rows that the cut

@@ -36,7 +36,7 @@
 #include "float8_linear.h"
 
 static const char *usage =
-    "usage: 07 [flags]   (under mpirun: NP = the tensor-parallel degree)\n"
+    "usage: 07 [flags]   (under mpirun: NP = dp-shard x tp ranks)\n"
     "  --fp8 off|tensorwise|rowwise|delayed   how each operand's scale is chosen (default tensorwise)\n"
     "  --amax-history N                      delayed: the amaxes kept per tensor (default 16)\n"
     "  --tp T                                tensor-parallel degree (default NP / dp-shard)\n"
@@ -131,7 +131,8 @@ static int report_casts(const llama_plan *baseline) {
     if (k.neighbour)
         log0("  after the first cast with a neighbour, computed from values a float8 step apart (not judged): %lld "
              "equal, %lld different\n", k.equal_after, k.differ_after);
-    if (bad) parity_fail("a cast of the parallel run is neither the baseline's code nor its neighbour (above)");
+    if (bad) parity_fail("step 1's casts differ from the baseline's: a code neither equal nor the neighbour, or a "
+                         "scale more than 1e-5 apart (above)");
     return bad;
 }
 

@@ -57,10 +57,11 @@ bool parity_tensor(const char *name, const float *got, const float *ref, size_t 
     bool ok = r <= grad_rtol;
     if (enforced) comparisons++;
     if (enforced && !ok) failures++;
-    if (!enforced) ok = true;   /* shown for information only */
     if (r >= worst) { worst = r; snprintf(worst_name, sizeof worst_name, "%s", name); }
-    if (verbose || !ok) log0("  %-44s %12.3e  %s\n", name, r, ok ? "ok" : "FAIL");
-    return ok;
+    /* not enforced: shown for information only, and said so where it would have failed */
+    const char *verdict = ok ? "ok" : enforced ? "FAIL" : "beyond, not judged";
+    if (verbose || (enforced && !ok)) log0("  %-44s %12.3e  %s\n", name, r, verdict);
+    return ok || !enforced;
 }
 
 void parity_fail(const char *what) {
