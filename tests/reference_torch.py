@@ -57,14 +57,20 @@ over tensor parallelism, so its casts are the single-device ones that this scrip
 The replay of a float8 run cannot be bit-exact: a value on a rounding boundary lands on the
 neighbouring float8 code when its fp32 input differs in the last bit from the run's (a sum in
 another order), and that moves it by a whole float8 step. Step 1's loss and gradients are judged
-as for every dump, at the same tolerances; such a flip in step 1 can fail them, so the script
-lists step 1's activation values that lie next to a rounding midpoint (the candidates). The
+as for every dump, at the same tolerances. When step-1 gradients miss them, the script asks
+whether rounding ties explain it: it lists step 1's activation values that lie within
+BOUNDARY_STEPS of a rounding midpoint (the candidates) and re-runs step 1 with a few of the
+nearest cast to their other neighbour (every cast of one value together; singles, pairs, triples,
+then the nearest k; explain_by_boundaries). If one such set brings every gradient within the
+tolerance, the difference is the run's rounding of those values, named in the output, and step 1
+passes; a wrong format, scale or recipe moves far more than a few values and still fails. The
 losses after step 1 of a float8 dump are shown, not judged (FLOAT8_LATER_LOSSES).
 
 Safetensors is read with struct, json and numpy only: the format is an 8-byte little-endian
 header length, a JSON header, then the raw little-endian tensor bytes.
 """
 import json
+import itertools
 import math
 import os
 import re
@@ -364,6 +370,9 @@ def fake_quantize(v, scale, fmt):
 # the last bits of the fp32 input, which the run computed in another order. Only the activations
 # (x, dy) are listed: step 1's weights are the dump's own fp32 values, cast exactly as the run.
 BOUNDARY_STEPS = 2.0 ** -16
+# A float8 dump whose step-1 gradients miss the tolerance is re-run with this many of the values
+# nearest a midpoint cast the other way (explain_by_boundaries).
+FLIP_TRIES = 8
 
 
 def boundary_distance(p, fmt):
@@ -382,23 +391,35 @@ class Float8State:
     name) and operand ("x", "w", "dy"), newest first, at most amax_history. In step 1 it also
     notes the boundary values of every cast (BOUNDARY_STEPS), for the report."""
 
-    def __init__(self, f8):
+    def __init__(self, f8, flipped=()):
         self.recipe, self.formats, self.linears = f8["recipe"], f8["formats"], f8["linears"]
         self.history_len, self.groups = f8["amax_history"], f8["groups"]
         self.history = {}
         self.step = 0
-        self.boundary = []      # step 1: (distance, "layers.i.name operand", scaled value)
+        self.boundary = []      # step 1: (distance, "layers.i.name operand", scaled value, key)
+        self.casts = 0          # step 1's casts so far: with an element index, a value's key
+        self.flipped = set(flipped)   # step 1's keys cast to the other neighbour (run_flipped)
 
     def cast(self, site, operand, v, scale):
-        """v (fp32) fake-quantized with scale in the operand's format."""
+        """v (fp32) fake-quantized with scale in the operand's format. In step 1 a value within
+        BOUNDARY_STEPS of a midpoint is noted with its key (cast number, element), and a value
+        whose key is in self.flipped takes the other of its two neighbouring codes."""
         fmt = self.formats[operand]
+        q = fake_quantize(v, scale, fmt)
         if self.step == 1 and operand != "w":
+            self.casts += 1
             p = v * scale
             d = boundary_distance(p, fmt).flatten()
             for i in torch.nonzero(d <= BOUNDARY_STEPS).flatten().tolist():
+                key = (self.casts, i)
                 self.boundary.append((d[i].item(), f"layers.{site[0]}.{site[1]} {operand}",
-                                      p.flatten()[i].item()))
-        return fake_quantize(v, scale, fmt)
+                                      p.flatten()[i].item(), key))
+                if key in self.flipped:   # the other neighbour: round(2p - q) lies past the midpoint
+                    pi = p.flatten()[i:i + 1]
+                    alt = round_to_float8(2 * pi - round_to_float8(pi, fmt), fmt)
+                    si = (torch.ones_like(v) * scale).flatten()[i]   # this element's scale
+                    q.view(-1)[i] = (alt / si)[0]
+        return q
 
     def tensor_scale(self, site, operand, v):
         """The per-tensor scale of fp32 tensor v (operand: its name and row block): from this
@@ -574,6 +595,44 @@ def relative_diff(got, ref):
     return diff / scale
 
 
+def step1_gradients(init, config, f8, directory, flipped):
+    """Step 1's gradients again, from the dump's parameters, with the step-1 values of `flipped`
+    (keys of Float8State.boundary) cast to their other neighbouring code."""
+    params = {name: torch.tensor(array, dtype=DTYPE, requires_grad=True) for name, array in init.items()}
+    batch, _ = read_safetensors(os.path.join(directory, "batch_1.safetensors"))
+    tokens = torch.from_numpy(batch["tokens"].astype(np.int64))
+    targets = torch.from_numpy(batch["targets"].astype(np.int64))
+    state = Float8State(f8, flipped)
+    state.step = 1
+    mean_loss(forward(params, config, tokens, state), targets).backward()
+    return {name: p.grad.detach().numpy() for name, p in params.items()}
+
+
+def explain_by_boundaries(init, config, f8, directory, c_grads, candidates):
+    """A float8 dump whose step-1 gradients miss the tolerance: is the difference one of rounding
+    ties? The values nearest a midpoint (at most FLIP_TRIES of them, each with every cast of it)
+    are cast to their other neighbour: one at a time, every pair, every three of the six nearest,
+    then the nearest four, five, ... together; the first set after which
+    every step-1 gradient is within the tolerance is returned (None if none is). Only values that
+    lie within BOUNDARY_STEPS of a midpoint are tried: the run, whose fp32 inputs differ in their
+    last bits, may have rounded exactly those the other way."""
+    # One value may be cast twice in step 1 (rowwise casts dy and x along rows, then along columns):
+    # the run rounded both of its casts from the same fp32 input, so they flip together.
+    groups = {}
+    for c in sorted(candidates):
+        groups.setdefault((c[1], c[3][1]), []).append(c)     # (tensor, element)
+    near = sorted(groups.values(), key=lambda g: g[0][0])[:FLIP_TRIES]
+    tries = ([list(t) for k in (1, 2) for t in itertools.combinations(near, k)]          # singles, pairs
+             + [list(t) for t in itertools.combinations(near[:6], 3)]                    # triples of the 6 nearest
+             + [near[:k] for k in range(4, len(near) + 1)])                              # then the nearest k
+    for t in tries:
+        values = [c for g in t for c in g]
+        grads = step1_gradients(init, config, f8, directory, [c[3] for c in values])
+        if all(relative_diff(c_grads[n].astype(np.float64), g) <= GRAD_RTOL for n, g in grads.items()):
+            return values
+    return None
+
+
 def run(directory):
     init, metadata = read_safetensors(os.path.join(directory, "init.safetensors"))
     config = read_config(metadata, os.path.join(directory, "init.safetensors"))
@@ -656,21 +715,36 @@ def run(directory):
         print(f"\n  step-1 gradients: max|dump - torch| / max|torch| per tensor "
               f"(tolerance {GRAD_RTOL:g})")
         print(f"  {'tensor':<36} {'max|torch|':>12} {'rel diff':>12}  verdict")
+        grad_failures = 0
         for name, ref in grad_table:
             rel = relative_diff(c_grads[name].astype(np.float64), ref)
             ok = rel <= GRAD_RTOL
-            failures += not ok
+            grad_failures += not ok
             print(f"  {name:<36} {np.max(np.abs(ref)):>12.4e} {rel:>12.3e}  "
-                  f"{'ok' if ok else 'FAIL'}")
+                  f"{'ok' if ok else 'beyond'}")
+        explained = None
+        if grad_failures and float8 is not None and float8.boundary:
+            explained = explain_by_boundaries(init, config, f8, directory, c_grads, float8.boundary)
+        if explained:
+            print(f"  {grad_failures} tensor(s) beyond {GRAD_RTOL:g}: explained by rounding ties. With "
+                  f"{len(explained)} step-1 value(s) next to a midpoint cast to the other neighbouring code, "
+                  f"as the run's fp32 input (different in its last bits) may have, every step-1 gradient is "
+                  f"within {GRAD_RTOL:g}: ok")
+            for d, where, p, _ in explained:
+                print(f"    {where}: scaled value {p!r}, {d:.3g} of a float8 step from the midpoint")
+        else:
+            failures += grad_failures
+            if grad_failures:
+                print(f"  {grad_failures} tensor(s) beyond {GRAD_RTOL:g}  FAIL")
 
     if float8 is not None:
         near = sorted(float8.boundary)
-        ties = sum(1 for d, _, _ in near if d == 0)
+        ties = sum(1 for d, _, _, _ in near if d == 0)
         print(f"\n  float8, step 1: {len(near)} activation value(s) cast within {BOUNDARY_STEPS:g} "
               f"of a float8 step of a rounding midpoint ({ties} exact ties): their code depends on "
               f"the last bits of the fp32 input, and one that the run rounded the other way moves "
               f"the step-1 gradients by a float8 step" + (". The nearest:" if near else ""))
-        for d, where, p in near[:3]:
+        for d, where, p, _ in near[:3]:
             print(f"    {where}: scaled value {p!r}, {d:.3g} of a step from the midpoint")
 
     print(f"\nreference_torch: {'PASS' if failures == 0 else f'FAIL ({failures} failed)'}")

@@ -3,7 +3,7 @@
 # ("<ranks> | <flags>"), run the chapter with --dump DIR for 5 AdamW steps, then let PyTorch
 # (tests/reference_torch.py, float64, autograd) re-run the same steps from DIR/init.safetensors
 # and the exported batches: every loss must agree to 1e-5 relative and the step-1 gradients
-# to 1e-4.
+# to 1e-4 (a float8 dump: step 1 only, rounding ties explained; docs/dump-format.md).
 set -u
 root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
 mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
