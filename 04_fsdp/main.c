@@ -71,9 +71,7 @@ int main(int argc, char **argv) {
     int S = co.shard ? co.shard : (world % (R * T) == 0 ? world / (R * T) : 0);
     if (!S) comm_exit_usage("NP=%d is not divisible by --dp-replicate %d x --tp %d: dp_shard would not be whole", world, R, T);
     device_mesh *mesh = mesh_create((mesh_shape){{1, R, S, 1, T}});
-    if (o.batch % (R * S))
-        comm_exit_usage("--batch %d is not divisible by the data-parallel degree dp_replicate %d x dp_shard %d = %d: "
-                        "each data rank takes batch / %d sequences", o.batch, R, S, R * S, R * S);
+    data_parallel_validate_batch(o.batch, R, S);
 
     /* ---- the plan: chapter 01's inside each data rank (when tp > 1), data parallelism around it ---- */
     llama_plan plan = tensor_parallel_or_single(mesh, c);

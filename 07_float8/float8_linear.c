@@ -459,9 +459,9 @@ const char *float8_shape_error(const llama_config *c, int tp, int rows, fp8_reci
         {"the tokens per rank (batch / dp x seq-len)", rows}};
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
         if (dims[i].n % 16) {
-            snprintf(why, sizeof why, "--fp8 %s: %s is %d, not a multiple of 16: cuBLASLt's float8 GEMM contracts "
-                     "over and produces widths that are multiples of 16 (the CPU keeps the same rule)",
-                     fp8_recipe_name(r), dims[i].what, dims[i].n);
+            snprintf(why, sizeof why, "--fp8 %s at tp %d: %s is %d, not a multiple of 16: cuBLASLt's float8 GEMM "
+                     "contracts over and produces widths that are multiples of 16 (the CPU keeps the same rule)",
+                     fp8_recipe_name(r), tp, dims[i].what, dims[i].n);
             return why;
         }
     return NULL;

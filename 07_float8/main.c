@@ -253,9 +253,7 @@ int main(int argc, char **argv) {
     int tp = co.tp ? co.tp : (world % S == 0 ? world / S : 0);
     if (!tp) comm_exit_usage("NP=%d is not divisible by --dp-shard %d: the tp degree would not be whole", world, S);
     device_mesh *mesh = mesh_create((mesh_shape){{1, 1, S, 1, tp}});
-
-    const char *why = float8_shape_error(c, tp, o.batch / S * c->seq_len, co.fp8.recipe);
-    if (why) comm_exit_usage("%s", why);
+    data_parallel_validate_batch(o.batch, 1, S);
 
     /* ---- the plans: chapter 01's (tp > 1), chapter 04's FSDP (dp-shard > 1), float8 linears on
      * them; the baseline, one device, the same casts (each dp rank's rows scaled apart) ---- */
@@ -266,6 +264,9 @@ int main(int argc, char **argv) {
         dp_options dp = {DP_FSDP, true, true, 64 * 256, co.fp8_all_gather ? &gather : NULL};
         data_parallel_apply(&plan, mesh, c, &dp);
     }
+    /* (after the plans, which refuse a tp that splits no whole head and a batch the dp ranks cannot share) */
+    const char *why = float8_shape_error(c, tp, o.batch / S * c->seq_len, co.fp8.recipe);
+    if (why) comm_exit_usage("%s", why);
     float8_apply(&plan, c, &co.fp8);
     llama_plan baseline = plan_single_device();
     fp8_options one_device = co.fp8;
