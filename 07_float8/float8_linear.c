@@ -211,6 +211,21 @@ static float tensor_scale(fp8_state *s, linear_site at, operand which, int group
     return float8_scale_from_amax(known, fmt, 0);
 }
 
+/* Rowwise: one power-of-two scale per row (ALONG_ROWS) or per column (ALONG_COLS) of x [rows,
+ * cols], from its amaxes, agreed over tp when tp cuts the contraction dimension (`cut_along`).
+ * Returns the scales on the device (the caller frees them). Issues: that all-reduce, if any. */
+static float *rowwise_scales(fp8_state *s, const float *x, int rows, int cols, scale_axis axis, bool cut_along,
+                             float8_format fmt) {
+    int k = axis == ALONG_ROWS ? rows : cols;
+    float *amax = device_alloc_floats((size_t)k, MEM_BUFFERS), *scales = device_alloc_floats((size_t)k, MEM_BUFFERS);
+    if (axis == ALONG_ROWS) float8_amax_rows(amax, x, rows, cols);
+    else float8_amax_cols(amax, x, rows, cols);
+    if (cut_along && s->tp) agree_amax(s, amax, k);
+    float8_scales_from_amax(scales, amax, k, fmt, 1);
+    device_free(amax);
+    return scales;
+}
+
 /* q (=) x [rows, cols] cast to float8 and back (what the float8 GEMM multiplies).
  * Tensorwise and delayed: one scale per tensor, the recipe's, written to scale_io, or read from
  * it when `reuse` (the backward takes the forward's). Rowwise: one power-of-two scale per row
@@ -233,18 +248,10 @@ static void cast_operand(fp8_state *s, linear_site at, operand which, int cast, 
             if (g == 0) keep_or_compare(s, at, cast, xg, scale, NULL, FLOAT8_PER_TENSOR, rows_g, cols, layout, fmt);
             continue;
         }
-        int k = axis == ALONG_ROWS ? rows_g : cols;
-        float *amax = device_alloc_floats((size_t)k, MEM_BUFFERS), *scales = device_alloc_floats((size_t)k, MEM_BUFFERS);
-        if (axis == ALONG_ROWS) float8_amax_rows(amax, xg, rows_g, cols);
-        else float8_amax_cols(amax, xg, rows_g, cols);
-        if (cut_along && s->tp) agree_amax(s, amax, k);
-        float8_scales_from_amax(scales, amax, k, fmt, 1);
-        if (axis == ALONG_ROWS) float8_fake_quantize_rows(qg, xg, scales, rows_g, cols, fmt);
-        else float8_fake_quantize_cols(qg, xg, scales, rows_g, cols, fmt);
-        if (g == 0)
-            keep_or_compare(s, at, cast, xg, 0, scales, axis == ALONG_ROWS ? FLOAT8_PER_ROW : FLOAT8_PER_COL, rows_g,
-                            cols, layout, fmt);
-        device_free(amax);
+        float *scales = rowwise_scales(s, xg, rows_g, cols, axis, cut_along, fmt);
+        float8_scaling how = axis == ALONG_ROWS ? FLOAT8_PER_ROW : FLOAT8_PER_COL;
+        float8_fake_quantize_scaled(qg, xg, n, cols, how, 0.0f, scales, fmt);
+        if (g == 0) keep_or_compare(s, at, cast, xg, 0, scales, how, rows_g, cols, layout, fmt);
         device_free(scales);
     }
 }
@@ -509,36 +516,26 @@ fp8_cast_comparison float8_cast_comparison(const llama_plan *baseline) {
 
 /* ---- the exact test: sharded cast = single-device cast ----------------------------------------*/
 
-/* codes (=) as floats 0..255: the bytes of x cast as the forward casts a weight (tensorwise and
- * delayed: the scale of this step's amax, agreed over tp when `cut`; rowwise: its rows' scales,
- * agreed when `cut_along`). */
-static void weight_codes(fp8_state *s, float *codes, const float *W, int rows, int cols, bool cut, bool cut_along,
-                         float8_format fmt) {
-    size_t n = (size_t)rows * cols;
-    uint8_t *q = device_alloc(n, MEM_BUFFERS), *host = malloc(n);
-    if (s->o.recipe == FP8_ROWWISE) {
-        float *amax = device_alloc_floats((size_t)rows, MEM_BUFFERS), *scales = device_alloc_floats((size_t)rows, MEM_BUFFERS);
-        float8_amax_rows(amax, W, rows, cols);
-        if (cut_along && s->tp) agree_amax(s, amax, rows);
-        float8_scales_from_amax(scales, amax, rows, fmt, 1);
-        float8_quantize_rows(q, W, scales, rows, cols, fmt);
-        device_free(amax);
-        device_free(scales);
-    } else {
-        float8_quantize(q, W, n, float8_scale_from_amax(tensor_amax(s, W, n, cut), fmt, 0), fmt);
+/* W [rows, cols] cast as the forward casts a weight (tensorwise and delayed: the scale of this
+ * step's amax, agreed over tp when `cut`; rowwise: its rows' scales, agreed when `cut_along`),
+ * its codes gathered over tp as `layout` cuts it (gather_codes): on tp rank 0, NULL elsewhere. */
+static float *weight_codes(fp8_state *s, const float *W, int rows, int cols, shard_layout layout, bool cut,
+                           bool cut_along, float8_format fmt) {
+    int R, C;
+    if (s->o.recipe != FP8_ROWWISE) {
+        float scale = float8_scale_from_amax(tensor_amax(s, W, (size_t)rows * cols, cut), fmt, 0);
+        return gather_codes(s, W, scale, NULL, FLOAT8_PER_TENSOR, rows, cols, layout, fmt, &R, &C);
     }
-    device_copy_to_host(host, q, n);
-    float *f = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) f[i] = host[i];
-    device_copy_to_device(codes, f, n * sizeof(float));
-    free(f); free(host);
-    device_free(q);
+    float *scales = rowwise_scales(s, W, rows, cols, ALONG_ROWS, cut_along, fmt);
+    float *codes = gather_codes(s, W, 0, scales, FLOAT8_PER_ROW, rows, cols, layout, fmt, &R, &C);
+    device_free(scales);
+    return codes;
 }
 
 long long float8_sharded_cast_mismatches(const llama_plan *plan, llama_model *m, long long *compared) {
     fp8_state *s = state_of(plan);
     const param_table *t = m->params;
-    comm_group *tp = plan->tp;
+    comm_group *tp = s->tp;
     bool root = !tp || tp->rank == 0;
     fp8_state single = *s;            /* the single-device cast: no tp, so no agreement */
     single.tp = NULL;
@@ -551,25 +548,22 @@ long long float8_sharded_cast_mismatches(const llama_plan *plan, llama_model *m,
         linear_site at = {k, x->spec.layer};
         bool col = column_parallel(s, at), row = row_parallel(s, at);
         int R = x->spec.rows, Cn = x->spec.cols;
-        float *codes = device_alloc_floats((size_t)x->nr * x->nc, MEM_BUFFERS);
-        weight_codes(s, codes, param_in(t, t->params, i), x->nr, x->nc, row || col, row, fmt);
-        float *gathered = root ? malloc((size_t)R * Cn * sizeof(float)) : NULL;
-        float *whole = root ? malloc((size_t)R * Cn * sizeof(float)) : NULL;
+        const float *W = param_in(t, t->params, i);
         shard_layout layout = tp ? x->tp_layout : SHARD_REPLICATED;
-        shard_gather_to_host(tp ? tp : comm_world(), layout, codes, R, Cn, gathered);
-        shard_gather_to_host(tp ? tp : comm_world(), layout, param_in(t, t->params, i), R, Cn, whole);
+        float *gathered = weight_codes(s, W, x->nr, x->nc, layout, row || col, row, fmt);   /* the shards' */
+        float *whole = root ? malloc((size_t)R * Cn * sizeof(float)) : NULL;
+        if (tp) shard_gather_to_host(tp, layout, W, R, Cn, whole);
+        else device_copy_to_host(whole, W, (size_t)R * Cn * sizeof(float));
         if (root) {   /* the whole weight, cast on one device */
-            float *w_dev = device_alloc_floats((size_t)R * Cn, MEM_BUFFERS), *ref = device_alloc_floats((size_t)R * Cn, MEM_BUFFERS);
+            float *w_dev = device_alloc_floats((size_t)R * Cn, MEM_BUFFERS);
             device_copy_to_device(w_dev, whole, (size_t)R * Cn * sizeof(float));
-            weight_codes(&single, ref, w_dev, R, Cn, false, false, fmt);
-            device_copy_to_host(whole, ref, (size_t)R * Cn * sizeof(float));
-            for (size_t e = 0; e < (size_t)R * Cn; e++) bad += gathered[e] != whole[e];
+            float *ref = weight_codes(&single, w_dev, R, Cn, SHARD_REPLICATED, false, false, fmt);
+            for (size_t e = 0; e < (size_t)R * Cn; e++) bad += gathered[e] != ref[e];
             n_all += (long long)R * Cn;
             device_free(w_dev);
-            device_free(ref);
+            free(ref);
         }
         free(gathered); free(whole);
-        device_free(codes);
     }
     *compared = (long long)comm_host_max(comm_world(), (double)n_all);
     return (long long)comm_host_max(comm_world(), (double)bad);
