@@ -569,6 +569,28 @@ long long float8_sharded_cast_mismatches(const llama_plan *plan, llama_model *m,
     return (long long)comm_host_max(comm_world(), (double)bad);
 }
 
+/* ---- what a run says of itself -----------------------------------------------------------------*/
+
+const char *float8_gemm_name(fp8_recipe r) {
+    bool on_gpu = strcmp(device_backend_name(), "cuda") == 0;
+    if (r == FP8_OFF) return "none, fp32";
+    if (r == FP8_ROWWISE) return "emulated, an fp32 GEMM of the dequantized operands";
+    return on_gpu ? "cuBLASLt on float8 bytes" : "float8 bytes decoded into an fp32 GEMM, cuBLASLt's CPU twin";
+}
+
+const char *float8_run_options_json(const fp8_options *o, int dp_shard, char *buf, size_t len) {
+    static const char *const scale_rule[FP8_NRECIPES] = {
+        "", "fp32(max/max(amax,1e-12)) per tensor", "pow2_floor(fp32(max/max(amax,1e-12))) per row",
+        "fp32(max/max(max(amax history),1e-12)) per tensor"};
+    static const char *const format_name[2] = {"e4m3fn", "e5m2"};
+    snprintf(buf, len, "{\"float8\":{\"recipe\":\"%s\",\"amax_history\":%d,\"float8_linears\":"
+             "[\"wq\",\"wk\",\"wv\",\"wo\",\"w1\",\"w2\",\"w3\"],\"formats\":{\"x\":\"%s\",\"w\":\"%s\",\"dy\":\"%s\"},"
+             "\"activation_groups\":%d,\"scale_rule\":\"%s\"}}", fp8_recipe_name(o->recipe), o->amax_history,
+             format_name[fp8_role_format(o->recipe, FP8_CAST_X)], format_name[fp8_role_format(o->recipe, FP8_CAST_W)],
+             format_name[fp8_role_format(o->recipe, FP8_CAST_DY)], dp_shard, scale_rule[o->recipe]);
+    return buf;
+}
+
 /* ---- the deliberate bug -----------------------------------------------------------------------*/
 
 static const char *local_amax(llama_plan *p) {

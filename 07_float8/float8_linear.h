@@ -109,5 +109,12 @@ float8_format fp8_role_format(fp8_recipe r, int role);
  * every rank), and the number compared in *compared. Collective over tp (and the world). */
 long long float8_sharded_cast_mismatches(const llama_plan *plan, llama_model *m, long long *compared);
 
+/* Which float8 GEMM the recipe runs on this backend, in words, for the run's first line. */
+const char *float8_gemm_name(fp8_recipe r);
+/* The recipe as the JSON object a --dump carries in its "run_options" metadata, for an outside
+ * replay (tests/reference_torch.py; docs/dump-format.md): written to buf[len], returned.
+ * dp_shard: the row blocks each activation is scaled in (every dp rank its own rows). */
+const char *float8_run_options_json(const fp8_options *o, int dp_shard, char *buf, size_t len);
+
 /* The deliberate bugs of this chapter, for --fault. */
 extern const plan_fault float8_faults[];

@@ -1,0 +1,164 @@
+/* fp8_report.c: chapter 07's measured figures beside their formulas and thresholds (fp8_report.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "comm.h"
+#include "device.h"
+#include "log.h"
+#include "parity.h"
+#include "report.h"
+#include "float8_all_gather.h"
+#include "fp8_report.h"
+
+/* torchao's thresholds (its float8 tests): an E4M3 cast at least 25 dB, a linear's output 18 dB,
+ * its weight gradient 17 dB. An E5M2 cast has one mantissa bit less, 6.02 dB less signal to
+ * rounding noise: 25 - 6.02. The input gradient is held to the output's 18 dB. */
+static double threshold_db(fp8_recipe r, int role) {
+    switch (role) {
+    case FP8_CAST_X: case FP8_CAST_W: case FP8_CAST_DY:
+        return fp8_role_format(r, role) == FLOAT8_E4M3 ? 25.0 : 25.0 - 20 * log10(2.0);
+    case FP8_OUT_DW: return 17.0;
+    default: return 18.0;
+    }
+}
+
+static const char *kind_name(param_kind k) {
+    static const char *names[P_NKINDS] = {"tok_embeddings", "attention_norm", "wq", "wk", "wv", "wo",
+                                          "ffn_norm", "w1", "w2", "w3", "norm", "output"};
+    return names[k];
+}
+
+/* The worst SQNR of each cast and product in step 1 (judged, as torchao's single-step tests) and
+ * over the whole run (shown: a delayed scale that lags a growing amax clips), over every rank. */
+int float8_report_accuracy(const llama_plan *plan, fp8_recipe r, const dp_gather_ops *gather) {
+    double first[FP8_NROLES], worst[FP8_NROLES];
+    linear_site at[FP8_NROLES];
+    float8_worst_sqnr(plan, first, worst, at);
+    int bad = 0;
+    log0("float8 against fp32: the lowest SQNR = 20 log10(|fp32| / |fp32 - float8|) over every linear (this rank's "
+         "part of each tensor), in step 1 (judged) and over the run (shown):\n");
+    log0("  %-12s %-9s %9s  %-14s %9s  %s\n", "", "format", "step 1", "threshold", "the run", "where");
+    for (int role = 0; role < FP8_NROLES; role++) {
+        double one = -comm_host_max(comm_world(), -first[role]);
+        double mine = worst[role], all = -comm_host_max(comm_world(), -mine);
+        bool ok = one >= threshold_db(r, role);
+        bad += !ok;
+        const char *fmt = role <= FP8_CAST_DY ? (fp8_role_format(r, role) == FLOAT8_E4M3 ? "E4M3" : "E5M2") : "fp32 acc.";
+        char where[64] = "";
+        if (role == FP8_CAST_W && gather)
+            snprintf(where, sizeof where, "(already float8: cast in the all-gather, below)");
+        else if (mine == all && isfinite(mine))
+            snprintf(where, sizeof where, "layers.%d.%s", at[role].layer, kind_name(at[role].kind));
+        log0("  %-12s %-9s %6.2f dB  >= %5.2f dB %s %6.2f dB  %s\n", fp8_role_name(role), fmt, one,
+             threshold_db(r, role), ok ? "ok   " : "BELOW", all, where);
+    }
+    if (gather) {   /* the weights' cast, done on the shards before the all-gather */
+        double db = -comm_host_max(comm_world(), -float8_all_gather_worst_sqnr(gather));
+        bool ok = db >= threshold_db(r, FP8_CAST_W);
+        bad += !ok;
+        log0("  %-12s %-9s %6.2f dB  >= %5.2f dB %s (each shard with the tensor's scale, over the run)\n",
+             "cast W, gather", "E4M3", db, threshold_db(r, FP8_CAST_W), ok ? "ok   " : "BELOW");
+    }
+    if (bad) parity_fail("a float8 cast or product is further from fp32 than torchao's threshold (above)");
+    return bad;
+}
+
+/* Step 1's casts, code by code, against the baseline's (rank 0). */
+const char *float8_casts_flipped(const void *baseline) {
+    fp8_cast_comparison k = float8_cast_comparison(baseline);
+    static char why[200];
+    if (k.neighbour == 0 || k.other || k.missing || k.scale_differs) return NULL;   /* judge at fp32 tolerances */
+    snprintf(why, sizeof why, "%lld cast value(s) landed on the neighbouring code (on a rounding boundary, the "
+             "input different in its last bits): a whole float8 step, see the cast comparison", k.neighbour);
+    return why;
+}
+
+int float8_report_casts(const llama_plan *baseline) {
+    fp8_cast_comparison k = float8_cast_comparison(baseline);
+    int bad = k.other > 0 || k.missing > 0 || k.scale_differs > 0;
+    log0("step 1's casts against the baseline's, code by code: %lld equal, %lld the neighbouring code (a rounding "
+         "boundary), %lld other, %lld not kept; %lld scales more than 1e-5 apart  %s\n", k.equal, k.neighbour, k.other,
+         k.missing, k.scale_differs, bad ? "MISMATCH" : "ok");
+    if (k.neighbour)
+        log0("  after the first cast with a neighbour, computed from values a float8 step apart (not judged): %lld "
+             "equal, %lld different\n", k.equal_after, k.differ_after);
+    if (bad) parity_fail("step 1's casts differ from the baseline's: a code neither equal nor the neighbour, or a "
+                         "scale more than 1e-5 apart (above)");
+    return bad;
+}
+
+/* The exact test: each tp shard's float8 bytes of every block weight against one device's cast. */
+int float8_report_sharded_cast(const llama_plan *plan, llama_model *m) {
+    long long compared = 0, bad = float8_sharded_cast_mismatches(plan, m, &compared);
+    log0("sharded cast: the tp shards' float8 bytes of every block weight, gathered, against the cast of the "
+         "whole weight on one device: %lld of %lld bytes differ  %s\n", bad, compared, bad ? "MISMATCH" : "(exact)");
+    if (bad) parity_fail("a shard's float8 cast differs from the single-device cast (above)");
+    return bad > 0;
+}
+
+/* Per step. tp: chapter 01's 4 all-reduces of [N, D] per layer, and the float8 linears' amaxes.
+ * dp_shard (FSDP, every tensor gathered before its forward and again before its backward, its
+ * gradient reduce-scattered): with --fp8-all-gather the 7 L block weights move 1 byte per element
+ * instead of 4, after one amax all-reduce each (over dp_shard, and over tp). */
+int float8_report_traffic(const run_options *o, device_mesh *mesh, const llama_plan *plan, const llama_model *m,
+                          fp8_recipe r, bool fp8_gather) {
+    double L = o->model.n_layers, N = m->d.N, D = m->d.D;
+    bool rowwise = r == FP8_ROWWISE, fp8 = r != FP8_OFF;
+    comm_group *groups[2];
+    comm_expectation e[4];
+    int n_groups = 0, n = 0;
+    comm_group *shard = mesh->group[MESH_DP_SHARD];
+    if (shard->size > 1) {   /* the tensors' shards: S x ceil(units / S) x width, padded */
+        const param_table *t = m->params;
+        double fp32 = 0, blocks = 0;
+        for (int i = 0; i < t->n; i++) {
+            double elems = (double)shard->size * t->t[i].shard_units * t->t[i].width;
+            fp32 += 4 * elems;
+            if (float8_gathers(t->t[i].spec.kind)) blocks += elems;
+        }
+        double gathered = fp8_gather ? fp32 - 3 * blocks : fp32;   /* a block weight: 1 byte, not 4 */
+        groups[n_groups++] = shard;
+        e[n++] = (comm_expectation){shard, COLL_ALL_GATHER, 2.0 * t->n, 2 * gathered,
+                                    fp8_gather ? "2 x (S Psi_S x 4 - 3 S Psi_blocks)" : "2 x S Psi_S x 4"};
+        e[n++] = (comm_expectation){shard, COLL_REDUCE_SCATTER, t->n, fp32, "S Psi_S x 4"};
+        if (fp8_gather) e[n++] = (comm_expectation){shard, COLL_ALL_REDUCE, 2 * 7 * L, 2 * 7 * L * 4, "2 x 7 L amaxes of 4 bytes"};
+        if (fp8_gather)
+            log0("float8 all-gather: the block weights (S Psi_blocks = %.0f elements with the padding) move %s per "
+                 "gather instead of %s, a quarter\n", blocks, fmt_bytes(blocks), fmt_bytes(4 * blocks));
+    }
+    if (plan->tp) {
+        double calls = 4 * L + (fp8 ? 14 * L : 0) + (fp8_gather ? 14 * L : 0);
+        double bytes = 4 * L * N * D * 4 + (!fp8 ? 0 : rowwise ? 7 * L * (N + D) * 4 : 14 * L * 4) + (fp8_gather ? 14 * L * 4 : 0);
+        const char *formula = !fp8 ? "4 L x N D x 4"
+                            : rowwise ? "4 L x N D x 4 + 14 L amaxes: 7 L (N + D) x 4"
+                            : fp8_gather ? "4 L x N D x 4 + 28 L amaxes of 4 bytes"
+                                         : "4 L x N D x 4 + 14 L amaxes of 4 bytes";
+        groups[n_groups++] = plan->tp;
+        e[n++] = (comm_expectation){plan->tp, COLL_ALL_REDUCE, calls, bytes, formula};
+    }
+    return n_groups ? report_communication(groups, n_groups, o->steps, e, n) : 0;
+}
+
+/* Layer 0's w1, gathered to rank 0, scaled tensorwise into E4M3 (s = 448 / amax): each element's
+ * x, x s and its cast's value decode(q) in the scaled domain, for make plot-07's histogram. */
+void float8_write_cast_sample(llama_model *m, const char *path) {
+    const param_table *t = m->params;
+    int i = param_index(t, P_W1, 0);
+    param_spec spec = t->t[i].spec;
+    size_t n = (size_t)spec.rows * spec.cols;
+    float *w = comm_world()->rank == 0 ? malloc(n * sizeof(float)) : NULL;
+    param_gather(t, i, false, w);
+    if (!w) return;
+    float amax = 0;
+    for (size_t k = 0; k < n; k++) amax = float8_amax_merge(amax, fabsf(w[k]));
+    float s = float8_scale_from_amax(amax, FLOAT8_E4M3, 0);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "x,x_scaled,cast_scaled\n");
+        for (size_t k = 0; k < n; k++)
+            fprintf(f, "%.9g,%.9g,%.9g\n", w[k], w[k] * s, float8_decode(float8_encode(w[k] * s, FLOAT8_E4M3), FLOAT8_E4M3));
+        fclose(f);
+        log0("cast sample: %s (%zu elements of %s, amax %.6g, scale %.6g)\n", path, n, spec.name, amax, s);
+    }
+    free(w);
+}
