@@ -1,0 +1,121 @@
+/* cp_report.c: chapter 06's measured figures beside their formulas (cp_report.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "comm.h"
+#include "device.h"
+#include "log.h"
+#include "parity.h"
+#include "report.h"
+#include "cp_report.h"
+
+/* Each rank's score elements per (sequence, head) in one layer's forward, beside the formula. */
+int cp_report_attention_work(const llama_plan *plan, const cp_options *o, int T) {
+    int C = plan->cp->size, r = plan->cp->rank;
+    bool dense = o->method == CP_ALLTOALL;   /* every score of H / C heads: T^2 / C per head */
+    float mine[2] = {(float)context_parallel_work(plan), dense ? (float)((double)T * T / C) : (float)cp_work_formula(o->balance, r, C, T)};
+    comm_group *w = comm_world();
+    float *all = w->rank == 0 ? malloc(2 * sizeof(float) * w->size) : NULL;
+    comm_host_gather(w, mine, all, 2, 0);
+    int bad = 0;
+    log0("attention work per rank, score elements per sequence and head in one layer's forward "
+         "(measured | formula, Tc = T / 2C = %d):\n", T / (2 * C));
+    for (int q = 0; all && q < w->size; q++) {
+        bool ok = all[2 * q] == all[2 * q + 1];
+        bad += !ok;
+        int coord[MESH_NDIMS];
+        mesh_coords_of(&plan->mesh->shape, q, coord);
+        log0("  rank %d (cp %d): %8.0f | %8.0f  %s %s\n", q, coord[MESH_CP], all[2 * q], all[2 * q + 1],
+             dense ? "T^2 / C (T x T for H / C heads)" : o->balance == CP_ZIGZAG ? "(2C + 1) Tc^2" : "(4 r + 3) Tc^2",
+             ok ? "" : "MISMATCH");
+    }
+    free(all);
+    bad = (int)comm_host_sum(w, bad);
+    if (bad) parity_fail("a rank's attention work differs from the formula (above)");
+    return bad;
+}
+
+/* The cp group's traffic per step beside the method's formula. */
+int cp_report_traffic(const run_options *o, const llama_plan *plan, const llama_model *m,
+                                  const cp_options *cp) {
+    int C = plan->cp->size, L = o->model.n_layers;
+    double block = 4.0 * 2 * m->d.B * m->d.T * m->d.Hkvl * m->d.hd;   /* a K/V block: k and v, bytes */
+    double rows = (double)m->d.B * m->d.T;                             /* this rank's rows, B Tl */
+    comm_expectation e[5];
+    int n = 0;
+    if (C > 1 && cp->method == CP_RING) {
+        double sends = L * (3.0 * C - 2);   /* forward C-1 blocks; backward C-1 blocks and C gradients */
+        e[n++] = (comm_expectation){plan->cp, COLL_SEND, sends, sends * block, "L (3C-2) x 2 B Tl Hkv hd x 4"};
+        e[n++] = (comm_expectation){plan->cp, COLL_RECV, sends, sends * block, "L (3C-2) x 2 B Tl Hkv hd x 4"};
+    } else if (cp->method == CP_ALLGATHER) {   /* (on one rank too: a gather of one block) */
+        e[n++] = (comm_expectation){plan->cp, COLL_ALL_GATHER, 2.0 * L, 2.0 * L * C * block, "2 L x C x 2 B Tl Hkv hd x 4"};
+        e[n++] = (comm_expectation){plan->cp, COLL_REDUCE_SCATTER, L, (double)L * C * block, "L x C x 2 B Tl Hkv hd x 4"};
+    } else if (cp->method == CP_ALLTOALL) {   /* forward q k v out, backward q k v out dout dq dk dv */
+        double bytes = 4.0 * 6 * L * rows * (m->d.Hl + m->d.Hkvl) * m->d.hd;
+        e[n++] = (comm_expectation){plan->cp, COLL_ALL_TO_ALL, 12.0 * L, bytes, "6 L x B Tl (H + Hkv) hd x 4"};
+    }
+    if (C > 1)
+        e[n++] = (comm_expectation){plan->cp, COLL_ALL_REDUCE, 1, 4.0 * m->params->whole_numel, "Psi x 4 (the gradients)"};
+    comm_group *groups[2] = {plan->cp, plan->tp};
+    if (plan->tp)   /* CP x TP: chapter 01's f and g inside each cp rank, on this rank's rows */
+        e[n++] = (comm_expectation){plan->tp, COLL_ALL_REDUCE, 4.0 * L, 4.0 * L * rows * m->d.D * 4, "4 L x B Tl D x 4"};
+    return report_communication(groups, plan->tp ? 2 : 1, o->steps, e, n);
+}
+
+/* What attention keeps and uses per layer on this rank, measured by the allocator beside the
+ * formulas; the single-device softmax for comparison. */
+int cp_report_attention_memory(const llama_plan *plan, const llama_model *m, const cp_options *o) {
+    const llama_dims *d = &m->d;
+    int C = plan->cp->size, T = d->T * C;
+    size_t forward, backward;
+    context_parallel_working_sets(plan, &forward, &backward);
+    double f_forward, f_backward;
+    cp_working_set_formula(o->method, C, d->B, d->T, d->Hl, d->Hkvl, d->hd, &f_forward, &f_backward);
+    double saved = (double)mem_allocation_bytes(m->saved->layers[0].probs);
+    char title[160];
+    snprintf(title, sizeof title, "attention memory per rank and layer, rank 0 (the single-device softmax is "
+             "B H T^2 x 4 = %s)", fmt_bytes(4.0 * d->B * d->Hl * T * T));
+    memory_row rows[] = {
+        {"saved: log-sum-exp", saved, 4.0 * d->B * d->Hl * d->T, "B H Tl x 4"},
+        {"forward scratch, at most", (double)forward, 4 * f_forward,
+         o->method == CP_RING ? "(4K + Tc H hd + H Tc + H Tc^2) x 4"
+         : o->method == CP_ALLGATHER ? "(2K (C+1) + Tc H hd + H Tc + H Tc^2) x 4" : "(2Q + 2K + max(2Q, B (H/C) T^2)) x 4"},
+        {"backward scratch, at most", (double)backward, 4 * f_backward,
+         o->method == CP_RING ? "(8K + 2 H Tc^2) x 4"
+         : o->method == CP_ALLGATHER ? "(4K (C+1) + 2 H Tc^2) x 4" : "(4Q + 4K + max(2Q, 2 B (H/C) T^2)) x 4"}};
+    int bad = report_memory(title, rows, 3);
+    log0("  (K = B Tl Hkv hd, Q = B Tl H hd: this rank's k and q; Tl = %d rows, Tc = %d)\n", d->T, d->T / 2);
+    return (int)comm_host_sum(comm_world(), bad);
+}
+
+/* Each rank's ring steps in the last forward (the last layer's), rank 0 writes them:
+ * rank, step, owner of the block, compute|wait, start and end in ms from the earliest start. */
+void cp_write_ring_timeline(const llama_plan *plan, const char *path) {
+    const cp_event *ev;
+    int n = context_parallel_timeline(plan, &ev);
+    comm_group *cp = plan->cp;
+    enum { F = 5, MAX = 2 * CP_MAX_RANKS };
+    float mine[MAX * F] = {0}, *all = cp->rank == 0 ? calloc((size_t)cp->size * MAX * F, sizeof(float)) : NULL;
+    double first = comm_host_max(cp, -(n ? ev[0].t0 : 1e300));   /* -(earliest start) */
+    for (int i = 0; i < n; i++) {
+        float row[F] = {(float)ev[i].step, (float)ev[i].owner, ev[i].wait ? 1.0f : 0.0f,
+                        (float)((ev[i].t0 + first) * 1e3), (float)((ev[i].t1 + first) * 1e3)};
+        memcpy(mine + i * F, row, sizeof row);
+    }
+    for (int i = n; i < MAX; i++) mine[i * F] = -1;    /* no event */
+    comm_host_gather(cp, mine, all, MAX * F, 0);
+    if (all) {
+        FILE *f = fopen(path, "w");
+        if (!f) { log0("could not write %s\n", path); free(all); return; }
+        fprintf(f, "rank,step,owner,what,start_ms,end_ms\n");
+        for (int q = 0; q < cp->size; q++)
+            for (int i = 0; i < MAX; i++) {
+                const float *e = all + ((size_t)q * MAX + i) * F;
+                if (e[0] < 0) continue;
+                fprintf(f, "%d,%d,%d,%s,%.4f,%.4f\n", q, (int)e[0], (int)e[1], e[2] > 0 ? "wait" : "compute", e[3], e[4]);
+            }
+        fclose(f);
+        log0("ring timeline of the last forward: %s\n", path);
+        free(all);
+    }
+}
