@@ -357,7 +357,7 @@ static void check_casts_against_scalars(const format_spec *f, float8_scaling how
 }
 
 /* quantize, dequantize and fake_quantize (also in place) of x[rows, cols] on the device, through
- * the named functions of float8.h for `how`; the results downloaded into q, deq, fake,
+ * float8.h's functions for `how` (tensorwise: the named ones); the results downloaded into q, deq, fake,
  * fake_inplace. */
 static void run_casts(const format_spec *f, float8_scaling how, const float *x_d, int rows, int cols,
                       float scale, const float *scales_d, uint8_t *q, float *deq, float *fake,
@@ -367,16 +367,11 @@ static void run_casts(const format_spec *f, float8_scaling how, const float *x_d
     float *deq_d = device_alloc_floats(n, MEM_BUFFERS), *fake_d = device_alloc_floats(n, MEM_BUFFERS);
     float *inplace_d = device_alloc_floats(n, MEM_BUFFERS);
     device_copy(inplace_d, x_d, n * sizeof(float));
-    if (how == FLOAT8_PER_ROW) {
-        float8_quantize_rows(q_d, x_d, scales_d, rows, cols, f->fmt);
-        float8_dequantize_rows(deq_d, q_d, scales_d, rows, cols, f->fmt);
-        float8_fake_quantize_rows(fake_d, x_d, scales_d, rows, cols, f->fmt);
-        float8_fake_quantize_rows(inplace_d, inplace_d, scales_d, rows, cols, f->fmt);
-    } else if (how == FLOAT8_PER_COL) {
-        float8_quantize_cols(q_d, x_d, scales_d, rows, cols, f->fmt);
-        float8_dequantize_cols(deq_d, q_d, scales_d, rows, cols, f->fmt);
-        float8_fake_quantize_cols(fake_d, x_d, scales_d, rows, cols, f->fmt);
-        float8_fake_quantize_cols(inplace_d, inplace_d, scales_d, rows, cols, f->fmt);
+    if (how != FLOAT8_PER_TENSOR) {   /* scales[rows] or scales[cols] */
+        float8_quantize_scaled(q_d, x_d, n, cols, how, 0.0f, scales_d, f->fmt);
+        float8_dequantize_scaled(deq_d, q_d, n, cols, how, 0.0f, scales_d, f->fmt);
+        float8_fake_quantize_scaled(fake_d, x_d, n, cols, how, 0.0f, scales_d, f->fmt);
+        float8_fake_quantize_scaled(inplace_d, inplace_d, n, cols, how, 0.0f, scales_d, f->fmt);
     } else {
         float8_quantize(q_d, x_d, n, scale, f->fmt);
         float8_dequantize(deq_d, q_d, n, scale, f->fmt);

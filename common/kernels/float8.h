@@ -9,7 +9,7 @@
  *   rowwise:     one scale per row, scales[rows] on the device, from float8_amax_rows() and
  *                float8_scales_from_amax() (torchao's ROWWISE recipe: E4M3, power-of-two
  *                scales, each row a slice along the GEMM's contraction dimension); or one per
- *                column (float8_amax_cols, the *_cols casts) for an operand whose contraction
+ *                column (float8_amax_cols, the casts with FLOAT8_PER_COL) for an operand whose contraction
  *                dimension runs down its columns.
  *
  * The per-element formulas, the formats and the scale rules are in float8_math.h;
@@ -42,8 +42,8 @@ void float8_scales_from_amax(float *scales, const float *amax, int n, float8_for
 /* ---- the casts ------------------------------------------------------------------------------
  * Each cast is one backend function over n elements of a [n / cols, cols] matrix, scaled as
  * `how` says (float8_math.h): FLOAT8_PER_TENSOR by `scale` (`scales` unused), FLOAT8_PER_ROW by
- * scales[row], FLOAT8_PER_COL by scales[column] (`scale` unused). The nine functions after them
- * name the uses.
+ * scales[row], FLOAT8_PER_COL by scales[column] (`scale` unused). The three tensorwise ones
+ * after them name the common use.
  *   quantize:       q[n] (=) = saturating_cast(x * scale), one byte per element:
  *                   NaN -> the NaN code, beyond max (inf included) -> +-max
  *   dequantize:     x[n] (=) = decode(q) / scale
@@ -69,36 +69,6 @@ static inline void float8_dequantize(float *x, const uint8_t *q, size_t n, float
 static inline void float8_fake_quantize(float *y, const float *x, size_t n, float scale,
                                         float8_format fmt) {
     float8_fake_quantize_scaled(y, x, n, 1, FLOAT8_PER_TENSOR, scale, NULL, fmt);
-}
-
-/* rowwise: x, q, y are [rows, cols]; scales[rows] on the device */
-static inline void float8_quantize_rows(uint8_t *q, const float *x, const float *scales, int rows,
-                                        int cols, float8_format fmt) {
-    float8_quantize_scaled(q, x, (size_t)rows * cols, cols, FLOAT8_PER_ROW, 0.0f, scales, fmt);
-}
-static inline void float8_dequantize_rows(float *x, const uint8_t *q, const float *scales,
-                                          int rows, int cols, float8_format fmt) {
-    float8_dequantize_scaled(x, q, (size_t)rows * cols, cols, FLOAT8_PER_ROW, 0.0f, scales, fmt);
-}
-static inline void float8_fake_quantize_rows(float *y, const float *x, const float *scales,
-                                             int rows, int cols, float8_format fmt) {
-    float8_fake_quantize_scaled(y, x, (size_t)rows * cols, cols, FLOAT8_PER_ROW, 0.0f, scales,
-                                fmt);
-}
-
-/* columnwise: x, q, y are [rows, cols]; scales[cols] on the device */
-static inline void float8_quantize_cols(uint8_t *q, const float *x, const float *scales, int rows,
-                                        int cols, float8_format fmt) {
-    float8_quantize_scaled(q, x, (size_t)rows * cols, cols, FLOAT8_PER_COL, 0.0f, scales, fmt);
-}
-static inline void float8_dequantize_cols(float *x, const uint8_t *q, const float *scales,
-                                          int rows, int cols, float8_format fmt) {
-    float8_dequantize_scaled(x, q, (size_t)rows * cols, cols, FLOAT8_PER_COL, 0.0f, scales, fmt);
-}
-static inline void float8_fake_quantize_cols(float *y, const float *x, const float *scales,
-                                             int rows, int cols, float8_format fmt) {
-    float8_fake_quantize_scaled(y, x, (size_t)rows * cols, cols, FLOAT8_PER_COL, 0.0f, scales,
-                                fmt);
 }
 
 /* ---- transpose ------------------------------------------------------------------------------
