@@ -54,7 +54,7 @@ void sp_reduce_scatter_seq_backward(comm_group *tp, float *dy_full, const float 
 }
 
 /* The plan's region: the four operators above, with the plan's chunk buffer. */
-static float *chunks_of(const llama_plan *p) { return ((sp_state *)p->ctx)->chunks; }
+static float *chunks_of(const llama_plan *p) { return ((sp_state *)p->sp_ctx)->chunks; }
 static void enter_forward(const llama_plan *p, float *x_full, const float *x_local, int B, int Ts, int C) {
     sp_all_gather_seq_forward(p->tp, x_full, x_local, chunks_of(p), B, Ts, C);
 }
@@ -74,23 +74,26 @@ const region_ops sequence_parallel_region = {enter_forward, enter_backward, exit
  * ============================================================================================== */
 void sp_norm_grads_all_reduce(const llama_plan *p, llama_model *m) {
     param_table *t = m->params;
-    float *packed = ((sp_state *)p->ctx)->norm_grads;
-    size_t D = m->d.D;
+    float *packed = ((sp_state *)p->sp_ctx)->norm_grads;
+    /* (each norm's stored gradient: D floats, or under FSDP this rank's dp shard of them, the
+     *  same shard on every tp rank; none for a pipeline stage that does not hold the norm) */
     /* BEGIN ASSIGNMENT: sum every norm weight's gradient over tp, packed into one all-reduce */
     size_t n = 0;
     for (int i = 0; i < t->n; i++) {
         param_kind k = t->t[i].spec.kind;
         if (k != P_ATTENTION_NORM && k != P_FFN_NORM && k != P_NORM) continue;
-        device_copy(packed + n * D, param_in(t, t->grads, i), D * sizeof(float));
-        n++;
+        size_t count = param_stored_numel(t, t->grads, i);
+        device_copy(packed + n, param_in(t, t->grads, i), count * sizeof(float));
+        n += count;
     }
-    comm_all_reduce(p->tp, packed, n * D, COMM_SUM);
+    comm_all_reduce(p->tp, packed, n, COMM_SUM);
     n = 0;
     for (int i = 0; i < t->n; i++) {
         param_kind k = t->t[i].spec.kind;
         if (k != P_ATTENTION_NORM && k != P_FFN_NORM && k != P_NORM) continue;
-        device_copy(param_in(t, t->grads, i), packed + n * D, D * sizeof(float));
-        n++;
+        size_t count = param_stored_numel(t, t->grads, i);
+        device_copy(param_in(t, t->grads, i), packed + n, count * sizeof(float));
+        n += count;
     }
     /* END ASSIGNMENT */
 }
@@ -139,7 +142,7 @@ unsigned ac_keep_mask(ac_mode ac) {
 /* Before layer l's backward: bring back what the mode did not keep. */
 static bool recompute(llama_model *m, int l, const unit_weights *w) {
     const llama_plan *p = m->plan;
-    sp_state *s = p->ctx;
+    sp_state *s = p->sp_ctx;
     const llama_dims *d = &m->d;
     llama_layer_acts *a = &m->saved->layers[l];
     if (s->ac == AC_FULL) {
@@ -164,7 +167,7 @@ static bool recompute(llama_model *m, int l, const unit_weights *w) {
  * ============================================================================================== */
 
 void sequence_parallel_apply(llama_plan *plan, const llama_config *c, int B, bool sp, ac_mode ac) {
-    int p = plan->tp->size, T = c->seq_len;
+    int p = plan->tp ? plan->tp->size : 1, T = c->seq_len;   /* (tp 1: checkpointing only) */
     if (sp && T % p) {   /* whole tokens per rank, the same count on every rank */
         int lo = T / p * p, hi = lo + p;
         if (lo > 0) comm_exit_usage("--seq-len %d is not divisible by tp %d: with sequence parallelism each rank holds seq_len/tp tokens of every sequence; the nearest valid lengths are %d and %d", T, p, lo, hi);
@@ -172,7 +175,7 @@ void sequence_parallel_apply(llama_plan *plan, const llama_config *c, int B, boo
     }
     sp_state *s = calloc(1, sizeof *s);
     s->ac = ac;
-    plan->ctx = s;
+    plan->sp_ctx = s;
     plan->keep = ac_keep_mask(ac);
     plan->recompute = recompute;
     if (ac == AC_SELECTIVE)
@@ -188,11 +191,11 @@ void sequence_parallel_apply(llama_plan *plan, const llama_config *c, int B, boo
 }
 
 void sequence_parallel_free(llama_plan *plan) {
-    sp_state *s = plan->ctx;
+    sp_state *s = plan->sp_ctx;
     if (!s) return;
     device_free(s->chunks); device_free(s->norm_grads); device_free(s->attn_out_scratch);
     free(s);
-    plan->ctx = NULL;
+    plan->sp_ctx = NULL;
 }
 
 /* --fault skip-norm-grad-allreduce: the norm weights keep the gradient of this rank's tokens only. */

@@ -57,6 +57,9 @@ struct dp_state {
     void (*reduce_scatter)(comm_group *g, const float *send, float *recv, size_t count);
     comm_request (*all_reduce)(comm_group *g, float *buf, size_t count, comm_op op);
     linear_ops inner;                  /* the linear operator this plan wraps with progress calls */
+    /* what the plan underneath owes after backward (chapter 03's norm gradients over tp, chapter
+     * 06's all-reduce over cp), run on the reduced (or sharded) gradients; NULL: nothing */
+    void (*inner_reduce_grads)(const llama_plan *p, llama_model *m);
     double t_step0, t_acquired;
     dp_event events[MAX_EVENTS];
     int n_events;
@@ -248,13 +251,13 @@ static void progress(dp_state *s) {
 }
 static void linear_forward_progress(const llama_plan *p, linear_site site, float *y, const float *x,
                                     const float *W, int N, int in, int out) {
-    dp_state *s = p->ctx;
+    dp_state *s = p->dp_ctx;
     s->inner.forward(p, site, y, x, W, N, in, out);
     progress(s);
 }
 static void linear_backward_progress(const llama_plan *p, linear_site site, float *dx, float *dW,
                                      const float *dy, const float *x, const float *W, int N, int in, int out) {
-    dp_state *s = p->ctx;
+    dp_state *s = p->dp_ctx;
     s->inner.backward(p, site, dx, dW, dy, x, W, N, in, out);
     progress(s);
 }
@@ -265,7 +268,7 @@ static void linear_backward_progress(const llama_plan *p, linear_site site, floa
 
 static void dp_acquire(const llama_plan *p, llama_model *m, int u, bool backward, unit_weights *w,
                        unit_weights *g) {
-    dp_state *s = p->ctx;
+    dp_state *s = p->dp_ctx;
     s->t = m->params;
     if (u == s->L && !backward) {        /* the first acquire of a step: a new timeline */
         s->t_step0 = wall_seconds();
@@ -284,7 +287,7 @@ static void dp_acquire(const llama_plan *p, llama_model *m, int u, bool backward
 }
 
 static void dp_release(const llama_plan *p, llama_model *m, int u, bool backward) {
-    dp_state *s = p->ctx;
+    dp_state *s = p->dp_ctx;
     if (u != s->L) event(s, "compute", s->t_acquired, backward ? "bwd %d" : "fwd %d", u);
     if (backward && (s->o.mode == DP_ZERO2 || s->o.mode == DP_FSDP)) reduce_unit_grads(s, u);
     if (backward && s->o.mode == DP_DDP) bucket_unit(s, u);
@@ -296,8 +299,8 @@ static void dp_release(const llama_plan *p, llama_model *m, int u, bool backward
 
 /* ddp: wait for the buckets. zero1: every gradient reduce-scattered now, whole buffers kept
  * (only the own shard is reduced). */
-static void dp_reduce_grads(const llama_plan *p, llama_model *m) {
-    dp_state *s = p->ctx;
+static void dp_reduce_own_grads(const llama_plan *p, llama_model *m) {
+    dp_state *s = p->dp_ctx;
     param_table *t = m->params;
     if (s->o.mode == DP_DDP) {
         for (int k = 0; k < s->n_reqs; k++) {
@@ -322,10 +325,18 @@ static void dp_reduce_grads(const llama_plan *p, llama_model *m) {
     event(s, "comm", t0, "reduce_scatter all", 0);
 }
 
+/* The data ranks' reduction, then what the plan underneath owes (sums over other groups, which
+ * commute with the sum over the data ranks). */
+static void dp_reduce_grads(const llama_plan *p, llama_model *m) {
+    dp_reduce_own_grads(p, m);
+    const dp_state *s = p->dp_ctx;
+    if (s->inner_reduce_grads) s->inner_reduce_grads(p, m);
+}
+
 /* zero1, zero2: AdamW on the own shard of each tensor (m and v exist only for it), then the
  * updated values all-gathered so every rank holds them whole again. */
 static void dp_optimizer_step(const llama_plan *p, llama_model *m, const adamw_config *o, int step) {
-    dp_state *s = p->ctx;
+    dp_state *s = p->dp_ctx;
     param_table *t = m->params;
     if (s->o.mode == DP_DDP || s->o.mode == DP_FSDP) { param_adamw_step(t, o, step); return; }
     for (int i = 0; i < t->n; i++) {
@@ -359,7 +370,7 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
     plan->name = "data parallel";
     plan->mesh = mesh;
     plan->batch = s->batch;
-    plan->ctx = s;
+    plan->dp_ctx = s;
     static const block_storage storage[DP_NMODES][PARAM_NBLOCKS] = {
         [DP_DDP] = {STORE_WHOLE, STORE_WHOLE, STORE_WHOLE},
         [DP_ZERO1] = {STORE_WHOLE, STORE_WHOLE_SHARD_VALID, STORE_SHARD},
@@ -369,6 +380,7 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
     plan->weights = (weight_ops){dp_acquire, dp_release};
     s->inner = plan->linear;
     plan->linear = (linear_ops){linear_forward_progress, linear_backward_progress};
+    s->inner_reduce_grads = plan->reduce_grads;
     plan->reduce_grads = dp_reduce_grads;
     plan->optimizer_step = dp_optimizer_step;
 
@@ -408,18 +420,18 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
 }
 
 void data_parallel_free(llama_plan *plan) {
-    dp_state *s = plan->ctx;
+    dp_state *s = plan->dp_ctx;
     if (!s) return;
     for (int k = 0; k < s->n_slots; k++) device_free(s->slots[k].data);
     free(s->slots);
     device_free(s->grad_full[0]); device_free(s->grad_full[1]);
     device_free(s->stage_in); device_free(s->stage_out);
     free(s);
-    plan->ctx = NULL;
+    plan->dp_ctx = NULL;
 }
 
 const dp_event *dp_timeline(const llama_plan *plan, int *n) {
-    dp_state *s = plan->ctx;
+    dp_state *s = plan->dp_ctx;
     *n = s->n_events;
     return s->events;
 }
@@ -433,7 +445,7 @@ static comm_request keep_own_gradient(comm_group *g, float *buf, size_t count, c
     return (comm_request){0};   /* a request that is already complete: nothing was sent */
 }
 static const char *skip_grad_reduce(llama_plan *p) {
-    dp_state *s = p->ctx;
+    dp_state *s = p->dp_ctx;
     s->reduce_scatter = keep_own_chunk;
     s->all_reduce = keep_own_gradient;
     return NULL;

@@ -57,7 +57,7 @@ typedef struct {
     pp_measured meas;
 } pp_state;
 
-static pp_state *state_of(const llama_plan *p) { return (pp_state *)p->ctx; }
+static pp_state *state_of(const llama_plan *p) { return (pp_state *)p->pp_ctx; }
 
 /* ---- placement ------------------------------------------------------------------------------- */
 
@@ -351,7 +351,7 @@ void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, 
     plan->microbatches = s->M;
     plan->forward_backward = pipeline_forward_backward;
     plan->linear = (linear_ops){pipeline_linear_forward, pipeline_linear_backward};
-    plan->ctx = s;
+    plan->pp_ctx = s;
 }
 
 void pipeline_free(llama_plan *plan) {
@@ -364,7 +364,7 @@ void pipeline_free(llama_plan *plan) {
     free(s->sets); free(s->deferred); free(s->mailbox);
     free(s->recv); free(s->posted); free(s->events); free(s->sends);
     free(s);
-    plan->ctx = NULL;
+    plan->pp_ctx = NULL;
 }
 
 const pp_schedule *pipeline_schedule(const llama_plan *plan) { return state_of(plan)->sched; }

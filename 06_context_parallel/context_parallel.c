@@ -27,7 +27,7 @@ typedef struct {
     bool no_lse_rescale;            /* --fault no-lse-rescale                                   */
 } cp_state;
 
-static cp_state *state_of(const llama_plan *p) { return (cp_state *)p->ctx; }
+static cp_state *state_of(const llama_plan *p) { return (cp_state *)p->cp_ctx; }
 
 static const char *method_names[CP_NMETHODS] = {"ring", "allgather", "alltoall"};
 static const char *balance_names[CP_NBALANCES] = {"contiguous", "zigzag"};
@@ -362,11 +362,12 @@ static void cp_attention_backward(const llama_plan *p, float *dq, float *dk, flo
 static size_t cp_saved_numel(const llama_plan *p, int B, int Tl, int H) { return (size_t)B * H * Tl; }
 
 /* The parameters are replicated over cp and each rank's gradient is its rows' share: their sum,
- * one all-reduce of the whole gradient block over cp, then what the inner plan owes. */
+ * one all-reduce of the gradient block over cp (the whole tensors, or under FSDP the dp shard
+ * this rank keeps, the same shard on every cp rank), after what the inner plan owes. */
 static void cp_reduce_grads(const llama_plan *p, llama_model *m) {
     cp_state *s = state_of(p);
     if (s->inner.reduce_grads) s->inner.reduce_grads(p, m);
-    if (s->C > 1) comm_all_reduce(s->cp, m->params->grads, m->params->whole_numel, COMM_SUM);
+    if (s->C > 1) comm_all_reduce(s->cp, m->params->grads, param_block_numel(m->params, m->params->grads), COMM_SUM);
 }
 
 /* ---- validation and set-up ------------------------------------------------------------------- */
@@ -397,12 +398,12 @@ void context_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_con
     plan->positions = cp_positions;
     plan->attention = (attention_ops){cp_attention_forward, cp_attention_backward, cp_saved_numel};
     plan->reduce_grads = cp_reduce_grads;
-    plan->ctx = s;
+    plan->cp_ctx = s;
 }
 
 void context_parallel_free(llama_plan *plan) {
-    free(plan->ctx);
-    plan->ctx = NULL;
+    free(plan->cp_ctx);
+    plan->cp_ctx = NULL;
 }
 
 double context_parallel_work(const llama_plan *plan) { return state_of(plan)->work; }

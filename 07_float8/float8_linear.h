@@ -26,7 +26,7 @@
  * emulation (q / s: exactly the products a float8 tensor core sums, in fp32). Rowwise, a scale per
  * row, runs that emulation on both backends through the inner plan's linear operator. Either way
  * the operator composes with chapter 01's tensor parallelism and chapter 04's sharded data
- * parallelism (their state lives in plan->ctx, this operator's in plan->linear_ctx).
+ * parallelism (each keeps its state in its own field of the plan, this operator in plan->linear_ctx).
  *
  * Across tensor-parallel shards: a shard's amax is not the tensor's, so before a tensor cut by tp
  * is cast, its amax is MAX-all-reduced over tp (for rowwise, the amaxes of the rows that the cut

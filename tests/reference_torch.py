@@ -10,7 +10,7 @@ DIR holds what a chapter's --dump wrote (docs/dump-format.md):
                           and clip_grad_norm when the run clipped by global norm
     batch_K.safetensors   "tokens" and "targets", I32 [B, T], for steps K = 1, 2, ...
     grads_1.safetensors   every gradient of step 1
-    losses.txt            "K loss" per line
+    losses.txt            "K loss" per line, or "K loss lr" with a scheduled learning rate
 and, in init.safetensors' metadata, an optional "run_options" JSON object with a chapter's own
 settings. The one this script reads is "float8" (chapter 07): the block linears named in
 "float8_linears" then run on float8 operands, as described under "float8 training" below.
@@ -163,20 +163,23 @@ def read_run_options(metadata, path):
 
 
 def read_losses(path):
-    """{step: loss} from the "step loss" lines of losses.txt."""
-    losses = {}
+    """{step: loss} and {step: lr} from losses.txt: "step loss" lines, or "step loss lr" when the
+    run scheduled its learning rate (the lr that step's update used)."""
+    losses, lrs = {}, {}
     try:
         with open(path) as f:
             for line_no, line in enumerate(f, 1):
                 if not line.strip():
                     continue
                 fields = line.split()
-                if len(fields) != 2:
-                    raise DumpError(f"{path}:{line_no}: expected 'step loss', got {line.strip()!r}")
+                if len(fields) not in (2, 3):
+                    raise DumpError(f"{path}:{line_no}: expected 'step loss' or 'step loss lr', got {line.strip()!r}")
                 losses[int(fields[0])] = float(fields[1])
+                if len(fields) == 3:
+                    lrs[int(fields[0])] = float(fields[2])
     except OSError as e:
         raise DumpError(f"cannot read {path}: {e.strerror}")
-    return losses
+    return losses, lrs
 
 
 def expected_shapes(config):
@@ -639,7 +642,7 @@ def run(directory):
     f8 = read_float8(read_run_options(metadata, os.path.join(directory, "init.safetensors")),
                      os.path.join(directory, "init.safetensors"))
     check_tensors(init, config, os.path.join(directory, "init.safetensors"))
-    losses = read_losses(os.path.join(directory, "losses.txt"))
+    losses, lrs = read_losses(os.path.join(directory, "losses.txt"))
     steps = batch_steps(directory)
     grads_path = os.path.join(directory, "grads_1.safetensors")
     c_grads = None
@@ -700,6 +703,11 @@ def run(directory):
             grad_table = [(name, p.grad.detach().clone().numpy()) for name, p in params.items()]
         if "clip_grad_norm" in config:
             torch.nn.utils.clip_grad_norm_(list(params.values()), config["clip_grad_norm"])
+        if lrs:   # a scheduled learning rate: the one this step's update used
+            if step not in lrs:
+                raise DumpError(f"losses.txt: step {step} has no learning rate, the other steps do")
+            for group in optimizer.param_groups:
+                group["lr"] = lrs[step]
         optimizer.step()
 
     if float8 is not None:

@@ -19,6 +19,7 @@
  * TEST_VERBOSE=1 prints each rejection message, i.e. what a user with a bad file would see.
  */
 #include <errno.h>
+#include <math.h>
 #include <ftw.h>
 #include <signal.h>
 #include <stdint.h>
@@ -306,10 +307,11 @@ static void test_dump(void) {
     int B = 2, T = 3;
     int tokens[6] = {1, 2, 3, 4, 5, 6}, targets[6] = {2, 3, -100, 5, 6, 7};
     CHECK(dump_batch(dir, 4, tokens, targets, B, T) == 0, "dump_batch");
-    CHECK(dump_loss(dir, 1, 9.0) == 0, "dump_loss 1");
-    CHECK(dump_loss(dir, 2, 8.0) == 0, "dump_loss 2");
-    CHECK(dump_loss(dir, 1, 4.8520441055297852) == 0, "dump_loss 1 again");
-    CHECK(dump_loss(dir, 2, 1.0 / 3.0) == 0, "dump_loss 2 again");
+    CHECK(dump_loss(dir, 1, 9.0, NAN) == 0, "dump_loss 1");
+    CHECK(dump_loss(dir, 2, 8.0, NAN) == 0, "dump_loss 2");
+    CHECK(dump_loss(dir, 1, 4.8520441055297852, NAN) == 0, "dump_loss 1 again");
+    CHECK(dump_loss(dir, 2, 1.0 / 3.0, NAN) == 0, "dump_loss 2 again");
+    CHECK(dump_loss(dir, 3, 0.25, 3e-4) == 0, "dump_loss 3 with its scheduled lr");
     CHECK(dump_commit() == 0, "dump_commit: %s", dump_error());
 
     char path[300], err[512];
@@ -365,7 +367,7 @@ static void test_dump(void) {
     char text[256] = {0};
     size_t got = fp ? fread(text, 1, sizeof text - 1, fp) : 0;
     if (fp) fclose(fp);
-    CHECK(got > 0 && strcmp(text, "1 4.85204411\n2 0.333333333\n") == 0, "losses.txt is '%s'", text);
+    CHECK(got > 0 && strcmp(text, "1 4.85204411\n2 0.333333333\n3 0.25 0.0003\n") == 0, "losses.txt is '%s'", text);
 }
 
 /* ---- atomic dumps ---- */
@@ -413,7 +415,7 @@ static void test_dump_atomic(void) {
     CHECK(dump_begin(dir) == 0, "begin: %s", dump_error());
     CHECK(exists(tmp) && !exists(dir), "before the commit: tmp %d, dir %d", exists(tmp), exists(dir));
     for (int k = 1; k <= 3; k++) CHECK(dump_batch(dir, k, tok, tgt, 2, 2) == 0, "batch %d", k);
-    CHECK(dump_loss(dir, 1, 5.0) == 0 && dump_loss(dir, 2, 4.0) == 0 && dump_loss(dir, 3, 3.0) == 0, "losses");
+    CHECK(dump_loss(dir, 1, 5.0, NAN) == 0 && dump_loss(dir, 2, 4.0, NAN) == 0 && dump_loss(dir, 3, 3.0, NAN) == 0, "losses");
     CHECK(!exists(dir), "DIR appeared before dump_commit");
     CHECK(dump_commit() == 0, "commit: %s", dump_error());
     CHECK(count_entries(dir) == 4 && !exists(tmp), "after the commit: %d entries, tmp %d",
@@ -422,7 +424,7 @@ static void test_dump_atomic(void) {
     /* b. a shorter second dump replaces the first whole: no stale batch_2, batch_3 */
     snprintf(p, sizeof p, "%s/", dir);   /* a trailing '/' names the same directory */
     CHECK(dump_begin(p) == 0, "begin 2: %s", dump_error());
-    CHECK(dump_batch(p, 1, tok, tgt, 2, 2) == 0 && dump_loss(p, 1, 7.0) == 0, "dump 2");
+    CHECK(dump_batch(p, 1, tok, tgt, 2, 2) == 0 && dump_loss(p, 1, 7.0, NAN) == 0, "dump 2");
     snprintf(p, sizeof p, "%s/losses.txt", dir);
     CHECK(strcmp(slurp(p), "1 5\n2 4\n3 3\n") == 0, "the first dump changed before the commit: '%s'", slurp(p));
     CHECK(dump_commit() == 0, "commit 2: %s", dump_error());
@@ -435,7 +437,7 @@ static void test_dump_atomic(void) {
 
     /* c. dump_abort leaves DIR as it was */
     CHECK(dump_begin(dir) == 0, "begin 3: %s", dump_error());
-    CHECK(dump_loss(dir, 1, 99.0) == 0 && dump_batch(dir, 5, tok, tgt, 2, 2) == 0, "dump 3");
+    CHECK(dump_loss(dir, 1, 99.0, NAN) == 0 && dump_batch(dir, 5, tok, tgt, 2, 2) == 0, "dump 3");
     dump_abort();
     CHECK(!exists(tmp) && count_entries(dir) == 2 && strcmp(slurp(p), "1 7\n") == 0,
           "after dump_abort: tmp %d, %d entries, losses '%s'", exists(tmp), count_entries(dir), slurp(p));
@@ -492,12 +494,12 @@ static void test_dump_atomic(void) {
      *    is created */
     snprintf(p, sizeof p, "%s", tpath("empty_first"));
     mkdir(p, 0755);
-    CHECK(dump_begin(p) == 0 && dump_loss(p, 1, 1.0) == 0 && dump_commit() == 0, "into an empty dir: %s",
+    CHECK(dump_begin(p) == 0 && dump_loss(p, 1, 1.0, NAN) == 0 && dump_commit() == 0, "into an empty dir: %s",
           dump_error());
     snprintf(p, sizeof p, "%s/losses.txt", tpath("empty_first"));
     CHECK(strcmp(slurp(p), "1 1\n") == 0, "empty dir: losses '%s'", slurp(p));
     snprintf(p, sizeof p, "%s", tpath("new_parent/sub/d"));
-    CHECK(dump_begin(p) == 0 && dump_loss(p, 1, 2.0) == 0 && dump_commit() == 0, "missing parents: %s",
+    CHECK(dump_begin(p) == 0 && dump_loss(p, 1, 2.0, NAN) == 0 && dump_commit() == 0, "missing parents: %s",
           dump_error());
     snprintf(p, sizeof p, "%s/losses.txt", tpath("new_parent/sub/d"));
     CHECK(strcmp(slurp(p), "1 2\n") == 0, "missing parents: losses '%s'", slurp(p));

@@ -19,6 +19,11 @@
  * Lb on are IGNORE_INDEX and take no part in the loss. Their tokens stay as drawn: a padded
  * position still runs through the model, it just contributes nothing to the loss.
  */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include "data.h"
 #include "llama_kernels.h"   /* IGNORE_INDEX */
 
@@ -32,7 +37,7 @@ static uint64_t mix64(uint64_t x) {
 
 /* One 64-bit value per (seed, step, b, t, what). `what` separates the independent streams
  * (token, padding decision, padded length) so they do not reuse each other's numbers. */
-enum { STREAM_TOKEN = 0, STREAM_PAD_FLAG, STREAM_PAD_LEN, STREAM_FOLLOW, STREAM_SUCCESSOR };
+enum { STREAM_TOKEN = 0, STREAM_PAD_FLAG, STREAM_PAD_LEN, STREAM_FOLLOW, STREAM_SUCCESSOR, STREAM_WINDOW, STREAM_UNIFORM };
 
 static uint64_t batch_hash(uint64_t seed, int step, int b, int t, int what) {
     uint64_t h = mix64(seed);
@@ -79,4 +84,75 @@ int count_valid_targets(const int *targets, int n) {
     for (int i = 0; i < n; i++)
         if (targets[i] != IGNORE_INDEX) valid++;
     return valid;
+}
+
+/* ---- a text corpus, byte-level ---- */
+
+int text_corpus_load(text_corpus *c, const char *path, int T, char *err, size_t errlen) {
+    *c = (text_corpus){0};
+    FILE *f = fopen(path, "rb");
+    if (!f) { snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno)); return -1; }
+    size_t cap = 1 << 20;
+    c->bytes = malloc(cap);
+    for (size_t got; (got = fread(c->bytes + c->n, 1, cap - c->n, f)) > 0;) {
+        c->n += got;
+        if (c->n == cap) c->bytes = realloc(c->bytes, cap *= 2);
+    }
+    int failed = ferror(f);
+    fclose(f);
+    if (failed) { snprintf(err, errlen, "cannot read %s", path); text_corpus_free(c); return -1; }
+    c->n_train = c->n / 10 * 9;
+    if (c->n_train < (size_t)T + 1 || c->n - c->n_train < (size_t)T + 1) {
+        snprintf(err, errlen, "%s has %zu bytes: too few for windows of --seq-len %d + 1 bytes in both its "
+                 "training part (90%%) and its validation part (10%%); use a file of at least %zu bytes",
+                 path, c->n, T, (size_t)(T + 1) * 10);
+        text_corpus_free(c);
+        return -1;
+    }
+    return 0;
+}
+
+void text_corpus_free(text_corpus *c) {
+    free(c->bytes);
+    *c = (text_corpus){0};
+}
+
+/* tokens, targets [T] from the T+1 bytes at `window` */
+static void take_window(const unsigned char *window, int *tokens, int *targets, int T) {
+    for (int t = 0; t < T; t++) {
+        tokens[t] = window[t];
+        targets[t] = window[t + 1];
+    }
+}
+
+void text_train_batch(const text_corpus *c, int *tokens, int *targets, int B, int T, uint64_t seed,
+                      int step, int row0) {
+    uint64_t starts = c->n_train - (size_t)T;   /* windows of T+1 bytes inside the training part */
+    for (int b = 0; b < B; b++) {
+        size_t start = batch_hash(seed, step, row0 + b, 0, STREAM_WINDOW) % starts;
+        take_window(c->bytes + start, tokens + (size_t)b * T, targets + (size_t)b * T, T);
+    }
+}
+
+int text_val_batches(const text_corpus *c, int B, int T) {
+    size_t n_val = c->n - c->n_train;
+    return (int)((n_val - 1) / ((size_t)B * T));
+}
+
+void text_val_batch(const text_corpus *c, int *tokens, int *targets, int B, int T, int k) {
+    const unsigned char *val = c->bytes + c->n_train;
+    for (int b = 0; b < B; b++)
+        take_window(val + ((size_t)k * B + b) * T, tokens + (size_t)b * T, targets + (size_t)b * T, T);
+}
+
+double text_unigram_loss(const text_corpus *c) {
+    double count[256] = {0}, loss = 0;
+    for (size_t i = 0; i < c->n_train; i++) count[c->bytes[i]] += 1;
+    for (int v = 0; v < 256; v++) count[v] = (count[v] + 1) / (c->n_train + 256.0);   /* add-one */
+    for (size_t i = c->n_train + 1; i < c->n; i++) loss -= log(count[c->bytes[i]]);   /* every target */
+    return loss / (double)(c->n - c->n_train - 1);
+}
+
+double data_uniform(uint64_t seed, int step, int index) {
+    return (double)(batch_hash(seed, step, index, 0, STREAM_UNIFORM) >> 11) * 0x1.0p-53;   /* 53 random bits */
 }

@@ -17,6 +17,7 @@
  * dump_commit() (see dump.h), so DIR never holds half a dump.
  */
 #include "dump.h"
+#include <math.h>
 
 #include <dirent.h>
 #include <errno.h>
@@ -302,9 +303,10 @@ int dump_batch(const char *dir, int step, const int *tokens, const int *targets,
     return rc;
 }
 
-/* Reads: step, loss. Writes: the line "step loss" to dir/losses.txt; step 1 starts the file
- * afresh so a second run into the same DIR does not append to the first. */
-int dump_loss(const char *dir, int step, double loss) {
+/* Reads: step, loss, the step's learning rate (NAN: not scheduled). Writes: the line "step loss"
+ * (or "step loss lr") to dir/losses.txt; step 1 starts the file afresh so a second run into the
+ * same DIR does not append to the first. */
+int dump_loss(const char *dir, int step, double loss, double lr) {
     char *path = dump_path(dir, "losses.txt");
     if (!path) return -1;
     FILE *f = fopen(path, step == 1 ? "w" : "a");
@@ -312,7 +314,7 @@ int dump_loss(const char *dir, int step, double loss) {
     if (!f) {
         rc = fail("cannot open %s: %s", path, strerror(errno));
     } else {
-        int ok = fprintf(f, "%d %.9g\n", step, loss) > 0;
+        int ok = (isnan(lr) ? fprintf(f, "%d %.9g\n", step, loss) : fprintf(f, "%d %.9g %.9g\n", step, loss, lr)) > 0;
         int e = errno;
         if (fclose(f) != 0 && ok) { ok = 0; e = errno; }
         if (!ok) rc = fail("cannot write %s: %s", path, strerror(e));

@@ -3,7 +3,8 @@
  *                            configuration and optimizer settings as strings
  *   DIR/batch_K.safetensors  "tokens" and "targets", I32 [B, T], for each step K (1-based)
  *   DIR/grads_1.safetensors  full gradients of step 1
- *   DIR/losses.txt           one "step loss" line per step, %.9g
+ *   DIR/losses.txt           one "step loss" line per step, %.9g; "step loss lr" when the
+ *                            learning rate is scheduled (the lr that step's update used)
  * and, when the chapter set one (dump_set_run_options), a "run_options" metadata string in
  * init.safetensors and grads_1.safetensors: a JSON object with the chapter's settings that change
  * the arithmetic a replay must reproduce (chapter 07: {"float8": {...}}, the float8 recipe).
@@ -53,6 +54,7 @@ int dump_set_run_options(const char *json);
 int dump_params(const char *dir, const char *file, const llama_config *c, const adamw_config *o,
                 float *const *params);
 int dump_batch(const char *dir, int step, const int *tokens, const int *targets, int B, int T);
-int dump_loss(const char *dir, int step, double loss);   /* step 1 truncates the file */
+int dump_loss(const char *dir, int step, double loss, double lr);   /* lr NAN: no third column;
+                                                                     * step 1 truncates the file */
 
 C_END

@@ -192,17 +192,19 @@ llama_model *run_model(const run_options *o, const llama_plan *plan) {
     return llama_create(c, plan, B / pieces, o->seed);
 }
 
-int run_batch(const run_options *o, int step, int *tokens_dev, int *targets_dev, int *n_pad) {
+/* The step's global batch on the host: `accum` micro-batches [B, T] one after the other, from
+ * the trainer's source or the synthetic one (and written to --dump DIR as one [accum B, T]).
+ * Returns the count of valid targets of all of them; *n_pad receives the padded ones. */
+static int step_batches(const run_options *o, int step, int accum, int *tokens, int *targets, int *n_pad) {
     int B = o->batch, T = o->model.seq_len;
-    int *tokens = malloc((size_t)B * T * sizeof(int)), *targets = malloc((size_t)B * T * sizeof(int));
-    *n_pad = synthetic_batch(tokens, targets, B, T, o->model.vocab_size, o->seed, step);
-    int valid = count_valid_targets(targets, B * T);
-    device_copy_to_device(tokens_dev, tokens, (size_t)B * T * sizeof(int));
-    device_copy_to_device(targets_dev, targets, (size_t)B * T * sizeof(int));
-    if (o->dump_dir) dump_require(o, log_rank() == 0 ? dump_batch(o->dump_dir, step, tokens, targets, B, T) : 0);
-    free(tokens);
-    free(targets);
-    return valid;
+    size_t N = (size_t)B * T;
+    *n_pad = 0;
+    for (int micro = 0; micro < accum; micro++)
+        *n_pad += o->next_batch ? o->next_batch(o->data_ctx, step, micro, tokens + micro * N, targets + micro * N, B, T)
+                                : synthetic_batch(tokens + micro * N, targets + micro * N, B, T, o->model.vocab_size,
+                                                  o->seed, accum > 1 ? step * accum + micro : step);
+    if (o->dump_dir) dump_require(o, log_rank() == 0 ? dump_batch(o->dump_dir, step, tokens, targets, accum * B, T) : 0);
+    return count_valid_targets(targets, (int)(accum * N));
 }
 
 float run_loss_scale(int n_valid) { return n_valid > 0 ? 1.0f / (float)n_valid : 0.0f; }
@@ -356,7 +358,7 @@ static void dump_tensors(const run_options *o, const char *file, bool grads, lla
  * holds for gather; one all-reduce of one float over the world), then every gradient times
  * min(1, max_norm / (norm + 1e-6)). Returns the norm before clipping. Collective over `world`
  * (NULL: the baseline, alone on its rank). */
-static double clip_grad_norm(llama_model *m, comm_group *world, float max_norm, float *dev_scalar) {
+static double clip_grad_norm(llama_model *m, comm_group *world, float max_norm, float *dev_scalar) {   /* max_norm 0: the norm only */
     float sq = (float)param_grad_sq_held(m->params);
     if (world) {
         device_copy_to_device(dev_scalar, &sq, sizeof sq);
@@ -364,7 +366,7 @@ static double clip_grad_norm(llama_model *m, comm_group *world, float max_norm, 
         device_copy_to_host(&sq, dev_scalar, sizeof sq);
     }
     double norm = sqrt((double)sq), coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) param_scale_grads(m->params, (float)coef);
+    if (max_norm > 0 && coef < 1.0) param_scale_grads(m->params, (float)coef);
     return norm;
 }
 
@@ -382,6 +384,42 @@ static void take_context_rows(const llama_model *model, int *dst, const int *src
     free(pos); free(all); free(mine);
 }
 
+/* This rank's sequences of the global batch: its data-parallel coordinate's share. */
+static int rank_rows(const llama_model *model) {
+    return model->d.B * (model->plan->microbatches > 1 ? model->plan->microbatches : 1);
+}
+
+float run_forward_backward(llama_model *model, const int *tokens, const int *targets, float loss_scale,
+                           bool backward, const float **dh0) {
+    const llama_plan *plan = model->plan;
+    int T = model->c.seq_len, rows = rank_rows(model);
+    size_t offset = (size_t)(plan->batch ? plan->batch->rank : 0) * rows * T;
+    const int *my_tokens = tokens + offset, *my_targets = targets + offset;
+    int *cp_tokens = NULL, *cp_targets = NULL;
+    if (plan->cp) {   /* under context parallelism, only this rank's positions of each of its rows */
+        cp_tokens = device_alloc_ints((size_t)rows * model->d.T, MEM_BUFFERS);
+        cp_targets = device_alloc_ints((size_t)rows * model->d.T, MEM_BUFFERS);
+        take_context_rows(model, cp_tokens, my_tokens, rows, T);
+        take_context_rows(model, cp_targets, my_targets, rows, T);
+        my_tokens = cp_tokens;
+        my_targets = cp_targets;
+    }
+    float loss;
+    if (dh0) *dh0 = model->dh;
+    if (plan->forward_backward) {   /* the plan runs its own schedule (a pipeline): always both */
+        const float *unused;
+        loss = plan->forward_backward(plan, model, my_tokens, my_targets, loss_scale, dh0 ? dh0 : &unused);
+    } else {
+        loss = llama_forward(model, my_tokens, my_targets, loss_scale);
+        if (backward) llama_backward(model);
+    }
+    device_free(cp_tokens);
+    device_free(cp_targets);
+    if (plan->cp) loss = (float)comm_host_sum(plan->cp, loss);        /* the sequences' rows: every share */
+    if (plan->batch) loss = (float)comm_host_sum(plan->batch, loss);  /* the global mean: every rank's share */
+    return loss;
+}
+
 run_clock run_train(const run_options *o, llama_model *model, const char *label, const char *csv_path) {
     const llama_config *c = &o->model;
     int N = o->batch * c->seq_len;
@@ -392,71 +430,68 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
                                 : llama_create_baseline(c, o->batch, o->seed);
     mem_reset_peaks();   /* the largest allocation seen from here on is the parallel run's own */
     int *tokens = device_alloc_ints(N, MEM_BUFFERS), *targets = device_alloc_ints(N, MEM_BUFFERS);
+    int accum_max = o->accum > 0 ? o->accum : 1;
+    int *host_tokens = malloc((size_t)accum_max * N * sizeof(int)), *host_targets = malloc((size_t)accum_max * N * sizeof(int));
     float *scalar = device_alloc_floats(1, MEM_BUFFERS);
-    /* this rank's rows of the global batch: its data-parallel coordinate's share */
-    const llama_plan *plan = model->plan;
-    comm_group *batch = plan->batch;
-    int rows = model->d.B * (plan->microbatches > 1 ? plan->microbatches : 1);   /* this rank's sequences */
-    size_t rows_offset = (size_t)(batch ? batch->rank : 0) * rows * c->seq_len;
-    /* under context parallelism, only this rank's positions of each of its rows */
-    int *cp_tokens = plan->cp ? device_alloc_ints((size_t)rows * model->d.T, MEM_BUFFERS) : NULL;
-    int *cp_targets = plan->cp ? device_alloc_ints((size_t)rows * model->d.T, MEM_BUFFERS) : NULL;
+    int rows = rank_rows(model);
     if (o->dump_dir) dump_tensors(o, "init.safetensors", false, model);
     FILE *csv = csv_path ? csv_open(csv_path, "step,baseline,parallel") : NULL;
 
     comm_reset_all_stats();
     run_clock clock = {0};
-    for (int step = 1; step <= o->steps; step++) {
+    int accum = o->accum > 0 ? o->accum : 1;
+    int first = o->first_step > 0 ? o->first_step : 1;
+    for (int step = first; step <= o->steps; step++) {
         char beat[32];
         snprintf(beat, sizeof beat, "step %d", step);
         guard_progress(beat);   /* the watchdog's heartbeat (guard.h) */
-        int n_pad, n_valid = run_batch(o, step, tokens, targets, &n_pad);
-        float scale = run_loss_scale(n_valid);   /* 1 / valid targets of the whole batch */
+        int n_pad, n_valid = step_batches(o, step, accum, host_tokens, host_targets, &n_pad);
+        float scale = run_loss_scale(n_valid);   /* 1 / valid targets of the step's whole batch */
+        adamw_config opt = o->opt;
+        if (o->lr_at) opt.lr = (float)o->lr_at(o->lr_ctx, step);
 
-        run_clock_start(&clock);
-        llama_zero_grad(model);
-        float loss;
+        double seconds = 0, t_fb = 0, loss = 0, base_loss = base ? 0 : NAN;
         const float *dh0 = model->dh;
-        const int *my_tokens = tokens + rows_offset, *my_targets = targets + rows_offset;
-        if (plan->cp) {
-            take_context_rows(model, cp_tokens, my_tokens, rows, c->seq_len);
-            take_context_rows(model, cp_targets, my_targets, rows, c->seq_len);
-            my_tokens = cp_tokens;
-            my_targets = cp_targets;
+        if (base) llama_zero_grad(base);
+        for (int micro = 0; micro < accum; micro++) {   /* gradients accumulate over the micro-batches */
+            size_t at = (size_t)micro * N;
+            device_copy_to_device(tokens, host_tokens + at, (size_t)N * sizeof(int));
+            device_copy_to_device(targets, host_targets + at, (size_t)N * sizeof(int));
+            run_clock_start(&clock);
+            if (micro == 0) llama_zero_grad(model);
+            float part = run_forward_backward(model, tokens, targets, scale, true, &dh0);
+            t_fb += run_clock_stop(&clock);
+            loss += part;
+            if (base) {   /* the baseline's half, on the same global batch */
+                base_loss += llama_forward(base, tokens, targets, scale);
+                llama_backward(base);
+            }
         }
-        if (plan->forward_backward) {   /* the plan runs its own schedule (a pipeline) */
-            loss = plan->forward_backward(plan, model, my_tokens, my_targets, scale, &dh0);
-        } else {
-            loss = llama_forward(model, my_tokens, my_targets, scale);
-            llama_backward(model);
-        }
-        double t_fb = run_clock_stop(&clock);
-        if (plan->cp) loss = (float)comm_host_sum(plan->cp, loss);  /* the sequences' rows: every share */
-        if (batch) loss = (float)comm_host_sum(batch, loss);   /* the global mean: every rank's share */
-
-        double base_loss = NAN;
-        if (base) {   /* the baseline's half of the step, on the same global batch */
-            llama_zero_grad(base);
-            base_loss = llama_forward(base, tokens, targets, scale);
-            llama_backward(base);
-        }
-        print_step(step, label, loss, base_loss, n_pad, 1e3 * t_fb);
+        seconds += t_fb;
+        if (!o->after_step || base) print_step(step, label, loss, base_loss, n_pad, 1e3 * t_fb);
         csv_row(csv, "%d,%.9g,%.9g", step, base_loss, loss);
+        /* (with accumulation the gradients are compared; dX is the last micro-batch's) */
         if (o->check) compare_step(o, step, loss, base_loss, model, dh0, rows, base);
         if (o->dump_dir) {
             if (step == 1) dump_tensors(o, "grads_1.safetensors", true, model);
-            dump_require(o, root ? dump_loss(o->dump_dir, step, loss) : 0);
+            dump_require(o, root ? dump_loss(o->dump_dir, step, loss, o->lr_at ? opt.lr : NAN) : 0);
         }
 
         run_clock_start(&clock);
-        if (o->opt.clip_grad_norm > 0) {
-            double norm = clip_grad_norm(model, comm_world(), o->opt.clip_grad_norm, scalar);
+        double norm = NAN;
+        if (o->opt.clip_grad_norm > 0 || o->after_step) {
+            norm = clip_grad_norm(model, comm_world(), o->opt.clip_grad_norm, scalar);
             double base_norm = base ? clip_grad_norm(base, NULL, o->opt.clip_grad_norm, NULL) : NAN;
-            log0("         grad norm %.6g (baseline %.6g), clipped to %g\n", norm, base_norm, o->opt.clip_grad_norm);
+            if (o->opt.clip_grad_norm > 0 && !o->after_step)
+                log0("         grad norm %.6g (baseline %.6g), clipped to %g\n", norm, base_norm, o->opt.clip_grad_norm);
         }
-        llama_adamw_step(model, &o->opt, step);
-        run_clock_stop(&clock);
-        if (base) llama_adamw_step(base, &o->opt, step);
+        llama_adamw_step(model, &opt, step);
+        seconds += run_clock_stop(&clock);
+        if (base) llama_adamw_step(base, &opt, step);
+        if (o->after_step) {
+            run_step s = {step, loss, opt.lr, norm, seconds, (long long)accum * N};
+            o->after_step(o->after_ctx, model, &s);
+        }
     }
     csv_close(csv);
     if (o->check && !o->judge_first_step_only) compare_params(o, model, base);
@@ -465,10 +500,10 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
     if (o->dump_dir) dump_require(o, root ? dump_commit() : 0);   /* the finished dump, in one rename */
     llama_free(base);
     device_free(tokens);
-    device_free(cp_tokens);
-    device_free(cp_targets);
     device_free(targets);
     device_free(scalar);
+    free(host_tokens);
+    free(host_targets);
     return clock;
 }
 

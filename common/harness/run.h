@@ -17,6 +17,8 @@
 
 C_BEGIN
 
+struct run_step;   /* below: what after_step receives */
+
 typedef struct {
     llama_config model;
     adamw_config opt;
@@ -43,7 +45,34 @@ typedef struct {
      * and not judged (chapter 07: a cast landed on the neighbouring code; NULL: always judged). */
     const char *(*step1_grads_unjudged)(const void *ctx);
     const void *step1_ctx;
+    /* A trainer (chapter 08) around the same loop; every field 0 gives the chapters' default.
+     *   next_batch    the global batch [B, T] of (step, micro) on the host, tokens and targets;
+     *                 returns the count of padded targets (NULL: the synthetic batches, data.h)
+     *   lr_at         the learning rate of step's update (NULL: opt.lr every step); written as
+     *                 the third column of the dump's losses.txt
+     *   accum         micro-batches per optimizer step (gradient accumulation; 0: 1): the step's
+     *                 loss is the mean over the valid targets of all of them, and the dump's
+     *                 batch_K holds them one after the other, [accum B, T]
+     *   first_step    the first step to run (a resumed run: the checkpoint's step + 1; 0: 1)
+     *   after_step    called on every rank after each optimizer step (metrics, evaluation,
+     *                 checkpoints)                                                           */
+    int (*next_batch)(const void *ctx, int step, int micro, int *tokens, int *targets, int B, int T);
+    double (*lr_at)(const void *ctx, int step);
+    int accum, first_step;
+    void (*after_step)(void *ctx, llama_model *m, const struct run_step *s);
+    const void *data_ctx, *lr_ctx;
+    void *after_ctx;
 } run_options;
+
+/* What after_step receives about the step just taken. */
+typedef struct run_step {
+    int step;
+    double loss;             /* the step's mean loss over its valid targets, every rank        */
+    double lr;               /* the learning rate its update used                               */
+    double grad_norm;        /* the global gradient norm before clipping (NAN when not computed) */
+    double seconds;          /* wall time of the step's forward, backward and update            */
+    long long tokens;        /* the global batch's tokens, accum x batch x seq_len              */
+} run_step;
 
 /* getopt_long codes of the shared flags (above any single-character option). */
 enum {
@@ -97,11 +126,17 @@ void run_apply_fault(const run_options *o, llama_plan *plan);
  * when run_train ends; a failure leaves DIR as it was). Collective. */
 llama_model *run_model(const run_options *o, const llama_plan *plan);
 
-/* The step's global batch (data.h), copied to the device (and written to --dump DIR).
- * Returns the count of valid targets; *n_pad receives the count of padded ones. */
-int run_batch(const run_options *o, int step, int *tokens_dev, int *targets_dev, int *n_pad);
 /* 1 / the global count of valid targets; 0 valid targets give 0 (loss 0, zero gradients). */
 float run_loss_scale(int n_valid);
+
+/* This rank's share of the global batch tokens, targets [batch, T] (device) through the model:
+ * its data-parallel rows, its context-parallel positions of them; the forward, and the backward
+ * when `backward` (a plan that schedules the step itself, a pipeline, always runs both). Returns
+ * the batch's loss, every rank's share summed (the token losses times loss_scale), the same on
+ * every rank; *dh0 (if not NULL) receives d loss / d h0 of this rank's rows (see compare_step).
+ * Collective. */
+float run_forward_backward(llama_model *model, const int *tokens, const int *targets, float loss_scale,
+                           bool backward, const float **dh0);
 
 /* The parallel model's own time: wall seconds between start and stop (synchronised with the
  * device), and the part of them spent inside counted collectives. The baseline and the checks

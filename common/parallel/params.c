@@ -138,9 +138,12 @@ unit_weights param_unit(const param_table *t, float *block, int u) {
     return w;
 }
 
+size_t param_block_numel(const param_table *t, const float *block) {
+    return param_storage_of(t, block) == STORE_SHARD ? t->shard_numel : t->whole_numel;
+}
+
 void param_zero_grads(param_table *t) {
-    size_t n = t->storage[PARAM_GRADS] == STORE_SHARD ? t->shard_numel : t->whole_numel;
-    device_zero(t->grads, n * sizeof(float));
+    device_zero(t->grads, param_block_numel(t, t->grads) * sizeof(float));
 }
 
 void param_adamw_step(param_table *t, const adamw_config *o, int step) {

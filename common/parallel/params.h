@@ -112,6 +112,8 @@ unit_weights param_unit(const param_table *t, float *block, int u);
 /* Floats tensor i occupies in a block (its tp slice, or its padded shard). */
 size_t param_stored_numel(const param_table *t, const float *block, int i);
 
+/* The floats a block holds on this rank (its shard of every tensor, or every tensor whole). */
+size_t param_block_numel(const param_table *t, const float *block);
 void param_zero_grads(param_table *t);
 /* AdamW is element-wise: each rank updates the slices it holds. Replicated tensors receive
  * identical gradients on every rank that holds them, so their copies stay identical. For a

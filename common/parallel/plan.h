@@ -159,10 +159,13 @@ struct llama_plan {
     int microbatches;
     float (*forward_backward)(const llama_plan *p, llama_model *m, const int *tokens, const int *targets,
                               float loss_scale, const float **dh0);
-    void *ctx;                     /* the operators' own state (e.g. scratch buffers), or NULL     */
-    void *linear_ctx;              /* the linear operator's own state (chapter 07's scales), apart
-                                    * from ctx so that it composes with a plan that keeps its state
-                                    * there (chapter 04's FSDP, chapter 01's TP): NULL by default  */
+    /* Each technique keeps its own state in its own field, so that techniques compose on one
+     * plan (chapter 08 applies them all): NULL where the technique is not applied.            */
+    void *sp_ctx;                  /* chapter 03: sequence parallelism and activation checkpointing */
+    void *dp_ctx;                  /* chapter 04: data parallelism (DDP ... FSDP)                   */
+    void *pp_ctx;                  /* chapter 05: the pipeline schedule                             */
+    void *cp_ctx;                  /* chapter 06: context parallelism                               */
+    void *linear_ctx;              /* chapter 07: the float8 linear operator's scales               */
 };
 
 /* Does the plan's rank hold the tensor of `kind` in `layer` (-1: outside the layers)? */
