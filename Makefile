@@ -125,6 +125,8 @@ $(foreach c,$(CHAPTERS),$(eval $(call chapter_rule,$(c),cuda)))
 TEST_LINKS_test_schedule := 05_pipeline/schedule.c
 TEST_LINKS_test_ring_attention := 06_context_parallel/context_parallel.c
 TEST_LINKS_test_float8_linear := 07_float8/float8_linear.c
+TEST_LINKS_test_checkpoint := 00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c 04_fsdp/data_parallel.c \
+                              05_pipeline/pipeline.c 05_pipeline/schedule.c 08_full_trainer/checkpoint.c
 
 define test_rule
 $(BUILD_ROOT)/$(2)/tests/$(1): $(BUILD_ROOT)/$(2)/tests/$(1).o $(patsubst %.c,$(BUILD_ROOT)/$(2)/%.o,$(TEST_LINKS_$(1))) $(BUILD_ROOT)/$(2)/libcommon.a

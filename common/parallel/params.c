@@ -152,10 +152,9 @@ void param_adamw_step(param_table *t, const adamw_config *o, int step) {
                o->weight_decay, step);
 }
 
-/* The slice of tensor x this rank holds in `block`, in the global tensor's coordinates, and where
- * its data starts; false when this rank is not the one to send it (see param_gather). */
-static bool held_slice(const param_table *t, const float *block, int i, int *r0, int *nr, int *c0,
-                       int *nc, size_t *offset) {
+/* See params.h. */
+bool param_held_slice(const param_table *t, const float *block, int i, int *r0, int *nr, int *c0, int *nc,
+                      size_t *offset) {
     const param_tensor *x = &t->t[i];
     block_storage st = param_storage_of(t, block);
     bool dp_split = st != STORE_WHOLE;
@@ -176,12 +175,37 @@ static bool held_slice(const param_table *t, const float *block, int i, int *r0,
     return true;
 }
 
+bool param_stored_slice(const param_table *t, const float *block, int i, int *r0, int *nr, int *c0, int *nc,
+                        size_t *offset) {
+    const param_tensor *x = &t->t[i];
+    if (!x->here) return false;
+    *r0 = x->r0; *nr = x->nr; *c0 = x->c0; *nc = x->nc;
+    if (param_storage_of(t, block) != STORE_SHARD) { *offset = x->offset_whole; return true; }
+    *offset = x->offset_shard;
+    if (x->spec.is_vector) { *c0 += x->own_first; *nc = x->own_units; }
+    else { *r0 += x->own_first; *nr = x->own_units; }
+    return true;
+}
+
+void param_scatter(param_table *t, float *block, int i, const float *src, int src_r0, int src_c0, size_t src_ld) {
+    int r0, nr, c0, nc;
+    size_t off;
+    if (!param_stored_slice(t, block, i, &r0, &nr, &c0, &nc, &off)) return;
+    size_t stored = param_stored_numel(t, block, i);   /* the slice, then a shard's zero padding */
+    float *host = calloc(stored + 1, sizeof(float));
+    for (int row = 0; row < nr; row++)
+        memcpy(host + (size_t)row * nc, src + (size_t)(r0 - src_r0 + row) * src_ld + (size_t)(c0 - src_c0),
+               (size_t)nc * sizeof(float));
+    device_copy_to_device(block + off, host, stored * sizeof(float));
+    free(host);
+}
+
 double param_grad_sq_held(const param_table *t) {
     double sum = 0;
     for (int i = 0; i < t->n; i++) {
         int r0, nr, c0, nc;
         size_t off;
-        if (!held_slice(t, t->grads, i, &r0, &nr, &c0, &nc, &off)) continue;
+        if (!param_held_slice(t, t->grads, i, &r0, &nr, &c0, &nc, &off)) continue;
         size_t n = (size_t)nr * nc;
         float *g = malloc(n * sizeof(float) + 1);
         device_copy_to_host(g, t->grads + off, n * sizeof(float));
@@ -197,11 +221,14 @@ void param_scale_grads(param_table *t, float coef) {
 }
 
 void param_gather(const param_table *t, int i, bool grad, float *full) {
+    param_gather_block(t, grad ? t->grads : t->params, i, full);
+}
+
+void param_gather_block(const param_table *t, const float *block, int i, float *full) {
     const param_tensor *x = &t->t[i];
-    float *block = grad ? t->grads : t->params;
     int r0, nr, c0, nc;
     size_t off;
-    bool holds = held_slice(t, block, i, &r0, &nr, &c0, &nc, &off);
+    bool holds = param_held_slice(t, block, i, &r0, &nr, &c0, &nc, &off);
     size_t n = holds ? (size_t)nr * nc : 0;
     if (!t->mesh) {                               /* one device: the slice is the tensor */
         device_copy_to_host(full, block + off, n * sizeof(float));

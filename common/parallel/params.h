@@ -133,5 +133,28 @@ void param_scale_grads(param_table *t, float coef);
  * `full` may be NULL on other ranks. Collective over the world; for checking and exporting, so
  * not counted as traffic. */
 void param_gather(const param_table *t, int i, bool grad, float *full);
+/* The same for any of the four blocks (t->params, t->grads, t->adam_m, t->adam_v). */
+void param_gather_block(const param_table *t, const float *block, int i, float *full);
+
+/* The slice of tensor i that this rank is the one to send from `block` (param_gather) or to write
+ * (a checkpoint, chapter 08): the slice it stores, in the global tensor's coordinates (rows
+ * [r0, r0+nr) x columns [c0, c0+nc); a sharded block's: its dp shard's real rows, or elements of
+ * a vector), and where its data starts in the block (*offset, floats; row-major [nr, nc]).
+ * False when another rank is that one: every element of every tensor is held by exactly one rank
+ * of the world (a rank whose coordinates are 0 in every dimension of the mesh that does not split
+ * the tensor in this block), or when the tensor is another pipeline stage's. */
+bool param_held_slice(const param_table *t, const float *block, int i, int *r0, int *nr, int *c0, int *nc,
+                      size_t *offset);
+/* The part of tensor i this rank stores in `block`, whether or not it is the one to send it (every
+ * copy: over dp_replicate, cp, and dp_shard for a block stored whole): its tp slice, or its dp
+ * shard's real rows (elements) when the block is sharded; same coordinates and offset as above.
+ * The padding of a shard follows the slice. False for another pipeline stage's tensor. */
+bool param_stored_slice(const param_table *t, const float *block, int i, int *r0, int *nr, int *c0, int *nc,
+                        size_t *offset);
+/* The inverse: writes this rank's stored part of tensor i in `block` (param_stored_slice; the
+ * padding of a shard zeroed; nothing for another stage's tensor) from host memory holding a window
+ * of the full [rows, cols] tensor that covers it: src is element (src_r0, src_c0) of the full
+ * tensor, its rows src_ld floats apart. The full tensor itself: (full, 0, 0, cols). */
+void param_scatter(param_table *t, float *block, int i, const float *src, int src_r0, int src_c0, size_t src_ld);
 
 C_END

@@ -1,0 +1,867 @@
+/* checkpoint.c: see checkpoint.h; the layout and the index are described in CHECKPOINTS.md.
+ *
+ * Save, on every rank:  the pieces this rank holds (param_held_slice) -> rank_<r>.safetensors
+ *                       in DIR/step_N.tmp.<pid>; rank 0 gathers every rank's list of pieces and
+ *                       writes index.json; once all have finished, rank 0 renames the directory
+ *                       to DIR/step_N and replaces DIR/latest.
+ * Load, on every rank:  the index -> for each block and tensor, the rectangle of the global tensor
+ *                       this rank stores (param_stored_slice), filled from the pieces that overlap
+ *                       it, file by file -> param_scatter into the rank's own layout.
+ *
+ * Only the host touches the files, and the device only through device.h's copies (of each held
+ * slice here, and inside param_scatter), so the same code serves both backends.
+ */
+#include "checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "device.h"
+#include "log.h"
+#include "mesh.h"
+#include "params.h"
+#include "safetensors.h"
+
+#define CKPT_FORMAT "llama-tutorial-checkpoint"
+#define CKPT_VERSION 1
+#define CKPT_NBLOCKS 3
+/* The blocks a checkpoint holds, as they are named in the files and the index. */
+static const char *const block_name[CKPT_NBLOCKS] = {"value", "adam_m", "adam_v"};
+static float *block_of(const param_table *t, int b) { return b == 0 ? t->params : b == 1 ? t->adam_m : t->adam_v; }
+
+/* ---------------------------------------------------------------- errors */
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* Every rank's verdict, agreed: rc 0 (ok) or -1 (failed, with its reason in err). Returns -1 on
+ * every rank when any rank failed; rank 0's err then holds the reason of the lowest failing rank
+ * (sent over the host helpers, only on this error path). Collective over the world. */
+static int agree(int rc, char *err, size_t errlen) {
+    comm_group *w = comm_world();
+    int first = (int)-comm_host_max(w, rc != 0 ? -(double)w->rank : -(double)w->size);
+    if (first >= w->size) return 0;
+    enum { MSG = 512 };
+    float mine[MSG] = {0};
+    if (w->rank == first && err)
+        for (size_t k = 0; k < MSG - 1 && k + 1 < errlen && err[k]; k++) mine[k] = (float)(unsigned char)err[k];
+    float *all = w->rank == 0 ? malloc(sizeof(float) * MSG * w->size) : NULL;
+    comm_host_gather(w, mine, all, MSG, 0);
+    if (w->rank == 0 && first != 0) {
+        char msg[MSG];
+        for (int k = 0; k < MSG; k++) msg[k] = (char)all[(size_t)first * MSG + k];
+        msg[MSG - 1] = 0;
+        fail(err, errlen, "(rank %d) %s", first, msg);
+    } else if (w->rank != first) {
+        fail(err, errlen, "rank %d failed (rank 0 says why)", first);
+    }
+    free(all);
+    return -1;
+}
+
+/* ---------------------------------------------------------------- files */
+
+static char *join(const char *a, const char *b) {
+    char *p = NULL;
+    return asprintf(&p, "%s/%s", a, b) < 0 ? NULL : p;
+}
+
+/* The path without trailing slashes (a copy; "/" stays "/"). */
+static char *trimmed_dir(const char *dir) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    return strndup(dir, n);
+}
+
+/* fsync of a file or a directory: the data, or the names in it, on disk before the next rename
+ * publishes them. 0 or -1 (errno). */
+static int sync_path(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    errno = e;
+    return rc;
+}
+
+/* The whole file as a NUL-terminated string (malloc'd), or NULL (errno). */
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n < cap - 1) break;
+        char *bigger = realloc(buf, 2 * cap);
+        if (!bigger) { free(buf); buf = NULL; break; }
+        buf = bigger;
+        cap *= 2;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf) { errno = ENOMEM; return NULL; }
+    if (bad) { free(buf); errno = EIO; return NULL; }
+    buf[n] = 0;
+    return buf;
+}
+
+/* Writes text to path.tmp, syncs it, renames it to path. 0, or -1 with err. */
+static int write_text_atomic(const char *path, const char *text, char *err, size_t errlen) {
+    char *tmp = NULL;
+    if (asprintf(&tmp, "%s.tmp", path) < 0) return fail(err, errlen, "out of memory");
+    FILE *f = fopen(tmp, "w");
+    int rc = 0;
+    if (!f) rc = fail(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+    else {
+        bool ok = fputs(text, f) >= 0 && fflush(f) == 0 && fsync(fileno(f)) == 0;
+        int e = errno;
+        if (fclose(f) != 0 && ok) { ok = false; e = errno; }
+        if (!ok) rc = fail(err, errlen, "cannot write %s: %s", tmp, strerror(e));
+        else if (rename(tmp, path) != 0) rc = fail(err, errlen, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        if (rc) unlink(tmp);
+    }
+    free(tmp);
+    return rc;
+}
+
+/* The names a checkpoint directory holds: index.json, rank_<r>.safetensors (and the writers'
+ * "<name>.tmp" while they write). */
+static bool is_checkpoint_file(const char *name) {
+    size_t n = strlen(name);
+    if (n > 4 && strcmp(name + n - 4, ".tmp") == 0) n -= 4;
+    if (n == 10 && strncmp(name, "index.json", 10) == 0) return true;
+    if (n <= 17 || strncmp(name, "rank_", 5) != 0 || strncmp(name + n - 12, ".safetensors", 12) != 0) return false;
+    for (size_t k = 5; k < n - 12; k++)
+        if (name[k] < '0' || name[k] > '9') return false;
+    return true;
+}
+
+/* Removes a checkpoint directory: its checkpoint files, then the directory (which stays, with
+ * anything else in it, when something else is there). */
+static void remove_checkpoint_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!is_checkpoint_file(e->d_name)) continue;
+        char *p = join(path, e->d_name);
+        if (p) unlink(p);
+        free(p);
+    }
+    closedir(d);
+    rmdir(path);
+}
+
+/* The leftovers of saves that never finished (a crash before their rename): DIR/step_*.tmp.*
+ * directories and DIR/latest.tmp files. One run writes into a DIR at a time. */
+static void remove_leftovers(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char *p = NULL;
+        if (strncmp(e->d_name, "step_", 5) == 0 && strstr(e->d_name, ".tmp.")) {
+            if ((p = join(dir, e->d_name))) remove_checkpoint_dir(p);
+        } else if (strcmp(e->d_name, "latest.tmp") == 0) {
+            if ((p = join(dir, e->d_name))) unlink(p);
+        }
+        free(p);
+    }
+    closedir(d);
+}
+
+/* "step_" followed by 8 or more digits, the number in *step. */
+static bool parse_step_name(const char *s, int *step) {
+    if (strncmp(s, "step_", 5) != 0) return false;
+    size_t n = strlen(s + 5);
+    if (n < 8 || n > 9) return false;
+    long v = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (s[5 + k] < '0' || s[5 + k] > '9') return false;
+        v = 10 * v + (s[5 + k] - '0');
+    }
+    *step = (int)v;
+    return true;
+}
+
+/* ---------------------------------------------------------------- the index */
+
+/* A piece: rows [r0, r0+nr) x columns [c0, c0+nc) of a tensor's block, in file `file`
+ * (the table's coordinates: a vector is row 0 of [1, D]). */
+typedef struct { int i, b, r0, nr, c0, nc, file; } piece;
+enum { PIECE_FIELDS = 6 };   /* i, b, r0, nr, c0, nc: as floats in the gather */
+
+static cJSON *json_float(float v) {   /* %.9g: the exact float, read back */
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.9g", (double)v);
+    return cJSON_CreateRaw(buf);
+}
+
+static cJSON *int_pair(int a, int b, bool vector) {
+    cJSON *arr = cJSON_CreateArray();
+    if (!vector) cJSON_AddItemToArray(arr, cJSON_CreateNumber(a));
+    cJSON_AddItemToArray(arr, cJSON_CreateNumber(b));
+    return arr;
+}
+
+static const char *storage_name(block_storage s) {
+    return s == STORE_SHARD ? "shard" : s == STORE_WHOLE ? "whole" : "whole_shard_valid";
+}
+
+/* The index as text for a person too: one line per setting, per tensor's shape, per piece. */
+static char *format_index(const cJSON *root) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return NULL;
+    fputs("{\n", f);
+    for (const cJSON *item = root->child; item; item = item->next) {
+        fprintf(f, "  \"%s\": ", item->string);
+        if (strcmp(item->string, "tensors") != 0) {
+            char *v = cJSON_PrintUnformatted(item);
+            fputs(v ? v : "null", f);
+            cJSON_free(v);
+        } else {
+            fputs("{\n", f);
+            for (const cJSON *x = item->child; x; x = x->next) {
+                fprintf(f, "    \"%s\": {\n", x->string);
+                for (const cJSON *field = x->child; field; field = field->next) {
+                    fprintf(f, "      \"%s\": ", field->string);
+                    if (cJSON_IsArray(field) && cJSON_IsObject(field->child)) {   /* a list of pieces */
+                        fputs("[\n", f);
+                        for (const cJSON *pc = field->child; pc; pc = pc->next) {
+                            char *v = cJSON_PrintUnformatted(pc);
+                            fprintf(f, "        %s%s\n", v ? v : "null", pc->next ? "," : "");
+                            cJSON_free(v);
+                        }
+                        fputs("      ]", f);
+                    } else {
+                        char *v = cJSON_PrintUnformatted(field);
+                        fputs(v ? v : "null", f);
+                        cJSON_free(v);
+                    }
+                    fputs(field->next ? ",\n" : "\n", f);
+                }
+                fprintf(f, "    }%s\n", x->next ? "," : "");
+            }
+            fputs("  }", f);
+        }
+        fputs(item->next ? ",\n" : "\n", f);
+    }
+    fputs("}\n", f);
+    if (fclose(f) != 0) { free(text); return NULL; }
+    return text;
+}
+
+/* The index (rank 0): everything a reader needs without knowing the writer's mesh.
+ * all: every rank's pieces as gathered, `most` per rank. */
+static char *index_json(const llama_model *m, const checkpoint_meta *meta, const float *all, int most, int world) {
+    const param_table *t = m->params;
+    const llama_config *c = &m->c;
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "format", CKPT_FORMAT);
+    cJSON_AddNumberToObject(root, "version", CKPT_VERSION);
+    cJSON_AddNumberToObject(root, "step", meta->step);
+    char seed[32];
+    snprintf(seed, sizeof seed, "%" PRIu64, meta->seed);
+    cJSON_AddStringToObject(root, "seed", seed);   /* (a string: a JSON number holds 53 bits) */
+    cJSON_AddStringToObject(root, "trainer", meta->trainer_json);
+
+    cJSON *model = cJSON_AddObjectToObject(root, "model");
+    cJSON_AddNumberToObject(model, "dim", c->dim);
+    cJSON_AddNumberToObject(model, "n_layers", c->n_layers);
+    cJSON_AddNumberToObject(model, "n_heads", c->n_heads);
+    cJSON_AddNumberToObject(model, "n_kv_heads", c->n_kv_heads);
+    cJSON_AddNumberToObject(model, "ffn_dim", c->ffn_dim);
+    cJSON_AddNumberToObject(model, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(model, "seq_len", c->seq_len);
+    cJSON_AddItemToObject(model, "norm_eps", json_float(c->norm_eps));
+    cJSON_AddItemToObject(model, "rope_theta", json_float(c->rope_theta));
+
+    /* the writer's mesh and storage: for the reader's information, loading does not need them */
+    cJSON_AddNumberToObject(root, "world_size", world);
+    cJSON *mesh = cJSON_AddObjectToObject(root, "mesh");
+    for (int d = 0; d < MESH_NDIMS; d++)
+        cJSON_AddNumberToObject(mesh, mesh_dim_name(d), t->mesh ? t->mesh->shape.degree[d] : 1);
+    cJSON *storage = cJSON_AddObjectToObject(root, "storage");
+    for (int b = 0; b < CKPT_NBLOCKS; b++)
+        cJSON_AddStringToObject(storage, block_name[b], storage_name(param_storage_of(t, block_of(t, b))));
+
+    cJSON *files = cJSON_AddArrayToObject(root, "files");
+    for (int q = 0; q < world; q++) {
+        if (all[(size_t)q * most * PIECE_FIELDS] < 0 || most == 0) continue;   /* rank q holds nothing */
+        char name[32];
+        snprintf(name, sizeof name, "rank_%05d.safetensors", q);
+        cJSON_AddItemToArray(files, cJSON_CreateString(name));
+    }
+    cJSON *tensors = cJSON_AddObjectToObject(root, "tensors");
+    for (int i = 0; i < t->n; i++) {
+        const param_spec *s = &t->t[i].spec;
+        cJSON *x = cJSON_AddObjectToObject(tensors, s->name);
+        cJSON_AddItemToObject(x, "shape", int_pair(s->rows, s->cols, s->is_vector));
+        for (int b = 0; b < CKPT_NBLOCKS; b++) {
+            cJSON *list = cJSON_AddArrayToObject(x, block_name[b]);
+            for (int q = 0; q < world; q++)
+                for (int k = 0; k < most; k++) {
+                    const float *p = all + ((size_t)q * most + k) * PIECE_FIELDS;
+                    if (p[0] < 0) break;
+                    if ((int)p[0] != i || (int)p[1] != b) continue;
+                    char file[32];
+                    snprintf(file, sizeof file, "rank_%05d.safetensors", q);
+                    cJSON *pc = cJSON_CreateObject();
+                    cJSON_AddStringToObject(pc, "file", file);
+                    cJSON_AddItemToObject(pc, "offsets", int_pair((int)p[2], (int)p[4], s->is_vector));
+                    cJSON_AddItemToObject(pc, "sizes", int_pair((int)p[3], (int)p[5], s->is_vector));
+                    cJSON_AddItemToArray(list, pc);
+                }
+        }
+    }
+    char *text = format_index(root);
+    cJSON_Delete(root);
+    return text;
+}
+
+/* ---------------------------------------------------------------- save */
+
+/* This rank's file: every slice it holds of the three blocks. Appends the pieces to *pieces
+ * (PIECE_FIELDS floats each) and counts them in *n. 0, or -1 with err. */
+static int write_rank_file(const char *tmp_dir, const param_table *t, float **pieces, int *n, char *err,
+                           size_t errlen) {
+    comm_group *w = comm_world();
+    *n = 0;
+    *pieces = NULL;
+    if (!t->mesh && w->rank != 0) return 0;   /* a single-device model on every rank: rank 0's copy */
+    for (int i = 0; i < t->n; i++) {   /* the gather below moves the pieces' bounds as floats */
+        const param_spec *s = &t->t[i].spec;
+        if (s->rows >= (1 << 24) || s->cols >= (1 << 24))
+            return fail(err, errlen, "checkpoint: %s is [%d, %d]: the index holds dimensions below 2^24", s->name,
+                        s->rows, s->cols);
+    }
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/rank_%05d.safetensors", tmp_dir, w->rank) >= (int)sizeof path)
+        return fail(err, errlen, "checkpoint: the path %s/rank_%05d.safetensors is too long", tmp_dir, w->rank);
+    st_writer *wr = NULL;
+    int cap = 0;
+    for (int b = 0; b < CKPT_NBLOCKS; b++) {
+        float *block = block_of(t, b);
+        for (int i = 0; i < t->n; i++) {
+            int r0, nr, c0, nc;
+            size_t off;
+            if (!param_held_slice(t, block, i, &r0, &nr, &c0, &nc, &off) || (size_t)nr * nc == 0) continue;
+            const param_spec *s = &t->t[i].spec;
+            if (!wr) wr = st_writer_new();
+            size_t count = (size_t)nr * nc;
+            float *host = malloc(count * sizeof(float));
+            device_copy_to_host(host, block + off, count * sizeof(float));
+            char name[128];
+            snprintf(name, sizeof name, "%s/%s", s->name, block_name[b]);
+            int64_t shape[2] = {nr, nc};
+            if (s->is_vector) st_writer_add(wr, name, "F32", &shape[1], 1, host);
+            else st_writer_add(wr, name, "F32", shape, 2, host);
+            free(host);
+            if (*n == cap) {
+                cap = cap ? 2 * cap : 64;
+                *pieces = realloc(*pieces, (size_t)cap * PIECE_FIELDS * sizeof(float));
+            }
+            float *p = *pieces + (size_t)*n * PIECE_FIELDS;
+            p[0] = (float)i; p[1] = (float)b; p[2] = (float)r0; p[3] = (float)nr; p[4] = (float)c0; p[5] = (float)nc;
+            (*n)++;
+        }
+    }
+    if (!wr) return 0;
+    st_writer_meta(wr, "format", CKPT_FORMAT " shard");
+    int rc = st_writer_save(wr, path, err, errlen);
+    if (rc == 0 && sync_path(path) != 0) rc = fail(err, errlen, "cannot sync %s: %s", path, strerror(errno));
+    return rc;
+}
+
+/* Rank 0: publishes tmp as final (replacing an older final of the same name), then DIR/latest. */
+static int commit(const char *dir, const char *tmp, const char *final, const char *name, char *err, size_t errlen) {
+    if (sync_path(tmp) != 0) return fail(err, errlen, "cannot sync %s: %s", tmp, strerror(errno));
+    struct stat st;
+    int rc;
+    if (stat(final, &st) != 0) {
+        rc = rename(tmp, final);
+    } else {   /* swap the two in one step, then remove the old one (now under the tmp name) */
+        rc = renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE);
+        if (rc != 0 && (errno == EINVAL || errno == ENOSYS)) {   /* no RENAME_EXCHANGE here */
+            char *old = NULL;
+            if (asprintf(&old, "%s.old", tmp) < 0) return fail(err, errlen, "out of memory");
+            rc = rename(final, old);
+            if (rc == 0 && (rc = rename(tmp, final)) != 0) rename(old, final);
+            if (rc == 0) remove_checkpoint_dir(old);
+            free(old);
+        } else if (rc == 0) {
+            remove_checkpoint_dir(tmp);
+        }
+    }
+    if (rc != 0) return fail(err, errlen, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
+    sync_path(dir);
+    char *latest = join(dir, "latest"), text[64];
+    snprintf(text, sizeof text, "%s\n", name);
+    rc = latest ? write_text_atomic(latest, text, err, errlen) : fail(err, errlen, "out of memory");
+    free(latest);
+    if (rc == 0 && sync_path(dir) != 0) rc = fail(err, errlen, "cannot sync %s: %s", dir, strerror(errno));
+    return rc;
+}
+
+int checkpoint_save(const char *dir, const llama_model *m, const checkpoint_meta *meta, char *err, size_t errlen) {
+    comm_group *w = comm_world();
+    const param_table *t = m->params;
+    bool root = w->rank == 0;
+    if (err && errlen) err[0] = 0;
+    if (!dir || !dir[0]) return fail(err, errlen, "checkpoint: the directory is empty: expected a path");
+    if (meta->step < 0) return fail(err, errlen, "checkpoint: step %d: expected 0 or more", meta->step);
+
+    /* ---- rank 0 prepares DIR/step_N.tmp.<pid> (its pid, known to all) ---- */
+    long pid = (long)comm_host_max(w, root ? (double)getpid() : 0.0);
+    char name[32];
+    snprintf(name, sizeof name, "step_%08d", meta->step);
+    char *d = trimmed_dir(dir), *final = join(d, name), *tmp = NULL;
+    if (!final || asprintf(&tmp, "%s.tmp.%ld", final, pid) < 0) tmp = NULL;
+    int rc = 0;
+    if (!d || !final || !tmp) rc = fail(err, errlen, "out of memory");
+    if (rc == 0 && root) {
+        errno = 0;
+        if (make_dirs(d) != 0) rc = fail(err, errlen, "checkpoint: cannot create the directory %s: %s", d, strerror(errno));
+        if (rc == 0) remove_leftovers(d);
+        if (rc == 0 && mkdir(tmp, 0755) != 0)
+            rc = fail(err, errlen, "checkpoint: cannot create %s: %s", tmp, strerror(errno));
+    }
+    rc = agree(rc, err, errlen);
+
+    /* ---- every rank: its own file ---- */
+    float *mine = NULL;
+    int n = 0;
+    if (rc == 0) {
+        rc = write_rank_file(tmp, t, &mine, &n, err, errlen);
+        rc = agree(rc, err, errlen);
+    }
+
+    /* ---- rank 0: the index, from every rank's list of pieces ---- */
+    if (rc == 0) {
+        int most = (int)comm_host_max(w, n);
+        size_t per = (size_t)most * PIECE_FIELDS + 1;
+        float *send = malloc(per * sizeof(float)), *all = root ? malloc(per * w->size * sizeof(float)) : NULL;
+        for (size_t k = 0; k < per; k++) send[k] = -1.0f;
+        if (n) memcpy(send, mine, (size_t)n * PIECE_FIELDS * sizeof(float));
+        comm_host_gather(w, send, all, per, 0);
+        if (root) {
+            /* (gathered with a stride of `per`: compact them to `most` pieces per rank) */
+            for (int q = 0; q < w->size; q++)
+                memmove(all + (size_t)q * most * PIECE_FIELDS, all + (size_t)q * per, (size_t)most * PIECE_FIELDS * sizeof(float));
+            char *text = index_json(m, meta, all, most, w->size), *path = join(tmp, "index.json");
+            rc = text && path ? write_text_atomic(path, text, err, errlen) : fail(err, errlen, "out of memory");
+            free(path);
+            free(text);
+        }
+        free(send);
+        free(all);
+        rc = agree(rc, err, errlen);
+    }
+    free(mine);
+
+    /* The test hook: everything written, nothing renamed (tests/t_checkpoint_crash.sh). */
+    if (rc == 0 && comm_host_max(w, getenv("CKPT_TEST_CRASH_BEFORE_RENAME") ? 1.0 : 0.0) > 0) {
+        fflush(NULL);
+        exit(3);
+    }
+
+    /* ---- rank 0 publishes it: step_N, then latest ---- */
+    if (rc == 0) {
+        if (root) rc = commit(d, tmp, final, name, err, errlen);
+        rc = agree(rc, err, errlen);
+    } else if (root && tmp) {
+        remove_checkpoint_dir(tmp);   /* (every rank has stopped writing: agree came first) */
+    }
+    free(d); free(final); free(tmp);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- load */
+
+/* Rank 0: where the checkpoint is. Returns the step named by DIR/latest (>= 0), -3 when DIR is
+ * itself a step directory, -1 when DIR holds no checkpoint, -2 on error (err). */
+static double locate(const char *dir, char *err, size_t errlen) {
+    struct stat st;
+    if (stat(dir, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) { fail(err, errlen, "checkpoint: %s is not a directory", dir); return -2; }
+    char *index = join(dir, "index.json"), *latest = join(dir, "latest");
+    double where = -1;
+    if (!index || !latest) { fail(err, errlen, "out of memory"); where = -2; }
+    else if (stat(index, &st) == 0) where = -3;
+    else if (stat(latest, &st) == 0) {
+        char *text = slurp(latest);
+        if (!text) { fail(err, errlen, "checkpoint: cannot read %s: %s", latest, strerror(errno)); where = -2; }
+        else {
+            size_t k = strlen(text);
+            while (k > 0 && (text[k - 1] == '\n' || text[k - 1] == ' ' || text[k - 1] == '\r')) text[--k] = 0;
+            int step;
+            if (!parse_step_name(text, &step)) {
+                fail(err, errlen, "checkpoint: %s holds '%.40s', expected step_ and 8 digits", latest, text);
+                where = -2;
+            } else {
+                char *named = join(dir, text), *named_index = named ? join(named, "index.json") : NULL;
+                if (!named_index || stat(named_index, &st) != 0) {
+                    fail(err, errlen, "checkpoint: %s names %s, but %s/%s/index.json does not exist", latest, text,
+                         dir, text);
+                    where = -2;
+                } else {
+                    where = step;
+                }
+                free(named); free(named_index);
+            }
+            free(text);
+        }
+    }
+    free(index); free(latest);
+    return where;
+}
+
+static int json_int(const cJSON *obj, const char *key, int *v) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!cJSON_IsNumber(x) || x->valuedouble != (double)(int)x->valuedouble) return -1;
+    *v = (int)x->valuedouble;
+    return 0;
+}
+
+/* An [offsets] or [sizes] pair of a piece (one number for a vector), as (row, col). */
+static int json_pair(const cJSON *arr, bool vector, int *r, int *c) {
+    int want = vector ? 1 : 2;
+    if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) != want) return -1;
+    int v[2] = {0, 0};
+    for (int k = 0; k < want; k++) {
+        const cJSON *x = cJSON_GetArrayItem(arr, k);
+        if (!cJSON_IsNumber(x) || x->valuedouble != (double)(int)x->valuedouble || x->valuedouble < 0) return -1;
+        v[k] = (int)x->valuedouble;
+    }
+    if (vector) { *r = 0; *c = v[0]; } else { *r = v[0]; *c = v[1]; }
+    return 0;
+}
+
+/* The model of the index against m's: 0, or -1 with the first value that differs named. */
+static int check_model(const cJSON *model, const llama_config *c, const char *where, char *err, size_t errlen) {
+    if (!cJSON_IsObject(model)) return fail(err, errlen, "checkpoint %s: the index has no \"model\"", where);
+    const struct { const char *key; int have; } ints[] = {
+        {"dim", c->dim}, {"n_layers", c->n_layers}, {"n_heads", c->n_heads}, {"n_kv_heads", c->n_kv_heads},
+        {"ffn_dim", c->ffn_dim}, {"vocab_size", c->vocab_size}, {"seq_len", c->seq_len}};
+    for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) {
+        int v;
+        if (json_int(model, ints[k].key, &v) != 0)
+            return fail(err, errlen, "checkpoint %s: the index's model has no integer \"%s\"", where, ints[k].key);
+        if (v != ints[k].have)
+            return fail(err, errlen, "checkpoint %s was written for %s %d; this model has %s %d", where, ints[k].key,
+                        v, ints[k].key, ints[k].have);
+    }
+    const struct { const char *key; float have; } floats[] = {{"norm_eps", c->norm_eps}, {"rope_theta", c->rope_theta}};
+    for (size_t k = 0; k < 2; k++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(model, floats[k].key);
+        if (!cJSON_IsNumber(x))
+            return fail(err, errlen, "checkpoint %s: the index's model has no number \"%s\"", where, floats[k].key);
+        if ((float)x->valuedouble != floats[k].have)
+            return fail(err, errlen, "checkpoint %s was written for %s %.9g; this model has %s %.9g", where,
+                        floats[k].key, (double)(float)x->valuedouble, floats[k].key, (double)floats[k].have);
+    }
+    return 0;
+}
+
+/* Parses and checks the index's pieces against the table: every piece inside its tensor, the
+ * pieces of each block disjoint and covering the tensor exactly, every file among "files".
+ * Fills pieces[] (malloc'd, *n of them) and files[] (*nfiles names, pointing into root). */
+static int read_pieces(const cJSON *root, const param_table *t, const char *where, piece **out, int *n,
+                       const char ***files, int *nfiles, char *err, size_t errlen) {
+    const cJSON *jfiles = cJSON_GetObjectItemCaseSensitive(root, "files");
+    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(root, "tensors");
+    if (!cJSON_IsArray(jfiles) || !cJSON_IsObject(tensors))
+        return fail(err, errlen, "checkpoint %s: the index has no \"files\" list or no \"tensors\"", where);
+    *nfiles = cJSON_GetArraySize(jfiles);
+    *files = calloc((size_t)*nfiles + 1, sizeof **files);
+    for (int f = 0; f < *nfiles; f++) {
+        const char *s = cJSON_GetStringValue(cJSON_GetArrayItem(jfiles, f));
+        if (!s || !is_checkpoint_file(s) || strcmp(s, "index.json") == 0 || strstr(s, ".tmp"))
+            return fail(err, errlen, "checkpoint %s: files[%d] is not a rank_<r>.safetensors name", where, f);
+        (*files)[f] = s;
+    }
+    if (cJSON_GetArraySize(tensors) != t->n)
+        return fail(err, errlen, "checkpoint %s: the index holds %d tensors, this model has %d", where,
+                    cJSON_GetArraySize(tensors), t->n);
+    int cap = 0;
+    *n = 0;
+    *out = NULL;
+    for (int i = 0; i < t->n; i++) {
+        const param_spec *s = &t->t[i].spec;
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(tensors, s->name);
+        int rows, cols;
+        if (!x) return fail(err, errlen, "checkpoint %s: the index has no tensor %s", where, s->name);
+        if (json_pair(cJSON_GetObjectItemCaseSensitive(x, "shape"), s->is_vector, &rows, &cols) != 0 ||
+            (s->is_vector ? 1 : rows) != s->rows || cols != s->cols)
+            return fail(err, errlen, "checkpoint %s: %s's shape in the index is not [%d%s%d]", where, s->name,
+                        s->is_vector ? s->cols : s->rows, s->is_vector ? "" : ", ", s->is_vector ? 0 : s->cols);
+        if (s->is_vector) rows = 1;
+        for (int b = 0; b < CKPT_NBLOCKS; b++) {
+            const cJSON *list = cJSON_GetObjectItemCaseSensitive(x, block_name[b]);
+            if (!cJSON_IsArray(list)) return fail(err, errlen, "checkpoint %s: %s has no \"%s\" list", where, s->name, block_name[b]);
+            int first = *n;
+            double area = 0;
+            const cJSON *pc;
+            cJSON_ArrayForEach(pc, list) {
+                piece p = {i, b, 0, 0, 0, 0, -1};
+                const char *file = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(pc, "file"));
+                for (int f = 0; file && f < *nfiles; f++)
+                    if (strcmp(file, (*files)[f]) == 0) p.file = f;
+                if (p.file < 0 || json_pair(cJSON_GetObjectItemCaseSensitive(pc, "offsets"), s->is_vector, &p.r0, &p.c0) ||
+                    json_pair(cJSON_GetObjectItemCaseSensitive(pc, "sizes"), s->is_vector, &p.nr, &p.nc))
+                    return fail(err, errlen, "checkpoint %s: a piece of %s/%s lacks a listed file, offsets or sizes",
+                                where, s->name, block_name[b]);
+                if (s->is_vector) p.nr = 1;
+                if (p.nr == 0 || p.nc == 0 || (long)p.r0 + p.nr > rows || (long)p.c0 + p.nc > cols)
+                    return fail(err, errlen, "checkpoint %s: a piece of %s/%s (rows %d+%d, columns %d+%d) is empty or "
+                                "outside [%d, %d]", where, s->name, block_name[b], p.r0, p.nr, p.c0, p.nc, rows, cols);
+                for (int k = first; k < *n; k++) {
+                    const piece *q = &(*out)[k];
+                    if (p.r0 < q->r0 + q->nr && q->r0 < p.r0 + p.nr && p.c0 < q->c0 + q->nc && q->c0 < p.c0 + p.nc)
+                        return fail(err, errlen, "checkpoint %s: two pieces of %s/%s overlap", where, s->name, block_name[b]);
+                }
+                area += (double)p.nr * p.nc;
+                if (*n == cap) { cap = cap ? 2 * cap : 256; *out = realloc(*out, (size_t)cap * sizeof **out); }
+                (*out)[(*n)++] = p;
+            }
+            if (area != (double)rows * cols)
+                return fail(err, errlen, "checkpoint %s: the pieces of %s/%s cover %.0f of its %.0f elements", where,
+                            s->name, block_name[b], area, (double)rows * cols);
+        }
+    }
+    return 0;
+}
+
+/* One rectangle this rank stores (param_stored_slice), being filled from the pieces. */
+typedef struct { int r0, nr, c0, nc; float *host; double filled; bool stored; } target;
+
+/* Copies the overlap of piece p (its data `src`, row-major [p.nr, p.nc]) into the target. */
+static void fill(target *x, const piece *p, const unsigned char *src) {
+    int r_lo = p->r0 > x->r0 ? p->r0 : x->r0, r_hi = p->r0 + p->nr < x->r0 + x->nr ? p->r0 + p->nr : x->r0 + x->nr;
+    int c_lo = p->c0 > x->c0 ? p->c0 : x->c0, c_hi = p->c0 + p->nc < x->c0 + x->nc ? p->c0 + p->nc : x->c0 + x->nc;
+    if (r_lo >= r_hi || c_lo >= c_hi) return;
+    for (int r = r_lo; r < r_hi; r++)
+        memcpy(x->host + (size_t)(r - x->r0) * x->nc + (c_lo - x->c0),
+               src + ((size_t)(r - p->r0) * p->nc + (size_t)(c_lo - p->c0)) * sizeof(float),
+               (size_t)(c_hi - c_lo) * sizeof(float));
+    x->filled += (double)(r_hi - r_lo) * (c_hi - c_lo);
+}
+
+static bool overlaps(const target *x, const piece *p) {
+    return x->stored && x->nr > 0 && x->nc > 0 && p->r0 < x->r0 + x->nr && x->r0 < p->r0 + p->nr &&
+           p->c0 < x->c0 + x->nc && x->c0 < p->c0 + p->nc;
+}
+
+/* Every rank: the checkpoint in `path` into m. 0, or -1 with err. */
+static int load_from(const char *path, llama_model *m, checkpoint_meta *meta, char *err, size_t errlen) {
+    param_table *t = m->params;
+    char *index_path = join(path, "index.json");
+    char *text = index_path ? slurp(index_path) : NULL;
+    if (!text) {
+        int rc = fail(err, errlen, "checkpoint: cannot read %s/index.json: %s", path, strerror(errno));
+        free(index_path);
+        return rc;
+    }
+    free(index_path);
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    piece *pieces = NULL;
+    const char **files = NULL;
+    target *targets = NULL;
+    int n = 0, nfiles = 0, rc = 0, version = 0, step = 0;
+    const char *format = root ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "format")) : NULL;
+    const char *seed = root ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "seed")) : NULL;
+    const char *trainer = root ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "trainer")) : NULL;
+    if (!root) rc = fail(err, errlen, "checkpoint %s: index.json is not valid JSON", path);
+    else if (!format || strcmp(format, CKPT_FORMAT) != 0 || json_int(root, "version", &version) || version != CKPT_VERSION)
+        rc = fail(err, errlen, "checkpoint %s: index.json is not a \"%s\" index of version %d", path, CKPT_FORMAT,
+                  CKPT_VERSION);
+    else if (json_int(root, "step", &step) || step < 0 || !seed || !trainer ||
+             strlen(trainer) >= sizeof ((checkpoint_meta *)0)->trainer_json)
+        rc = fail(err, errlen, "checkpoint %s: index.json lacks a valid step, seed or trainer", path);
+    if (rc == 0) rc = check_model(cJSON_GetObjectItemCaseSensitive(root, "model"), &m->c, path, err, errlen);
+    if (rc == 0) rc = read_pieces(root, t, path, &pieces, &n, &files, &nfiles, err, errlen);
+
+    /* the rectangles this rank stores, one per block and tensor */
+    if (rc == 0) {
+        targets = calloc((size_t)CKPT_NBLOCKS * t->n, sizeof *targets);
+        for (int b = 0; b < CKPT_NBLOCKS; b++)
+            for (int i = 0; i < t->n; i++) {
+                target *x = &targets[b * t->n + i];
+                size_t off;
+                x->stored = param_stored_slice(t, block_of(t, b), i, &x->r0, &x->nr, &x->c0, &x->nc, &off);
+                if (x->stored) x->host = malloc((size_t)x->nr * x->nc * sizeof(float) + 1);
+            }
+    }
+    /* file by file, the pieces that overlap them (a file no rectangle needs is not read) */
+    for (int f = 0; rc == 0 && f < nfiles; f++) {
+        bool needed = false;
+        for (int k = 0; k < n && !needed; k++)
+            needed = pieces[k].file == f && overlaps(&targets[pieces[k].b * t->n + pieces[k].i], &pieces[k]);
+        if (!needed) continue;
+        char *fp = join(path, files[f]);
+        st_file sf;
+        if (st_read(fp, &sf, err, errlen) != 0) { free(fp); rc = -1; break; }
+        for (int k = 0; k < n && rc == 0; k++) {
+            const piece *p = &pieces[k];
+            target *x = &targets[p->b * t->n + p->i];
+            if (p->file != f || !overlaps(x, p)) continue;
+            const param_spec *s = &t->t[p->i].spec;
+            char name[128];
+            snprintf(name, sizeof name, "%s/%s", s->name, block_name[p->b]);
+            const st_tensor *st = st_find(&sf, name);
+            bool fits = st && strcmp(st->dtype, "F32") == 0 &&
+                        (s->is_vector ? st->ndim == 1 && st->shape[0] == p->nc
+                                      : st->ndim == 2 && st->shape[0] == p->nr && st->shape[1] == p->nc);
+            if (!fits) rc = fail(err, errlen, "checkpoint %s: %s holds no F32 tensor %s of the index's shape", path,
+                                 files[f], name);
+            else fill(x, p, st->data);
+        }
+        st_free(&sf);
+        free(fp);
+    }
+    /* every rectangle whole (the index's pieces tile each tensor), then into the device */
+    for (int k = 0; rc == 0 && k < CKPT_NBLOCKS * t->n; k++) {
+        const target *x = &targets[k];
+        if (x->stored && x->filled != (double)x->nr * x->nc)
+            rc = fail(err, errlen, "checkpoint %s: %s/%s: the pieces gave %.0f of the %.0f elements this rank stores",
+                      path, t->t[k % t->n].spec.name, block_name[k / t->n], x->filled, (double)x->nr * x->nc);
+    }
+    for (int k = 0; rc == 0 && k < CKPT_NBLOCKS * t->n; k++) {
+        const target *x = &targets[k];
+        if (x->stored) param_scatter(t, block_of(t, k / t->n), k % t->n, x->host, x->r0, x->c0, (size_t)x->nc);
+    }
+    if (rc == 0 && meta) {
+        meta->step = step;
+        meta->seed = strtoull(seed, NULL, 10);
+        snprintf(meta->trainer_json, sizeof meta->trainer_json, "%s", trainer);
+    }
+    for (int k = 0; targets && k < CKPT_NBLOCKS * t->n; k++) free(targets[k].host);
+    free(targets);
+    free(pieces);
+    free(files);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int checkpoint_load(const char *dir, llama_model *m, checkpoint_meta *meta, char *err, size_t errlen) {
+    comm_group *w = comm_world();
+    if (err && errlen) err[0] = 0;
+    if (!dir || !dir[0]) return fail(err, errlen, "checkpoint: the directory is empty: expected a path");
+    char *d = trimmed_dir(dir);
+    /* rank 0 finds it (DIR/latest, read once) and tells the others which step */
+    double where = -1;
+    if (w->rank == 0) where = locate(d, err, errlen);
+    where = comm_host_max(w, w->rank == 0 ? where : -1e300);
+    int rc;
+    if (where == -1) rc = 1;
+    else if (where == -2) rc = agree(w->rank == 0 ? -1 : 0, err, errlen);
+    else {
+        char *path = NULL;
+        if (where == -3) path = strdup(d);
+        else if (asprintf(&path, "%s/step_%08d", d, (int)where) < 0) path = NULL;
+        rc = path ? load_from(path, m, meta, err, errlen) : fail(err, errlen, "out of memory");
+        rc = agree(rc, err, errlen);
+        free(path);
+    }
+    free(d);
+    return rc;
+}
+
+bool checkpoint_exists(const char *dir) {
+    comm_group *w = comm_world();
+    bool found = false;
+    if (w->rank == 0 && dir && dir[0]) {
+        char *d = trimmed_dir(dir), *latest = d ? join(d, "latest") : NULL, *index = d ? join(d, "index.json") : NULL;
+        struct stat st;
+        found = (latest && stat(latest, &st) == 0) || (index && stat(index, &st) == 0);
+        free(d); free(latest); free(index);
+    }
+    return comm_host_max(w, found ? 1.0 : 0.0) > 0;
+}
+
+/* ---------------------------------------------------------------- export */
+
+static void meta_int(st_writer *w, const char *key, int v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%d", v);
+    st_writer_meta(w, key, buf);
+}
+
+int checkpoint_export(const char *path, const llama_model *m, char *err, size_t errlen) {
+    comm_group *w = comm_world();
+    const param_table *t = m->params;
+    const llama_config *c = &m->c;
+    bool root = w->rank == 0;
+    if (err && errlen) err[0] = 0;
+    if (!path || !path[0]) return fail(err, errlen, "export: the path is empty: expected a file name");
+    /* rank 0: the parent directory first (mkdir -p), so that a refusal comes before the gathers */
+    char *parent = strdup(path), *slash = parent ? strrchr(parent, '/') : NULL;
+    bool has_parent = slash && slash != parent;
+    int rc = parent ? 0 : fail(err, errlen, "out of memory");
+    if (has_parent) *slash = 0;
+    if (root && rc == 0 && has_parent) {
+        errno = 0;
+        if (make_dirs(parent) != 0) rc = fail(err, errlen, "export: cannot create %s: %s", parent, strerror(errno));
+    }
+    if (agree(rc, err, errlen) != 0) { free(parent); return -1; }
+
+    st_writer *wr = root ? st_writer_new() : NULL;
+    if (root) {
+        st_writer_meta(wr, "format", "pt");   /* what safetensors.torch.save_file writes */
+        meta_int(wr, "dim", c->dim);
+        meta_int(wr, "n_layers", c->n_layers);
+        meta_int(wr, "n_heads", c->n_heads);
+        meta_int(wr, "n_kv_heads", c->n_kv_heads);
+        meta_int(wr, "ffn_dim", c->ffn_dim);
+        meta_int(wr, "vocab_size", c->vocab_size);
+        meta_int(wr, "seq_len", c->seq_len);
+        char buf[32];
+        snprintf(buf, sizeof buf, "%.9g", (double)c->norm_eps);
+        st_writer_meta(wr, "norm_eps", buf);
+        snprintf(buf, sizeof buf, "%.9g", (double)c->rope_theta);
+        st_writer_meta(wr, "rope_theta", buf);
+    }
+    /* one tensor at a time: rank 0 holds the writer's copy and one gathered tensor */
+    for (int i = 0; i < t->n; i++) {
+        const param_spec *s = &t->t[i].spec;
+        float *full = root ? malloc((size_t)s->rows * s->cols * sizeof(float)) : NULL;
+        if (t->mesh || root) param_gather(t, i, false, full);   /* (no mesh: nothing collective) */
+        if (root) {
+            int64_t shape[2] = {s->rows, s->cols};
+            if (s->is_vector) st_writer_add(wr, s->name, "F32", &shape[1], 1, full);
+            else st_writer_add(wr, s->name, "F32", shape, 2, full);
+        }
+        free(full);
+    }
+    if (root) {   /* the writer's own <path>.tmp, then its rename */
+        rc = st_writer_save(wr, path, err, errlen);
+        if (rc == 0 && sync_path(path) != 0) rc = fail(err, errlen, "export: cannot sync %s: %s", path, strerror(errno));
+        if (rc == 0) sync_path(has_parent ? parent : ".");
+    }
+    free(parent);
+    return agree(rc, err, errlen);
+}
