@@ -49,7 +49,7 @@ WERROR    ?= -Werror
 # `make BLAS_CFLAGS=-I... BLAS_LIBS=...` sets them by hand.
 BLAS_CFLAGS ?= $(eval BLAS_CFLAGS := $(shell tests/blas.sh cflags))$(BLAS_CFLAGS)
 BLAS_LIBS   ?= $(eval BLAS_LIBS := $(shell tests/blas.sh libs))$(BLAS_LIBS)
-CFLAGS    += -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter $(COMMON_INC) $(BLAS_CFLAGS) -MMD -MP
+CFLAGS    += -DREPO_ROOT='"$(CURDIR)"' -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter $(COMMON_INC) $(BLAS_CFLAGS) -MMD -MP
 LDLIBS_CPU   = $(LDFLAGS) $(BLAS_LIBS) -lcjson -lm -lpthread
 CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
 LDLIBS_CUDA := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lcjson -lm -lpthread
@@ -125,6 +125,9 @@ $(foreach c,$(CHAPTERS),$(eval $(call chapter_rule,$(c),cuda)))
 TEST_LINKS_test_schedule := 05_pipeline/schedule.c
 TEST_LINKS_test_ring_attention := 06_context_parallel/context_parallel.c
 TEST_LINKS_test_float8_linear := 07_float8/float8_linear.c
+TEST_LINKS_test_plan_calculator := 08_full_trainer/plan_calculator.c 00_naive_tp_mlp/tensor_parallel.c \
+    01_transformer_tp/tp.c 02_loss_parallel/vocab_parallel.c 03_sequence_parallel/sequence_parallel.c \
+    03_sequence_parallel/sp_report.c 05_pipeline/schedule.c 06_context_parallel/context_parallel.c
 TEST_LINKS_test_checkpoint := 00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c 04_fsdp/data_parallel.c \
                               05_pipeline/pipeline.c 05_pipeline/schedule.c 08_full_trainer/checkpoint.c
 
@@ -168,10 +171,16 @@ deps-check-test:
 CHAPTER_NUMS = $(foreach c,$(CHAPTERS),$(call chapter_num,$(c)))
 chapter-exists-%:
 	@[ -n "$(call chapter_dir,$*)" ] || { echo "no chapter $* yet; available: $(CHAPTER_NUMS)"; exit 2; }
+# A chapter may set its own run in its chapter.mk: RUN_NP_NN (the ranks when NP is not given),
+# RUN_FLAGS_NN (instead of --check) and RUN_ARGS_NN (when ARGS is not given); chapter 08 trains
+# on 8 ranks without the baseline.
+run_np   = $(if $(filter command line environment,$(origin NP)),$(NP),$(or $(RUN_NP_$(1)),$(NP)))
+run_cmd  = $(if $(RUN_NP_$(1)),$(MPIRUN_BASE) -np $(call run_np,$(1)),$(MPIRUN)) $(BUILD)/$(1) \
+           $(if $(RUN_FLAGS_$(1)),$(RUN_FLAGS_$(1)),--check) $(or $(ARGS),$(RUN_ARGS_$(1)))
 run-%: chapter-exists-% all
 	@d=$(call chapter_dir,$*); [ -n "$$d" ] || { echo "no chapter $* (have: $(CHAPTERS))"; exit 2; }
-	@echo "$(strip $(MPIRUN)) $(BUILD)/$* --check $(ARGS)"
-	@$(MPIRUN) $(BUILD)/$* --check $(ARGS) || { st=$$?; tests/exit_status.sh $$st run-$* >&2; exit $$st; }
+	@echo "$(strip $(call run_cmd,$*))"
+	@$(call run_cmd,$*) || { st=$$?; tests/exit_status.sh $$st run-$* >&2; exit $$st; }
 
 # make check-NN: the chapter's standard layouts (its checks.txt), non-zero exit on failure.
 check-%: chapter-exists-% all

@@ -63,6 +63,12 @@ static pp_state *state_of(const llama_plan *p) { return (pp_state *)p->pp_ctx; }
 
 static int chunk_of_layer(const pp_state *s, int layer) { return layer / s->chunk_layers; }
 
+/* The microbatch of the action in progress. */
+static int pp_microbatch_now(const llama_plan *p) {
+    const pp_state *s = state_of(p);
+    return s->sched->a[s->rank][s->k_now].mb;
+}
+
 static bool pp_holds_layer(const llama_plan *p, int layer) {
     const pp_state *s = state_of(p);
     return pp_chunk_rank(s->sched, chunk_of_layer(s, layer)) == s->rank;
@@ -302,7 +308,7 @@ static float pipeline_forward_backward(const llama_plan *p, llama_model *m, cons
         comm_wait(&s->sends[i].req);
         device_free(s->sends[i].buf);
     }
-    if (p->reduce_grads) p->reduce_grads(p, m);
+    if (p->reduce_grads && !m->accumulating) p->reduce_grads(p, m);
     s->meas.step_seconds = (device_synchronize(), wall_seconds()) - t_step;
     *dh0 = s->dh0;
     /* the loss lives on the last chunk's rank: the sum over the pipeline gives it to every stage */
@@ -349,6 +355,7 @@ void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, 
     plan->mesh = mesh;
     plan->holds_layer = pp_holds_layer;
     plan->microbatches = s->M;
+    plan->microbatch_now = pp_microbatch_now;
     plan->forward_backward = pipeline_forward_backward;
     plan->linear = (linear_ops){pipeline_linear_forward, pipeline_linear_backward};
     plan->pp_ctx = s;

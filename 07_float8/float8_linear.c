@@ -27,11 +27,14 @@ typedef struct fp8_state_s {
     int groups;                     /* activations are scaled in this many row blocks (a baseline's
                                      * stand-ins for the dp ranks' rows; 1 otherwise)               */
     bool local_amax;                /* --fault local-amax                                          */
-    float *forward_scale;           /* [sites][groups + 1]: x's tensorwise scales (per row block)
-                                     * and W's, from the forward, for the backward                 */
+    int M;                          /* microbatches a pipeline keeps in flight (1: none)           */
+    int mb;                         /* the microbatch of the call in progress (plan->microbatch_now) */
+    float *forward_scale;           /* [M][sites][groups + 1]: x's tensorwise scales (per row block)
+                                     * and W's, from the forward, for the backward of the same
+                                     * microbatch (a pipeline runs other forwards in between)      */
     float *dy_scale;                /* [groups]: dy's, between the backward's two GEMMs             */
-    float *history;                 /* delayed: [sites][NOPERANDS][H] amaxes, newest first        */
-    int *seen;                      /* delayed: [sites][NOPERANDS] amaxes recorded (<= H)         */
+    float *history;                 /* delayed: [M][sites][NOPERANDS][groups][H] amaxes, newest first */
+    int *seen;                      /* delayed: [M][sites][NOPERANDS][groups] amaxes recorded (<= H) */
     float *scalar;                  /* one device float, for an amax's all-reduce                  */
     int step;                       /* forward passes begun (layer 0's wq): the training step      */
     double worst[FP8_NROLES], first[FP8_NROLES];   /* lowest SQNR: over the run, in step 1      */
@@ -43,6 +46,7 @@ typedef struct fp8_state_s {
     float *stash_scale;             /* [sites][CASTS][tp ranks] each tp rank's tensorwise scale     */
     int stash_ranks;
     struct fp8_state_s *peer;
+    const llama_plan *peer_plan;    /* the parallel run's plan (its pipeline stage's layers)        */
     fp8_cast_comparison cmp;
 } fp8_state;
 
@@ -146,6 +150,10 @@ static void compare_codes(fp8_state *s, const float *mine, const float *theirs, 
 static void keep_or_compare(fp8_state *s, linear_site at, int cast, const float *x, float scale, const float *scales,
                             float8_scaling how, int rows, int cols, shard_layout layout, float8_format fmt) {
     if (s->step != 1 || (!s->stash && !s->peer)) return;
+    /* (a pipeline: the parallel run keeps its first microbatch's casts, which are the baseline's
+     *  first row block; the layers of other stages are not on this process to compare) */
+    if (s->stash && s->mb != 0) return;
+    if (s->peer && s->peer_plan->holds_layer && !s->peer_plan->holds_layer(s->peer_plan, at.layer)) return;
     int R, Cn;
     float *codes = gather_codes(s, x, scale, scales, how, rows, cols, layout, fmt, &R, &Cn);
     int slot = site_index(at) * CASTS + cast;
@@ -196,7 +204,7 @@ static float tensor_scale(fp8_state *s, linear_site at, operand which, int group
                           bool cut, float8_format fmt) {
     float amax = tensor_amax(s, x, n, cut);
     if (s->o.recipe != FP8_DELAYED) return float8_scale_from_amax(amax, fmt, 0);
-    int H = s->o.amax_history, slot = (site_index(at) * NOPERANDS + which) * s->groups + group;
+    int H = s->o.amax_history, slot = ((s->mb * s->sites + site_index(at)) * NOPERANDS + which) * s->groups + group;
     float *hist = s->history + (size_t)slot * H;
     float known = amax;   /* the amax the scale is computed from */
     /* BEGIN ASSIGNMENT: delayed scaling: `known` = the largest amax of the history hist[0 .. seen[slot]) (the first step, with an empty history: this step's amax), then push this step's amax at the front of the history (newest first, at most H kept; seen[slot] counts them) */
@@ -331,6 +339,19 @@ static void fp8_bytes_backward(fp8_state *s, float *dx, float *dW_here, const fl
 
 /* ---- the operator -----------------------------------------------------------------------------*/
 
+/* The microbatch a pipeline is running (chapter 05), 0 otherwise. */
+static int microbatch_now(const llama_plan *p) { return p->microbatch_now ? p->microbatch_now(p) : 0; }
+/* The first layer this rank runs: its forward of wq in microbatch 0 begins a training step. */
+static int first_held_layer(const llama_plan *p) {
+    int l = 0;
+    while (p->holds_layer && !p->holds_layer(p, l)) l++;
+    return l;
+}
+/* The forward's scales of site `at` in the current microbatch, kept for its backward. */
+static float *forward_scales(fp8_state *s, linear_site at) {
+    return s->forward_scale + ((size_t)s->mb * s->sites + site_index(at)) * (s->groups + 1);
+}
+
 /* y [N, out] (=) = x [N, in] W [out, in]^T on E4M3 operands. Issues: tensorwise/delayed one
  * all-reduce (MAX, 1 float) for W when tp cuts it and one for x when tp cuts x (row-parallel);
  * rowwise, on a row-parallel site, one of N floats for x's rows and one of out for W's rows. */
@@ -341,10 +362,11 @@ static void fp8_linear_forward(const llama_plan *p, linear_site at, float *y, co
         s->inner.forward(p, at, y, x, W, N, in, out);
         return;
     }
-    if (at.kind == P_WQ && at.layer == 0) s->step++;
+    s->mb = microbatch_now(p);
+    if (at.kind == P_WQ && at.layer == first_held_layer(p) && s->mb == 0) s->step++;   /* a new training step */
     bool col = column_parallel(s, at), row = row_parallel(s, at);
     float *xq = device_alloc_floats((size_t)N * in, MEM_BUFFERS), *Wq = device_alloc_floats((size_t)out * in, MEM_BUFFERS);
-    float *scale = s->forward_scale + (size_t)site_index(at) * (s->groups + 1);   /* x's per group, then W's */
+    float *scale = forward_scales(s, at);   /* x's per group, then W's */
     shard_layout x_cut = row ? SHARD_COLS : SHARD_REPLICATED, w_cut = s->tp ? s->layout[at.kind] : SHARD_REPLICATED;
     cast_operand(s, at, OPERAND_X, 0, x_cut, xq, x, N, in, ALONG_ROWS, row, row, fp8_role_format(s->o.recipe, FP8_CAST_X),
                  scale, false);
@@ -376,9 +398,10 @@ static void fp8_linear_backward(const llama_plan *p, linear_site at, float *dx, 
         s->inner.backward(p, at, dx, dW, dy, x, W, N, in, out);
         return;
     }
+    s->mb = microbatch_now(p);
     bool col = column_parallel(s, at);
     bool rowwise = s->o.recipe == FP8_ROWWISE;
-    float *scale = s->forward_scale + (size_t)site_index(at) * (s->groups + 1);
+    float *scale = forward_scales(s, at);
     float *dy_scale = s->dy_scale;
     float8_format fx = fp8_role_format(s->o.recipe, FP8_CAST_X), fw = fp8_role_format(s->o.recipe, FP8_CAST_W);
     float8_format fdy = fp8_role_format(s->o.recipe, FP8_CAST_DY);
@@ -439,11 +462,12 @@ void float8_apply(llama_plan *plan, const llama_config *c, const fp8_options *o)
     memcpy(s->layout, plan->layout, sizeof s->layout);
     s->sites = c->n_layers * P_NKINDS;
     s->groups = o->activation_groups > 1 ? o->activation_groups : 1;
-    s->forward_scale = calloc((size_t)s->sites * (s->groups + 1), sizeof(float));
+    s->M = o->microbatches > 1 ? o->microbatches : 1;
+    s->forward_scale = calloc((size_t)s->M * s->sites * (s->groups + 1), sizeof(float));
     s->dy_scale = calloc((size_t)s->groups, sizeof(float));
     if (o->recipe == FP8_DELAYED) {
-        s->history = calloc((size_t)s->sites * NOPERANDS * s->groups * o->amax_history, sizeof(float));
-        s->seen = calloc((size_t)s->sites * NOPERANDS * s->groups, sizeof(int));
+        s->history = calloc((size_t)s->M * s->sites * NOPERANDS * s->groups * o->amax_history, sizeof(float));
+        s->seen = calloc((size_t)s->M * s->sites * NOPERANDS * s->groups, sizeof(int));
     }
     s->scalar = device_alloc_floats(1, MEM_BUFFERS);
     for (int r = 0; r < FP8_NROLES; r++) s->worst[r] = s->first[r] = INFINITY;
@@ -507,6 +531,7 @@ void float8_compare_casts(llama_plan *parallel, llama_plan *baseline) {
     p->stash_ranks = p->tp ? p->tp->size : 1;
     p->stash_scale = calloc((size_t)p->sites * CASTS * p->stash_ranks, sizeof *p->stash_scale);
     b->peer = p;
+    b->peer_plan = parallel;
 }
 
 fp8_cast_comparison float8_cast_comparison(const llama_plan *baseline) {

@@ -55,6 +55,8 @@ typedef struct {
     int activation_groups;/* scale the activations (x, dy) in this many row blocks, each apart: a
                            * single-device baseline standing in for that many data-parallel
                            * ranks, each of which scales only its own rows (0 or 1: whole)     */
+    int microbatches;     /* a pipeline's microbatches in flight (chapter 08): each keeps its own
+                           * forward scales (and delayed history) for its backward (0 or 1: one) */
 } fp8_options;
 
 /* The roles an operand plays, for the accuracy report: the three casts and the three products. */

@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
     /* ---- flags ---- */
     run_options o = run_options_default("07", float8_faults);
     o.kv_heads_follow_heads = true;
-    chapter_options co = {{FP8_TENSORWISE, 16, 1}, 0, 1, false, false};
+    chapter_options co = {{FP8_TENSORWISE, 16, 1, 1}, 0, 1, false, false};
     static const struct option flags[] = {
         {"fp8", required_argument, 0, OPT_FP8}, {"amax-history", required_argument, 0, OPT_HISTORY},
         {"tp", required_argument, 0, OPT_TP}, {"dp-shard", required_argument, 0, OPT_DP_SHARD},

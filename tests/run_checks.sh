@@ -6,6 +6,10 @@
 # or:                        <ranks> unit <test>
 #   a unit test of tests/ that the chapter's lesson rests on (e.g. chapter 07's exhaustive float8
 #   codec test), run on <ranks> ranks: it must exit 0.
+# or:                        <ranks> script <file> [args...]
+#   a chapter's own scripted check (e.g. chapter 08's resume tests), run as
+#   `bash NN_*/<file> BINARY RANKS [args...]` with MPIRUN_BASE set: it must exit 0; its last
+#   line is printed.
 # Prints one line per layout and exits non-zero when any layout does not behave.
 set -u
 backend=$1; nn=$2; root=${3:-build}
@@ -25,6 +29,20 @@ while read -r np expect flags; do
             printf 'ok    check-%s  NP=%-2s unit  %s\n' "$nn" "$np" "$(tail -1 "$out")"; passed=$((passed+1))
         else
             printf 'FAIL  check-%s  NP=%-2s unit  %s  (exit %d)\n' "$nn" "$np" "$flags" $rc
+            sed 's/^/      | /' "$out" | tail -25
+            failed=$((failed+1))
+        fi
+        continue
+    fi
+    if [ "$expect" = script ]; then
+        script=${flags%% *}; args=""
+        case "$flags" in *' '*) args=${flags#* };; esac
+        MPIRUN_BASE=$mpirun_base timeout 600 bash "$dir/$script" "$bin" "$np" $args </dev/null >"$out" 2>&1
+        rc=$?
+        if [ $rc -eq 0 ]; then
+            printf 'ok    check-%s  NP=%-2s script %s\n' "$nn" "$np" "$(tail -1 "$out")"; passed=$((passed+1))
+        else
+            printf 'FAIL  check-%s  NP=%-2s script %s  (exit %d)\n' "$nn" "$np" "$flags" $rc
             sed 's/^/      | /' "$out" | tail -25
             failed=$((failed+1))
         fi

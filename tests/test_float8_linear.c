@@ -27,7 +27,7 @@ static void run_steps(fp8_recipe r, int history, float got[5]) {
     llama_config c = llama_config_default();
     c.n_layers = 1;
     llama_plan plan = plan_single_device();
-    fp8_options o = {r, history, 1};
+    fp8_options o = {r, history, 1, 1};
     float8_apply(&plan, &c, &o);
     float W[OUT * IN] = {0}, x[N * IN] = {0}, y[N * OUT];
     for (int i = 0; i < OUT; i++) W[i * IN + i] = 1.0f;
@@ -68,7 +68,7 @@ int main(int argc, char **argv) {
     llama_config c = llama_config_default();
     c.n_layers = 1;
     llama_plan plan = plan_single_device();
-    fp8_options o = {FP8_TENSORWISE, 16, 1};
+    fp8_options o = {FP8_TENSORWISE, 16, 1, 1};
     float8_apply(&plan, &c, &o);
     float W[OUT * IN] = {0}, x[N * IN] = {0}, y[N * OUT];
     for (int i = 0; i < OUT; i++) W[i * IN + i] = 1.0f;

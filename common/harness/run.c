@@ -459,12 +459,13 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
             device_copy_to_device(targets, host_targets + at, (size_t)N * sizeof(int));
             run_clock_start(&clock);
             if (micro == 0) llama_zero_grad(model);
+            model->accumulating = micro < accum - 1;   /* the plan's reductions once, after the last */
             float part = run_forward_backward(model, tokens, targets, scale, true, &dh0);
             t_fb += run_clock_stop(&clock);
             loss += part;
             if (base) {   /* the baseline's half, on the same global batch */
                 base_loss += llama_forward(base, tokens, targets, scale);
-                llama_backward(base);
+                llama_backward(base);   /* (one device: no reductions to defer) */
             }
         }
         seconds += t_fb;

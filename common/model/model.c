@@ -490,7 +490,7 @@ void llama_backward(llama_model *m) {
     for (int l = L - 1; l >= 0; l--) llama_layer_backward(m, l, m->dh);
     embed_backward(m, m->dh, &g);                       /* dh is d loss / d h0 */
     p->weights.release(p, m, L, true);
-    if (p->reduce_grads) p->reduce_grads(p, m);
+    if (p->reduce_grads && !m->accumulating) p->reduce_grads(p, m);
 }
 
 void llama_zero_grad(llama_model *m) { param_zero_grads(m->params); }

@@ -93,6 +93,10 @@ struct llama_model {
     float *dk, *dv;                 /* [N, Hkvl*hd]                                              */
     float *dprobs;                  /* [d.probs] the attention backward's scratch                */
     float *dffn_g, *dffn_a, *dffn_b; /* [N, Fl]                                                  */
+    /* Gradient accumulation: true during every micro-batch's backward but the last, which skips
+     * the plan's reduce_grads (an all-reduce in place, of chapters 03 and 06, would otherwise sum
+     * the micro-batches already summed once more); the last one reduces their sum. */
+    bool accumulating;
 };
 
 /* The shapes a plan gives this rank for a [B, c->seq_len] batch. */

@@ -157,6 +157,9 @@ struct llama_plan {
      * [microbatches * B, Ts, D], on the ranks that hold layer 0 (for the check). NULL: one
      * piece, llama_forward then llama_backward (dh0 = m->dh). */
     int microbatches;
+    /* The microbatch whose action is running (a pipeline's), for an operator that keeps state
+     * from a forward for its backward (chapter 07's float8 scales). NULL: 0. */
+    int (*microbatch_now)(const llama_plan *p);
     float (*forward_backward)(const llama_plan *p, llama_model *m, const int *tokens, const int *targets,
                               float loss_scale, const float **dh0);
     /* Each technique keeps its own state in its own field, so that techniques compose on one
