@@ -1,0 +1,151 @@
+/* plan_calculator.h: `08 --plan`, the paper planning of a large run (what the Llama 3 team and
+ * torchtitan's users do before they book a cluster): for a model, a cluster and a global batch,
+ * the memory each GPU needs and the bytes each mesh dimension moves per step, for one mesh or for
+ * every mesh the cluster admits, sorted by an estimated step time.
+ *
+ * Nothing is allocated and nothing is sent: every figure is a formula, and each formula is the
+ * one an earlier chapter prints beside its measurement (the README's "Planning a real run"):
+ *
+ *   parameters, gradients, AdamW m and v   04 (16 bytes a parameter, FSDP shards padded as
+ *                                          params.c pads them) on 01/02's tp slices and 05's
+ *                                          pipeline stages
+ *   activations of a layer                 03 (sp_layer_act_bytes_formula: Megatron + SP, the
+ *                                          checkpointing mode), with 06's log-sum-exp in place of
+ *                                          the softmax; the head's by sp_outside_act_bytes_formula
+ *   microbatches in flight, bubble         05 (pp_peak_in_flight_formula, pp_bubble_formula)
+ *   attention's working set                06 (cp_working_set_formula, the ring)
+ *   tp traffic                             03: an all-gather and a reduce-scatter per boundary,
+ *                                          4L + 2 boundaries, 2L + 1 re-gathers
+ *   cp traffic                             06: L (3C - 2) K/V blocks per microbatch (the ring)
+ *   pp traffic                             05: 2 M (P V - 1) messages of the residual stream
+ *   dp traffic                             04: FSDP's all-gathers and reduce-scatter, HSDP's
+ *                                          all-reduce over the replicas; 07's float8 all-gather
+ *
+ * The recipe planned is torchtitan's (which the Llama 3 paper's FSDP resembles): FSDP shards over
+ * dp_shard x cp, and under a pipeline the weights stay gathered for the whole step, gradients
+ * reduce-scattered once after the last microbatch (torch.distributed.pipelining). Chapter 08's
+ * trainer shards over dp_shard only (--plan-no-shard-cp plans that).
+ */
+#pragma once
+#include <getopt.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include "llama.h"
+#include "mesh.h"
+#include "../03_sequence_parallel/sequence_parallel.h"   /* ac_mode            */
+#include "../05_pipeline/schedule.h"                    /* pp_schedule_kind   */
+
+typedef enum { PLAN_FP32 = 0, PLAN_BF16 } plan_precision;
+
+/* Everything the calculator is told. plan_calc_defaults fills it; the flags change it. */
+typedef struct plan_calc_options {
+    int preset;                    /* --plan-model: 0 8b, 1 70b, 2 405b (Llama 3 / 3.1)             */
+    int dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab;   /* --plan-dim ...: > 0 overrides the preset */
+    int seq_len;                   /* --plan-seq-len, tokens of one sequence                        */
+    long long global_batch;        /* --plan-global-batch, TOKENS per optimizer step                */
+    int microbatch;                /* --plan-microbatch, sequences in one forward of a dp rank      */
+    int gpus, gpus_per_node;       /* --plan-gpus, --plan-gpus-per-node                             */
+    double gpu_mem_gib;            /* --plan-gpu-mem, GiB of one GPU                                */
+    double intra_gbs, inter_gbs;   /* --plan-intra-bw (NVLink), --plan-inter-bw (network), GB/s
+                                    * sent per GPU                                                   */
+    double tflops;                 /* --plan-tflops, per GPU; 0: the precision's H100 peak          */
+    bool mesh_given;               /* --plan-mesh: evaluate only this mesh (then the table)         */
+    int mesh[MESH_NDIMS];          /* pp, dp_replicate, dp_shard (-1: the rest), cp, tp             */
+    pp_schedule_kind schedule;     /* --plan-schedule (1f1b)                                        */
+    int virtual_stages;            /* --plan-virtual-stages (1; interleaved: 2 or more)             */
+    ac_mode ac;                    /* --plan-ac (selective)                                         */
+    bool fp8;                      /* --plan-fp8: 07's float8 linears and float8 all-gather         */
+    plan_precision precision;      /* --plan-precision fp32 (this tutorial) | bf16                  */
+    bool shard_cp;                 /* FSDP over dp_shard x cp (torchtitan); --plan-no-shard-cp: over
+                                    * dp_shard only, the cp ranks all-reduce their shards (08)       */
+    int top;                       /* --plan-top, lines of the candidates' table (15)               */
+} plan_calc_options;
+
+void plan_calc_defaults(plan_calc_options *o);
+
+/* getopt_long codes of the calculator's flags (main's own codes stay below 2000). */
+enum {
+    PLAN_OPT_MODEL = 2000, PLAN_OPT_DIM, PLAN_OPT_LAYERS, PLAN_OPT_HEADS, PLAN_OPT_KV_HEADS, PLAN_OPT_FFN,
+    PLAN_OPT_VOCAB, PLAN_OPT_SEQ, PLAN_OPT_BATCH, PLAN_OPT_MICRO, PLAN_OPT_GPUS, PLAN_OPT_MEM,
+    PLAN_OPT_PER_NODE, PLAN_OPT_INTRA, PLAN_OPT_INTER, PLAN_OPT_TFLOPS, PLAN_OPT_MESH, PLAN_OPT_SCHEDULE,
+    PLAN_OPT_VIRTUAL, PLAN_OPT_AC, PLAN_OPT_FP8, PLAN_OPT_PRECISION, PLAN_OPT_NO_SHARD_CP, PLAN_OPT_TOP,
+    PLAN_OPT_END
+};
+/* Entries to splice into main's struct option array (no trailing comma). */
+#define PLAN_CALC_FLAGS                                                                                      \
+    {"plan-model", required_argument, 0, PLAN_OPT_MODEL}, {"plan-dim", required_argument, 0, PLAN_OPT_DIM},    \
+    {"plan-layers", required_argument, 0, PLAN_OPT_LAYERS}, {"plan-heads", required_argument, 0, PLAN_OPT_HEADS}, \
+    {"plan-kv-heads", required_argument, 0, PLAN_OPT_KV_HEADS}, {"plan-ffn", required_argument, 0, PLAN_OPT_FFN}, \
+    {"plan-vocab", required_argument, 0, PLAN_OPT_VOCAB}, {"plan-seq-len", required_argument, 0, PLAN_OPT_SEQ}, \
+    {"plan-global-batch", required_argument, 0, PLAN_OPT_BATCH},                                           \
+    {"plan-microbatch", required_argument, 0, PLAN_OPT_MICRO}, {"plan-gpus", required_argument, 0, PLAN_OPT_GPUS}, \
+    {"plan-gpu-mem", required_argument, 0, PLAN_OPT_MEM},                                                  \
+    {"plan-gpus-per-node", required_argument, 0, PLAN_OPT_PER_NODE},                                       \
+    {"plan-intra-bw", required_argument, 0, PLAN_OPT_INTRA}, {"plan-inter-bw", required_argument, 0, PLAN_OPT_INTER}, \
+    {"plan-tflops", required_argument, 0, PLAN_OPT_TFLOPS}, {"plan-mesh", required_argument, 0, PLAN_OPT_MESH}, \
+    {"plan-schedule", required_argument, 0, PLAN_OPT_SCHEDULE},                                            \
+    {"plan-virtual-stages", required_argument, 0, PLAN_OPT_VIRTUAL}, {"plan-ac", required_argument, 0, PLAN_OPT_AC}, \
+    {"plan-fp8", no_argument, 0, PLAN_OPT_FP8}, {"plan-precision", required_argument, 0, PLAN_OPT_PRECISION}, \
+    {"plan-no-shard-cp", no_argument, 0, PLAN_OPT_NO_SHARD_CP}, {"plan-top", required_argument, 0, PLAN_OPT_TOP}
+
+/* True when `code` is one of the calculator's flags (and applies it); a bad value ends every rank
+ * with one line naming the flag, the value and what is valid, exit status 2. */
+bool plan_calculator_flag(plan_calc_options *o, int code, const char *arg);
+extern const char plan_calculator_usage[];   /* the flags' help lines */
+
+/* Prints the report on rank 0 (log0): the model and the cluster, the figures of one mesh (the
+ * --plan-mesh, else the fastest that fits), the table of candidate meshes. Returns 0; settings
+ * no mesh can use (a sequence the batch does not divide, a bad model) exit 2 with one line. */
+int plan_calculator_run(const plan_calc_options *o);
+
+/* The figures of one mesh, per GPU. Memory is that of the pipeline stage that needs the most
+ * (worst_stage); traffic and compute are the busiest stage's, per optimizer step. */
+typedef struct {
+    double params_bytes, grads_bytes, optim_bytes;   /* 4, 4 and 8 bytes a stored parameter        */
+    double act_bytes;                 /* activations of the microbatches in flight                 */
+    double buffer_bytes;              /* FSDP's gathered weights and full gradients + attention's  */
+    double fsdp_buffer_bytes, attn_buffer_bytes;     /*   working set, the two parts of it         */
+    double total_bytes;
+    int worst_stage;
+    double act_layer_bytes;           /* one layer, one microbatch (03's formula)                  */
+    double act_head_bytes;            /* the head's (final norm, logits, loss), one microbatch     */
+    int act_sets;                     /* (microbatch, chunk) sets in flight on the worst stage     */
+    int act_set_layers;               /* layers of one set there (its largest chunk)               */
+    double tp_bytes, cp_bytes, pp_bytes, dp_bytes;   /* sent per GPU per step (ring model)         */
+    double tp_s, cp_s, pp_s, dp_s;    /* each at its link's bandwidth                             */
+    bool across_nodes[MESH_NDIMS];    /* the dimension's groups span nodes (network bandwidth)     */
+    double bubble;                    /* the schedule's idle fraction (05)                         */
+    int microbatches;                 /* M per dp rank and step                                    */
+    int shard_ranks;                  /* S: FSDP's shard group (dp_shard x cp, or dp_shard)        */
+    int layers_min, layers_max;       /* layers of the lightest and the heaviest stage             */
+    double flops_per_gpu;             /* computed per step, recomputation included                 */
+    double model_flops;               /* the whole step's model FLOPs (6 N D + attention), no
+                                       * recomputation: what MFU counts                           */
+    double compute_s;                 /* flops_per_gpu at --plan-tflops                            */
+    double step_s;                    /* compute / (1 - bubble) + every transfer: no overlap       */
+    double step_overlap_s;            /* the same if transfers hid behind compute and each other   */
+    double mfu;                       /* model_flops / (GPUs x step_s x --plan-tflops)              */
+    bool fits;                        /* total_bytes <= --plan-gpu-mem                             */
+} plan_calc_result;
+
+/* 0 and r filled, or -1 with one line in why when the model or the batch cannot be split by the
+ * mesh (pp, dp_replicate, dp_shard, cp, tp; a dp_shard of -1 takes the rest of the GPUs). */
+int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_calc_result *r, char *why,
+                   size_t whylen);
+
+/* ---- the pieces, for the test ---- */
+
+/* The model the options describe: the preset with the explicit dimensions over it. */
+llama_config plan_calc_model(const plan_calc_options *o);
+/* Parameters of the whole model. */
+double plan_calc_param_count(const llama_config *c);
+/* Layers pipeline rank `rank` of `pp` holds with `v` chunks each; holds[l] (when not NULL, [L])
+ * marks them. The layers are cut into pp x v chunks in order: L / (pp v) each, or, when that is
+ * not whole but (L + 2) / (pp v) is, that many with one fewer in the first and the last chunk (the
+ * Llama 3 paper's balance for the embedding and the output). -1 when neither divides. */
+int plan_calc_rank_layers(int n_layers, int pp, int v, int rank, bool *holds);
+/* Floats of one block (values, or gradients; AdamW holds two) that a GPU of pipeline stage
+ * `stage` stores under the mesh: its tp slice of each of its tensors, padded to S equal dp
+ * shards as params.c pads them (a dp_shard of -1 takes the rest of the GPUs; -1 when that is not
+ * whole). */
+double plan_calc_stage_floats(const plan_calc_options *o, const int mesh[MESH_NDIMS], int stage);
