@@ -1,0 +1,105 @@
+/* parallelize.c: see parallelize.h. */
+#include <stdio.h>
+#include <string.h>
+#include "comm.h"
+#include "../01_transformer_tp/tp.h"
+#include "../02_loss_parallel/vocab_parallel.h"
+#include "../04_fsdp/data_parallel.h"
+#include "parallelize.h"
+
+const char *parallel_mesh_name(const parallel_options *o, char *buf, size_t len) {
+    const int *g = o->degree;
+    snprintf(buf, len, "pp %d x dp_replicate %d x dp_shard %d x cp %d x tp %d (%d ranks)", g[MESH_PP],
+             g[MESH_DP_REPLICATE], g[MESH_DP_SHARD], g[MESH_CP], g[MESH_TP],
+             g[MESH_PP] * g[MESH_DP_REPLICATE] * g[MESH_DP_SHARD] * g[MESH_CP] * g[MESH_TP]);
+    return buf;
+}
+
+/* Refuses a tp degree that does not divide `what` (one of the model's widths). */
+static void tp_must_divide(int tp, int value, const char *flag, const char *why) {
+    if (value % tp) comm_exit_usage("--tp %d does not divide %s %d: %s", tp, flag, value, why);
+}
+
+void parallelize_validate(parallel_options *o, const llama_config *c, int batch) {
+    int *g = o->degree, world = comm_world()->size;
+    /* --dp-shard -1: whatever the other dimensions leave of NP */
+    if (g[MESH_DP_SHARD] == -1) {
+        int others = g[MESH_PP] * g[MESH_DP_REPLICATE] * g[MESH_CP] * g[MESH_TP];
+        if (world % others)
+            comm_exit_usage("--dp-shard -1 takes NP / (pp x dp_replicate x cp x tp) = %d / %d ranks, which is not "
+                            "whole: use NP a multiple of %d", world, others, others);
+        g[MESH_DP_SHARD] = world / others;
+    }
+    int product = 1;
+    for (int d = 0; d < MESH_NDIMS; d++) product *= g[d];
+    if (product != world) {
+        char name[128];
+        comm_exit_usage("the mesh %s needs %d ranks, but NP=%d: make the product of --pp --dp-replicate --dp-shard "
+                        "--cp --tp equal NP (or give --dp-shard -1)", parallel_mesh_name(o, name, sizeof name),
+                        product, world);
+    }
+    int tp = g[MESH_TP], cp = g[MESH_CP], pp = g[MESH_PP], dp = g[MESH_DP_REPLICATE] * g[MESH_DP_SHARD];
+    if (tp > 1) {
+        tp_must_divide(tp, c->n_heads, "--n-heads", "each tp rank computes whole query heads");
+        tp_must_divide(tp, c->n_kv_heads, "--n-kv-heads", "each tp rank holds whole key/value heads");
+        tp_must_divide(tp, c->ffn_dim, "--ffn-dim", "w1 and w3 are split by rows, w2 by columns");
+        tp_must_divide(tp, c->vocab_size, "--vocab", "the embedding and the output layer are split by vocabulary rows");
+    }
+    if (cp > 1) context_parallel_validate(c, cp, tp, &o->cp);
+    if (o->sp && tp > 1 && (c->seq_len / cp) % tp)
+        comm_exit_usage("--seq-len %d cannot be split over --cp %d x --tp %d: each cp rank holds seq_len / cp = %d "
+                        "rows and sequence parallelism splits them over tp; use a multiple of %d (or --no-sp)",
+                        c->seq_len, cp, tp, c->seq_len / cp, cp * tp * (cp > 1 ? 2 : 1));
+    data_parallel_validate_batch(batch, g[MESH_DP_REPLICATE], g[MESH_DP_SHARD]);
+    if (pp > 1) {
+        pipeline_validate(c, batch / dp, pp, &o->pp);
+        if (dp > 1 && o->pp.schedule == PP_ZB_H1)
+            comm_exit_usage("--schedule zb-h1 defers the weight gradients past the moment FSDP reduce-scatters them: "
+                            "with --dp-replicate x --dp-shard = %d use gpipe, 1f1b or interleaved", dp);
+    } else if (o->pp.microbatches != 1 || o->pp.virtual_stages != 1) {
+        comm_exit_usage("--microbatches %d and --virtual-stages %d split a pipeline's step: they need --pp 2 or more",
+                        o->pp.microbatches, o->pp.virtual_stages);
+    }
+    int rows = batch / dp / o->pp.microbatches * (c->seq_len / cp);   /* of one float8 GEMM */
+    const char *why = float8_shape_error(c, tp, rows, o->fp8.recipe);
+    if (why) comm_exit_usage("%s", why);
+}
+
+llama_plan parallelize_llama(device_mesh *mesh, const llama_config *c, int batch, const parallel_options *o) {
+    const int *g = o->degree;
+    int tp = g[MESH_TP], dp = g[MESH_DP_REPLICATE] * g[MESH_DP_SHARD];
+    int piece = batch / dp / o->pp.microbatches;   /* the sequences of one forward */
+    /* 01, 02, 03: tensor, vocabulary and sequence parallelism on tp; checkpointing */
+    llama_plan plan = tensor_parallel_or_single(mesh, c);
+    if (tp > 1) loss_parallel_apply(&plan, c);
+    if (tp > 1 || o->ac != AC_NONE) sequence_parallel_apply(&plan, c, piece, o->sp && tp > 1, o->ac);
+    /* 06: the sequence split over cp, attention by the chosen method */
+    if (g[MESH_CP] > 1) context_parallel_apply(&plan, mesh, c, &o->cp);
+    /* 07: float8 linears (scales agreed over tp) */
+    if (o->fp8.recipe != FP8_OFF) {
+        fp8_options f = o->fp8;
+        f.microbatches = g[MESH_PP] > 1 ? o->pp.microbatches : 1;   /* each keeps its scales */
+        float8_apply(&plan, c, &f);
+    }
+    /* 05: the pipeline, which schedules the layers above */
+    if (g[MESH_PP] > 1) pipeline_apply(&plan, mesh, c, &o->pp);
+    /* 04: FSDP (HSDP with replicas) around everything: its weight access and gradient reduction
+     * wrap the plan below. Prefetching the next layer assumes the layers run in order, which a
+     * pipeline's interleaving of microbatches breaks: it gathers on demand there. */
+    if (dp > 1) {
+        dp_options d = {DP_FSDP, true, g[MESH_PP] == 1, 64 * 256, NULL};
+        data_parallel_apply(&plan, mesh, c, &d);
+    }
+    plan.mesh = mesh;
+    plan.name = "4-D parallel";
+    return plan;
+}
+
+void parallelize_free(llama_plan *plan, const parallel_options *o) {
+    const int *g = o->degree;
+    if (g[MESH_DP_REPLICATE] * g[MESH_DP_SHARD] > 1) data_parallel_free(plan);
+    if (g[MESH_PP] > 1) pipeline_free(plan);
+    if (o->fp8.recipe != FP8_OFF) float8_free(plan);
+    if (g[MESH_CP] > 1) context_parallel_free(plan);
+    if (g[MESH_TP] > 1 || o->ac != AC_NONE) sequence_parallel_free(plan);
+}

@@ -1,0 +1,59 @@
+/* parallelize.h: every technique of chapters 01-07 applied to the one model, on one 5-D mesh
+ * (torchtitan's parallelize_llama, in C).
+ *
+ *   mesh  pp x dp_replicate x dp_shard x cp x tp = NP          (common/parallel/mesh.h)
+ *
+ *   tp            Megatron tensor parallelism (01), the vocabulary-parallel embedding, output
+ *                 layer and loss (02), sequence parallelism of the norms and the residual
+ *                 stream (03): every tp rank holds T / (cp tp) rows of each sequence outside
+ *                 the tensor-parallel regions
+ *   --ac          activation checkpointing (03): none, selective, full
+ *   cp            context parallelism (06): each sequence split over the cp ranks (zigzag),
+ *                 attention by ring (or all-gather, all-to-all); gradients summed over cp
+ *   --fp8         float8 linears inside the layers (07), scales agreed over tp
+ *   pp            a pipeline schedule (05) over the stages, M microbatches per step
+ *   dp_replicate  HSDP's replicas (04): the gradient shards all-reduced over them
+ *   dp_shard      FSDP (04): parameters, gradients and AdamW state sharded; a unit's weights
+ *                 all-gathered before its forward and backward, its gradients reduce-scattered
+ *
+ * The order is the one each wrapper needs: the operators of the layer first (tp, loss, sp, ac,
+ * cp, float8), then the pipeline that schedules the layers, then data parallelism, whose weight
+ * access and gradient reduction wrap everything below it.
+ *
+ * One difference from torchtitan: it shards the parameters over dp_shard x cp (the cp ranks
+ * hold different rows of the same sequences, so for the weights they are data ranks). Here FSDP
+ * shards over dp_shard only, and the cp ranks all-reduce their gradient shards (chapter 06's
+ * reduction): the same arithmetic, cp times the parameter memory (an exercise of the README).
+ */
+#pragma once
+#include <stdbool.h>
+#include "llama.h"
+#include "mesh.h"
+#include "plan.h"
+#include "../03_sequence_parallel/sequence_parallel.h"
+#include "../05_pipeline/pipeline.h"
+#include "../06_context_parallel/context_parallel.h"
+#include "../07_float8/float8_linear.h"
+
+typedef struct {
+    int degree[MESH_NDIMS];    /* pp, dp_replicate, dp_shard, cp, tp (mesh.h's order)              */
+    bool sp;                   /* sequence parallelism on tp (default on; tp 1: nothing to split)  */
+    ac_mode ac;                /* activation checkpointing                                         */
+    cp_options cp;             /* method, balance                                                  */
+    pp_options pp;             /* schedule, microbatches, virtual stages                           */
+    fp8_options fp8;           /* float8 recipe (FP8_OFF: fp32 linears)                           */
+} parallel_options;
+
+/* The degrees from the flags: a dp_shard of -1 takes what the others leave of NP (torchtitan's
+ * rule). Refuses (exit 2, one line naming the dimension) a mesh whose product is not NP, and a
+ * model, batch or schedule the mesh cannot split: heads, kv heads, ffn and vocabulary by tp,
+ * the sequence by cp x tp (x 2: the zigzag halves), the layers by pp x virtual stages, the
+ * global batch by dp_replicate x dp_shard x microbatches. */
+void parallelize_validate(parallel_options *o, const llama_config *c, int batch);
+
+/* Applies every technique whose degree is above 1 (and --ac, --fp8) to a plan for the mesh. */
+llama_plan parallelize_llama(device_mesh *mesh, const llama_config *c, int batch, const parallel_options *o);
+void parallelize_free(llama_plan *plan, const parallel_options *o);
+
+/* One line: "pp 2 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 2 (8 ranks)". */
+const char *parallel_mesh_name(const parallel_options *o, char *buf, size_t len);

@@ -1,0 +1,110 @@
+/* trainer.c: see trainer.h. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "checkpoint.h"
+#include "comm.h"
+#include "device.h"
+#include "gemm.h"
+#include "init.h"
+#include "log.h"
+#include "trainer.h"
+
+double lr_at_step(const void *schedule, int step) {
+    const lr_schedule *s = schedule;
+    if (step <= s->warmup) return s->lr * step / s->warmup;
+    if (s->steps <= s->warmup) return s->lr;
+    double progress = (double)(step - s->warmup) / (s->steps - s->warmup);   /* 0 .. 1 */
+    return s->lr_min + 0.5 * (s->lr - s->lr_min) * (1.0 + cos(M_PI * progress));
+}
+
+int text_source_batch(const void *source, int step, int micro, int *tokens, int *targets, int B, int T) {
+    const text_source *s = source;
+    text_train_batch(s->corpus, tokens, targets, B, T, s->seed, step, micro * B);
+    return 0;   /* windows of real text: no padded targets */
+}
+
+double model_parameters(const llama_config *c, bool with_embedding) {
+    double params = 0;
+    for (int i = 0; i < llama_num_params(c); i++) {
+        param_spec s = llama_param_spec(c, i);
+        if (with_embedding || s.kind != P_TOK_EMBEDDINGS) params += (double)s.rows * s.cols;
+    }
+    return params;
+}
+
+double model_flops_per_token(const llama_config *c) {
+    /* (the embedding is a lookup: no FLOPs) */
+    return 6.0 * model_parameters(c, false) + 12.0 * c->n_layers * c->seq_len * c->dim;
+}
+
+double probe_peak_flops(void) {
+    /* long enough (a quarter of a second) that ranks sharing a core really run at the same time */
+    enum { N = 384 };
+    float *a = device_alloc_floats((size_t)N * N, MEM_BUFFERS), *b = device_alloc_floats((size_t)N * N, MEM_BUFFERS);
+    float *c = device_alloc_floats((size_t)N * N, MEM_BUFFERS);
+    init_constant_device(a, (size_t)N * N, 0.5f);
+    init_constant_device(b, (size_t)N * N, 0.25f);
+    matmul(c, a, b, N, N, N, false, false, 1.0f, 0.0f);   /* warm up: threads, caches */
+    comm_barrier(comm_world());                           /* every rank probes at the same time */
+    device_synchronize();
+    double t0 = wall_seconds(), seconds = 0;
+    long reps = 0;
+    while (seconds < 0.25) {
+        matmul(c, a, b, N, N, N, false, false, 1.0f, 0.0f);
+        device_synchronize();
+        reps++;
+        seconds = wall_seconds() - t0;
+    }
+    double rate = 2.0 * N * N * N * reps / seconds;
+    device_free(a); device_free(b); device_free(c);
+    return comm_host_sum(comm_world(), rate);
+}
+
+double evaluate(llama_model *m, const text_corpus *corpus, int n_batches) {
+    int B = m->d.B * (m->plan->microbatches > 1 ? m->plan->microbatches : 1);
+    int rows = B;
+    if (m->plan->batch) rows *= m->plan->batch->size;   /* the global batch: every data rank's rows */
+    int T = m->c.seq_len;
+    size_t n = (size_t)rows * T;
+    int *tokens = malloc(n * sizeof(int)), *targets = malloc(n * sizeof(int));
+    int *tokens_dev = device_alloc_ints(n, MEM_BUFFERS), *targets_dev = device_alloc_ints(n, MEM_BUFFERS);
+    double sum = 0;
+    for (int k = 0; k < n_batches; k++) {
+        text_val_batch(corpus, tokens, targets, rows, T, k);
+        device_copy_to_device(tokens_dev, tokens, n * sizeof(int));
+        device_copy_to_device(targets_dev, targets, n * sizeof(int));
+        /* (a pipeline runs its backward too: the gradients it leaves are zeroed by the next step) */
+        sum += run_forward_backward(m, tokens_dev, targets_dev, 1.0f / (float)n, false, NULL);
+    }
+    free(tokens); free(targets);
+    device_free(tokens_dev); device_free(targets_dev);
+    return sum / n_batches;
+}
+
+void trainer_after_step(void *ctx, llama_model *m, const run_step *s) {
+    trainer *t = ctx;
+    const run_options *o = t->run;
+    bool eval_now = t->eval_every > 0 && (s->step % t->eval_every == 0 || s->step == o->steps);
+    double val = eval_now ? evaluate(m, t->corpus, t->eval_batches) : NAN;
+    if (eval_now) t->last_val_loss = val;
+    double tokens_per_s = s->tokens / s->seconds;
+    double mfu = t->flops_per_token * s->tokens / s->seconds / t->peak_flops;
+    double mem = comm_host_max(comm_world(), (double)mem_peak_total());   /* the fullest rank */
+    char val_text[32] = "";
+    if (eval_now) snprintf(val_text, sizeof val_text, " | val %.4f", val);
+    log0("step %4d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f ms | MFU %.1f%% | mem %.2f MiB%s\n",
+         s->step, s->loss, s->lr, s->grad_norm, tokens_per_s, 1e3 * s->seconds, 100 * mfu, mem / (1 << 20), val_text);
+    csv_row(t->csv, "%d,%.9g,%.9g,%.6g,%.6g,%.6g,%.6g,%.6g,%.0f", s->step, s->loss, val, s->lr, s->grad_norm,
+            tokens_per_s, 1e3 * s->seconds, mfu, mem);
+    if (t->csv) fflush(t->csv);
+    if (t->ckpt_dir && t->ckpt_every > 0 && (s->step % t->ckpt_every == 0 || s->step == o->steps)) {
+        checkpoint_meta meta = {s->step, o->seed, ""};
+        snprintf(meta.trainer_json, sizeof meta.trainer_json, "%s", t->trainer_json);
+        char err[512] = "";
+        double t0 = wall_seconds();
+        int rc = checkpoint_save(t->ckpt_dir, m, &meta, err, sizeof err);
+        comm_require_all(rc == 0, "--ckpt-dir %s: %s", t->ckpt_dir, err);
+        log0("           checkpoint of step %d saved in %s (%.0f ms)\n", s->step, t->ckpt_dir, 1e3 * (wall_seconds() - t0));
+    }
+}

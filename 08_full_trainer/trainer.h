@@ -1,0 +1,62 @@
+/* trainer.h: what a real training run adds around the step of run.h (llm.c's train_gpt2 loop,
+ * torchtitan's train.py): batches of real text, a learning-rate schedule, evaluation on held-out
+ * text, one line of metrics per step, checkpoints.
+ *
+ *   for step in first .. steps:
+ *       lr = schedule(step)                       linear warmup, then cosine down to lr_min
+ *       for micro in 0 .. accum-1:                gradient accumulation
+ *           batch = corpus windows (seed, step)   the same global batch on every mesh
+ *           forward, backward                     (the mesh's plan: parallelize.h)
+ *       clip by the global norm, AdamW(lr)
+ *       metrics: loss, lr, grad norm, tokens/s, MFU, memory       -> OUT/metrics.csv
+ *       every eval_every steps: validation loss                   -> the same line
+ *       every ckpt_every steps: checkpoint                        (checkpoint.h)
+ */
+#pragma once
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdint.h>
+#include "data.h"
+#include "llama.h"
+#include "model.h"
+#include "run.h"
+
+/* The learning rate of step s of n (1-based): lr * s / warmup while s <= warmup, then a cosine
+ * from lr at the end of warmup to lr_min at step n (torchtitan's and nanoGPT's schedule). */
+typedef struct { double lr, lr_min; int warmup, steps; } lr_schedule;
+double lr_at_step(const void *schedule, int step);   /* (run_options.lr_at) */
+
+/* The training text as run_options.next_batch wants it: rows micro*B .. of step's global batch. */
+typedef struct { const text_corpus *corpus; uint64_t seed; int accum; } text_source;
+int text_source_batch(const void *source, int step, int micro, int *tokens, int *targets, int B, int T);
+
+/* The model's peak rate for MFU. On a GPU, the device's datasheet figure (--peak-tflops); on the
+ * CPU, measured: every rank times the same fp32 GEMM at the same moment (so ranks that share a
+ * core share it in the probe too) and the rates are summed over the world. Collective. */
+double probe_peak_flops(void);
+
+/* The model's parameters, with or without the embedding table. */
+double model_parameters(const llama_config *c, bool with_embedding);
+
+/* Training FLOPs per token of the model at sequence length T: 6 x (parameters outside the
+ * embedding lookup) for the linears' forward and backward, plus 12 L T D for attention's scores
+ * and weighted sum (Chowdhery et al. 2022, PaLM, appendix B; causal masking not subtracted). */
+double model_flops_per_token(const llama_config *c);
+
+typedef struct {
+    const run_options *run;
+    const text_corpus *corpus;
+    int eval_every, eval_batches;   /* validation every N steps (0: never) over this many batches */
+    const char *ckpt_dir;           /* NULL: no checkpoints                                       */
+    int ckpt_every;
+    char trainer_json[1024];        /* the settings a resume must match (checkpoint.h)            */
+    double peak_flops, flops_per_token;
+    FILE *csv;                      /* OUT/metrics.csv, rank 0                                    */
+    double last_val_loss;           /* NAN until the first evaluation                             */
+} trainer;
+
+/* The validation loss: the mean token loss over the first n validation batches. Collective. */
+double evaluate(llama_model *m, const text_corpus *corpus, int n_batches);
+
+/* run_options.after_step: the metrics line and CSV row, evaluation and checkpoints when due. */
+void trainer_after_step(void *trainer_ctx, llama_model *m, const run_step *s);
