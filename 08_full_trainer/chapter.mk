@@ -12,7 +12,7 @@ LINKS_08 += 00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c 02_loss_par
 # in its report file.
 LINKS_08 += 03_sequence_parallel/sp_report.c
 # make run-08: the trainer on 8 ranks (oversubscribed on a small machine), pp 2 x dp_shard 2 x tp 2,
-# 300 steps on Shakespeare with a sample at the end, without the baseline (make check-08 has it).
+# 500 steps on Shakespeare with a sample at the end, without the baseline (make check-08 has it).
 RUN_NP_08    := 8
 RUN_FLAGS_08 := --sample 400
 RUN_ARGS_08  := --pp 2 --dp-shard 2 --tp 2

@@ -660,6 +660,7 @@ typedef struct { int r0, nr, c0, nc; float *host; double filled; bool stored; } 
 
 /* Copies the overlap of piece p (its data `src`, row-major [p.nr, p.nc]) into the target. */
 static void fill(target *x, const piece *p, const unsigned char *src) {
+    /* BEGIN ASSIGNMENT: resharding: copy the overlap of the saved piece p (rows [p->r0, p->r0 + p->nr) x columns [p->c0, p->c0 + p->nc) of the global tensor, row-major in src) into this rank's rectangle x (row-major in x->host), and add the elements copied to x->filled */
     int r_lo = p->r0 > x->r0 ? p->r0 : x->r0, r_hi = p->r0 + p->nr < x->r0 + x->nr ? p->r0 + p->nr : x->r0 + x->nr;
     int c_lo = p->c0 > x->c0 ? p->c0 : x->c0, c_hi = p->c0 + p->nc < x->c0 + x->nc ? p->c0 + p->nc : x->c0 + x->nc;
     if (r_lo >= r_hi || c_lo >= c_hi) return;
@@ -668,6 +669,7 @@ static void fill(target *x, const piece *p, const unsigned char *src) {
                src + ((size_t)(r - p->r0) * p->nc + (size_t)(c_lo - p->c0)) * sizeof(float),
                (size_t)(c_hi - c_lo) * sizeof(float));
     x->filled += (double)(r_hi - r_lo) * (c_hi - c_lo);
+    /* END ASSIGNMENT */
 }
 
 static bool overlaps(const target *x, const piece *p) {

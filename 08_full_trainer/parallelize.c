@@ -87,8 +87,12 @@ llama_plan parallelize_llama(device_mesh *mesh, const llama_config *c, int batch
      * wrap the plan below. Prefetching the next layer assumes the layers run in order, which a
      * pipeline's interleaving of microbatches breaks: it gathers on demand there. */
     if (dp > 1) {
+        /* BEGIN ASSIGNMENT: chapter 04's data parallelism on the plan: FSDP (its mode DP_FSDP covers HSDP when dp_replicate > 1), resharding after forward, prefetching only without a pipeline, DDP's bucket size unused (64 * 256), the fp32 all-gather (NULL) */
         dp_options d = {DP_FSDP, true, g[MESH_PP] == 1, 64 * 256, NULL};
         data_parallel_apply(&plan, mesh, c, &d);
+        /* END ASSIGNMENT */
+        if (!plan.dp_ctx)
+            comm_exit_usage("parallelize_llama: the mesh has %d data ranks but no data-parallel plan was applied", dp);
     }
     plan.mesh = mesh;
     plan.name = "4-D parallel";

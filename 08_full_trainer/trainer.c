@@ -12,10 +12,12 @@
 
 double lr_at_step(const void *schedule, int step) {
     const lr_schedule *s = schedule;
+    /* BEGIN ASSIGNMENT: the learning rate of `step`: lr * step / warmup during the warmup, then half a cosine from lr (at the end of warmup) down to lr_min (at the last step, s->steps) */
     if (step <= s->warmup) return s->lr * step / s->warmup;
     if (s->steps <= s->warmup) return s->lr;
     double progress = (double)(step - s->warmup) / (s->steps - s->warmup);   /* 0 .. 1 */
     return s->lr_min + 0.5 * (s->lr - s->lr_min) * (1.0 + cos(M_PI * progress));
+    /* END ASSIGNMENT */
 }
 
 int text_source_batch(const void *source, int step, int micro, int *tokens, int *targets, int B, int T) {
