@@ -1,4 +1,4 @@
-/* checkpoint.c: see checkpoint.h; the layout and the index are described in CHECKPOINTS.md.
+/* checkpoint.c: see checkpoint.h; the layout and the index are described in README.md ("Checkpoints").
  *
  * Save, on every rank:  the pieces this rank holds (param_held_slice) -> rank_<r>.safetensors
  *                       in DIR/step_N.tmp.<pid>; rank 0 gathers every rank's list of pieces and

@@ -1,7 +1,7 @@
 /* checkpoint.h: sharded checkpoints that load into any mesh, and the consolidated export.
  *
  * A checkpoint is a directory of plain safetensors files, one per rank that holds something,
- * plus an index that says which piece of which tensor lies where (CHECKPOINTS.md):
+ * plus an index that says which piece of which tensor lies where (README.md, "Checkpoints"):
  *
  *   DIR/latest                      "step_00000200": the newest complete checkpoint
  *   DIR/step_00000200/index.json    mesh, model, step, seed, the trainer's settings, and for

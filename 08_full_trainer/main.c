@@ -246,14 +246,21 @@ int main(int argc, char **argv) {
     char mesh_name[128];
     log0("chapter 08: the full trainer on %s, backend %s\n", parallel_mesh_name(&co.par, mesh_name, sizeof mesh_name),
          device_backend_name());
-    log0("plan: tp%s%s, ac %s, cp %s (%s), %s pipeline (%d microbatches, %d virtual), %s, float8 %s\n",
-         co.par.degree[MESH_TP] > 1 ? " + loss parallel" : "", co.par.degree[MESH_TP] > 1 && co.par.sp ? " + sp" : "",
-         ac_mode_name(co.par.ac), cp_method_name(co.par.cp.method), cp_balance_name(co.par.cp.balance),
-         pp_schedule_name(co.par.pp.schedule), co.par.pp.microbatches, co.par.pp.virtual_stages,
-         co.par.degree[MESH_DP_REPLICATE] > 1 ? "hsdp" : "fsdp", fp8_recipe_name(co.par.fp8.recipe));
+    const int *g = co.par.degree;
+    char cp_text[64] = "no cp", pp_text[96] = "no pipeline", dp_text[16] = "no dp";
+    if (g[MESH_CP] > 1) snprintf(cp_text, sizeof cp_text, "cp %s (%s)", cp_method_name(co.par.cp.method),
+                                 cp_balance_name(co.par.cp.balance));
+    if (g[MESH_PP] > 1) snprintf(pp_text, sizeof pp_text, "%s pipeline (%d microbatches, %d virtual stages)",
+                                 pp_schedule_name(co.par.pp.schedule), co.par.pp.microbatches, co.par.pp.virtual_stages);
+    if (g[MESH_DP_REPLICATE] * g[MESH_DP_SHARD] > 1) snprintf(dp_text, sizeof dp_text, "%s", g[MESH_DP_REPLICATE] > 1 ? "hsdp" : "fsdp");
+    log0("plan: %s, ac %s, %s, %s, %s, float8 %s\n",
+         g[MESH_TP] == 1 ? "no tp" : co.par.sp ? "tp + loss parallel + sp" : "tp + loss parallel", ac_mode_name(co.par.ac),
+         cp_text, pp_text, dp_text, fp8_recipe_name(co.par.fp8.recipe));
     log0("model: dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d (bytes), %.2f M parameters\n", c->dim, c->n_layers,
          c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size, model_parameters(c, true) / 1e6);
-    log0("data: %s, %zu bytes (%zu train, %zu validation); batch %d x %d tokens x accum %d per step\n", co.data,
+    size_t root_len = strlen(REPO_ROOT "/");   /* the shipped corpus: named from the repository */
+    const char *data_name = strncmp(co.data, REPO_ROOT "/", root_len) == 0 ? co.data + root_len : co.data;
+    log0("data: %s, %zu bytes (%zu train, %zu validation); batch %d x %d tokens x accum %d per step\n", data_name,
          corpus.n, corpus.n_train, corpus.n - corpus.n_train, o.batch, c->seq_len, co.accum);
     log0("schedule: lr %.2e, warmup %d steps, cosine to %.2e at step %d; AdamW, clip %g\n", lr.lr, lr.warmup, lr.lr_min,
          o.steps, o.opt.clip_grad_norm);

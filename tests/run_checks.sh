@@ -22,27 +22,19 @@ log=$(mktemp -d)
 while read -r np expect flags; do
     case "$np" in ''|'#'*) continue;; esac
     out=$log/run.txt
-    if [ "$expect" = unit ]; then
-        timeout 300 $mpirun_base -np "$np" "$root/$backend/tests/$flags" </dev/null >"$out" 2>&1
-        rc=$?
-        if [ $rc -eq 0 ]; then
-            printf 'ok    check-%s  NP=%-2s unit  %s\n' "$nn" "$np" "$(tail -1 "$out")"; passed=$((passed+1))
+    if [ "$expect" = unit ] || [ "$expect" = script ]; then
+        if [ "$expect" = unit ]; then
+            timeout 300 $mpirun_base -np "$np" "$root/$backend/tests/$flags" </dev/null >"$out" 2>&1
         else
-            printf 'FAIL  check-%s  NP=%-2s unit  %s  (exit %d)\n' "$nn" "$np" "$flags" $rc
-            sed 's/^/      | /' "$out" | tail -25
-            failed=$((failed+1))
+            script=${flags%% *}; args=""
+            case "$flags" in *' '*) args=${flags#* };; esac
+            MPIRUN_BASE=$mpirun_base timeout 600 bash "$dir/$script" "$bin" "$np" $args </dev/null >"$out" 2>&1
         fi
-        continue
-    fi
-    if [ "$expect" = script ]; then
-        script=${flags%% *}; args=""
-        case "$flags" in *' '*) args=${flags#* };; esac
-        MPIRUN_BASE=$mpirun_base timeout 600 bash "$dir/$script" "$bin" "$np" $args </dev/null >"$out" 2>&1
         rc=$?
         if [ $rc -eq 0 ]; then
-            printf 'ok    check-%s  NP=%-2s script %s\n' "$nn" "$np" "$(tail -1 "$out")"; passed=$((passed+1))
+            printf 'ok    check-%s  NP=%-2s %-5s %s\n' "$nn" "$np" "$expect" "$(tail -1 "$out")"; passed=$((passed+1))
         else
-            printf 'FAIL  check-%s  NP=%-2s script %s  (exit %d)\n' "$nn" "$np" "$flags" $rc
+            printf 'FAIL  check-%s  NP=%-2s %-5s %s  (exit %d)\n' "$nn" "$np" "$expect" "$flags" $rc
             sed 's/^/      | /' "$out" | tail -25
             failed=$((failed+1))
         fi
