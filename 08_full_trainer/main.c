@@ -205,7 +205,7 @@ int main(int argc, char **argv) {
         comm_exit_usage("--eval-batches %d is more than the %d batches of %d x %d bytes in %s's validation part",
                         co.eval_batches, val_batches, o.batch, c->seq_len, co.data);
     lr_schedule lr = {o.opt.lr, co.lr_min >= 0 ? co.lr_min : o.opt.lr / 10, co.warmup, o.steps};
-    text_source source = {&corpus, o.seed, co.accum};
+    text_source source = {&corpus, o.seed};
     o.next_batch = text_source_batch; o.data_ctx = &source;
     o.lr_at = lr_at_step; o.lr_ctx = &lr;
     o.accum = co.accum;
@@ -293,7 +293,7 @@ int main(int argc, char **argv) {
              text_unigram_loss(&corpus));
     if (co.sample) sample_text(model, co.prompt, co.sample, co.temperature, o.seed);
 
-    int mismatches = 0;
+    int mismatches = report_state_memory(c, co.par.degree, mesh->coord[MESH_PP], co.par.pp.virtual_stages);
     if (o.check && co.par.fp8.recipe != FP8_OFF) mismatches += float8_report_casts(&baseline);   /* step 1's, code by code */
 
     llama_free(model);

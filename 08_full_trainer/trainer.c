@@ -8,6 +8,9 @@
 #include "gemm.h"
 #include "init.h"
 #include "log.h"
+#include "parity.h"
+#include "plan_calculator.h"
+#include "report.h"
 #include "trainer.h"
 
 double lr_at_step(const void *schedule, int step) {
@@ -61,6 +64,29 @@ double probe_peak_flops(void) {
     double rate = 2.0 * N * N * N * reps / seconds;
     device_free(a); device_free(b); device_free(c);
     return comm_host_sum(comm_world(), rate);
+}
+
+int report_state_memory(const llama_config *c, const int mesh[MESH_NDIMS], int pp_rank, int virtual_stages) {
+    plan_calc_options o;
+    plan_calc_defaults(&o);
+    o.dim = c->dim; o.n_layers = c->n_layers; o.n_heads = c->n_heads; o.n_kv_heads = c->n_kv_heads;
+    o.ffn_dim = c->ffn_dim; o.vocab = c->vocab_size; o.seq_len = c->seq_len;
+    o.virtual_stages = virtual_stages;
+    o.shard_cp = false;   /* this trainer's FSDP shards over dp_shard alone (parallelize.h) */
+    double floats = plan_calc_stage_floats(&o, mesh, pp_rank);
+    memory_row rows[3] = {
+        {"parameters (fp32)", (double)mem_current(MEM_PARAMS), 4 * floats, "4 Psi_S: the stage's tp slices / S, padded"},
+        {"gradients (fp32)", (double)mem_current(MEM_GRADS), 4 * floats, "4 Psi_S"},
+        {"AdamW m, v (fp32)", (double)mem_current(MEM_OPTIM), 8 * floats, "8 Psi_S"}};
+    bool root = comm_world()->rank == 0;
+    int bad = 0;
+    for (int k = 0; k < 3; k++) bad |= rows[k].measured_bytes != rows[k].formula_bytes;
+    if (root) report_memory("state of world rank 0 (pipeline stage 0) beside --plan's formula", rows, 3);
+    int ranks_bad = (int)comm_host_sum(comm_world(), bad);
+    log0("state on every rank: %s (%d of %d ranks differ from --plan's formula for their stage)\n",
+         ranks_bad ? "MISMATCH" : "ok", ranks_bad, comm_world()->size);
+    if (ranks_bad) parity_fail("a rank's parameter, gradient or optimizer bytes differ from --plan's formula");
+    return ranks_bad;
 }
 
 double evaluate(llama_model *m, const text_corpus *corpus, int n_batches) {

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdint.h>
 #include "data.h"
+#include "mesh.h"
 #include "llama.h"
 #include "model.h"
 #include "run.h"
@@ -27,7 +28,7 @@ typedef struct { double lr, lr_min; int warmup, steps; } lr_schedule;
 double lr_at_step(const void *schedule, int step);   /* (run_options.lr_at) */
 
 /* The training text as run_options.next_batch wants it: rows micro*B .. of step's global batch. */
-typedef struct { const text_corpus *corpus; uint64_t seed; int accum; } text_source;
+typedef struct { const text_corpus *corpus; uint64_t seed; } text_source;
 int text_source_batch(const void *source, int step, int micro, int *tokens, int *targets, int B, int T);
 
 /* The model's peak rate for MFU. On a GPU, the device's datasheet figure (--peak-tflops); on the
@@ -54,6 +55,12 @@ typedef struct {
     FILE *csv;                      /* OUT/metrics.csv, rank 0                                    */
     double last_val_loss;           /* NAN until the first evaluation                             */
 } trainer;
+
+/* The state this rank stores (parameters, gradients, AdamW's m and v), as the allocator counted
+ * it, beside --plan's formula for its pipeline stage (plan_calc_stage_floats: its tp slices,
+ * padded to dp_shard equal shards, 4 + 4 + 8 bytes a float). Every rank compares its own; rank 0
+ * prints its rows. Returns the ranks that differ (the same on every rank). Collective. */
+int report_state_memory(const llama_config *c, const int mesh[MESH_NDIMS], int pp_rank, int virtual_stages);
 
 /* The validation loss: the mean token loss over the first n validation batches. Collective. */
 double evaluate(llama_model *m, const text_corpus *corpus, int n_batches);
