@@ -203,9 +203,11 @@ plot-%: chapter-exists-% all
 	 fi
 	@ls out/$*/*.png
 
-# make assignment-NN [DEST=student/NN]: a student copy with chapter NN's exercises removed.
+# make assignment-NN [DEST=../student-NN]: a student copy with chapter NN's exercises removed,
+# written outside the repository (beside it by default): a copy inside it would sit next to the
+# solutions.
 assignment-%:
-	@./tests/make_assignment.sh $* $(or $(DEST),student/$*)
+	@./tests/make_assignment.sh $* $(or $(DEST),$(abspath $(CURDIR)/../student-$*))
 
 bench-%: chapter-exists-% all
 	@d=$(call chapter_dir,$*); [ -x $$d/bench.sh ] || { echo "chapter $* has no benchmark"; exit 2; }
@@ -233,7 +235,7 @@ help:
 	@echo "make check-NN         the chapter's parity check on each of its standard layouts (NN_*/checks.txt)"
 	@echo "make plot-NN          gnuplot PNGs of what the chapter measured, in out/NN/"
 	@echo "make bench-NN         the chapter's benchmark, if it has one (never part of make test)"
-	@echo "make assignment-NN    a student copy in student/NN with the chapter's exercises removed"
+	@echo "make assignment-NN    a student copy in ../student-NN (beside the repository) with the chapter's exercises removed"
 	@echo "make test             every unit test, chapter check and scripted test; last line 'N passed, N failed'"
 	@echo "make cuda             compile and link every CUDA source with nvcc (sm_80, sm_90), warnings as errors"
 	@echo "make sanitize         unit tests and chapter layouts under ASan + UBSan + LeakSanitizer (build/sanitize)"

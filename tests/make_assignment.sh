@@ -8,6 +8,12 @@ nn=$1; dest=$2
 src=$(cd "$(dirname "$0")/.." && pwd)
 dir=$(cd "$src" && ls -d "${nn}"_*/ 2>/dev/null | head -1) || true
 [ -n "$dir" ] || { echo "make assignment-$nn: no chapter $nn" >&2; exit 2; }
+# outside the repository: a student copy inside it would sit next to the solutions (and git)
+abs=$(realpath -m "$dest")
+case "$abs/" in "$src"/*)
+    echo "make assignment-$nn: DEST=$dest is inside the repository ($src), next to the solutions; pick a directory outside it (the default is $(dirname "$src")/student-$nn)" >&2
+    exit 2;;
+esac
 [ -e "$dest" ] && { echo "make assignment-$nn: $dest exists; remove it or pick another DEST=" >&2; exit 2; }
 mkdir -p "$dest"
 # every file of the tutorial but builds, outputs and earlier student copies

@@ -19,6 +19,23 @@ bin=$root/$backend/$nn
 mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
 passed=0; failed=0
 log=$(mktemp -d)
+# What a failing run shows (at most about 40 lines): the error lines, step 1's gradient table
+# rows that failed (the only step whose gradients are judged) with the first mismatching tensor
+# named, the verdict, and the run's last lines.
+explain() {
+    local out=$1
+    {
+        grep -m5 -E '^(error|FAIL)' "$out"
+        if grep -q 'gradients, parallel (gathered) vs baseline' "$out"; then
+            local first; first=$(awk '/gradients, parallel \(gathered\) vs baseline/ {t=1; next} t && /^step/ {exit} t && /FAIL$/ {print $1; exit}' "$out")
+            [ -n "$first" ] && echo "first mismatching tensor at step 1: $first"
+            awk '/gradients, parallel \(gathered\) vs baseline/ {t=1; print; next} t && /^step/ {exit} t && /FAIL$/' "$out" | head -12
+        fi
+        grep -m3 -E 'MISMATCH|^PARITY (OK|FAILED)' "$out"
+        echo "... the run's last lines:"
+        tail -8 "$out"
+    } | head -40 | sed 's/^/      | /'
+}
 while read -r np expect flags; do
     case "$np" in ''|'#'*) continue;; esac
     out=$log/run.txt
@@ -35,7 +52,7 @@ while read -r np expect flags; do
             printf 'ok    check-%s  NP=%-2s %-5s %s\n' "$nn" "$np" "$expect" "$(tail -1 "$out")"; passed=$((passed+1))
         else
             printf 'FAIL  check-%s  NP=%-2s %-5s %s  (exit %d)\n' "$nn" "$np" "$expect" "$flags" $rc
-            sed 's/^/      | /' "$out" | tail -25
+            explain "$out"
             failed=$((failed+1))
         fi
         continue
@@ -48,10 +65,16 @@ while read -r np expect flags; do
         printf 'ok    check-%s  NP=%-2s %-5s %s\n' "$nn" "$np" "$expect" "$flags"; passed=$((passed+1))
     else
         printf 'FAIL  check-%s  NP=%-2s %-5s %s  (exit %d)\n' "$nn" "$np" "$expect" "$flags" $rc
-        sed 's/^/      | /' "$out" | tail -25
+        explain "$out"
         failed=$((failed+1))
     fi
 done < "$dir/checks.txt"
 rm -rf "$log"
-echo "check-$nn: $passed passed, $failed failed"
+# a student copy: where the exercises still wait
+todo=$(grep -n 'TODO (assignment)' "$dir"*.c 2>/dev/null)
+if [ -n "$todo" ]; then
+    echo "unfinished exercises (make assignment-$nn removed these regions):"
+    echo "$todo" | sed -E 's/^([^:]*:[0-9]+):[[:space:]]*/  \1  /'
+fi
+echo "check-$nn: $passed passed, $failed failed ($passed/$((passed + failed)) layouts)"
 [ $failed -eq 0 ]

@@ -20,5 +20,9 @@ for dir in [0-9][0-9]_*/; do
         echo "check-$nn passes on the student copy with the exercises removed: it grades nothing"; bad=$((bad+1))
     fi
 done
-echo "$((n-bad)) of $n chapters' exercises are gradable by make check-NN"
+# a student copy is refused inside the repository, next to the solutions (and nothing is written)
+if make --no-print-directory assignment-00 DEST=student/inside >"$tmp/r.txt" 2>&1 || [ -e student/inside ]; then
+    echo "make assignment-00 DEST=student/inside was not refused"; bad=$((bad+1)); rm -rf student/inside
+fi
+echo "$((n-bad)) of $n chapters' exercises are gradable by make check-NN; a copy inside the repository is refused"
 [ $bad -eq 0 ] && [ $n -gt 0 ]
