@@ -41,8 +41,8 @@ for checks in [0-9][0-9]_*/checks.txt; do
     nn=$(basename "$(dirname "$checks")" | cut -c1-2)
     ./tests/run_checks.sh "$backend" "$nn" "$root" >"$tmp/c.txt" 2>&1
     grep -v "^check-$nn:" "$tmp/c.txt"
-    p=$(sed -n "s/^check-$nn: \([0-9]*\) passed, \([0-9]*\) failed/\1/p" "$tmp/c.txt")
-    f=$(sed -n "s/^check-$nn: \([0-9]*\) passed, \([0-9]*\) failed/\2/p" "$tmp/c.txt")
+    p=$(sed -n "s/^check-$nn: \([0-9]*\) passed, \([0-9]*\) failed.*/\1/p" "$tmp/c.txt")
+    f=$(sed -n "s/^check-$nn: \([0-9]*\) passed, \([0-9]*\) failed.*/\2/p" "$tmp/c.txt")
     if [ -z "$p" ]; then fail "check-$nn did not run" "$tmp/c.txt"; continue; fi
     passed=$((passed+p)); failed=$((failed+f))
 done
