@@ -1,0 +1,113 @@
+/* flags.c: see flags.h. */
+#include <stdio.h>
+#include <string.h>
+#include "cli.h"
+#include "comm.h"
+#include "flags.h"
+#include "../04_fsdp/data_parallel.h"
+
+static const char *usage =
+    "usage: 08 [flags]   (under mpirun: NP = pp x dp-replicate x dp-shard x cp x tp ranks)\n"
+    "the mesh:\n"
+    "  --pp N --dp-replicate N --dp-shard N --cp N --tp N   degrees (default 1; --dp-shard -1, the\n"
+    "                                        default, takes what the others leave of NP)\n"
+    "  --no-sp                               tensor parallelism without sequence parallelism\n"
+    "  --ac none|selective|full              activation checkpointing (default none)\n"
+    "  --cp-method ring|allgather|alltoall   context-parallel attention (default ring)\n"
+    "  --schedule gpipe|1f1b|interleaved|zb-h1  pipeline schedule (default 1f1b)\n"
+    "  --microbatches M --virtual-stages V   pipeline microbatches per step (default pp), chunks per stage\n"
+    "  --fp8 off|tensorwise|rowwise|delayed  float8 linears in the layers (default off)\n"
+    "training:\n"
+    "  --data FILE           the text to train on, one token per byte (default the repository's\n"
+    "                        08_full_trainer/data/tinyshakespeare.txt); 90% trains, 10% validates\n"
+    "  --warmup N            linear warmup steps (default 20, at most steps / 5), then cosine to --lr-min\n"
+    "  --lr-min X            the learning rate at the last step (default lr / 10)\n"
+    "  --accum N             micro-batches of --batch sequences per optimizer step (default 1)\n"
+    "  --eval-every N        validation loss every N steps and at the end (default 50; 0: never)\n"
+    "  --eval-batches N      validation batches per evaluation (default 4)\n"
+    "  --peak-tflops X       the device's peak for MFU (default: measured by a GEMM probe)\n"
+    "checkpoints and outputs:\n"
+    "  --ckpt-dir DIR --ckpt-every N   sharded checkpoints every N steps and at the end\n"
+    "  --resume              continue from DIR's latest checkpoint (any mesh)\n"
+    "  --export FILE         one safetensors with the baseline's names, after training\n"
+    "  --sample N            after training, N bytes sampled from --prompt (default \"ROMEO:\")\n"
+    "  --temperature X       sampling temperature (default 0.8; 0: the most likely byte)\n"
+    "  --plan                no training: memory and communication of meshes for a large model\n";
+
+enum {
+    OPT_PP = 1, OPT_DPR, OPT_DPS, OPT_CP, OPT_TP, OPT_NO_SP, OPT_AC, OPT_CP_METHOD, OPT_SCHEDULE, OPT_MICRO,
+    OPT_VIRTUAL, OPT_FP8, OPT_DATA, OPT_WARMUP, OPT_LR_MIN, OPT_ACCUM, OPT_EVAL_EVERY, OPT_EVAL_BATCHES,
+    OPT_PEAK, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_RESUME, OPT_EXPORT, OPT_SAMPLE, OPT_PROMPT, OPT_TEMP, OPT_PLAN
+};
+static void chapter_flag(int code, const char *arg, void *ctx) {
+    static const char *const acs[] = {"none", "selective", "full", NULL};
+    static const char *const methods[] = {"ring", "allgather", "alltoall", NULL};
+    static const char *const recipes[] = {"off", "tensorwise", "rowwise", "delayed", NULL};
+    trainer_options *co = ctx;
+    int *g = co->par.degree;
+    switch (code) {
+    case OPT_PP: g[MESH_PP] = cli_int("--pp", arg, 1, 4096); break;
+    case OPT_DPR: g[MESH_DP_REPLICATE] = cli_int("--dp-replicate", arg, 1, 65536); break;
+    case OPT_DPS:
+        g[MESH_DP_SHARD] = strcmp(arg, "-1") == 0 ? -1 : cli_int("--dp-shard (or -1: the rest of NP)", arg, 1, 65536);
+        break;
+    case OPT_CP: g[MESH_CP] = cli_int("--cp", arg, 1, 4096); break;
+    case OPT_TP: g[MESH_TP] = cli_int("--tp", arg, 1, 4096); break;
+    case OPT_NO_SP: co->par.sp = false; break;
+    case OPT_AC: co->par.ac = (ac_mode)cli_choice("--ac", arg, acs); break;
+    case OPT_CP_METHOD: co->par.cp.method = (cp_method)cli_choice("--cp-method", arg, methods); break;
+    case OPT_SCHEDULE:
+        if (pp_schedule_parse(arg, &co->par.pp.schedule) != 0)
+            comm_exit_usage("--schedule '%s' is not valid: use gpipe, 1f1b, interleaved or zb-h1", arg);
+        break;
+    case OPT_MICRO: co->par.pp.microbatches = cli_int("--microbatches", arg, 1, 4096); co->microbatches_given = true; break;
+    case OPT_VIRTUAL: co->par.pp.virtual_stages = cli_int("--virtual-stages", arg, 1, 64); break;
+    case OPT_FP8: co->par.fp8.recipe = (fp8_recipe)cli_choice("--fp8", arg, recipes); break;
+    case OPT_DATA: co->data = arg; break;
+    case OPT_WARMUP: co->warmup = cli_int("--warmup", arg, 0, 1000000); break;
+    case OPT_LR_MIN: co->lr_min = cli_float("--lr-min", arg, 0.0f, 10.0f); break;
+    case OPT_ACCUM: co->accum = cli_int("--accum", arg, 1, 4096); break;
+    case OPT_EVAL_EVERY: co->eval_every = cli_int("--eval-every", arg, 0, 1000000); break;
+    case OPT_EVAL_BATCHES: co->eval_batches = cli_int("--eval-batches", arg, 1, 100000); break;
+    case OPT_PEAK: co->peak_tflops = cli_float("--peak-tflops", arg, 1e-6f, 1e6f); break;
+    case OPT_CKPT_DIR: co->ckpt_dir = arg; break;
+    case OPT_CKPT_EVERY: co->ckpt_every = cli_int("--ckpt-every", arg, 1, 1000000); break;
+    case OPT_RESUME: co->resume = true; break;
+    case OPT_EXPORT: co->export_path = arg; break;
+    case OPT_SAMPLE: co->sample = cli_int("--sample", arg, 0, 1000000); break;
+    case OPT_PROMPT: co->prompt = arg; break;
+    case OPT_TEMP: co->temperature = cli_float("--temperature", arg, 0.0f, 100.0f); break;
+    case OPT_PLAN: co->plan = true; break;
+    default:
+        if (!plan_calculator_flag(&co->calc, code, arg)) comm_exit_usage("internal: flag %d not handled", code);
+    }
+}
+
+void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **argv) {
+    *o = run_options_default("08", data_parallel_faults);   /* --fault: chapter 04's */
+    o->model.dim = 96; o->model.n_layers = 4; o->model.n_heads = 4; o->model.n_kv_heads = 2;
+    o->model.ffn_dim = 256; o->model.vocab_size = 256; o->model.seq_len = 64;
+    o->batch = 16; o->steps = 500; o->opt.lr = 3e-3f; o->opt.clip_grad_norm = 1.0f;
+    *t = (trainer_options){.par = {{1, 1, -1, 1, 1}, true, AC_NONE, {CP_RING, CP_ZIGZAG}, {PP_1F1B, 0, 1}, {FP8_OFF, 16, 1, 1}},
+                          .data = REPO_ROOT "/08_full_trainer/data/tinyshakespeare.txt", .prompt = "ROMEO:", .warmup = -1,
+                          .accum = 1, .eval_every = 50, .eval_batches = 4, .lr_min = -1, .temperature = 0.8};
+    plan_calc_defaults(&t->calc);
+    static const struct option flags[] = {
+        {"pp", required_argument, 0, OPT_PP}, {"dp-replicate", required_argument, 0, OPT_DPR},
+        {"dp-shard", required_argument, 0, OPT_DPS}, {"cp", required_argument, 0, OPT_CP},
+        {"tp", required_argument, 0, OPT_TP}, {"no-sp", no_argument, 0, OPT_NO_SP},
+        {"ac", required_argument, 0, OPT_AC}, {"cp-method", required_argument, 0, OPT_CP_METHOD},
+        {"schedule", required_argument, 0, OPT_SCHEDULE}, {"microbatches", required_argument, 0, OPT_MICRO},
+        {"virtual-stages", required_argument, 0, OPT_VIRTUAL}, {"fp8", required_argument, 0, OPT_FP8},
+        {"data", required_argument, 0, OPT_DATA}, {"warmup", required_argument, 0, OPT_WARMUP},
+        {"lr-min", required_argument, 0, OPT_LR_MIN}, {"accum", required_argument, 0, OPT_ACCUM},
+        {"eval-every", required_argument, 0, OPT_EVAL_EVERY}, {"eval-batches", required_argument, 0, OPT_EVAL_BATCHES},
+        {"peak-tflops", required_argument, 0, OPT_PEAK}, {"ckpt-dir", required_argument, 0, OPT_CKPT_DIR},
+        {"ckpt-every", required_argument, 0, OPT_CKPT_EVERY}, {"resume", no_argument, 0, OPT_RESUME},
+        {"export", required_argument, 0, OPT_EXPORT}, {"sample", required_argument, 0, OPT_SAMPLE},
+        {"prompt", required_argument, 0, OPT_PROMPT}, {"temperature", required_argument, 0, OPT_TEMP},
+        {"plan", no_argument, 0, OPT_PLAN}, PLAN_CALC_FLAGS, {0, 0, 0, 0}};
+    char full_usage[8192];
+    snprintf(full_usage, sizeof full_usage, "%s%s", usage, plan_calculator_usage);
+    run_parse(o, argc, argv, flags, chapter_flag, t, full_usage);
+}
