@@ -146,7 +146,7 @@ $(foreach t,$(basename $(notdir $(TESTS_C))),$(eval $(call test_rule,$(t),cuda))
 CHAPTER_BINS = $(foreach c,$(CHAPTERS),$(BUILD_ROOT)/$(1)/$(call chapter_num,$(c)))
 TEST_BINS    = $(foreach t,$(basename $(notdir $(TESTS_C))),$(BUILD_ROOT)/$(1)/tests/$(t))
 
-.PHONY: all cuda banner deps deps-check deps-check-test test sanitize clean help
+.PHONY: bench-baseline all cuda banner deps deps-check deps-check-test test sanitize clean help
 all: banner deps-check $(call CHAPTER_BINS,$(BACKEND)) $(call TEST_BINS,$(BACKEND))
 
 # `make cuda`: every .cu through nvcc for sm_80 and sm_90 with warnings as errors, and every
@@ -213,6 +213,10 @@ bench-%: chapter-exists-% all
 	@d=$(call chapter_dir,$*); [ -x $$d/bench.sh ] || { echo "chapter $* has no benchmark"; exit 2; }
 	@$(call chapter_dir,$*)/bench.sh $(BUILD)/$*
 
+# make bench-baseline: the single-device step beside PyTorch's (issue: performance), never in make test.
+bench-baseline: all
+	@./tests/bench_baseline.sh $(BUILD)/01
+
 # ---------------------------------------------------------------- tests
 test: deps-check-test all
 	@if [ -n "$(HAVE_NVCC)" ]; then echo "== make cuda (nvcc found at $(NVCC))"; \
@@ -235,6 +239,7 @@ help:
 	@echo "make check-NN         the chapter's parity check on each of its standard layouts (NN_*/checks.txt)"
 	@echo "make plot-NN          gnuplot PNGs of what the chapter measured, in out/NN/"
 	@echo "make bench-NN         the chapter's benchmark, if it has one (never part of make test)"
+	@echo "make bench-baseline   the single-device step beside the same model in PyTorch (ms, GFLOP/s, ratio)"
 	@echo "make assignment-NN    a student copy in ../student-NN (beside the repository) with the chapter's exercises removed"
 	@echo "make test             every unit test, chapter check and scripted test; last line 'N passed, N failed'"
 	@echo "make cuda             compile and link every CUDA source with nvcc (sm_80, sm_90), warnings as errors"
