@@ -5,6 +5,7 @@
  * loops turned into CUDA threads and the same GEMM calls: read the two side by side.
  */
 #include <string.h>
+#include <stdlib.h>
 #include "llama_kernels.h"
 #include "llama_math.h"
 #include "gemm.h"
@@ -89,17 +90,26 @@ void linear_backward(float *dx, float *dW, const float *dy, const float *x, cons
 static void rope_apply(float *x, const int *positions, int B, int T, int H, int hd, float theta,
                        int inverse) {
     int half = hd / 2;
+    /* cos and sin of each (position, pair), computed once per call rather than once per head and
+     * sequence: the same float operations, so the same bits, B H times fewer of them */
+    float *cs = malloc((size_t)T * half * 2 * sizeof(float));
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < half; j++) {
+            float angle = rope_angle(positions[t], j, hd, theta);
+            cs[2 * ((size_t)t * half + j)] = cosf(angle);
+            cs[2 * ((size_t)t * half + j) + 1] = sinf(angle);
+        }
     size_t npairs = (size_t)B * T * H * half;
     for (size_t i = 0; i < npairs; i++) {
         int j = (int)(i % half);
         size_t row = i / half;            /* (b T + t) H + h: which head vector */
         int t = (int)((row / H) % T);
-        float angle = rope_angle(positions[t], j, hd, theta);
-        float cos_t = cosf(angle), sin_t = sinf(angle);
+        const float *c = cs + 2 * ((size_t)t * half + j);
         float *pair = x + row * hd + 2 * j;
-        if (inverse) rope_rotate_inverse(&pair[0], &pair[1], cos_t, sin_t);
-        else         rope_rotate(&pair[0], &pair[1], cos_t, sin_t);
+        if (inverse) rope_rotate_inverse(&pair[0], &pair[1], c[0], c[1]);
+        else         rope_rotate(&pair[0], &pair[1], c[0], c[1]);
     }
+    free(cs);
 }
 
 void rope_forward(float *x, const int *positions, int B, int T, int H, int hd, float theta) {
