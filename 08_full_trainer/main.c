@@ -28,6 +28,7 @@
 #include "run.h"
 #include "sample.h"
 #include "trainer.h"
+#include "traffic.h"
 #include "../07_float8/fp8_report.h"
 
 /* The settings a resumed run must share with the run it continues (the mesh may differ). */
@@ -169,7 +170,13 @@ int main(int argc, char **argv) {
     o.after_ctx = &t;
     run_clock clock = run_train(&o, model, "4-D", NULL);
     if (t.csv) fclose(t.csv);
-    run_clock_report(&clock, o.steps - (o.first_step > 1 ? o.first_step - 1 : 0));
+    int steps_run = o.steps - (o.first_step > 1 ? o.first_step - 1 : 0);
+    run_clock_report(&clock, steps_run);
+
+    /* ---- measured beside the formulas: traffic (rank 0), state (every rank), float8 casts ---- */
+    int mismatches = report_traffic(&co.par, mesh, model, steps_run, co.accum);
+    mismatches += report_state_memory(c, co.par.degree, mesh->coord[MESH_PP], co.par.pp.virtual_stages);
+    if (o.check && co.par.fp8.recipe != FP8_OFF) mismatches += float8_report_casts(&baseline);   /* step 1's, code by code */
 
     /* ---- what the run leaves: an export, a sample ---- */
     if (co.export_path) {
@@ -181,9 +188,6 @@ int main(int argc, char **argv) {
         log0("validation loss %.4f; the unigram baseline's (byte frequencies, no context) %.4f\n", t.last_val_loss,
              text_unigram_loss(&corpus));
     if (co.sample) sample_text(model, co.prompt, co.sample, co.temperature, o.seed);
-
-    int mismatches = report_state_memory(c, co.par.degree, mesh->coord[MESH_PP], co.par.pp.virtual_stages);
-    if (o.check && co.par.fp8.recipe != FP8_OFF) mismatches += float8_report_casts(&baseline);   /* step 1's, code by code */
 
     llama_free(model);
     parallelize_free(&plan, &co.par);

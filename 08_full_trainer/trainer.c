@@ -114,6 +114,7 @@ void trainer_after_step(void *ctx, llama_model *m, const run_step *s) {
     trainer *t = ctx;
     const run_options *o = t->run;
     bool eval_now = t->eval_every > 0 && (s->step % t->eval_every == 0 || s->step == o->steps);
+    comm_set_counting(false);   /* the traffic tables count the training steps only */
     double val = eval_now ? evaluate(m, t->corpus, t->eval_batches) : NAN;
     if (eval_now) t->last_val_loss = val;
     double tokens_per_s = s->tokens / s->seconds;
@@ -135,4 +136,5 @@ void trainer_after_step(void *ctx, llama_model *m, const run_step *s) {
         comm_require_all(rc == 0, "--ckpt-dir %s: %s", t->ckpt_dir, err);
         log0("           checkpoint of step %d saved in %s (%.0f ms)\n", s->step, t->ckpt_dir, 1e3 * (wall_seconds() - t0));
     }
+    comm_set_counting(true);
 }

@@ -31,6 +31,7 @@
  * bytes), so a chapter's measured bytes do not depend on whether it overlaps or not.
  */
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include "cdefs.h"
 
@@ -182,6 +183,9 @@ const char *collective_name(collective_kind k);
  * (waited-for) time of the non-blocking ones. */
 double comm_total_seconds(void);
 void comm_reset_all_stats(void);
+/* Off: the collectives that follow are not counted (calls, bytes, seconds) until it is on again;
+ * a trainer's evaluation and checkpoints, which the per-step tables leave out. On by default. */
+void comm_set_counting(bool on);
 
 /* Exit every rank with status 2 after rank 0 prints `msg` on one line (bad input).
  * Must be reached by every rank of the world (the decision is made identically everywhere). */

@@ -1,0 +1,106 @@
+/* traffic.c: see traffic.h. */
+#include <stdio.h>
+#include <string.h>
+#include "comm.h"
+#include "log.h"
+#include "params.h"
+#include "report.h"
+#include "traffic.h"
+
+/* Why the composed formulas below do not cover a run (NULL: they do). */
+static const char *not_predicted(const parallel_options *o) {
+    const int *g = o->degree;
+    if (g[MESH_TP] > 1 && !o->sp) return "--no-sp (tensor parallelism without sequence parallelism)";
+    if (o->ac == AC_FULL) return "--ac full (its recompute repeats the forward's collectives)";
+    if (g[MESH_CP] > 1 && o->cp.method != CP_RING) return "--cp-method other than ring";
+    if (o->fp8.recipe != FP8_OFF && g[MESH_TP] > 1) return "--fp8 with tp (the amax all-reduces of each cast)";
+    return NULL;
+}
+
+int report_traffic(const parallel_options *o, device_mesh *mesh, const llama_model *m, int steps, int accum) {
+    const char *why = not_predicted(o);
+    if (why) {
+        log0("communication per step: not predicted for %s; chapters 03, 06 and 07 print those tables\n", why);
+        return 0;
+    }
+    if (comm_world()->rank != 0) return 0;   /* the formulas are rank 0's (its stage, its groups) */
+    const int *g = o->degree;
+    const llama_dims *d = &m->d;
+    const param_table *t = m->params;
+    int P = g[MESH_PP], C = g[MESH_CP], tp = g[MESH_TP], S = g[MESH_DP_SHARD], R = g[MESH_DP_REPLICATE];
+    int V = o->pp.virtual_stages, L = m->c.n_layers;
+    double passes = (double)accum * (P > 1 ? o->pp.microbatches : 1);   /* forward+backward passes a step */
+
+    /* what world rank 0 holds: its stage's layers, the embedding (chunk 0 is its own), the output
+     * layer only without a pipeline */
+    int Lr = 0;
+    for (int l = 0; l < L; l++) Lr += !m->plan->holds_layer || m->plan->holds_layer(m->plan, l);
+    bool out = t->t[param_index(t, P_OUTPUT, -1)].here;
+    double shard_floats = 0, norm_floats = 0;   /* its dp shard of every tensor it holds; of the norms */
+    int tensors = 9 * Lr + 3;                   /* its layers' nine and the ends' three (gathered as a unit) */
+    for (int i = 0; i < t->n; i++) {
+        const param_tensor *x = &t->t[i];
+        shard_floats += (double)x->shard_units * x->width;
+        param_kind k = x->spec.kind;
+        if (k == P_ATTENTION_NORM || k == P_FFN_NORM || k == P_NORM) norm_floats += (double)param_stored_numel(t, t->grads, i);
+    }
+    double full = 4.0 * d->B * d->T * d->D;   /* a tp region's input or output: a microbatch's Tl rows */
+
+    comm_expectation e[16];
+    int n = 0;
+    comm_group *groups[6];
+    int ng = 0;
+    if (tp > 1) {   /* chapter 03: each layer 2 + 2 + 2 gathers (forward, backward, the re-gathers of the
+                     * norms' outputs) and 2 + 2 reduce-scatters; the vocabulary ends 1 (embedding) and 2
+                     * (output) gathers, 1 and 1 reduce-scatters; chapter 02's loss, 3 all-reduces */
+        comm_group *q = mesh->group[MESH_TP];
+        double ag = 6.0 * Lr + 1 + (out ? 2 : 0), rs = 4.0 * Lr + 1 + (out ? 1 : 0);
+        e[n++] = (comm_expectation){q, COLL_ALL_GATHER, passes * ag, passes * ag * full,
+                                    out ? "n (6L+3) x B Tl D x 4" : "n (6Lr+1) x B Tl D x 4"};
+        e[n++] = (comm_expectation){q, COLL_REDUCE_SCATTER, passes * rs, passes * rs * full,
+                                    out ? "n (4L+2) x B Tl D x 4" : "n (4Lr+1) x B Tl D x 4"};
+        double loss = out ? 3 * passes : 0;
+        e[n++] = (comm_expectation){q, COLL_ALL_REDUCE, loss + 1, loss * 4.0 * d->B * d->T + 4 * norm_floats,
+                                    out ? "3n x B Tl x 4 + norms' grads x 4" : "the norms' grads x 4"};
+        groups[ng++] = q;
+    }
+    if (C > 1) {    /* chapter 06's ring: (3C-2) K/V blocks a layer (C-1 more under selective recompute),
+                     * then the gradient block all-reduced once a step */
+        comm_group *q = mesh->group[MESH_CP];
+        double block = 4.0 * 2 * d->B * d->T * d->Hkvl * d->hd;
+        double sends = passes * Lr * (3.0 * C - 2 + (o->ac == AC_SELECTIVE ? C - 1 : 0));
+        const char *f = o->ac == AC_SELECTIVE ? "n Lr (4C-3) x 2 B Tl Hkv hd x 4" : "n Lr (3C-2) x 2 B Tl Hkv hd x 4";
+        e[n++] = (comm_expectation){q, COLL_SEND, sends, sends * block, f};
+        e[n++] = (comm_expectation){q, COLL_RECV, sends, sends * block, f};
+        e[n++] = (comm_expectation){q, COLL_ALL_REDUCE, 1, 4.0 * param_block_numel(t, t->grads), "the grads as stored x 4"};
+        groups[ng++] = q;
+    }
+    if (P > 1) {    /* chapter 05: chunk c sends h to c+1 and dh to c-1; rank 0 holds chunks 0, P, .. */
+        comm_group *q = mesh->group[MESH_PP];
+        double msgs = passes * (2.0 * V - 1), bytes = 4.0 * d->B * d->Ts * d->D;
+        e[n++] = (comm_expectation){q, COLL_SEND, msgs, msgs * bytes, "n (2V-1) x B Ts D x 4"};
+        e[n++] = (comm_expectation){q, COLL_RECV, msgs, msgs * bytes, "n (2V-1) x B Ts D x 4"};
+        groups[ng++] = q;
+    }
+    if (R * S > 1) {   /* chapter 04: each tensor gathered before its unit's forward and backward, its
+                        * gradient reduce-scattered after (and all-reduced over the replicas) */
+        comm_group *q = mesh->group[MESH_DP_SHARD];
+        e[n++] = (comm_expectation){q, COLL_ALL_GATHER, passes * 2 * tensors, passes * 2 * S * 4 * shard_floats,
+                                    "n x 2 x S Psi_S x 4"};
+        e[n++] = (comm_expectation){q, COLL_REDUCE_SCATTER, passes * tensors, passes * S * 4 * shard_floats,
+                                    "n x S Psi_S x 4"};
+        groups[ng++] = q;
+        if (R > 1) {
+            comm_group *r = mesh->group[MESH_DP_REPLICATE];
+            e[n++] = (comm_expectation){r, COLL_ALL_REDUCE, passes * tensors, passes * 4 * shard_floats,
+                                        "n x Psi_S x 4"};
+            groups[ng++] = r;
+        }
+    }
+    /* the clipping: the squares of every held gradient, one float over the world */
+    e[n++] = (comm_expectation){comm_world(), COLL_ALL_REDUCE, 1, 4, "1 float (the global norm)"};
+    groups[ng++] = comm_world();
+    log0("\nworld rank 0 (pipeline stage 0 of %d, %d of %d layers; n = %g forward-backward passes a step), "
+         "evaluation and checkpoints left out:\n", P, Lr, L, passes);
+    return report_communication(groups, ng, steps, e, n);
+}
