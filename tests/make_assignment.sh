@@ -3,6 +3,20 @@
 # of chapter NN between "BEGIN ASSIGNMENT: <task>" and "END ASSIGNMENT" are replaced by a TODO
 # naming the task. `make check-NN` run inside DEST grades the student's work: every layout of
 # checks.txt must pass and every deliberate bug must still be caught.
+#
+# The copy leaves out what would hand the student the answers:
+#   - every chapter's hints/ (graded hints per exercise, for the instructor to hand out);
+#   - solution passages, wherever the text repeats an exercise's answer, between markers that
+#     stand alone on their lines:
+#       markdown:      <!-- BEGIN SOLUTION [NN][: note] -->  ...  <!-- END SOLUTION -->
+#       C, CUDA:       /* BEGIN SOLUTION [NN][: note] */     ...  /* END SOLUTION */
+#                      (or // BEGIN SOLUTION ... and // END SOLUTION)
+#     A markdown passage becomes one line saying it was removed; a C passage becomes a TODO
+#     comment, so the file still compiles (wrap whole statements, or a function's body: the test
+#     then skips that check, or fails it). NN names the chapter whose exercise the passage
+#     answers: it is removed from that chapter's copy only. Without NN, a passage is removed from
+#     the copy of the chapter whose folder holds the file, and from every copy when the file lies
+#     outside the chapter folders (tests/, docs/, the root README).
 set -eu
 nn=$1; dest=$2
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,7 +31,9 @@ esac
 [ -e "$dest" ] && { echo "make assignment-$nn: $dest exists; remove it or pick another DEST=" >&2; exit 2; }
 mkdir -p "$dest"
 # every file of the tutorial but builds, outputs and earlier student copies
-(cd "$src" && tar cf - --exclude=./build --exclude=./out --exclude=./student --exclude=./.git .) | (cd "$dest" && tar xf -)
+# and the instructors' hints (they are handed out, not shipped)
+(cd "$src" && tar cf - --exclude=./build --exclude=./out --exclude=./student --exclude=./.git \
+    --exclude='./[0-9][0-9]_*/hints' .) | (cd "$dest" && tar xf -)
 # student code may leave a variable unused until it is written: warnings stay warnings there
 echo "WERROR :=" > "$dest/local.mk"
 n=0
@@ -36,4 +52,69 @@ for f in "$dest/$dir"*.c; do
     n=$((n + $(grep -c 'TODO (assignment)' "$f")))
 done
 [ $n -gt 0 ] || { echo "make assignment-$nn: chapter $nn has no assignment regions" >&2; exit 2; }
-echo "wrote $dest: $n exercise(s) in $dir, marked TODO (assignment). Grade with: cd $dest && make check-$nn"
+# solution passages (see the top): markdown anywhere in the copy, C and CUDA sources and headers
+stripped=0
+while IFS= read -r -d '' f; do
+    rel=${f#"$dest"/}
+    case "$rel" in
+        "$dir"*) where=own;;               # chapter NN's own folder
+        [0-9][0-9]_*/*) where=other;;      # another chapter's folder
+        *) where=shared;;                  # tests/, docs/, common/, the root files
+    esac
+    case "$f" in *.md) kind=md;; *) kind=c;; esac
+    awk -v nn="$nn" -v where="$where" -v kind="$kind" -v file="$rel" -v countfile="$f.count" '
+        function marker(line, word,    t) {      # "=" and the text after the word, or "" if line is not that marker
+            t = line
+            if (kind == "md") {
+                if (t !~ /^[ \t]*<!--[ \t]*/ || t !~ /-->[ \t]*$/) return ""
+                sub(/^[ \t]*<!--[ \t]*/, "", t); sub(/[ \t]*-->[ \t]*$/, "", t)
+            } else if (t ~ /^[ \t]*\/\*/) {
+                if (t !~ /\*\/[ \t]*$/) return ""
+                sub(/^[ \t]*\/\*[ \t]*/, "", t); sub(/[ \t]*\*\/[ \t]*$/, "", t)
+            } else if (t ~ /^[ \t]*\/\//) {
+                sub(/^[ \t]*\/\/[ \t]*/, "", t); sub(/[ \t]*$/, "", t)
+            } else return ""
+            if (index(t, word) != 1) return ""
+            t = substr(t, length(word) + 1)
+            if (t != "" && t !~ /^[ \t:]/) return ""   # BEGIN SOLUTIONS... is not a marker
+            return "=" t
+        }
+        {
+            b = marker($0, "BEGIN SOLUTION"); e = marker($0, "END SOLUTION")
+            if (b != "") {
+                if (open) { printf "%s:%d: BEGIN SOLUTION inside another (opened at line %d)\n", file, NR, open_at > "/dev/stderr"; bad = 1; exit 3 }
+                rest = substr(b, 2); sub(/^[ \t]*/, "", rest)
+                ch = ""; note = ""
+                if (rest ~ /^[0-9][0-9]([ \t:]|$)/) { ch = substr(rest, 1, 2); rest = substr(rest, 3); sub(/^[ \t]*/, "", rest) }
+                if (rest ~ /^:/) { note = substr(rest, 2); sub(/^[ \t]*/, "", note) }
+                open = 1; open_at = NR
+                strip = ch != "" ? ch == nn : where != "other"
+                if (!strip) { print; next }
+                if (kind == "md") print "*(removed from the student copy: it is the answer to an exercise)*"
+                else {
+                    indent = $0; sub(/[^ \t].*/, "", indent)
+                    print indent "/* TODO (removed from the student copy: " (note != "" ? note : "the answer to an exercise") ") */"
+                }
+                removed++; next
+            }
+            if (e != "") {
+                if (!open) { printf "%s:%d: END SOLUTION without a BEGIN\n", file, NR > "/dev/stderr"; bad = 1; exit 3 }
+                open = 0
+                if (!strip) print
+                strip = 0; next
+            }
+            if (!strip) print
+        }
+        END {
+            if (bad) exit 3
+            if (open) { printf "%s:%d: BEGIN SOLUTION never ends\n", file, open_at > "/dev/stderr"; exit 3 }
+            if (removed) print removed > countfile
+        }
+    ' "$f" > "$f.tmp" || { echo "make assignment-$nn: a solution marker in $rel is malformed (above); nothing written" >&2; rm -rf "$dest"; exit 2; }
+    mv "$f.tmp" "$f"
+    [ -s "$f.count" ] && stripped=$((stripped + $(cat "$f.count")))
+    rm -f "$f.count"
+done < <(grep -rlZ --include='*.md' --include='*.c' --include='*.h' --include='*.cu' -E '(BEGIN|END) SOLUTION' "$dest" || true)
+echo "wrote $dest: $n exercise(s) in $dir, marked TODO (assignment); $stripped solution passage(s) removed from the text and the tests. Grade with: cd $dest && make check-$nn"
+[ -d "$src/${dir}hints" ] && echo "hints for the instructor: $src/${dir}hints/ (not in the student copy)"
+exit 0
