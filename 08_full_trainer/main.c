@@ -147,7 +147,7 @@ int main(int argc, char **argv) {
          g[MESH_TP] == 1 ? "no tp" : co.par.sp ? "tp + loss parallel + sp" : "tp + loss parallel", ac_mode_name(co.par.ac),
          cp_text, pp_text, dp_text, fp8_recipe_name(co.par.fp8.recipe));
     log0("model: dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d (bytes), %.2f M parameters\n", c->dim, c->n_layers,
-         c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size, model_parameters(c, true) / 1e6);
+         c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size, llama_parameter_count(c, true) / 1e6);
     size_t root_len = strlen(REPO_ROOT "/");   /* the shipped corpus: named from the repository */
     const char *data_name = strncmp(co.data, REPO_ROOT "/", root_len) == 0 ? co.data + root_len : co.data;
     log0("data: %s, %zu bytes (%zu train, %zu validation); batch %d x %d tokens x accum %d per step\n", data_name,

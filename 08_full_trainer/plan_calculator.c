@@ -153,15 +153,6 @@ llama_config plan_calc_model(const plan_calc_options *o) {
 }
 
 /* The model's table (llama.h), summed: the count does not depend on how anyone wrote it down. */
-double plan_calc_param_count(const llama_config *c) {
-    double n = 0;
-    for (int i = 0; i < llama_num_params(c); i++) {
-        param_spec s = llama_param_spec(c, i);
-        n += (double)s.rows * s.cols;
-    }
-    return n;
-}
-
 // ----------------------------------------------------------------------------------------------
 // pipeline stages
 
@@ -665,7 +656,7 @@ int plan_calculator_run(const plan_calc_options *o) {
         comm_exit_usage("--plan-mesh %d,%d,%d,%d,%d: %s", o->mesh[0], o->mesh[1], o->mesh[2], o->mesh[3], o->mesh[4],
                         why);
     bool custom = o->dim || o->n_layers || o->n_heads || o->n_kv_heads || o->ffn_dim || o->vocab;
-    double n_params = plan_calc_param_count(&c);
+    double n_params = llama_parameter_count(&c, true);
     long long seqs = o->global_batch / c.seq_len;
     double peak = o->tflops > 0 ? o->tflops : o->precision == PLAN_BF16 ? H100_BF16 : H100_FP32;
     int nodes = (o->gpus + o->gpus_per_node - 1) / o->gpus_per_node;

@@ -137,8 +137,6 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
 
 /* The model the options describe: the preset with the explicit dimensions over it. */
 llama_config plan_calc_model(const plan_calc_options *o);
-/* Parameters of the whole model. */
-double plan_calc_param_count(const llama_config *c);
 /* Layers pipeline rank `rank` of `pp` holds with `v` chunks each; holds[l] (when not NULL, [L])
  * marks them. The layers are cut into pp x v chunks in order: L / (pp v) each, or, when that is
  * not whole but (L + 2) / (pp v) is, that many with one fewer in the first and the last chunk (the

@@ -29,18 +29,9 @@ int text_source_batch(const void *source, int step, int micro, int *tokens, int 
     return 0;   /* windows of real text: no padded targets */
 }
 
-double model_parameters(const llama_config *c, bool with_embedding) {
-    double params = 0;
-    for (int i = 0; i < llama_num_params(c); i++) {
-        param_spec s = llama_param_spec(c, i);
-        if (with_embedding || s.kind != P_TOK_EMBEDDINGS) params += (double)s.rows * s.cols;
-    }
-    return params;
-}
-
 double model_flops_per_token(const llama_config *c) {
     /* (the embedding is a lookup: no FLOPs) */
-    return 6.0 * model_parameters(c, false) + 12.0 * c->n_layers * c->seq_len * c->dim;
+    return 6.0 * llama_parameter_count(c, false) + 12.0 * c->n_layers * c->seq_len * c->dim;
 }
 
 double probe_peak_flops(void) {

@@ -34,8 +34,8 @@ static void test_flops(void) {
     double D = c.dim, F = c.ffn_dim, V = c.vocab_size, hd = llama_head_dim(&c);
     double layer = D * c.n_heads * hd * 2 + D * c.n_kv_heads * hd * 2 + 3 * D * F + 2 * D;   /* wq wo, wk wv, w1 w2 w3, norms */
     double params = c.n_layers * layer + D + V * D;   /* + final norm + output (the embedding: a lookup) */
-    CHECK_CLOSE(model_parameters(&c, false), params, 0, 1e-12, "parameters without the embedding");
-    CHECK_CLOSE(model_parameters(&c, true), params + V * D, 0, 1e-12, "parameters with the embedding");
+    CHECK_CLOSE(llama_parameter_count(&c, false), params, 0, 1e-12, "parameters without the embedding");
+    CHECK_CLOSE(llama_parameter_count(&c, true), params + V * D, 0, 1e-12, "parameters with the embedding");
     CHECK_CLOSE(model_flops_per_token(&c), 6 * params + 12.0 * c.n_layers * c.seq_len * D, 0, 1e-12, "FLOPs per token");
 }
 

@@ -50,6 +50,15 @@ int llama_num_params(const llama_config *c) {
     return 1 + PARAMS_PER_LAYER * c->n_layers + 2;
 }
 
+double llama_parameter_count(const llama_config *c, bool with_embedding) {
+    double n = 0;
+    for (int i = 0; i < llama_num_params(c); i++) {
+        param_spec s = llama_param_spec(c, i);
+        if (with_embedding || s.kind != P_TOK_EMBEDDINGS) n += (double)s.rows * s.cols;
+    }
+    return n;
+}
+
 /* A [rows, cols] matrix or a [cols] vector (stored [1, cols]). */
 static param_spec make_spec(param_kind kind, int layer, const char *name, int rows, int cols,
                             int is_vector) {

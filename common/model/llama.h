@@ -25,6 +25,7 @@
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+#include <stdbool.h>
 #include "cdefs.h"
 
 C_BEGIN
@@ -64,6 +65,9 @@ typedef struct {
 /* Number of parameter tensors and their specs, in the order above (layer by layer). */
 int llama_num_params(const llama_config *c);
 param_spec llama_param_spec(const llama_config *c, int index);
+/* The model's parameters (elements of every tensor), or those outside the embedding table (a
+ * lookup, which costs no FLOPs: what MFU's 6N counts). */
+double llama_parameter_count(const llama_config *c, bool with_embedding);
 /* Index of a name, -1 when absent. */
 int llama_param_index(const llama_config *c, const char *name);
 /* Index of the tensor of `kind` in `layer` (layer -1 for tok_embeddings, norm and output). */
