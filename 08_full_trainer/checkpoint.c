@@ -104,28 +104,6 @@ static int sync_path(const char *path) {
     return rc;
 }
 
-/* The whole file as a NUL-terminated string (malloc'd), or NULL (errno). */
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - 1 - n, f);
-        if (n < cap - 1) break;
-        char *bigger = realloc(buf, 2 * cap);
-        if (!bigger) { free(buf); buf = NULL; break; }
-        buf = bigger;
-        cap *= 2;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf) { errno = ENOMEM; return NULL; }
-    if (bad) { free(buf); errno = EIO; return NULL; }
-    buf[n] = 0;
-    return buf;
-}
-
 /* Writes text to path.tmp, syncs it, renames it to path. 0, or -1 with err. */
 static int write_text_atomic(const char *path, const char *text, char *err, size_t errlen) {
     char *tmp = NULL;
@@ -512,8 +490,15 @@ static double locate(const char *dir, char *err, size_t errlen) {
     if (!index || !latest) { fail(err, errlen, "out of memory"); where = -2; }
     else if (stat(index, &st) == 0) where = -3;
     else if (stat(latest, &st) == 0) {
-        char *text = slurp(latest);
-        if (!text) { fail(err, errlen, "checkpoint: cannot read %s: %s", latest, strerror(errno)); where = -2; }
+        unsigned char *bytes = NULL;
+        char why[256];
+        size_t size;
+        int rc = read_file(latest, &bytes, &size, why, sizeof why);
+        char *text = (char *)bytes;   /* (NUL-terminated) */
+        if (rc != 0) {
+            fail(err, errlen, "checkpoint: cannot read %s: %s", latest, why);
+            where = -2;
+        }
         else {
             size_t k = strlen(text);
             while (k > 0 && (text[k - 1] == '\n' || text[k - 1] == ' ' || text[k - 1] == '\r')) text[--k] = 0;
@@ -681,9 +666,13 @@ static bool overlaps(const target *x, const piece *p) {
 static int load_from(const char *path, llama_model *m, checkpoint_meta *meta, char *err, size_t errlen) {
     param_table *t = m->params;
     char *index_path = join(path, "index.json");
-    char *text = index_path ? slurp(index_path) : NULL;
-    if (!text) {
-        int rc = fail(err, errlen, "checkpoint: cannot read %s/index.json: %s", path, strerror(errno));
+    unsigned char *bytes = NULL;
+    char why[256] = "out of memory";
+    size_t size;
+    int read_rc = index_path ? read_file(index_path, &bytes, &size, why, sizeof why) : -1;
+    char *text = (char *)bytes;   /* (NUL-terminated) */
+    if (read_rc != 0) {
+        int rc = fail(err, errlen, "checkpoint: cannot read %s/index.json: %s", path, why);
         free(index_path);
         return rc;
     }

@@ -19,12 +19,12 @@
  * Lb on are IGNORE_INDEX and take no part in the loss. Their tokens stay as drawn: a padded
  * position still runs through the model, it just contributes nothing to the loss.
  */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "data.h"
+#include "log.h"   /* read_file */
 #include "llama_kernels.h"   /* IGNORE_INDEX */
 
 /* splitmix64's finaliser: a bijective mix of 64 bits (Steele, Lea & Flood 2014). */
@@ -90,17 +90,11 @@ int count_valid_targets(const int *targets, int n) {
 
 int text_corpus_load(text_corpus *c, const char *path, int T, char *err, size_t errlen) {
     *c = (text_corpus){0};
-    FILE *f = fopen(path, "rb");
-    if (!f) { snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno)); return -1; }
-    size_t cap = 1 << 20;
-    c->bytes = malloc(cap);
-    for (size_t got; (got = fread(c->bytes + c->n, 1, cap - c->n, f)) > 0;) {
-        c->n += got;
-        if (c->n == cap) c->bytes = realloc(c->bytes, cap *= 2);
+    char why[256];
+    if (read_file(path, &c->bytes, &c->n, why, sizeof why) != 0) {
+        snprintf(err, errlen, "cannot read %s: %s", path, why);
+        return -1;
     }
-    int failed = ferror(f);
-    fclose(f);
-    if (failed) { snprintf(err, errlen, "cannot read %s", path); text_corpus_free(c); return -1; }
     c->n_train = c->n / 10 * 9;
     if (c->n_train < (size_t)T + 1 || c->n - c->n_train < (size_t)T + 1) {
         snprintf(err, errlen, "%s has %zu bytes: too few for windows of --seq-len %d + 1 bytes in both its "

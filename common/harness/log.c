@@ -99,3 +99,40 @@ const char *fmt_bytes(double bytes) {
     snprintf(b, 32, u ? "%.2f %s" : "%.0f %s", bytes, units[u]);
     return b;
 }
+
+int read_file(const char *path, unsigned char **buf, size_t *size, char *err, size_t errlen) {
+    *buf = NULL;
+    *size = 0;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) { snprintf(err, errlen, "cannot open: %s", strerror(errno)); return -1; }
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) != 0) {
+        snprintf(err, errlen, "cannot stat: %s", strerror(errno));
+        fclose(fp);
+        return -1;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        snprintf(err, errlen, "not a regular file");
+        fclose(fp);
+        return -1;
+    }
+    size_t n = (size_t)sb.st_size;
+    unsigned char *b = malloc(n + 1);
+    if (!b) {
+        snprintf(err, errlen, "out of memory reading %zu bytes", n);
+        fclose(fp);
+        return -1;
+    }
+    size_t got = fread(b, 1, n, fp);
+    int read_error = ferror(fp);
+    fclose(fp);
+    if (got != n) {
+        snprintf(err, errlen, "read %zu of %zu bytes%s", got, n, read_error ? " (I/O error)" : " (file changed while reading?)");
+        free(b);
+        return -1;
+    }
+    b[n] = 0;
+    *buf = b;
+    *size = n;
+    return 0;
+}

@@ -22,5 +22,10 @@ const char *fmt_bytes(double bytes);
 /* mkdir -p; 0 on success, -1 with errno set (ENOENT for an empty path, ENOTDIR when it exists
  * but is not a directory); on failure it removes the directories it created. */
 int make_dirs(const char *path);
+/* The whole of the regular file `path` in a fresh malloc'd buffer (*buf, the caller frees it) of
+ * *size bytes, followed by one NUL byte so that a text file reads as a C string. Returns 0, or -1
+ * with one line in err saying what failed ("cannot open: ...", "not a regular file", ...; the
+ * caller names the path). */
+int read_file(const char *path, unsigned char **buf, size_t *size, char *err, size_t errlen);
 
 C_END

@@ -15,6 +15,7 @@
  * the end of a buffer. So every number in the header is checked against the file before use,
  * and every failure leaves ONE line in `err`: "<path>: <what is wrong>".
  */
+#include "log.h"
 #include "safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -24,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 /* Tensor data is handed out as raw pointers into the file, so the host must share the file's
  * byte order. Every platform this tutorial targets (x86-64, aarch64) is little-endian. */
@@ -91,42 +91,6 @@ static const char *st_shape_str(char *buf, size_t len, const int64_t *shape, int
 }
 
 /* ------------------------------------------------------------------------------ reading */
-
-/* Reads the whole of `path` into a fresh malloc'd buffer.
- * Writes: *buf (caller frees) and *size. Returns 0, or -1 with a message in err. */
-static int st_slurp(const char *path, unsigned char **buf, size_t *size, char *err, size_t errlen) {
-    *buf = NULL;
-    *size = 0;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return st_fail(err, errlen, path, "cannot open: %s", strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0) {
-        int e = errno;
-        fclose(fp);
-        return st_fail(err, errlen, path, "cannot stat: %s", strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        fclose(fp);
-        return st_fail(err, errlen, path, "not a regular file");
-    }
-    size_t n = (size_t)sb.st_size;
-    unsigned char *b = malloc(n ? n : 1);
-    if (!b) {
-        fclose(fp);
-        return st_fail(err, errlen, path, "out of memory reading %zu bytes", n);
-    }
-    size_t got = fread(b, 1, n, fp);
-    int read_error = ferror(fp);
-    fclose(fp);
-    if (got != n) {
-        free(b);
-        return st_fail(err, errlen, path, "read %zu of %zu bytes%s", got, n,
-                       read_error ? " (I/O error)" : " (file changed while reading?)");
-    }
-    *buf = b;
-    *size = n;
-    return 0;
-}
 
 /* The 8-byte little-endian header length, assembled byte by byte so it is right on any host. */
 static uint64_t st_le64(const unsigned char *p) {
@@ -336,7 +300,8 @@ int st_read(const char *path, st_file *out, char *err, size_t errlen) {
 
     unsigned char *blob;
     size_t size;
-    if (st_slurp(path, &blob, &size, err, errlen) != 0) return -1;
+    char why[256];
+    if (read_file(path, &blob, &size, why, sizeof why) != 0) return st_fail(err, errlen, path, "%s", why);
     out->blob = blob;
     out->blob_size = size;
 
