@@ -80,10 +80,7 @@ int report_state_memory(const llama_config *c, const int mesh[MESH_NDIMS], int p
     return ranks_bad;
 }
 
-double evaluate(llama_model *m, const text_corpus *corpus, int n_batches) {
-    int B = m->d.B * (m->plan->microbatches > 1 ? m->plan->microbatches : 1);
-    int rows = B;
-    if (m->plan->batch) rows *= m->plan->batch->size;   /* the global batch: every data rank's rows */
+double evaluate(llama_model *m, const text_corpus *corpus, int rows, int n_batches) {
     int T = m->c.seq_len;
     size_t n = (size_t)rows * T;
     int *tokens = malloc(n * sizeof(int)), *targets = malloc(n * sizeof(int));
@@ -106,7 +103,7 @@ void trainer_after_step(void *ctx, llama_model *m, const run_step *s) {
     const run_options *o = t->run;
     bool eval_now = t->eval_every > 0 && (s->step % t->eval_every == 0 || s->step == o->steps);
     comm_set_counting(false);   /* the traffic tables count the training steps only */
-    double val = eval_now ? evaluate(m, t->corpus, t->eval_batches) : NAN;
+    double val = eval_now ? evaluate(m, t->corpus, o->batch, t->eval_batches) : NAN;
     if (eval_now) t->last_val_loss = val;
     double tokens_per_s = s->tokens / s->seconds;
     double mfu = t->flops_per_token * s->tokens / s->seconds / t->peak_flops;

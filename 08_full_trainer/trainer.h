@@ -59,8 +59,9 @@ typedef struct {
  * prints its rows. Returns the ranks that differ (the same on every rank). Collective. */
 int report_state_memory(const llama_config *c, const int mesh[MESH_NDIMS], int pp_rank, int virtual_stages);
 
-/* The validation loss: the mean token loss over the first n validation batches. Collective. */
-double evaluate(llama_model *m, const text_corpus *corpus, int n_batches);
+/* The validation loss: the mean token loss over the first n validation batches of `rows`
+ * sequences (the global batch, which the model's ranks split as in training). Collective. */
+double evaluate(llama_model *m, const text_corpus *corpus, int rows, int n_batches);
 
 /* run_options.after_step: the metrics line and CSV row, evaluation and checkpoints when due. */
 void trainer_after_step(void *trainer_ctx, llama_model *m, const run_step *s);

@@ -395,14 +395,11 @@ float run_forward_backward(llama_model *model, const int *tokens, const int *tar
     int T = model->c.seq_len, rows = rank_rows(model);
     size_t offset = (size_t)(plan->batch ? plan->batch->rank : 0) * rows * T;
     const int *my_tokens = tokens + offset, *my_targets = targets + offset;
-    int *cp_tokens = NULL, *cp_targets = NULL;
     if (plan->cp) {   /* under context parallelism, only this rank's positions of each of its rows */
-        cp_tokens = device_alloc_ints((size_t)rows * model->d.T, MEM_BUFFERS);
-        cp_targets = device_alloc_ints((size_t)rows * model->d.T, MEM_BUFFERS);
-        take_context_rows(model, cp_tokens, my_tokens, rows, T);
-        take_context_rows(model, cp_targets, my_targets, rows, T);
-        my_tokens = cp_tokens;
-        my_targets = cp_targets;
+        take_context_rows(model, model->cp_tokens, my_tokens, rows, T);
+        take_context_rows(model, model->cp_targets, my_targets, rows, T);
+        my_tokens = model->cp_tokens;
+        my_targets = model->cp_targets;
     }
     float loss;
     if (dh0) *dh0 = model->dh;
@@ -413,8 +410,6 @@ float run_forward_backward(llama_model *model, const int *tokens, const int *tar
         loss = llama_forward(model, my_tokens, my_targets, loss_scale);
         if (backward) llama_backward(model);
     }
-    device_free(cp_tokens);
-    device_free(cp_targets);
     if (plan->cp) loss = (float)comm_host_sum(plan->cp, loss);        /* the sequences' rows: every share */
     if (plan->batch) loss = (float)comm_host_sum(plan->batch, loss);  /* the global mean: every rank's share */
     return loss;
@@ -430,8 +425,8 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
                                 : llama_create_baseline(c, o->batch, o->seed);
     mem_reset_peaks();   /* the largest allocation seen from here on is the parallel run's own */
     int *tokens = device_alloc_ints(N, MEM_BUFFERS), *targets = device_alloc_ints(N, MEM_BUFFERS);
-    int accum_max = o->accum > 0 ? o->accum : 1;
-    int *host_tokens = malloc((size_t)accum_max * N * sizeof(int)), *host_targets = malloc((size_t)accum_max * N * sizeof(int));
+    int accum = o->accum > 0 ? o->accum : 1;   /* micro-batches a step */
+    int *host_tokens = malloc((size_t)accum * N * sizeof(int)), *host_targets = malloc((size_t)accum * N * sizeof(int));
     float *scalar = device_alloc_floats(1, MEM_BUFFERS);
     int rows = rank_rows(model);
     if (o->dump_dir) dump_tensors(o, "init.safetensors", false, model);
@@ -439,7 +434,6 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
 
     comm_reset_all_stats();
     run_clock clock = {0};
-    int accum = o->accum > 0 ? o->accum : 1;
     int first = o->first_step > 0 ? o->first_step : 1;
     for (int step = first; step <= o->steps; step++) {
         char beat[32];

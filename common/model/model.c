@@ -188,6 +188,11 @@ llama_model *llama_create(const llama_config *c, const llama_plan *plan, int B, 
     }
     m->loss_scratch = device_alloc_floats(N, MEM_BUFFERS);
     m->positions = device_alloc_ints(T, MEM_BUFFERS);
+    if (plan->cp) {
+        size_t rows = (size_t)B * (plan->microbatches > 1 ? plan->microbatches : 1);
+        m->cp_tokens = device_alloc_ints(rows * T, MEM_BUFFERS);
+        m->cp_targets = device_alloc_ints(rows * T, MEM_BUFFERS);
+    }
     int *pos = malloc(T * sizeof(int));
     for (size_t t = 0; t < T; t++) pos[t] = (int)t;
     if (plan->positions) plan->positions(plan, pos, (int)T);
@@ -231,6 +236,8 @@ void llama_free(llama_model *m) {
                      m->dprobs, m->dffn_g, m->dffn_a, m->dffn_b};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) device_free(bufs[i]);   /* NULL: no-op */
     device_free(m->positions);
+    device_free(m->cp_tokens);
+    device_free(m->cp_targets);
     param_table_free(m->params);
     free(m->layer_act_bytes);
     free(m);

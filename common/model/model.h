@@ -81,6 +81,9 @@ struct llama_model {
     size_t *layer_act_bytes;        /* [L] bytes each layer keeps, as the allocator counted them */
     float *loss_scratch;            /* [N]                                                       */
     int *positions;                 /* [T] RoPE positions of a whole sequence's rows            */
+    int *cp_tokens, *cp_targets;    /* [B * microbatches, T] under context parallelism: this rank's
+                                     * positions of its sequences' tokens and targets, which the
+                                     * harness selects from the batch each pass; NULL otherwise   */
     /* scratch, reused by every layer (MEM_BUFFERS); the [N, D] "full" buffers exist only when the
      * plan splits the sequence, otherwise they are the local tensors themselves */
     float *attn_in, *ffn_in;        /* [N, D] the region's inputs (norm outputs, whole sequence) */
