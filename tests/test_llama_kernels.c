@@ -15,6 +15,7 @@
 #include <string.h>
 #include "comm.h"
 #include "device.h"
+#include "kernels.h"
 #include "llama_kernels.h"
 #include "test_device.h"
 #include "test_util.h"
@@ -177,6 +178,32 @@ static void test_rmsnorm(void) {
     device_free(rstd_dev); device_free(dx_dev); device_free(dw_dev);
 }
 
+/* The fused residual + norm gives, bit for bit, what add_inplace then rmsnorm_forward give. */
+static void test_residual_rmsnorm(void) {
+    enum { n = RMS_N * RMS_C };
+    float h[n], res[n], w[RMS_C], got_h[n], got_out[n], got_rstd[RMS_N], want_h[n], want_out[n], want_rstd[RMS_N];
+    fill_uniform(h, n, -2, 2);
+    fill_uniform(res, n, -2, 2);
+    fill_uniform(w, RMS_C, 0.5f, 1.5f);
+    float *w_dev = tu_upload(w, RMS_C), *res_dev = tu_upload(res, n);
+    float *out_dev = device_alloc_floats(n, MEM_BUFFERS), *rstd_dev = device_alloc_floats(RMS_N, MEM_BUFFERS);
+    float *h_dev = tu_upload(h, n);
+    add_inplace(h_dev, res_dev, n);
+    rmsnorm_forward(out_dev, rstd_dev, h_dev, w_dev, RMS_N, RMS_C, RMS_EPS);
+    download(want_h, h_dev, n); download(want_out, out_dev, n); download(want_rstd, rstd_dev, RMS_N);
+    device_free(h_dev);
+    h_dev = tu_upload(h, n);
+    residual_rmsnorm_forward(h_dev, out_dev, rstd_dev, res_dev, w_dev, RMS_N, RMS_C, RMS_EPS);
+    download(got_h, h_dev, n); download(got_out, out_dev, n); download(got_rstd, rstd_dev, RMS_N);
+    for (int i = 0; i < n; i++) {
+        CHECK(got_h[i] == want_h[i], "residual_rmsnorm h[%d] %.9g != add_inplace's %.9g", i, got_h[i], want_h[i]);
+        CHECK(got_out[i] == want_out[i], "residual_rmsnorm out[%d] %.9g != rmsnorm's %.9g", i, got_out[i], want_out[i]);
+    }
+    for (int i = 0; i < RMS_N; i++)
+        CHECK(got_rstd[i] == want_rstd[i], "residual_rmsnorm rstd[%d] %.9g != rmsnorm's %.9g", i, got_rstd[i], want_rstd[i]);
+    device_free(w_dev); device_free(res_dev); device_free(out_dev); device_free(rstd_dev); device_free(h_dev);
+}
+
 /* ---- linear ------------------------------------------------------------------------------------ */
 
 enum { LIN_N = 3, LIN_IN = 5, LIN_OUT = 4 };
@@ -246,11 +273,11 @@ enum { ROPE_B = 2, ROPE_T = 3, ROPE_H = 2, ROPE_HD = 8, ROPE_SIZE = ROPE_B * ROP
 /* global positions of the local rows, as in a context-parallel shard: neither 0.. nor sorted */
 static const int rope_positions[ROPE_T] = {17, 3, 130};
 
-typedef struct { float *x; const float *r; const int *pos_dev; } rope_ctx;
+typedef struct { float *x; const float *r; const float *table; } rope_ctx;
 static double rope_loss(void *p) {
     rope_ctx *c = p;
     float *x = tu_upload(c->x, ROPE_SIZE);
-    rope_forward(x, c->pos_dev, ROPE_B, ROPE_T, ROPE_H, ROPE_HD, ROPE_THETA);
+    rope_forward(x, c->table, ROPE_B, ROPE_T, ROPE_H, ROPE_HD);
     double L = project(x, c->r, ROPE_SIZE);
     device_free(x);
     return L;
@@ -261,9 +288,11 @@ static void test_rope(void) {
     fill_uniform(x, ROPE_SIZE, -1, 1);
     fill_uniform(r, ROPE_SIZE, -1, 1);
     int *pos_dev = upload_ints(rope_positions, ROPE_T);
+    float *table = device_alloc_floats(ROPE_T * ROPE_HD, MEM_BUFFERS);   /* [T, hd/2, 2] */
+    rope_table(table, pos_dev, ROPE_T, ROPE_HD, ROPE_THETA);
     float *x_dev = tu_upload(x, ROPE_SIZE);
 
-    rope_forward(x_dev, pos_dev, ROPE_B, ROPE_T, ROPE_H, ROPE_HD, ROPE_THETA);
+    rope_forward(x_dev, table, ROPE_B, ROPE_T, ROPE_H, ROPE_HD);
     download(y, x_dev, ROPE_SIZE);
     double want[ROPE_SIZE];
     for (int b = 0; b < ROPE_B; b++)
@@ -279,20 +308,20 @@ static void test_rope(void) {
     check_values("rope forward", y, want, ROPE_SIZE, 1e-5);
 
     /* backward is the inverse rotation: it undoes the forward */
-    rope_backward(x_dev, pos_dev, ROPE_B, ROPE_T, ROPE_H, ROPE_HD, ROPE_THETA);
+    rope_backward(x_dev, table, ROPE_B, ROPE_T, ROPE_H, ROPE_HD);
     download(y, x_dev, ROPE_SIZE);
     for (int i = 0; i < ROPE_SIZE; i++) CHECK_CLOSE(y[i], x[i], 1e-6, 0, "rope_backward(rope_forward(x)) == x");
 
     /* and it is the gradient */
     float *g_dev = tu_upload(r, ROPE_SIZE), g[ROPE_SIZE];
-    rope_backward(g_dev, pos_dev, ROPE_B, ROPE_T, ROPE_H, ROPE_HD, ROPE_THETA);
+    rope_backward(g_dev, table, ROPE_B, ROPE_T, ROPE_H, ROPE_HD);
     download(g, g_dev, ROPE_SIZE);
-    rope_ctx ctx = {x, r, pos_dev};
+    rope_ctx ctx = {x, r, table};
     double numeric[ROPE_SIZE];
     finite_differences(rope_loss, &ctx, x, ROPE_SIZE, numeric);
     check_grad("rope backward", g, numeric, ROPE_SIZE);
 
-    device_free(pos_dev); device_free(x_dev); device_free(g_dev);
+    device_free(pos_dev); device_free(table); device_free(x_dev); device_free(g_dev);
 }
 
 /* ---- attention ---------------------------------------------------------------------------------- */
@@ -588,6 +617,7 @@ int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     test_embedding();
     test_rmsnorm();
+    test_residual_rmsnorm();
     test_linear();
     test_rope();
     test_attention(2, 5, 4, 2, 4);   /* grouped-query: two query heads per kv head */

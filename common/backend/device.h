@@ -4,11 +4,13 @@
  * memory table a chapter prints (parameters, gradients, optimizer state,
  * activations, buffers) is measured, not estimated.
  *
- * CPU backend (device_cpu.c):   "device" memory is host memory (calloc).
+ * CPU backend (device_cpu.c):   "device" memory is host memory (aligned_alloc + memset).
  * CUDA backend (device_cuda.cu): cudaMalloc / cudaMemcpy on the rank's GPU.
- * Both report to the same host-side bookkeeping (memory.c).
+ * Both report to the same host-side bookkeeping (memory.c) and reuse freed blocks through its
+ * cache, so a training step after the first allocates nothing new.
  */
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include "cdefs.h"
 
@@ -45,7 +47,13 @@ void device_synchronize(void);
 
 /* ---- accounting (memory.c, shared by both backends) ---- */
 void mem_track_alloc(const void *p, size_t bytes, mem_category cat);
-void mem_track_free(const void *p);
+size_t mem_track_free(const void *p);         /* returns the bytes p had */
+/* The cache of freed blocks (memory.c): device_free keeps a block, device_alloc of exactly its
+ * size takes it back; device_shutdown releases what is kept. */
+void *mem_cache_take(size_t bytes);           /* a kept block of exactly `bytes`, or NULL      */
+bool mem_cache_keep(void *p, size_t bytes);   /* false: the cache is full, release p yourself  */
+void *mem_cache_drain(void);                  /* one kept block taken out, NULL when none left */
+size_t mem_cache_bytes(void);                 /* bytes kept, not live                          */
 size_t mem_current(mem_category cat);
 size_t mem_peak(mem_category cat);
 size_t mem_current_total(void);

@@ -7,7 +7,10 @@
 #include "device.h"
 
 void device_init(int local_rank) { (void)local_rank; openblas_set_num_threads(1); }
-void device_shutdown(void) {}
+/* Release the blocks the allocator's cache kept (memory.c). */
+void device_shutdown(void) {
+    for (void *p; (p = mem_cache_drain());) free(p);
+}
 const char *device_backend_name(void) { return "cpu"; }
 
 double device_memory_available(int ranks_sharing) {
@@ -21,19 +24,26 @@ double device_memory_available(int ranks_sharing) {
     return kib * 1024.0 / (ranks_sharing > 0 ? ranks_sharing : 1);
 }
 
+/* `bytes` of zeroed memory, counted under `cat`: a block the cache kept, else a new one aligned
+ * to a cache line. The memset zeroes it and also touches every page now, at allocation: calloc
+ * would map the pages lazily, and the first kernel to write them (inside a training step) would
+ * take the page faults. */
 void *device_alloc(size_t bytes, mem_category cat) {
-    void *p = calloc(1, bytes ? bytes : 1);
+    void *p = mem_cache_take(bytes);
+    if (!p) p = aligned_alloc(64, (bytes + 63) / 64 * 64 + (bytes ? 0 : 64));
     if (!p) { fprintf(stderr, "device_alloc: out of memory (%zu bytes)\n", bytes); exit(1); }
+    memset(p, 0, bytes);
     mem_track_alloc(p, bytes, cat);
     return p;
 }
 float *device_alloc_floats(size_t n, mem_category cat) { return device_alloc(n * sizeof(float), cat); }
 int *device_alloc_ints(size_t n, mem_category cat) { return device_alloc(n * sizeof(int), cat); }
 
+/* Un-count p and keep it for the next allocation of its size (or release it: cache full). */
 void device_free(void *p) {
     if (!p) return;
-    mem_track_free(p);
-    free(p);
+    size_t bytes = mem_track_free(p);
+    if (!mem_cache_keep(p, bytes)) free(p);
 }
 
 void device_copy_to_device(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }

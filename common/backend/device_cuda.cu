@@ -35,9 +35,10 @@ void device_init(int local_rank) {
     CUBLAS_CHECK(cublasSetMathMode(g_cublas, CUBLAS_DEFAULT_MATH));
 }
 
-/* Release the handle and the stream after the queued work has finished. */
+/* Release the kept blocks, the handle and the stream after the queued work has finished. */
 void device_shutdown(void) {
     if (g_stream) CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    for (void *p; (p = mem_cache_drain());) CUDA_CHECK(cudaFree(p));
     if (g_cublas) CUBLAS_CHECK(cublasDestroy(g_cublas));
     if (g_stream) CUDA_CHECK(cudaStreamDestroy(g_stream));
     g_cublas = NULL;
@@ -57,11 +58,11 @@ double device_memory_available(int ranks_sharing) {
     return (double)free_bytes / per_gpu;
 }
 
-/* `bytes` of zeroed GPU memory, counted under `cat`. The memset is queued on the stream, so
- * any kernel issued afterwards sees zeros. */
+/* `bytes` of zeroed GPU memory, counted under `cat`: a block the cache kept (memory.c), else
+ * a new one. The memset is queued on the stream, so any kernel issued afterwards sees zeros. */
 void *device_alloc(size_t bytes, mem_category cat) {
-    void *p = NULL;
-    CUDA_CHECK(cudaMalloc(&p, bytes > 0 ? bytes : 1));   /* like calloc: a valid pointer for 0 */
+    void *p = mem_cache_take(bytes);
+    if (!p) CUDA_CHECK(cudaMalloc(&p, bytes > 0 ? bytes : 1));   /* like calloc: valid for 0 */
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g_stream));
     mem_track_alloc(p, bytes, cat);
     return p;
@@ -75,11 +76,15 @@ int *device_alloc_ints(size_t n, mem_category cat) {
     return (int *)device_alloc(n * sizeof(int), cat);
 }
 
-/* Un-count and release. cudaFree waits for the work that may still use the buffer. */
+/* Un-count p and keep it for the next allocation of its size; released (cudaFree, which waits
+ * for the work that may still use it) only when the cache is full. Reuse without that wait is
+ * safe because everything that touches device memory is ordered on g_stream: kernels and copies
+ * run on it, and a collective on NCCL's stream is joined into it by comm_wait, which every
+ * request gets before its buffers are freed (comm.h). */
 void device_free(void *p) {
     if (!p) return;
-    mem_track_free(p);
-    CUDA_CHECK(cudaFree(p));
+    size_t bytes = mem_track_free(p);
+    if (!mem_cache_keep(p, bytes)) CUDA_CHECK(cudaFree(p));
 }
 
 /* Host -> GPU. Synchronous from the caller's point of view: when it returns, the host buffer

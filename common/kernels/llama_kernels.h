@@ -33,6 +33,11 @@ void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w,
                      int N, int C, float eps);
 void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
                       const float *w, const float *rstd, int N, int C);
+/* The residual add fused with the norm that follows it, one pass over each row (the row is read
+ * once from memory instead of twice; the numbers are those of add_inplace then rmsnorm_forward):
+ *   h[N, C] += res (in place), out[N, C] = rmsnorm(h) w (=), rstd[N] (=)                   */
+void residual_rmsnorm_forward(float *h, float *out, float *rstd, const float *res, const float *w,
+                              int N, int C, float eps);
 
 /* ---- linear, y = x W^T, W stored [out, in] ------------------------------------------------
  *   forward:  x[N, in], W[out, in] -> y[N, out] (=)
@@ -43,12 +48,15 @@ void linear_backward(float *dx, float *dW, const float *dy, const float *x, cons
                      int N, int in, int out);
 
 /* ---- RoPE on interleaved pairs (2j, 2j+1) of each head, theta^(-2j/hd) ------------------
- * x[B, T, H, hd] rotated in place; positions[T] (device ints) are the global positions of the
- * T local rows of every sequence.
+ * rope_table: cos_sin[T, hd/2, 2] = cos and sin of pair j's angle at positions[t] (device ints:
+ * the global positions of the T local rows of every sequence). A model computes it once, when
+ * it is created: the angles depend only on the positions, not on the step.
+ * x[B, T, H, hd] rotated in place with that table:
  *   forward:  (a, b) -> (a cos - b sin, a sin + b cos)
  *   backward: the inverse rotation applied to the gradient, in place                       */
-void rope_forward(float *x, const int *positions, int B, int T, int H, int hd, float theta);
-void rope_backward(float *dx, const int *positions, int B, int T, int H, int hd, float theta);
+void rope_table(float *cos_sin, const int *positions, int T, int hd, float theta);
+void rope_forward(float *x, const float *cos_sin, int B, int T, int H, int hd);
+void rope_backward(float *dx, const float *cos_sin, int B, int T, int H, int hd);
 
 /* ---- causal attention with grouped-query heads -------------------------------------------
  * q[B, T, H, hd], k and v [B, T, Hkv, hd], Hkv divides H; query head h reads kv head

@@ -49,6 +49,23 @@ void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w,
     }
 }
 
+/* h[N, C] += res, then out = rmsnorm(h) w and rstd, row by row while the row is in cache. */
+void residual_rmsnorm_forward(float *h, float *out, float *rstd, const float *res, const float *w,
+                              int N, int C, float eps) {
+    for (int n = 0; n < N; n++) {
+        float *h_n = h + (size_t)n * C, *out_n = out + (size_t)n * C;
+        const float *res_n = res + (size_t)n * C;
+        float sum_sq = 0.0f;
+        for (int c = 0; c < C; c++) {
+            h_n[c] += res_n[c];
+            sum_sq += h_n[c] * h_n[c];
+        }
+        float r = rmsnorm_rstd(sum_sq, C, eps);
+        rstd[n] = r;
+        for (int c = 0; c < C; c++) out_n[c] = rmsnorm_value(h_n[c], r, w[c]);
+    }
+}
+
 /* dx[N, C] += dL/dx, dw[C] += dL/dw. Both accumulate: dx is the residual stream's gradient,
  * which already holds the gradient that skipped this layer; dw sums over the rows (and over
  * microbatches). */
@@ -84,41 +101,40 @@ void linear_backward(float *dx, float *dW, const float *dy, const float *x, cons
 
 /* ---- RoPE ------------------------------------------------------------------------------------ */
 
+/* cos_sin[T, hd/2, 2]: cos and sin of the angle of pair j at positions[t]. */
+void rope_table(float *cos_sin, const int *positions, int T, int hd, float theta) {
+    int half = hd / 2;
+    for (size_t i = 0; i < (size_t)T * half; i++) {     /* i = t hd/2 + j */
+        float angle = rope_angle(positions[i / half], (int)(i % half), hd, theta);
+        cos_sin[2 * i] = cosf(angle);
+        cos_sin[2 * i + 1] = sinf(angle);
+    }
+}
+
 /* Rotates every pair (2j, 2j+1) of every head of x[B, T, H, hd] in place, forward or back.
  * The loop runs over the same index i = ((b T + t) H + h) hd/2 + j that the CUDA kernel gives
  * its threads. */
-static void rope_apply(float *x, const int *positions, int B, int T, int H, int hd, float theta,
-                       int inverse) {
+static void rope_apply(float *x, const float *cos_sin, int B, int T, int H, int hd, int inverse) {
     int half = hd / 2;
-    /* cos and sin of each (position, pair), computed once per call rather than once per head and
-     * sequence: the same float operations, so the same bits, B H times fewer of them */
-    float *cs = malloc((size_t)T * half * 2 * sizeof(float));
-    for (int t = 0; t < T; t++)
-        for (int j = 0; j < half; j++) {
-            float angle = rope_angle(positions[t], j, hd, theta);
-            cs[2 * ((size_t)t * half + j)] = cosf(angle);
-            cs[2 * ((size_t)t * half + j) + 1] = sinf(angle);
-        }
     size_t npairs = (size_t)B * T * H * half;
     for (size_t i = 0; i < npairs; i++) {
         int j = (int)(i % half);
         size_t row = i / half;            /* (b T + t) H + h: which head vector */
         int t = (int)((row / H) % T);
-        const float *c = cs + 2 * ((size_t)t * half + j);
+        const float *c = cos_sin + 2 * ((size_t)t * half + j);
         float *pair = x + row * hd + 2 * j;
         if (inverse) rope_rotate_inverse(&pair[0], &pair[1], c[0], c[1]);
         else         rope_rotate(&pair[0], &pair[1], c[0], c[1]);
     }
-    free(cs);
 }
 
-void rope_forward(float *x, const int *positions, int B, int T, int H, int hd, float theta) {
-    rope_apply(x, positions, B, T, H, hd, theta, 0);
+void rope_forward(float *x, const float *cos_sin, int B, int T, int H, int hd) {
+    rope_apply(x, cos_sin, B, T, H, hd, 0);
 }
 
 /* The gradient of a rotation is the inverse rotation of the gradient. */
-void rope_backward(float *dx, const int *positions, int B, int T, int H, int hd, float theta) {
-    rope_apply(dx, positions, B, T, H, hd, theta, 1);
+void rope_backward(float *dx, const float *cos_sin, int B, int T, int H, int hd) {
+    rope_apply(dx, cos_sin, B, T, H, hd, 1);
 }
 
 /* ---- causal attention with grouped-query heads ----------------------------------------------
@@ -231,8 +247,7 @@ void swiglu_backward(float *da, float *db, const float *dout, const float *a, co
                      size_t n) {
     for (size_t i = 0; i < n; i++) {
         float g = dout[i], a_i = a[i], b_i = b[i];   /* read first: da/db may alias the inputs */
-        da[i] = swiglu_grad_a(g, a_i, b_i);
-        db[i] = swiglu_grad_b(g, a_i);
+        swiglu_grads(g, a_i, b_i, &da[i], &db[i]);
     }
 }
 

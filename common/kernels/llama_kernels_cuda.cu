@@ -121,6 +121,31 @@ void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w,
     CUDA_CHECK_LAUNCH();
 }
 
+/* One block per row n, as rmsnorm_forward_kernel: each thread adds the residual to its elements
+ * and sums their squares, then writes its normalised elements. */
+static __global__ void residual_rmsnorm_forward_kernel(float *h, float *out, float *rstd,
+                                                       const float *res, const float *w, int C,
+                                                       float eps) {
+    size_t n = blockIdx.x;
+    float *h_n = h + n * C, *out_n = out + n * C;
+    const float *res_n = res + n * C;
+    float sum_sq = 0.0f;
+    for (int c = threadIdx.x; c < C; c += ROW_THREADS) {
+        h_n[c] += res_n[c];
+        sum_sq += h_n[c] * h_n[c];
+    }
+    float r = rmsnorm_rstd(block_sum(sum_sq), C, eps);
+    if (threadIdx.x == 0) rstd[n] = r;
+    for (int c = threadIdx.x; c < C; c += ROW_THREADS) out_n[c] = rmsnorm_value(h_n[c], r, w[c]);
+}
+
+void residual_rmsnorm_forward(float *h, float *out, float *rstd, const float *res, const float *w,
+                              int N, int C, float eps) {
+    if (N == 0) return;
+    residual_rmsnorm_forward_kernel<<<N, ROW_THREADS, 0, cuda_stream()>>>(h, out, rstd, res, w, C, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
 /* dx: one block per row n, reduce dot = sum dout w x, then dx_c += ... per element. */
 static __global__ void rmsnorm_backward_dx_kernel(float *dx, const float *dout, const float *x,
                                                   const float *w, const float *rstd, int C) {
@@ -173,37 +198,53 @@ void linear_backward(float *dx, float *dW, const float *dy, const float *x, cons
 
 /* ---- RoPE ----------------------------------------------------------------------------------- */
 
+/* One thread per (t, j), i = t hd/2 + j: the CPU loop's index. */
+static __global__ void rope_table_kernel(float *cos_sin, const int *positions, int T, int hd,
+                                         float theta) {
+    int half = hd / 2;
+    GRID_STRIDE_LOOP(i, (size_t)T * half) {
+        float angle = rope_angle(positions[i / half], (int)(i % half), hd, theta);
+        cos_sin[2 * i] = cosf(angle);
+        cos_sin[2 * i + 1] = sinf(angle);
+    }
+}
+
+void rope_table(float *cos_sin, const int *positions, int T, int hd, float theta) {
+    size_t n = (size_t)T * (hd / 2);
+    if (n == 0) return;
+    rope_table_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(cos_sin, positions, T, hd, theta);
+    CUDA_CHECK_LAUNCH();
+}
+
 /* One thread per pair i = ((b T + t) H + h) hd/2 + j, the CPU loop's index. */
-static __global__ void rope_kernel(float *x, const int *positions, int B, int T, int H, int hd,
-                                   float theta, int inverse) {
+static __global__ void rope_kernel(float *x, const float *cos_sin, int B, int T, int H, int hd,
+                                   int inverse) {
     int half = hd / 2;
     GRID_STRIDE_LOOP(i, (size_t)B * T * H * half) {
         int j = (int)(i % half);
         size_t row = i / half;
         int t = (int)((row / H) % T);
-        float angle = rope_angle(positions[t], j, hd, theta);
-        float cos_t = cosf(angle), sin_t = sinf(angle);
+        const float *c = cos_sin + 2 * ((size_t)t * half + j);
         float *pair = x + row * hd + 2 * j;
-        if (inverse) rope_rotate_inverse(&pair[0], &pair[1], cos_t, sin_t);
-        else         rope_rotate(&pair[0], &pair[1], cos_t, sin_t);
+        if (inverse) rope_rotate_inverse(&pair[0], &pair[1], c[0], c[1]);
+        else         rope_rotate(&pair[0], &pair[1], c[0], c[1]);
     }
 }
 
-static void rope_apply(float *x, const int *positions, int B, int T, int H, int hd, float theta,
-                       int inverse) {
+static void rope_apply(float *x, const float *cos_sin, int B, int T, int H, int hd, int inverse) {
     size_t npairs = (size_t)B * T * H * (hd / 2);
     if (npairs == 0) return;
     rope_kernel<<<cuda_blocks(npairs), CUDA_THREADS, 0, cuda_stream()>>>(
-        x, positions, B, T, H, hd, theta, inverse);
+        x, cos_sin, B, T, H, hd, inverse);
     CUDA_CHECK_LAUNCH();
 }
 
-void rope_forward(float *x, const int *positions, int B, int T, int H, int hd, float theta) {
-    rope_apply(x, positions, B, T, H, hd, theta, 0);
+void rope_forward(float *x, const float *cos_sin, int B, int T, int H, int hd) {
+    rope_apply(x, cos_sin, B, T, H, hd, 0);
 }
 
-void rope_backward(float *dx, const int *positions, int B, int T, int H, int hd, float theta) {
-    rope_apply(dx, positions, B, T, H, hd, theta, 1);
+void rope_backward(float *dx, const float *cos_sin, int B, int T, int H, int hd) {
+    rope_apply(dx, cos_sin, B, T, H, hd, 1);
 }
 
 /* ---- causal attention with grouped-query heads -----------------------------------------------
@@ -373,8 +414,7 @@ static __global__ void swiglu_backward_kernel(float *da, float *db, const float 
                                               const float *a, const float *b, size_t n) {
     GRID_STRIDE_LOOP(i, n) {
         float g = dout[i], a_i = a[i], b_i = b[i];   /* read first: da/db may alias the inputs */
-        da[i] = swiglu_grad_a(g, a_i, b_i);
-        db[i] = swiglu_grad_b(g, a_i);
+        swiglu_grads(g, a_i, b_i, &da[i], &db[i]);
     }
 }
 

@@ -26,17 +26,17 @@ HD static inline int embedding_local_row(int token, int row0, int nrows) {
 HD static inline float sigmoid_value(float x) { return 1.0f / (1.0f + expf(-x)); }
 HD static inline float silu_value(float x) { return x * sigmoid_value(x); }
 /* d silu / dx = s + x s (1 - s) = s (1 + x (1 - s)),  s = sigmoid(x)                           */
-HD static inline float silu_derivative(float x) {
-    float s = sigmoid_value(x);
-    return s * (1.0f + x * (1.0f - s));
-}
+HD static inline float silu_derivative_from(float x, float s) { return s * (1.0f + x * (1.0f - s)); }
 /* out = silu(a) * b, where a = x W1^T is the gate and b = x W3^T the value.                     */
 HD static inline float swiglu_value(float a, float b) { return silu_value(a) * b; }
-/* d out / d a = b silu'(a),  d out / d b = silu(a)                                             */
-HD static inline float swiglu_grad_a(float dout, float a, float b) {
-    return dout * b * silu_derivative(a);
+/* Backward, both inputs' gradients from one sigmoid (the exp and the division are most of the
+ * cost of this element-wise pass):
+ *   d out / d a = b silu'(a),   d out / d b = silu(a) = a s                                      */
+HD static inline void swiglu_grads(float dout, float a, float b, float *da, float *db) {
+    float s = sigmoid_value(a);
+    *da = dout * b * silu_derivative_from(a, s);
+    *db = dout * (a * s);
 }
-HD static inline float swiglu_grad_b(float dout, float a) { return dout * silu_value(a); }
 
 /* ---- RoPE (Su et al. 2021, "RoFormer") on interleaved pairs (2j, 2j+1) of a head ------------
  * Frequency of pair j: f_j = theta^(-2j/hd). Computed as torchtitan does, 1 / theta^(2j/hd) in

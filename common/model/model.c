@@ -198,6 +198,8 @@ llama_model *llama_create(const llama_config *c, const llama_plan *plan, int B, 
     if (plan->positions) plan->positions(plan, pos, (int)T);
     device_copy_to_device(m->positions, pos, T * sizeof(int));
     free(pos);
+    m->rope_cos_sin = device_alloc_floats(T * d->hd, MEM_BUFFERS);   /* [T, hd/2, 2], once */
+    rope_table(m->rope_cos_sin, m->positions, (int)T, d->hd, c->rope_theta);
 
     /* Scratch. */
     if (split) {
@@ -236,6 +238,7 @@ void llama_free(llama_model *m) {
                      m->dprobs, m->dffn_g, m->dffn_a, m->dffn_b};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) device_free(bufs[i]);   /* NULL: no-op */
     device_free(m->positions);
+    device_free(m->rope_cos_sin);
     device_free(m->cp_tokens);
     device_free(m->cp_targets);
     param_table_free(m->params);
@@ -253,7 +256,7 @@ static void layer_forward(llama_model *m, int l, float *h_out, const unit_weight
     llama_layer_acts *a = &m->saved->layers[l];
     int B = d->B, T = d->T, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, hd = d->hd;
     int Hl = d->Hl, Hkvl = d->Hkvl, Fl = d->Fl;
-    float eps = m->c.norm_eps, theta = m->c.rope_theta;
+    float eps = m->c.norm_eps;
     float *attn_in = whole(m, m->attn_in, a->attn_xn);     /* [N, D] */
     float *ffn_in = whole(m, m->ffn_in, a->ffn_xn);        /* [N, D] */
 
@@ -267,18 +270,19 @@ static void layer_forward(llama_model *m, int l, float *h_out, const unit_weight
     p->linear.forward(p, (linear_site){P_WK, l}, a->k, attn_in, w.wk, N, D, Hkvl * hd);
     p->linear.forward(p, (linear_site){P_WV, l}, a->v, attn_in, w.wv, N, D, Hkvl * hd);
     /* positions enter through RoPE only: rotate q and k (not v) in place */
-    rope_forward(a->q, m->positions, B, T, Hl, hd, theta);
-    rope_forward(a->k, m->positions, B, T, Hkvl, hd, theta);
+    rope_forward(a->q, m->rope_cos_sin, B, T, Hl, hd);
+    rope_forward(a->k, m->rope_cos_sin, B, T, Hkvl, hd);
     /* attn_out[N, Hl*hd] = softmax(q k^T / sqrt(hd), causal) v; probs[B, Hl, T, T] saved */
     p->attention.forward(p, a->attn_out, a->probs, a->q, a->k, a->v, B, T, Hl, Hkvl, hd);
     /* partial[N, D] = attn_out wo^T (this rank's heads' share), then the region's exit */
     float *partial = whole(m, m->y_partial, a->h_mid);
     p->linear.forward(p, (linear_site){P_WO, l}, partial, a->attn_out, w.wo, N, Hl * hd, D);
     p->region.exit_forward(p, a->h_mid, partial, B, Ts, D);
-    add_inplace(a->h_mid, a->h_in, (size_t)Ns * D);                   /* residual, [Ns, D] */
 
     /* ---- feed-forward block: h_out = h_mid + w2(silu(w1 m) * w3 m) ---- */
-    rmsnorm_forward(a->ffn_xn, a->ffn_rstd, a->h_mid, w.ffn_norm, Ns, D, eps);
+    /* h_mid[Ns, D] += h_in (the residual), then ffn_xn[Ns, D] = rmsnorm(h_mid) * ffn_norm, in one
+     * pass over each row */
+    residual_rmsnorm_forward(a->h_mid, a->ffn_xn, a->ffn_rstd, a->h_in, w.ffn_norm, Ns, D, eps);
     p->region.enter_forward(p, ffn_in, a->ffn_xn, B, Ts, D);
     /* ffn_a, ffn_b [N, Fl]: the gate and the up projection */
     p->linear.forward(p, (linear_site){P_W1, l}, a->ffn_a, ffn_in, w.w1, N, D, Fl);
@@ -325,7 +329,6 @@ void llama_layer_backward(llama_model *m, int l, float *dh) {
     int B = d->B, T = d->T, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, hd = d->hd;
     int Hl = d->Hl, Hkvl = d->Hkvl, Fl = d->Fl;
     size_t ND = (size_t)N * D;
-    float theta = m->c.rope_theta;
 
     layer_restore(m, l, &w);
     float *attn_in = whole(m, m->attn_in, a->attn_xn);     /* [N, D] */
@@ -356,8 +359,8 @@ void llama_layer_backward(llama_model *m, int l, float *dh) {
     p->attention.backward(p, m->dq, m->dk, m->dv, m->dprobs, m->dattn_out, a->attn_out, a->q, a->k,
                           a->v, a->probs, B, T, Hl, Hkvl, hd);
     /* undo RoPE's rotation on the gradients: now d/d (wq n) and d/d (wk n) */
-    rope_backward(m->dq, m->positions, B, T, Hl, hd, theta);
-    rope_backward(m->dk, m->positions, B, T, Hkvl, hd, theta);
+    rope_backward(m->dq, m->rope_cos_sin, B, T, Hl, hd);
+    rope_backward(m->dk, m->rope_cos_sin, B, T, Hkvl, hd);
     /* dxn_full[N, D] = dq wq + dk wk + dv wv: attn_in feeds three projections */
     p->linear.backward(p, (linear_site){P_WQ, l}, m->dxn_full, g.wq, m->dq, attn_in, w.wq, N, D, Hl * hd);
     p->linear.backward(p, (linear_site){P_WK, l}, m->dxn_part, g.wk, m->dk, attn_in, w.wk, N, D, Hkvl * hd);

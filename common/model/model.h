@@ -81,6 +81,7 @@ struct llama_model {
     size_t *layer_act_bytes;        /* [L] bytes each layer keeps, as the allocator counted them */
     float *loss_scratch;            /* [N]                                                       */
     int *positions;                 /* [T] RoPE positions of a whole sequence's rows            */
+    float *rope_cos_sin;            /* [T, hd/2, 2] their rotations' cos and sin (rope_table)   */
     int *cp_tokens, *cp_targets;    /* [B * microbatches, T] under context parallelism: this rank's
                                      * positions of its sequences' tokens and targets, which the
                                      * harness selects from the batch each pass; NULL otherwise   */
