@@ -1,6 +1,7 @@
 /* ranks: 1 */
 /* test_kernels.c: chapter 00's element-wise kernels. Forwards against naive double loops,
  * backwards against central finite differences. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include "comm.h"
 #include "device.h"
@@ -60,6 +61,28 @@ int main(int argc, char **argv) {
 
     device_free(dx); device_free(dt); device_free(dout); device_free(dones);
     CHECK(mem_current_total() == 0, "allocator still counts %zu bytes after freeing everything", mem_current_total());
+
+    /* the allocator's cache (memory.c): a freed block comes back, zeroed, for the next allocation
+     * of its size, without new memory; the accounting counts it as live again. Under
+     * AddressSanitizer nothing is kept (mem_cache_bytes stays 0) and only the zeros are checked. */
+    float *a = device_alloc_floats(1000, MEM_BUFFERS);
+    device_copy_to_device(a, x, sizeof x);
+    size_t kept_before = mem_cache_bytes();   /* the blocks freed above are kept too */
+    device_free(a);
+    bool kept = mem_cache_bytes() == kept_before + 1000 * sizeof(float);
+    size_t misses = mem_cache_misses();
+    float *b = device_alloc_floats(1000, MEM_BUFFERS), head[N];
+    if (kept) {
+        CHECK(b == a, "a freed block of the same size was not reused");
+        CHECK(mem_cache_misses() == misses, "the reused block counted as new memory");
+        CHECK(mem_cache_bytes() == kept_before, "the reused block is still counted as kept");
+    }
+    CHECK(mem_current(MEM_BUFFERS) == 1000 * sizeof(float), "the reused block is not counted as live");
+    device_copy_to_host(head, b, sizeof head);
+    for (int i = 0; i < N; i++) CHECK(head[i] == 0.0f, "a reused block is not zeroed (element %d is %g)", i, head[i]);
+    float *c = device_alloc_floats(999, MEM_BUFFERS);   /* another size: new memory */
+    CHECK(mem_cache_misses() == misses + 1 + !kept, "an allocation of a new size did not count as new memory");
+    device_free(b); device_free(c);
     int rc = tu_finish("test_kernels");
     comm_finalize();
     return rc;

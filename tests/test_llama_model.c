@@ -10,6 +10,7 @@
  *   - gradients accumulate (+=) across backward passes; llama_zero_grad clears them
  *   - an all-padding batch gives loss 0 and zero gradients
  *   - llama_adamw_step updates every tensor as torch.optim.AdamW would at step 1
+ *   - a training step after the first needs no new memory (everything allocated once)
  */
 #include <math.h>
 #include <stdint.h>
@@ -493,6 +494,29 @@ static void test_adamw_step(void) {
     llama_free(m);
 }
 
+/* Step 2 of training (zero_grad, forward, backward, AdamW) allocates nothing that the first step
+ * or the model's creation did not: every allocation is served by the allocator's cache. */
+static void test_step_allocates_nothing(void) {
+    llama_config c = tiny_config();
+    adamw_config o = adamw_config_default();
+    llama_model *m = llama_create_baseline(&c, B, 1234);
+    batch b;
+    synthetic_batch(b.tokens, b.targets, B, T, c.vocab_size, 7, 3);
+    batch_upload(&b);
+    size_t misses = 0;
+    for (int step = 1; step <= 3; step++) {
+        if (step == 2) misses = mem_cache_misses();
+        llama_zero_grad(m);
+        batch_loss(m, &b);
+        llama_backward(m);
+        llama_adamw_step(m, &o, step);
+    }
+    CHECK(mem_cache_misses() == misses, "steps 2 and 3 allocated new memory %zu times",
+          mem_cache_misses() - misses);
+    batch_free(&b);
+    llama_free(m);
+}
+
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     test_param_table();
@@ -501,6 +525,7 @@ int main(int argc, char **argv) {
     test_gradients();
     test_accumulate_zero_and_padding();
     test_adamw_step();
+    test_step_allocates_nothing();
     comm_finalize();
     return tu_finish("test_llama_model");
 }

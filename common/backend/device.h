@@ -54,6 +54,7 @@ void *mem_cache_take(size_t bytes);           /* a kept block of exactly `bytes`
 bool mem_cache_keep(void *p, size_t bytes);   /* false: the cache is full, release p yourself  */
 void *mem_cache_drain(void);                  /* one kept block taken out, NULL when none left */
 size_t mem_cache_bytes(void);                 /* bytes kept, not live                          */
+size_t mem_cache_misses(void);                /* allocations no kept block served: new memory  */
 size_t mem_current(mem_category cat);
 size_t mem_peak(mem_category cat);
 size_t mem_current_total(void);

@@ -91,7 +91,7 @@ void mem_reset_peaks(void) {
 
 typedef struct { void *p; size_t bytes; } kept_block;
 static kept_block *kept = NULL;
-static size_t n_kept = 0, cap_kept = 0, kept_bytes = 0;
+static size_t n_kept = 0, cap_kept = 0, kept_bytes = 0, misses = 0;
 
 void *mem_cache_take(size_t bytes) {
     for (size_t i = n_kept; i-- > 0;) {      /* the most recently kept first: its pages are warm */
@@ -102,6 +102,7 @@ void *mem_cache_take(size_t bytes) {
             return p;
         }
     }
+    misses++;
     return NULL;
 }
 
@@ -126,3 +127,4 @@ void *mem_cache_drain(void) {
 }
 
 size_t mem_cache_bytes(void) { return kept_bytes; }
+size_t mem_cache_misses(void) { return misses; }
