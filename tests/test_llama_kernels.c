@@ -354,6 +354,36 @@ static double attention_loss(void *p) {
     return L;
 }
 
+/* The textbook forward in double: per (b, h, i), softmax over j <= i of q.k / sqrt(hd), then
+ * out = P v. want[B, T, H, hd], want_p[B, H, T, T]. */
+static void attention_reference(const attention_ctx *c, double *want, double *want_p) {
+    int B = c->B, T = c->T, H = c->H, Hkv = c->Hkv, hd = c->hd, group = H / Hkv;
+    double *s = doubles(T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < T; i++) {
+                int g = h / group;
+                double mx = -INFINITY, sum = 0;
+                for (int j = 0; j <= i; j++) {
+                    double dot = 0;
+                    for (int d = 0; d < hd; d++)
+                        dot += (double)c->q[((size_t)(b * T + i) * H + h) * hd + d] *
+                               c->k[((size_t)(b * T + j) * Hkv + g) * hd + d];
+                    s[j] = dot / sqrt((double)hd);
+                    mx = fmax(mx, s[j]);
+                }
+                for (int j = 0; j <= i; j++) sum += exp(s[j] - mx);
+                double *p_row = want_p + (((size_t)b * H + h) * T + i) * T;
+                for (int j = 0; j < T; j++) p_row[j] = j <= i ? exp(s[j] - mx) / sum : 0.0;
+                for (int d = 0; d < hd; d++) {
+                    double acc = 0;
+                    for (int j = 0; j <= i; j++) acc += p_row[j] * c->v[((size_t)(b * T + j) * Hkv + g) * hd + d];
+                    want[((size_t)(b * T + i) * H + h) * hd + d] = acc;
+                }
+            }
+    free(s);
+}
+
 static void test_attention(int B, int T, int H, int Hkv, int hd) {
     char what[96];
     attention_ctx c = {B, T, H, Hkv, hd, NULL, NULL, NULL, NULL};
@@ -367,30 +397,8 @@ static void test_attention(int B, int T, int H, int Hkv, int hd) {
     /* forward against the textbook loop: per (b, h, i), softmax over j <= i of q.k / sqrt(hd) */
     float *out = floats(nq), *probs = floats(np);
     attention_run(&c, out, probs);
-    double *want = doubles(nq), *want_p = doubles(np), *s = doubles(T);
-    int group = H / Hkv;
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int i = 0; i < T; i++) {
-                int g = h / group;
-                double mx = -INFINITY, sum = 0;
-                for (int j = 0; j <= i; j++) {
-                    double dot = 0;
-                    for (int d = 0; d < hd; d++)
-                        dot += (double)c.q[((size_t)(b * T + i) * H + h) * hd + d] *
-                               c.k[((size_t)(b * T + j) * Hkv + g) * hd + d];
-                    s[j] = dot / sqrt((double)hd);
-                    mx = fmax(mx, s[j]);
-                }
-                for (int j = 0; j <= i; j++) sum += exp(s[j] - mx);
-                double *p_row = want_p + (((size_t)b * H + h) * T + i) * T;
-                for (int j = 0; j < T; j++) p_row[j] = j <= i ? exp(s[j] - mx) / sum : 0.0;
-                for (int d = 0; d < hd; d++) {
-                    double acc = 0;
-                    for (int j = 0; j <= i; j++) acc += p_row[j] * c.v[((size_t)(b * T + j) * Hkv + g) * hd + d];
-                    want[((size_t)(b * T + i) * H + h) * hd + d] = acc;
-                }
-            }
+    double *want = doubles(nq), *want_p = doubles(np);
+    attention_reference(&c, want, want_p);
     snprintf(what, sizeof what, "attention forward H=%d Hkv=%d", H, Hkv);
     check_values(what, out, want, nq, 1e-6);
     snprintf(what, sizeof what, "attention probs H=%d Hkv=%d", H, Hkv);
@@ -441,7 +449,75 @@ static void test_attention(int B, int T, int H, int Hkv, int hd) {
     device_free(q_dev); device_free(k_dev); device_free(v_dev); device_free(p_dev); device_free(r_dev);
     device_free(dq_dev); device_free(dk_dev); device_free(dv_dev); device_free(dprobs);
     free(c.q); free(c.k); free(c.v); free(r); free(out); free(out2); free(probs);
-    free(want); free(want_p); free(s); free(dq); free(dk); free(dv); free(numeric);
+    free(want); free(want_p); free(dq); free(dk); free(dv); free(numeric);
+}
+
+/* Long sequences, where attention_forward/backward cut the queries into causal blocks (T = 200:
+ * 3 uneven blocks; T = 256: 4): forward and backward against the textbook formulas in double
+ * (finite differences would take too long at this size). dout = r. */
+static void test_attention_blocks(int B, int T, int H, int Hkv, int hd) {
+    char what[96];
+    attention_ctx c = {B, T, H, Hkv, hd, NULL, NULL, NULL, NULL};
+    size_t nq = q_size(&c), nkv = kv_size(&c), np = probs_size(&c);
+    c.q = floats(nq); c.k = floats(nkv); c.v = floats(nkv);
+    float *r = floats(nq);
+    fill_uniform(c.q, nq, -1, 1); fill_uniform(c.k, nkv, -1, 1); fill_uniform(c.v, nkv, -1, 1);
+    fill_uniform(r, nq, -1, 1);
+    float *out = floats(nq), *probs = floats(np);
+    attention_run(&c, out, probs);
+    double *want = doubles(nq), *want_p = doubles(np);
+    attention_reference(&c, want, want_p);
+    snprintf(what, sizeof what, "blocked attention forward T=%d", T);
+    check_values(what, out, want, nq, 1e-6);
+    snprintf(what, sizeof what, "blocked attention probs T=%d", T);
+    check_values(what, probs, want_p, np, 1e-6);
+
+    /* dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(P dP)), dQ = s dS K, dK = s dS^T Q */
+    int group = H / Hkv;
+    double scale = 1.0 / sqrt((double)hd), *ds = doubles((size_t)T);
+    double *wq = doubles(nq), *wk = doubles(nkv), *wv = doubles(nkv);
+#define QI(b, t, h) (((size_t)((b) * T + (t)) * H + (h)) * hd)
+#define KI(b, t, g) (((size_t)((b) * T + (t)) * Hkv + (g)) * hd)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < T; i++) {
+                int g = h / group;
+                const double *p_row = want_p + (((size_t)b * H + h) * T + i) * T;
+                double dot = 0;
+                for (int j = 0; j <= i; j++) {
+                    double dp = 0;
+                    for (int d = 0; d < hd; d++) dp += (double)r[QI(b, i, h) + d] * c.v[KI(b, j, g) + d];
+                    ds[j] = dp;
+                    dot += p_row[j] * dp;
+                }
+                for (int j = 0; j <= i; j++) {
+                    ds[j] = p_row[j] * (ds[j] - dot);
+                    for (int d = 0; d < hd; d++) {
+                        wq[QI(b, i, h) + d] += scale * ds[j] * c.k[KI(b, j, g) + d];
+                        wk[KI(b, j, g) + d] += scale * ds[j] * c.q[QI(b, i, h) + d];
+                        wv[KI(b, j, g) + d] += p_row[j] * r[QI(b, i, h) + d];
+                    }
+                }
+            }
+#undef QI
+#undef KI
+    float *q_dev = tu_upload(c.q, nq), *k_dev = tu_upload(c.k, nkv), *v_dev = tu_upload(c.v, nkv);
+    float *p_dev = tu_upload(probs, np), *r_dev = tu_upload(r, nq);
+    float *dq_dev = device_alloc_floats(nq, MEM_BUFFERS), *dk_dev = device_alloc_floats(nkv, MEM_BUFFERS);
+    float *dv_dev = device_alloc_floats(nkv, MEM_BUFFERS), *dprobs = device_alloc_floats(np, MEM_BUFFERS);
+    attention_backward(dq_dev, dk_dev, dv_dev, dprobs, r_dev, q_dev, k_dev, v_dev, p_dev, B, T, H, Hkv, hd);
+    float *dq = floats(nq), *dk = floats(nkv), *dv = floats(nkv);
+    download(dq, dq_dev, nq); download(dk, dk_dev, nkv); download(dv, dv_dev, nkv);
+    snprintf(what, sizeof what, "blocked attention dq T=%d", T);
+    check_values(what, dq, wq, nq, 1e-5);
+    snprintf(what, sizeof what, "blocked attention dk T=%d", T);
+    check_values(what, dk, wk, nkv, 1e-5);
+    snprintf(what, sizeof what, "blocked attention dv T=%d", T);
+    check_values(what, dv, wv, nkv, 1e-5);
+    device_free(q_dev); device_free(k_dev); device_free(v_dev); device_free(p_dev); device_free(r_dev);
+    device_free(dq_dev); device_free(dk_dev); device_free(dv_dev); device_free(dprobs);
+    free(c.q); free(c.k); free(c.v); free(r); free(out); free(probs); free(want); free(want_p);
+    free(ds); free(wq); free(wk); free(wv); free(dq); free(dk); free(dv);
 }
 
 /* ---- SwiGLU ------------------------------------------------------------------------------------- */
@@ -623,6 +699,8 @@ int main(int argc, char **argv) {
     test_attention(2, 5, 4, 2, 4);   /* grouped-query: two query heads per kv head */
     test_attention(1, 4, 2, 2, 8);   /* plain multi-head */
     test_attention(1, 3, 3, 1, 2);   /* multi-query: every query head shares one kv head */
+    test_attention_blocks(1, 200, 4, 2, 8);   /* 3 causal blocks of 66, 67, 67 queries */
+    test_attention_blocks(2, 256, 2, 1, 4);   /* 4 blocks of 64 */
     test_swiglu();
     test_cross_entropy();
     test_adamw();
