@@ -366,9 +366,26 @@ static void check_wait_time(comm_group *g) {
     comm_wait(&q);
     if (g->size > 1 && g->rank != 0)
         CHECK(s->seconds > nap / 2, "waiting for a late rank counted only %.3f s", s->seconds);
+    /* comm_wait_split: that wait was for the late rank, not for the data */
+    double data, peer;
+    comm_wait_split(&data, &peer);
+    if (g->size > 1 && g->rank != 0)
+        CHECK(peer > nap / 2 && data < nap / 2, "waiting for a late rank split as %.3f s data + %.3f s peer", data, peer);
+    CHECK(fabs(data + peer - s->seconds) < 1e-6, "the split (%.6f + %.6f s) is not the time waited (%.6f s)",
+          data, peer, s->seconds);
+    /* the same with a blocking collective */
+    comm_barrier(g);
+    comm_reset_stats(g);
+    if (g->rank == 0) usleep((useconds_t)(nap * 1e6));
+    comm_all_reduce(g, d, 1, COMM_SUM);
+    comm_wait_split(&data, &peer);
+    if (g->size > 1 && g->rank != 0)
+        CHECK(peer > nap / 2 && data < nap / 2, "a blocking call's wait for a late rank split as %.3f s data + %.3f s peer",
+              data, peer);
+    if (g->size == 1) CHECK(data == 0 && peer == 0, "one rank: nothing to split, got %g + %g s", data, peer);
     float got;
     fetch(&got, d, 1);
-    CHECK_CLOSE(got, (double)g->size * g->size, 0, 0, "two all-reduces of ones");
+    CHECK_CLOSE(got, (double)g->size * g->size * g->size, 0, 0, "three all-reduces of ones");
     device_free(d);
 
     comm_request none = {0};                     /* a zeroed request is complete */

@@ -6,6 +6,7 @@
  */
 #include <mpi.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +86,36 @@ static double ring_factor(collective_kind k, int p) {
 static bool counting = true;   /* comm_set_counting */
 void comm_set_counting(bool on) { counting = on; }
 
+/* ---- the timelog of comm_wait_split: per group, one entry per counted collective ---- */
+
+struct comm_timelog {
+    double *issue, *wait0, *wait1;   /* when issued; when this rank started and stopped waiting */
+    int n, cap;
+};
+
+/* A new entry for a collective issued at `issue` on g; returns its index + 1 (0: not logged). */
+static int log_issue(comm_group *g, collective_kind k, double issue) {
+    if (!counting || g->size < 2 || k == COLL_SEND || k == COLL_RECV) return 0;   /* p2p: no group-wide issue */
+    struct comm_timelog *t = g->timelog;
+    if (!t) t = g->timelog = calloc(1, sizeof *t);
+    if (t->n == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 256;
+        t->issue = realloc(t->issue, t->cap * sizeof(double));
+        t->wait0 = realloc(t->wait0, t->cap * sizeof(double));
+        t->wait1 = realloc(t->wait1, t->cap * sizeof(double));
+        if (!t->issue || !t->wait0 || !t->wait1) { fprintf(stderr, "comm: out of host memory\n"); exit(1); }
+    }
+    t->issue[t->n] = issue;
+    t->wait0[t->n] = t->wait1[t->n] = issue;   /* not waited yet: nothing blocked */
+    return ++t->n;
+}
+static void log_wait(comm_group *g, int logged, double wait0, double wait1) {
+    if (logged > 0 && g->timelog && logged <= g->timelog->n) {
+        g->timelog->wait0[logged - 1] = wait0;
+        g->timelog->wait1[logged - 1] = wait1;
+    }
+}
+
 static void count(comm_group *g, collective_kind k, double payload_bytes, double seconds) {
     if (!counting) return;
     collective_stats *s = &g->stats[k];
@@ -102,7 +133,9 @@ static void count(comm_group *g, collective_kind k, double payload_bytes, double
     double t0_ = wall_seconds();                         \
     call;                                                \
     comm_backend_wait();                                 \
-    count((g), (kind), (payload), wall_seconds() - t0_); \
+    double t1_ = wall_seconds();                         \
+    count((g), (kind), (payload), t1_ - t0_);            \
+    log_wait((g), log_issue((g), (kind), t0_), t0_, t1_); \
     guard_end();                                         \
 } while (0)
 
@@ -142,7 +175,7 @@ void comm_sendrecv(comm_group *g, const float *sendbuf, size_t send_count, int d
 
 static comm_request issued(comm_group *g, collective_kind k, double payload, void *pending) {
     count(g, k, payload, 0.0);
-    comm_request r = {g, k, pending};
+    comm_request r = {g, k, pending, pending ? log_issue(g, k, wall_seconds()) : 0};
     return r;
 }
 
@@ -177,8 +210,10 @@ comm_request comm_ireduce_scatter(comm_group *g, const float *send, float *recv,
 void comm_wait(comm_request *req) {
     if (!req->pending) return;
     guard_begin(collective_name(req->kind), req->group->name);
+    double w0 = wall_seconds();
     double waited = backend_wait(req->pending);
     if (counting) req->group->stats[req->kind].seconds += waited;
+    log_wait(req->group, req->logged, w0, w0 + waited);
     guard_end();
     req->pending = NULL;
 }
@@ -217,8 +252,41 @@ static const char *kind_names[COLL_NKINDS] = {
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv", "all_to_all", "barrier"};
 const char *collective_name(collective_kind k) { return kind_names[k]; }
 
-void comm_reset_stats(comm_group *g) { memset(g->stats, 0, sizeof g->stats); }
+void comm_reset_stats(comm_group *g) {
+    memset(g->stats, 0, sizeof g->stats);
+    if (g->timelog) g->timelog->n = 0;
+}
 void comm_reset_all_stats(void) { for (int i = 0; i < n_groups; i++) comm_reset_stats(groups[i]); }
+
+void comm_wait_split(double *data_seconds, double *peer_seconds) {
+    double data = 0, peer = 0;
+    for (int i = 0; i < n_groups; i++) {   /* the same groups in the same order on every rank */
+        comm_group *g = groups[i];
+        if (g->size < 2) continue;
+        int n = g->timelog ? g->timelog->n : 0, lo, hi;
+        MPI_Allreduce(&n, &lo, 1, MPI_INT, MPI_MIN, mpi_of(g));
+        MPI_Allreduce(&n, &hi, 1, MPI_INT, MPI_MAX, mpi_of(g));
+        if (n == 0) continue;
+        const struct comm_timelog *t = g->timelog;
+        if (lo != hi) {   /* the ranks did not log the same collectives: no common moment */
+            for (int k = 0; k < n; k++) data += t->wait1[k] - t->wait0[k];
+            continue;
+        }
+        double *all = malloc((size_t)n * g->size * sizeof(double));
+        MPI_Allgather(t->issue, n, MPI_DOUBLE, all, n, MPI_DOUBLE, mpi_of(g));
+        for (int k = 0; k < n; k++) {
+            double last = all[k];   /* when the group's last rank issued collective k */
+            for (int r = 1; r < g->size; r++) last = fmax(last, all[(size_t)r * n + k]);
+            double blocked = t->wait1[k] - t->wait0[k];
+            double after = fmax(0.0, t->wait1[k] - fmax(t->wait0[k], last));
+            data += fmin(after, blocked);
+            peer += blocked - fmin(after, blocked);
+        }
+        free(all);
+    }
+    *data_seconds = data;
+    *peer_seconds = peer;
+}
 
 double comm_total_seconds(void) {
     double t = 0;

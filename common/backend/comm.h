@@ -57,6 +57,8 @@ typedef struct comm_group {
     void *mpi_comm;      /* points to an MPI_Comm (untyped so this header needs no mpi.h) */
     void *nccl_comm;     /* ncclComm_t on the CUDA backend, NULL on CPU              */
     collective_stats stats[COLL_NKINDS];
+    struct comm_timelog *timelog;  /* when each counted collective was issued and waited for
+                                    * (comm_wait_split; comm.c)                              */
 } comm_group;
 
 /* MPI_Init, device binding (local rank), the world group. Call once at the top of main. */
@@ -121,6 +123,7 @@ typedef struct comm_request {
     comm_group *group;        /* where the waiting time is counted ...             */
     collective_kind kind;     /* ... and under which collective                    */
     void *pending;            /* the backend's handle; NULL when nothing is left   */
+    int logged;               /* its entry in the group's timelog + 1; 0: none     */
 } comm_request;
 
 /* Non-blocking send of buf[count] to `peer` (a rank of g); the peer posts a matching receive
@@ -186,6 +189,19 @@ void comm_reset_all_stats(void);
 /* Off: the collectives that follow are not counted (calls, bytes, seconds) until it is on again;
  * a trainer's evaluation and checkpoints, which the per-step tables leave out. On by default. */
 void comm_set_counting(bool on);
+/* Where the time blocked in collectives went, since comm_reset_all_stats. A rank that reaches a
+ * collective before the others waits for two things: for the last rank of the group to issue it
+ * (the ranks' skew: load imbalance, unequal cores, another rank's extra work), then for the data
+ * to move. Only the second is communication that the overlapping work failed to hide. For every
+ * counted collective (not send/recv) of every group of more than one rank, this rank's blocked
+ * time (a blocking call's duration, a request's wait) is cut at the moment the group's last rank
+ * issued it:
+ *   *data_seconds: after that moment: the transfer left to wait for
+ *   *peer_seconds: before it: waiting for a late rank
+ * The moments are host clocks (CLOCK_MONOTONIC), comparable between the processes of one machine;
+ * on the GPU a collective's issue is when it was queued. Host-side collective over the world
+ * (one MPI_Allgather per group): every rank calls it, each gets its own sums. */
+void comm_wait_split(double *data_seconds, double *peer_seconds);
 
 /* Exit every rank with status 2 after rank 0 prints `msg` on one line (bad input).
  * Must be reached by every rank of the world (the decision is made identically everywhere). */
