@@ -59,10 +59,14 @@ NVCCFLAGS   = -std=c++17 -O2 $(CUDA_ARCHS) $(COMMON_INC) -I$(CUDA_HOME)/include 
                -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
 
 # mpirun: root needs --allow-run-as-root; more ranks than cores need --oversubscribe.
-# Each CPU rank uses one BLAS thread (the ranks are the parallelism).
+# Each CPU rank uses one BLAS thread (the ranks are the parallelism). On a CPU with AVX-512
+# that OpenBLAS takes for an AVX2 one, the runs select its AVX-512 kernels (tests/blas.sh
+# coretype; the banner says so; OPENBLAS_CORETYPE=... make ... overrides).
+BLAS_CORETYPE := $(shell tests/blas.sh coretype)
 MPIRUN := mpirun -q $(if $(filter 0,$(shell id -u)),--allow-run-as-root,) \
           $(if $(shell [ $(NP) -gt $(NPROC) ] 2>/dev/null && echo y),--oversubscribe,) \
-          --mca btl_vader_single_copy_mechanism none -x OPENBLAS_NUM_THREADS=1 -np $(NP)
+          --mca btl_vader_single_copy_mechanism none -x OPENBLAS_NUM_THREADS=1 \
+          $(if $(BLAS_CORETYPE),-x OPENBLAS_CORETYPE=$(BLAS_CORETYPE),) -np $(NP)
 export MPIRUN_BASE := $(shell tests/mpirun_base.sh)
 
 # ---------------------------------------------------------------- sources

@@ -11,6 +11,9 @@ else found MPI "missing: apt-get install openmpi-bin libopenmpi-dev (or make dep
 if [ "$backend" = cuda ]; then found BLAS "cuBLAS (CUDA Toolkit)"
 elif blas=$("$(dirname "$0")/blas.sh" probe 2>&1); then
     found BLAS "$blas, built with $("$(dirname "$0")/blas.sh" cflags) $("$(dirname "$0")/blas.sh" libs)"
+    core=$("$(dirname "$0")/blas.sh" coretype)
+    case "$blas" in *"(core $core)"*) core="" ;; esac
+    [ -n "$core" ] && found "" "this CPU has AVX-512, which OpenBLAS's choice above does not use: runs set OPENBLAS_CORETYPE=$core (its AVX-512 kernels)"
 else found BLAS "no usable OpenBLAS: $blas; apt-get install libopenblas-dev (or make deps)"; fi
 if [ -n "$nvcc" ] && [ -x "$nvcc" ]; then
     found nvcc "$("$nvcc" --version | tail -1)"

@@ -14,10 +14,12 @@ D=512 L=4 H=8 F=1408 V=256 T=256 B=8 steps=${STEPS:-4}
 args="--dim $D --n-layers $L --n-heads $H --n-kv-heads $H --ffn-dim $F --vocab $V --seq-len $T --batch $B --steps $steps --out /tmp/bench_baseline"
 py=/usr/bin/python3
 $py -c "import torch" 2>/dev/null || { echo "PyTorch is missing for $py: run make deps"; exit 1; }
+core=$("$(dirname "$0")/blas.sh" coretype)   # the same OpenBLAS kernels for both (mpirun_base.sh)
+[ -n "$core" ] && echo "OpenBLAS kernels: OPENBLAS_CORETYPE=$core for both programs (this CPU has AVX-512)"
 c_ms=(); py_ms=(); probe=()
 for rep in $(seq ${REPS:-3}); do
     c_ms+=("$($mpirun -np 1 "$bin" $args | sed -nE 's/^time per step: ([0-9.]+) ms.*/\1/p')")
-    out=$(OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $py "$(dirname "$0")/bench_baseline.py" $steps $D $L $H $F $V $T $B)
+    out=$(OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 ${core:+OPENBLAS_CORETYPE=$core} $py "$(dirname "$0")/bench_baseline.py" $steps $D $L $H $F $V $T $B)
     py_ms+=("$(echo "$out" | sed -nE 's/^pytorch ms per step: ([0-9.]+)/\1/p')")
     probe+=("$(echo "$out" | sed -nE 's/^gemm probe GFLOP\/s: ([0-9.]+)/\1/p')")
 done
