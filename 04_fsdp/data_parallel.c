@@ -105,14 +105,16 @@ static comm_request gather_tensor(dp_state *s, const float *shard, float *full, 
 }
 
 /* The gradient of this rank's shard: the sum over the data ranks of their full gradients' chunk
- * s. full [S * shard] -> grad_shard [shard] (+=). Issues: 1 reduce-scatter of S * shard floats
- * over dp_shard, and under HSDP 1 all-reduce of shard floats over dp_replicate. */
-static void reduce_tensor_grad(dp_state *s, const float *full, float *grad_shard, size_t count) {
+ * s. full [S * shard] -> grad_shard [keep] (+=, the first keep <= shard floats of the chunk: all
+ * of it into a padded shard (zero2, fsdp), only the tensor's own rows into a whole gradient
+ * (zero1)). Issues: 1 reduce-scatter of S * shard floats over dp_shard, and under HSDP 1
+ * all-reduce of shard floats over dp_replicate. */
+static void reduce_tensor_grad(dp_state *s, const float *full, float *grad_shard, size_t count, size_t keep) {
     /* BEGIN ASSIGNMENT: reduce-scatter the full gradient over dp_shard, then all-reduce the shard over dp_replicate */
     s->reduce_scatter(s->shard, full, s->stage_out, count);
     if (s->R > 1) comm_all_reduce(s->replicate, s->stage_out, count, COMM_SUM);
     /* END ASSIGNMENT */
-    add_inplace(grad_shard, s->stage_out, count);
+    add_inplace(grad_shard, s->stage_out, keep);
 }
 
 static void real_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
@@ -208,7 +210,7 @@ static void reduce_unit_grads(dp_state *s, int u) {
     const float *g = s->grad_full[u == s->L ? 0 : 1];
     for (int k = 0; k < n; k++) {
         const param_tensor *x = &s->t->t[idx[k]];
-        reduce_tensor_grad(s, g, param_in(s->t, s->t->grads, idx[k]), shard_of(x));
+        reduce_tensor_grad(s, g, param_in(s->t, s->t->grads, idx[k]), shard_of(x), shard_of(x));
         g += padded(s, x);
     }
     event(s, "comm", t0, u == s->L ? "reduce_scatter ends" : "reduce_scatter %d", u);
@@ -318,9 +320,8 @@ static void dp_reduce_own_grads(const llama_plan *p, llama_model *m) {
         device_zero(s->stage_in, padded(s, x) * sizeof(float));
         device_copy(s->stage_in, g, (size_t)x->units * x->width * sizeof(float));
         device_zero(g + (size_t)x->own_first * x->width, (size_t)x->own_units * x->width * sizeof(float));
-        s->reduce_scatter(s->shard, s->stage_in, s->stage_out, shard_of(x));
-        if (s->R > 1) comm_all_reduce(s->replicate, s->stage_out, shard_of(x), COMM_SUM);
-        add_inplace(g + (size_t)x->own_first * x->width, s->stage_out, (size_t)x->own_units * x->width);
+        reduce_tensor_grad(s, s->stage_in, g + (size_t)x->own_first * x->width, shard_of(x),
+                           (size_t)x->own_units * x->width);
     }
     event(s, "comm", t0, "reduce_scatter all", 0);
 }
