@@ -1,16 +1,17 @@
 /* tp.h: Megatron tensor parallelism of the Llama transformer (Shoeybi et al., 2019), as a plan
  * for the one model (common/model/model.c).
  *
- * Every layer is split over the p ranks of the tp group, whole heads per rank:
- *
- *   attention:     wq, wk, wv  column-parallel   rank r owns heads [r*H/p, (r+1)*H/p) and
+ * Every layer is split over the p ranks of the tp group, whole heads per rank (the layouts are
+ * chapter 01's first exercise, hence their own comment: a student copy leaves it out). */
+/* BEGIN SOLUTION */
+/*   attention:     wq, wk, wv  column-parallel   rank r owns heads [r*H/p, (r+1)*H/p) and
  *                                                kv heads [r*Hkv/p, (r+1)*Hkv/p)
  *                  wo          row-parallel      the matching H/p*hd input columns
  *   feed-forward:  w1, w3      column-parallel   rank r owns F/p hidden units
  *                  w2          row-parallel      the matching F/p input columns
- *   everything else (tok_embeddings, the norms, output) is replicated.
- *
- * Because a query head only ever looks at its own kv head (h -> h / (H/Hkv)), and both
+ *   everything else (tok_embeddings, the norms, output) is replicated. */
+/* END SOLUTION */
+/* Because a query head only ever looks at its own kv head (h -> h / (H/Hkv)), and both
  * splits give rank r the matching ranges, attention needs no communication at all: each rank
  * runs ordinary attention on its H/p heads. The only collectives are chapter 00's f and g, the
  * plan's region operators:
@@ -24,8 +25,8 @@
 #include "mesh.h"
 #include "plan.h"
 
-/* Megatron's choice above: column-parallel (SHARD_ROWS) q, k, v, w1, w3; row-parallel
- * (SHARD_COLS) wo, w2; the rest replicated. layout[kind] for every param_kind. */
+/* Megatron's choice of each weight's layout (shard.h: SHARD_ROWS, SHARD_COLS or
+ * SHARD_REPLICATED): layout[kind] for every param_kind. */
 void megatron_layouts(shard_layout layout[P_NKINDS]);
 
 /* f (enter: identity / all-reduce) and g (exit: all-reduce / identity) over the plan's tp group. */
