@@ -384,15 +384,23 @@ static void attention_reference(const attention_ctx *c, double *want, double *wa
     free(s);
 }
 
+/* Random q, k, v and a random projection r of the output, in [-1, 1]. */
+static attention_ctx attention_inputs(int B, int T, int H, int Hkv, int hd, float **r) {
+    attention_ctx c = {B, T, H, Hkv, hd, NULL, NULL, NULL, NULL};
+    size_t nq = q_size(&c), nkv = kv_size(&c);
+    c.q = floats(nq); c.k = floats(nkv); c.v = floats(nkv);
+    *r = floats(nq);
+    fill_uniform(c.q, nq, -1, 1); fill_uniform(c.k, nkv, -1, 1); fill_uniform(c.v, nkv, -1, 1);
+    fill_uniform(*r, nq, -1, 1);
+    c.r = *r;
+    return c;
+}
+
 static void test_attention(int B, int T, int H, int Hkv, int hd) {
     char what[96];
-    attention_ctx c = {B, T, H, Hkv, hd, NULL, NULL, NULL, NULL};
+    float *r;
+    attention_ctx c = attention_inputs(B, T, H, Hkv, hd, &r);
     size_t nq = q_size(&c), nkv = kv_size(&c), np = probs_size(&c);
-    c.q = floats(nq); c.k = floats(nkv); c.v = floats(nkv);
-    float *r = floats(nq);
-    fill_uniform(c.q, nq, -1, 1); fill_uniform(c.k, nkv, -1, 1); fill_uniform(c.v, nkv, -1, 1);
-    fill_uniform(r, nq, -1, 1);
-    c.r = r;
 
     /* forward against the textbook loop: per (b, h, i), softmax over j <= i of q.k / sqrt(hd) */
     float *out = floats(nq), *probs = floats(np);
@@ -457,12 +465,9 @@ static void test_attention(int B, int T, int H, int Hkv, int hd) {
  * (finite differences would take too long at this size). dout = r. */
 static void test_attention_blocks(int B, int T, int H, int Hkv, int hd) {
     char what[96];
-    attention_ctx c = {B, T, H, Hkv, hd, NULL, NULL, NULL, NULL};
+    float *r;
+    attention_ctx c = attention_inputs(B, T, H, Hkv, hd, &r);
     size_t nq = q_size(&c), nkv = kv_size(&c), np = probs_size(&c);
-    c.q = floats(nq); c.k = floats(nkv); c.v = floats(nkv);
-    float *r = floats(nq);
-    fill_uniform(c.q, nq, -1, 1); fill_uniform(c.k, nkv, -1, 1); fill_uniform(c.v, nkv, -1, 1);
-    fill_uniform(r, nq, -1, 1);
     float *out = floats(nq), *probs = floats(np);
     attention_run(&c, out, probs);
     double *want = doubles(nq), *want_p = doubles(np);
