@@ -221,6 +221,18 @@ bench-%: chapter-exists-% all
 bench-baseline: all
 	@./tests/bench_baseline.sh $(BUILD)/01
 
+# make readme-outputs: every README block marked <!-- output: COMMAND --> rewritten from a real run of
+# the cpu build; make check-readme: every such block compared with a real run, and every README link
+# and file name checked (tests/readme_outputs.py; README.md, "How the outputs in these READMEs are
+# checked"). make test runs the quick blocks (tests/t_readme.sh).
+.PHONY: readme-outputs check-readme
+readme-outputs:
+	@$(MAKE) --no-print-directory BACKEND=cpu all
+	@python3 tests/readme_outputs.py --update --build-root $(BUILD_ROOT)
+check-readme:
+	@$(MAKE) --no-print-directory BACKEND=cpu all
+	@python3 tests/readme_outputs.py --check --jobs 3 --build-root $(BUILD_ROOT)
+
 # ---------------------------------------------------------------- tests
 test: deps-check-test all
 	@if [ -n "$(HAVE_NVCC)" ]; then echo "== make cuda (nvcc found at $(NVCC))"; \
@@ -244,6 +256,8 @@ help:
 	@echo "make plot-NN          gnuplot PNGs of what the chapter measured, in out/NN/"
 	@echo "make bench-NN         the chapter's benchmark, if it has one (never part of make test)"
 	@echo "make bench-baseline   the single-device step beside the same model in PyTorch (ms, GFLOP/s, ratio)"
+	@echo "make readme-outputs   rewrite the READMEs' output blocks (<!-- output: ... -->) from real runs"
+	@echo "make check-readme     compare the READMEs' output blocks with real runs; check their links and file names"
 	@echo "make assignment-NN    a student copy in ../student-NN (beside the repository) with the chapter's exercises removed"
 	@echo "make test             every unit test, chapter check and scripted test; last line 'N passed, N failed'"
 	@echo "make cuda             compile and link every CUDA source with nvcc (sm_80, sm_90), warnings as errors"
