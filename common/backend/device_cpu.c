@@ -9,7 +9,7 @@
 void device_init(int local_rank) { (void)local_rank; openblas_set_num_threads(1); }
 /* Release the blocks the allocator's cache kept (memory.c). */
 void device_shutdown(void) {
-    for (void *p; (p = mem_cache_drain());) free(p);
+    for (void *p = mem_cache_drain(); p != NULL; p = mem_cache_drain()) free(p);
 }
 const char *device_backend_name(void) { return "cpu"; }
 

@@ -38,7 +38,7 @@ void device_init(int local_rank) {
 /* Release the kept blocks, the handle and the stream after the queued work has finished. */
 void device_shutdown(void) {
     if (g_stream) CUDA_CHECK(cudaStreamSynchronize(g_stream));
-    for (void *p; (p = mem_cache_drain());) CUDA_CHECK(cudaFree(p));
+    for (void *p = mem_cache_drain(); p != NULL; p = mem_cache_drain()) CUDA_CHECK(cudaFree(p));
     if (g_cublas) CUBLAS_CHECK(cublasDestroy(g_cublas));
     if (g_stream) CUDA_CHECK(cudaStreamDestroy(g_stream));
     g_cublas = NULL;
