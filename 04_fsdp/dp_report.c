@@ -134,20 +134,23 @@ int report_timeline(const run_options *o, const llama_plan *plan, const dp_optio
     /* The time blocked in collectives, cut where the group's last rank issued each one: before,
      * waiting for a late rank (skew); after, waiting for the data (what overlap did not hide).
      * Printed for the rank that waited longest. */
-    double data, peer;
-    comm_wait_split(&data, &peer);
+    double data, peer, gather_data, gather_peer;
+    comm_wait_split(-1, &data, &peer);
+    comm_wait_split(COLL_ALL_GATHER, &gather_data, &gather_peer);   /* what prefetch is for */
     comm_group *w = comm_world();
-    float mine[3] = {(float)(k->comm_seconds / o->steps), (float)(data / o->steps), (float)(peer / o->steps)};
-    float *all = w->rank == 0 ? malloc(3 * sizeof(float) * w->size) : NULL;
-    comm_host_gather(w, mine, all, 3, 0);
+    float mine[4] = {(float)(k->comm_seconds / o->steps), (float)(data / o->steps), (float)(peer / o->steps),
+                     (float)(gather_data / o->steps)};
+    float *all = w->rank == 0 ? malloc(4 * sizeof(float) * w->size) : NULL;
+    comm_host_gather(w, mine, all, 4, 0);
     if (w->rank == 0) {
         int slowest = 0;
-        for (int r = 1; r < w->size; r++) if (all[3 * r] > all[3 * slowest]) slowest = r;
+        for (int r = 1; r < w->size; r++) if (all[4 * r] > all[4 * slowest]) slowest = r;
+        const float *x = all + 4 * slowest;
         log0("exposed communication (time waited on collectives, the slowest rank): %.2f ms per step; "
-             "timeline of the last step in %s/timeline_%s_rank*.csv\n", 1e3 * all[3 * slowest], o->out_dir,
+             "timeline of the last step in %s/timeline_%s_rank*.csv\n", 1e3 * x[0], o->out_dir,
              dp_mode_name(dp->mode));
-        log0("  of which waiting for the data after every rank had issued: %.2f ms; for a late rank: %.2f ms\n",
-             1e3 * all[3 * slowest + 1], 1e3 * all[3 * slowest + 2]);
+        log0("  of which waiting for the data after every rank had issued: %.2f ms (all-gathers %.2f ms); "
+             "for a late rank: %.2f ms\n", 1e3 * x[1], 1e3 * x[3], 1e3 * x[2]);
     }
     free(all);
     return 0;

@@ -368,17 +368,20 @@ static void check_wait_time(comm_group *g) {
         CHECK(s->seconds > nap / 2, "waiting for a late rank counted only %.3f s", s->seconds);
     /* comm_wait_split: that wait was for the late rank, not for the data */
     double data, peer;
-    comm_wait_split(&data, &peer);
+    comm_wait_split(-1, &data, &peer);
     if (g->size > 1 && g->rank != 0)
         CHECK(peer > nap / 2 && data < nap / 2, "waiting for a late rank split as %.3f s data + %.3f s peer", data, peer);
     CHECK(fabs(data + peer - s->seconds) < 1e-6, "the split (%.6f + %.6f s) is not the time waited (%.6f s)",
           data, peer, s->seconds);
+    double data_ag, peer_ag;
+    comm_wait_split(COLL_ALL_GATHER, &data_ag, &peer_ag);   /* no all-gather was logged */
+    CHECK(data_ag == 0 && peer_ag == 0, "the all-gathers' split is %g + %g s, want 0", data_ag, peer_ag);
     /* the same with a blocking collective */
     comm_barrier(g);
     comm_reset_stats(g);
     if (g->rank == 0) usleep((useconds_t)(nap * 1e6));
     comm_all_reduce(g, d, 1, COMM_SUM);
-    comm_wait_split(&data, &peer);
+    comm_wait_split(-1, &data, &peer);
     if (g->size > 1 && g->rank != 0)
         CHECK(peer > nap / 2 && data < nap / 2, "a blocking call's wait for a late rank split as %.3f s data + %.3f s peer",
               data, peer);

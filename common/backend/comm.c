@@ -90,6 +90,7 @@ void comm_set_counting(bool on) { counting = on; }
 
 struct comm_timelog {
     double *issue, *wait0, *wait1;   /* when issued; when this rank started and stopped waiting */
+    collective_kind *kind;
     int n, cap;
 };
 
@@ -103,9 +104,11 @@ static int log_issue(comm_group *g, collective_kind k, double issue) {
         t->issue = realloc(t->issue, t->cap * sizeof(double));
         t->wait0 = realloc(t->wait0, t->cap * sizeof(double));
         t->wait1 = realloc(t->wait1, t->cap * sizeof(double));
-        if (!t->issue || !t->wait0 || !t->wait1) { fprintf(stderr, "comm: out of host memory\n"); exit(1); }
+        t->kind = realloc(t->kind, t->cap * sizeof(collective_kind));
+        if (!t->issue || !t->wait0 || !t->wait1 || !t->kind) { fprintf(stderr, "comm: out of host memory\n"); exit(1); }
     }
     t->issue[t->n] = issue;
+    t->kind[t->n] = k;
     t->wait0[t->n] = t->wait1[t->n] = issue;   /* not waited yet: nothing blocked */
     return ++t->n;
 }
@@ -258,7 +261,7 @@ void comm_reset_stats(comm_group *g) {
 }
 void comm_reset_all_stats(void) { for (int i = 0; i < n_groups; i++) comm_reset_stats(groups[i]); }
 
-void comm_wait_split(double *data_seconds, double *peer_seconds) {
+void comm_wait_split(int kind, double *data_seconds, double *peer_seconds) {
     double data = 0, peer = 0;
     for (int i = 0; i < n_groups; i++) {   /* the same groups in the same order on every rank */
         comm_group *g = groups[i];
@@ -269,12 +272,14 @@ void comm_wait_split(double *data_seconds, double *peer_seconds) {
         if (n == 0) continue;
         const struct comm_timelog *t = g->timelog;
         if (lo != hi) {   /* the ranks did not log the same collectives: no common moment */
-            for (int k = 0; k < n; k++) data += t->wait1[k] - t->wait0[k];
+            for (int k = 0; k < n; k++)
+                if (kind < 0 || t->kind[k] == (collective_kind)kind) data += t->wait1[k] - t->wait0[k];
             continue;
         }
         double *all = malloc((size_t)n * g->size * sizeof(double));
         MPI_Allgather(t->issue, n, MPI_DOUBLE, all, n, MPI_DOUBLE, mpi_of(g));
         for (int k = 0; k < n; k++) {
+            if (kind >= 0 && t->kind[k] != (collective_kind)kind) continue;
             double last = all[k];   /* when the group's last rank issued collective k */
             for (int r = 1; r < g->size; r++) last = fmax(last, all[(size_t)r * n + k]);
             double blocked = t->wait1[k] - t->wait0[k];

@@ -195,13 +195,13 @@ void comm_set_counting(bool on);
  * to move. Only the second is communication that the overlapping work failed to hide. For every
  * counted collective (not send/recv) of every group of more than one rank, this rank's blocked
  * time (a blocking call's duration, a request's wait) is cut at the moment the group's last rank
- * issued it:
+ * issued it (only the collectives of `kind`, a collective_kind; -1: all of them):
  *   *data_seconds: after that moment: the transfer left to wait for
  *   *peer_seconds: before it: waiting for a late rank
  * The moments are host clocks (CLOCK_MONOTONIC), comparable between the processes of one machine;
  * on the GPU a collective's issue is when it was queued. Host-side collective over the world
  * (one MPI_Allgather per group): every rank calls it, each gets its own sums. */
-void comm_wait_split(double *data_seconds, double *peer_seconds);
+void comm_wait_split(int kind, double *data_seconds, double *peer_seconds);
 
 /* Exit every rank with status 2 after rank 0 prints `msg` on one line (bad input).
  * Must be reached by every rank of the world (the decision is made identically everywhere). */
