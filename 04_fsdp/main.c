@@ -95,6 +95,7 @@ int main(int argc, char **argv) {
     char path[512], label[64];
     snprintf(path, sizeof path, "%s/loss_%s_r%d_s%d_t%d.csv", o.out_dir, dp_mode_name(co.dp.mode), R, S, T);
     snprintf(label, sizeof label, "%s %dx%dx%d", dp_mode_name(co.dp.mode), R, S, T);
+    comm_log_waits(true);   /* report_timeline splits the waiting (comm_wait_split) */
     run_clock clock = run_train(&o, model, label, path);
 
     /* ---- measured beside the formulas ---- */

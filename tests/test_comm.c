@@ -445,6 +445,7 @@ static void check_byte_gather(comm_group *g) {
 
 int main(int argc, char **argv) {
     comm_group *world = comm_init(&argc, &argv);
+    comm_log_waits(true);   /* for check_wait_time's comm_wait_split */
     check_group(world, "world");
 
     /* accounting: 2 all-reduces of 6 floats, 1 all-gather of 6*p, 1 reduce-scatter of 6*p */

@@ -85,6 +85,8 @@ static double ring_factor(collective_kind k, int p) {
 
 static bool counting = true;   /* comm_set_counting */
 void comm_set_counting(bool on) { counting = on; }
+static bool logging_waits = false;   /* comm_log_waits */
+void comm_log_waits(bool on) { logging_waits = on; }
 
 /* ---- the timelog of comm_wait_split: per group, one entry per counted collective ---- */
 
@@ -96,7 +98,8 @@ struct comm_timelog {
 
 /* A new entry for a collective issued at `issue` on g; returns its index + 1 (0: not logged). */
 static int log_issue(comm_group *g, collective_kind k, double issue) {
-    if (!counting || g->size < 2 || k == COLL_SEND || k == COLL_RECV) return 0;   /* p2p: no group-wide issue */
+    if (!logging_waits || !counting || g->size < 2) return 0;
+    if (k == COLL_SEND || k == COLL_RECV) return 0;   /* p2p: no group-wide issue */
     struct comm_timelog *t = g->timelog;
     if (!t) t = g->timelog = calloc(1, sizeof *t);
     if (t->n == t->cap) {
@@ -266,12 +269,11 @@ void comm_wait_split(int kind, double *data_seconds, double *peer_seconds) {
     for (int i = 0; i < n_groups; i++) {   /* the same groups in the same order on every rank */
         comm_group *g = groups[i];
         if (g->size < 2) continue;
-        int n = g->timelog ? g->timelog->n : 0, lo, hi;
-        MPI_Allreduce(&n, &lo, 1, MPI_INT, MPI_MIN, mpi_of(g));
-        MPI_Allreduce(&n, &hi, 1, MPI_INT, MPI_MAX, mpi_of(g));
+        int n = g->timelog ? g->timelog->n : 0, mine[2] = {n, -n}, most[2];   /* max n, -(min n) */
+        MPI_Allreduce(mine, most, 2, MPI_INT, MPI_MAX, mpi_of(g));
         if (n == 0) continue;
         const struct comm_timelog *t = g->timelog;
-        if (lo != hi) {   /* the ranks did not log the same collectives: no common moment */
+        if (most[0] != -most[1]) {   /* the ranks did not log the same collectives: no common moment */
             for (int k = 0; k < n; k++)
                 if (kind < 0 || t->kind[k] == (collective_kind)kind) data += t->wait1[k] - t->wait0[k];
             continue;

@@ -200,8 +200,13 @@ void comm_set_counting(bool on);
  *   *peer_seconds: before it: waiting for a late rank
  * The moments are host clocks (CLOCK_MONOTONIC), comparable between the processes of one machine;
  * on the GPU a collective's issue is when it was queued. Host-side collective over the world
- * (one MPI_Allgather per group): every rank calls it, each gets its own sums. */
+ * (one MPI_Allgather per group): every rank calls it, each gets its own sums. Only the
+ * collectives issued while comm_log_waits was on are split. */
 void comm_wait_split(int kind, double *data_seconds, double *peer_seconds);
+/* On: from now on each counted collective's issue and wait times are logged for comm_wait_split
+ * (a few doubles per collective, kept until comm_reset_all_stats). Off by default, so a long
+ * training run does not grow a log nobody reads. */
+void comm_log_waits(bool on);
 
 /* Exit every rank with status 2 after rank 0 prints `msg` on one line (bad input).
  * Must be reached by every rank of the world (the decision is made identically everywhere). */

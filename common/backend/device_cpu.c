@@ -30,7 +30,8 @@ double device_memory_available(int ranks_sharing) {
  * take the page faults. */
 void *device_alloc(size_t bytes, mem_category cat) {
     void *p = mem_cache_take(bytes);
-    if (!p) p = aligned_alloc(64, (bytes + 63) / 64 * 64 + (bytes ? 0 : 64));
+    size_t lines = bytes ? (bytes + 63) / 64 : 1;   /* aligned_alloc wants a multiple of 64 */
+    if (!p) p = aligned_alloc(64, lines * 64);
     if (!p) { fprintf(stderr, "device_alloc: out of memory (%zu bytes)\n", bytes); exit(1); }
     memset(p, 0, bytes);
     mem_track_alloc(p, bytes, cat);

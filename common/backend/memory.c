@@ -107,7 +107,7 @@ void *mem_cache_take(size_t bytes) {
 }
 
 bool mem_cache_keep(void *p, size_t bytes) {
-    if (kept_bytes + bytes > MEM_CACHE_LIMIT) return false;
+    if (MEM_CACHE_LIMIT == 0 || kept_bytes + bytes > MEM_CACHE_LIMIT) return false;
     if (n_kept == cap_kept) {
         size_t cap = cap_kept ? 2 * cap_kept : 64;
         kept_block *k = realloc(kept, cap * sizeof *k);
