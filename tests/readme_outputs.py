@@ -548,16 +548,23 @@ def slugify(heading):
 _slug_cache = {}
 
 
+def outside_fences(lines):
+    """(line number from 1, line) for each line of markdown outside ``` / ~~~ code fences."""
+    fence = None
+    for ln, line in enumerate(lines, 1):
+        m = FENCE_RE.match(line)
+        if m:
+            fence = None if fence and line.startswith(fence) else (fence or m.group(1))
+        elif not fence:
+            yield ln, line
+
+
 def anchors(path):
     if path not in _slug_cache:
-        seen, slugs, fence = {}, set(), None
-        for line in open(path, encoding='utf-8'):
-            m = FENCE_RE.match(line)
-            if m:
-                fence = None if fence and line.startswith(fence) else (fence or m.group(1))
-                continue
-            if fence:
-                continue
+        seen, slugs = {}, set()
+        with open(path, encoding='utf-8') as f:
+            prose = [line for _, line in outside_fences(f)]
+        for line in prose:
             m = re.match(r'^#{1,6}\s+(.*?)\s*#*\s*$', line)
             if m:
                 s = slugify(m.group(1))
@@ -577,16 +584,10 @@ def inside(root, path):
 def check_refs(root, rel, text):
     """[(line, reference, problem)] and the number of references checked."""
     base = os.path.dirname(os.path.join(root, rel))
-    problems, n, fence = [], 0, None
+    problems, n = [], 0
     top = set(os.listdir(root)) - SKIP_TOP
     here = set(os.listdir(base))
-    for ln, line in enumerate(text, 1):
-        m = FENCE_RE.match(line)
-        if m:
-            fence = None if fence and line.startswith(fence) else (fence or m.group(1))
-            continue
-        if fence:
-            continue
+    for ln, line in outside_fences(text):
         spans = re.findall(r'(?<!`)`([^`]+)`(?!`)', line)
         bare = re.sub(r'`[^`]*`', '``', line)
         for target in re.findall(r'!?\[[^\]]*\]\(([^)\s]+)(?:\s+"[^"]*")?\)', bare):

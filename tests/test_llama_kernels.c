@@ -396,6 +396,23 @@ static attention_ctx attention_inputs(int B, int T, int H, int Hkv, int hd, floa
     return c;
 }
 
+/* attention_forward on c's inputs against attention_reference (within 1e-6): the output and the
+ * probabilities, both returned (host, the caller frees them), and the reference probabilities. */
+static void check_attention_forward(attention_ctx *c, const char *label, float **out, float **probs,
+                                    double **want_p) {
+    char what[128];
+    size_t nq = q_size(c), np = probs_size(c);
+    *out = floats(nq); *probs = floats(np); *want_p = doubles(np);
+    double *want = doubles(nq);
+    attention_run(c, *out, *probs);
+    attention_reference(c, want, *want_p);
+    snprintf(what, sizeof what, "%s forward", label);
+    check_values(what, *out, want, nq, 1e-6);
+    snprintf(what, sizeof what, "%s probs", label);
+    check_values(what, *probs, *want_p, np, 1e-6);
+    free(want);
+}
+
 static void test_attention(int B, int T, int H, int Hkv, int hd) {
     char what[96];
     float *r;
@@ -403,14 +420,10 @@ static void test_attention(int B, int T, int H, int Hkv, int hd) {
     size_t nq = q_size(&c), nkv = kv_size(&c), np = probs_size(&c);
 
     /* forward against the textbook loop: per (b, h, i), softmax over j <= i of q.k / sqrt(hd) */
-    float *out = floats(nq), *probs = floats(np);
-    attention_run(&c, out, probs);
-    double *want = doubles(nq), *want_p = doubles(np);
-    attention_reference(&c, want, want_p);
-    snprintf(what, sizeof what, "attention forward H=%d Hkv=%d", H, Hkv);
-    check_values(what, out, want, nq, 1e-6);
-    snprintf(what, sizeof what, "attention probs H=%d Hkv=%d", H, Hkv);
-    check_values(what, probs, want_p, np, 1e-6);
+    float *out, *probs;
+    double *want_p;
+    snprintf(what, sizeof what, "attention H=%d Hkv=%d", H, Hkv);
+    check_attention_forward(&c, what, &out, &probs, &want_p);
 
     /* backward: dq, dk, dv overwrite (start them at garbage) */
     float *dq = floats(nq), *dk = floats(nkv), *dv = floats(nkv);
@@ -457,7 +470,7 @@ static void test_attention(int B, int T, int H, int Hkv, int hd) {
     device_free(q_dev); device_free(k_dev); device_free(v_dev); device_free(p_dev); device_free(r_dev);
     device_free(dq_dev); device_free(dk_dev); device_free(dv_dev); device_free(dprobs);
     free(c.q); free(c.k); free(c.v); free(r); free(out); free(out2); free(probs);
-    free(want); free(want_p); free(dq); free(dk); free(dv); free(numeric);
+    free(want_p); free(dq); free(dk); free(dv); free(numeric);
 }
 
 /* Long sequences, where attention_forward/backward cut the queries into causal blocks (T = 200:
@@ -468,14 +481,10 @@ static void test_attention_blocks(int B, int T, int H, int Hkv, int hd) {
     float *r;
     attention_ctx c = attention_inputs(B, T, H, Hkv, hd, &r);
     size_t nq = q_size(&c), nkv = kv_size(&c), np = probs_size(&c);
-    float *out = floats(nq), *probs = floats(np);
-    attention_run(&c, out, probs);
-    double *want = doubles(nq), *want_p = doubles(np);
-    attention_reference(&c, want, want_p);
-    snprintf(what, sizeof what, "blocked attention forward T=%d", T);
-    check_values(what, out, want, nq, 1e-6);
-    snprintf(what, sizeof what, "blocked attention probs T=%d", T);
-    check_values(what, probs, want_p, np, 1e-6);
+    float *out, *probs;
+    double *want_p;
+    snprintf(what, sizeof what, "blocked attention T=%d", T);
+    check_attention_forward(&c, what, &out, &probs, &want_p);
 
     /* dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(P dP)), dQ = s dS K, dK = s dS^T Q */
     int group = H / Hkv;
@@ -521,7 +530,7 @@ static void test_attention_blocks(int B, int T, int H, int Hkv, int hd) {
     check_values(what, dv, wv, nkv, 1e-5);
     device_free(q_dev); device_free(k_dev); device_free(v_dev); device_free(p_dev); device_free(r_dev);
     device_free(dq_dev); device_free(dk_dev); device_free(dv_dev); device_free(dprobs);
-    free(c.q); free(c.k); free(c.v); free(r); free(out); free(probs); free(want); free(want_p);
+    free(c.q); free(c.k); free(c.v); free(r); free(out); free(probs); free(want_p);
     free(ds); free(wq); free(wk); free(wv); free(dq); free(dk); free(dv);
 }
 
