@@ -257,10 +257,11 @@ static void linear_forward_progress(const llama_plan *p, linear_site site, float
     s->inner.forward(p, site, y, x, W, N, in, out);
     progress(s);
 }
-static void linear_backward_progress(const llama_plan *p, linear_site site, float *dx, float *dW,
-                                     const float *dy, const float *x, const float *W, int N, int in, int out) {
+static void linear_backward_progress(const llama_plan *p, linear_site site, float *dx, dx_write how,
+                                     float *dW, const float *dy, const float *x, const float *W, int N,
+                                     int in, int out) {
     dp_state *s = p->dp_ctx;
-    s->inner.backward(p, site, dx, dW, dy, x, W, N, in, out);
+    s->inner.backward(p, site, dx, how, dW, dy, x, W, N, in, out);
     progress(s);
 }
 

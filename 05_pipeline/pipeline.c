@@ -98,15 +98,16 @@ static void pipeline_linear_forward(const llama_plan *p, linear_site site, float
  * on the (microbatch, chunk)'s list for its W. dy lives in a buffer the next layer reuses, so it
  * is copied; x is a saved activation of the set, kept until W, unless the plan splits the sequence
  * (then the linear's input is the shared whole-sequence buffer: copied too). */
-static void pipeline_linear_backward(const llama_plan *p, linear_site site, float *dx, float *dW,
-                                     const float *dy, const float *x, const float *W, int N, int in, int out) {
+static void pipeline_linear_backward(const llama_plan *p, linear_site site, float *dx, dx_write how,
+                                     float *dW, const float *dy, const float *x, const float *W, int N,
+                                     int in, int out) {
     pp_state *s = state_of(p);
     if (!s->collecting) {
-        s->inner.linear.backward(p, site, dx, dW, dy, x, W, N, in, out);
+        s->inner.linear.backward(p, site, dx, how, dW, dy, x, W, N, in, out);
         progress_messages(s);
         return;
     }
-    s->inner.linear.backward(p, site, dx, NULL, dy, x, W, N, in, out);   /* the input gradient only */
+    s->inner.linear.backward(p, site, dx, how, NULL, dy, x, W, N, in, out);   /* the input gradient only */
     progress_messages(s);
     wgrad_list *l = s->collecting;
     if (l->n == l->cap) {
@@ -129,7 +130,7 @@ static void run_deferred(pp_state *s, wgrad_list *l) {
     for (int k = 0; k < l->n; k++) {
         deferred_wgrad *d = &l->items[k];
         /* BEGIN ASSIGNMENT: W's work: the weight gradient dW += dy^T x of the deferred linear d, with the plan's own linear operator (no input gradient), then free d's copies */
-        s->inner.linear.backward(p, d->site, NULL, d->dW, d->dy, d->x, d->W, d->N, d->in, d->out);
+        s->inner.linear.backward(p, d->site, NULL, DX_SET, d->dW, d->dy, d->x, d->W, d->N, d->in, d->out);
         device_free(d->dy);
         device_free(d->x_copy);
         /* END ASSIGNMENT */

@@ -386,16 +386,16 @@ static void fp8_linear_forward(const llama_plan *p, linear_site at, float *y, co
     device_free(Wq);
 }
 
-/* dx [N, in] (=) = dy [N, out] W and dW [out, in] (+=) dy^T x, on float8 operands: dy E5M2 (rowwise
- * E4M3), W and x as in forward. Tensorwise/delayed: x and W with the forward's scales, dy cast once
+/* dx [N, in] (= or +=, as `how` says) dy [N, out] W and dW [out, in] (+=) dy^T x, on float8
+ * operands: dy E5M2 (rowwise E4M3), W and x as in forward. Tensorwise/delayed: x and W with the forward's scales, dy cast once
  * (its amax agreed over tp on a column-parallel site). Rowwise: each GEMM casts its operands along
  * its own contraction: dx's over out (dy's rows, W's columns; agreed over tp on a column-parallel
  * site), dW's over the tokens (dy's and x's columns; never cut). */
-static void fp8_linear_backward(const llama_plan *p, linear_site at, float *dx, float *dW, const float *dy,
-                                const float *x, const float *W, int N, int in, int out) {
+static void fp8_linear_backward(const llama_plan *p, linear_site at, float *dx, dx_write how, float *dW,
+                                const float *dy, const float *x, const float *W, int N, int in, int out) {
     fp8_state *s = state_of(p);
     if (!in_blocks(at)) {
-        s->inner.backward(p, at, dx, dW, dy, x, W, N, in, out);
+        s->inner.backward(p, at, dx, how, dW, dy, x, W, N, in, out);
         return;
     }
     s->mb = microbatch_now(p);
@@ -410,6 +410,8 @@ static void fp8_linear_backward(const llama_plan *p, linear_site at, float *dx, 
     float *xq = device_alloc_floats(n_x, MEM_BUFFERS);
     float *dy_cols = rowwise ? device_alloc_floats(n_dy, MEM_BUFFERS) : dyq;
     float *dW_here = dW ? device_alloc_floats(n_w, MEM_BUFFERS) : NULL;
+    /* the product alone, compared with fp32's below, then added where `how` asks */
+    float *dx_here = dx && how == DX_ADD ? device_alloc_floats(n_x, MEM_BUFFERS) : dx;
 
     /* the operands */
     shard_layout dy_cut = col ? SHARD_COLS : SHARD_REPLICATED, w_cut = s->tp ? s->layout[at.kind] : SHARD_REPLICATED;
@@ -422,13 +424,13 @@ static void fp8_linear_backward(const llama_plan *p, linear_site at, float *dx, 
     /* the two GEMMs: rowwise with the inner plan's operator on the dequantized operands, the
      * per-tensor recipes on float8 bytes */
     if (rowwise) {
-        if (dx) s->inner.backward(p, at, dx, NULL, dyq, xq, Wq, N, in, out);
+        if (dx) s->inner.backward(p, at, dx_here, DX_SET, NULL, dyq, xq, Wq, N, in, out);
         if (dW) {
             device_zero(dW_here, n_w * sizeof(float));
-            s->inner.backward(p, at, NULL, dW_here, dy_cols, xq, Wq, N, in, out);
+            s->inner.backward(p, at, NULL, DX_SET, dW_here, dy_cols, xq, Wq, N, in, out);
         }
     } else {
-        fp8_bytes_backward(s, dx, dW_here, dy, x, W, N, in, out, scale, dy_scale);
+        fp8_bytes_backward(s, dx_here, dW_here, dy, x, W, N, in, out, scale, dy_scale);
     }
 
     /* against fp32: the gradient's cast, and the products */
@@ -436,8 +438,12 @@ static void fp8_linear_backward(const llama_plan *p, linear_site at, float *dx, 
     if (dx) {
         float *ref = device_alloc_floats(n_x, MEM_BUFFERS);
         linear_backward(ref, NULL, dy, x, W, N, in, out);
-        note(s, FP8_OUT_DX, at, ref, dx, n_x);
+        note(s, FP8_OUT_DX, at, ref, dx_here, n_x);
         device_free(ref);
+        if (dx_here != dx) {
+            add_inplace(dx, dx_here, n_x);
+            device_free(dx_here);
+        }
     }
     if (dW) {
         float *ref = device_alloc_floats(n_w, MEM_BUFFERS);

@@ -262,6 +262,18 @@ static void test_linear(void) {
     for (int i = 0; i < LIN_OUT * LIN_IN; i++)
         CHECK_CLOSE(dW2[i], 1.0 + 2.0 * dW[i], 1e-5, 1e-5, "linear dW, second call with dx NULL");
 
+    /* backward_accumulate adds dy W to what dx holds (the model sums wq's, wk's and wv's input
+     * gradients so): dx_dev holds the gradient from above, so it ends at twice the gradient;
+     * dW as before (now 1 + 3 * gradient) */
+    linear_backward_accumulate(dx_dev, dW_dev, r_dev, x_dev, W_dev, LIN_N, LIN_IN, LIN_OUT);
+    float dx2[LIN_N * LIN_IN];
+    download(dx2, dx_dev, LIN_N * LIN_IN);
+    download(dW2, dW_dev, LIN_OUT * LIN_IN);
+    for (int i = 0; i < LIN_N * LIN_IN; i++)
+        CHECK_CLOSE(dx2[i], 2.0 * dx[i], 1e-5, 1e-5, "linear dx (+=), backward_accumulate");
+    for (int i = 0; i < LIN_OUT * LIN_IN; i++)
+        CHECK_CLOSE(dW2[i], 1.0 + 3.0 * dW[i], 1e-5, 1e-5, "linear dW (+=), backward_accumulate");
+
     device_free(x_dev); device_free(W_dev); device_free(r_dev); device_free(y_dev);
     device_free(dx_dev); device_free(dW_dev);
 }

@@ -41,11 +41,16 @@ void residual_rmsnorm_forward(float *h, float *out, float *rstd, const float *re
 
 /* ---- linear, y = x W^T, W stored [out, in] ------------------------------------------------
  *   forward:  x[N, in], W[out, in] -> y[N, out] (=)
- *   backward: dx[N, in] (=, skipped when dx is NULL), dW[out, in] += dy^T x (skipped when NULL:
- *             a zero-bubble pipeline computes it later) */
+ *   backward: dx[N, in] = dy W (skipped when dx is NULL), dW[out, in] += dy^T x (skipped when
+ *             NULL: a zero-bubble pipeline computes it later)
+ *   backward_accumulate: the same with dx[N, in] += dy W. A tensor that feeds several linears
+ *             (attn_in feeds wq, wk and wv) sums their input gradients in the GEMMs themselves
+ *             (beta = 1), with no extra pass over dx. */
 void linear_forward(float *y, const float *x, const float *W, int N, int in, int out);
 void linear_backward(float *dx, float *dW, const float *dy, const float *x, const float *W,
                      int N, int in, int out);
+void linear_backward_accumulate(float *dx, float *dW, const float *dy, const float *x, const float *W,
+                                int N, int in, int out);
 
 /* ---- RoPE on interleaved pairs (2j, 2j+1) of each head, theta^(-2j/hd) ------------------
  * rope_table: cos_sin[T, hd/2, 2] = cos and sin of pair j's angle at positions[t] (device ints:

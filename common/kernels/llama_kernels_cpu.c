@@ -84,21 +84,6 @@ void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
     }
 }
 
-/* ---- linear, y = x W^T ---------------------------------------------------------------------- */
-
-/* x[N, in], W[out, in] -> y[N, out] = x W^T. */
-void linear_forward(float *y, const float *x, const float *W, int N, int in, int out) {
-    matmul(y, x, W, N, out, in, false, true, 1.0f, 0.0f);
-}
-
-/* dx[N, in] = dy W (skipped when dx is NULL: the first layer's input needs no gradient);
- * dW[out, in] += dy^T x (beta = 1 accumulates, e.g. over microbatches). */
-void linear_backward(float *dx, float *dW, const float *dy, const float *x, const float *W,
-                     int N, int in, int out) {
-    if (dx) matmul(dx, dy, W, N, in, out, false, false, 1.0f, 0.0f);
-    if (dW) matmul(dW, dy, x, out, in, N, true, false, 1.0f, 1.0f);
-}
-
 /* ---- RoPE ------------------------------------------------------------------------------------ */
 
 /* cos_sin[T, hd/2, 2]: cos and sin of the angle of pair j at positions[t]. */

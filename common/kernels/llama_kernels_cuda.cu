@@ -184,18 +184,6 @@ void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
     CUDA_CHECK_LAUNCH();
 }
 
-/* ---- linear, y = x W^T: the same GEMM calls as the CPU twin --------------------------------- */
-
-void linear_forward(float *y, const float *x, const float *W, int N, int in, int out) {
-    matmul(y, x, W, N, out, in, false, true, 1.0f, 0.0f);
-}
-
-void linear_backward(float *dx, float *dW, const float *dy, const float *x, const float *W,
-                     int N, int in, int out) {
-    if (dx) matmul(dx, dy, W, N, in, out, false, false, 1.0f, 0.0f);
-    if (dW) matmul(dW, dy, x, out, in, N, true, false, 1.0f, 1.0f);
-}
-
 /* ---- RoPE ----------------------------------------------------------------------------------- */
 
 /* One thread per (t, j), i = t hd/2 + j: the CPU loop's index. */

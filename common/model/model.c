@@ -86,7 +86,7 @@ double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, d
     for (int l = 0; l < c->n_layers; l++) held_layers += plan_holds(plan, c->n_layers, P_WQ, l);
     acts = 4 * (held_layers * layer                            /* an upper bound: every tensor kept */
                 + 2 * Ns * D + Ns + N * V + N * (plan->loss.saved_per_row + 1)    /* outside, loss */
-                + 6 * N * D + 2 * N * q + 2 * N * kv + probs + 3 * N * F + 3 * N); /* scratch */
+                + 5 * N * D + 2 * Ns * D + 2 * N * q + 2 * N * kv + probs + 3 * N * F + 3 * N); /* scratch */
     double tensors[] = {N * V, N * D, N * q, N * F, probs};
     for (size_t i = 0; i < sizeof tensors / sizeof *tensors; i++) largest = fmax(largest, tensors[i]);
     if (state_bytes) *state_bytes = state;
@@ -210,7 +210,6 @@ llama_model *llama_create(const llama_config *c, const llama_plan *plan, int B, 
         m->dxn = device_alloc_floats(Ns * D, MEM_BUFFERS);
     }
     m->dxn_full = device_alloc_floats(N * D, MEM_BUFFERS);
-    m->dxn_part = device_alloc_floats(N * D, MEM_BUFFERS);
     m->dh = device_alloc_floats(Ns * D, MEM_BUFFERS);
     m->dattn_out = device_alloc_floats(N * q_dim, MEM_BUFFERS);
     m->dq = device_alloc_floats(N * q_dim, MEM_BUFFERS);
@@ -234,7 +233,7 @@ void llama_free(llama_model *m) {
     if (m->saved == &m->own) llama_saved_free(m, &m->own);
     layer_acts_free(&m->shared, NULL);
     float *bufs[] = {m->loss_scratch, m->attn_in, m->ffn_in, m->y_partial, m->dy_full, m->dxn,
-                     m->dxn_full, m->dxn_part, m->dh, m->dattn_out, m->dq, m->dk, m->dv,
+                     m->dxn_full, m->dh, m->dattn_out, m->dq, m->dk, m->dv,
                      m->dprobs, m->dffn_g, m->dffn_a, m->dffn_b};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) device_free(bufs[i]);   /* NULL: no-op */
     device_free(m->positions);
@@ -328,7 +327,6 @@ void llama_layer_backward(llama_model *m, int l, float *dh) {
     llama_layer_acts *a = &m->saved->layers[l];
     int B = d->B, T = d->T, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, hd = d->hd;
     int Hl = d->Hl, Hkvl = d->Hkvl, Fl = d->Fl;
-    size_t ND = (size_t)N * D;
 
     layer_restore(m, l, &w);
     float *attn_in = whole(m, m->attn_in, a->attn_xn);     /* [N, D] */
@@ -340,13 +338,13 @@ void llama_layer_backward(llama_model *m, int l, float *dh) {
      * unchanged, the branch adds its part below. ---- */
     p->region.exit_backward(p, dy, dh, B, Ts, D);           /* dy[N, D] = d/d (w2's output) */
     /* dffn_g[N, Fl] = dy w2;  d w2 += dy^T ffn_g */
-    p->linear.backward(p, (linear_site){P_W2, l}, m->dffn_g, g.w2, dy, a->ffn_g, w.w2, N, Fl, D);
+    p->linear.backward(p, (linear_site){P_W2, l}, m->dffn_g, DX_SET, g.w2, dy, a->ffn_g, w.w2, N, Fl, D);
     /* dffn_a, dffn_b [N, Fl] through silu(a) * b */
     swiglu_backward(m->dffn_a, m->dffn_b, m->dffn_g, a->ffn_a, a->ffn_b, (size_t)N * Fl);
-    /* dxn_full[N, D] = dffn_a w1 + dffn_b w3 (this rank's units' share): ffn_in feeds both */
-    p->linear.backward(p, (linear_site){P_W1, l}, m->dxn_full, g.w1, m->dffn_a, ffn_in, w.w1, N, D, Fl);
-    p->linear.backward(p, (linear_site){P_W3, l}, m->dxn_part, g.w3, m->dffn_b, ffn_in, w.w3, N, D, Fl);
-    add_inplace(m->dxn_full, m->dxn_part, ND);
+    /* dxn_full[N, D] = dffn_a w1 + dffn_b w3 (this rank's units' share): ffn_in feeds both, so
+     * the second GEMM adds onto the first's output */
+    p->linear.backward(p, (linear_site){P_W1, l}, m->dxn_full, DX_SET, g.w1, m->dffn_a, ffn_in, w.w1, N, D, Fl);
+    p->linear.backward(p, (linear_site){P_W3, l}, m->dxn_full, DX_ADD, g.w3, m->dffn_b, ffn_in, w.w3, N, D, Fl);
     p->region.enter_backward(p, dxn, m->dxn_full, B, Ts, D);   /* dxn[Ns, D]: summed over ranks */
     /* dh += d/d h_mid through ffn_norm: dh now holds d loss / d h_mid */
     rmsnorm_backward(dh, g.ffn_norm, dxn, a->h_mid, w.ffn_norm, a->ffn_rstd, Ns, D);
@@ -354,19 +352,17 @@ void llama_layer_backward(llama_model *m, int l, float *dh) {
     /* ---- attention block: h_mid = h_in + wo(attn_out), the same pattern ---- */
     p->region.exit_backward(p, dy, dh, B, Ts, D);
     /* dattn_out[N, Hl*hd] = dy wo;  d wo += dy^T attn_out */
-    p->linear.backward(p, (linear_site){P_WO, l}, m->dattn_out, g.wo, dy, a->attn_out, w.wo, N, Hl * hd, D);
+    p->linear.backward(p, (linear_site){P_WO, l}, m->dattn_out, DX_SET, g.wo, dy, a->attn_out, w.wo, N, Hl * hd, D);
     /* dq, dk, dv: gradients of the rotated q and k and of v */
     p->attention.backward(p, m->dq, m->dk, m->dv, m->dprobs, m->dattn_out, a->attn_out, a->q, a->k,
                           a->v, a->probs, B, T, Hl, Hkvl, hd);
     /* undo RoPE's rotation on the gradients: now d/d (wq n) and d/d (wk n) */
     rope_backward(m->dq, m->rope_cos_sin, B, T, Hl, hd);
     rope_backward(m->dk, m->rope_cos_sin, B, T, Hkvl, hd);
-    /* dxn_full[N, D] = dq wq + dk wk + dv wv: attn_in feeds three projections */
-    p->linear.backward(p, (linear_site){P_WQ, l}, m->dxn_full, g.wq, m->dq, attn_in, w.wq, N, D, Hl * hd);
-    p->linear.backward(p, (linear_site){P_WK, l}, m->dxn_part, g.wk, m->dk, attn_in, w.wk, N, D, Hkvl * hd);
-    add_inplace(m->dxn_full, m->dxn_part, ND);
-    p->linear.backward(p, (linear_site){P_WV, l}, m->dxn_part, g.wv, m->dv, attn_in, w.wv, N, D, Hkvl * hd);
-    add_inplace(m->dxn_full, m->dxn_part, ND);
+    /* dxn_full[N, D] = dq wq + dk wk + dv wv: attn_in feeds three projections (summed in the GEMMs) */
+    p->linear.backward(p, (linear_site){P_WQ, l}, m->dxn_full, DX_SET, g.wq, m->dq, attn_in, w.wq, N, D, Hl * hd);
+    p->linear.backward(p, (linear_site){P_WK, l}, m->dxn_full, DX_ADD, g.wk, m->dk, attn_in, w.wk, N, D, Hkvl * hd);
+    p->linear.backward(p, (linear_site){P_WV, l}, m->dxn_full, DX_ADD, g.wv, m->dv, attn_in, w.wv, N, D, Hkvl * hd);
     p->region.enter_backward(p, dxn, m->dxn_full, B, Ts, D);
     /* dh += d/d h_in through attention_norm: dh now holds d loss / d h_in */
     rmsnorm_backward(dh, g.attention_norm, dxn, a->h_in, w.attention_norm, a->attn_rstd, Ns, D);
@@ -422,7 +418,7 @@ static void head_backward(llama_model *m, float *dh, const unit_weights *w, cons
     float *xn = whole(m, m->attn_in, s->final_xn);
     p->vocab.enter_forward(p, xn, s->final_xn, B, Ts, D);
     /* dxn_full[N, D] = dlogits output (this rank's vocabulary rows' share);  d output += dlogits^T xn */
-    p->linear.backward(p, (linear_site){P_OUTPUT, -1}, m->dxn_full, g->output, s->logits, xn, w->output, N, D, Vl);
+    p->linear.backward(p, (linear_site){P_OUTPUT, -1}, m->dxn_full, DX_SET, g->output, s->logits, xn, w->output, N, D, Vl);
     float *dxn = whole(m, m->dxn, m->dxn_full);
     p->vocab.enter_backward(p, dxn, m->dxn_full, B, Ts, D);
     /* dh[Ns, D] = d loss / d h_final (through the final norm); d norm += ... */

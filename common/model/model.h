@@ -90,7 +90,7 @@ struct llama_model {
     float *attn_in, *ffn_in;        /* [N, D] the region's inputs (norm outputs, whole sequence) */
     float *y_partial;               /* [N, D] a row-parallel output before the region's exit     */
     float *dy_full;                 /* [N, D] gradient of the residual stream, whole sequence    */
-    float *dxn_full, *dxn_part;     /* [N, D] gradient of a norm output (partial sums)           */
+    float *dxn_full;                /* [N, D] gradient of a norm output (this rank's partial sum) */
     float *dxn;                     /* [Ns, D] the same after the region's entry backward        */
     float *dh;                      /* [Ns, D] gradient of the residual stream, flowing back     */
     float *dattn_out, *dq;          /* [N, Hl*hd]                                                */

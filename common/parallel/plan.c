@@ -46,9 +46,9 @@ static void fp32_linear_forward(const llama_plan *p, linear_site site, float *y,
                                 const float *W, int N, int in, int out) {
     linear_forward(y, x, W, N, in, out);
 }
-static void fp32_linear_backward(const llama_plan *p, linear_site site, float *dx, float *dW,
+static void fp32_linear_backward(const llama_plan *p, linear_site site, float *dx, dx_write how, float *dW,
                                  const float *dy, const float *x, const float *W, int N, int in, int out) {
-    linear_backward(dx, dW, dy, x, W, N, in, out);
+    (how == DX_ADD ? linear_backward_accumulate : linear_backward)(dx, dW, dy, x, W, N, in, out);
 }
 const linear_ops linear_fp32 = {fp32_linear_forward, fp32_linear_backward};
 

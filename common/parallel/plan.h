@@ -86,13 +86,19 @@ typedef struct {
  * tensor-parallel split has cut). */
 typedef struct { param_kind kind; int layer; } linear_site;
 
-/* y = x W^T: forward x [N, in], W [out, in] -> y [N, out] (=); backward dx (=, NULL: skipped),
- * dW (+=, NULL: skipped). The fp32 GEMM by default; a float8 chapter swaps in its own. */
+/* How a linear's backward writes its input gradient: DX_SET dx = dy W; DX_ADD dx += dy W. A
+ * tensor that feeds several linears (attn_in feeds wq, wk and wv; ffn_in feeds w1 and w3) gets
+ * the sum of their input gradients: the first writes, the others add in the GEMM itself (beta = 1),
+ * so no extra pass over dx sums them. */
+typedef enum { DX_SET, DX_ADD } dx_write;
+
+/* y = x W^T: forward x [N, in], W [out, in] -> y [N, out] (=); backward dx (as `how` says; NULL:
+ * skipped), dW (+=, NULL: skipped). The fp32 GEMM by default; a float8 chapter swaps in its own. */
 typedef struct {
     void (*forward)(const llama_plan *p, linear_site site, float *y, const float *x, const float *W,
                     int N, int in, int out);
-    void (*backward)(const llama_plan *p, linear_site site, float *dx, float *dW, const float *dy,
-                     const float *x, const float *W, int N, int in, int out);
+    void (*backward)(const llama_plan *p, linear_site site, float *dx, dx_write how, float *dW,
+                     const float *dy, const float *x, const float *W, int N, int in, int out);
 } linear_ops;
 
 /* Weight access. Before a unit's forward (backward = false) or backward, acquire gives the
