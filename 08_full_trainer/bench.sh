@@ -25,4 +25,4 @@ for c in "${cases[@]}"; do
         "$(echo "$rows" | cut -d, -f8 | median | awk '{print 100 * $1}')" \
         "$(echo "$rows" | cut -d, -f9 | median | awk '{print $1 / 1048576}')"
 done
-echo "tokens/s = global batch tokens / step time; MFU = (6 N + 12 L T D) FLOPs per token x tokens/s / the probed peak"
+echo "tokens/s = global batch tokens / step time; MFU = (6 N + 6 L T D) FLOPs per token x tokens/s / the probed peak"

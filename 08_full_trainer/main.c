@@ -157,7 +157,7 @@ int main(int argc, char **argv) {
     if (o.first_step > 1) log0("resumed from %s at step %d\n", co.ckpt_dir, o.first_step);
 
     /* ---- train ---- */
-    t.flops_per_token = model_flops_per_token(c);
+    t.flops_per_token = llama_flops_per_token(c);   /* 6 N + 6 L T D (causal) */
     t.peak_flops = co.peak_tflops > 0 ? co.peak_tflops * 1e12 : probe_peak_flops();
     log0("MFU against %.2f GFLOP/s (%s), %.2f MFLOP per token\n", t.peak_flops / 1e9,
          co.peak_tflops > 0 ? "--peak-tflops" : "measured: a GEMM probe on every rank at once, summed",

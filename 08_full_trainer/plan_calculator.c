@@ -406,7 +406,7 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
     double linear_passes = o->ac == AC_FULL ? 8 : 6, attn_passes = o->ac == AC_NONE ? 3 : 4;
     double peak = o->tflops > 0 ? o->tflops : o->precision == PLAN_BF16 ? H100_BF16 : H100_FP32;
     double rate = peak * 1e12, rate_linear = o->fp8 ? (o->tflops > 0 ? 2 * o->tflops : H100_FP8) * 1e12 : rate;
-    r->model_flops = (double)seqs * T * (L * (6 * linear_params + 3 * attn_fwd_flops) + 6 * Vocab * D);
+    r->model_flops = (double)seqs * T * llama_flops_per_token(&c);   /* the trainer's MFU's, 6 N + 6 L T D */
 
     unit_floats u = unit_floats_of(&c, t, S);
     double bw[MESH_NDIMS];

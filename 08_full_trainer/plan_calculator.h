@@ -119,7 +119,7 @@ typedef struct {
     int shard_ranks;                  /* S: FSDP's shard group (dp_shard x cp, or dp_shard)        */
     int layers_min, layers_max;       /* layers of the lightest and the heaviest stage             */
     double flops_per_gpu;             /* computed per step, recomputation included                 */
-    double model_flops;               /* the whole step's model FLOPs (6 N D + attention), no
+    double model_flops;               /* the whole step's model FLOPs (llama_flops_per_token), no
                                        * recomputation: what MFU counts                           */
     double compute_s;                 /* flops_per_gpu at --plan-tflops                            */
     double step_s;                    /* compute / (1 - bubble) + every transfer: no overlap       */

@@ -29,11 +29,6 @@ int text_source_batch(const void *source, int step, int micro, int *tokens, int 
     return 0;   /* windows of real text: no padded targets */
 }
 
-double model_flops_per_token(const llama_config *c) {
-    /* (the embedding is a lookup: no FLOPs) */
-    return 6.0 * llama_parameter_count(c, false) + 12.0 * c->n_layers * c->seq_len * c->dim;
-}
-
 double probe_peak_flops(void) {
     /* long enough (a quarter of a second) that ranks sharing a core really run at the same time */
     enum { N = 384 };
@@ -72,11 +67,14 @@ int report_state_memory(const llama_config *c, const int mesh[MESH_NDIMS], int p
     bool root = comm_world()->rank == 0;
     int bad = 0;
     for (int k = 0; k < 3; k++) bad |= rows[k].measured_bytes != rows[k].formula_bytes;
+    /* rank 0's rows are printed, and a mismatch among them recorded, by report_memory; the other
+     * ranks' are counted here and recorded once more only if one of them differs */
     if (root) report_memory("state of world rank 0 (pipeline stage 0) beside --plan's formula", rows, 3);
     int ranks_bad = (int)comm_host_sum(comm_world(), bad);
+    int others_bad = (int)comm_host_sum(comm_world(), root ? 0 : bad);
     log0("state on every rank: %s (%d of %d ranks differ from --plan's formula for their stage)\n",
          ranks_bad ? "MISMATCH" : "ok", ranks_bad, comm_world()->size);
-    if (ranks_bad) parity_fail("a rank's parameter, gradient or optimizer bytes differ from --plan's formula");
+    if (others_bad) parity_fail("another rank's parameter, gradient or optimizer bytes differ from --plan's formula");
     return ranks_bad;
 }
 

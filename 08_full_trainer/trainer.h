@@ -36,11 +36,6 @@ int text_source_batch(const void *source, int step, int micro, int *tokens, int 
  * core share it in the probe too) and the rates are summed over the world. Collective. */
 double probe_peak_flops(void);
 
-/* Training FLOPs per token of the model at sequence length T: 6 x (parameters outside the
- * embedding lookup) for the linears' forward and backward, plus 12 L T D for attention's scores
- * and weighted sum (Chowdhery et al. 2022, PaLM, appendix B; causal masking not subtracted). */
-double model_flops_per_token(const llama_config *c);
-
 typedef struct {
     const run_options *run;
     const text_corpus *corpus;

@@ -25,9 +25,10 @@ for rep in $(seq ${REPS:-3}); do
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 c=$(median "${c_ms[@]}"); p=$(median "${py_ms[@]}"); g=$(median "${probe[@]}")
-# model FLOPs of a step: 6 x (parameters outside the embedding) + 12 L T D per token (PaLM, appendix B)
+# model FLOPs of a step: 6 x (parameters outside the embedding) + 6 L T D (causal attention) per
+# token, llama_flops_per_token's definition (common/model/llama.h)
 flops=$(awk -v D=$D -v L=$L -v F=$F -v V=$V -v T=$T -v B=$B 'BEGIN {
-    N = L * (4 * D * D + 3 * D * F + 2 * D) + D + V * D; print (6 * N + 12 * L * T * D) * B * T }')
+    N = L * (4 * D * D + 3 * D * F + 2 * D) + D + V * D; print (6 * N + 6 * L * T * D) * B * T }')
 awk -v c="$c" -v p="$p" -v g="$g" -v f="$flops" -v n="${REPS:-3}" 'BEGIN {
     printf "single-device step, dim 512, 4 layers, seq 256, batch 8, one thread, median of %d runs\n", n
     printf "  %-28s %10.1f ms   %6.1f GFLOP/s  (%4.0f%% of the GEMM probe)\n", "this project (C, OpenBLAS)", c, f / c / 1e6, 100 * f / c / 1e6 / g

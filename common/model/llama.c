@@ -59,6 +59,10 @@ double llama_parameter_count(const llama_config *c, bool with_embedding) {
     return n;
 }
 
+double llama_flops_per_token(const llama_config *c) {
+    return 6.0 * llama_parameter_count(c, false) + 6.0 * c->n_layers * c->seq_len * c->dim;
+}
+
 /* A [rows, cols] matrix or a [cols] vector (stored [1, cols]). */
 static param_spec make_spec(param_kind kind, int layer, const char *name, int rows, int cols,
                             int is_vector) {

@@ -68,6 +68,15 @@ param_spec llama_param_spec(const llama_config *c, int index);
 /* The model's parameters (elements of every tensor), or those outside the embedding table (a
  * lookup, which costs no FLOPs: what MFU's 6N counts). */
 double llama_parameter_count(const llama_config *c, bool with_embedding);
+/* Model FLOPs of one token's training step (forward and backward) at c->seq_len = T, the one
+ * definition behind every MFU and GFLOP/s this project prints (chapter 08's metrics and --plan,
+ * make bench-baseline): 6 per parameter outside the embedding lookup (2 forward, 4 backward:
+ * Chowdhery et al. 2022, PaLM, appendix B), plus causal attention's 6 L T D: forward, the scores
+ * q k^T and the weighted sum p v, each 2 D FLOPs per key over the T/2 keys a token sees on
+ * average, 2 T D; backward twice that. PaLM's 12 L T D counts the whole T x T matrix; the causal
+ * mask makes half of it zero, and a causal kernel skips it (common/kernels/attention.c does).
+ * Recomputation is not counted, as MFU defines. */
+double llama_flops_per_token(const llama_config *c);
 /* Index of a name, -1 when absent. */
 int llama_param_index(const llama_config *c, const char *name);
 /* Index of the tensor of `kind` in `layer` (layer -1 for tok_embeddings, norm and output). */
