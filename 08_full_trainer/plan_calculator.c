@@ -535,7 +535,7 @@ static candidate *enumerate(const plan_calc_options *o, int *n_out, int *n_fit) 
                 for (int dps = 1; dps <= dp; dps++) {
                     if (dp % dps) continue;
                     candidate k = {.mesh = {pp, dp / dps, dps, cp, tp}};
-                    char why[256];
+                    char why[512];   /* a refusal quotes the schedule's own message (up to 199 bytes) */
                     if (plan_calc_mesh(o, k.mesh, &k.r, why, sizeof why) != 0) continue;
                     if (n == cap) all = realloc(all, (cap *= 2) * sizeof *all);
                     all[n++] = k;

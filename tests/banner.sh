@@ -14,6 +14,7 @@ elif blas=$("$(dirname "$0")/blas.sh" probe 2>&1); then
     core=$("$(dirname "$0")/blas.sh" coretype)
     case "$blas" in *"(core $core)"*) core="" ;; esac
     [ -n "$core" ] && found "" "this CPU has AVX-512, which OpenBLAS's choice above does not use: runs set OPENBLAS_CORETYPE=$core (its AVX-512 kernels)"
+    [ -n "${OPENBLAS_CORETYPE:-}" ] && found "" "OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE is set in your environment: the runs keep your choice"
 else found BLAS "no usable OpenBLAS: $blas; apt-get install libopenblas-dev (or make deps)"; fi
 if [ -n "$nvcc" ] && [ -x "$nvcc" ]; then
     found nvcc "$("$nvcc" --version | tail -1)"

@@ -97,20 +97,21 @@ void rope_table(float *cos_sin, const int *positions, int T, int hd, float theta
 }
 
 /* Rotates every pair (2j, 2j+1) of every head of x[B, T, H, hd] in place, forward or back.
- * The loop runs over the same index i = ((b T + t) H + h) hd/2 + j that the CUDA kernel gives
- * its threads. */
+ * The loops visit the index i = ((b T + t) H + h) hd/2 + j that the CUDA kernel gives its threads,
+ * in order, without dividing i back into its parts for every pair. */
 static void rope_apply(float *x, const float *cos_sin, int B, int T, int H, int hd, int inverse) {
     int half = hd / 2;
-    size_t npairs = (size_t)B * T * H * half;
-    for (size_t i = 0; i < npairs; i++) {
-        int j = (int)(i % half);
-        size_t row = i / half;            /* (b T + t) H + h: which head vector */
-        int t = (int)((row / H) % T);
-        const float *c = cos_sin + 2 * ((size_t)t * half + j);
-        float *pair = x + row * hd + 2 * j;
-        if (inverse) rope_rotate_inverse(&pair[0], &pair[1], c[0], c[1]);
-        else         rope_rotate(&pair[0], &pair[1], c[0], c[1]);
-    }
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const float *c = cos_sin + (size_t)t * hd;                   /* position t's [hd/2, 2] */
+            for (int h = 0; h < H; h++) {
+                float *head = x + (((size_t)b * T + t) * H + h) * hd;   /* row (b T + t) H + h */
+                for (int j = 0; j < half; j++) {                        /* i = row hd/2 + j */
+                    if (inverse) rope_rotate_inverse(&head[2 * j], &head[2 * j + 1], c[2 * j], c[2 * j + 1]);
+                    else         rope_rotate(&head[2 * j], &head[2 * j + 1], c[2 * j], c[2 * j + 1]);
+                }
+            }
+        }
 }
 
 void rope_forward(float *x, const float *cos_sin, int B, int T, int H, int hd) {
