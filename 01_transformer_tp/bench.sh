@@ -3,7 +3,7 @@
 # (dim 512, 4 layers, 8 heads, ffn 1408, the default vocabulary of 256, seq 256, batch 8), printed
 # as a speedup (make bench-01). REPS (default 3) interleaved pairs of runs of STEPS (default 4)
 # steps; each run is timed by the mean of its steps after the first (step 1 warms up:
-# tests/steady_step_ms.sh), and the medians are compared. A benchmark, not a test: its numbers
+# steady_step_ms in tests/bench_lib.sh), and the medians are compared. A benchmark, not a test: its numbers
 # depend on the machine. Goal on a 2-core CPU: >= 1.8x.
 set -eu
 bin=$1
@@ -11,12 +11,12 @@ here=$(dirname "$0")
 mpirun=${MPIRUN_BASE:-$here/../tests/mpirun_base.sh}
 [ -x "$mpirun" ] && mpirun=$($mpirun)
 args="--dim 512 --n-layers 4 --n-heads 8 --n-kv-heads 8 --ffn-dim 1408 --seq-len 256 --batch 8 --steps ${STEPS:-4} --out /tmp/bench01"
-median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+. "$here/../tests/bench_lib.sh"   # median, steady_step_ms
 ms1=(); ms2=(); share=()
 for rep in $(seq ${REPS:-3}); do
-    ms1+=("$($mpirun -np 1 "$bin" $args | "$here/../tests/steady_step_ms.sh")")
+    ms1+=("$($mpirun -np 1 "$bin" $args | steady_step_ms)")
     out=$($mpirun -np 2 "$bin" $args)
-    ms2+=("$(echo "$out" | "$here/../tests/steady_step_ms.sh")")
+    ms2+=("$(echo "$out" | steady_step_ms)")
     share+=("$(echo "$out" | sed -nE 's/^time per step: .*communication [0-9.]+ ms, ([0-9]+)%\)/\1/p')")
 done
 a=$(median "${ms1[@]}"); b=$(median "${ms2[@]}"); c=$(median "${share[@]}")

@@ -36,7 +36,7 @@ for rep in $(seq ${REPS:-3}); do
         gather[$k]+="$(echo "$out" | sed -nE 's/^  of which .*\(all-gathers ([0-9.]+) ms\).*/\1/p') "
     done
 done
-median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+. "$(dirname "$0")/../tests/bench_lib.sh"   # median
 printf '%-30s %12s %13s %13s %13s %16s\n' "2 ranks, ${REPS:-3} runs each, medians" "step" "exposed comm" "= data wait" "+ late rank" "(gathers' data)"
 for k in "${!cases[@]}"; do
     printf '%-30s %9.1f ms %10.2f ms %10.2f ms %10.2f ms %13.2f ms\n' "${cases[$k]}" "$(echo ${step[$k]} | median)" \

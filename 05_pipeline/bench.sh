@@ -78,7 +78,7 @@ analyse() {
         printf "\n"
     }' "$1"
 }
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+. "$(dirname "$0")/../tests/bench_lib.sh"   # median
 
 declare -A theory measured common replay costs ratio cost balanced
 for rep in $(seq "$reps"); do

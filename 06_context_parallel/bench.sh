@@ -26,7 +26,7 @@ for rep in $(seq "$reps"); do
         sent[$k]=$(echo "$out" | awk '$1 == "cp" { u = $7; x = $6; f = (u == "KiB") ? 1 / 1024 : (u == "MiB") ? 1 : (u == "GiB") ? 1024 : 1 / 1048576; s += x * f } END { printf "%.2f", s }')
     done
 done
-median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+. "$(dirname "$0")/../tests/bench_lib.sh"   # median
 printf '%-48s %14s %14s %16s\n' "$reps runs each" "step (median)" "comm (median)" "sent over cp"
 for k in "${!cases[@]}"; do
     label="cp 2: ${cases[$k]}"; [ "${cases[$k]}" = "--cp 1" ] && label="cp 1: one rank, the whole sequence"

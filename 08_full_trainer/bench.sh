@@ -13,7 +13,7 @@ steps=${STEPS:-30}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cases=("1|--dp-shard 1" "8|--dp-shard 8" "8|--dp-shard 4 --tp 2" "8|--pp 2 --dp-shard 2 --tp 2"
        "8|--dp-shard 2 --cp 2 --tp 2" "8|--pp 2 --cp 2 --tp 2" "8|--dp-replicate 2 --dp-shard 2 --tp 2")
-median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+. "$(dirname "$0")/../tests/bench_lib.sh"   # median
 printf '%-5s %-42s %12s %10s %8s %12s\n' ranks mesh "tokens/s" "step" MFU "peak memory"
 for c in "${cases[@]}"; do
     np=${c%%|*}; mesh=${c#*|}

@@ -4,7 +4,7 @@
 # tests/bench_baseline.py), at chapter 01's bench size (dim 512, 4 layers, 8 heads, ffn 1408,
 # vocab 256, seq 256, batch 8), one thread each (OpenBLAS pinned to 1 thread for both), REPS
 # (default 3) interleaved runs of STEPS (default 4) steps, each timed by the mean of its steps after
-# the first (a warm-up on both sides: tests/steady_step_ms.sh); prints the medians, the ratio, and
+# the first (a warm-up on both sides: steady_step_ms in tests/bench_lib.sh); prints the medians, the ratio, and
 # each one's achieved GFLOP/s against the machine's single-core GEMM rate (a 512^3 probe through
 # the same OpenBLAS). PyTorch runs twice a repetition: as a user starts it, and with glibc's
 # malloc told to keep freed memory in the process (MALLOC_MMAP_THRESHOLD_ at its 32 MiB maximum,
@@ -14,6 +14,7 @@
 # programs' arithmetic alone. A benchmark, not a test: the numbers depend on the machine and its load.
 set -eu
 bin=$1
+. "$(dirname "$0")/bench_lib.sh"   # median, steady_step_ms
 mpirun=${MPIRUN_BASE:-$(dirname "$0")/mpirun_base.sh}
 [ -x "$mpirun" ] && mpirun=$($mpirun)
 D=512 L=4 H=8 F=1408 V=256 T=256 B=8 steps=${STEPS:-4}
@@ -33,13 +34,12 @@ pytorch() {   # pytorch [ENV=VALUE ...]: one run of bench_baseline.py; prints it
 }
 c_ms=(); py_ms=(); pk_ms=(); probe=()
 for rep in $(seq ${REPS:-3}); do
-    c_ms+=("$($mpirun -np 1 "$bin" $args | "$(dirname "$0")/steady_step_ms.sh")")
+    c_ms+=("$($mpirun -np 1 "$bin" $args | steady_step_ms)")
     out=$(pytorch)
     py_ms+=("$(echo "$out" | sed -nE 's/^pytorch ms per step: ([0-9.]+)/\1/p')")
     probe+=("$(echo "$out" | sed -nE 's/^gemm probe GFLOP\/s: ([0-9.]+)/\1/p')")
     pk_ms+=("$(pytorch $keep_memory | sed -nE 's/^pytorch ms per step: ([0-9.]+)/\1/p')")
 done
-median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 c=$(median "${c_ms[@]}"); p=$(median "${py_ms[@]}"); k=$(median "${pk_ms[@]}"); g=$(median "${probe[@]}")
 # model FLOPs of a step: 6 x (parameters outside the embedding) + 6 L T D (causal attention) per
 # token, llama_flops_per_token's definition (common/model/llama.h)
