@@ -316,8 +316,17 @@ class Runner:
         t0 = time.time()
         env = dict(os.environ, OPENBLAS_NUM_THREADS='1', BUILD_ROOT=self.build, MPIRUN_BASE=self.mpirun_base)
         env.pop('MAKEFLAGS', None)
-        p = subprocess.run(['timeout', '-k', '10', str(self.timeout), 'bash', '-c', bash], cwd=self.work,
-                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        # Each run gets Open MPI session directories of its own. With --jobs, mpiruns start and end at
+        # once, and the last one out removes the shared /tmp/ompi.HOST.UID: a run creating its pid.N
+        # inside it at that moment fails ("ORTE_ERROR_LOG ... session_dir.c", seen once in CI).
+        sessions = tempfile.mkdtemp(prefix='o', dir=self.tmp)
+        env['OMPI_MCA_orte_tmpdir_base'] = sessions
+        try:
+            p = subprocess.run(['timeout', '-k', '10', str(self.timeout), 'bash', '-c', bash], cwd=self.work,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env=env)
+        finally:
+            shutil.rmtree(sessions, ignore_errors=True)
         rc = p.returncode
         out = p.stdout.decode('utf-8', 'replace')
         if echo is not None:
