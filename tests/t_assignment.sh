@@ -2,7 +2,8 @@
 # t_assignment.sh: every chapter with exercises (BEGIN ASSIGNMENT regions) can be handed out and
 # graded: `make assignment-NN` writes a student copy with the regions removed, the copy builds,
 # and its `make check-NN` fails until the student writes the missing lines (the full tutorial's
-# check-NN, run by the rest of the suite, passes).
+# check-NN, run by the rest of the suite, passes). The copy's check stops at its first failing
+# layout: failing once is what is asked of it here.
 set -u
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 n=0; bad=0
@@ -16,7 +17,7 @@ for dir in [0-9][0-9]_*/; do
     if ! make --no-print-directory -C "$dest" -j2 BUILD_ROOT="$dest/build" BACKEND=cpu "$dest/build/cpu/$nn" >"$tmp/b.txt" 2>&1; then
         echo "the student copy of chapter $nn does not build"; tail -20 "$tmp/b.txt"; bad=$((bad+1)); continue
     fi
-    if (cd "$dest" && ./tests/run_checks.sh cpu "$nn" "$dest/build") >"$tmp/c.txt" 2>&1; then
+    if (cd "$dest" && STOP_AT_FIRST_FAILURE=1 ./tests/run_checks.sh cpu "$nn" "$dest/build") >"$tmp/c.txt" 2>&1; then
         echo "check-$nn passes on the student copy with the exercises removed: it grades nothing"; bad=$((bad+1))
     fi
 done
