@@ -4,7 +4,8 @@
 #   - every unit test tests/test_*.c on each rank count its first line names (/* ranks: 1 2 4 */)
 #   - every chapter's standard layouts (NN_*/checks.txt)
 #   - every scripted test tests/t_*.sh (bad input, dumps checked by PyTorch, ...)
-# The last line is "N passed, N failed".
+# The line before the last gives the seconds of each part (the budget: 20 minutes on 2 cores), the
+# last line is "N passed, N failed".
 set -u
 backend=$1; have_nvcc=${2:-}
 root=${BUILD_ROOT:-build}
@@ -14,7 +15,9 @@ pass() { printf 'ok    %s\n' "$1"; passed=$((passed+1)); }
 fail() { printf 'FAIL  %s\n' "$1"; [ -n "${2:-}" ] && sed 's/^/      | /' "$2" | tail -30; failed=$((failed+1)); }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
-t_start=$(date +%s)
+t_start=$(date +%s); t_part=$t_start; parts=""
+# part NAME: the seconds since the last part ended, for the summary line
+part() { local now; now=$(date +%s); parts="$parts, $1 $((now - t_part))"; t_part=$now; }
 
 # 1. the CUDA build: every .cu through nvcc (sm_80, sm_90, warnings as errors), every binary linked
 if [ -n "$have_nvcc" ]; then
@@ -23,6 +26,7 @@ if [ -n "$have_nvcc" ]; then
 else
     echo "skip  make cuda: nvcc not found"
 fi
+part "make cuda"
 
 # 2. unit tests
 for src in tests/test_*.c; do
@@ -34,6 +38,7 @@ for src in tests/test_*.c; do
         else fail "$name (NP=$np)" "$tmp/u.txt"; fi
     done
 done
+part "unit tests"
 
 # 3. chapter checks
 for checks in [0-9][0-9]_*/checks.txt; do
@@ -46,14 +51,17 @@ for checks in [0-9][0-9]_*/checks.txt; do
     if [ -z "$p" ]; then fail "check-$nn did not run" "$tmp/c.txt"; continue; fi
     passed=$((passed+p)); failed=$((failed+f))
 done
+part "chapter checks"
 
 # 4. scripted tests
 for t in tests/t_*.sh; do
     [ -f "$t" ] || continue
-    if timeout 600 bash "$t" >"$tmp/s.txt" 2>&1; then pass "$(basename "$t" .sh): $(tail -1 "$tmp/s.txt")"
-    else fail "$(basename "$t" .sh)" "$tmp/s.txt"; fi
+    t0=$(date +%s)
+    if timeout 600 bash "$t" >"$tmp/s.txt" 2>&1; then pass "$(basename "$t" .sh): $(tail -1 "$tmp/s.txt") ($(( $(date +%s) - t0 )) s)"
+    else fail "$(basename "$t" .sh) ($(( $(date +%s) - t0 )) s)" "$tmp/s.txt"; fi
 done
+part "scripted tests"
 
-echo "($(( $(date +%s) - t_start )) s)"
+echo "($(( $(date +%s) - t_start )) s${parts})"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
