@@ -40,6 +40,7 @@ explain() {
 }
 while read -r np expect flags; do
     case "$np" in ''|'#'*) continue;; esac
+    [ "${STOP_AT_FIRST_FAILURE:-0}" = 1 ] && [ $failed -gt 0 ] && { stopped=", stopped at the first failure"; break; }
     out=$log/run.txt
     if [ "$expect" = unit ] || [ "$expect" = script ]; then
         if [ "$expect" = unit ]; then
@@ -57,7 +58,6 @@ while read -r np expect flags; do
             explain "$out"
             failed=$((failed+1))
         fi
-        [ "${STOP_AT_FIRST_FAILURE:-0}" = 1 ] && [ $failed -gt 0 ] && { stopped=", stopped at the first failure"; break; }
         continue
     fi
     timeout 300 $mpirun_base -np "$np" "$bin" --check --out "$log/out" $flags </dev/null >"$out" 2>&1
@@ -71,7 +71,6 @@ while read -r np expect flags; do
         explain "$out"
         failed=$((failed+1))
     fi
-    [ "${STOP_AT_FIRST_FAILURE:-0}" = 1 ] && [ $failed -gt 0 ] && { stopped=", stopped at the first failure"; break; }
 done < "$dir/checks.txt"
 rm -rf "$log"
 # a student copy: where the exercises still wait

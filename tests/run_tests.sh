@@ -57,8 +57,10 @@ part "chapter checks"
 for t in tests/t_*.sh; do
     [ -f "$t" ] || continue
     t0=$(date +%s)
-    if timeout 600 bash "$t" >"$tmp/s.txt" 2>&1; then pass "$(basename "$t" .sh): $(tail -1 "$tmp/s.txt") ($(( $(date +%s) - t0 )) s)"
-    else fail "$(basename "$t" .sh) ($(( $(date +%s) - t0 )) s)" "$tmp/s.txt"; fi
+    timeout 600 bash "$t" >"$tmp/s.txt" 2>&1; rc=$?
+    secs=$(( $(date +%s) - t0 ))
+    if [ $rc -eq 0 ]; then pass "$(basename "$t" .sh): $(tail -1 "$tmp/s.txt") ($secs s)"
+    else fail "$(basename "$t" .sh) ($secs s)" "$tmp/s.txt"; fi
 done
 part "scripted tests"
 
