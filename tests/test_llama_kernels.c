@@ -5,7 +5,8 @@
  *   backwards: against central finite differences of a random projection of the output,
  *              L = sum(out * r) accumulated in double, so dL/dout = r is what backward gets;
  *   plus the properties the model relies on: += versus = semantics, vocabulary shards, the
- *   inverse rotation of RoPE, causality, ignored targets, huge logits, two AdamW steps.
+ *   inverse rotation of RoPE, causality, ignored targets, huge logits, two AdamW steps, and
+ *   the embedding backward's fixed order of sums (bit-identical to an in-order float loop).
  *
  * Every tensor goes through device_alloc and device copies, so the same test runs on the CUDA
  * backend (make test BACKEND=cuda on a GPU machine).
@@ -117,6 +118,62 @@ static void test_embedding(void) {
 
     device_free(tokens); device_free(out_dev); device_free(table_dev); device_free(shard_dev);
     device_free(dshard_dev); device_free(r_dev);
+}
+
+/* The backward's order (the determinism contract): every table row receives its tokens' dout
+ * rows in increasing position order, so the result is BIT-identical to a float loop over the
+ * positions in order, on both backends, and two calls give the same bits. Tokens repeat many
+ * times; some belong to other shards (row0 > 0, a few rows) and some are -1. dout spans 2^-12
+ * to 2^12, so float sums depend on their order: the test checks that the reversed order gives
+ * other bits, i.e. that it would see a kernel summing in any other order.
+ * Shapes: tokens [N] in -1 and [0, V), dout [N, D], dtable [nrows, D] = rows [row0, row0 + nrows). */
+static void test_embedding_order(int N, int V, int row0, int nrows, int D) {
+    int *tok = malloc(N * sizeof(int));
+    size_t nd = (size_t)N * D, nt = (size_t)nrows * D;
+    float *dout = floats(nd), *init = floats(nt), *want = floats(nt), *reversed = floats(nt);
+    float *got1 = floats(nt), *got2 = floats(nt);
+    for (int n = 0; n < N; n++) {
+        float u = rand_uniform(0, 1);
+        tok[n] = u < 0.1f ? -1 : (int)(rand_uniform(0, 1) * V) % V;   /* -1 for about 10% */
+    }
+    for (size_t i = 0; i < nd; i++) dout[i] = ldexpf(rand_uniform(-1, 1), (int)rand_uniform(-12, 13));
+    fill_uniform(init, nt, -1, 1);                                    /* += onto what was there */
+
+    /* the contract (n increasing), and the same sums in the opposite order (n decreasing) */
+    memcpy(want, init, nt * sizeof(float));
+    memcpy(reversed, init, nt * sizeof(float));
+    int in_slice = 0;
+    for (int step = 0; step < 2 * N; step++) {
+        int n = step < N ? step : 2 * N - 1 - step, row = tok[n] - row0;
+        if (tok[n] < 0 || row < 0 || row >= nrows) continue;
+        float *dst = (step < N ? want : reversed) + (size_t)row * D;
+        for (int d = 0; d < D; d++) dst[d] += dout[(size_t)n * D + d];
+        in_slice += step < N;
+    }
+    CHECK(in_slice > 2 * nrows && in_slice < N,
+          "N %d: %d positions in the slice: the tokens should repeat and some fall outside", N, in_slice);
+    CHECK(memcmp(want, reversed, nt * sizeof(float)) != 0,
+          "N %d: the order of the sums changes no bit: the test cannot see it", N);
+
+    int *tokens = upload_ints(tok, N);
+    float *dout_dev = tu_upload(dout, nd);
+    float *got[2] = {got1, got2};
+    for (int run = 0; run < 2; run++) {
+        float *dtable = tu_upload(init, nt);
+        embedding_backward(dtable, dout_dev, tokens, N, D, row0, nrows);
+        download(got[run], dtable, nt);
+        device_free(dtable);
+    }
+    size_t mismatches = 0, first = nt;
+    for (size_t i = 0; i < nt; i++)
+        if (memcmp(&got1[i], &want[i], sizeof(float)) != 0 && mismatches++ == 0) first = i;
+    CHECK(mismatches == 0, "N %d rows [%d, %d): %zu of %zu elements are not the in-order float sum's "
+          "bits (first %zu: got %.9g want %.9g)", N, row0, row0 + nrows, mismatches, nt, first,
+          first < nt ? got1[first] : 0.0, first < nt ? want[first] : 0.0);
+    CHECK(memcmp(got1, got2, nt * sizeof(float)) == 0, "N %d: two runs of embedding_backward differ", N);
+
+    device_free(tokens); device_free(dout_dev);
+    free(tok); free(dout); free(init); free(want); free(reversed); free(got1); free(got2);
 }
 
 /* ---- RMSNorm ---------------------------------------------------------------------------------- */
@@ -718,6 +775,9 @@ static void test_adamw(void) {
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     test_embedding();
+    test_embedding_order(64, 12, 4, 5, 6);      /* about 10 positions per row */
+    test_embedding_order(4000, 300, 37, 100, 9); /* many rows, more than one sort tile */
+    test_embedding_order(40, 6, 2, 1, 3);        /* one row: a one-bit key */
     test_rmsnorm();
     test_residual_rmsnorm();
     test_linear();

@@ -20,7 +20,9 @@ C_BEGIN
  * The table holds rows [row0, row0 + nrows) of the full [V, D] table (the whole table on one
  * device; a vocabulary shard in chapter 02). Tokens outside that range give zero rows.
  *   forward:  out[N, D] = table[tokens[n] - row0]          (=)
- *   backward: dtable[nrows, D] += dout[n] for every n whose token is in range            */
+ *   backward: dtable[nrows, D] += dout[n] for every n whose token is in range, each row's
+ *             positions n added in increasing order on both backends (bit-identical runs;
+ *             scratch for the duration of the call: CUDA MEM_BUFFERS, CPU host calloc)       */
 void embedding_forward(float *out, const int *tokens, const float *table,
                        int N, int D, int row0, int nrows);
 void embedding_backward(float *dtable, const float *dout, const int *tokens,

@@ -4,6 +4,7 @@
  * goes through gemm.h (OpenBLAS underneath). llama_kernels_cuda.cu is the same code with the
  * loops turned into CUDA threads and the same GEMM calls: read the two side by side.
  */
+#include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
 #include "llama_kernels.h"
@@ -22,15 +23,37 @@ void embedding_forward(float *out, const int *tokens, const float *table,
     }
 }
 
-/* dtable[nrows, D] += dout[n] for every token n of this shard. A token that occurs several
- * times adds several rows into the same table row (the CUDA twin needs atomicAdd for this). */
+/* dtable[nrows, D] += dout[N, D] row n for every token n of this shard. The CUDA twin's
+ * algorithm, so that both add a repeated token's rows in the same order (increasing n) and give
+ * the same bits: a stable counting sort of the positions by their key (embedding_sort_key, one
+ * bucket per row plus one for "not this shard"), then one ordered sum per run of equal keys
+ * (embedding_backward_run). Scratch: keys[N], positions[N], starts[nrows + 1], host memory
+ * from calloc, outside the allocator's count (so the memory the chapters print is the same as
+ * with the plain loop this replaced; the CUDA twin counts its scratch under MEM_BUFFERS). */
 void embedding_backward(float *dtable, const float *dout, const int *tokens,
                         int N, int D, int row0, int nrows) {
-    for (int n = 0; n < N; n++) {
-        int row = embedding_local_row(tokens[n], row0, nrows);
-        if (row < 0) continue;
-        for (int d = 0; d < D; d++) dtable[(size_t)row * D + d] += dout[(size_t)n * D + d];
+    if (N <= 0 || D <= 0 || nrows <= 0) return;
+    int *keys = calloc((size_t)2 * N + nrows + 1, sizeof(int));
+    if (!keys) {
+        fprintf(stderr, "embedding_backward: out of memory (N %d, nrows %d)\n", N, nrows);
+        exit(1);
     }
+    int *positions = keys + N, *starts = positions + N;   /* starts: zeroed by calloc */
+    for (int n = 0; n < N; n++) {                          /* bucket sizes, shifted by one */
+        int key = embedding_sort_key(tokens[n], row0, nrows);
+        if (key < nrows) starts[key + 1]++;
+    }
+    for (int r = 1; r <= nrows; r++) starts[r] += starts[r - 1];   /* each bucket's first slot */
+    int tail = starts[nrows];             /* the "not this shard" bucket follows the rows */
+    for (int n = 0; n < N; n++) {         /* in increasing n: stable */
+        int key = embedding_sort_key(tokens[n], row0, nrows);
+        int k = key < nrows ? starts[key]++ : tail++;
+        keys[k] = key;
+        positions[k] = n;
+    }
+    for (int k = 0; k < N; k++)
+        for (int d = 0; d < D; d++) embedding_backward_run(dtable, dout, keys, positions, k, d, N, D, nrows);
+    free(keys);
 }
 
 /* ---- RMSNorm ------------------------------------------------------------------------------- */

@@ -7,15 +7,19 @@
  *   - row loops (RMSNorm, softmax, cross-entropy) become one block of ROW_THREADS threads per
  *     row: thread x handles elements x, x + ROW_THREADS, ..., then cub::BlockReduce combines the
  *     threads' partial results (a sum, or a softmax state) and shared memory hands the row's
- *     total to every thread.
+ *     total to every thread;
+ *   - the embedding backward sorts the positions by table row (cub::DeviceRadixSort) and adds
+ *     each row's gradients in position order, like the CPU loop, instead of with atomicAdd.
  * All pointers are device pointers and everything is launched on the rank's one stream
  * (cuda_common.h), so kernels and GEMMs run in the order they are issued; only
  * cross_entropy_forward, which returns a host value, waits for the GPU.
  */
 #include <cub/block/block_reduce.cuh>
+#include <cub/device/device_radix_sort.cuh>
 #include "llama_kernels.h"
 #include "llama_math.h"
 #include "gemm.h"
+#include "device.h"
 #include "cuda_common.h"
 
 /* The index of this thread's first element and the stride to its next one. */
@@ -78,25 +82,61 @@ void embedding_forward(float *out, const int *tokens, const float *table,
     CUDA_CHECK_LAUNCH();
 }
 
-/* One thread per element of dout. Two occurrences of the same token add into the same table
- * row from different threads, so the add must be atomic (the CPU loop simply adds in turn). */
-static __global__ void embedding_backward_kernel(float *dtable, const float *dout,
-                                                 const int *tokens, int N, int D, int row0,
-                                                 int nrows) {
-    GRID_STRIDE_LOOP(i, (size_t)N * D) {
-        size_t n = i / D, d = i % D;
-        int row = embedding_local_row(tokens[n], row0, nrows);
-        if (row >= 0) atomicAdd(&dtable[(size_t)row * D + d], dout[i]);
+/* The backward adds a repeated token's rows in a fixed order, not with atomicAdd (whose order
+ * changes from run to run, and with it the last bits of the sum): the same algorithm as the CPU
+ * twin, so the GPU gives the CPU's bits and two runs, or a run and its resume, agree exactly.
+ *   1. one thread per position n: the pair (key, n), key = the local row (embedding_sort_key);
+ *   2. cub::DeviceRadixSort::SortPairs by key: a radix sort is stable, so each row's positions
+ *      stay in increasing order;
+ *   3. one thread per (sorted pair k, column d): the first pair of each run of equal keys adds
+ *      the run's dout rows in order onto its table element (embedding_backward_run).         */
+static __global__ void embedding_sort_keys_kernel(int *keys, int *positions, const int *tokens,
+                                                  int N, int row0, int nrows) {
+    GRID_STRIDE_LOOP(n, N) {
+        keys[n] = embedding_sort_key(tokens[n], row0, nrows);
+        positions[n] = (int)n;
     }
 }
 
+/* One thread per (k, d); threads of one k read one dout row at a time, side by side. */
+static __global__ void embedding_backward_runs_kernel(float *dtable, const float *dout,
+                                                      const int *keys, const int *positions,
+                                                      int N, int D, int nrows) {
+    GRID_STRIDE_LOOP(i, (size_t)N * D) {
+        embedding_backward_run(dtable, dout, keys, positions, (int)(i / D), (int)(i % D), N, D,
+                               nrows);
+    }
+}
+
+/* Scratch (device_alloc, MEM_BUFFERS, for the call): cub's temporary storage, then the keys and
+ * positions before and after the sort, each part starting on a 256-byte boundary. */
+static size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
 void embedding_backward(float *dtable, const float *dout, const int *tokens,
                         int N, int D, int row0, int nrows) {
-    size_t n = (size_t)N * D;
-    if (n == 0) return;
-    embedding_backward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(
-        dtable, dout, tokens, N, D, row0, nrows);
+    if (N <= 0 || D <= 0 || nrows <= 0) return;
+    int end_bit = 0;                      /* keys are 0..nrows: sort only the bits they use */
+    while (end_bit < 31 && (1 << end_bit) <= nrows) end_bit++;
+    size_t temp_bytes = 0, ints = align256((size_t)N * sizeof(int));
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, temp_bytes, (const int *)NULL, (int *)NULL,
+                                               (const int *)NULL, (int *)NULL, N, 0, end_bit,
+                                               cuda_stream()));
+    size_t temp_part = align256(temp_bytes);
+    char *scratch = (char *)device_alloc(temp_part + 4 * ints, MEM_BUFFERS);
+    int *keys_in = (int *)(scratch + temp_part), *positions_in = (int *)(scratch + temp_part + ints);
+    int *keys = (int *)(scratch + temp_part + 2 * ints);
+    int *positions = (int *)(scratch + temp_part + 3 * ints);
+
+    embedding_sort_keys_kernel<<<cuda_blocks(N), CUDA_THREADS, 0, cuda_stream()>>>(
+        keys_in, positions_in, tokens, N, row0, nrows);
     CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch, temp_bytes, keys_in, keys, positions_in,
+                                               positions, N, 0, end_bit, cuda_stream()));
+    size_t n = (size_t)N * D;
+    embedding_backward_runs_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(
+        dtable, dout, keys, positions, N, D, nrows);
+    CUDA_CHECK_LAUNCH();
+    device_free(scratch);   /* a later device_alloc of it is ordered after this on the stream */
 }
 
 /* ---- RMSNorm -------------------------------------------------------------------------------- */

@@ -20,6 +20,29 @@ HD static inline int embedding_local_row(int token, int row0, int nrows) {
     return (row >= 0 && row < nrows) ? row : -1;
 }
 
+/* The backward's gradient, in a fixed order: dtable[row] += dout[n] for the positions n of
+ * `row` in increasing n, on both backends (no atomics), so runs and resumes on the GPU give the
+ * same bits, which are the CPU's. Both twins first sort the positions by their sort key,
+ * stably: keys[k] and positions[k], k < N, are the sorted pairs, one run of equal keys per
+ * table row, its positions increasing. A position another shard owns (or token -1) gets the key
+ * nrows, after every row, and adds nothing. */
+HD static inline int embedding_sort_key(int token, int row0, int nrows) {
+    int row = embedding_local_row(token, row0, nrows);
+    return row >= 0 ? row : nrows;
+}
+/* Element d of the table row of run k: the run's first pair adds the run's dout rows [N, D] in
+ * order onto dtable[nrows, D]; every other k does nothing (one writer per table element). */
+HD static inline void embedding_backward_run(float *dtable, const float *dout, const int *keys,
+                                             const int *positions, int k, int d, int N, int D,
+                                             int nrows) {
+    int row = keys[k];
+    if (row == nrows || (k > 0 && keys[k - 1] == row)) return;
+    float *dst = dtable + (size_t)row * D + d;
+    float acc = *dst;
+    for (int j = k; j < N && keys[j] == row; j++) acc += dout[(size_t)positions[j] * D + d];
+    *dst = acc;
+}
+
 /* ---- SiLU and SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer") ----------------------
  *   sigmoid(x) = 1 / (1 + e^-x),  silu(x) = x sigmoid(x)
  * For very negative x, e^-x overflows to +inf and sigmoid correctly becomes 0.                   */
