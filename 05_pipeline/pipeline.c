@@ -30,6 +30,7 @@ typedef struct {
 typedef struct {
     pp_schedule *sched;
     comm_group *pp;
+    comm_links *links;                      /* a group per neighbour and direction (comm.h)        */
     int P, M, V, rank, L, chunk_layers;     /* chunk_layers = L / (P V)                          */
     llama_plan inner;                       /* the plan's operators before the pipeline's         */
     /* the step in progress */
@@ -156,7 +157,11 @@ static bool input_source(const pp_state *s, const pp_action *a, int *from_chunk)
     return false;
 }
 
-/* Posts the receive of action k's input (once): MPI_Irecv / ncclRecv into a buffer of its own. */
+/* Posts the receive of action k's input (once): MPI_Irecv / ncclRecv into a buffer of its own,
+ * over the link from the sending rank. Posted one action early, so it arrives while this rank
+ * computes; on a link of its own it holds up nothing else (under NCCL a receive blocks its
+ * group's queue until the data comes: on the one pp group, this rank's next send would wait
+ * behind it, and the peer waiting for that send would never send this: --p2p shared). */
 static void post_receive(pp_state *s, int k) {
     if (k >= s->sched->n[s->rank] || s->posted[k]) return;
     s->posted[k] = true;
@@ -166,7 +171,7 @@ static void post_receive(pp_state *s, int k) {
     int peer = pp_chunk_rank(s->sched, from);
     if (peer == s->rank) return;                        /* handed over in place: see mailbox */
     s->recv[k].buf = device_alloc_floats(act_floats(s), MEM_BUFFERS);
-    s->recv[k].req = comm_irecv(s->pp, s->recv[k].buf, act_floats(s), peer);
+    s->recv[k].req = comm_link_irecv(s->links, s->recv[k].buf, act_floats(s), peer);
 }
 
 /* Action k's input once it has arrived (waiting for it is idle time, not the action's), in a
@@ -196,7 +201,7 @@ static void send_output(pp_state *s, float *buf, bool backward, int mb, int to_c
         s->cap_sends = s->cap_sends ? 2 * s->cap_sends : 32;
         s->sends = realloc(s->sends, (size_t)s->cap_sends * sizeof *s->sends);
     }
-    s->sends[s->n_sends++] = (pp_message){comm_isend(s->pp, buf, act_floats(s), peer), buf};
+    s->sends[s->n_sends++] = (pp_message){comm_link_isend(s->links, buf, act_floats(s), peer), buf};
 }
 
 /* ---- the actions ----------------------------------------------------------------------------- */
@@ -335,6 +340,7 @@ void pipeline_validate(const llama_config *c, int batch, int pp, const pp_option
 void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const pp_options *o) {
     pp_state *s = calloc(1, sizeof *s);
     s->pp = mesh->group[MESH_PP];
+    s->links = o->shared_p2p ? comm_shared_links(s->pp) : comm_ring_links(s->pp);
     s->P = s->pp->size;
     s->M = o->microbatches;
     s->V = o->virtual_stages;

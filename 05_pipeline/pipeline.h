@@ -24,8 +24,10 @@
  * A microbatch's activations for a chunk (a llama_saved set) exist from the start of its F until
  * the end of its B (or W): the allocator counts them, so the memory a schedule costs is measured.
  *
- * Messages (point-to-point, over the mesh's pp group; between chunks on the same rank the
- * tensor is handed over in place): per step 2 M (P V - 1), each B/M * T * D floats.
+ * Messages (point-to-point, between chunks on the same rank the tensor is handed over in place):
+ * per step 2 M (P V - 1), each B/M * T * D floats, over the pp group's links: one two-rank group
+ * per neighbour and direction (comm_ring_links), so that under NCCL, which runs a group's calls
+ * in issue order, a receive posted early never holds up a send (comm.h, "Ordering").
  */
 #pragma once
 #include <stdbool.h>
@@ -38,6 +40,8 @@ typedef struct {
     pp_schedule_kind schedule;
     int microbatches;             /* M                                                             */
     int virtual_stages;           /* V: chunks per rank (interleaved)                              */
+    bool shared_p2p;              /* --p2p shared: every message on the one pp group, as MPI allows;
+                                   * under NCCL's rules (COMM=nccl-sim) the pipeline deadlocks    */
 } pp_options;
 
 /* One action of this rank's last step, for the Gantt chart and the bubble: when it computed

@@ -13,13 +13,16 @@
 # Prints one line per layout and exits non-zero when any layout does not behave.
 # With STOP_AT_FIRST_FAILURE=1 it stops after the first layout that does not behave (t_assignment:
 # a student copy only has to fail, and each failing layout costs mpirun's seconds of clean-up).
+# With MAX_NP=N it skips the layouts of more than N ranks and says how many in its last line
+# (make gpu-check: MAX_NP=4, the ranks sharing one GPU).
 set -u
 backend=$1; nn=$2; root=${3:-build}
 dir=$(ls -d "${nn}"_*/ 2>/dev/null | head -1)
 [ -n "$dir" ] && [ -f "$dir/checks.txt" ] || { echo "chapter $nn has no checks.txt"; exit 2; }
 bin=$root/$backend/$nn
+tag=$nn${COMM:+ [COMM=$COMM]}   # the layout lines say which collectives ran them (README "Running on GPUs")
 mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
-passed=0; failed=0; stopped=""
+passed=0; failed=0; stopped=""; skipped=0
 log=$(mktemp -d)
 # What a failing run shows (at most about 40 lines): the error lines, step 1's gradient table
 # rows that failed (the only step whose gradients are judged) with the first mismatching tensor
@@ -40,6 +43,7 @@ explain() {
 }
 while read -r np expect flags; do
     case "$np" in ''|'#'*) continue;; esac
+    [ -n "${MAX_NP:-}" ] && [ "$np" -gt "$MAX_NP" ] 2>/dev/null && { skipped=$((skipped+1)); continue; }
     [ "${STOP_AT_FIRST_FAILURE:-0}" = 1 ] && [ $failed -gt 0 ] && { stopped=", stopped at the first failure"; break; }
     out=$log/run.txt
     if [ "$expect" = unit ] || [ "$expect" = script ]; then
@@ -52,9 +56,9 @@ while read -r np expect flags; do
         fi
         rc=$?
         if [ $rc -eq 0 ]; then
-            printf 'ok    check-%s  NP=%-2s %-5s %s\n' "$nn" "$np" "$expect" "$(tail -1 "$out")"; passed=$((passed+1))
+            printf 'ok    check-%s  NP=%-2s %-5s %s\n' "$tag" "$np" "$expect" "$(tail -1 "$out")"; passed=$((passed+1))
         else
-            printf 'FAIL  check-%s  NP=%-2s %-5s %s  (exit %d)\n' "$nn" "$np" "$expect" "$flags" $rc
+            printf 'FAIL  check-%s  NP=%-2s %-5s %s  (exit %d)\n' "$tag" "$np" "$expect" "$flags" $rc
             explain "$out"
             failed=$((failed+1))
         fi
@@ -65,9 +69,9 @@ while read -r np expect flags; do
     # a "fail" layout must be caught by the parity check itself, not by anything else
     if { [ "$expect" = pass ] && [ $rc -eq 0 ] && grep -q '^PARITY OK' "$out"; } ||
        { [ "$expect" = fail ] && [ $rc -eq 1 ] && grep -q '^PARITY FAILED' "$out"; }; then
-        printf 'ok    check-%s  NP=%-2s %-5s %s\n' "$nn" "$np" "$expect" "$flags"; passed=$((passed+1))
+        printf 'ok    check-%s  NP=%-2s %-5s %s\n' "$tag" "$np" "$expect" "$flags"; passed=$((passed+1))
     else
-        printf 'FAIL  check-%s  NP=%-2s %-5s %s  (exit %d)\n' "$nn" "$np" "$expect" "$flags" $rc
+        printf 'FAIL  check-%s  NP=%-2s %-5s %s  (exit %d)\n' "$tag" "$np" "$expect" "$flags" $rc
         explain "$out"
         failed=$((failed+1))
     fi
@@ -79,5 +83,6 @@ if [ -n "$todo" ]; then
     echo "unfinished exercises (make assignment-$nn removed these regions):"
     echo "$todo" | sed -E 's/^([^:]*:[0-9]+):[[:space:]]*/  \1  /'
 fi
+[ $skipped -gt 0 ] && stopped=", $skipped skipped: more than MAX_NP=$MAX_NP ranks$stopped"
 echo "check-$nn: $passed passed, $failed failed ($passed/$((passed + failed)) layouts$stopped)"
 [ $failed -eq 0 ]

@@ -100,7 +100,7 @@ static setup *make(layout_kind kind, const llama_config *c, uint64_t seed) {
             B /= s.plan.batch->size;
         }
         if (kind == K_PP_TP) {
-            pp_options o = {PP_1F1B, 2, 1};
+            pp_options o = {PP_1F1B, 2, 1, false};
             pipeline_validate(c, BATCH, 2, &o);
             pipeline_apply(&s.plan, mesh, c, &o);
             s.pp = true;

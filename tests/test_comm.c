@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "comm.h"
+#include "comm_backend.h"
 #include "device.h"
 #include "mesh.h"
 #include "test_util.h"
@@ -273,29 +274,34 @@ static void check_ring(comm_group *g, const char *what) {
     }
     collective_stats counted[2][COLL_NKINDS];
 
-    /* non-blocking: everything posted before anything is waited for */
-    comm_reset_stats(g);
+    /* non-blocking: everything posted before anything is waited for, over the ring's links (a
+     * group per neighbour and direction; on 2 ranks both directions go to the one peer, on one
+     * link each way). One rank has no links: its ring is itself, for the blocking twin only. */
     comm_request req[4 * RING_K];
     int nreq = 0;
-    for (int k = 0; k < RING_K; k++) {
-        if (k % 2 == 0) {
-            req[nreq++] = comm_irecv(g, rgot[1][k], rr[k], prev);
-            req[nreq++] = comm_isend(g, rsend[k], rs[k], next);
-        } else {
-            req[nreq++] = comm_isend(g, rsend[k], rs[k], next);
-            req[nreq++] = comm_irecv(g, rgot[1][k], rr[k], prev);
+    if (p > 1) {
+        comm_links *links = comm_ring_links(g);
+        comm_reset_stats(g);
+        for (int k = 0; k < RING_K; k++) {
+            if (k % 2 == 0) {
+                req[nreq++] = comm_link_irecv(links, rgot[1][k], rr[k], prev);
+                req[nreq++] = comm_link_isend(links, rsend[k], rs[k], next);
+            } else {
+                req[nreq++] = comm_link_isend(links, rsend[k], rs[k], next);
+                req[nreq++] = comm_link_irecv(links, rgot[1][k], rr[k], prev);
+            }
         }
+        for (int k = 0; k < RING_K; k++) {
+            req[nreq++] = comm_link_isend(links, lsend[k], ls[k], prev);
+            req[nreq++] = comm_link_irecv(links, lgot[1][k], lr[k], next);
+        }
+        comm_wait(&req[2]);                     /* one from the middle first, then all */
+        comm_wait_all(req, nreq);
+        for (int i = 0; i < nreq; i++) CHECK(req[i].pending == NULL, "%s: request %d complete", what, i);
+        memcpy(counted[1], g->stats, sizeof g->stats);
+        check_ring_received(rgot[1], prev, true, "isend/irecv ring over links, rightward");
+        check_ring_received(lgot[1], next, false, "isend/irecv ring over links, leftward");
     }
-    for (int k = 0; k < RING_K; k++) {
-        req[nreq++] = comm_isend(g, lsend[k], ls[k], prev);
-        req[nreq++] = comm_irecv(g, lgot[1][k], lr[k], next);
-    }
-    comm_wait(&req[2]);                     /* one from the middle first, then all */
-    comm_wait_all(req, nreq);
-    for (int i = 0; i < nreq; i++) CHECK(req[i].pending == NULL, "%s: request %d complete", what, i);
-    memcpy(counted[1], g->stats, sizeof g->stats);
-    check_ring_received(rgot[1], prev, true, "isend/irecv ring, rightward");
-    check_ring_received(lgot[1], next, false, "isend/irecv ring, leftward");
 
     /* blocking twin: the same messages as ring shifts, every rank at once */
     comm_reset_stats(g);
@@ -306,7 +312,7 @@ static void check_ring(comm_group *g, const char *what) {
     memcpy(counted[0], g->stats, sizeof g->stats);
     check_ring_received(rgot[0], prev, true, "sendrecv ring shift, rightward");
     check_ring_received(lgot[0], next, false, "sendrecv ring shift, leftward");
-    check_same_counts(counted[1], counted[0], what);
+    if (p > 1) check_same_counts(counted[1], counted[0], what);   /* links count as their group */
     double sent = 0, received = 0, wire = p > 1 ? 1.0 : 0.0;
     for (int k = 0; k < RING_K; k++) sent += 4.0 * (rs[k] + ls[k]), received += 4.0 * (rr[k] + lr[k]);
     const collective_stats *snd = &counted[0][COLL_SEND], *rcv = &counted[0][COLL_RECV];
@@ -443,8 +449,40 @@ static void check_byte_gather(comm_group *g) {
     free(all);
 }
 
+/* COMM's answers (comm_choose): the default per build and node, and every refusal, one line
+ * naming the value and what is valid. nccl_gpus -1: the CPU build (no NCCL). */
+static void check_choose(void) {
+    char msg[512];
+    struct { const char *want; int gpus, ranks; const char *got, *says; } cases[] = {
+        {NULL, -1, 2, "mpi", NULL},              /* CPU build: MPI                          */
+        {"", -1, 8, "mpi", NULL},
+        {NULL, 8, 8, "nccl", NULL},              /* a GPU per rank: NCCL                    */
+        {NULL, 1, 2, "mpi", NULL},               /* one GPU, two ranks: MPI, not a failure  */
+        {"nccl-sim", -1, 4, "nccl-sim", NULL},
+        {"mpi", 1, 4, "mpi", NULL},              /* ranks share the one GPU                 */
+        {"nccl", 4, 4, "nccl", NULL},
+        {"nccl", 1, 2, NULL, "COMM=nccl: 2 ranks on this node and 1 GPU; NCCL needs one GPU per rank"},
+        {"nccl", -1, 1, NULL, "COMM=nccl needs the CUDA build (BACKEND=cuda)"},
+        {"gloo", 1, 1, NULL, "COMM=gloo is not valid: use COMM=mpi, COMM=nccl (CUDA build) or COMM=nccl-sim"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        msg[0] = '\0';
+        const char *got = comm_choose(cases[i].want, cases[i].gpus, cases[i].ranks, msg, sizeof msg);
+        CHECK(got == cases[i].got || (got && cases[i].got && strcmp(got, cases[i].got) == 0),
+              "COMM=%s, %d GPUs, %d ranks: chose %s, want %s", cases[i].want ? cases[i].want : "(unset)",
+              cases[i].gpus, cases[i].ranks, got ? got : "(refused)", cases[i].got ? cases[i].got : "(refused)");
+        if (cases[i].says)
+            CHECK(strncmp(msg, cases[i].says, strlen(cases[i].says)) == 0 && !strchr(msg, '\n'),
+                  "refusal says \"%s\"", msg);
+        if (!cases[i].says) CHECK(got != NULL, "refused: %s", msg);
+    }
+    CHECK(strstr((comm_choose("nccl", 1, 2, msg, sizeof msg), msg), "COMM=mpi") != NULL,
+          "the shared-GPU refusal suggests COMM=mpi: %s", msg);
+}
+
 int main(int argc, char **argv) {
     comm_group *world = comm_init(&argc, &argv);
+    check_choose();
     comm_log_waits(true);   /* for check_wait_time's comm_wait_split */
     check_group(world, "world");
 

@@ -1,10 +1,12 @@
-/* comm.c: process groups, statistics and timing, shared by both backends.
+/* comm.c: process groups, statistics and timing, shared by every backend.
  *
  * MPI is always there: it launches the ranks, gives each its rank and local rank, and splits
- * groups. The data of the lesson's collectives moves through the backend (comm_cpu.c: MPI,
- * comm_cuda.cu: NCCL); every call passes through here first to be counted and timed.
+ * groups. The data of the lesson's collectives moves through the backend that COMM chose
+ * (comm_backend.h: comm_mpi.c, comm_nccl.cu, comm_nccl_sim.c); every call passes through here
+ * first to be counted and timed.
  */
 #include <mpi.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
@@ -20,21 +22,57 @@
 static comm_group *groups[MAX_GROUPS];
 static int n_groups = 0;
 static comm_group *world = NULL;
-static int local_rank = 0;
+static int local_rank = 0, node_ranks = 1;
+static const comm_backend *be = &comm_mpi_backend;
 
 static MPI_Comm mpi_of(comm_group *g) { return *(MPI_Comm *)g->mpi_comm; }
 
+/* Where a call on g is counted: its own statistics, or its parent's for a link. */
+static comm_group *counted(comm_group *g) { return g->counted_as ? g->counted_as : g; }
+
 static comm_group *group_new(MPI_Comm c, const char *name) {
+    if (c == MPI_COMM_NULL) return NULL;   /* this rank passed COMM_NO_COLOR */
     comm_group *g = calloc(1, sizeof *g);
     MPI_Comm *pc = malloc(sizeof *pc);
     *pc = c;
     g->mpi_comm = pc;
     MPI_Comm_rank(c, &g->rank);
     MPI_Comm_size(c, &g->size);
-    snprintf(g->name, sizeof g->name, "%s", name);
-    if (n_groups < MAX_GROUPS) groups[n_groups++] = g;
+    snprintf(g->name, sizeof g->name, "%.31s", name);
+    if (n_groups == MAX_GROUPS) { fprintf(stderr, "comm: more than %d groups\n", MAX_GROUPS); exit(1); }
+    groups[n_groups++] = g;
     return g;
 }
+
+/* COMM picks the backend (comm_backend.h). Pure, so that test_comm tests every answer. */
+const char *comm_choose(const char *want, int nccl_gpus, int node_ranks, char *msg, size_t msg_size) {
+    bool fits = nccl_gpus >= node_ranks;   /* one GPU per rank: NCCL refuses two ranks on one */
+    if (!want || !*want) return nccl_gpus >= 0 && fits ? "nccl" : "mpi";
+    if (strcmp(want, "mpi") == 0 || strcmp(want, "nccl-sim") == 0) return want;
+    if (strcmp(want, "nccl") == 0 && nccl_gpus < 0)
+        snprintf(msg, msg_size, "COMM=nccl needs the CUDA build (BACKEND=cuda); the CPU build has COMM=mpi "
+                 "and COMM=nccl-sim (NCCL's ordering rules emulated over MPI)");
+    else if (strcmp(want, "nccl") == 0 && !fits)
+        snprintf(msg, msg_size, "COMM=nccl: %d ranks on this node and %d GPU%s; NCCL needs one GPU per rank "
+                 "(two ranks on one GPU: \"Duplicate GPU detected\"): run at most %d rank%s per node, or "
+                 "COMM=mpi to let ranks share a GPU", node_ranks, nccl_gpus, nccl_gpus == 1 ? "" : "s",
+                 nccl_gpus, nccl_gpus == 1 ? "" : "s");
+    else if (strcmp(want, "nccl") == 0) return want;
+    else
+        snprintf(msg, msg_size, "COMM=%s is not valid: use COMM=mpi, COMM=nccl (CUDA build) or COMM=nccl-sim "
+                 "(CPU build)", want);
+    return NULL;
+}
+
+/* Every rank reads the same environment (mpirun passes it), so a refusal is reached by all. */
+static const comm_backend *comm_select(void) {
+    char msg[512];
+    const char *name = comm_choose(getenv("COMM"), comm_nccl_gpus(), node_ranks, msg, sizeof msg);
+    if (!name) comm_exit_usage("%s", msg);
+    if (strcmp(name, "nccl") == 0) return comm_nccl_backend();
+    return strcmp(name, "nccl-sim") == 0 ? &comm_nccl_sim_backend : &comm_mpi_backend;
+}
+const char *comm_backend_name(void) { return be->name; }
 
 comm_group *comm_init(int *argc, char ***argv) {
     MPI_Init(argc, argv);
@@ -43,29 +81,84 @@ comm_group *comm_init(int *argc, char ***argv) {
     MPI_Comm node;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
     MPI_Comm_rank(node, &local_rank);
+    MPI_Comm_size(node, &node_ranks);
     MPI_Comm_free(&node);
     world = group_new(MPI_COMM_WORLD, "world");
     log_set_rank(world->rank);
     device_init(local_rank);
-    comm_backend_init(world);
+    be = comm_select();
+    be->init(world, node_ranks);
     return world;
 }
 
 void comm_finalize(void) {
-    comm_backend_finalize();
+    be->finalize();
     device_shutdown();
     MPI_Finalize();
 }
 
 comm_group *comm_world(void) { return world; }
-int comm_local_rank(void) { return local_rank; }
 
 comm_group *comm_split(comm_group *parent, int color, int key, const char *name) {
     MPI_Comm c;
-    MPI_Comm_split(mpi_of(parent), color, key, &c);
+    MPI_Comm_split(mpi_of(parent), color == COMM_NO_COLOR ? MPI_UNDEFINED : color, key, &c);
     comm_group *g = group_new(c, name);
-    comm_backend_split(parent, g, color, key);
+    be->split(parent, g, color, key);
     return g;
+}
+
+/* ---- links: one two-rank group per ring neighbour and direction ---- */
+
+struct comm_links {
+    comm_group *parent;
+    comm_group **to, **from;   /* [parent size]: the link this rank -> peer, peer -> this rank */
+    bool shared;               /* comm_shared_links: every link is the parent itself        */
+};
+
+static comm_links *links_new(comm_group *g) {
+    comm_links *l = calloc(1, sizeof *l);
+    if (l) l->to = calloc((size_t)g->size, sizeof *l->to);
+    if (l && l->to) l->from = calloc((size_t)g->size, sizeof *l->from);
+    if (!l || !l->to || !l->from) { fprintf(stderr, "comm: out of host memory\n"); exit(1); }
+    l->parent = g;
+    return l;
+}
+
+comm_links *comm_shared_links(comm_group *g) {
+    comm_links *l = links_new(g);
+    l->shared = true;
+    for (int peer = 0; peer < g->size; peer++) l->to[peer] = l->from[peer] = g;
+    return l;
+}
+
+comm_links *comm_ring_links(comm_group *g) {
+    int p = g->size, r = g->rank;
+    comm_links *l = links_new(g);
+    /* Every ordered pair (a, b) of neighbours once, in the same order on every rank; inside a
+     * link the sender is rank 0 and the receiver rank 1. */
+    for (int a = 0; a < p; a++)
+        for (int step = 1; step >= -1; step -= 2) {
+            int b = ((a + step) % p + p) % p;
+            if (b == a || (p == 2 && step == -1)) continue;   /* size 2: a+1 and a-1 are one peer */
+            char name[64];   /* "pp 0>1"; comm_group keeps the first 31 characters */
+            snprintf(name, sizeof name, "%.20s %d>%d", g->name, a, b);
+            bool member = r == a || r == b;
+            comm_group *link = comm_split(g, member ? 0 : COMM_NO_COLOR, r == a ? 0 : 1, name);
+            if (!member) continue;
+            link->counted_as = g;
+            if (r == a) l->to[b] = link;
+            else l->from[a] = link;
+        }
+    return l;
+}
+
+static comm_group *link_of(comm_group **links, comm_links *l, int peer, const char *dir) {
+    if (peer < 0 || peer >= l->parent->size || !links[peer]) {
+        fprintf(stderr, "comm: rank %d of %s has no link %s rank %d (only ring neighbours)\n",
+                l->parent->rank, l->parent->name, dir, peer);
+        exit(1);
+    }
+    return links[peer];
 }
 
 /* ---- counting ---- */
@@ -124,56 +217,66 @@ static void log_wait(comm_group *g, int logged, double wait0, double wait1) {
 
 static void count(comm_group *g, collective_kind k, double payload_bytes, double seconds) {
     if (!counting) return;
-    collective_stats *s = &g->stats[k];
+    collective_stats *s = &counted(g)->stats[k];
     s->calls++;
     s->payload_bytes += payload_bytes;
     s->wire_bytes += ring_factor(k, g->size) * payload_bytes;
     s->seconds += seconds;
 }
 
-/* Time a collective end to end: on the GPU that means waiting for the stream, so the time is
- * the collective's and not the kernels queued before it. */
+bool comm_is_counting(void) { return counting; }
+void comm_add_seconds(comm_group *g, collective_kind k, double seconds) {
+    counted(g)->stats[k].seconds += seconds;
+}
+
+/* Time a collective end to end: on a host-timed backend with a GPU (COMM=mpi staging device
+ * buffers) that means waiting for the stream first, so the time is the collective's and not the
+ * kernels queued before it. Under NCCL the host does not wait: the backend times the call on the
+ * device and comm_settle adds its seconds. */
 #define TIMED(g, kind, payload, call) do {               \
     guard_begin(collective_name(kind), (g)->name);       \
-    comm_backend_wait();                                 \
+    if (be->host_timed) be->sync();                      \
     double t0_ = wall_seconds();                         \
     call;                                                \
-    comm_backend_wait();                                 \
-    double t1_ = wall_seconds();                         \
+    if (be->host_timed) be->sync();                      \
+    double t1_ = be->host_timed ? wall_seconds() : t0_;  \
     count((g), (kind), (payload), t1_ - t0_);            \
     log_wait((g), log_issue((g), (kind), t0_), t0_, t1_); \
     guard_end();                                         \
 } while (0)
 
 void comm_all_reduce(comm_group *g, float *buf, size_t count_, comm_op op) {
-    TIMED(g, COLL_ALL_REDUCE, count_ * 4.0, if (g->size > 1) backend_all_reduce(g, buf, count_, op));
+    TIMED(g, COLL_ALL_REDUCE, count_ * 4.0, if (g->size > 1) be->all_reduce(g, buf, count_, op));
 }
 void comm_all_gather(comm_group *g, const float *send, float *recv, size_t count_) {
-    TIMED(g, COLL_ALL_GATHER, count_ * 4.0 * g->size, backend_all_gather(g, send, recv, count_));
+    TIMED(g, COLL_ALL_GATHER, count_ * 4.0 * g->size, be->all_gather(g, send, recv, count_));
 }
 void comm_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count_) {
-    TIMED(g, COLL_REDUCE_SCATTER, count_ * 4.0 * g->size, backend_reduce_scatter(g, send, recv, count_));
+    TIMED(g, COLL_REDUCE_SCATTER, count_ * 4.0 * g->size, be->reduce_scatter(g, send, recv, count_));
 }
 void comm_broadcast(comm_group *g, float *buf, size_t count_, int root) {
-    TIMED(g, COLL_BROADCAST, count_ * 4.0, if (g->size > 1) backend_broadcast(g, buf, count_, root));
+    TIMED(g, COLL_BROADCAST, count_ * 4.0, if (g->size > 1) be->broadcast(g, buf, count_, root));
 }
 void comm_all_to_all(comm_group *g, const float *send, float *recv, size_t count_) {
-    TIMED(g, COLL_ALL_TO_ALL, count_ * 4.0 * g->size, backend_all_to_all(g, send, recv, count_));
+    TIMED(g, COLL_ALL_TO_ALL, count_ * 4.0 * g->size, be->all_to_all(g, send, recv, count_));
 }
 void comm_send(comm_group *g, const float *buf, size_t count_, int peer) {
-    TIMED(g, COLL_SEND, count_ * 4.0, backend_send(g, buf, count_, peer));
+    TIMED(g, COLL_SEND, count_ * 4.0, be->send(g, buf, count_, peer));
 }
 void comm_recv(comm_group *g, float *buf, size_t count_, int peer) {
-    TIMED(g, COLL_RECV, count_ * 4.0, backend_recv(g, buf, count_, peer));
+    TIMED(g, COLL_RECV, count_ * 4.0, be->recv(g, buf, count_, peer));
 }
+/* Host-side, on every backend (NCCL has no barrier). */
+static void host_wait(MPI_Request *req);
 void comm_barrier(comm_group *g) {
-    TIMED(g, COLL_BARRIER, 0.0, MPI_Barrier(mpi_of(g)));
+    MPI_Request req;
+    TIMED(g, COLL_BARRIER, 0.0, MPI_Ibarrier(mpi_of(g), &req); host_wait(&req));
 }
 /* One send and one recv; the time is the recv's, the exchange ends when the data is in. */
 void comm_sendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
                    float *recvbuf, size_t recv_count, int source) {
     TIMED(g, COLL_RECV, recv_count * 4.0,
-          backend_sendrecv(g, sendbuf, send_count, dest, recvbuf, recv_count, source));
+          be->sendrecv(g, sendbuf, send_count, dest, recvbuf, recv_count, source));
     count(g, COLL_SEND, send_count * 4.0, 0.0);
 }
 
@@ -185,46 +288,49 @@ static comm_request issued(comm_group *g, collective_kind k, double payload, voi
     return r;
 }
 
-comm_request comm_isend(comm_group *g, const float *buf, size_t count_, int peer) {
-    return issued(g, COLL_SEND, count_ * 4.0, backend_isend(g, buf, count_, peer));
+/* Inside a link the sender is rank 0 and the receiver rank 1; on shared links, the peer's own. */
+comm_request comm_link_isend(comm_links *l, const float *buf, size_t count_, int peer) {
+    comm_group *link = link_of(l->to, l, peer, "to");
+    return issued(link, COLL_SEND, count_ * 4.0, be->isend(link, buf, count_, l->shared ? peer : 1));
 }
-comm_request comm_irecv(comm_group *g, float *buf, size_t count_, int peer) {
-    return issued(g, COLL_RECV, count_ * 4.0, backend_irecv(g, buf, count_, peer));
+comm_request comm_link_irecv(comm_links *l, float *buf, size_t count_, int peer) {
+    comm_group *link = link_of(l->from, l, peer, "from");
+    return issued(link, COLL_RECV, count_ * 4.0, be->irecv(link, buf, count_, l->shared ? peer : 0));
 }
 comm_request comm_isendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
                             float *recvbuf, size_t recv_count, int source) {
     count(g, COLL_SEND, send_count * 4.0, 0.0);
     return issued(g, COLL_RECV, recv_count * 4.0,
-                  backend_isendrecv(g, sendbuf, send_count, dest, recvbuf, recv_count, source));
+                  be->isendrecv(g, sendbuf, send_count, dest, recvbuf, recv_count, source));
 }
 comm_request comm_iall_reduce(comm_group *g, float *buf, size_t count_, comm_op op) {
     return issued(g, COLL_ALL_REDUCE, count_ * 4.0,
-                  g->size > 1 ? backend_iall_reduce(g, buf, count_, op) : NULL);
+                  g->size > 1 ? be->iall_reduce(g, buf, count_, op) : NULL);
 }
 comm_request comm_iall_gather(comm_group *g, const float *send, float *recv, size_t count_) {
     return issued(g, COLL_ALL_GATHER, count_ * 4.0 * g->size,
-                  backend_iall_gather(g, send, recv, count_));
+                  be->iall_gather(g, send, recv, count_));
 }
 comm_request comm_iall_gather_bytes(comm_group *g, const void *send, void *recv, size_t nbytes) {
-    return issued(g, COLL_ALL_GATHER, (double)nbytes * g->size, backend_iall_gather_bytes(g, send, recv, nbytes));
+    return issued(g, COLL_ALL_GATHER, (double)nbytes * g->size, be->iall_gather_bytes(g, send, recv, nbytes));
 }
 comm_request comm_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count_) {
     return issued(g, COLL_REDUCE_SCATTER, count_ * 4.0 * g->size,
-                  backend_ireduce_scatter(g, send, recv, count_));
+                  be->ireduce_scatter(g, send, recv, count_));
 }
 
 void comm_wait(comm_request *req) {
     if (!req->pending) return;
     guard_begin(collective_name(req->kind), req->group->name);
     double w0 = wall_seconds();
-    double waited = backend_wait(req->pending);
-    if (counting) req->group->stats[req->kind].seconds += waited;
+    double waited = be->wait(req->pending);
+    if (counting) counted(req->group)->stats[req->kind].seconds += waited;
     log_wait(req->group, req->logged, w0, w0 + waited);
     guard_end();
     req->pending = NULL;
 }
 void comm_progress(comm_request *req) {
-    if (req->pending) backend_progress(req->pending);
+    if (req->pending) be->progress(req->pending);
 }
 void comm_wait_all(comm_request *reqs, int n) {
     for (int i = 0; i < n; i++) comm_wait(&reqs[i]);
@@ -232,23 +338,36 @@ void comm_wait_all(comm_request *reqs, int n) {
 
 /* ---- host-side agreement, not part of the lesson's traffic ---- */
 
-double comm_host_sum(comm_group *g, double x) {
+/* Waits for a host-side MPI request. Under the NCCL emulation the device's queues keep moving
+ * meanwhile, as a GPU's streams would while the host waits here (comm_nccl_sim.c, rule 4). */
+static void host_wait(MPI_Request *req) {
+    if (!be->poll) { MPI_Wait(req, MPI_STATUS_IGNORE); return; }
+    int done = 0;
+    for (MPI_Test(req, &done, MPI_STATUS_IGNORE); !done; MPI_Test(req, &done, MPI_STATUS_IGNORE)) {
+        be->poll();
+        sched_yield();
+    }
+}
+
+static double host_reduce(comm_group *g, double x, MPI_Op op, const char *what) {
     double y;
-    guard_begin("host_sum", g->name);
-    MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, mpi_of(g));
+    guard_begin(what, g->name);
+    if (!be->poll) MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, op, mpi_of(g));
+    else {
+        MPI_Request req;
+        MPI_Iallreduce(&x, &y, 1, MPI_DOUBLE, op, mpi_of(g), &req);
+        host_wait(&req);
+    }
     guard_end();
     return y;
 }
-double comm_host_max(comm_group *g, double x) {
-    double y;
-    guard_begin("host_max", g->name);
-    MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_MAX, mpi_of(g));
-    guard_end();
-    return y;
-}
+double comm_host_sum(comm_group *g, double x) { return host_reduce(g, x, MPI_SUM, "host_sum"); }
+double comm_host_max(comm_group *g, double x) { return host_reduce(g, x, MPI_MAX, "host_max"); }
 void comm_host_gather(comm_group *g, const float *send, float *recv, size_t count_, int root) {
     guard_begin("host_gather", g->name);
-    MPI_Gather(send, (int)count_, MPI_FLOAT, recv, (int)count_, MPI_FLOAT, root, mpi_of(g));
+    MPI_Request req;
+    MPI_Igather(send, (int)count_, MPI_FLOAT, recv, (int)count_, MPI_FLOAT, root, mpi_of(g), &req);
+    host_wait(&req);
     guard_end();
 }
 
@@ -258,13 +377,17 @@ static const char *kind_names[COLL_NKINDS] = {
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv", "all_to_all", "barrier"};
 const char *collective_name(collective_kind k) { return kind_names[k]; }
 
+void comm_settle(void) { if (be->settle) be->settle(); }
+
 void comm_reset_stats(comm_group *g) {
+    comm_settle();
     memset(g->stats, 0, sizeof g->stats);
     if (g->timelog) g->timelog->n = 0;
 }
 void comm_reset_all_stats(void) { for (int i = 0; i < n_groups; i++) comm_reset_stats(groups[i]); }
 
 void comm_wait_split(int kind, double *data_seconds, double *peer_seconds) {
+    comm_settle();
     double data = 0, peer = 0;
     for (int i = 0; i < n_groups; i++) {   /* the same groups in the same order on every rank */
         comm_group *g = groups[i];
@@ -296,6 +419,7 @@ void comm_wait_split(int kind, double *data_seconds, double *peer_seconds) {
 }
 
 double comm_total_seconds(void) {
+    comm_settle();
     double t = 0;
     for (int i = 0; i < n_groups; i++)
         for (int k = 0; k < COLL_NKINDS; k++) t += groups[i]->stats[k].seconds;

@@ -1,16 +1,31 @@
 /* comm.h: process groups and collectives.
  *
- * CPU backend (comm_cpu.c):   MPI collectives on host buffers.
- * CUDA backend (comm_cuda.cu): NCCL on device buffers; the NCCL unique id travels over MPI,
- *                              sub-groups come from ncclCommSplit with the same colour/key
- *                              rule as MPI_Comm_split.
+ * Which library moves the data is chosen at start by the environment variable COMM
+ * (comm_backend.h, README "Running on GPUs"):
+ *   COMM=mpi       MPI collectives; on the CUDA build the device buffers are staged through
+ *                  host memory, so several ranks may share one GPU.
+ *   COMM=nccl      NCCL on device buffers, one rank per GPU (CUDA build only); the NCCL unique
+ *                  id travels over MPI, sub-groups come from ncclCommSplit with the same
+ *                  colour/key rule as MPI_Comm_split.
+ *   COMM=nccl-sim  the CPU build's MPI, with NCCL's ordering rules enforced (one queue per
+ *                  group, rendezvous sends, groups that complete as one): an order of calls
+ *                  that would deadlock under NCCL deadlocks here too, and the watchdog says so.
+ *   unset          mpi on the CPU build; on the CUDA build nccl when every rank of the node has
+ *                  a GPU of its own, else mpi.
  *
- * Semantics and buffer layouts are identical on both backends:
+ * Semantics and buffer layouts are identical under every backend:
  *   all-gather:     recv = [rank 0's chunk | rank 1's chunk | ...], each `count` floats.
  *   reduce-scatter: send = [chunk for rank 0 | chunk for rank 1 | ...]; rank r receives the
  *                   element-wise sum of every rank's chunk r (`count` floats).
  *   all-to-all:     send = [chunk for rank 0 | chunk for rank 1 | ...], recv = [chunk from
  *                   rank 0 | chunk from rank 1 | ...]: a transpose of the ranks' chunks.
+ *
+ * Ordering, the rule that keeps a program correct under NCCL (checked by COMM=nccl-sim):
+ * every rank of a group issues its calls on that group, blocking and non-blocking, in the same
+ * order, and the calls of one group run one after another in that order. A receive issued early
+ * therefore holds up everything issued after it on its group. Point-to-point streams of
+ * messages (a pipeline's) go over links, one two-rank group per peer and direction
+ * (comm_ring_links), so a receive waiting for one neighbour never holds up a send to another.
  *
  * Every call is counted per group and collective (calls, payload bytes, modelled wire bytes,
  * wall time) so chapters can print measured communication next to their formulas.
@@ -23,9 +38,10 @@
  *   seconds:       blocking calls: wall time of the call, after the device has finished the
  *                  work queued before it (so a kernel's time is never counted as communication).
  *                  Non-blocking calls (comm_i*): only the time the caller stayed blocked in
- *                  comm_wait, i.e. the communication the overlapping work did not hide. On the
- *                  GPU that is the time the compute stream stalled waiting for the transfer
- *                  (measured with CUDA events), not the host's time in the call.
+ *                  comm_wait, i.e. the communication the overlapping work did not hide. Under
+ *                  NCCL the host does not wait for a collective: both are the time the compute
+ *                  stream stalled waiting for the transfer (CUDA events), added when the
+ *                  statistics are read (comm_settle).
  *                  So comm_total_seconds() is the communication a step could not hide.
  * A non-blocking call is counted at issue exactly as its blocking twin (calls, payload, wire
  * bytes), so a chapter's measured bytes do not depend on whether it overlaps or not.
@@ -55,7 +71,9 @@ typedef struct comm_group {
     char name[32];
     int rank, size;
     void *mpi_comm;      /* points to an MPI_Comm (untyped so this header needs no mpi.h) */
-    void *nccl_comm;     /* ncclComm_t on the CUDA backend, NULL on CPU              */
+    void *backend;       /* the backend's state of the group: NCCL's communicator and stream,
+                          * or the emulation's queue (comm_backend.h)                       */
+    struct comm_group *counted_as;  /* a link's calls are counted as its parent's (NULL: own) */
     collective_stats stats[COLL_NKINDS];
     struct comm_timelog *timelog;  /* when each counted collective was issued and waited for
                                     * (comm_wait_split; comm.c)                              */
@@ -65,10 +83,29 @@ typedef struct comm_group {
 comm_group *comm_init(int *argc, char ***argv);
 void comm_finalize(void);
 comm_group *comm_world(void);
-int comm_local_rank(void);
+/* The backend COMM chose: "mpi", "nccl" or "nccl-sim". */
+const char *comm_backend_name(void);
 
-/* New group of the ranks of `parent` with the same colour, ordered by key. Collective on parent. */
+/* New group of the ranks of `parent` with the same colour, ordered by key. Collective on parent:
+ * every rank of it calls; a rank that passes COMM_NO_COLOR joins no group and gets NULL. */
+#define COMM_NO_COLOR (-1)
 comm_group *comm_split(comm_group *parent, int color, int key, const char *name);
+
+/* The point-to-point links of a ring over g: for each rank r and each neighbour n = r +- 1
+ * (mod size), one two-rank group that carries the messages r -> n only (so 2 * size links, or 2
+ * for size 2, none for size 1). Why: under NCCL the calls of a group run in issue order, so a
+ * pipeline stage whose receive from the previous stage and send to the next shared one group
+ * would wait for the receive before sending; and a receive posted early (to overlap) would hold
+ * up a send to the same neighbour. One group per peer and direction keeps each queue one
+ * stream of messages in one order, which both sides issue identically. (PyTorch gives each pair
+ * of ranks its own NCCL communicator for the same reason.) Collective over g.
+ * Calls over a link are counted as g's, under send and recv. */
+typedef struct comm_links comm_links;
+comm_links *comm_ring_links(comm_group *g);
+/* The anti-pattern, kept for the lesson and its test: every "link" is g itself, one queue for all
+ * of a rank's point-to-point traffic (chapter 05's --p2p shared, the pipeline as it was). Correct
+ * under MPI; under NCCL's rules (COMM=nccl-sim) a pipeline deadlocks on it. Not collective. */
+comm_links *comm_shared_links(comm_group *g);
 
 /* In place. Issues: one all-reduce of `count` floats. */
 void comm_all_reduce(comm_group *g, float *buf, size_t count, comm_op op);
@@ -105,16 +142,13 @@ void comm_sendrecv(comm_group *g, const float *sendbuf, size_t send_count, int d
  * Every rank of a group must issue its calls on that group, blocking and non-blocking, in the
  * same order (as MPI and NCCL require); requests may be waited for in any order.
  *
- * CPU: MPI_Isend, MPI_Irecv, MPI_Iallreduce, ... and MPI_Wait.
- * GPU: NCCL on a second, "communication" stream, ordered after the kernels issued before the
- *      call (an event on the compute stream) and ending with an event the wait hands back to
- *      the compute stream. NCCL runs the calls on one communicator one after another, and a
- *      send finishes only when the peer's receive runs; so that a ring of isend/irecv cannot
- *      deadlock, isend and irecv are *posted*, and the posted ones are started together, as one
- *      NCCL group, at the next communication call of any kind (often the wait itself) or at a
- *      post on another group. Post the sends and receives of one exchange back to back, on one
- *      group. To overlap an exchange with computation on the GPU, use comm_isendrecv, which
- *      starts at once.
+ * MPI: MPI_Iallreduce, MPI_Isend, ... and MPI_Wait (staged through host memory on the CUDA
+ *      build).
+ * NCCL: each group has a CUDA stream of its own; the call waits there for the kernels issued
+ *      before it (an event of the compute stream), and its completion is an event of its own,
+ *      which the wait hands to the compute stream: the host does not wait, the kernels issued
+ *      after comm_wait do. The calls of one group run in issue order on its stream (NCCL
+ *      serialises a communicator anyway); calls on different groups run side by side.
  */
 
 /* One operation in flight. Copy it freely, but wait on it once; a zeroed request (or a waited
@@ -126,27 +160,31 @@ typedef struct comm_request {
     int logged;               /* its entry in the group's timelog + 1; 0: none     */
 } comm_request;
 
-/* Non-blocking send of buf[count] to `peer` (a rank of g); the peer posts a matching receive
- * of the same count. Issues: one send (MPI_Isend; a posted ncclSend). */
-comm_request comm_isend(comm_group *g, const float *buf, size_t count, int peer);
-/* Non-blocking receive of buf[count] from `peer`. Issues: one recv (MPI_Irecv; a posted
- * ncclRecv). Messages between two ranks are matched in the order they were posted. */
-comm_request comm_irecv(comm_group *g, float *buf, size_t count, int peer);
-/* Non-blocking twin of comm_sendrecv (same shapes, same counting), started at once on both
- * backends: the exchange of a ring step (context parallelism) or of two pipeline stages.
+/* Non-blocking twin of comm_sendrecv (same shapes, same counting): the exchange of a ring step
+ * (context parallelism). The send and the receive are one operation that completes as one
+ * (one NCCL group), so every rank of a ring may issue it at once without deadlock. Streams of
+ * single sends or receives go over links instead (comm_ring_links, comm_link_isend).
  * Issues: one send and one recv; the waiting time goes to the recv. */
 comm_request comm_isendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
                             float *recvbuf, size_t recv_count, int source);
+/* Non-blocking send of buf[count] to `peer` (a neighbour on g's ring) over the link this rank ->
+ * peer; the peer issues a comm_link_irecv of the same count from this rank. Messages of one
+ * link are matched in the order issued. Issues: one send (MPI_Isend; ncclSend on the link's
+ * stream). */
+comm_request comm_link_isend(comm_links *l, const float *buf, size_t count, int peer);
+/* Non-blocking receive of buf[count] from `peer` over the link peer -> this rank. Issues: one
+ * recv (MPI_Irecv; ncclRecv on the link's stream). */
+comm_request comm_link_irecv(comm_links *l, float *buf, size_t count, int peer);
 
 /* Non-blocking twins of comm_all_reduce, comm_all_gather and comm_reduce_scatter: same shapes
  * (rank-major chunks), same counting, and the same sums up to the order of the additions.
  * The library may reduce in another order for the non-blocking twin (Open MPI 4.1's
  * MPI_Ireduce_scatter_block does, on 3 ranks or more), so the results agree to the last bit
- * only where the sums are exact; NCCL gets the same call on the other stream. For the
+ * only where the sums are exact; NCCL gets the same call on the group's stream. For the
  * prefetching of FSDP
  * (gather the next layer's parameters while this one computes) and the bucketed gradient
  * reduction of data parallelism (reduce a bucket while the backward pass goes on).
- * Issue: one all-reduce (MPI_Iallreduce; ncclAllReduce on the communication stream), one
+ * Issue: one all-reduce (MPI_Iallreduce; ncclAllReduce on the group's stream), one
  * all-gather (MPI_Iallgather; ncclAllGather), one reduce-scatter, sum
  * (MPI_Ireduce_scatter_block; ncclReduceScatter). */
 comm_request comm_iall_reduce(comm_group *g, float *buf, size_t count, comm_op op);
@@ -155,7 +193,7 @@ comm_request comm_ireduce_scatter(comm_group *g, const float *send, float *recv,
 /* The all-gather of bytes instead of floats: send [nbytes], recv [size * nbytes], rank-major as
  * above, counted as an all-gather of size * nbytes bytes (chapter 07's float8 weights move one
  * byte per element). Issues: one all-gather (MPI_Iallgather of MPI_BYTE; ncclAllGather of
- * ncclUint8 on the communication stream). */
+ * ncclUint8 on the group's stream). */
 comm_request comm_iall_gather_bytes(comm_group *g, const void *send, void *recv, size_t nbytes);
 
 /* Block until the request's operation is complete; its buffers are then the caller's again.
@@ -180,6 +218,10 @@ double comm_host_max(comm_group *g, double x);
 void comm_host_gather(comm_group *g, const float *send, float *recv, size_t count, int root);
 
 /* Statistics. */
+/* Under NCCL the seconds of a call are known only once the device has run it: this waits for
+ * the calls still in flight and adds their seconds. comm_total_seconds, comm_reset_* and
+ * comm_wait_split call it; call it yourself before reading a group's stats[].seconds. */
+void comm_settle(void);
 void comm_reset_stats(comm_group *g);
 const char *collective_name(collective_kind k);
 /* Seconds counted by every group created so far: blocking calls' wall time plus the exposed

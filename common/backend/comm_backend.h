@@ -1,52 +1,93 @@
-/* comm_backend.h: what a backend provides to comm.c (internal to common/).
+/* comm_backend.h: what a backend of the collectives provides to comm.c (internal to common/).
  *
- * comm.c owns the groups (MPI communicators exist on both backends: MPI launches the ranks,
- * carries the NCCL unique id, and does host-side agreement), the statistics and the timing.
- * A backend moves the data:
- *   comm_cpu.c   MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, ... on host memory
- *   comm_cuda.cu ncclAllReduce, ncclAllGather, ncclReduceScatter, ... on device memory
- * and the non-blocking twins (MPI_I*; NCCL on a second CUDA stream).
+ * comm.c owns the groups (MPI communicators exist under every backend: MPI launches the ranks,
+ * carries the NCCL unique id and does the host-side agreement), the statistics and the timing.
+ * A backend moves the data of the lesson's collectives. Three exist, chosen at start by the
+ * environment variable COMM (comm.c's comm_select):
+ *
+ *   mpi       comm_mpi.c        MPI_Allreduce, MPI_Allgather, ... (and MPI_I* twins). On the CPU
+ *                               build the buffers are host memory; on the CUDA build they are
+ *                               staged through host memory, so several ranks may share a GPU.
+ *   nccl      comm_nccl.cu      ncclAllReduce, ... on device memory, one CUDA stream per group
+ *                               (CUDA build only; comm_nccl_cpu.c says it is absent).
+ *   nccl-sim  comm_nccl_sim.c   MPI underneath, with NCCL's ordering rules enforced, so code
+ *                               that would deadlock under NCCL deadlocks on the CPU too (and
+ *                               the watchdog ends it): see that file.
+ *
+ * Every operation has the shapes of its comm.h twin. A non-blocking one returns the backend's
+ * handle, which comm.c hands back to `wait` exactly once.
  */
 #pragma once
+#include <stdbool.h>
 #include "comm.h"
 
 C_BEGIN
 
-void comm_backend_init(comm_group *world);                 /* after MPI_Init and device_init */
-void comm_backend_split(comm_group *parent, comm_group *child, int color, int key);
-void comm_backend_finalize(void);
-/* Called before and after every blocking call: blocks until the work issued so far on the
- * compute stream (kernels and blocking collectives) is complete (CUDA: stream sync), and starts
- * the posted isend/irecv (CUDA), so every call is started in the order the program made it.
- * Non-blocking operations already started keep running; comm_wait is their end. */
-void comm_backend_wait(void);
+typedef struct comm_backend {
+    const char *name;                                      /* what COMM names it            */
+    /* true: a blocking call's seconds are its wall time on the host, between two `sync`s (the
+     * call blocks the host); false: the backend times its calls on the device and adds the
+     * seconds itself when `settle` runs (NCCL: the host does not wait for a collective). */
+    bool host_timed;
+    /* After MPI_Init, device_init and comm_choose, on every rank. `node_ranks`: the ranks of
+     * this node. May refuse (comm_exit_usage): the emulation on the CUDA build. */
+    void (*init)(comm_group *world, int node_ranks);
+    /* The backend's twin of comm.c's MPI_Comm_split, collective over parent; child is NULL on
+     * the ranks that passed COMM_NO_COLOR. */
+    void (*split)(comm_group *parent, comm_group *child, int color, int key);
+    void (*finalize)(void);
+    /* Blocks until the work issued on the compute stream so far is done (CUDA: stream sync). */
+    void (*sync)(void);
+    /* Adds the seconds of the device-timed calls that have completed by now (waiting for those
+     * still running) to their groups' statistics. NULL: nothing is timed on the device. */
+    void (*settle)(void);
+    /* Moves every queued operation of this rank along without blocking (the emulation's queues
+     * start their next operation here). Called while the host waits in any MPI call. NULL: the
+     * library progresses by itself. */
+    void (*poll)(void);
 
-void backend_all_reduce(comm_group *g, float *buf, size_t count, comm_op op);
-void backend_all_gather(comm_group *g, const float *send, float *recv, size_t count);
-void backend_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count);
-void backend_broadcast(comm_group *g, float *buf, size_t count, int root);
-void backend_all_to_all(comm_group *g, const float *send, float *recv, size_t count);
-void backend_send(comm_group *g, const float *buf, size_t count, int peer);
-void backend_recv(comm_group *g, float *buf, size_t count, int peer);
-void backend_sendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
-                      float *recvbuf, size_t recv_count, int source);
+    void (*all_reduce)(comm_group *g, float *buf, size_t count, comm_op op);
+    void (*all_gather)(comm_group *g, const float *send, float *recv, size_t count);
+    void (*reduce_scatter)(comm_group *g, const float *send, float *recv, size_t count);
+    void (*broadcast)(comm_group *g, float *buf, size_t count, int root);
+    void (*all_to_all)(comm_group *g, const float *send, float *recv, size_t count);
+    void (*send)(comm_group *g, const float *buf, size_t count, int peer);
+    void (*recv)(comm_group *g, float *buf, size_t count, int peer);
+    void (*sendrecv)(comm_group *g, const float *sendbuf, size_t send_count, int dest,
+                     float *recvbuf, size_t recv_count, int source);
 
-/* Non-blocking: start (or post) the operation and return the backend's handle for
- * backend_wait (CPU: MPI requests, CUDA: a completion event). Same shapes as the blocking ones.
- * comm.c does the counting and never looks inside the handle. */
-void *backend_isend(comm_group *g, const float *buf, size_t count, int peer);
-void *backend_irecv(comm_group *g, float *buf, size_t count, int peer);
-void *backend_isendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
-                        float *recvbuf, size_t recv_count, int source);
-void *backend_iall_reduce(comm_group *g, float *buf, size_t count, comm_op op);
-void *backend_iall_gather(comm_group *g, const float *send, float *recv, size_t count);
-void *backend_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count);
-void *backend_iall_gather_bytes(comm_group *g, const void *send, void *recv, size_t nbytes);
-/* Completes the operation of `handle` and releases it. Returns the exposed seconds: how long
- * the caller was kept waiting (CPU: wall time in MPI_Wait; CUDA: how long the compute stream
- * stalled on the transfer, from events). */
-double backend_wait(void *handle);
-/* Moves the operation along if the library needs calls for that; never blocks. */
-void backend_progress(void *handle);
+    void *(*isend)(comm_group *g, const float *buf, size_t count, int peer);
+    void *(*irecv)(comm_group *g, float *buf, size_t count, int peer);
+    void *(*isendrecv)(comm_group *g, const float *sendbuf, size_t send_count, int dest,
+                       float *recvbuf, size_t recv_count, int source);
+    void *(*iall_reduce)(comm_group *g, float *buf, size_t count, comm_op op);
+    void *(*iall_gather)(comm_group *g, const float *send, float *recv, size_t count);
+    void *(*ireduce_scatter)(comm_group *g, const float *send, float *recv, size_t count);
+    void *(*iall_gather_bytes)(comm_group *g, const void *send, void *recv, size_t nbytes);
+    /* Completes the operation of `handle` and releases it. Returns the seconds the caller was
+     * kept waiting (host-timed backends), or 0 when `settle` will count them (NCCL). */
+    double (*wait)(void *handle);
+    /* Moves the operation along if the library needs calls for that; never blocks. */
+    void (*progress)(void *handle);
+} comm_backend;
+
+extern const comm_backend comm_mpi_backend;        /* comm_mpi.c                          */
+extern const comm_backend comm_nccl_sim_backend;   /* comm_nccl_sim.c                     */
+/* comm_nccl.cu on the CUDA build; NULL on the CPU build (comm_nccl_cpu.c). */
+const comm_backend *comm_nccl_backend(void);
+/* The GPUs NCCL can use on this node (one rank each); -1: this build has no NCCL (CPU). */
+int comm_nccl_gpus(void);
+
+/* The backend that COMM (`want`, NULL or "" when unset) names: "mpi", "nccl" or "nccl-sim";
+ * unset: "nccl" where this build has NCCL and the node a GPU per rank, else "mpi". NULL when
+ * refused, with the one-line reason in msg (COMM=nccl on the CPU build, or with more ranks on
+ * the node than GPUs; an unknown name). Pure (comm.c; tested by test_comm). */
+const char *comm_choose(const char *want, int nccl_gpus, int node_ranks, char *msg, size_t msg_size);
+
+/* For a backend that times on the device (comm.c): whether calls are being counted now
+ * (comm_set_counting; remember it at the call), and the seconds of a call settled later, added
+ * to g's statistics of `kind` (its parent's for a link). */
+bool comm_is_counting(void);
+void comm_add_seconds(comm_group *g, collective_kind kind, double seconds);
 
 C_END

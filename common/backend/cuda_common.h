@@ -1,13 +1,14 @@
 /* cuda_common.h: what the CUDA twins in common/ share (internal to common/, .cu files only).
  *
- * One rank drives one GPU through one CUDA stream and one cuBLAS handle, both created by
- * device_init() in device_cuda.cu. Every kernel launch, cuBLAS call, memset, copy and NCCL
- * collective of the rank goes onto that one stream, so they run in the order the host issued
- * them, exactly like the CPU backend's straight-line code. The host waits only where it needs a
- * value (a loss, a copy to host) or a timing (comm_backend_wait).
- * The one exception is the non-blocking communication (comm_i* in comm.h): comm_cuda.cu runs it
- * on a second stream of its own, tied to this one by events at issue and at comm_wait, so that
- * a transfer can run beside the kernels issued after it.
+ * One rank drives one GPU through one CUDA stream (the compute stream) and one cuBLAS handle, both
+ * created by device_init() in device_cuda.cu. Every kernel launch, cuBLAS call, memset and copy of
+ * the rank goes onto that one stream, so they run in the order the host issued them, exactly like
+ * the CPU backend's straight-line code. The host waits only where it needs a value (a loss, a copy
+ * to host).
+ * The collectives under COMM=nccl (comm_nccl.cu) run on a stream per process group, tied to this
+ * one by events: each waits for the kernels issued before it, and the compute stream waits for
+ * its result where the program uses it (at once for a blocking call, at comm_wait otherwise), so a
+ * transfer can run beside the kernels issued in between.
  *
  * The stream is created as a *blocking* stream: it also synchronises with the legacy default
  * stream, so a stray launch on stream 0 still runs in program order instead of racing.

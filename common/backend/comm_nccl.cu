@@ -1,0 +1,363 @@
+/* comm_nccl.cu: COMM=nccl, the collectives' data moved by NCCL between GPUs (comm_backend.h).
+ *
+ * MPI still launches the ranks and builds the groups (comm.c). Every comm_group gets an
+ * ncclComm_t next to its MPI communicator, with the same ranks in the same order, and a CUDA
+ * stream of its own on which all of its calls run, blocking and non-blocking alike:
+ *
+ *   compute stream  ---kernels---[ready]----------------------[wait done]---kernels--->
+ *                                   \                             ^
+ *   group's stream                   `--ncclAllReduce ...--[done]-'
+ *
+ * A call waits on its group's stream for the kernels issued before it (an event of the compute
+ * stream), and ends with an event of its own (`done`). A blocking call makes the compute stream
+ * wait for `done` at once, a non-blocking one at comm_wait; the host waits for neither (it waits
+ * only where it reads a value: device_copy_to_host). So the kernels issued between a comm_i* call
+ * and its wait run beside the transfer, which is the overlap chapters 04-06 teach.
+ *
+ * Why one stream per group, and links for point-to-point: NCCL runs a communicator's operations
+ * one after another in issue order, and a send completes only when its receive runs. With one
+ * stream for everything, a receive issued early (to overlap) would hold up every call after it,
+ * on every group; a pipeline whose receives and sends shared one communicator would wait for a
+ * receive whose sender waits for this rank's send: a deadlock MPI does not have (comm.h,
+ * "Ordering"; COMM=nccl-sim reproduces it on the CPU). Each group's stream keeps its queue
+ * apart, and comm_ring_links gives each pipeline peer and direction a group of its own.
+ *
+ * Timing without host waits: the seconds of a call are how long the compute stream stalled for
+ * it, from an event where the compute stream reached the call (or the wait) to `done`. Both
+ * events are kept and their time is read when the statistics are read (settle).
+ *
+ * The semantics and buffer layouts are those of comm_mpi.c (see comm.h): all-gather output and
+ * reduce-scatter input are rank-major; sub-groups come from ncclCommSplit with the colour/key of
+ * MPI_Comm_split (checked: NCCL and MPI must agree on who is rank r).
+ */
+/* Only the C API of MPI is used; skip the (deprecated) C++ bindings nvcc would otherwise see. */
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "comm_backend.h"
+#include "cuda_common.h"
+
+/* A group's NCCL side: its communicator and the stream its calls run on. */
+typedef struct {
+    ncclComm_t comm;
+    cudaStream_t stream;
+} nccl_group;
+
+static MPI_Comm mpi_of(comm_group *g) { return *(MPI_Comm *)g->mpi_comm; }
+static nccl_group *ng(comm_group *g) { return (nccl_group *)g->backend; }
+
+/* Every group's NCCL side, released by nccl_finalize (newest first). */
+static nccl_group **g_groups;
+static int g_ngroups, g_capgroups;
+
+static void *grow(void *p, int *cap, size_t elem) {
+    *cap = *cap ? 2 * *cap : 64;
+    p = realloc(p, (size_t)*cap * elem);
+    if (!p) { fprintf(stderr, "comm_nccl: out of host memory\n"); exit(1); }
+    return p;
+}
+
+/* NCCL must agree with MPI about who is who, or chunk r of an all-gather would land at the
+ * wrong place. Both split by the same (colour, key, parent rank) rule; this checks it. */
+static void check_same_ranks(comm_group *g) {
+    int nrank = -1, nsize = -1;
+    NCCL_CHECK(ncclCommUserRank(ng(g)->comm, &nrank));
+    NCCL_CHECK(ncclCommCount(ng(g)->comm, &nsize));
+    if (nrank != g->rank || nsize != g->size) {
+        fprintf(stderr, "comm_nccl: group %s: NCCL rank %d of %d, MPI rank %d of %d\n",
+                g->name, nrank, nsize, g->rank, g->size);
+        exit(1);
+    }
+}
+
+/* The group's stream: non-blocking (only events order it, not the legacy default stream) and at
+ * the highest priority, so that when the compute kernels fill the GPU the communication kernels
+ * are still scheduled as soon as they can run. */
+static void attach(comm_group *g, ncclComm_t c) {
+    nccl_group *n = (nccl_group *)calloc(1, sizeof *n);
+    if (!n) { fprintf(stderr, "comm_nccl: out of host memory\n"); exit(1); }
+    n->comm = c;
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&n->stream, cudaStreamNonBlocking, greatest));
+    g->backend = n;
+    if (g_ngroups == g_capgroups) g_groups = (nccl_group **)grow(g_groups, &g_capgroups, sizeof *g_groups);
+    g_groups[g_ngroups++] = n;
+    check_same_ranks(g);
+}
+
+/* ---- events: a free list that grows to the number in flight ---- */
+
+static cudaEvent_t g_ready = NULL;      /* the compute stream at a call; no timing needed */
+static cudaEvent_t *g_free;             /* timed events not in use                        */
+static int g_nfree, g_capfree;
+
+static cudaEvent_t event_take(void) {
+    if (g_nfree > 0) return g_free[--g_nfree];
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    return e;
+}
+static void event_give_back(cudaEvent_t e) {
+    if (g_nfree == g_capfree) g_free = (cudaEvent_t *)grow(g_free, &g_capfree, sizeof *g_free);
+    g_free[g_nfree++] = e;
+}
+
+/* ---- timing: (reached, done) pairs read at settle ---- */
+
+typedef struct {
+    comm_group *g;
+    collective_kind kind;
+    bool counted;               /* counting was on at the call          */
+    cudaEvent_t reached, done;  /* the compute stream got there; the call ended */
+} pending_time;
+
+static pending_time *g_pending;
+static int g_npending, g_cappending;
+
+static void nccl_settle(void) {
+    for (int i = 0; i < g_npending; i++) {
+        pending_time *t = &g_pending[i];
+        CUDA_CHECK(cudaEventSynchronize(t->done));
+        CUDA_CHECK(cudaEventSynchronize(t->reached));
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, t->reached, t->done));
+        /* negative: the transfer was over before the compute stream got there (fully hidden) */
+        if (t->counted && ms > 0.0f) comm_add_seconds(t->g, t->kind, ms / 1000.0);
+        event_give_back(t->reached);
+        event_give_back(t->done);
+    }
+    g_npending = 0;
+}
+
+/* The compute stream waits for `done` from here on; the stall is timed from `reached`. A long
+ * run that never reads its statistics settles every 4096 calls, so the list stays bounded. */
+static void compute_waits(comm_group *g, collective_kind kind, cudaEvent_t reached, cudaEvent_t done) {
+    CUDA_CHECK(cudaStreamWaitEvent(cuda_stream(), done, 0));
+    if (g_npending == 4096) nccl_settle();
+    if (g_npending == g_cappending) g_pending = (pending_time *)grow(g_pending, &g_cappending, sizeof *g_pending);
+    pending_time *t = &g_pending[g_npending++];
+    t->g = g;
+    t->kind = kind;
+    t->counted = comm_is_counting();
+    t->reached = reached;
+    t->done = done;
+}
+
+/* The start of every call: g's stream waits for the kernels issued so far (they write the
+ * buffers about to be sent or reduced). Returns the stream to issue on. `reached`, if given, is a
+ * timed event at that point of the compute stream. */
+static cudaStream_t begin(comm_group *g, cudaEvent_t *reached) {
+    cudaEvent_t at = g_ready;
+    if (reached) at = *reached = event_take();
+    CUDA_CHECK(cudaEventRecord(at, cuda_stream()));
+    CUDA_CHECK(cudaStreamWaitEvent(ng(g)->stream, at, 0));
+    return ng(g)->stream;
+}
+
+/* The end of a blocking call: the compute stream waits for it (the host does not). */
+static void end_blocking(comm_group *g, collective_kind kind, cudaEvent_t reached) {
+    cudaEvent_t done = event_take();
+    CUDA_CHECK(cudaEventRecord(done, ng(g)->stream));
+    compute_waits(g, kind, reached, done);
+}
+
+/* ---- blocking calls ---- */
+
+static void nccl_all_reduce(comm_group *g, float *buf, size_t count, comm_op op) {
+    cudaEvent_t reached;
+    cudaStream_t s = begin(g, &reached);
+    NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat, op == COMM_MAX ? ncclMax : ncclSum, ng(g)->comm, s));
+    end_blocking(g, COLL_ALL_REDUCE, reached);
+}
+/* send[count] from every rank -> recv[size * count], rank r's chunk at recv + r*count. */
+static void nccl_all_gather(comm_group *g, const float *send, float *recv, size_t count) {
+    cudaEvent_t reached;
+    cudaStream_t s = begin(g, &reached);
+    NCCL_CHECK(ncclAllGather(send, recv, count, ncclFloat, ng(g)->comm, s));
+    end_blocking(g, COLL_ALL_GATHER, reached);
+}
+/* send[size * count] -> recv[count] on rank r = sum over ranks of their chunk r. NCCL's count
+ * is the per-rank (received) count, like MPI_Reduce_scatter_block's. */
+static void nccl_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
+    cudaEvent_t reached;
+    cudaStream_t s = begin(g, &reached);
+    NCCL_CHECK(ncclReduceScatter(send, recv, count, ncclFloat, ncclSum, ng(g)->comm, s));
+    end_blocking(g, COLL_REDUCE_SCATTER, reached);
+}
+static void nccl_broadcast(comm_group *g, float *buf, size_t count, int root) {
+    cudaEvent_t reached;
+    cudaStream_t s = begin(g, &reached);
+    NCCL_CHECK(ncclBroadcast(buf, buf, count, ncclFloat, root, ng(g)->comm, s));
+    end_blocking(g, COLL_BROADCAST, reached);
+}
+/* NCCL has no all-to-all call of its own: one ncclSend and one ncclRecv per peer (itself
+ * included), in one group so that they run together and cannot deadlock. */
+static void nccl_all_to_all(comm_group *g, const float *send, float *recv, size_t count) {
+    cudaEvent_t reached;
+    cudaStream_t s = begin(g, &reached);
+    NCCL_CHECK(ncclGroupStart());
+    for (int peer = 0; peer < g->size; peer++) {
+        NCCL_CHECK(ncclSend(send + (size_t)peer * count, count, ncclFloat, peer, ng(g)->comm, s));
+        NCCL_CHECK(ncclRecv(recv + (size_t)peer * count, count, ncclFloat, peer, ng(g)->comm, s));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    end_blocking(g, COLL_ALL_TO_ALL, reached);
+}
+/* A send completes only when the peer's receive runs: the peers must pair them (comm.h). */
+static void nccl_send(comm_group *g, const float *buf, size_t count, int peer) {
+    cudaEvent_t reached;
+    cudaStream_t s = begin(g, &reached);
+    NCCL_CHECK(ncclSend(buf, count, ncclFloat, peer, ng(g)->comm, s));
+    end_blocking(g, COLL_SEND, reached);
+}
+static void nccl_recv(comm_group *g, float *buf, size_t count, int peer) {
+    cudaEvent_t reached;
+    cudaStream_t s = begin(g, &reached);
+    NCCL_CHECK(ncclRecv(buf, count, ncclFloat, peer, ng(g)->comm, s));
+    end_blocking(g, COLL_RECV, reached);
+}
+/* Send and receive fused in one NCCL group, so they progress together: a ring shift where every
+ * rank sends right and receives from the left. */
+static void issue_sendrecv(comm_group *g, cudaStream_t s, const float *sendbuf, size_t send_count, int dest,
+                           float *recvbuf, size_t recv_count, int source) {
+    NCCL_CHECK(ncclGroupStart());
+    NCCL_CHECK(ncclSend(sendbuf, send_count, ncclFloat, dest, ng(g)->comm, s));
+    NCCL_CHECK(ncclRecv(recvbuf, recv_count, ncclFloat, source, ng(g)->comm, s));
+    NCCL_CHECK(ncclGroupEnd());
+}
+static void nccl_sendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
+                          float *recvbuf, size_t recv_count, int source) {
+    cudaEvent_t reached;
+    cudaStream_t s = begin(g, &reached);
+    issue_sendrecv(g, s, sendbuf, send_count, dest, recvbuf, recv_count, source);
+    end_blocking(g, COLL_RECV, reached);
+}
+
+/* ---- non-blocking calls: the handle is the call's `done` event, its group and kind ---- */
+
+typedef struct {
+    comm_group *g;
+    collective_kind kind;
+    cudaEvent_t done;
+} nccl_request;
+
+static void *issued(comm_group *g, collective_kind kind) {
+    nccl_request *r = (nccl_request *)malloc(sizeof *r);
+    if (!r) { fprintf(stderr, "comm_nccl: out of host memory\n"); exit(1); }
+    r->g = g;
+    r->kind = kind;
+    r->done = event_take();
+    CUDA_CHECK(cudaEventRecord(r->done, ng(g)->stream));
+    return r;
+}
+
+/* Started at once on the group's stream: a link carries one direction, so a send never waits
+ * behind a receive of the same queue (comm.h, "Ordering"). */
+static void *nccl_isend(comm_group *g, const float *buf, size_t count, int peer) {
+    NCCL_CHECK(ncclSend(buf, count, ncclFloat, peer, ng(g)->comm, begin(g, NULL)));
+    return issued(g, COLL_SEND);
+}
+static void *nccl_irecv(comm_group *g, float *buf, size_t count, int peer) {
+    NCCL_CHECK(ncclRecv(buf, count, ncclFloat, peer, ng(g)->comm, begin(g, NULL)));
+    return issued(g, COLL_RECV);
+}
+static void *nccl_isendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
+                            float *recvbuf, size_t recv_count, int source) {
+    issue_sendrecv(g, begin(g, NULL), sendbuf, send_count, dest, recvbuf, recv_count, source);
+    return issued(g, COLL_RECV);
+}
+static void *nccl_iall_reduce(comm_group *g, float *buf, size_t count, comm_op op) {
+    NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat, op == COMM_MAX ? ncclMax : ncclSum, ng(g)->comm, begin(g, NULL)));
+    return issued(g, COLL_ALL_REDUCE);
+}
+static void *nccl_iall_gather(comm_group *g, const float *send, float *recv, size_t count) {
+    NCCL_CHECK(ncclAllGather(send, recv, count, ncclFloat, ng(g)->comm, begin(g, NULL)));
+    return issued(g, COLL_ALL_GATHER);
+}
+static void *nccl_iall_gather_bytes(comm_group *g, const void *send, void *recv, size_t nbytes) {
+    NCCL_CHECK(ncclAllGather(send, recv, nbytes, ncclUint8, ng(g)->comm, begin(g, NULL)));
+    return issued(g, COLL_ALL_GATHER);
+}
+static void *nccl_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
+    NCCL_CHECK(ncclReduceScatter(send, recv, count, ncclFloat, ncclSum, ng(g)->comm, begin(g, NULL)));
+    return issued(g, COLL_REDUCE_SCATTER);
+}
+
+/* The end of a request: the compute stream waits for `done` (the kernels issued after this
+ * call see the transfer's output); the host does not. The stall is settled later (0 now). */
+static double nccl_wait(void *handle) {
+    nccl_request *r = (nccl_request *)handle;
+    cudaEvent_t reached = event_take();
+    CUDA_CHECK(cudaEventRecord(reached, cuda_stream()));
+    compute_waits(r->g, r->kind, reached, r->done);
+    free(r);
+    return 0.0;
+}
+
+/* NCCL moves the data on the group's stream by itself: nothing to do. */
+static void nccl_progress(void *handle) { (void)handle; }
+
+/* The host waits for the compute stream (what the host-side code reads next). */
+static void nccl_sync(void) { CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); }
+
+/* ---- groups ---- */
+
+/* NCCL needs one GPU per rank of the node (it refuses two ranks of one communicator on one GPU);
+ * comm.c's comm_choose compares. */
+int comm_nccl_gpus(void) {
+    int ndev = 0;
+    return cudaGetDeviceCount(&ndev) == cudaSuccess ? ndev : 0;
+}
+
+/* The world communicator: rank 0 asks NCCL for a unique id (an address other ranks can reach),
+ * MPI broadcasts those bytes, and every rank joins with its world rank. device_init() has bound
+ * the rank to GPU local_rank (one each: comm_choose checked comm_nccl_gpus). */
+static void nccl_init(comm_group *world, int node_ranks) {
+    (void)node_ranks;
+    ncclUniqueId id;
+    if (world->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, mpi_of(world));
+    ncclComm_t c;
+    NCCL_CHECK(ncclCommInitRank(&c, world->size, id, world->rank));
+    attach(world, c);
+    CUDA_CHECK(cudaEventCreateWithFlags(&g_ready, cudaEventDisableTiming));
+}
+
+/* A sub-group: the ranks of `parent` with the same colour, ordered by key (ties by parent
+ * rank), exactly like the MPI_Comm_split comm.c just did. Collective over the parent; a rank
+ * with no colour joins none. A NULL config makes the child inherit the parent's settings. */
+static void nccl_split(comm_group *parent, comm_group *child, int color, int key) {
+    ncclComm_t c = NULL;
+    NCCL_CHECK(ncclCommSplit(ng(parent)->comm, color == COMM_NO_COLOR ? NCCL_SPLIT_NOCOLOR : color, key, &c, NULL));
+    if (child) attach(child, c);
+}
+
+/* Wait for every group's last calls (a request never waited for still has to finish, or its
+ * peers would hang), then release the communicators, newest first, their streams and the events. */
+static void nccl_finalize(void) {
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    for (int i = 0; i < g_ngroups; i++) CUDA_CHECK(cudaStreamSynchronize(g_groups[i]->stream));
+    nccl_settle();
+    while (g_ngroups > 0) {
+        nccl_group *n = g_groups[--g_ngroups];
+        NCCL_CHECK(ncclCommDestroy(n->comm));
+        CUDA_CHECK(cudaStreamDestroy(n->stream));
+        free(n);
+    }
+    while (g_nfree > 0) CUDA_CHECK(cudaEventDestroy(g_free[--g_nfree]));
+    CUDA_CHECK(cudaEventDestroy(g_ready));
+}
+
+static const comm_backend nccl_backend = {
+    "nccl", false,
+    nccl_init, nccl_split, nccl_finalize, nccl_sync, nccl_settle, NULL,
+    nccl_all_reduce, nccl_all_gather, nccl_reduce_scatter, nccl_broadcast, nccl_all_to_all,
+    nccl_send, nccl_recv, nccl_sendrecv,
+    nccl_isend, nccl_irecv, nccl_isendrecv, nccl_iall_reduce, nccl_iall_gather, nccl_ireduce_scatter,
+    nccl_iall_gather_bytes, nccl_wait, nccl_progress,
+};
+
+const comm_backend *comm_nccl_backend(void) { return &nccl_backend; }
