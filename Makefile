@@ -5,7 +5,7 @@
 #   make check-00        the chapter's parity check on each of its standard layouts
 #   make plot-00         gnuplot PNGs of what the chapter measured
 #   make test            every unit test and every chapter check; last line "N passed, N failed"
-#   make cuda            compile and link every CUDA source with nvcc (sm_80, sm_90), warnings as errors
+#   make cuda            compile and link every CUDA source with nvcc (sm_75, sm_80, sm_90 + PTX), warnings as errors
 #   make sanitize        the unit tests and chapter layouts under ASan + UBSan + LeakSanitizer
 #   make bench-01        a benchmark (never part of `make test`)
 
@@ -17,7 +17,29 @@ CUDA_HOME ?= $(if $(wildcard /usr/local/cuda/bin/nvcc),/usr/local/cuda,$(patsubs
 NVCC      := $(if $(CUDA_HOME),$(CUDA_HOME)/bin/nvcc,)
 HAVE_NVCC := $(if $(wildcard $(NVCC)),yes,)
 HAVE_GPU  := $(shell nvidia-smi -L 2>/dev/null | grep -q GPU && echo yes)
-BACKEND   ?= $(if $(HAVE_GPU),cuda,cpu)
+# The default backend is cuda only where a cuda build can be made and run: a GPU visible, nvcc
+# found, and a driver new enough for the CUDA 13 runtime the binaries link (>= 580; with an older
+# one, or none, the first CUDA call fails). Anything less builds cpu, and BACKEND_WHY says why
+# (the banner's first line). A BACKEND given by the user is kept whatever was found.
+CUDA_MIN_DRIVER := 580
+GPU_DRIVER := $(if $(HAVE_GPU),$(shell nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 | tr -d ' '))
+DRIVER_OK  := $(if $(GPU_DRIVER),$(shell [ "$(firstword $(subst ., ,$(GPU_DRIVER)))" -ge $(CUDA_MIN_DRIVER) ] 2>/dev/null && echo yes))
+ifeq ($(HAVE_GPU),)
+BACKEND_AUTO := cpu
+BACKEND_AUTO_WHY := no GPU visible
+else ifeq ($(HAVE_NVCC),)
+BACKEND_AUTO := cpu
+BACKEND_AUTO_WHY := GPU found but nvcc missing (set CUDA_HOME)
+else ifeq ($(DRIVER_OK),)
+BACKEND_AUTO := cpu
+BACKEND_AUTO_WHY := GPU found but driver $(or $(GPU_DRIVER),version unknown) < $(CUDA_MIN_DRIVER) (CUDA 13 needs >= $(CUDA_MIN_DRIVER))
+else
+BACKEND_AUTO := cuda
+BACKEND_AUTO_WHY := GPU, nvcc and driver $(GPU_DRIVER) found
+endif
+BACKEND   ?= $(BACKEND_AUTO)
+# "given": on the command line, in the environment, or a local.mk choice other than the default
+BACKEND_WHY = $(if $(or $(filter-out file,$(origin BACKEND)),$(filter-out $(BACKEND_AUTO),$(BACKEND))),BACKEND=$(BACKEND) given,$(BACKEND_AUTO_WHY))
 NP        ?= 2
 ARGS      ?=
 NPROC     := $(shell nproc 2>/dev/null || echo 1)
@@ -35,6 +57,15 @@ say = @echo "  $(1) $(2)"
 endif
 ifeq ($(filter $(BACKEND),cpu cuda),)
 $(error BACKEND=$(BACKEND) is not valid: use BACKEND=cpu or BACKEND=cuda)
+endif
+# BACKEND=cuda without nvcc: one line and exit 2 here, rather than the C files compiled first and
+# then a recipe that runs the nvcc flags as a command (or, NVCC being empty, ignores the error
+# of "-std=c++17 ..."). Goals that build nothing with BACKEND are let through.
+NO_BACKEND_GOALS := help clean deps deps-check deps-check-test banner readme-outputs check-readme sanitize assignment-%
+ifeq ($(BACKEND)$(HAVE_NVCC),cuda)
+ifneq ($(filter-out $(NO_BACKEND_GOALS),$(or $(MAKECMDGOALS),all)),)
+$(error BACKEND=cuda needs nvcc, $(if $(NVCC),not found at $(NVCC),not found (no /usr/local/cuda/bin/nvcc and none on PATH)): set CUDA_HOME to the CUDA Toolkit or build with BACKEND=cpu)
+endif
 endif
 
 BUILD_ROOT ?= build
@@ -58,7 +89,13 @@ LDLIBS_CPU   = $(LDFLAGS) $(BLAS_LIBS) -lcjson -lm -lpthread
 CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
 LDLIBS_CUDA := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lcjson -lm -lpthread
 MPI_CFLAGS  := $(shell mpicc --showme:compile 2>/dev/null)
-CUDA_ARCHS  := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+# Machine code for Turing (sm_75: T4), Ampere (sm_80: A100) and Hopper (sm_90: H100), plus the PTX
+# of compute_90, the newest in the list: a newer GPU (Blackwell, sm_100/sm_120) has no machine
+# code here, and its driver JIT-compiles that PTX at the first launch instead of failing with
+# "no kernel image is available". Other GPUs between these (sm_86, sm_89) run sm_80's code. (The
+# quotes keep the shell from reading [...] as a file pattern.)
+CUDA_ARCHS  := -gencode arch=compute_75,code=sm_75 -gencode arch=compute_80,code=sm_80 \
+               -gencode 'arch=compute_90,code=[sm_90,compute_90]'
 NVCCFLAGS   = -std=c++17 -O2 $(CUDA_ARCHS) $(COMMON_INC) -I$(CUDA_HOME)/include $(MPI_CFLAGS) \
                -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
 
@@ -157,15 +194,16 @@ TEST_BINS    = $(foreach t,$(basename $(notdir $(TESTS_C))),$(BUILD_ROOT)/$(1)/t
 .PHONY: bench-baseline all cuda banner deps deps-check deps-check-test test sanitize clean help
 all: banner deps-check $(call CHAPTER_BINS,$(BACKEND)) $(call TEST_BINS,$(BACKEND))
 
-# `make cuda`: every .cu through nvcc for sm_80 and sm_90 with warnings as errors, and every
-# chapter and test linked against cuBLAS, cuBLASLt and NCCL. Runs without a GPU.
+# `make cuda`: every .cu through nvcc for sm_75, sm_80 and sm_90 (plus compute_90 PTX, CUDA_ARCHS)
+# with warnings as errors, and every chapter and test linked against cuBLAS, cuBLASLt and NCCL.
+# Runs without a GPU.
 cuda:
 	@if [ -z "$(HAVE_NVCC)" ]; then echo "make cuda: nvcc not found (set CUDA_HOME); nothing to build"; exit 1; fi
 	$(MAKE) --no-print-directory BACKEND=cuda $(call CHAPTER_BINS,cuda) $(call TEST_BINS,cuda)
-	@echo "make cuda: every CUDA source compiled (sm_80, sm_90, -Werror) and every binary linked"
+	@echo "make cuda: every CUDA source compiled (sm_75, sm_80, sm_90 + compute_90 PTX, -Werror) and every binary linked"
 
 banner:
-	@./tests/banner.sh "$(BACKEND)" "$(NVCC)"
+	@./tests/banner.sh "$(BACKEND)" "$(NVCC)" "$(BACKEND_WHY)"
 
 # ---------------------------------------------------------------- dependencies
 deps:
@@ -264,7 +302,7 @@ help:
 	@echo "make check-readme     compare the READMEs' output blocks with real runs; check their links and file names"
 	@echo "make assignment-NN    a student copy in ../student-NN (beside the repository) with the chapter's exercises removed"
 	@echo "make test             every unit test, chapter check and scripted test; last line 'N passed, N failed'"
-	@echo "make cuda             compile and link every CUDA source with nvcc (sm_80, sm_90), warnings as errors"
+	@echo "make cuda             compile and link every CUDA source with nvcc (sm_75, sm_80, sm_90 + PTX), warnings as errors"
 	@echo "make sanitize         unit tests and chapter layouts under ASan + UBSan + LeakSanitizer (build/sanitize)"
 	@echo "make clean            remove build/ and out/"
 	@echo "chapters:  $(CHAPTERS)"

@@ -5,6 +5,11 @@
  * the same host-side bookkeeping as on CPU (memory.c), so the memory tables a chapter prints
  * mean the same thing on both backends.
  */
+#include <limits.h>
+/* Only the C API of MPI is used; skip the (deprecated) C++ bindings nvcc would otherwise see. */
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
 #include "device.h"
 #include "cuda_common.h"
 
@@ -14,18 +19,67 @@ static cublasHandle_t g_cublas = NULL;    /* the one cuBLAS handle, bound to it 
 cudaStream_t cuda_stream(void) { return g_stream; }
 cublasHandle_t cuda_cublas(void) { return g_cublas; }
 
+/* The oldest Linux driver that runs a CUDA runtime of this major version (NVIDIA's CUDA
+ * compatibility table; 0 where this file does not know it). Within a major version a newer
+ * runtime runs on the major's first driver (minor version compatibility), so the major is what
+ * must match. */
+static int min_driver_for(int cuda_major) {
+    switch (cuda_major) {
+    case 13: return 580;
+    case 12: return 525;
+    case 11: return 450;
+    default: return 0;
+    }
+}
+
+/* Can this rank run CUDA at all? Without the check, a missing or too old driver shows up as
+ * "CUDA driver version is insufficient for CUDA runtime version" from the first CUDA call, which
+ * names neither version nor what to install. A machine that cannot run this build is refused
+ * like a bad flag: one line, and every rank exits with status 2. Each rank checks its own node
+ * (its driver, the GPUs it may see) and the ranks agree, so that all exit together: a rank whose
+ * node is fine would otherwise wait for the others in NCCL's set-up until the watchdog fired.
+ * The lowest failing rank prints the line. Returns the number of GPUs this rank sees. */
+static int check_cuda_usable(void) {
+    char why[320] = "";
+    int driver = 0, runtime = 0, ndev = 0;
+    if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;    /* 0 also means "no driver" */
+    if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) runtime = 0;
+    int need_major = runtime / 1000, need_driver = min_driver_for(need_major);
+    char need[64];
+    if (need_driver > 0) snprintf(need, sizeof need, "driver >= %d", need_driver);
+    else snprintf(need, sizeof need, "a driver for CUDA %d", need_major);
+    if (driver == 0) {
+        snprintf(why, sizeof why, "no NVIDIA driver found (this build needs CUDA %d.0: %s); "
+                 "build with BACKEND=cpu to run on the CPU", need_major, need);
+    } else if (driver / 1000 < need_major) {
+        snprintf(why, sizeof why, "the NVIDIA driver supports CUDA %d.%d, this build needs %d.0: "
+                 "install %s or build with BACKEND=cpu", driver / 1000, driver % 1000 / 10,
+                 need_major, need);
+    } else {
+        cudaError_t err = cudaGetDeviceCount(&ndev);
+        if (err != cudaSuccess || ndev <= 0)   /* a driver but no GPU this process may use */
+            snprintf(why, sizeof why, "the NVIDIA driver (CUDA %d.%d) found no usable GPU (%s); "
+                     "build with BACKEND=cpu to run on the CPU", driver / 1000, driver % 1000 / 10,
+                     err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+    }
+    int rank = 0, mine = INT_MAX, first = INT_MAX;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (why[0]) mine = rank;
+    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (first == INT_MAX) return ndev;
+    if (rank == first) {
+        fprintf(stderr, "error: %s\n", why);
+        fflush(stderr);
+    }
+    MPI_Finalize();
+    exit(2);
+}
+
 /* Bind this rank to GPU (local_rank % number of GPUs): with 8 ranks on a node of 8 GPUs each
  * rank gets its own; with more ranks than GPUs they share round-robin (slow, but it runs).
  * Then create the stream and the cuBLAS handle that every other .cu file uses. */
 void device_init(int local_rank) {
-    int ndev = 0;
-    cudaError_t err = cudaGetDeviceCount(&ndev);
-    if (err != cudaSuccess || ndev <= 0) {   /* no GPU, or no driver: say what to do instead */
-        fprintf(stderr, "device_init: this binary was built with BACKEND=cuda but no usable GPU "
-                "was found (%s); rebuild with BACKEND=cpu\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
-        exit(1);
-    }
+    int ndev = check_cuda_usable();   /* exits 2 on every rank if some rank cannot run CUDA */
     CUDA_CHECK(cudaSetDevice(local_rank % ndev));
     CUDA_CHECK(cudaStreamCreate(&g_stream));
     CUBLAS_CHECK(cublasCreate(&g_cublas));
