@@ -287,6 +287,21 @@ test: deps-check-test all
 sanitize:
 	@./tests/sanitize.sh
 
+# ---------------------------------------------------------------- GPU machines
+# make gpu-check [OUT=out/gpu-check.txt] [MAX_NP=4]: the first command to run on a GPU machine,
+# offline (tests/gpu_check.sh): the environment, Open MPI and cJSON (or the bundle below), the cuda
+# build, its unit tests and every chapter's layouts of at most MAX_NP ranks sharing the GPU
+# (COMM=mpi), chapter 01 on NCCL, a determinism run, tokens/s and MFU; a summary in OUT. Without
+# a GPU, one line and exit 2.
+# make gpu-bundle: on a Debian 12 machine with its registry, the Debian packages of Open MPI and
+# cJSON in gpu-bundle/ (tests/gpu_bundle.sh: downloaded, then tried in a relocated prefix), for
+# a GPU machine that has neither; make gpu-check unpacks it there.
+.PHONY: gpu-check gpu-bundle
+gpu-check:
+	@OUT="$(OUT)" MAX_NP="$(or $(MAX_NP),4)" BUILD_ROOT="$(BUILD_ROOT)" ./tests/gpu_check.sh
+gpu-bundle:
+	@./tests/gpu_bundle.sh download gpu-bundle
+
 clean:
 	rm -rf build out
 
@@ -304,6 +319,8 @@ help:
 	@echo "make test             every unit test, chapter check and scripted test; last line 'N passed, N failed'"
 	@echo "make cuda             compile and link every CUDA source with nvcc (sm_75, sm_80, sm_90 + PTX), warnings as errors"
 	@echo "make sanitize         unit tests and chapter layouts under ASan + UBSan + LeakSanitizer (build/sanitize)"
+	@echo "make gpu-check        on a GPU machine, first: environment, cuda build, unit tests, chapter layouts, NCCL, determinism, MFU (OUT=out/gpu-check.txt)"
+	@echo "make gpu-bundle       Open MPI and cJSON as Debian packages in gpu-bundle/, for a GPU machine without them"
 	@echo "make clean            remove build/ and out/"
 	@echo "chapters:  $(CHAPTERS)"
 	@echo "variables: BACKEND=cpu|cuda (now $(BACKEND)), NP=ranks (now $(NP)), ARGS=\"chapter flags\", CUDA_HOME (now $(CUDA_HOME))"

@@ -1,0 +1,439 @@
+#!/usr/bin/env bash
+# gpu_check.sh: `make gpu-check`, the one command to run first on a GPU machine. Offline; sized for
+# under 8 minutes on one H100 with 16 cores. Without a GPU (nvidia-smi missing or listing none) it
+# prints one line and exits 2. With one, each part below is bounded by `timeout` and timed:
+#   a  environment: GPU, compute capability, SMs, memory, driver, CUDA runtime, nvcc, NCCL (header
+#      and library), Open MPI; a probe built with nvcc runs a kernel; the fp32 peak for MFU
+#   b  Open MPI and cJSON: the system's, or else the bundle `make gpu-bundle` made elsewhere
+#      (gpu-bundle/, tests/gpu_bundle.sh), unpacked into gpu-bundle/root and relocated; with
+#      neither, one line saying what to do and exit 2 (before anything else is printed)
+#   c  the build: make cuda with -j (one job per core)
+#   d  every unit test tests/test_*.c of the cuda build on the rank counts its first line names,
+#      at most MAX_NP (4) ranks, COMM=mpi: the ranks share the GPU (they compare the CUDA kernels
+#      with host references)
+#   e  every chapter's layouts (NN_*/checks.txt, tests/run_checks.sh) of at most MAX_NP ranks,
+#      COMM=mpi; how many layouts were skipped for having more ranks
+#   f  chapter 01 on one rank with COMM=nccl and --check: the NCCL path initialises (NCCL_DEBUG=
+#      VERSION prints NCCL's version line) and trains to PARITY OK
+#   g  determinism: one layout of chapter 08 (FSDP x TP on 4 ranks) run twice with --dump; its
+#      losses, step-1 gradients, initial weights and batches compared bit for bit (cmp)
+#   h  throughput, the C side of make bench-baseline (its PyTorch side runs on the CPU): chapter
+#      01's step at the bench size on one rank, and chapter 08's trainer on a larger model;
+#      tokens/s and MFU against the GPU's fp32 peak (cuBLAS runs fp32 without TF32)
+# The float8 parts (chapter 07, test_gemm_fp8, test_float8_linear) need compute capability 8.9
+# or later: on an older GPU they are skipped with a line saying so.
+# Writes the summary OUT (default out/gpu-check.txt): the environment, one line per part (pass or
+# FAIL, seconds, figures), the total; and every part's output beside it (gpu-check.log). Exit 0
+# only when every part passes; 1 when one fails; 2 when it cannot start.
+# Environment: OUT, BUILD_ROOT (default build), MAX_NP (default 4), GPU_BUNDLE (default
+# gpu-bundle), CUDA_HOME, GPU_CHECK_JOBS (runs at a time in d and e; default cores / 4),
+# NVIDIA_SMI (default nvidia-smi).
+# GPU_CHECK_BACKEND=cpu runs the same parts on the CPU build (COMM=nccl-sim in f, small sizes in
+# h): the script's own plumbing tried on a machine without a GPU, under a stand-in nvidia-smi.
+set -u
+cd "$(dirname "$0")/.."
+repo=$PWD
+backend=${GPU_CHECK_BACKEND:-cuda}
+root=${BUILD_ROOT:-build}
+out=${OUT:-out/gpu-check.txt}
+max_np=${MAX_NP:-4}
+bundle=${GPU_BUNDLE:-gpu-bundle}
+cores=$(nproc 2>/dev/null || echo 1)
+njobs=${GPU_CHECK_JOBS:-$((cores / 4))}; [ "$njobs" -ge 1 ] 2>/dev/null || njobs=1
+
+# ---------------------------------------------------------------- a GPU at all? (one line if not)
+smi=${NVIDIA_SMI:-nvidia-smi}   # tests/t_gpu_check.sh points it at stand-ins
+if ! command -v "$smi" >/dev/null 2>&1; then
+    echo "gpu-check: no GPU here (nvidia-smi not found): run it on a machine with an NVIDIA GPU and driver; make test checks everything else"
+    exit 2
+fi
+smi_list=$("$smi" -L 2>&1)
+gpus=$(echo "$smi_list" | grep -c '^GPU [0-9]')
+if [ "$gpus" -eq 0 ]; then
+    echo "gpu-check: no GPU here (nvidia-smi lists none: $(echo "$smi_list" | grep . | head -1 | cut -c1-120)); make test checks everything else"
+    exit 2
+fi
+
+# ---------------------------------------------------------------- Open MPI and cJSON (one line if neither)
+tmp=$(mktemp -d) || exit 2
+trap 'rm -rf "$tmp"' EXIT
+what_missing() {
+    local m=""
+    { command -v mpicc && command -v mpirun; } >/dev/null 2>&1 || m="Open MPI (mpicc, mpirun)"
+    printf '#include <cjson/cJSON.h>\nint main(void) { return cJSON_Version() == 0; }\n' >"$tmp/cj.c"
+    # linked as the build links (mpicc, with a bundle's OMPI_LDFLAGS), else with gcc
+    local compiler=gcc; [ -z "$m" ] && compiler=mpicc
+    $compiler "$tmp/cj.c" -o "$tmp/cj" -lcjson >/dev/null 2>&1 || m="${m:+$m and }cJSON"
+    echo "$m"
+}
+t_deps=$(date +%s)
+missing=$(what_missing)
+deps_how="the system's packages"
+if [ -n "$missing" ]; then
+    if ! ls "$bundle"/debs/*.deb >/dev/null 2>&1; then
+        echo "gpu-check: $missing missing and no $bundle/ here: run make gpu-bundle on a Debian 12 machine with its package registry and copy gpu-bundle/ into this checkout (or apt-get install openmpi-bin libopenmpi-dev libcjson-dev)"
+        exit 2
+    fi
+    need=$(sed -n 's/^glibc >= //p' "$bundle/MANIFEST" 2>/dev/null)
+    have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+    if [ -n "$need" ] && [ -n "$have" ] && [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" != "$need" ]; then
+        echo "gpu-check: $missing missing, and $bundle/'s libraries (Debian 12) need glibc >= $need where this machine has $have: install openmpi-bin libopenmpi-dev libcjson-dev from this system's own distribution"
+        exit 2
+    fi
+    if ! why=$(bash tests/gpu_bundle.sh unpack "$bundle" "$bundle/root" 2>&1); then
+        echo "gpu-check: $missing missing, and unpacking $bundle/ failed: $why"
+        exit 2
+    fi
+    eval "$(bash tests/gpu_bundle.sh env "$bundle/root")"
+    still=$(what_missing)
+    if [ -n "$still" ]; then
+        echo "gpu-check: $still still missing after unpacking $bundle/ into $bundle/root: see tests/gpu_bundle.sh"
+        exit 2
+    fi
+    deps_how="$bundle/ ($(ls "$bundle"/debs/*.deb | wc -l) Debian packages), unpacked into $bundle/root: PATH, LD_LIBRARY_PATH, OPAL_PREFIX set for this run (was missing: $missing)"
+fi
+# NCCL: the CUDA Toolkit's nccl.h (or Debian's and Ubuntu's libnccl-dev), else the NCCL wheel
+# PyTorch brings (nvidia-nccl-cu13: include/nccl.h and lib/libnccl.so.2, with no libnccl.so for
+# -lnccl, hence the link made in the build folder)
+cuda_home=${CUDA_HOME:-}
+if [ -z "$cuda_home" ]; then
+    if [ -x /usr/local/cuda/bin/nvcc ]; then cuda_home=/usr/local/cuda
+    elif command -v nvcc >/dev/null; then cuda_home=$(dirname "$(dirname "$(command -v nvcc)")"); fi
+fi
+nccl_how=""
+if [ "$backend" = cuda ] && [ ! -f "$cuda_home/include/nccl.h" ] && [ ! -f /usr/include/nccl.h ]; then
+    wheel_h=$(python3 -c 'import nvidia; print("\n".join(nvidia.__path__))' 2>/dev/null |
+              while read -r d; do find "$d" -name nccl.h -path '*/include/*' 2>/dev/null; done | head -1)
+    wheel_so=$([ -n "$wheel_h" ] && ls "$(dirname "$(dirname "$wheel_h")")"/lib/libnccl.so* 2>/dev/null | head -1)
+    if [ -n "$wheel_so" ] && mkdir -p "$root/nccl-wheel" && ln -sfn "$wheel_so" "$root/nccl-wheel/libnccl.so"; then
+        inc=$(dirname "$wheel_h")
+        export C_INCLUDE_PATH="$inc${C_INCLUDE_PATH:+:$C_INCLUDE_PATH}" CPLUS_INCLUDE_PATH="$inc${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
+        export LIBRARY_PATH="$(cd "$root/nccl-wheel" && pwd)${LIBRARY_PATH:+:$LIBRARY_PATH}"
+        export LD_LIBRARY_PATH="$(dirname "$wheel_so")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        nccl_how="no nccl.h in the CUDA Toolkit: PyTorch's NCCL wheel, $(dirname "$inc")"
+    fi
+fi
+t_deps=$(( $(date +%s) - t_deps ))
+
+# ---------------------------------------------------------------- bookkeeping
+mkdir -p "$(dirname "$out")" || exit 2
+log=${out%.txt}.log
+: >"$log" || exit 2
+mpirun_base="${MPIRUN_BASE:-$(tests/mpirun_base.sh)} --bind-to none"   # several runs share the cores
+t_start=$(date +%s)
+names=(); results=(); secs=(); figs=(); final=""
+env_lines=()
+write_summary() {
+    {
+        echo "# make gpu-check, $(date -u '+%Y-%m-%d %H:%M UTC'), host $(hostname), $(( $(date +%s) - t_start )) s${final:- so far}"
+        printf '%s\n' "${env_lines[@]}"
+        echo
+        local i
+        for i in "${!names[@]}"; do
+            printf '%-2s %-48s %-5s %4s s  %s\n' "${names[$i]%% *}" "${names[$i]#* }" "${results[$i]}" "${secs[$i]}" "${figs[$i]}"
+        done
+    } >"$out"
+}
+# record "x title" pass|FAIL SECONDS "figures"
+record() {
+    names+=("$1"); results+=("$2"); secs+=("$3"); figs+=("$4")
+    printf '%-2s %-48s %-5s %4s s  %s\n' "${1%% *}" "${1#* }" "$2" "$3" "$4"
+    write_summary
+}
+section() { printf '\n==== %s\n' "$1" >>"$log"; }
+# pool FILE: the lines "ID<TAB>COMMAND" of FILE, GPU_CHECK_JOBS at a time; COMMAND's output goes to
+# $tmp/pool/ID.out and its status to ID.rc. Each run has Open MPI session directories of its own
+# (mpiruns ending at once would remove the shared one under another's feet).
+pool() {
+    local id cmd
+    mkdir -p "$tmp/pool"
+    while IFS=$'\t' read -r id cmd; do
+        while [ "$(jobs -rp | wc -l)" -ge "$njobs" ]; do wait -n; done
+        (
+            export OMPI_MCA_orte_tmpdir_base=$tmp/ompi/$id
+            mkdir -p "$OMPI_MCA_orte_tmpdir_base"
+            bash -c "$cmd" </dev/null >"$tmp/pool/$id.out" 2>&1
+            echo $? >"$tmp/pool/$id.rc"
+        ) &
+    done <"$1"
+    wait
+}
+
+# ---------------------------------------------------------------- a: environment
+t0=$(date +%s)
+section "a environment"
+IFS=, read -r gpu_name driver cc mem_mib clock_mhz < <("$smi" --query-gpu=name,driver_version,compute_cap,memory.total,clocks.max.sm \
+    --format=csv,noheader,nounits 2>/dev/null | head -1 | sed 's/, */,/g')
+"$smi" >>"$log" 2>&1
+nvcc=${cuda_home:+$cuda_home/bin/nvcc}
+nvcc_v=$([ -x "$nvcc" ] && "$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+nccl_h=""; for h in "$cuda_home/include/nccl.h" /usr/include/nccl.h ${wheel_h:-}; do [ -f "$h" ] && { nccl_h=$h; break; }; done
+nccl_hv=$([ -n "$nccl_h" ] && awk '/define NCCL_MAJOR/{a=$3}/define NCCL_MINOR/{b=$3}/define NCCL_PATCH/{c=$3}END{print a"."b"."c}' "$nccl_h")
+ompi_v=$(mpirun --version 2>/dev/null | head -1 | sed 's/^mpirun (Open MPI) //')
+os=$(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-unknown OS}")
+probe_ok=yes; probe_why=""
+declare -A P=()
+if [ "$backend" = cuda ]; then
+    cat >"$tmp/probe.cu" <<'EOF'
+// gpu_check.sh's probe: what the CUDA runtime, the driver and NCCL report, and one kernel run
+#include <cstdio>
+#include <cuda_runtime.h>
+#include <nccl.h>
+__global__ void sum_lanes(int *x) { atomicAdd(x, (int)threadIdx.x + 1); }
+int main() {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) { printf("error=cudaGetDeviceCount: %s\n", cudaGetErrorString(e)); return 1; }
+    int rt = 0, drv = 0, major = 0, minor = 0, sms = 0, khz = 0, nv = 0, h = 0, *d = nullptr;
+    cudaRuntimeGetVersion(&rt);
+    cudaDriverGetVersion(&drv);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+    ncclGetVersion(&nv);
+    printf("devices=%d\nruntime=%d.%d\ndriver_api=%d.%d\ncc=%d.%d\nsms=%d\nclock_khz=%d\nnccl=%d.%d.%d\n", n, rt / 1000,
+           rt % 1000 / 10, drv / 1000, drv % 1000 / 10, major, minor, sms, khz, nv / 10000, nv / 100 % 100, nv % 100);
+    if ((e = cudaMalloc(&d, sizeof(int))) == cudaSuccess && (e = cudaMemset(d, 0, sizeof(int))) == cudaSuccess) {
+        sum_lanes<<<1, 32>>>(d);
+        if ((e = cudaGetLastError()) == cudaSuccess) e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
+    }
+    if (e != cudaSuccess) { printf("error=a kernel: %s\n", cudaGetErrorString(e)); return 1; }
+    printf("kernel=%s\n", h == 528 ? "ok" : "wrong sum");
+    return h != 528;
+}
+EOF
+    libdir=$(ls -d "$cuda_home/lib64" "$cuda_home/lib" 2>/dev/null | head -1)
+    if [ ! -x "$nvcc" ]; then probe_ok=""; probe_why="nvcc not found (set CUDA_HOME)"
+    elif ! timeout 120 "$nvcc" -O2 -o "$tmp/probe" "$tmp/probe.cu" -L"$libdir" -Xlinker -rpath -Xlinker "$libdir" -lnccl >>"$log" 2>&1; then
+        probe_ok=""; probe_why="the probe did not compile with $nvcc"
+    else
+        timeout 60 "$tmp/probe" >"$tmp/probe.txt" 2>&1; rc=$?
+        cat "$tmp/probe.txt" >>"$log"
+        while IFS='=' read -r k v; do [ -n "$k" ] && P[$k]=$v; done <"$tmp/probe.txt"
+        [ $rc -eq 0 ] || { probe_ok=""; probe_why="the probe failed: ${P[error]:-exit $rc}"; }
+    fi
+fi
+cc=${cc:-${P[cc]:-0.0}}
+sms=${P[sms]:-0}
+[ -n "$clock_mhz" ] && [ "$clock_mhz" -gt 0 ] 2>/dev/null || clock_mhz=$(( ${P[clock_khz]:-0} / 1000 ))
+# fp32 lanes per SM: 64 on Volta, Turing and A100 (7.x, 8.0), 128 on GA10x, Ada, Hopper, Blackwell
+lanes=128; case "$cc" in 7.*|8.0) lanes=64 ;; esac
+peak=$(awk -v s="$sms" -v l="$lanes" -v c="$clock_mhz" 'BEGIN {printf "%.1f", s * l * 2 * c / 1e6}')   # TFLOP/s
+cc_num=$(echo "$cc" | awk -F. '{print $1 * 10 + $2}')
+fp8_ok=yes; [ "$cc_num" -ge 89 ] 2>/dev/null || fp8_ok=""
+driver_major=${driver%%.*}
+env_lines=(
+    "GPU        ${gpu_name:-?} (x$gpus), compute capability $cc, $sms SMs, $(awk -v m="${mem_mib:-0}" 'BEGIN {printf "%.1f", m / 1024}') GiB; fp32 peak $peak TFLOP/s ($sms SMs x $lanes lanes x 2 x ${clock_mhz} MHz)"
+    "driver     ${driver:-?} (CUDA ${P[driver_api]:-?} API); CUDA runtime ${P[runtime]:-?}; nvcc ${nvcc_v:-not found} (${cuda_home:-no CUDA_HOME})"
+    "NCCL       header ${nccl_hv:-not found} (${nccl_h:-no nccl.h}); library ${P[nccl]:-?}${nccl_how:+ ($nccl_how)}"
+    "Open MPI   ${ompi_v:-?} ($deps_how)"
+    "host       $cores cores, $os, glibc $(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')"
+)
+printf '%s\n' "${env_lines[@]}" | tee -a "$log"
+echo
+a_fig="${gpu_name:-?}, cc $cc, driver ${driver:-?}, runtime ${P[runtime]:-?}, NCCL ${P[nccl]:-$nccl_hv}, Open MPI ${ompi_v:-?}"
+if [ "$backend" = cuda ] && [ -z "$probe_ok" ]; then record "a environment" FAIL $(( $(date +%s) - t0 )) "$probe_why"
+elif [ "$backend" = cuda ] && ! [ "${driver_major:-0}" -ge 580 ] 2>/dev/null; then
+    record "a environment" FAIL $(( $(date +%s) - t0 )) "driver ${driver:-?} is older than 580, which CUDA 13 needs: update the NVIDIA driver"
+else record "a environment" pass $(( $(date +%s) - t0 )) "$a_fig"; fi
+
+# ---------------------------------------------------------------- b: Open MPI and cJSON
+section "b Open MPI, cJSON, NCCL"; echo "$deps_how${nccl_how:+; $nccl_how}" >>"$log"
+if [ "$backend" = cuda ] && [ -z "$nccl_h" ]; then
+    record "b Open MPI, cJSON, NCCL" FAIL "$t_deps" "$deps_how; NCCL not found: no nccl.h in ${cuda_home:-CUDA_HOME}/include or /usr/include, and no NCCL wheel (install libnccl-dev, or set CUDA_HOME)"
+else record "b Open MPI, cJSON, NCCL" pass "$t_deps" "$deps_how${nccl_how:+; $nccl_how}"; fi
+
+# ---------------------------------------------------------------- c: the build
+t0=$(date +%s)
+section "c build"
+if [ "$backend" = cuda ]; then build=(make -j"$cores" --no-print-directory cuda BUILD_ROOT="$root" ${CUDA_HOME:+CUDA_HOME="$CUDA_HOME"})
+else build=(make -j"$cores" --no-print-directory BACKEND=cpu BUILD_ROOT="$root" all); fi
+c_title="c build (${build[*]:0:2} ${build[3]})"
+echo "${build[*]}" >>"$log"
+timeout 900 "${build[@]}" >"$tmp/build.txt" 2>&1; rc=$?
+cat "$tmp/build.txt" >>"$log"
+built=""
+if [ $rc -eq 0 ]; then
+    built=yes
+    record "$c_title" pass $(( $(date +%s) - t0 )) "$(ls "$root/$backend"/[0-9][0-9] "$root/$backend"/tests/test_* 2>/dev/null | grep -v '\.[od]$' | wc -l) binaries in $root/$backend"
+else
+    record "$c_title" FAIL $(( $(date +%s) - t0 )) "exit $rc: $(grep -m1 -E 'error|Error' "$tmp/build.txt" | cut -c1-150)"
+    tail -20 "$tmp/build.txt" | sed 's/^/      | /'
+fi
+not_built() { record "$1" FAIL 0 "not run: the build failed"; }
+
+# ---------------------------------------------------------------- d: unit tests
+t0=$(date +%s)
+section "d unit tests"
+if [ -n "$built" ]; then
+    : >"$tmp/d.list"; skipped_np=0; skipped_fp8=""
+    for src in tests/test_*.c; do
+        name=$(basename "$src" .c)
+        ranks=$(head -1 "$src" | sed -n 's#.*ranks:\([0-9 ]*\).*#\1#p')
+        case "$name" in test_gemm_fp8|test_float8_linear)
+            [ -z "$fp8_ok" ] && { skipped_fp8="$skipped_fp8 $name"; continue; } ;;
+        esac
+        for np in ${ranks:-1}; do
+            if [ "$np" -gt "$max_np" ]; then skipped_np=$((skipped_np + 1)); continue; fi
+            printf '%s\t%s\n' "$name.np$np" "COMM=mpi timeout 300 $mpirun_base -np $np $root/$backend/tests/$name" >>"$tmp/d.list"
+        done
+    done
+    pool "$tmp/d.list"
+    np_=0; nf=0
+    while IFS=$'\t' read -r id cmd; do
+        rc=$(cat "$tmp/pool/$id.rc"); echo "-- $id: exit $rc" >>"$log"; cat "$tmp/pool/$id.out" >>"$log"
+        if [ "$rc" = 0 ]; then np_=$((np_ + 1)); else
+            nf=$((nf + 1)); echo "  FAIL  ${id%.np*} (NP=${id##*.np}), exit $rc"; tail -8 "$tmp/pool/$id.out" | sed 's/^/      | /'
+        fi
+    done <"$tmp/d.list"
+    fig="$np_ of $((np_ + nf)) runs pass"
+    [ $skipped_np -gt 0 ] && fig="$fig; $skipped_np skipped (more than MAX_NP=$max_np ranks)"
+    [ -n "$skipped_fp8" ] && fig="$fig; skipped:$skipped_fp8 (float8 GEMM needs compute capability 8.9, this GPU has $cc)"
+    [ $nf -eq 0 ] && [ $np_ -gt 0 ] && r=pass || r=FAIL
+    record "d unit tests (COMM=mpi, <= $max_np ranks)" $r $(( $(date +%s) - t0 )) "$fig"
+else not_built "d unit tests (COMM=mpi, <= $max_np ranks)"; fi
+
+# ---------------------------------------------------------------- e: chapter checks
+t0=$(date +%s)
+section "e chapter checks"
+if [ -n "$built" ]; then
+    : >"$tmp/e.list"; skipped_ch=""
+    # the chapters with the most layouts first: they set how long the part takes
+    for checks in $(for f in [0-9][0-9]_*/checks.txt; do echo "$(grep -c '^[0-9]' "$f") $f"; done | sort -rn | awk '{print $2}'); do
+        nn=$(basename "$(dirname "$checks")" | cut -c1-2)
+        if [ "$nn" = 07 ] && [ -z "$fp8_ok" ]; then
+            skipped_ch="chapter 07 skipped: float8 needs compute capability 8.9, this GPU has $cc"
+            echo "  $skipped_ch"; continue
+        fi
+        printf '%s\t%s\n' "check-$nn" "COMM=mpi MAX_NP=$max_np MPIRUN_BASE='$mpirun_base' timeout 1200 tests/run_checks.sh $backend $nn $root" >>"$tmp/e.list"
+    done
+    pool "$tmp/e.list"
+    cp_=0; cf=0; cs=0; bad=""
+    while IFS=$'\t' read -r id cmd; do
+        o=$tmp/pool/$id.out; rc=$(cat "$tmp/pool/$id.rc")
+        echo "-- $id: exit $rc" >>"$log"; cat "$o" >>"$log"
+        s=$(grep "^$id: " "$o" | tail -1)
+        p=$(echo "$s" | sed -n 's/.*: \([0-9]*\) passed, \([0-9]*\) failed.*/\1/p')
+        f=$(echo "$s" | sed -n 's/.*: \([0-9]*\) passed, \([0-9]*\) failed.*/\2/p')
+        k=$(echo "$s" | sed -n 's/.*, \([0-9]*\) skipped.*/\1/p')
+        if [ -z "$p" ]; then cf=$((cf + 1)); bad="$bad $id"; echo "  FAIL  $id did not finish (exit $rc)"; tail -5 "$o" | sed 's/^/      | /'; continue; fi
+        cp_=$((cp_ + p)); cf=$((cf + f)); cs=$((cs + ${k:-0}))
+        if [ "$f" != 0 ] || [ "$rc" != 0 ]; then bad="$bad $id"; grep -A12 '^FAIL' "$o" | head -40; fi
+    done <"$tmp/e.list"
+    fig="$cp_ layouts pass, $cf fail; $cs skipped (more than MAX_NP=$max_np ranks)"
+    [ -n "$bad" ] && fig="$fig; failing:$bad"
+    [ -n "$skipped_ch" ] && fig="$fig; $skipped_ch"
+    [ $cf -eq 0 ] && [ $cp_ -gt 0 ] && r=pass || r=FAIL
+    record "e chapter checks (COMM=mpi, <= $max_np ranks)" $r $(( $(date +%s) - t0 )) "$fig"
+else not_built "e chapter checks (COMM=mpi, <= $max_np ranks)"; fi
+
+# ---------------------------------------------------------------- f: NCCL
+# one rank (one GPU); with two GPUs or more, also 2 ranks, one a GPU (NCCL refuses two ranks on one)
+t0=$(date +%s)
+section "f NCCL"
+comm_f=nccl; [ "$backend" = cpu ] && comm_f=nccl-sim
+f_nps=1; [ "$gpus" -ge 2 ] && f_nps="1 2"
+f_title="f NCCL (chapter 01 --check, COMM=$comm_f, NP=${f_nps// /,})"
+if [ -n "$built" ]; then
+    f_ok=yes; f_fig=""
+    for np in $f_nps; do
+        echo "COMM=$comm_f NCCL_DEBUG=VERSION mpirun -np $np $root/$backend/01 --check" >>"$log"
+        COMM=$comm_f NCCL_DEBUG=VERSION timeout 180 $mpirun_base -np "$np" "$root/$backend/01" --check --out "$tmp/f$np" \
+            </dev/null >"$tmp/f.txt" 2>&1; rc=$?
+        cat "$tmp/f.txt" >>"$log"
+        nccl_line=$(grep -m1 -o 'NCCL version [^ ]*' "$tmp/f.txt")
+        if [ $rc -eq 0 ] && grep -q '^PARITY OK' "$tmp/f.txt" && { [ -n "$nccl_line" ] || [ "$backend" = cpu ]; }; then
+            f_fig="$f_fig${f_fig:+; }NP=$np PARITY OK${nccl_line:+, $nccl_line initialised}"
+        else
+            why="exit $rc"; [ $rc -eq 0 ] && [ -z "$nccl_line" ] && why="NCCL never printed its version (NCCL_DEBUG=VERSION): COMM=nccl did not initialise NCCL"
+            f_fig="$f_fig${f_fig:+; }NP=$np FAILED: $why $(grep -m1 -E '^(error|PARITY)' "$tmp/f.txt")"; f_ok=""
+            tail -8 "$tmp/f.txt" | sed 's/^/      | /'
+        fi
+    done
+    record "$f_title" "$([ -n "$f_ok" ] && echo pass || echo FAIL)" $(( $(date +%s) - t0 )) "$f_fig"
+else not_built "$f_title"; fi
+
+# ---------------------------------------------------------------- g: determinism
+t0=$(date +%s)
+section "g determinism"
+if [ "$max_np" -ge 4 ]; then g_np=4; g_mesh="--dp-shard 2 --tp 2"
+elif [ "$max_np" -ge 2 ]; then g_np=2; g_mesh="--tp 2"
+else g_np=1; g_mesh=""; fi
+g_flags="$g_mesh --dim 64 --n-layers 2 --seq-len 32 --batch 8 --steps 5 --eval-every 0"
+g_title="g determinism (08 x2 --dump, NP=$g_np, cmp)"
+if [ -n "$built" ]; then
+    ok=yes
+    for k in 1 2; do
+        echo "COMM=mpi mpirun -np $g_np $root/$backend/08 $g_flags --dump DIR$k" >>"$log"
+        COMM=mpi timeout 180 $mpirun_base -np $g_np "$root/$backend/08" $g_flags --dump "$tmp/dump$k" --out "$tmp/g$k" \
+            </dev/null >"$tmp/g$k.txt" 2>&1 || { ok=""; echo "run $k: exit $?" >>"$log"; }
+        tail -3 "$tmp/g$k.txt" >>"$log"
+    done
+    differ=""; nfiles=0
+    if [ -n "$ok" ] && [ -f "$tmp/dump1/losses.txt" ]; then
+        for f in "$tmp"/dump1/*; do
+            nfiles=$((nfiles + 1))
+            cmp "$f" "$tmp/dump2/$(basename "$f")" >>"$log" 2>&1 || differ="$differ $(basename "$f")"
+        done
+    fi
+    if [ -n "$ok" ] && [ $nfiles -gt 0 ] && [ -z "$differ" ]; then
+        record "$g_title" pass $(( $(date +%s) - t0 )) "$g_mesh, 5 steps: the $nfiles files (losses.txt, grads_1, init, batches) identical bit for bit; last loss $(tail -1 "$tmp/dump1/losses.txt" | awk '{print $2}')"
+    elif [ -z "$ok" ]; then
+        record "$g_title" FAIL $(( $(date +%s) - t0 )) "a run failed: $(grep -h -m1 -E '^error' "$tmp"/g[12].txt | head -1)"
+        tail -5 "$tmp/g1.txt" | sed 's/^/      | /'
+    else
+        record "$g_title" FAIL $(( $(date +%s) - t0 )) "the two runs differ in:$differ (losses: $(paste -d' ' "$tmp/dump1/losses.txt" "$tmp/dump2/losses.txt" 2>/dev/null | awk '$2 != $5 {print "step " $1 " " $2 " vs " $5; exit}'))"
+    fi
+else not_built "$g_title"; fi
+
+# ---------------------------------------------------------------- h: throughput
+t0=$(date +%s)
+section "h throughput"
+. tests/bench_lib.sh   # steady_step_ms
+if [ "$backend" = cuda ]; then
+    # bench-baseline's size (tests/bench_baseline.sh), and a larger model for the trainer
+    D=512 L=4 H=8 F=1408 V=256 T=256 B=8
+    big="--dim 1024 --n-layers 8 --n-heads 16 --n-kv-heads 8 --ffn-dim 2816 --seq-len 512 --batch 16"
+else D=64 L=2 H=4 F=128 V=256 T=32 B=4; big="--dim 64 --n-layers 2 --seq-len 64 --batch 8"; fi
+h_title="h throughput (1 rank: 01 bench size, 08 larger)"
+if [ -n "$built" ]; then
+    hfig=""; hok=yes
+    COMM=mpi timeout 240 $mpirun_base -np 1 "$root/$backend/01" --dim $D --n-layers $L --n-heads $H --n-kv-heads $H \
+        --ffn-dim $F --vocab $V --seq-len $T --batch $B --steps 6 --out "$tmp/h1" </dev/null >"$tmp/h1.txt" 2>&1 || hok=""
+    cat "$tmp/h1.txt" >>"$log"
+    ms=$(steady_step_ms <"$tmp/h1.txt" 2>/dev/null)
+    if [ -n "$hok" ] && [ -n "$ms" ]; then
+        # model FLOPs of a step, as bench_baseline.sh counts them: (6 N + 6 L T D) per token
+        hfig=$(awk -v D=$D -v L=$L -v F=$F -v V=$V -v T=$T -v B=$B -v ms="$ms" -v peak="$peak" 'BEGIN {
+            N = L * (4 * D * D + 3 * D * F + 2 * D) + D + V * D; f = (6 * N + 6 * L * T * D) * B * T
+            printf "01 (dim %d, %d layers, seq %d, batch %d): %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s", D, L, T, B, ms, B * T / ms * 1e3, f / ms / 1e9
+            if (peak > 0) printf ", MFU %.1f%%", 100 * f / ms / 1e9 / peak }')
+    else hfig="01: failed"; hok=""; fi
+    peak_flag=""; [ "$(awk -v p="$peak" 'BEGIN {print (p > 0)}')" = 1 ] && peak_flag="--peak-tflops $peak"
+    COMM=mpi timeout 240 $mpirun_base -np 1 "$root/$backend/08" $big --steps 8 --eval-every 0 $peak_flag --out "$tmp/h8" \
+        </dev/null >"$tmp/h8.txt" 2>&1 || hok=""
+    cat "$tmp/h8.txt" >>"$log"
+    # "step    4 | loss ... | 7261 tok/s | 35.3 ms | MFU 15.0% | mem 11.40 MiB": the steps after the first
+    f8=$(awk -F'|' '/^step +[0-9]+ \|/ && $1 !~ /^step +1 / {
+            for (i = 1; i <= NF; i++) { if ($i ~ /tok\/s/) { split($i, a, " "); tok += a[1] }
+                                        if ($i ~ /MFU/) { split($i, a, " "); sub("%", "", a[2]); mfu += a[2] }
+                                        if ($i ~ / ms *$/) { split($i, a, " "); ms += a[1] } }
+            n++ }
+         END { if (n) printf "%.1f ms/step, %.0f tokens/s, MFU %.1f%%", ms / n, tok / n, mfu / n }' "$tmp/h8.txt")
+    if [ -n "$f8" ]; then hfig="$hfig; 08 (${big//--/}): $f8"; else hfig="$hfig; 08: failed"; hok=""; fi
+    [ "$peak_flag" ] && hfig="$hfig (against $peak TFLOP/s fp32)"
+    if [ -n "$hok" ]; then record "$h_title" pass $(( $(date +%s) - t0 )) "$hfig"
+    else record "$h_title" FAIL $(( $(date +%s) - t0 )) "$hfig"; tail -5 "$tmp/h8.txt" | sed 's/^/      | /'; fi
+else not_built "$h_title"; fi
+
+# ---------------------------------------------------------------- the verdict
+total=$(( $(date +%s) - t_start + t_deps ))
+npass=0; for r in "${results[@]}"; do [ "$r" = pass ] && npass=$((npass + 1)); done
+verdict="gpu-check: $npass of ${#results[@]} parts pass in $total s; summary $out, every part's output $log"
+final=" in all"
+write_summary
+{ echo; echo "$verdict"; } >>"$out"
+echo
+echo "$verdict"
+[ "$npass" -eq "${#results[@]}" ]
