@@ -42,6 +42,13 @@ BACKEND   ?= $(BACKEND_AUTO)
 BACKEND_WHY = $(if $(or $(filter-out file,$(origin BACKEND)),$(filter-out $(BACKEND_AUTO),$(BACKEND))),BACKEND=$(BACKEND) given,$(BACKEND_AUTO_WHY))
 NP        ?= 2
 ARGS      ?=
+# COMM picks the collectives at run time (common/backend/comm.h): mpi, nccl (CUDA build, one
+# rank per GPU) or nccl-sim (CPU build: NCCL's ordering rules enforced over MPI); unset, each
+# program picks (nccl on the CUDA build when every rank has its own GPU, else mpi). Exported, so
+# `make check-05 COMM=nccl-sim` reaches the ranks.
+ifneq ($(COMM),)
+export COMM
+endif
 NPROC     := $(shell nproc 2>/dev/null || echo 1)
 
 ifneq ($(shell [ "$(NP)" -ge 1 ] 2>/dev/null && echo ok),ok)
@@ -61,7 +68,7 @@ endif
 # BACKEND=cuda without nvcc: one line and exit 2 here, rather than the C files compiled first and
 # then a recipe that runs the nvcc flags as a command (or, NVCC being empty, ignores the error
 # of "-std=c++17 ..."). Goals that build nothing with BACKEND are let through.
-NO_BACKEND_GOALS := help clean deps deps-check deps-check-test banner readme-outputs check-readme sanitize assignment-%
+NO_BACKEND_GOALS := help clean deps deps-check deps-check-test banner readme-outputs check-readme sanitize assignment-% gpu-check gpu-bundle
 ifeq ($(BACKEND)$(HAVE_NVCC),cuda)
 ifneq ($(filter-out $(NO_BACKEND_GOALS),$(or $(MAKECMDGOALS),all)),)
 $(error BACKEND=cuda needs nvcc, $(if $(NVCC),not found at $(NVCC),not found (no /usr/local/cuda/bin/nvcc and none on PATH)): set CUDA_HOME to the CUDA Toolkit or build with BACKEND=cpu)
@@ -323,6 +330,7 @@ help:
 	@echo "make gpu-bundle       Open MPI and cJSON as Debian packages in gpu-bundle/, for a GPU machine without them"
 	@echo "make clean            remove build/ and out/"
 	@echo "chapters:  $(CHAPTERS)"
-	@echo "variables: BACKEND=cpu|cuda (now $(BACKEND)), NP=ranks (now $(NP)), ARGS=\"chapter flags\", CUDA_HOME (now $(CUDA_HOME))"
+	@echo "variables: BACKEND=cpu|cuda (now $(BACKEND)), NP=ranks (now $(NP)), ARGS=\"chapter flags\", CUDA_HOME (now $(CUDA_HOME)),"
+	@echo "           COMM=mpi|nccl|nccl-sim (the collectives; now $(or $(COMM),unset: the program picks))"
 
 -include $(shell find $(BUILD_ROOT) -name '*.d' 2>/dev/null)
