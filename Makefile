@@ -92,9 +92,9 @@ WERROR    ?= -Werror
 BLAS_CFLAGS ?= $(eval BLAS_CFLAGS := $(shell tests/blas.sh cflags))$(BLAS_CFLAGS)
 BLAS_LIBS   ?= $(eval BLAS_LIBS := $(shell tests/blas.sh libs))$(BLAS_LIBS)
 CFLAGS    += -DREPO_ROOT='"$(CURDIR)"' -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter $(COMMON_INC) $(BLAS_CFLAGS) -MMD -MP
-LDLIBS_CPU   = $(LDFLAGS) $(BLAS_LIBS) -lcjson -lm -lpthread
+LDLIBS_CPU   = $(LDFLAGS) $(BLAS_LIBS) -lcjson -lz -lm -lpthread
 CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
-LDLIBS_CUDA := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lcjson -lm -lpthread
+LDLIBS_CUDA := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lcjson -lz -lm -lpthread
 MPI_CFLAGS  := $(shell mpicc --showme:compile 2>/dev/null)
 # Machine code for Turing (sm_75: T4), Ampere (sm_80: A100) and Hopper (sm_90: H100), plus the PTX
 # of compute_90, the newest in the list: a newer GPU (Blackwell, sm_100/sm_120) has no machine

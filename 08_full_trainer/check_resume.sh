@@ -11,11 +11,11 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 small="--dim 64 --n-layers 2 --seq-len 32 --batch 8 --steps 6 --eval-every 3 --eval-batches 2"
 case $np in 8) mesh_a="--pp 2 --dp-shard 2 --tp 2";; 4) mesh_a="--dp-shard 2 --tp 2";; *) mesh_a="--dp-shard -1";; esac
 fail() { echo "FAIL: $*"; exit 1; }
-run() {   # run NAME RANKS FLAGS...: out in $tmp/NAME, exit status returned
+run() {   # run NAME RANKS FLAGS...: out in $tmp/NAME.out, exit status returned
     local name=$1 n=$2; shift 2
-    $MPIRUN_BASE -np "$n" "$bin" --out "$tmp/$name" $small "$@" >"$tmp/$name.txt" 2>&1
+    $MPIRUN_BASE -np "$n" "$bin" --out "$tmp/$name.out" $small "$@" >"$tmp/$name.txt" 2>&1
 }
-losses() { tail -n +2 "$tmp/$1/metrics.csv" | cut -d, -f1-3; }   # step,loss,val_loss
+losses() { tail -n +2 "$tmp/$1.out/metrics.csv" | cut -d, -f1-3; }   # step,loss,val_loss
 
 run a "$np" $mesh_a --ckpt-dir "$tmp/ckpt" --ckpt-every 3 || { tail -5 "$tmp/a.txt"; fail "the uninterrupted run"; }
 [ "$(cat "$tmp/ckpt/latest")" = step_00000006 ] || fail "latest is '$(cat "$tmp/ckpt/latest")', not step_00000006"

@@ -8,6 +8,13 @@
  *                       this rank stores (param_stored_slice), filled from the pieces that overlap
  *                       it, file by file -> param_scatter into the rank's own layout.
  *
+ * Integrity (version 2 of the index): the index holds each rank file's size and zlib crc32; each
+ * rank file's metadata holds the step, the crc32 of the trainer's settings and where each of its
+ * pieces lies in its tensor. A reader checks every file it reads (size, crc32, step, settings,
+ * every piece's place, finite values) and the index itself (its step against the directory's
+ * name, every piece of every tensor exactly once), so a corrupt, swapped or edited checkpoint is
+ * refused with one line instead of loading wrong values.
+ *
  * Only the host touches the files, and the device only through device.h's copies (of each held
  * slice here, and inside param_scatter), so the same code serves both backends.
  */
@@ -18,6 +25,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -25,6 +33,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "comm.h"
 #include "device.h"
@@ -34,11 +43,34 @@
 #include "safetensors.h"
 
 #define CKPT_FORMAT "llama-tutorial-checkpoint"
-#define CKPT_VERSION 1
+#define CKPT_VERSION 2   /* 1: before the checksums (refused: checkpoint_load's line says so) */
 #define CKPT_NBLOCKS 3
 /* The blocks a checkpoint holds, as they are named in the files and the index. */
 static const char *const block_name[CKPT_NBLOCKS] = {"value", "adam_m", "adam_v"};
 static float *block_of(const param_table *t, int b) { return b == 0 ? t->params : b == 1 ? t->adam_m : t->adam_v; }
+
+uint32_t checkpoint_crc32(const void *data, size_t n) {
+    const unsigned char *p = data;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    while (n > 0) {   /* (zlib takes a uInt length: 1 GiB at a time) */
+        uInt part = n > (1u << 30) ? (1u << 30) : (uInt)n;
+        crc = crc32(crc, p, part);
+        p += part;
+        n -= part;
+    }
+    return (uint32_t)crc;
+}
+
+/* The first of the n floats at data (any alignment: a file's bytes) that is not finite, or n;
+ * its value in *v. */
+static size_t first_nonfinite(const void *data, size_t n, float *v) {
+    const unsigned char *p = data;
+    for (size_t k = 0; k < n; k++) {
+        memcpy(v, p + k * sizeof(float), sizeof(float));
+        if (!isfinite(*v)) return k;
+    }
+    return n;
+}
 
 /* ---------------------------------------------------------------- errors */
 
@@ -189,6 +221,22 @@ static bool parse_step_name(const char *s, int *step) {
  * (the table's coordinates: a vector is row 0 of [1, D]). */
 typedef struct { int i, b, r0, nr, c0, nc, file; } piece;
 enum { PIECE_FIELDS = 6 };   /* i, b, r0, nr, c0, nc: as floats in the gather */
+/* Each rank's file as floats in the gather, before its pieces: its crc32 in two 16-bit halves,
+ * its size in three (0: the rank wrote no file). */
+enum { FILE_FIELDS = 5 };
+static void file_fields_put(float *f, uint32_t crc, uint64_t bytes) {
+    f[0] = (float)(crc >> 16); f[1] = (float)(crc & 0xffff);
+    f[2] = (float)((bytes >> 32) & 0xffff); f[3] = (float)((bytes >> 16) & 0xffff); f[4] = (float)(bytes & 0xffff);
+}
+static void file_fields_get(const float *f, uint32_t *crc, uint64_t *bytes) {
+    *crc = (uint32_t)f[0] << 16 | (uint32_t)f[1];
+    *bytes = (uint64_t)f[2] << 32 | (uint64_t)f[3] << 16 | (uint64_t)f[4];
+}
+
+/* A piece's place in its tensor, as the rank file's metadata records it: "r0 nr c0 nc". */
+static void placement_text(char *buf, size_t len, int r0, int nr, int c0, int nc) {
+    snprintf(buf, len, "%d %d %d %d", r0, nr, c0, nc);
+}
 
 static cJSON *json_float(float v) {   /* %.9g: the exact float, read back */
     char buf[32];
@@ -216,7 +264,15 @@ static char *format_index(const cJSON *root) {
     fputs("{\n", f);
     for (const cJSON *item = root->child; item; item = item->next) {
         fprintf(f, "  \"%s\": ", item->string);
-        if (strcmp(item->string, "tensors") != 0) {
+        if (cJSON_IsArray(item) && cJSON_IsObject(item->child)) {   /* "files": one a line */
+            fputs("[\n", f);
+            for (const cJSON *x = item->child; x; x = x->next) {
+                char *v = cJSON_PrintUnformatted(x);
+                fprintf(f, "    %s%s\n", v ? v : "null", x->next ? "," : "");
+                cJSON_free(v);
+            }
+            fputs("  ]", f);
+        } else if (strcmp(item->string, "tensors") != 0) {
             char *v = cJSON_PrintUnformatted(item);
             fputs(v ? v : "null", f);
             cJSON_free(v);
@@ -253,8 +309,9 @@ static char *format_index(const cJSON *root) {
 }
 
 /* The index (rank 0): everything a reader needs without knowing the writer's mesh.
- * all: every rank's pieces as gathered, `most` per rank. */
-static char *index_json(const llama_model *m, const checkpoint_meta *meta, const float *all, int most, int world) {
+ * all: every rank's file (FILE_FIELDS) then its pieces (`most`, PIECE_FIELDS each), `per` floats a rank. */
+static char *index_json(const llama_model *m, const checkpoint_meta *meta, const float *all, int most, size_t per,
+                        int world) {
     const param_table *t = m->params;
     const llama_config *c = &m->c;
     cJSON *root = cJSON_CreateObject();
@@ -288,10 +345,18 @@ static char *index_json(const llama_model *m, const checkpoint_meta *meta, const
 
     cJSON *files = cJSON_AddArrayToObject(root, "files");
     for (int q = 0; q < world; q++) {
-        if (all[(size_t)q * most * PIECE_FIELDS] < 0 || most == 0) continue;   /* rank q holds nothing */
-        char name[32];
+        uint32_t crc;
+        uint64_t bytes;
+        file_fields_get(all + (size_t)q * per, &crc, &bytes);
+        if (bytes == 0) continue;   /* rank q holds nothing */
+        char name[32], hex[16];
         snprintf(name, sizeof name, "rank_%05d.safetensors", q);
-        cJSON_AddItemToArray(files, cJSON_CreateString(name));
+        snprintf(hex, sizeof hex, "%08" PRIx32, crc);
+        cJSON *f = cJSON_CreateObject();
+        cJSON_AddStringToObject(f, "file", name);
+        cJSON_AddNumberToObject(f, "bytes", (double)bytes);
+        cJSON_AddStringToObject(f, "crc32", hex);
+        cJSON_AddItemToArray(files, f);
     }
     cJSON *tensors = cJSON_AddObjectToObject(root, "tensors");
     for (int i = 0; i < t->n; i++) {
@@ -302,7 +367,7 @@ static char *index_json(const llama_model *m, const checkpoint_meta *meta, const
             cJSON *list = cJSON_AddArrayToObject(x, block_name[b]);
             for (int q = 0; q < world; q++)
                 for (int k = 0; k < most; k++) {
-                    const float *p = all + ((size_t)q * most + k) * PIECE_FIELDS;
+                    const float *p = all + (size_t)q * per + FILE_FIELDS + (size_t)k * PIECE_FIELDS;
                     if (p[0] < 0) break;
                     if ((int)p[0] != i || (int)p[1] != b) continue;
                     char file[32];
@@ -322,13 +387,40 @@ static char *index_json(const llama_model *m, const checkpoint_meta *meta, const
 
 /* ---------------------------------------------------------------- save */
 
-/* This rank's file: every slice it holds of the three blocks. Appends the pieces to *pieces
- * (PIECE_FIELDS floats each) and counts them in *n. 0, or -1 with err. */
-static int write_rank_file(const char *tmp_dir, const param_table *t, float **pieces, int *n, char *err,
-                           size_t errlen) {
+/* Every value this rank would save finite? 0, or -1 with err naming the first that is not. */
+static int check_finite(const param_table *t, int step, char *err, size_t errlen) {
+    if (!t->mesh && comm_world()->rank != 0) return 0;   /* (rank 0's copy is the one saved) */
+    for (int b = 0; b < CKPT_NBLOCKS; b++)
+        for (int i = 0; i < t->n; i++) {
+            int r0, nr, c0, nc;
+            size_t off, count;
+            if (!param_held_slice(t, block_of(t, b), i, &r0, &nr, &c0, &nc, &off) || (count = (size_t)nr * nc) == 0)
+                continue;
+            float *host = malloc(count * sizeof(float));
+            if (!host) return fail(err, errlen, "out of memory");
+            device_copy_to_host(host, block_of(t, b) + off, count * sizeof(float));
+            float v;
+            size_t bad = first_nonfinite(host, count, &v);
+            free(host);
+            if (bad < count)
+                return fail(err, errlen, "the state of step %d holds %g in %s/%s (row %zu, column %zu): not saved",
+                            step, (double)v, t->t[i].spec.name, block_name[b], r0 + bad / (size_t)nc,
+                            c0 + bad % (size_t)nc);
+        }
+    return 0;
+}
+
+/* This rank's file: every slice it holds of the three blocks, with the step, the crc32 of the
+ * trainer's settings and each piece's place as metadata. Appends the pieces to *pieces
+ * (PIECE_FIELDS floats each) and counts them in *n; the file's crc32 and size in *crc, *bytes
+ * (0 bytes: no file). 0, or -1 with err. */
+static int write_rank_file(const char *tmp_dir, const param_table *t, const checkpoint_meta *meta, float **pieces,
+                           int *n, uint32_t *crc, uint64_t *bytes, char *err, size_t errlen) {
     comm_group *w = comm_world();
     *n = 0;
     *pieces = NULL;
+    *crc = 0;
+    *bytes = 0;
     if (!t->mesh && w->rank != 0) return 0;   /* a single-device model on every rank: rank 0's copy */
     for (int i = 0; i < t->n; i++) {   /* the gather below moves the pieces' bounds as floats */
         const param_spec *s = &t->t[i].spec;
@@ -352,11 +444,13 @@ static int write_rank_file(const char *tmp_dir, const param_table *t, float **pi
             size_t count = (size_t)nr * nc;
             float *host = malloc(count * sizeof(float));
             device_copy_to_host(host, block + off, count * sizeof(float));
-            char name[128];
+            char name[128], place[64];
             snprintf(name, sizeof name, "%s/%s", s->name, block_name[b]);
             int64_t shape[2] = {nr, nc};
             if (s->is_vector) st_writer_add(wr, name, "F32", &shape[1], 1, host);
             else st_writer_add(wr, name, "F32", shape, 2, host);
+            placement_text(place, sizeof place, r0, nr, c0, nc);
+            st_writer_meta(wr, name, place);
             free(host);
             if (*n == cap) {
                 cap = cap ? 2 * cap : 64;
@@ -368,9 +462,22 @@ static int write_rank_file(const char *tmp_dir, const param_table *t, float **pi
         }
     }
     if (!wr) return 0;
+    char text[32];
     st_writer_meta(wr, "format", CKPT_FORMAT " shard");
+    snprintf(text, sizeof text, "%d", meta->step);
+    st_writer_meta(wr, "step", text);
+    snprintf(text, sizeof text, "%08" PRIx32, checkpoint_crc32(meta->trainer_json, strlen(meta->trainer_json)));
+    st_writer_meta(wr, "trainer_crc32", text);
     int rc = st_writer_save(wr, path, err, errlen);
     if (rc == 0 && sync_path(path) != 0) rc = fail(err, errlen, "cannot sync %s: %s", path, strerror(errno));
+    if (rc == 0) {   /* the checksum of the bytes as they are in the file */
+        unsigned char *written = NULL;
+        size_t size = 0;
+        char why[256] = "";
+        if (read_file(path, &written, &size, why, sizeof why) != 0) rc = fail(err, errlen, "cannot read back %s: %s", path, why);
+        else { *crc = checkpoint_crc32(written, size); *bytes = size; }
+        free(written);
+    }
     return rc;
 }
 
@@ -411,6 +518,9 @@ int checkpoint_save(const char *dir, const llama_model *m, const checkpoint_meta
     if (err && errlen) err[0] = 0;
     if (!dir || !dir[0]) return fail(err, errlen, "checkpoint: the directory is empty: expected a path");
     if (meta->step < 0) return fail(err, errlen, "checkpoint: step %d: expected 0 or more", meta->step);
+    /* ---- every rank: nothing non-finite (before anything on disk is touched) ---- */
+    int finite = check_finite(t, meta->step, err, errlen);
+    if (agree(finite, err, errlen) != 0) return -2;
 
     /* ---- rank 0 prepares DIR/step_N.tmp.<pid> (its pid, known to all) ---- */
     long pid = (long)comm_host_max(w, root ? (double)getpid() : 0.0);
@@ -432,24 +542,24 @@ int checkpoint_save(const char *dir, const llama_model *m, const checkpoint_meta
     /* ---- every rank: its own file ---- */
     float *mine = NULL;
     int n = 0;
+    uint32_t crc = 0;
+    uint64_t bytes = 0;
     if (rc == 0) {
-        rc = write_rank_file(tmp, t, &mine, &n, err, errlen);
+        rc = write_rank_file(tmp, t, meta, &mine, &n, &crc, &bytes, err, errlen);
         rc = agree(rc, err, errlen);
     }
 
-    /* ---- rank 0: the index, from every rank's list of pieces ---- */
+    /* ---- rank 0: the index, from every rank's file and list of pieces ---- */
     if (rc == 0) {
         int most = (int)comm_host_max(w, n);
-        size_t per = (size_t)most * PIECE_FIELDS + 1;
+        size_t per = FILE_FIELDS + (size_t)most * PIECE_FIELDS;
         float *send = malloc(per * sizeof(float)), *all = root ? malloc(per * w->size * sizeof(float)) : NULL;
         for (size_t k = 0; k < per; k++) send[k] = -1.0f;
-        if (n) memcpy(send, mine, (size_t)n * PIECE_FIELDS * sizeof(float));
+        file_fields_put(send, crc, bytes);
+        if (n) memcpy(send + FILE_FIELDS, mine, (size_t)n * PIECE_FIELDS * sizeof(float));
         comm_host_gather(w, send, all, per, 0);
         if (root) {
-            /* (gathered with a stride of `per`: compact them to `most` pieces per rank) */
-            for (int q = 0; q < w->size; q++)
-                memmove(all + (size_t)q * most * PIECE_FIELDS, all + (size_t)q * per, (size_t)most * PIECE_FIELDS * sizeof(float));
-            char *text = index_json(m, meta, all, most, w->size), *path = join(tmp, "index.json");
+            char *text = index_json(m, meta, all, most, per, w->size), *path = join(tmp, "index.json");
             rc = text && path ? write_text_atomic(path, text, err, errlen) : fail(err, errlen, "out of memory");
             free(path);
             free(text);
@@ -571,11 +681,14 @@ static int check_model(const cJSON *model, const llama_config *c, const char *wh
     return 0;
 }
 
+/* A rank file as the index lists it: its name (pointing into the index's JSON), size and crc32. */
+typedef struct { const char *name; double bytes; uint32_t crc; } ckpt_file;
+
 /* Parses and checks the index's pieces against the table: every piece inside its tensor, the
  * pieces of each block disjoint and covering the tensor exactly, every file among "files".
- * Fills pieces[] (malloc'd, *n of them) and files[] (*nfiles names, pointing into root). */
+ * Fills pieces[] (malloc'd, *n of them) and files[] (*nfiles of them). */
 static int read_pieces(const cJSON *root, const param_table *t, const char *where, piece **out, int *n,
-                       const char ***files, int *nfiles, char *err, size_t errlen) {
+                       ckpt_file **files, int *nfiles, char *err, size_t errlen) {
     const cJSON *jfiles = cJSON_GetObjectItemCaseSensitive(root, "files");
     const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(root, "tensors");
     if (!cJSON_IsArray(jfiles) || !cJSON_IsObject(tensors))
@@ -583,10 +696,20 @@ static int read_pieces(const cJSON *root, const param_table *t, const char *wher
     *nfiles = cJSON_GetArraySize(jfiles);
     *files = calloc((size_t)*nfiles + 1, sizeof **files);
     for (int f = 0; f < *nfiles; f++) {
-        const char *s = cJSON_GetStringValue(cJSON_GetArrayItem(jfiles, f));
+        const cJSON *jf = cJSON_GetArrayItem(jfiles, f);
+        const char *s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(jf, "file"));
+        const char *hex = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(jf, "crc32"));
+        const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(jf, "bytes");
         if (!s || !is_checkpoint_file(s) || strcmp(s, "index.json") == 0 || strstr(s, ".tmp"))
-            return fail(err, errlen, "checkpoint %s: files[%d] is not a rank_<r>.safetensors name", where, f);
-        (*files)[f] = s;
+            return fail(err, errlen, "checkpoint %s: files[%d] has no \"file\" that is a rank_<r>.safetensors name",
+                        where, f);
+        char *end = NULL;
+        unsigned long crc = hex ? strtoul(hex, &end, 16) : 0;
+        if (!hex || strlen(hex) != 8 || *end || !cJSON_IsNumber(bytes) || bytes->valuedouble <= 0)
+            return fail(err, errlen, "checkpoint %s: the index lacks the size or the crc32 (8 hex digits) of %s", where, s);
+        for (int g = 0; g < f; g++)
+            if (strcmp((*files)[g].name, s) == 0) return fail(err, errlen, "checkpoint %s: the index lists %s twice", where, s);
+        (*files)[f] = (ckpt_file){s, bytes->valuedouble, (uint32_t)crc};
     }
     if (cJSON_GetArraySize(tensors) != t->n)
         return fail(err, errlen, "checkpoint %s: the index holds %d tensors, this model has %d", where,
@@ -614,7 +737,7 @@ static int read_pieces(const cJSON *root, const param_table *t, const char *wher
                 piece p = {i, b, 0, 0, 0, 0, -1};
                 const char *file = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(pc, "file"));
                 for (int f = 0; file && f < *nfiles; f++)
-                    if (strcmp(file, (*files)[f]) == 0) p.file = f;
+                    if (strcmp(file, (*files)[f].name) == 0) p.file = f;
                 if (p.file < 0 || json_pair(cJSON_GetObjectItemCaseSensitive(pc, "offsets"), s->is_vector, &p.r0, &p.c0) ||
                     json_pair(cJSON_GetObjectItemCaseSensitive(pc, "sizes"), s->is_vector, &p.nr, &p.nc))
                     return fail(err, errlen, "checkpoint %s: a piece of %s/%s lacks a listed file, offsets or sizes",
@@ -662,8 +785,45 @@ static bool overlaps(const target *x, const piece *p) {
            p->c0 < x->c0 + x->nc && x->c0 < p->c0 + p->nc;
 }
 
-/* Every rank: the checkpoint in `path` into m. 0, or -1 with err. */
-static int load_from(const char *path, llama_model *m, checkpoint_meta *meta, char *err, size_t errlen) {
+/* Reads rank file f of the checkpoint in `path` and checks it against the index: its size and
+ * crc32, then its metadata's step and settings checksum. 0 (sf filled), or -1 with err. */
+static int read_rank_file(const char *path, const ckpt_file *f, int step, uint32_t trainer_crc, st_file *sf,
+                          char *err, size_t errlen) {
+    char *fp = join(path, f->name);
+    if (!fp) return fail(err, errlen, "out of memory");
+    struct stat st;
+    int rc = 0;
+    if (stat(fp, &st) != 0)
+        rc = fail(err, errlen, "checkpoint %s: %s: %s", path, f->name, strerror(errno));
+    else if ((double)st.st_size != f->bytes)
+        rc = fail(err, errlen, "checkpoint %s: %s is %lld bytes, the index says %.0f: the file was truncated or replaced",
+                  path, f->name, (long long)st.st_size, f->bytes);
+    else if (st_read(fp, sf, err, errlen) != 0) {   /* (the index's size, yet not safetensors: corrupt) */
+        char why[512];
+        snprintf(why, sizeof why, "%s", err);
+        rc = fail(err, errlen, "checkpoint %s: %s is corrupt: %s", path, f->name, why);
+    }
+    free(fp);
+    if (rc) return rc;
+    uint32_t crc = checkpoint_crc32(sf->blob, sf->blob_size);
+    const char *file_step = st_meta(sf, "step"), *file_trainer = st_meta(sf, "trainer_crc32");
+    char want[16];
+    snprintf(want, sizeof want, "%08" PRIx32, trainer_crc);
+    if (crc != f->crc)
+        rc = fail(err, errlen, "checkpoint %s: %s has crc32 %08" PRIx32 ", the index says %08" PRIx32 ": the file is "
+                  "corrupt", path, f->name, crc, f->crc);
+    else if (!file_step || atoi(file_step) != step || !file_trainer || strcmp(file_trainer, want) != 0)
+        rc = fail(err, errlen, "checkpoint %s: %s was written for step %s (settings crc32 %s), the index is of step %d "
+                  "(settings crc32 %s): the file belongs to another checkpoint", path, f->name,
+                  file_step ? file_step : "?", file_trainer ? file_trainer : "?", step, want);
+    if (rc) st_free(sf);
+    return rc;
+}
+
+/* Every rank: the checkpoint in `path` into m; expect_step >= 0: the step its directory's name
+ * says, which the index must hold. 0, or -1 with err. */
+static int load_from(const char *path, int expect_step, llama_model *m, checkpoint_meta *meta, char *err,
+                     size_t errlen) {
     param_table *t = m->params;
     char *index_path = join(path, "index.json");
     unsigned char *bytes = NULL;
@@ -680,19 +840,26 @@ static int load_from(const char *path, llama_model *m, checkpoint_meta *meta, ch
     cJSON *root = cJSON_Parse(text);
     free(text);
     piece *pieces = NULL;
-    const char **files = NULL;
+    ckpt_file *files = NULL;
     target *targets = NULL;
     int n = 0, nfiles = 0, rc = 0, version = 0, step = 0;
     const char *format = root ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "format")) : NULL;
     const char *seed = root ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "seed")) : NULL;
     const char *trainer = root ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "trainer")) : NULL;
     if (!root) rc = fail(err, errlen, "checkpoint %s: index.json is not valid JSON", path);
+    else if (format && strcmp(format, CKPT_FORMAT) == 0 && json_int(root, "version", &version) == 0 && version == 1)
+        rc = fail(err, errlen, "checkpoint %s: index.json is of version 1, written before checkpoints held checksums; "
+                  "this trainer loads version %d only (train again, or resume with the trainer that wrote it)", path,
+                  CKPT_VERSION);
     else if (!format || strcmp(format, CKPT_FORMAT) != 0 || json_int(root, "version", &version) || version != CKPT_VERSION)
         rc = fail(err, errlen, "checkpoint %s: index.json is not a \"%s\" index of version %d", path, CKPT_FORMAT,
                   CKPT_VERSION);
     else if (json_int(root, "step", &step) || step < 0 || !seed || !trainer ||
              strlen(trainer) >= sizeof ((checkpoint_meta *)0)->trainer_json)
         rc = fail(err, errlen, "checkpoint %s: index.json lacks a valid step, seed or trainer", path);
+    else if (expect_step >= 0 && step != expect_step)
+        rc = fail(err, errlen, "checkpoint %s: index.json says step %d, the directory's name step %d", path, step,
+                  expect_step);
     if (rc == 0) rc = check_model(cJSON_GetObjectItemCaseSensitive(root, "model"), &m->c, path, err, errlen);
     if (rc == 0) rc = read_pieces(root, t, path, &pieces, &n, &files, &nfiles, err, errlen);
 
@@ -713,9 +880,9 @@ static int load_from(const char *path, llama_model *m, checkpoint_meta *meta, ch
         for (int k = 0; k < n && !needed; k++)
             needed = pieces[k].file == f && overlaps(&targets[pieces[k].b * t->n + pieces[k].i], &pieces[k]);
         if (!needed) continue;
-        char *fp = join(path, files[f]);
         st_file sf;
-        if (st_read(fp, &sf, err, errlen) != 0) { free(fp); rc = -1; break; }
+        uint32_t trainer_crc = checkpoint_crc32(trainer, strlen(trainer));
+        if ((rc = read_rank_file(path, &files[f], step, trainer_crc, &sf, err, errlen)) != 0) break;
         for (int k = 0; k < n && rc == 0; k++) {
             const piece *p = &pieces[k];
             target *x = &targets[p->b * t->n + p->i];
@@ -727,12 +894,23 @@ static int load_from(const char *path, llama_model *m, checkpoint_meta *meta, ch
             bool fits = st && strcmp(st->dtype, "F32") == 0 &&
                         (s->is_vector ? st->ndim == 1 && st->shape[0] == p->nc
                                       : st->ndim == 2 && st->shape[0] == p->nr && st->shape[1] == p->nc);
+            char place[64];
+            placement_text(place, sizeof place, p->r0, p->nr, p->c0, p->nc);
+            const char *recorded = st_meta(&sf, name);
+            size_t count = (size_t)p->nr * p->nc, bad = count;
+            float v = 0;
             if (!fits) rc = fail(err, errlen, "checkpoint %s: %s holds no F32 tensor %s of the index's shape", path,
-                                 files[f], name);
+                                 files[f].name, name);
+            else if (!recorded || strcmp(recorded, place) != 0)   /* a piece mapped to the wrong file or place */
+                rc = fail(err, errlen, "checkpoint %s: %s holds %s at rows, columns '%s' (start size start size), the "
+                          "index says '%s'", path, files[f].name, name, recorded ? recorded : "(not recorded)", place);
+            else if ((bad = first_nonfinite(st->data, count, &v)) < count)
+                rc = fail(err, errlen, "checkpoint %s: %s: %s holds %g (row %zu, column %zu): a checkpoint with "
+                          "non-finite values cannot be trained on", path, files[f].name, name,
+                          (double)v, p->r0 + bad / (size_t)p->nc, p->c0 + bad % (size_t)p->nc);
             else fill(x, p, st->data);
         }
         st_free(&sf);
-        free(fp);
     }
     /* every rectangle whole (the index's pieces tile each tensor), then into the device */
     for (int k = 0; rc == 0 && k < CKPT_NBLOCKS * t->n; k++) {
@@ -774,7 +952,11 @@ int checkpoint_load(const char *dir, llama_model *m, checkpoint_meta *meta, char
         char *path = NULL;
         if (where == -3) path = strdup(d);
         else if (asprintf(&path, "%s/step_%08d", d, (int)where) < 0) path = NULL;
-        rc = path ? load_from(path, m, meta, err, errlen) : fail(err, errlen, "out of memory");
+        /* the step the directory's name says: latest's, or DIR's own name when it is a step_N */
+        int expect = where >= 0 ? (int)where : -1;
+        const char *base = strrchr(d, '/');
+        if (where == -3 && !parse_step_name(base ? base + 1 : d, &expect)) expect = -1;
+        rc = path ? load_from(path, expect, m, meta, err, errlen) : fail(err, errlen, "out of memory");
         rc = agree(rc, err, errlen);
         free(path);
     }

@@ -4,9 +4,16 @@
  * plus an index that says which piece of which tensor lies where (README.md, "Checkpoints"):
  *
  *   DIR/latest                      "step_00000200": the newest complete checkpoint
- *   DIR/step_00000200/index.json    mesh, model, step, seed, the trainer's settings, and for
- *                                   every tensor its global shape and its pieces
- *   DIR/step_00000200/rank_00003.safetensors   rank 3's pieces: "<tensor>/value", "/adam_m", "/adam_v"
+ *   DIR/step_00000200/index.json    mesh, model, step, seed, the trainer's settings, every rank
+ *                                   file's size and crc32, and for every tensor its global shape
+ *                                   and its pieces
+ *   DIR/step_00000200/rank_00003.safetensors   rank 3's pieces: "<tensor>/value", "/adam_m", "/adam_v";
+ *                                   its metadata: the step, the settings' crc32, each piece's place
+ *
+ * Loading proves the checkpoint whole before it is used: every file it reads has the index's
+ * size and crc32 and the index's step and settings; each piece lies where the index says; the
+ * index's pieces tile every tensor exactly once; the index's step is the directory's; every value
+ * is finite. Anything else is refused with one line naming the file and what is wrong.
  *
  * Each rank writes the slices it is the one to send (param_held_slice, params.h), so every
  * element of every tensor is stored exactly once, however the mesh replicates it. Loading reads
@@ -41,12 +48,15 @@ typedef struct {
  * AdamW's m and v, then points DIR/latest at it. An existing step_N of the same step is replaced.
  * Leftovers of an interrupted save (DIR/step_*.tmp.*) are removed first. The test hook: when the
  * environment variable CKPT_TEST_CRASH_BEFORE_RENAME is set (on any rank), every rank exits with
- * status 3 once everything is written, before the rename. Returns 0, or -1 with one line in err. */
+ * status 3 once everything is written, before the rename. Returns 0; -2 when a value to save is
+ * NaN or infinite (checked first: nothing on disk is touched; err names the tensor); -1 with one
+ * line in err on any other failure. */
 int checkpoint_save(const char *dir, const llama_model *m, const checkpoint_meta *meta, char *err, size_t errlen);
 
 /* Reads the checkpoint DIR/latest names (or DIR itself when it is a step directory, one holding an
  * index.json), checks that it was written for m's model configuration (else -1, the line naming the
- * first value that differs), and loads the parameters and AdamW's m and v into m's own layout.
+ * first value that differs) and that it is whole (above; an index of version 1, from before the
+ * checksums, is refused), and loads the parameters and AdamW's m and v into m's own layout.
  * The gradients are left as they are. Fills *meta. Returns 0; 1 when DIR holds no checkpoint (it
  * does not exist, or holds neither latest nor index.json); -1 on error (a missing or corrupt file,
  * a piece that does not fit, ...), m then partly overwritten. */
@@ -56,6 +66,9 @@ int checkpoint_load(const char *dir, llama_model *m, checkpoint_meta *meta, char
  * looks and every rank gets its answer, so that a refusal built on it is the same everywhere.
  * Collective; checks nothing inside (checkpoint_load does). */
 bool checkpoint_exists(const char *dir);
+
+/* zlib's crc32 of n bytes (any n): the checksum of the index, also the trainer's of its data file. */
+uint32_t checkpoint_crc32(const void *data, size_t n);
 
 /* Every parameter gathered to rank 0 and written there as one safetensors file with the
  * baseline's names and PyTorch's shapes (those of --dump's init.safetensors: loadable with

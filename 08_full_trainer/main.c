@@ -38,9 +38,10 @@ static void trainer_settings(const run_options *o, const trainer_options *co, co
     snprintf(json, len, "{\"dim\": %d, \"n_layers\": %d, \"n_heads\": %d, \"n_kv_heads\": %d, \"ffn_dim\": %d, "
              "\"vocab\": %d, \"seq_len\": %d, \"batch\": %d, \"accum\": %d, \"steps\": %d, \"seed\": %llu, "
              "\"lr\": %.9g, \"lr_min\": %.9g, \"warmup\": %d, \"clip_grad_norm\": %.9g, \"fp8\": \"%s\", "
-             "\"data_bytes\": %zu}", c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size,
-             c->seq_len, o->batch, co->accum, o->steps, (unsigned long long)o->seed, lr->lr, lr->lr_min, lr->warmup,
-             o->opt.clip_grad_norm, fp8_recipe_name(co->par.fp8.recipe), corpus->n);
+             "\"data\": \"%zu bytes, crc32 %08x\"}", c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim,
+             c->vocab_size, c->seq_len, o->batch, co->accum, o->steps, (unsigned long long)o->seed, lr->lr, lr->lr_min,
+             lr->warmup, o->opt.clip_grad_norm, fp8_recipe_name(co->par.fp8.recipe), corpus->n,
+             (unsigned)checkpoint_crc32(corpus->bytes, corpus->n));   /* the text itself, not only its size */
 }
 
 int main(int argc, char **argv) {
@@ -121,16 +122,28 @@ int main(int argc, char **argv) {
     llama_model *model = run_model(&o, &plan);
 
     /* ---- where the run starts: step 1, or a checkpoint (saved on any mesh) ---- */
-    trainer t = {&o, &corpus, co.eval_every, co.eval_batches, co.ckpt_dir, co.ckpt_every, "", 0, 0, NULL, NAN};
+    trainer t = {&o, &corpus, co.eval_every, co.eval_batches, co.ckpt_dir, co.ckpt_every, "", 0, 0, NULL, NAN, 0};
     trainer_settings(&o, &co, &corpus, &lr, t.trainer_json, sizeof t.trainer_json);
     if (co.resume) {
         checkpoint_meta meta = {0};
         int rc = checkpoint_load(co.ckpt_dir, model, &meta, err, sizeof err);
         comm_require_all(rc == 0, "--resume: %s", rc == 1 ? "the directory holds no checkpoint" : err);
-        if (strcmp(meta.trainer_json, t.trainer_json) != 0)
-            comm_exit_usage("--resume: the checkpoint in %s was written by a run with other settings: it has %s, this run "
-                            "%s", co.ckpt_dir, meta.trainer_json, t.trainer_json);
+        char diff[1024];
+        if (trainer_settings_diff(meta.trainer_json, t.trainer_json, diff, sizeof diff) > 0)
+            comm_exit_usage("--resume: the checkpoint in %s (step %d) was written with other settings: %s", co.ckpt_dir,
+                            meta.step, diff);
         o.first_step = meta.step + 1;
+        t.last_ckpt_step = meta.step;
+        if (meta.step >= o.steps) {   /* (the final checkpoint: --steps is among the settings) */
+            log0("--resume: the checkpoint in %s is of step %d of --steps %d: nothing left to do\n", co.ckpt_dir,
+                 meta.step, o.steps);
+            llama_free(model);
+            parallelize_free(&plan, &co.par);
+            if (co.par.fp8.recipe != FP8_OFF) float8_free(&baseline);
+            text_corpus_free(&corpus);
+            comm_finalize();
+            return 0;
+        }
     }
 
     char mesh_name[128];

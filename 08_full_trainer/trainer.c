@@ -1,5 +1,7 @@
 /* trainer.c: see trainer.h. */
+#include <cjson/cJSON.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "checkpoint.h"
@@ -96,9 +98,84 @@ double evaluate(llama_model *m, const text_corpus *corpus, int rows, int n_batch
     return sum / n_batches;
 }
 
+/* A setting as the mismatch line shows it: a number with the fewest digits that give the same
+ * float back (0.003, not 0.00300000003), anything else as JSON. Free with cJSON_free. */
+static char *setting_text(const cJSON *x) {
+    if (!cJSON_IsNumber(x)) return cJSON_PrintUnformatted(x);
+    char buf[40];
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, x->valuedouble);
+        if ((float)strtod(buf, NULL) == (float)x->valuedouble) break;
+    }
+    char *text = cJSON_malloc(strlen(buf) + 1);
+    if (text) strcpy(text, buf);
+    return text;
+}
+
+int trainer_settings_diff(const char *saved, const char *now, char *out, size_t len) {
+    cJSON *a = cJSON_Parse(saved), *b = cJSON_Parse(now);
+    int n = 0;
+    size_t used = 0;
+    if (len) out[0] = 0;
+    for (const cJSON *x = b ? b->child : NULL; x; x = x->next) {   /* (both written by trainer_settings) */
+        const cJSON *y = a ? cJSON_GetObjectItemCaseSensitive(a, x->string) : NULL;
+        char *now_text = cJSON_PrintUnformatted(x), *then_text = y ? cJSON_PrintUnformatted(y) : NULL;
+        if (!then_text || strcmp(then_text, now_text) != 0) {
+            cJSON_free(now_text);
+            cJSON_free(then_text);
+            now_text = setting_text(x);
+            then_text = y ? setting_text(y) : NULL;
+            char flag[64];   /* the setting's flag: "n_kv_heads" -> "--n-kv-heads" */
+            snprintf(flag, sizeof flag, "--%s", x->string);
+            for (char *c = flag; *c; c++) if (*c == '_') *c = '-';
+            if (used < len)
+                used += (size_t)snprintf(out + used, len - used, "%s%s: checkpoint %s, this run %s", n ? "; " : "",
+                                         flag, then_text ? then_text : "(not recorded)", now_text);
+            n++;
+        }
+        cJSON_free(now_text);
+        cJSON_free(then_text);
+    }
+    if (!a || !b) {   /* (not JSON: the two texts differ, say so) */
+        if (len) snprintf(out, len, "the checkpoint's settings are not readable: %.200s", saved);
+        n = 1;
+    }
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    return n;
+}
+
+/* Training cannot go on from a non-finite state: one line (rank 0), every rank exits with
+ * TRAINER_EXIT_NONFINITE. The checkpoints on disk are as the last good save left them. */
+static void stop_nonfinite(const trainer *t, const char *what) {
+    if (t->csv) fflush(t->csv);
+    if (comm_world()->rank == 0) {
+        char last[600] = "no checkpoint was saved";
+        if (t->ckpt_dir && t->last_ckpt_step > 0)
+            snprintf(last, sizeof last, "the last good checkpoint is %s/step_%08d", t->ckpt_dir, t->last_ckpt_step);
+        fprintf(stderr, "error: %s: training stopped (exit status %d); %s\n", what, TRAINER_EXIT_NONFINITE, last);
+        fflush(stderr);
+    }
+    fflush(stdout);
+    comm_barrier(comm_world());
+    comm_finalize();
+    exit(TRAINER_EXIT_NONFINITE);
+}
+
 void trainer_after_step(void *ctx, llama_model *m, const run_step *s) {
     trainer *t = ctx;
     const run_options *o = t->run;
+    /* a non-finite loss or gradient norm: the parameters are lost, stop before anything is saved
+     * (rank 0's values decide: it holds the loss the metrics show) */
+    bool bad_loss = !isfinite(s->loss), bad_norm = !isfinite(s->grad_norm);
+    bool root = comm_world()->rank == 0;
+    if (comm_host_max(comm_world(), root && (bad_loss || bad_norm) ? 1.0 : 0.0) > 0) {
+        char what[160];
+        if (bad_loss && bad_norm) snprintf(what, sizeof what, "step %d: the loss is %g and the gradient norm %g", s->step, s->loss, s->grad_norm);
+        else if (bad_loss) snprintf(what, sizeof what, "step %d: the loss is %g (gradient norm %g)", s->step, s->loss, s->grad_norm);
+        else snprintf(what, sizeof what, "step %d: the gradient norm is %g (loss %g)", s->step, s->grad_norm, s->loss);
+        stop_nonfinite(t, what);
+    }
     bool eval_now = t->eval_every > 0 && (s->step % t->eval_every == 0 || s->step == o->steps);
     comm_set_counting(false);   /* the traffic tables count the training steps only */
     double val = eval_now ? evaluate(m, t->corpus, o->batch, t->eval_batches) : NAN;
@@ -119,7 +196,13 @@ void trainer_after_step(void *ctx, llama_model *m, const run_step *s) {
         char err[512] = "";
         double t0 = wall_seconds();
         int rc = checkpoint_save(t->ckpt_dir, m, &meta, err, sizeof err);
+        if (rc == -2) {   /* a finite loss and norm, yet a value overflowed: saved nowhere */
+            char what[600];
+            snprintf(what, sizeof what, "step %d: %s", s->step, err);
+            stop_nonfinite(t, what);
+        }
         comm_require_all(rc == 0, "--ckpt-dir %s: %s", t->ckpt_dir, err);
+        t->last_ckpt_step = s->step;
         log0("           checkpoint of step %d saved in %s (%.0f ms)\n", s->step, t->ckpt_dir, 1e3 * (wall_seconds() - t0));
     }
     comm_set_counting(true);

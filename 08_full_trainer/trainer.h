@@ -46,7 +46,16 @@ typedef struct {
     double peak_flops, flops_per_token;
     FILE *csv;                      /* OUT/metrics.csv, rank 0                                    */
     double last_val_loss;           /* NAN until the first evaluation                             */
+    int last_ckpt_step;             /* the newest checkpoint this run saved or resumed from; 0: none */
 } trainer;
+
+/* The exit status of a run stopped by a non-finite loss or gradient norm (README, "Exit statuses"). */
+#define TRAINER_EXIT_NONFINITE 4
+
+/* The settings of a checkpoint (`saved`) against this run's (`now`), both written by the trainer
+ * as a JSON object: the number of fields that differ, and in out one line naming each by its flag
+ * ("--dim: checkpoint 96, this run 64; --lr: ..."). */
+int trainer_settings_diff(const char *saved, const char *now, char *out, size_t len);
 
 /* The state this rank stores (parameters, gradients, AdamW's m and v), as the allocator counted
  * it, beside --plan's formula for its pipeline stage (plan_calc_stage_floats: its tp slices,
@@ -58,5 +67,8 @@ int report_state_memory(const llama_config *c, const int mesh[MESH_NDIMS], int p
  * sequences (the global batch, which the model's ranks split as in training). Collective. */
 double evaluate(llama_model *m, const text_corpus *corpus, int rows, int n_batches);
 
-/* run_options.after_step: the metrics line and CSV row, evaluation and checkpoints when due. */
+/* run_options.after_step: the metrics line and CSV row, evaluation and checkpoints when due.
+ * A non-finite loss or gradient norm (or a checkpoint_save refusing a non-finite state) ends
+ * every rank with TRAINER_EXIT_NONFINITE and one line naming the step, before that step's
+ * checkpoint: the last one saved stays DIR/latest. */
 void trainer_after_step(void *trainer_ctx, llama_model *m, const run_step *s);

@@ -8,6 +8,7 @@ case "$st" in
 1)   echo "$what: exit status 1: PARITY FAILED (the parallel run disagrees with the baseline) or a runtime error" ;;
 2)   echo "$what: exit status 2: bad input (a flag's value, or ranks started with different arguments)" ;;
 3)   echo "$what: exit status 3: a rank waited longer than --timeout: another rank stopped, died or is stuck" ;;
+4)   echo "$what: exit status 4: the loss or the gradient norm became NaN or infinite (chapter 08); the last good checkpoint is kept" ;;
 124) echo "$what: exit status 124: stopped by timeout(1)" ;;
 126|127) echo "$what: exit status $st: mpirun could not be run (not executable or not found)" ;;
 132) echo "$what: exit status 132: mpirun could not start the program (or a rank was killed by SIGILL)" ;;

@@ -20,7 +20,9 @@
  *   - the export: one safetensors file with the baseline's names and shapes and the reference's
  *     values, byte-identical whether exported from mesh A or from the single-device model;
  *   - refusals, the same on every rank: no checkpoint (1), a model of another ffn_dim (-1, the
- *     line names ffn_dim), latest naming a missing step, a truncated rank file (-1).
+ *     line names ffn_dim), latest naming a missing step, a truncated rank file (-1); a save of a
+ *     state holding NaN (-2, nothing written). The index's crc32 and sizes match the files.
+ *     (The corruption suite, through the trainer: tests/t_checkpoint_corrupt.sh.)
  *
  * Modes for tests/t_checkpoint_crash.sh:  --save DIR STEPS  (train STEPS steps on mesh A, save),
  * --verify DIR STEP  (load DIR on another mesh; must hold step STEP of mesh A's run),
@@ -29,6 +31,7 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <ftw.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -272,12 +275,24 @@ static void check_directory(const char *dir, const llama_config *c) {
     int nfiles = 0;
     const cJSON *f;
     cJSON_ArrayForEach(f, files) {
-        char fp[1024];
-        snprintf(fp, sizeof fp, "%s/step_00000002/%s", dir, f->valuestring);
+        char fp[1024], hex[16];
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(f, "file"));
+        const char *crc = cJSON_GetStringValue(cJSON_GetObjectItem(f, "crc32"));
+        const cJSON *size = cJSON_GetObjectItem(f, "bytes");
+        CHECK(name && crc && cJSON_IsNumber(size), "files[%d] lacks its file, crc32 or bytes", nfiles);
+        if (!name || !crc || !cJSON_IsNumber(size)) continue;
+        snprintf(fp, sizeof fp, "%s/step_00000002/%s", dir, name);
         st_file sf;
         char err[512];
         if (st_read(fp, &sf, err, sizeof err) != 0) { CHECK(0, "%s", err); continue; }
-        for (int k = 0; k < sf.n_tensors; k++) bytes += (double)sf.tensors[k].nbytes;
+        snprintf(hex, sizeof hex, "%08x", (unsigned)checkpoint_crc32(sf.blob, sf.blob_size));
+        CHECK(strcmp(hex, crc) == 0 && size->valuedouble == (double)sf.blob_size,
+              "%s: crc32 %s and %zu bytes, the index says %s and %.0f", name, hex, sf.blob_size, crc, size->valuedouble);
+        CHECK(st_meta(&sf, "step") && strcmp(st_meta(&sf, "step"), "2") == 0, "%s: the metadata's step is not 2", name);
+        for (int k = 0; k < sf.n_tensors; k++) {
+            bytes += (double)sf.tensors[k].nbytes;
+            CHECK(st_meta(&sf, sf.tensors[k].name) != NULL, "%s: no place recorded for %s", name, sf.tensors[k].name);
+        }
         st_free(&sf);
         nfiles++;
     }
@@ -445,6 +460,28 @@ static int run_all(const char *dir) {
         rc = checkpoint_load(path, t->m, &got, err, sizeof err);
         CHECK(rc == -1, "a truncated rank file: rc %d, want -1", rc);
         if (root) CHECK(strstr(err, "rank_") != NULL, "the truncated file's line names it: '%s'", err);
+
+        /* a state holding NaN is never saved: -2 on every rank, nothing on disk touched */
+        {
+            param_table *pt = t->m->params;
+            int r0, nr, c0, nc;
+            size_t off;
+            if (param_held_slice(pt, pt->params, 0, &r0, &nr, &c0, &nc, &off) && (size_t)nr * nc > 0) {
+                float nan = NAN;
+                device_copy_to_device(pt->params + off, &nan, sizeof nan);
+            }
+            checkpoint_meta bad_meta = {3, SEED, "{}"};
+            err[0] = 0;
+            rc = checkpoint_save(dir, t->m, &bad_meta, err, sizeof err);
+            CHECK(rc == -2, "a save of a state holding NaN: rc %d, want -2", rc);
+            if (root) CHECK(strstr(err, pt->t[0].spec.name) && strstr(err, "nan"), "the NaN save's line: '%s'", err);
+            snprintf(path, sizeof path, "%s/step_00000003", dir);
+            CHECK(!exists(path), "a save of a state holding NaN left %s", path);
+            snprintf(path, sizeof path, "%s/latest", dir);
+            const char *latest = read_text(path);
+            CHECK(latest && strcmp(latest, "step_00000002\n") == 0, "after the NaN save, latest holds '%s'",
+                  latest ? latest : "(none)");
+        }
         drop(t);
     }
 
