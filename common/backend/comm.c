@@ -391,7 +391,7 @@ void comm_wait_split(int kind, double *data_seconds, double *peer_seconds) {
     double data = 0, peer = 0;
     for (int i = 0; i < n_groups; i++) {   /* the same groups in the same order on every rank */
         comm_group *g = groups[i];
-        if (g->size < 2) continue;
+        if (g->size < 2 || g->counted_as) continue;   /* links carry send/recv only: never logged */
         int n = g->timelog ? g->timelog->n : 0, mine[2] = {n, -n}, most[2];   /* max n, -(min n) */
         MPI_Allreduce(mine, most, 2, MPI_INT, MPI_MAX, mpi_of(g));
         if (n == 0) continue;
