@@ -427,6 +427,24 @@ static void check_progress(comm_group *g) {
     free(mine); free(all);
 }
 
+/* Host-side agreement while collectives are still in flight on the same group: the emulation
+ * (COMM=nccl-sim) starts a queued collective late, and its MPI calls must not meet the host's
+ * (it runs them on a communicator of its own, as NCCL does). Rank 0 dawdles so the ranks differ. */
+static void check_host_beside_queued(comm_group *g) {
+    float a_h[3] = {1, 2, 3}, b_h[3] = {10, 20, 30}, got[3];
+    float *a = dev_from(a_h, 3), *b = dev_from(b_h, 3);
+    comm_request q[2] = {comm_iall_reduce(g, a, 3, COMM_SUM), comm_iall_reduce(g, b, 3, COMM_SUM)};
+    if (g->rank == 0) usleep(20000);
+    double s = comm_host_sum(g, g->rank + 1.0);
+    comm_wait_all(q, 2);
+    CHECK(s == g->size * (g->size + 1) / 2.0, "host sum beside queued collectives: %g", s);
+    fetch(got, a, 3);
+    for (int i = 0; i < 3; i++) CHECK_CLOSE(got[i], a_h[i] * g->size, 0, 0, "first queued all-reduce");
+    fetch(got, b, 3);
+    for (int i = 0; i < 3; i++) CHECK_CLOSE(got[i], b_h[i] * g->size, 0, 0, "second queued all-reduce");
+    device_free(a); device_free(b);
+}
+
 /* The byte all-gather: rank-major bytes, counted as an all-gather of size * nbytes bytes. */
 static void check_byte_gather(comm_group *g) {
     enum { n = 13 };   /* an odd count: bytes, not floats */
@@ -503,6 +521,7 @@ int main(int argc, char **argv) {
     check_wait_time(world);
     check_progress(world);
     check_byte_gather(world);
+    check_host_beside_queued(world);
 
     if (world->size == 4) {
         /* 2x2 mesh: tp groups {0,1} {2,3}; dp_shard groups {0,2} {1,3} */

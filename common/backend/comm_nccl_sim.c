@@ -49,8 +49,12 @@ typedef struct sim_op {
     struct sim_op *next;
 } sim_op;
 
+/* A group's queue, on an MPI communicator of its own: duplicated from the group's, as NCCL's
+ * communicator is separate from MPI's, so that an operation started late (rule 1) is never
+ * matched with a host-side collective (comm_host_sum, comm_barrier) on the group's own. */
 typedef struct {
     sim_op *head, *tail;
+    MPI_Comm comm;
 } sim_queue;
 
 /* Every group's queue on this rank, for the polling of rule 4. */
@@ -67,13 +71,14 @@ static void add_queue(comm_group *g) {
     }
     sim_queue *q = calloc(1, sizeof *q);
     if (!queues || !q) { fprintf(stderr, "comm_nccl_sim: out of host memory\n"); exit(1); }
+    MPI_Comm_dup(mpi_of(g), &q->comm);   /* collective over g: every member adds its queue here */
     g->backend = q;
     queues[n_queues++] = q;
 }
 
 /* The operation's MPI calls, now that it is at the head of its queue. */
 static void start(sim_op *o) {
-    MPI_Comm c = mpi_of(o->g);
+    MPI_Comm c = queue_of(o->g)->comm;
     int sc = (int)o->send_count, rc = (int)o->recv_count;
     o->nreq = 1;
     switch (o->kind) {
@@ -214,6 +219,13 @@ static void sim_finalize(void) {
         while (queues[i]->head)
             if (!advance(queues[i])) { poll_all(); sched_yield(); }
     }
+    for (int i = 0; i < n_queues; i++) {
+        MPI_Comm_free(&queues[i]->comm);
+        free(queues[i]);
+    }
+    free(queues);
+    queues = NULL;
+    n_queues = cap_queues = 0;
 }
 static void sim_sync(void) {}
 
