@@ -37,6 +37,8 @@
 #       opens, used or not, and prints "unable to open mca_..." for each that fails to load, on
 #       every run: without these, a single-node run printed such lines (verify catches them).
 #   libcjson1 libcjson-dev   cJSON.
+#   zlib1g zlib1g-dev        zlib (chapter 08's checkpoint checksums link -lz): the runtime comes
+#                            too, since the -dev package's libz.so points at its own version.
 # Left out: openssh-client (a run on one node needs no ssh: env selects the plm that launches
 # locally when there is none), libhwloc-plugins (optional hwloc plugins that pull in X11,
 # libxml2, OpenCL), and BASE_PACKAGES below.
@@ -45,10 +47,10 @@ BUNDLE_PACKAGES="openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev
  libevent-core-2.1-7 libevent-pthreads-2.1-7 libhwloc15 libpmix2 libmunge2
  libfabric1 libucx0 libibverbs1 ibverbs-providers librdmacm1 libnl-3-200 libnl-route-3-200
  libpsm2-2 libpsm-infinipath1 libnuma1
- libcjson1 libcjson-dev"
-# what the bundle takes from the system: glibc, gcc's runtime libraries, zlib, libudev (hwloc),
+ libcjson1 libcjson-dev zlib1g zlib1g-dev"
+# what the bundle takes from the system: glibc, gcc's runtime libraries, libudev (hwloc),
 # libuuid (psm): in the base of every Debian and Ubuntu image, and gcc's with any C compiler
-BASE_PACKAGES="libc6 libgcc-s1 libstdc++6 zlib1g libudev1 libuuid1 libatomic1"
+BASE_PACKAGES="libc6 libgcc-s1 libstdc++6 libudev1 libuuid1 libatomic1"
 here=$(cd "$(dirname "$0")" && pwd)
 
 # the multiarch directory the packages use (x86_64-linux-gnu, aarch64-linux-gnu, ...)

@@ -64,6 +64,8 @@ what_missing() {
     # linked as the build links (mpicc, with a bundle's OMPI_LDFLAGS), else with gcc
     local compiler=gcc; [ -z "$m" ] && compiler=mpicc
     $compiler "$tmp/cj.c" -o "$tmp/cj" -lcjson >/dev/null 2>&1 || m="${m:+$m and }cJSON"
+    printf '#include <zlib.h>\nint main(void) { return crc32(0L, 0, 0) != 0; }\n' >"$tmp/z.c"
+    $compiler "$tmp/z.c" -o "$tmp/z" -lz >/dev/null 2>&1 || m="${m:+$m and }zlib"
     echo "$m"
 }
 t_deps=$(date +%s)
@@ -71,13 +73,13 @@ missing=$(what_missing)
 deps_how="the system's packages"
 if [ -n "$missing" ]; then
     if ! ls "$bundle"/debs/*.deb >/dev/null 2>&1; then
-        echo "gpu-check: $missing missing and no $bundle/ here: run make gpu-bundle on a Debian 12 machine with its package registry and copy gpu-bundle/ into this checkout (or apt-get install openmpi-bin libopenmpi-dev libcjson-dev)"
+        echo "gpu-check: $missing missing and no $bundle/ here: run make gpu-bundle on a Debian 12 machine with its package registry and copy gpu-bundle/ into this checkout (or apt-get install openmpi-bin libopenmpi-dev libcjson-dev zlib1g-dev)"
         exit 2
     fi
     need=$(sed -n 's/^glibc >= //p' "$bundle/MANIFEST" 2>/dev/null)
     have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
     if [ -n "$need" ] && [ -n "$have" ] && [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" != "$need" ]; then
-        echo "gpu-check: $missing missing, and $bundle/'s libraries (Debian 12) need glibc >= $need where this machine has $have: install openmpi-bin libopenmpi-dev libcjson-dev from this system's own distribution"
+        echo "gpu-check: $missing missing, and $bundle/'s libraries (Debian 12) need glibc >= $need where this machine has $have: install openmpi-bin libopenmpi-dev libcjson-dev zlib1g-dev from this system's own distribution"
         exit 2
     fi
     if ! why=$(bash tests/gpu_bundle.sh unpack "$bundle" "$bundle/root" 2>&1); then
