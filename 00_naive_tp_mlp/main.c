@@ -21,6 +21,7 @@
 #include "log.h"
 #include "mesh.h"
 #include "mlp.h"
+#include "outputs.h"
 #include "parity.h"
 #include "report.h"
 #include "shard.h"
@@ -106,7 +107,10 @@ int main(int argc, char **argv) {
     mesh_shape shape = {{1, 1, 1, 1, world}};
     device_mesh *mesh = mesh_create(shape);
     comm_group *tp = mesh->group[MESH_TP];
-    cli_require_output_dir("--out", o.out_dir);   /* the last refusal: only now is out/ created */
+    /* the last refusal: only now is out/ created, and locked (one run per directory; outputs.h) */
+    run_path out = {"--out", o.out_dir, RUN_PATH_OUTPUT_DIR, NULL, true, true};
+    run_paths_check(&out, 1);
+    run_paths_create(&out, 1);
     log0("chapter 00: tensor-parallel MLP  dim %d -> hidden %d -> dim %d, batch %d, tp = %d, backend %s\n",
          o.dim, o.hidden, o.dim, o.batch, tp->size, device_backend_name());
     if (o.skip_backward_allreduce) log0("deliberate bug: f's backward all-reduce is skipped\n");
@@ -168,6 +172,8 @@ int main(int argc, char **argv) {
         mlp_sgd_step(model, o.lr);
     }
     csv_close(csv);
+    const char *write_error = log_write_error();   /* a full disk: one line, exit 2, the old loss.csv kept */
+    comm_require_all(write_error == NULL, "%s; the previous file is left as it was", write_error ? write_error : "");
 
     /* ---- report: communication and memory, measured beside the README's formulas ---- */
     double act = (double)N * D * 4;

@@ -90,10 +90,7 @@ void append_memory_csv(const char *dir, int tp, bool loss_parallel, double measu
     if (comm_world()->rank != 0) return;
     char path[512];
     snprintf(path, sizeof path, "%s/logits_memory.csv", dir);
-    bool is_new = make_dirs(dir) == 0 && access(path, F_OK) != 0;
-    FILE *f = fopen(path, "a");
-    if (!f) { log0("cannot append to %s\n", path); return; }
-    if (is_new) fprintf(f, "tp,loss_parallel,measured_bytes,formula_bytes\n");
-    fprintf(f, "%d,%d,%.0f,%.0f\n", tp, loss_parallel ? 1 : 0, measured, formula);
-    fclose(f);
+    FILE *f = out_open(path, "tp,loss_parallel,measured_bytes,formula_bytes", true);   /* (errors: run_finish) */
+    csv_row(f, "%d,%d,%.0f,%.0f", tp, loss_parallel ? 1 : 0, measured, formula);
+    csv_close(f);
 }

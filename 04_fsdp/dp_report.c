@@ -106,14 +106,10 @@ int report_data_parallel_memory(const llama_plan *plan, const llama_model *m, co
     if (comm_world()->rank == 0 && csv_dir) {
         char path[512];
         snprintf(path, sizeof path, "%s/memory_modes.csv", csv_dir);
-        bool is_new = access(path, F_OK) != 0;
-        FILE *f = fopen(path, "a");
-        if (f) {
-            if (is_new) fprintf(f, "mode,dp_replicate,dp_shard,tp,parameters,gradients,optimizer,buffers\n");
-            fprintf(f, "%s,%d,%d,%d,%.0f,%.0f,%.0f,%.0f\n", dp_mode_name(dp->mode), z.R, z.S,
-                    plan->tp ? plan->tp->size : 1, measured[0], measured[1], measured[2], buffer_bytes);
-            fclose(f);
-        }
+        FILE *f = out_open(path, "mode,dp_replicate,dp_shard,tp,parameters,gradients,optimizer,buffers", true);
+        csv_row(f, "%s,%d,%d,%d,%.0f,%.0f,%.0f,%.0f", dp_mode_name(dp->mode), z.R, z.S,
+                plan->tp ? plan->tp->size : 1, measured[0], measured[1], measured[2], buffer_bytes);
+        csv_close(f);   /* (a failed write: run_finish ends the run with its line) */
     }
     log0("  replicated (16 Psi) would be %s per rank: this mode keeps %.0f%% of it, plus the buffers\n",
          fmt_bytes(16 * z.psi), 100 * (v + g + a) / (16 * z.psi));
@@ -125,12 +121,9 @@ int report_timeline(const run_options *o, const llama_plan *plan, const dp_optio
     const dp_event *e = dp_timeline(plan, &n);
     char path[512];
     snprintf(path, sizeof path, "%s/timeline_%s_rank%d.csv", o->out_dir, dp_mode_name(dp->mode), comm_world()->rank);
-    FILE *f = fopen(path, "w");   /* every rank writes its own lane */
-    if (f) {
-        fprintf(f, "lane,what,start_ms,end_ms\n");
-        for (int i = 0; i < n; i++) fprintf(f, "%s,%s,%.3f,%.3f\n", e[i].lane, e[i].what, 1e3 * e[i].t0, 1e3 * e[i].t1);
-        fclose(f);
-    }
+    FILE *f = out_open(path, "lane,what,start_ms,end_ms", false);   /* every rank writes its own lane */
+    for (int i = 0; f && i < n; i++) csv_row(f, "%s,%s,%.3f,%.3f", e[i].lane, e[i].what, 1e3 * e[i].t0, 1e3 * e[i].t1);
+    csv_close(f);
     /* The time blocked in collectives, cut where the group's last rank issued each one: before,
      * waiting for a late rank (skew); after, waiting for the data (what overlap did not hide).
      * Printed for the rank that waited longest. */

@@ -37,7 +37,7 @@ static const char *usage =
     "  --no-prefetch                    fsdp: gather each layer only when it is needed\n";
 
 enum { OPT_MODE = 1, OPT_SHARD, OPT_REPLICATE, OPT_TP, OPT_BUCKET, OPT_NO_RESHARD, OPT_NO_PREFETCH };
-typedef struct { dp_options dp; int shard, replicate, tp; } chapter_options;
+typedef struct { dp_options dp; int shard, replicate, tp; bool bucket_given, no_reshard_given, no_prefetch_given; } chapter_options;
 static void chapter_flag(int code, const char *arg, void *ctx) {
     static const char *const modes[] = {"ddp", "zero1", "zero2", "fsdp", NULL};
     chapter_options *co = ctx;
@@ -45,9 +45,9 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     else if (code == OPT_SHARD) co->shard = cli_int("--dp-shard", arg, 1, 4096);
     else if (code == OPT_REPLICATE) co->replicate = cli_int("--dp-replicate", arg, 1, 4096);
     else if (code == OPT_TP) co->tp = cli_int("--tp", arg, 1, 4096);
-    else if (code == OPT_BUCKET) co->dp.bucket_floats = (size_t)cli_int("--bucket-kb", arg, 1, 1 << 20) * 256;
-    else if (code == OPT_NO_RESHARD) co->dp.reshard_after_forward = false;
-    else co->dp.prefetch = false;
+    else if (code == OPT_BUCKET) co->dp.bucket_floats = (size_t)cli_int("--bucket-kb", arg, 1, 1 << 20) * 256, co->bucket_given = true;
+    else if (code == OPT_NO_RESHARD) co->dp.reshard_after_forward = false, co->no_reshard_given = true;
+    else co->dp.prefetch = false, co->no_prefetch_given = true;
 }
 
 int main(int argc, char **argv) {
@@ -56,7 +56,7 @@ int main(int argc, char **argv) {
     /* ---- flags ---- */
     run_options o = run_options_default("04", data_parallel_faults);
     o.kv_heads_follow_heads = true;
-    chapter_options co = {{DP_FSDP, true, true, 64 * 256, NULL}, 0, 1, 1};
+    chapter_options co = {{DP_FSDP, true, true, 64 * 256, NULL}, 0, 1, 1, false, false, false};
     static const struct option flags[] = {
         {"dp-mode", required_argument, 0, OPT_MODE}, {"dp-shard", required_argument, 0, OPT_SHARD},
         {"dp-replicate", required_argument, 0, OPT_REPLICATE}, {"tp", required_argument, 0, OPT_TP},
@@ -65,6 +65,12 @@ int main(int argc, char **argv) {
         {"no-prefetch", no_argument, 0, OPT_NO_PREFETCH}, {0, 0, 0, 0}};
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     const llama_config *c = &o.model;
+    /* flags the chosen mode would ignore: refused */
+    if (co.bucket_given && co.dp.mode != DP_DDP)
+        comm_exit_usage("--bucket-kb sizes DDP's all-reduce buckets: it needs --dp-mode ddp, not %s", dp_mode_name(co.dp.mode));
+    if ((co.no_reshard_given || co.no_prefetch_given) && co.dp.mode != DP_FSDP)
+        comm_exit_usage("%s changes FSDP's gathers: it needs --dp-mode fsdp, not %s",
+                        co.no_reshard_given ? "--no-reshard-after-forward" : "--no-prefetch", dp_mode_name(co.dp.mode));
 
     /* ---- mesh: dp_replicate x dp_shard x tp (dp_shard inferred from NP when not given) ---- */
     int R = co.replicate, T = co.tp, world = comm_world()->size;

@@ -105,16 +105,14 @@ void cp_write_ring_timeline(const llama_plan *plan, const char *path) {
     for (int i = n; i < MAX; i++) mine[i * F] = -1;    /* no event */
     comm_host_gather(cp, mine, all, MAX * F, 0);
     if (all) {
-        FILE *f = fopen(path, "w");
-        if (!f) { log0("could not write %s\n", path); free(all); return; }
-        fprintf(f, "rank,step,owner,what,start_ms,end_ms\n");
+        FILE *f = out_open(path, "rank,step,owner,what,start_ms,end_ms", false);   /* (write errors: run_finish) */
         for (int q = 0; q < cp->size; q++)
             for (int i = 0; i < MAX; i++) {
                 const float *e = all + ((size_t)q * MAX + i) * F;
                 if (e[0] < 0) continue;
-                fprintf(f, "%d,%d,%d,%s,%.4f,%.4f\n", q, (int)e[0], (int)e[1], e[2] > 0 ? "wait" : "compute", e[3], e[4]);
+                csv_row(f, "%d,%d,%d,%s,%.4f,%.4f", q, (int)e[0], (int)e[1], e[2] > 0 ? "wait" : "compute", e[3], e[4]);
             }
-        fclose(f);
+        csv_close(f);
         log0("ring timeline of the last forward: %s\n", path);
         free(all);
     }

@@ -152,12 +152,11 @@ void float8_write_cast_sample(llama_model *m, const char *path) {
     float amax = 0;
     for (size_t k = 0; k < n; k++) amax = float8_amax_merge(amax, fabsf(w[k]));
     float s = float8_scale_from_amax(amax, FLOAT8_E4M3, 0);
-    FILE *f = fopen(path, "w");
+    FILE *f = out_open(path, "x,x_scaled,cast_scaled", false);   /* (write errors: run_finish) */
     if (f) {
-        fprintf(f, "x,x_scaled,cast_scaled\n");
         for (size_t k = 0; k < n; k++)
-            fprintf(f, "%.9g,%.9g,%.9g\n", w[k], w[k] * s, float8_decode(float8_encode(w[k] * s, FLOAT8_E4M3), FLOAT8_E4M3));
-        fclose(f);
+            csv_row(f, "%.9g,%.9g,%.9g", w[k], w[k] * s, float8_decode(float8_encode(w[k] * s, FLOAT8_E4M3), FLOAT8_E4M3));
+        csv_close(f);
         log0("cast sample: %s (%zu elements of %s, amax %.6g, scale %.6g)\n", path, n, spec.name, amax, s);
     }
     free(w);

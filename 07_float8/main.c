@@ -47,12 +47,12 @@ static const char *usage =
     "                                        tensorwise into E4M3, before and after the cast (make plot-07)\n";
 
 enum { OPT_FP8 = 1, OPT_HISTORY, OPT_TP, OPT_DP_SHARD, OPT_FP8_GATHER, OPT_SAMPLE };
-typedef struct { fp8_options fp8; int tp, dp_shard; bool fp8_all_gather, cast_sample; } chapter_options;
+typedef struct { fp8_options fp8; int tp, dp_shard; bool fp8_all_gather, cast_sample, history_given; } chapter_options;
 static void chapter_flag(int code, const char *arg, void *ctx) {
     static const char *const recipes[] = {"off", "tensorwise", "rowwise", "delayed", NULL};
     chapter_options *co = ctx;
     if (code == OPT_FP8) co->fp8.recipe = (fp8_recipe)cli_choice("--fp8", arg, recipes);
-    else if (code == OPT_HISTORY) co->fp8.amax_history = cli_int("--amax-history", arg, 1, 1024);
+    else if (code == OPT_HISTORY) co->fp8.amax_history = cli_int("--amax-history", arg, 1, 1024), co->history_given = true;
     else if (code == OPT_TP) co->tp = cli_int("--tp", arg, 1, 4096);
     else if (code == OPT_DP_SHARD) co->dp_shard = cli_int("--dp-shard", arg, 1, 4096);
     else if (code == OPT_FP8_GATHER) co->fp8_all_gather = true;
@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
     /* ---- flags ---- */
     run_options o = run_options_default("07", float8_faults);
     o.kv_heads_follow_heads = true;
-    chapter_options co = {{FP8_TENSORWISE, 16, 1, 1}, 0, 1, false, false};
+    chapter_options co = {{FP8_TENSORWISE, 16, 1, 1}, 0, 1, false, false, false};
     static const struct option flags[] = {
         {"fp8", required_argument, 0, OPT_FP8}, {"amax-history", required_argument, 0, OPT_HISTORY},
         {"tp", required_argument, 0, OPT_TP}, {"dp-shard", required_argument, 0, OPT_DP_SHARD},
@@ -78,6 +78,9 @@ int main(int argc, char **argv) {
     char fp8_json[256];   /* (a metadata value: at most 255 bytes) */
     if (co.fp8.recipe != FP8_OFF) o.dump_run_options = float8_run_options_json(&co.fp8, co.dp_shard, fp8_json, sizeof fp8_json);
 
+    if (co.history_given && co.fp8.recipe != FP8_DELAYED)
+        comm_exit_usage("--amax-history keeps the amaxes of delayed scaling: it needs --fp8 delayed, not %s",
+                        fp8_recipe_name(co.fp8.recipe));
     if (co.fp8_all_gather && (co.dp_shard < 2 || co.fp8.recipe != FP8_TENSORWISE))
         comm_exit_usage("--fp8-all-gather casts FSDP's gathered weights with the tensorwise scale: it needs --dp-shard 2 "
                         "or more and --fp8 tensorwise (got --dp-shard %d, --fp8 %s)", co.dp_shard,

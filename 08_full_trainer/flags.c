@@ -53,12 +53,13 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
         break;
     case OPT_CP: g[MESH_CP] = cli_int("--cp", arg, 1, 4096); break;
     case OPT_TP: g[MESH_TP] = cli_int("--tp", arg, 1, 4096); break;
-    case OPT_NO_SP: co->par.sp = false; break;
+    case OPT_NO_SP: co->par.sp = false; co->no_sp_given = true; break;
     case OPT_AC: co->par.ac = (ac_mode)cli_choice("--ac", arg, acs); break;
-    case OPT_CP_METHOD: co->par.cp.method = (cp_method)cli_choice("--cp-method", arg, methods); break;
+    case OPT_CP_METHOD: co->par.cp.method = (cp_method)cli_choice("--cp-method", arg, methods); co->cp_method_given = true; break;
     case OPT_SCHEDULE:
         if (pp_schedule_parse(arg, &co->par.pp.schedule) != 0)
             comm_exit_usage("--schedule '%s' is not valid: use gpipe, 1f1b, interleaved or zb-h1", arg);
+        co->schedule_given = true;
         break;
     case OPT_MICRO: co->par.pp.microbatches = cli_int("--microbatches", arg, 1, 4096); co->microbatches_given = true; break;
     case OPT_VIRTUAL: co->par.pp.virtual_stages = cli_int("--virtual-stages", arg, 1, 64); break;
@@ -75,8 +76,8 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     case OPT_RESUME: co->resume = true; break;
     case OPT_EXPORT: co->export_path = arg; break;
     case OPT_SAMPLE: co->sample = cli_int("--sample", arg, 0, 1000000); break;
-    case OPT_PROMPT: co->prompt = arg; break;
-    case OPT_TEMP: co->temperature = cli_float("--temperature", arg, 0.0f, 100.0f); break;
+    case OPT_PROMPT: co->prompt = arg; co->prompt_given = true; break;
+    case OPT_TEMP: co->temperature = cli_float("--temperature", arg, 0.0f, 100.0f); co->temperature_given = true; break;
     case OPT_PLAN: co->plan = true; break;
     default:
         if (!plan_calculator_flag(&co->calc, code, arg)) comm_exit_usage("internal: flag %d not handled", code);
@@ -110,4 +111,18 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
     char full_usage[8192];
     snprintf(full_usage, sizeof full_usage, "%s%s", usage, plan_calculator_usage);
     run_parse(o, argc, argv, flags, chapter_flag, t, full_usage);
+    if (t->plan) return;
+    /* flags this run would ignore: refused, as --microbatches without a pipeline is */
+    const int *g = t->par.degree;
+    if (t->schedule_given && g[MESH_PP] == 1)
+        comm_exit_usage("--schedule orders a pipeline's microbatches: it needs --pp 2 or more");
+    if (t->cp_method_given && g[MESH_CP] == 1)
+        comm_exit_usage("--cp-method chooses context parallelism's attention: it needs --cp 2 or more");
+    if (t->no_sp_given && g[MESH_TP] == 1)
+        comm_exit_usage("--no-sp turns off sequence parallelism inside tensor parallelism: it needs --tp 2 or more");
+    if ((t->prompt_given || t->temperature_given) && !t->sample)
+        comm_exit_usage("%s shapes the text sampled after training: it needs --sample N", t->prompt_given ? "--prompt" : "--temperature");
+    if (t->lr_min > o->opt.lr)
+        comm_exit_usage("--lr-min %g is greater than --lr %g: the schedule decays from --lr down to --lr-min; use at "
+                        "most %g", t->lr_min, o->opt.lr, o->opt.lr);
 }

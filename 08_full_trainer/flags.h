@@ -13,6 +13,8 @@ typedef struct {
     int warmup, accum, eval_every, eval_batches, ckpt_every, sample;
     double lr_min, temperature, peak_tflops;
     bool resume, plan, microbatches_given;
+    /* flags that only some settings use, given on the command line (refused where ignored) */
+    bool schedule_given, cp_method_given, no_sp_given, prompt_given, temperature_given;
     plan_calc_options calc;
 } trainer_options;
 

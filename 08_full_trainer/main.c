@@ -22,6 +22,7 @@
 #include "flags.h"
 #include "log.h"
 #include "mesh.h"
+#include "outputs.h"
 #include "model.h"
 #include "parallelize.h"
 #include "plan_calculator.h"
@@ -119,6 +120,19 @@ int main(int argc, char **argv) {
         o.step1_ctx = &baseline;
     }
     run_apply_fault(&o, &plan);
+    /* every path the run writes, checked with --out and --dump before anything is allocated
+     * (outputs.h): the checkpoints' directory created and locked, the export and the metrics
+     * never on the text read nor inside the checkpoints' directory */
+    char metrics_path[512];
+    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.csv", o.out_dir);
+    run_path paths[] = {
+        {"--data", co.data, RUN_PATH_INPUT, NULL, false, false},
+        {"--ckpt-dir", co.ckpt_dir, RUN_PATH_OUTPUT_DIR, "whose files the checkpoints own (DIR/latest, DIR/step_N)",
+         true, true},
+        {"--out", o.check ? NULL : metrics_path, RUN_PATH_OUTPUT_FILE, NULL, false, false},
+        {"--export", co.export_path, RUN_PATH_OUTPUT_FILE, NULL, false, false}};
+    o.paths = paths;
+    o.n_paths = (int)(sizeof paths / sizeof *paths);
     llama_model *model = run_model(&o, &plan);
 
     /* ---- where the run starts: step 1, or a checkpoint (saved on any mesh) ---- */
@@ -182,7 +196,7 @@ int main(int argc, char **argv) {
     o.after_step = trainer_after_step;
     o.after_ctx = &t;
     run_clock clock = run_train(&o, model, "4-D", NULL);
-    if (t.csv) fclose(t.csv);
+    csv_close(t.csv);   /* (a failed write: run_finish's line and exit 2; the old metrics.csv kept) */
     int steps_run = o.steps - (o.first_step > 1 ? o.first_step - 1 : 0);
     run_clock_report(&clock, steps_run);
 

@@ -148,7 +148,7 @@ int trainer_settings_diff(const char *saved, const char *now, char *out, size_t 
 /* Training cannot go on from a non-finite state: one line (rank 0), every rank exits with
  * TRAINER_EXIT_NONFINITE. The checkpoints on disk are as the last good save left them. */
 static void stop_nonfinite(const trainer *t, const char *what) {
-    if (t->csv) fflush(t->csv);
+    csv_close(t->csv);   /* metrics.csv up to this step, renamed into place (log.h) */
     if (comm_world()->rank == 0) {
         char last[600] = "no checkpoint was saved";
         if (t->ckpt_dir && t->last_ckpt_step > 0)

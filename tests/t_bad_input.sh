@@ -3,6 +3,8 @@
 # status 2 within 60 s (no hang), and print exactly one line (on stderr) containing the
 # expected text; stdout must be empty; and it must leave nothing behind: each case runs in an
 # empty scratch directory (its default --out is relative to it) that must still be empty.
+# @FIX@ in a case stands for a folder of fixtures made below (a text, links to it, a FIFO, a
+# directory locked by another "run").
 set -u
 root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
 # Every rank of a refused input ends by itself (comm_exit_usage: a barrier, MPI_Finalize, exit 2),
@@ -13,11 +15,20 @@ mpirun_base="${MPIRUN_BASE:-$(tests/mpirun_base.sh)} --mca odls_base_sigkill_tim
 n=0; bad=0
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 bin_dir=$(cd "$root/$backend" && pwd)
+# Files a case may name as @FIX@/...: a text to train on (and a hard and a symbolic link to it),
+# a FIFO, a plain file, a directory that holds o/metrics.csv, and a directory another "run" holds
+# locked (this shell keeps flock on its .lock, as a running trainer's rank 0 does).
+fix=$tmp/fix; mkdir -p "$fix/ck" "$fix/o" "$fix/locked"
+head -c 60000 08_full_trainer/data/tinyshakespeare.txt >"$fix/text.txt"
+ln "$fix/text.txt" "$fix/hard"; ln -s text.txt "$fix/link"; mkfifo "$fix/fifo"; echo x >"$fix/afile"
+cp "$fix/text.txt" "$fix/o/metrics.csv"
+exec 9>"$fix/locked/.lock"; flock -n 9; echo "pid $$ on t_bad_input" >&9
 for f in [0-9][0-9]_*/bad_inputs.txt; do
     nn=$(basename "$(dirname "$f")" | cut -c1-2)
     while IFS='|' read -r np flags want; do
         case "$np" in ''|'#'*) continue;; esac
         np=$(echo $np); want=$(echo "$want" | sed 's/^ *//; s/ *$//')
+        flags=${flags//@FIX@/$fix}; want=${want//@FIX@/$fix}
         rm -rf "$tmp/cwd"; mkdir "$tmp/cwd"
         (cd "$tmp/cwd" && timeout 60 $mpirun_base -np "$np" "$bin_dir/$nn" $flags </dev/null >"$tmp/out" 2>"$tmp/err")
         rc=$?

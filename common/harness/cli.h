@@ -18,7 +18,7 @@ void cli_unknown(int argc, char **argv, int optind_after) __attribute__((noretur
 /* "n is not divisible by d" with the nearest valid values named, exit 2. */
 void cli_require_divisible(const char *what, int n, const char *by_what, int d);
 
-/* The longest directory path an output flag (--out, --dump) accepts: the run adds file names
+/* The longest path an output flag (--out, --dump, --ckpt-dir, --export) accepts: the run adds file names
  * (and --dump a ".tmp.<pid>" sibling) to it. */
 #define CLI_MAX_DIR_PATH 400
 /* An output directory, checked on world rank 0 and created there (mkdir -p). Collective over
@@ -27,7 +27,8 @@ void cli_require_divisible(const char *what, int n, const char *by_what, int d);
  * with a control character, a path that exists and is not a directory, a directory that cannot
  * be created (e.g. /proc/x) or in which a file cannot be created. A refused path leaves no
  * directory behind. Call it after the other flags are checked, so that a run refused for
- * another reason creates nothing. */
+ * another reason creates nothing. (run_paths_check + run_paths_create of outputs.h, for one
+ * directory and no lock; a run's outputs together go through run_model, run.h.) */
 void cli_require_output_dir(const char *flag, const char *path);
 
 C_END

@@ -1,5 +1,7 @@
 /* log.c: rank-0 printing, CSV, timing, byte formatting. */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <stdarg.h>
@@ -60,28 +62,95 @@ int make_dirs(const char *path) {
     return rc;
 }
 
-FILE *csv_open(const char *path, const char *header) {
-    if (my_rank != 0) return NULL;
+/* The output files open now: each is written under a temporary name beside its own and renamed
+ * into place by csv_close, so the file is the previous whole one or the new whole one. */
+typedef struct { FILE *f; char *path, *tmp; } out_file;
+static out_file outs[32];
+static char write_error[1200];
+
+static void note_write_error(const char *path, int err) {
+    if (!write_error[0]) snprintf(write_error, sizeof write_error, "cannot write %s: %s", path, strerror(err ? err : EIO));
+}
+const char *log_write_error(void) { return write_error[0] ? write_error : NULL; }
+
+static out_file *find_out(FILE *f) {
+    for (size_t i = 0; i < sizeof outs / sizeof *outs; i++) if (f && outs[i].f == f) return &outs[i];
+    return NULL;
+}
+
+static void forget_out(out_file *o, bool remove_tmp) {
+    if (remove_tmp && o->tmp) unlink(o->tmp);
+    free(o->path);
+    free(o->tmp);
+    *o = (out_file){0};
+}
+
+FILE *out_open(const char *path, const char *header, bool append) {
+    out_file *o = find_out(NULL);
+    for (size_t i = 0; !o && i < sizeof outs / sizeof *outs; i++) if (!outs[i].f) o = &outs[i];
+    if (!o) { note_write_error(path, EMFILE); return NULL; }
     char *dir = strdup(path);
     char *slash = dir ? strrchr(dir, '/') : NULL;
     if (slash && slash != dir) { *slash = 0; make_dirs(dir); }
     free(dir);
-    FILE *f = fopen(path, "w");
-    if (!f) { fprintf(stderr, "warning: cannot write %s: %s\n", path, strerror(errno)); return NULL; }
-    fprintf(f, "%s\n", header);
+    char *tmp = NULL;
+    if (asprintf(&tmp, "%s.tmp.%ld", path, (long)getpid()) < 0) { note_write_error(path, ENOMEM); return NULL; }
+    FILE *f = fopen(tmp, "w");
+    if (!f) { note_write_error(path, errno); free(tmp); return NULL; }
+    *o = (out_file){f, strdup(path), tmp};
+    bool empty = true;
+    if (append) {   /* the rows already there first */
+        FILE *old = fopen(path, "r");
+        char buf[8192];
+        size_t got;
+        while (old && (got = fread(buf, 1, sizeof buf, old)) > 0) {
+            empty = false;
+            if (fwrite(buf, 1, got, f) != got) break;
+        }
+        if (old) fclose(old);
+    }
+    if (empty && header && fprintf(f, "%s\n", header) < 0) note_write_error(path, errno);
     return f;
+}
+
+FILE *csv_open(const char *path, const char *header) {
+    return my_rank == 0 ? out_open(path, header, false) : NULL;
+}
+
+FILE *csv_open_append(const char *path, const char *header) {
+    return my_rank == 0 ? out_open(path, header, true) : NULL;
 }
 
 void csv_row(FILE *f, const char *fmt, ...) {
     if (!f) return;
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(f, fmt, ap);
+    int rc = vfprintf(f, fmt, ap);
     va_end(ap);
-    fputc('\n', f);
+    if (rc < 0 || fputc('\n', f) == EOF || fflush(f) != 0) {
+        out_file *o = find_out(f);
+        note_write_error(o ? o->path : "a CSV file", errno);
+    }
 }
 
-void csv_close(FILE *f) { if (f) fclose(f); }
+int csv_close(FILE *f) {
+    if (!f) return 0;
+    out_file *o = find_out(f);
+    int err = 0;
+    if (fflush(f) != 0 || ferror(f)) err = errno ? errno : EIO;
+    if (fclose(f) != 0 && !err) err = errno ? errno : EIO;
+    if (!o) return err ? -1 : 0;
+    if (!err && write_error[0] == 0 && rename(o->tmp, o->path) != 0) err = errno;
+    else if (!err && write_error[0]) err = EIO;   /* an earlier row failed: keep the old file */
+    if (err) note_write_error(o->path, err);
+    forget_out(o, err != 0);
+    return err ? -1 : 0;
+}
+
+void csv_abort_all(void) {
+    for (size_t i = 0; i < sizeof outs / sizeof *outs; i++)
+        if (outs[i].f) { fclose(outs[i].f); forget_out(&outs[i], true); }
+}
 
 double wall_seconds(void) {
     struct timespec ts;
@@ -103,9 +172,21 @@ const char *fmt_bytes(double bytes) {
 int read_file(const char *path, unsigned char **buf, size_t *size, char *err, size_t errlen) {
     *buf = NULL;
     *size = 0;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) { snprintf(err, errlen, "cannot open: %s", strerror(errno)); return -1; }
+    /* stat first: a FIFO or a device would block (or never end) in open or read */
     struct stat sb;
+    if (stat(path, &sb) != 0) { snprintf(err, errlen, "cannot open: %s", strerror(errno)); return -1; }
+    if (!S_ISREG(sb.st_mode)) {
+        snprintf(err, errlen, "not a regular file (%s)", S_ISDIR(sb.st_mode) ? "a directory" : S_ISFIFO(sb.st_mode) ?
+                 "a FIFO" : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device" : "a socket or other");
+        return -1;
+    }
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);   /* (replaced by a FIFO since: no hang) */
+    FILE *fp = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!fp) {
+        snprintf(err, errlen, "cannot open: %s", strerror(errno));
+        if (fd >= 0) close(fd);
+        return -1;
+    }
     if (fstat(fileno(fp), &sb) != 0) {
         snprintf(err, errlen, "cannot stat: %s", strerror(errno));
         fclose(fp);
@@ -116,6 +197,7 @@ int read_file(const char *path, unsigned char **buf, size_t *size, char *err, si
         fclose(fp);
         return -1;
     }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     size_t n = (size_t)sb.st_size;
     unsigned char *b = malloc(n + 1);
     if (!b) {

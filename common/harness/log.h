@@ -1,5 +1,6 @@
 /* log.h: rank-0 printing, CSV files for gnuplot, timing. */
 #pragma once
+#include <stdbool.h>
 #include <stdio.h>
 #include "cdefs.h"
 
@@ -11,10 +12,24 @@ int log_rank(void);
 void log0(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* CSV written by rank 0 only (other ranks get NULL and the calls do nothing). Creates the
- * parent directory. header: "step,loss_baseline,loss_parallel". */
+ * parent directory. header: "step,loss_baseline,loss_parallel". The file is written under a
+ * temporary name beside it (PATH.tmp.<pid>) and renamed into place by csv_close, so PATH is
+ * always a whole file: the previous one until the new one is complete. Every write is checked
+ * (csv_row flushes each row): the first failure is kept, as "cannot write PATH: <strerror>",
+ * for log_write_error, and csv_close then leaves the previous file as it was.
+ * csv_open_append: the same, the file's rows so far copied first (the header only when new). */
 FILE *csv_open(const char *path, const char *header);
+FILE *csv_open_append(const char *path, const char *header);
+/* On any rank (a file per rank). append: as csv_open_append. */
+FILE *out_open(const char *path, const char *header, bool append);
 void csv_row(FILE *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void csv_close(FILE *f);
+/* 0, or -1 (the temporary file removed, the previous file kept, log_write_error says why). */
+int csv_close(FILE *f);
+/* Closes every file still open and removes its temporary (a run ending early). */
+void csv_abort_all(void);
+/* The first failed write of this process ("cannot write PATH: No space left on device"), or NULL.
+ * The harness turns it into one line and exit 2 on every rank (run.h: run_require_written). */
+const char *log_write_error(void);
 
 double wall_seconds(void);
 /* Human-readable bytes ("1.50 MiB") into a static rotating buffer. */

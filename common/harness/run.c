@@ -11,6 +11,7 @@
 #include "dump.h"
 #include "guard.h"
 #include "log.h"
+#include "outputs.h"
 #include "parity.h"
 #include "run.h"
 #include "params.h"
@@ -179,6 +180,14 @@ llama_model *run_model(const run_options *o, const llama_plan *plan) {
                      "and scratch %s%s) but %s is available to it: make the model or the batch smaller, or "
                      "use more ranks", fmt_bytes(need), comm_world()->rank, fmt_bytes(state), fmt_bytes(acts),
                      comm_world()->rank == 0 && o->check ? ", and the --check baseline" : "", fmt_bytes(available));
+    /* Every path the run writes, checked together (outputs.h): usable, not an input, not each
+     * other, nothing inside a directory the run owns whole. Nothing is created yet. */
+    run_path paths[12] = {{"--out", o->out_dir, RUN_PATH_OUTPUT_DIR, NULL, true, true},
+                          {"--dump", o->dump_dir, RUN_PATH_OUTPUT_DIR, "which the dump replaces whole when it ends",
+                           false, false}};
+    int n_paths = 2;
+    for (int i = 0; i < o->n_paths && n_paths < 12; i++) paths[n_paths++] = o->paths[i];
+    run_paths_check(paths, n_paths);
     /* Every refusal is behind us: only now may the run create its outputs. The dump first: it
      * is written aside and, should anything end the run before dump_commit, removed at exit. */
     if (o->dump_dir) {
@@ -188,7 +197,8 @@ llama_model *run_model(const run_options *o, const llama_plan *plan) {
         comm_on_usage_exit(dump_abort);   /* a refusal: removed before any rank exits */
         atexit(dump_abort);               /* any other exit of this process */
     }
-    cli_require_output_dir("--out", o->out_dir);
+    run_paths_create(paths, n_paths);   /* --out (and the chapter's directories), locked */
+    comm_on_usage_exit(csv_abort_all);  /* a refusal from here on: no temporary CSV left */
     return llama_create(c, plan, B / pieces, o->seed);
 }
 
@@ -465,6 +475,7 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
         seconds += t_fb;
         if (!o->after_step || base) print_step(step, label, loss, base_loss, n_pad, 1e3 * t_fb);
         csv_row(csv, "%d,%.9g,%.9g", step, base_loss, loss);
+        run_require_written();   /* a full disk ends the run now, not after it */
         /* (with accumulation the gradients are compared; dX is the last micro-batch's) */
         if (o->check) compare_step(o, step, loss, base_loss, model, dh0, rows, base);
         if (o->dump_dir) {
@@ -489,6 +500,7 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
         }
     }
     csv_close(csv);
+    run_require_written();
     if (o->check && !o->judge_first_step_only) compare_params(o, model, base);
     else if (o->check && o->steps > 1)
         log0("  losses after step 1 and the parameters after the last step: shown, not judged (see above)\n");
@@ -502,7 +514,13 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
     return clock;
 }
 
+void run_require_written(void) {
+    const char *err = log_write_error();
+    comm_require_all(err == NULL, "%s; the previous file is left as it was", err ? err : "");
+}
+
 int run_finish(const run_options *o, int mismatches) {
+    run_require_written();   /* the reports' files too: a verdict only for a run whose files are whole */
     if (mismatches) log0("%d measured figure(s) differ from the formulas\n", mismatches);
     int status = o->check ? parity_report() : mismatches > 0;
     comm_finalize();

@@ -62,6 +62,10 @@ typedef struct {
     void (*after_step)(void *ctx, llama_model *m, const struct run_step *s);
     const void *data_ctx, *lr_ctx;
     void *after_ctx;
+    /* The chapter's own paths (outputs.h), checked by run_model with --out and --dump: chapter
+     * 08's --data (an input), --ckpt-dir, --export, OUT/metrics.csv. */
+    const struct run_path_s *paths;
+    int n_paths;
 } run_options;
 
 /* What after_step receives about the step just taken. */
@@ -121,9 +125,11 @@ void run_apply_fault(const run_options *o, llama_plan *plan);
 /* The model under `plan` (llama_create), after checking up front that it can exist: no tensor
  * of 2^31 elements or more (the kernels index with int), and the bytes it needs on this rank
  * (with --check, rank 0 adds the baseline's) within what the device has available. Otherwise one
- * line naming the figures and exit 2, before anything is allocated or created. Then --out must be
- * a usable directory and --dump starts an atomic dump (dump.h: written aside, renamed into place
- * when run_train ends; a failure leaves DIR as it was). Collective. */
+ * line naming the figures and exit 2, before anything is allocated or created. Then every path
+ * the run writes is checked together (outputs.h: --out, --dump and o->paths; exit 2), --dump
+ * starts an atomic dump (dump.h: written aside, renamed into place when run_train ends; a failure
+ * leaves DIR as it was), and --out (with the chapter's directories) is created and locked: one
+ * run per directory. Collective. */
 llama_model *run_model(const run_options *o, const llama_plan *plan);
 
 /* 1 / the global count of valid targets; 0 valid targets give 0 (loss 0, zero gradients). */
@@ -157,6 +163,11 @@ void run_clock_report(const run_clock *k, int steps);
  * "step,baseline,parallel" there. Collective. Resets the communication counters first, so the
  * report that follows counts the training steps only. */
 run_clock run_train(const run_options *o, llama_model *model, const char *label, const char *csv_path);
+
+/* Every rank: a failed write of an output file (log.h's log_write_error, on any rank) ends the
+ * run with one line naming the file and the error, and exit 2; the file keeps its previous
+ * content. run_train calls it every step, run_finish before the verdict. Collective. */
+void run_require_written(void);
 
 /* The verdict, the same in every chapter: `mismatches` measured figures that differ from their
  * formulas (report.h) and, with --check, the parity comparisons. Prints the verdict line,
