@@ -8,15 +8,7 @@
 #   3. the Makefile compiles the BLAS-calling file with exactly those flags and links with them.
 set -u
 cd "$(dirname "$0")/.."
-n=0; bad=0
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-check() {   # check "what" command...: the command must succeed
-    local what=$1; shift
-    n=$((n+1))
-    if ! "$@" >"$tmp/out.txt" 2>&1; then
-        echo "FAIL: $what"; sed 's/^/  | /' "$tmp/out.txt" | head -5; bad=$((bad+1))
-    fi
-}
+. tests/t_lib.sh   # n, bad, $tmp and check
 
 # the reference BLAS's cblas.h: Debian's libblas-dev installs it as cblas-netlib.h; without it,
 # a stand-in with the same kind of declarations (cblas_* only, no openblas_*)

@@ -16,15 +16,7 @@
 #      what is still missing
 set -u
 cd "$(dirname "$0")/.."
-n=0; bad=0
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-check() {   # check "what" command...: the command must succeed
-    local what=$1; shift
-    n=$((n+1))
-    if ! "$@" >"$tmp/out.txt" 2>&1; then
-        echo "FAIL: $what"; sed 's/^/  | /' "$tmp/out.txt" | head -8; bad=$((bad+1))
-    fi
-}
+. tests/t_lib.sh   # n, bad, $tmp and check
 lines() { grep -c '' "$1"; }   # lines of a file, the last one with or without its newline
 
 # ---------------------------------------------------------------- 1. no GPU

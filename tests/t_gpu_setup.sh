@@ -17,15 +17,8 @@ set -u
 cd "$(dirname "$0")/.."
 # the settings of a make that runs this test (make test BACKEND=...) must not reach the makes below
 unset MAKEFLAGS MFLAGS MAKELEVEL
-n=0; bad=0; skips=""
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-check() {   # check "what" command...: the command must succeed
-    local what=$1; shift
-    n=$((n+1))
-    if ! "$@" >"$tmp/out.txt" 2>&1; then
-        echo "FAIL: $what"; sed 's/^/  | /' "$tmp/out.txt" | head -8; bad=$((bad+1))
-    fi
-}
+. tests/t_lib.sh   # n, bad, $tmp and check
+skips=""
 skip() { echo "skip: $1"; skips="$skips; skipped: $1"; }
 
 # ---- 1. the default backend, with fake nvidia-smi and nvcc
