@@ -1,13 +1,22 @@
-/* guard.c: see guard.h. Argument agreement at start, a watchdog thread, and the line rank 0
- * prints when mpirun ends the job because another rank died.
+/* guard.c: see guard.h. Argument agreement at start, a watchdog thread, and the one line that
+ * explains how a job ended when a rank dies, crashes or is interrupted.
  *
  * The watchdog thread never calls MPI except MPI_Abort, which Open MPI accepts from any thread:
  * it asks mpirun to end every rank of the job (a stopped rank too: mpirun sends SIGCONT, then
  * SIGTERM, then SIGKILL) with the given status.
+ *
+ * Who explains the end. The ranks of a node share a small table (an MPI shared-memory window,
+ * allocated once in guard_init): each rank's pid and state, and a token. Whatever explains the end
+ * of the job (the watchdog firing, a rank's own crash, mpirun's SIGTERM) first takes the token
+ * with an atomic compare-and-swap; a rank that cannot take it stays silent, so one line is printed
+ * however the ranks' signals interleave and however loaded the machine is (no clock is read).
+ * A rank that receives mpirun's SIGTERM looks in the table for the rank that caused it: one whose
+ * process is gone although it neither reached MPI_Finalize nor got the SIGTERM itself.
  */
 #include "guard.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <mpi.h>
 #include <pthread.h>
 #include <signal.h>
@@ -35,18 +44,78 @@ static const char *in_group;
 static char last_what[96] = "the start";   /* outside a call: what happened last        */
 static int my_rank, world_size;
 
-/* Read by the SIGTERM handler, hence atomics of integer type (lock-free, signal-safe). */
+/* Read by the signal handlers, hence atomics of integer type (lock-free, signal-safe). */
 static atomic_int armed;          /* between guard_init and MPI_Finalize                   */
 static atomic_int aborting;       /* the watchdog fired: this rank is ending the job      */
-static atomic_llong tick_ms;      /* the watchdog's last look at the clock                 */
-static atomic_llong resumed_ms;   /* when the watchdog last found the process had stopped */
+
+/* ---- the node's table: who explains the end of the job (see the top of this file) ---- */
+
+enum { ST_EMPTY, ST_RUNNING, ST_TERMINATED, ST_FINISHED };
+typedef struct { int pid, rank, state, pad; } guard_slot;
+typedef struct {
+    int token;             /* 0: nobody has explained the end yet; else 1 + the rank that did  */
+    int n;                 /* slots: the ranks of this node                                     */
+    guard_slot slot[];
+} guard_table;
+static guard_table *table;        /* NULL if the window could not be made: rank 0 speaks then */
+static int my_slot;
+static int world_here;            /* every rank of the job runs on this node                  */
+static int launched;              /* started by mpirun (its parent), not a singleton          */
+
+static int load(const int *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+
+/* 1 if this rank is the one to explain (it took the token, or had it); `fallback` without a table. */
+static int claim(int fallback) {
+    if (!table) return fallback;
+    int none = 0;
+    return __atomic_compare_exchange_n(&table->token, &none, my_rank + 1, 0, __ATOMIC_SEQ_CST,
+                                       __ATOMIC_SEQ_CST) || load(&table->token) == my_rank + 1;
+}
+
+/* A line built without printf, for the signal handlers (async-signal-safe: write only). */
+typedef struct { char b[480]; size_t n; } guard_line;
+static void add(guard_line *l, const char *s) {
+    while (*s && l->n < sizeof l->b - 1) l->b[l->n++] = *s++;
+}
+static void add_int(guard_line *l, long v) {
+    char d[24];
+    int k = 0;
+    if (v < 0) { add(l, "-"); v = -v; }
+    do d[k++] = (char)('0' + v % 10); while ((v /= 10) && k < 23);
+    while (k > 0 && l->n < sizeof l->b - 1) l->b[l->n++] = d[--k];
+}
+static void emit(guard_line *l) {
+    l->b[l->n++] = '\n';   /* add() keeps one byte free for it */
+    ssize_t rc = write(STDERR_FILENO, l->b, l->n);
+    (void)rc;
+}
+static void add_who(guard_line *l) {   /* "error: " or "error: rank 3: " as the watchdog's line */
+    add(l, "error: ");
+    if (my_rank != 0) { add(l, "rank "); add_int(l, my_rank); add(l, ": "); }
+}
+static const char *signal_name(int sig) {
+    switch (sig) {
+    case SIGSEGV: return "SIGSEGV, an invalid memory access";
+    case SIGBUS:  return "SIGBUS, a bus error";
+    case SIGFPE:  return "SIGFPE, an arithmetic error";
+    case SIGILL:  return "SIGILL, an illegal instruction";
+    case SIGABRT: return "SIGABRT, abort()";
+    case SIGKILL: return "SIGKILL";
+    case SIGTERM: return "SIGTERM";
+    case SIGINT:  return "SIGINT";
+    default:      return "";
+    }
+}
+static void add_signal(guard_line *l, int sig) {
+    add(l, "signal "); add_int(l, sig);
+    if (*signal_name(sig)) { add(l, " ("); add(l, signal_name(sig)); add(l, ")"); }
+}
 
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
-static long long now_ms(void) { return (long long)(now_s() * 1e3); }
 
 /* ---- what comm.c and the harness call ---- */
 
@@ -99,6 +168,10 @@ static double grace_s(void) {
 
 static void fire(double waited, const char *what, int inside, double timeout) {
     atomic_store(&aborting, 1);
+    if (!claim(1)) {   /* another rank has explained already (it crashed, or its watchdog fired) */
+        MPI_Abort(MPI_COMM_WORLD, GUARD_EXIT_STALLED);
+        _exit(GUARD_EXIT_STALLED);
+    }
     char line[400], who[32] = "";
     if (my_rank != 0) snprintf(who, sizeof who, "rank %d: ", my_rank);
     snprintf(line, sizeof line,
@@ -126,12 +199,8 @@ static void *watchdog(void *arg) {
         double now = now_s();
         /* A gap far longer than the poll means this whole process was stopped (SIGSTOP,
          * a suspended machine): that time is nobody's fault here, so it does not count. */
-        if (now - last_tick > 1.0) {
-            last_event += now - last_tick - poll;
-            atomic_store(&resumed_ms, now_ms());
-        }
+        if (now - last_tick > 1.0) last_event += now - last_tick - poll;
         last_tick = now;
-        atomic_store(&tick_ms, (long long)(now * 1e3));
 
         double waited = now - last_event;
         if (timeout_s > 0 && waited > timeout_s + grace_s()) {
@@ -148,27 +217,137 @@ static void *watchdog(void *arg) {
     return NULL;
 }
 
-/* ---- SIGTERM: mpirun is ending the job ----
- * mpirun ends the remaining ranks with SIGCONT, SIGTERM and then SIGKILL when a rank died or
- * exited without the others, when another rank's watchdog called MPI_Abort, or when the job
- * was interrupted (Ctrl-C). Rank 0 says so in one line, unless it is itself the cause (its
- * watchdog fired) or it had been stopped (the rank that fired has already explained). Only
- * async-signal-safe calls here: write, clock_gettime, sigaction, raise. */
-static void on_sigterm(int sig) {
-    long long t = now_ms();
-    int was_stopped = t - atomic_load(&tick_ms) > 1000 || t - atomic_load(&resumed_ms) < 3000;
-    if (atomic_load(&armed) && !atomic_load(&aborting) && my_rank == 0 && !was_stopped) {
-        static const char line[] =
-            "error: mpirun ended the job: another rank died or exited early (an exit status of "
-            "128+N means a rank was killed by signal N), or the job was interrupted\n";
-        ssize_t rc = write(STDERR_FILENO, line, sizeof line - 1);
-        (void)rc;
+/* ---- the signals that end a rank ----
+ * Only async-signal-safe calls in the handlers: write, kill, open, read, close, getppid,
+ * sigaction, raise, and atomic loads and stores. */
+
+/* Is the process `pid` still running? 0 if it is gone or a zombie; *sig is then the signal that
+ * killed it when the kernel still knows (a zombie not yet reaped by mpirun), else 0. */
+static int process_running(int pid, int *sig) {
+    *sig = 0;
+    if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
+    guard_line path = {.n = 0};
+    add(&path, "/proc/"); add_int(&path, pid); add(&path, "/stat");
+    path.b[path.n] = 0;
+    int fd = open(path.b, O_RDONLY);
+    if (fd < 0) return 1;   /* no /proc: take kill's word */
+    char buf[1024];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 1;
+    buf[n] = 0;
+    const char *p = NULL;
+    for (ssize_t i = 0; i < n; i++) if (buf[i] == ')') p = buf + i;   /* after the command name */
+    if (!p || p[1] != ' ' || (p[2] != 'Z' && p[2] != 'X')) return 1;
+    /* field 3 is the state; field 52 the exit status (Linux 3.5 and later) */
+    int field = 3;
+    for (const char *q = p + 2; *q; q++) {
+        if (*q != ' ') continue;
+        if (++field == 52) {
+            long code = 0;
+            for (q++; *q >= '0' && *q <= '9'; q++) code = code * 10 + (*q - '0');
+            *sig = (int)(code & 0x7f);
+            break;
+        }
     }
+    return 0;
+}
+
+static void mark(int from, int to) {   /* this rank's state in the table: from -> to */
+    if (!table) return;
+    int expected = from;
+    __atomic_compare_exchange_n(&table->slot[my_slot].state, &expected, to, 0, __ATOMIC_SEQ_CST,
+                                __ATOMIC_SEQ_CST);
+}
+
+/* SIGTERM or SIGINT. From mpirun (the parent) it is ending the job: a rank died or exited early,
+ * another rank's watchdog called MPI_Abort, or mpirun itself was interrupted (it sends SIGTERM to
+ * the ranks for a SIGINT too). From anyone else it is this rank that was interrupted. */
+static void report_stop(int sig, const siginfo_t *info) {
+    guard_line l = {.n = 0};
+    int from_mpirun = info && info->si_code == SI_USER && info->si_pid == getppid() && launched;
+    if (!from_mpirun) {
+        if (!claim(1)) return;
+        if (world_size > 1) { add(&l, "error: rank "); add_int(&l, my_rank); add(&l, " received "); }
+        else add(&l, "error: interrupted by ");
+        add(&l, sig == SIGINT ? "SIGINT" : "SIGTERM");
+        if (info && info->si_code == SI_USER && info->si_pid > 0) {
+            add(&l, " from pid "); add_int(&l, info->si_pid);
+        }
+        add(&l, "; the run ends with exit status "); add_int(&l, 128 + sig);
+        if (world_size > 1) add(&l, ", and mpirun ends the other ranks");
+        emit(&l);
+        return;
+    }
+    /* the cause: a rank of this node whose process is gone although it neither reached
+     * MPI_Finalize nor received this SIGTERM (it marks that first thing, below) */
+    int cause = -1, cause_pid = 0, cause_sig = 0;
+    for (int i = 0; table && i < table->n && cause < 0; i++) {
+        const guard_slot *s = &table->slot[i];
+        int pid = load(&s->pid), sig_i;
+        if (i == my_slot || pid <= 0 || load(&s->state) != ST_RUNNING) continue;
+        if (!process_running(pid, &sig_i)) { cause = s->rank; cause_pid = pid; cause_sig = sig_i; }
+    }
+    if (cause >= 0) {
+        if (!claim(0)) return;
+        add_who(&l);
+        add(&l, "rank "); add_int(&l, cause); add(&l, " (pid "); add_int(&l, cause_pid);
+        if (cause_sig) { add(&l, ") was killed by "); add_signal(&l, cause_sig); }
+        else add(&l, ") died or exited without the others (an exit status of 128+N means it was "
+                     "killed by signal N)");
+        add(&l, "; mpirun ended the job");
+    } else if (table && world_here) {
+        if (!claim(my_rank == 0)) return;
+        add(&l, "error: the job was interrupted: mpirun received SIGINT (Ctrl-C) or SIGTERM and "
+                "ended the ranks (Open MPI's mpirun then exits with status 1, not 130 or 143)");
+    } else {   /* ranks on other nodes: the cause may be there; rank 0 alone speaks, as before */
+        if (my_rank != 0 || !claim(1)) return;
+        add(&l, "error: mpirun ended the job: another rank died or exited early (an exit status "
+                "of 128+N means a rank was killed by signal N), or the job was interrupted");
+    }
+    emit(&l);
+}
+
+static void on_stop_signal(int sig, siginfo_t *info, void *ctx) {
+    (void)ctx;
+    int saved = errno;
+    mark(ST_RUNNING, ST_TERMINATED);   /* first: no other rank may take this exit for a cause */
+    if (atomic_load(&armed) && !atomic_load(&aborting)) report_stop(sig, info);
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
     sigaction(sig, &dfl, NULL);
-    raise(sig);
+    errno = saved;
+    raise(sig);   /* the rank ends with 128 + sig */
+}
+
+/* A crash: SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT. This rank says so first, then the handler
+ * that was there before (Open MPI's backtrace, or a sanitizer's report) runs as it would have. */
+static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+#define N_FATAL (int)(sizeof fatal_signals / sizeof fatal_signals[0])
+static struct sigaction fatal_before[N_FATAL];
+
+static void on_fatal(int sig, siginfo_t *info, void *ctx) {
+    (void)ctx;
+    int saved = errno;
+    if (atomic_load(&armed) && claim(1)) {
+        guard_line l = {.n = 0};
+        add(&l, "error: rank "); add_int(&l, my_rank); add(&l, " crashed with ");
+        add_signal(&l, sig);
+        add(&l, "; the job ends with exit status "); add_int(&l, 128 + sig);
+        emit(&l);
+    }
+    for (int i = 0; i < N_FATAL; i++)
+        if (fatal_signals[i] == sig) {
+            struct sigaction before = fatal_before[i];
+            if (!(before.sa_flags & SA_SIGINFO) && before.sa_handler == SIG_IGN)
+                before.sa_handler = SIG_DFL;
+            sigaction(sig, &before, NULL);
+        }
+    errno = saved;
+    /* A fault (si_code > 0) happens again on return, now to the handler from before; a signal
+     * that was sent (kill, abort) is sent again. */
+    if (!info || info->si_code <= 0) raise(sig);
 }
 
 /* ---- start and stop ---- */
@@ -188,6 +367,7 @@ static void guard_stop(void) {
  * every way out (comm_finalize, comm_exit_usage, a chapter's own MPI_Finalize). */
 static int on_finalize(MPI_Comm comm, int keyval, void *value, void *extra) {
     (void)comm; (void)keyval; (void)value; (void)extra;
+    mark(ST_RUNNING, ST_FINISHED);   /* this rank's exit from now on is no cause */
     guard_stop();
     return MPI_SUCCESS;
 }
@@ -232,19 +412,60 @@ void guard_init(int argc, char **argv) {
         timeout_s = t;
     }
 
-    /* 3. the SIGTERM line, the stop inside MPI_Finalize, the thread */
+    /* 3. the node's table (never freed: a handler may read it until the process ends) */
+    launched = getenv("OMPI_COMM_WORLD_RANK") != NULL;   /* mpirun sets it; a singleton has not */
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int node_size, node_rank;
+    MPI_Comm_size(node, &node_size);
+    MPI_Comm_rank(node, &node_rank);
+    world_here = node_size == world_size;
+    MPI_Aint bytes = (MPI_Aint)(sizeof(guard_table) + (size_t)node_size * sizeof(guard_slot));
+    void *mine_base = NULL, *base = NULL;
+    MPI_Win win;
+    MPI_Comm_set_errhandler(node, MPI_ERRORS_RETURN);
+    int ok_win = MPI_Win_allocate_shared(node_rank == 0 ? bytes : 0, 1, MPI_INFO_NULL, node,
+                                         &mine_base, &win) == MPI_SUCCESS;
+    MPI_Aint got = 0;
+    int disp;
+    if (ok_win) ok_win = MPI_Win_shared_query(win, 0, &got, &disp, &base) == MPI_SUCCESS &&
+                         base && got >= bytes;
+    int all_ok;
+    MPI_Allreduce(&ok_win, &all_ok, 1, MPI_INT, MPI_MIN, node);
+    if (all_ok) {
+        guard_table *t = base;
+        if (node_rank == 0) { memset(t, 0, (size_t)bytes); t->n = node_size; }
+        MPI_Barrier(node);
+        my_slot = node_rank;
+        t->slot[my_slot].rank = my_rank;
+        __atomic_store_n(&t->slot[my_slot].state, ST_RUNNING, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&t->slot[my_slot].pid, (int)getpid(), __ATOMIC_SEQ_CST);
+        table = t;
+    }
+    MPI_Comm_free(&node);
+
+    /* 4. the signal handlers, the stop inside MPI_Finalize, the thread. MPI_Init has installed
+     * Open MPI's crash handlers by now: ours replace them and call them after their line. */
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigterm;
+    sa.sa_sigaction = on_stop_signal;
+    sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
+    for (int sig = SIGINT; sig; sig = sig == SIGINT ? SIGTERM : 0) {
+        struct sigaction before;   /* a signal ignored by whoever started us stays ignored */
+        if (sigaction(sig, NULL, &before) == 0 && !(before.sa_flags & SA_SIGINFO) &&
+            before.sa_handler == SIG_IGN)
+            continue;
+        sigaction(sig, &sa, NULL);
+    }
+    sa.sa_sigaction = on_fatal;
+    for (int i = 0; i < N_FATAL; i++) sigaction(fatal_signals[i], &sa, &fatal_before[i]);
     int key;
     MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, on_finalize, &key, NULL);
     MPI_Comm_set_attr(MPI_COMM_SELF, key, NULL);
 
     pthread_mutex_lock(&mu);
     last_event = now_s();
-    atomic_store(&tick_ms, now_ms());
     stopping = 0;
     running = pthread_create(&thread, NULL, watchdog, NULL) == 0;
     pthread_mutex_unlock(&mu);

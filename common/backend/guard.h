@@ -19,16 +19,24 @@
  *   itself is the one that stopped. Time during which this process was itself stopped
  *   (SIGSTOP, a suspended machine) does not count.
  *
- *   A rank killed by a signal ends the job through mpirun, which then kills the others
- *   (SIGTERM) and exits with 128 + the signal. Rank 0, when it is not the one that died, prints
- *   one line saying so when the SIGTERM arrives.
+ *   Signals. A rank killed by a signal ends the job through mpirun, which then sends SIGTERM to
+ *   the others and exits with 128 + the signal; the first of them to get it names the dead rank
+ *   in one line (rank 0's death is reported by rank 1). A rank that crashes (SIGSEGV, SIGBUS,
+ *   SIGFPE, SIGILL, SIGABRT) prints its own line first, then the handler that was there before
+ *   runs (Open MPI's backtrace, a sanitizer's report). SIGINT or SIGTERM to mpirun: mpirun sends
+ *   SIGTERM to the ranks (for either), one rank says the job was interrupted, and the ranks end
+ *   with 128 + the signal; mpirun itself (Open MPI 4.1) exits with 1 whatever the ranks' statuses.
+ *   A run without mpirun, or a rank signalled directly, ends with 130 (SIGINT) or 143 (SIGTERM).
+ *   One line in every case: the ranks of a node share a table (pid, state, and a token taken by
+ *   the rank that explains), so the report depends on no timing.
  *
  * Exit statuses of a chapter run (the README's "Exit statuses" lists the same):
  *   0      the run finished (PARITY OK with --check)
  *   1      PARITY FAILED: the parallel model disagrees with the baseline
  *   2      bad input: a flag's value, or ranks started with different arguments
  *   3      GUARD_EXIT_STALLED: a rank waited longer than --timeout (a rank stopped or died)
- *   128+N  a rank was killed by signal N: 137 SIGKILL, 139 SIGSEGV, 134 SIGABRT (mpirun's status)
+ *   128+N  a rank was killed by signal N: 137 SIGKILL, 139 SIGSEGV, 134 SIGABRT (mpirun's status);
+ *          130 SIGINT, 143 SIGTERM for a run without mpirun (mpirun interrupted exits 1)
  */
 #pragma once
 #include "cdefs.h"
@@ -40,7 +48,7 @@ C_BEGIN
 
 /* Called by comm_init right after MPI_Init, on every rank: argument agreement (exit 2 on a
  * mismatch), the environment variable GUARD_TIMEOUT (seconds, 0 = no watchdog) if set, the
- * SIGTERM line, and the watchdog thread. The thread stops by itself inside MPI_Finalize. */
+ * node's table, the signal handlers (SIGINT, SIGTERM, crashes), and the watchdog thread. The thread stops by itself inside MPI_Finalize. */
 void guard_init(int argc, char **argv);
 
 /* The watchdog's timeout in seconds; 0 turns it off. For the --timeout flag. */
