@@ -42,9 +42,14 @@ typedef struct fp8_state_s {
     /* Step 1's casts, code by code (float8_compare_casts): the parallel run keeps each cast's
      * codes, gathered over tp, on its tp rank 0 (stash); the baseline's operator, on the same
      * process, compares its own casts with them (peer: the parallel run's state). */
-    float **stash;                  /* [sites][CASTS] host codes, or NULL                          */
-    float *stash_scale;             /* [sites][CASTS][tp ranks] each tp rank's tensorwise scale     */
-    int stash_ranks;
+    float **stash;                  /* [dp ranks][M][sites][CASTS] host codes (every data rank's and
+                                     * microbatch's, on world rank 0), or NULL                     */
+    float *stash_scale;             /* [dp ranks][M][sites][CASTS][tp ranks] each tp rank's tensorwise
+                                     * scale                                                        */
+    int stash_ranks;                /* tp ranks                                                     */
+    comm_group *dp;                 /* the data ranks (plan->batch): their codes gathered to data
+                                     * rank 0 (NULL: none)                                          */
+    int stash_dp;                   /* data ranks (1: none)                                         */
     struct fp8_state_s *peer;
     const llama_plan *peer_plan;    /* the parallel run's plan (its pipeline stage's layers)        */
     fp8_cast_comparison cmp;
@@ -146,31 +151,69 @@ static void compare_codes(fp8_state *s, const float *mine, const float *theirs, 
     k->other += other;
 }
 
-/* After a cast at step 1: the parallel run keeps its codes, the baseline compares with them. */
-static void keep_or_compare(fp8_state *s, linear_site at, int cast, const float *x, float scale, const float *scales,
-                            float8_scaling how, int rows, int cols, shard_layout layout, float8_format fmt) {
+/* Where the parallel run keeps the codes of data rank d's microbatch mb at one cast. */
+static size_t stash_slot(const fp8_state *s, int d, int mb, linear_site at, int cast) {
+    return (((size_t)d * s->M + mb) * s->sites + site_index(at)) * CASTS + cast;
+}
+
+/* The parallel run keeps one cast's codes (gathered over tp on tp rank 0) and every tp rank's
+ * scale, for every data rank and microbatch: each data rank's tp rank 0 sends them to data
+ * rank 0 (the data ranks of one tp coordinate are all tp rank 0 or none), so world rank 0, where
+ * the baseline runs, holds every row block's casts. Collective over tp, then over the data ranks. */
+static void keep_codes(fp8_state *s, linear_site at, int cast, float *codes, float scale, size_t n) {
+    int T = s->stash_ranks, D = s->stash_dp;
+    float *scales = malloc((size_t)T * sizeof(float));
+    if (s->tp) comm_host_gather(s->tp, &scale, scales, 1, 0);
+    else scales[0] = scale;
+    bool keeper = !s->tp || s->tp->rank == 0;
+    if (keeper && s->dp) {
+        bool root = s->dp->rank == 0;
+        float *all = root ? malloc((size_t)D * n * sizeof(float)) : NULL;
+        float *all_scales = root ? malloc((size_t)D * T * sizeof(float)) : NULL;
+        comm_host_gather(s->dp, codes, all, n, 0);
+        comm_host_gather(s->dp, scales, all_scales, (size_t)T, 0);
+        free(codes);
+        free(scales);
+        codes = all;
+        scales = all_scales;
+        keeper = root;
+    }
+    for (int d = 0; keeper && d < D; d++) {
+        size_t slot = stash_slot(s, d, s->mb, at, cast);
+        free(s->stash[slot]);
+        s->stash[slot] = malloc(n * sizeof(float));
+        memcpy(s->stash[slot], codes + (size_t)d * n, n * sizeof(float));
+        memcpy(s->stash_scale + slot * T, scales + (size_t)d * T, (size_t)T * sizeof(float));
+    }
+    free(codes);
+    free(scales);
+}
+
+/* After a cast at step 1: the parallel run keeps its codes, the baseline compares with them.
+ * `group`: the row block of an activation (0 for a weight). The baseline's row block g is data
+ * rank g / M's microbatch g % M of the parallel run (M: its pipeline's microbatches, 1 without),
+ * so a value on a rounding tie is judged alike in every row block, whichever rank cast it. */
+static void keep_or_compare(fp8_state *s, linear_site at, int cast, int group, const float *x, float scale,
+                            const float *scales, float8_scaling how, int rows, int cols, shard_layout layout,
+                            float8_format fmt) {
     if (s->step != 1 || (!s->stash && !s->peer)) return;
-    /* (a pipeline: the parallel run keeps its first microbatch's casts, which are the baseline's
-     *  first row block; the layers of other stages are not on this process to compare) */
-    if (s->stash && s->mb != 0) return;
+    /* (a pipeline: the layers of other stages are not on this process to compare) */
     if (s->peer && s->peer_plan->holds_layer && !s->peer_plan->holds_layer(s->peer_plan, at.layer)) return;
     int R, Cn;
     float *codes = gather_codes(s, x, scale, scales, how, rows, cols, layout, fmt, &R, &Cn);
-    int slot = site_index(at) * CASTS + cast;
     if (s->stash) {
-        free(s->stash[slot]);
-        s->stash[slot] = codes;
-        float *mine = s->stash_scale + (size_t)slot * s->stash_ranks;   /* every tp rank's scale */
-        if (s->tp) comm_host_gather(s->tp, &scale, mine, 1, 0);
-        else mine[0] = scale;
+        keep_codes(s, at, cast, codes, scale, (size_t)R * Cn);
         return;
     }
-    float *theirs = s->peer->stash ? s->peer->stash[slot] : NULL;
+    const fp8_state *p = s->peer;
+    int d = group / p->M, mb = group % p->M;
+    size_t slot = d < p->stash_dp ? stash_slot(p, d, mb, at, cast) : 0;
+    float *theirs = p->stash && d < p->stash_dp ? p->stash[slot] : NULL;
     /* A tensorwise scale comes from an amax, which a last-bit difference of the tensor moves by
      * a last bit at most: a scale further than 1e-5 away, on any tp rank, is a wrong scale,
      * whatever the codes show. */
-    for (int q = 0; theirs && s->cmp.neighbour == 0 && how == FLOAT8_PER_TENSOR && q < s->peer->stash_ranks; q++)
-        if (fabs((double)scale - s->peer->stash_scale[(size_t)slot * s->peer->stash_ranks + q]) > 1e-5 * fabs((double)scale)) {
+    for (int q = 0; theirs && s->cmp.neighbour == 0 && how == FLOAT8_PER_TENSOR && q < p->stash_ranks; q++)
+        if (fabs((double)scale - p->stash_scale[slot * p->stash_ranks + q]) > 1e-5 * fabs((double)scale)) {
             s->cmp.scale_differs++;
             break;
         }
@@ -229,7 +272,12 @@ static float *rowwise_scales(fp8_state *s, const float *x, int rows, int cols, s
     if (axis == ALONG_ROWS) float8_amax_rows(amax, x, rows, cols);
     else float8_amax_cols(amax, x, rows, cols);
     if (cut_along && s->tp) agree_amax(s, amax, k);
-    float8_scales_from_amax(scales, amax, k, fmt, 1);
+    /* --fault local-amax: a power-of-two scale from a shard's own amax differs from the tensor's by
+     * whole binades only, which changes the codes but (away from the subnormals) not the values
+     * multiplied, so no replay could see the bug: the faulty shards also skip the rounding down,
+     * and each scales its rows by max / its own amax, a grid that the single device never uses. */
+    bool pow2 = !(s->local_amax && cut_along && s->tp);
+    float8_scales_from_amax(scales, amax, k, fmt, pow2);
     device_free(amax);
     return scales;
 }
@@ -253,13 +301,13 @@ static void cast_operand(fp8_state *s, linear_site at, operand which, int cast, 
             float scale = reuse ? scale_io[g] : tensor_scale(s, at, which, g, xg, n, cut, fmt);
             if (!reuse) scale_io[g] = scale;
             float8_fake_quantize(qg, xg, n, scale, fmt);
-            if (g == 0) keep_or_compare(s, at, cast, xg, scale, NULL, FLOAT8_PER_TENSOR, rows_g, cols, layout, fmt);
+            keep_or_compare(s, at, cast, g, xg, scale, NULL, FLOAT8_PER_TENSOR, rows_g, cols, layout, fmt);
             continue;
         }
         float *scales = rowwise_scales(s, xg, rows_g, cols, axis, cut_along, fmt);
         float8_scaling how = axis == ALONG_ROWS ? FLOAT8_PER_ROW : FLOAT8_PER_COL;
         float8_fake_quantize_scaled(qg, xg, n, cols, how, 0.0f, scales, fmt);
-        if (g == 0) keep_or_compare(s, at, cast, xg, 0, scales, how, rows_g, cols, layout, fmt);
+        keep_or_compare(s, at, cast, g, xg, 0, scales, how, rows_g, cols, layout, fmt);
         device_free(scales);
     }
 }
@@ -512,7 +560,7 @@ void float8_free(llama_plan *plan) {
     free(s->history);
     free(s->seen);
     if (s->stash)
-        for (int i = 0; i < s->sites * CASTS; i++) free(s->stash[i]);
+        for (size_t i = 0; i < (size_t)s->stash_dp * s->M * s->sites * CASTS; i++) free(s->stash[i]);
     free(s->stash);
     free(s->stash_scale);
     device_free(s->scalar);
@@ -533,9 +581,12 @@ void float8_worst_sqnr(const llama_plan *plan, double first[FP8_NROLES], double 
 void float8_compare_casts(llama_plan *parallel, llama_plan *baseline) {
     fp8_state *p = state_of(parallel), *b = state_of(baseline);
     if (!p || !b) return;
-    p->stash = calloc((size_t)p->sites * CASTS, sizeof *p->stash);
+    p->dp = parallel->batch && parallel->batch->size > 1 ? parallel->batch : NULL;
+    p->stash_dp = p->dp ? p->dp->size : 1;
+    size_t slots = (size_t)p->stash_dp * p->M * p->sites * CASTS;
+    p->stash = calloc(slots, sizeof *p->stash);
     p->stash_ranks = p->tp ? p->tp->size : 1;
-    p->stash_scale = calloc((size_t)p->sites * CASTS * p->stash_ranks, sizeof *p->stash_scale);
+    p->stash_scale = calloc(slots * p->stash_ranks, sizeof *p->stash_scale);
     b->peer = p;
     b->peer_plan = parallel;
 }
@@ -609,16 +660,18 @@ const char *float8_gemm_name(fp8_recipe r) {
     return on_gpu ? "cuBLASLt on float8 bytes" : "float8 bytes decoded into an fp32 GEMM, cuBLASLt's CPU twin";
 }
 
-const char *float8_run_options_json(const fp8_options *o, int dp_shard, char *buf, size_t len) {
+const char *float8_run_options_json(const fp8_options *o, int groups, int passes, char *buf, size_t len) {
     static const char *const scale_rule[FP8_NRECIPES] = {
         "", "fp32(max/max(amax,1e-12)) per tensor", "pow2_floor(fp32(max/max(amax,1e-12))) per row",
         "fp32(max/max(max(amax history),1e-12)) per tensor"};
     static const char *const format_name[2] = {"e4m3fn", "e5m2"};
+    char passes_key[32] = "";   /* (only when a step makes several passes) */
+    if (passes > 1) snprintf(passes_key, sizeof passes_key, "\"passes\":%d,", passes);
     snprintf(buf, len, "{\"float8\":{\"recipe\":\"%s\",\"amax_history\":%d,\"float8_linears\":"
              "[\"wq\",\"wk\",\"wv\",\"wo\",\"w1\",\"w2\",\"w3\"],\"formats\":{\"x\":\"%s\",\"w\":\"%s\",\"dy\":\"%s\"},"
-             "\"activation_groups\":%d,\"scale_rule\":\"%s\"}}", fp8_recipe_name(o->recipe), o->amax_history,
+             "\"activation_groups\":%d,%s\"scale_rule\":\"%s\"}}", fp8_recipe_name(o->recipe), o->amax_history,
              format_name[fp8_role_format(o->recipe, FP8_CAST_X)], format_name[fp8_role_format(o->recipe, FP8_CAST_W)],
-             format_name[fp8_role_format(o->recipe, FP8_CAST_DY)], dp_shard, scale_rule[o->recipe]);
+             format_name[fp8_role_format(o->recipe, FP8_CAST_DY)], groups, passes_key, scale_rule[o->recipe]);
     return buf;
 }
 
@@ -632,6 +685,7 @@ static const char *local_amax(llama_plan *p) {
 }
 
 const plan_fault float8_faults[] = {
-    {"local-amax", "each tensor-parallel shard scales by its own amax instead of the tensor's (no MAX all-reduce over tp)",
+    {"local-amax", "each tensor-parallel shard scales by its own amax instead of the tensor's (no MAX all-reduce over tp; "
+     "rowwise: its rows' scales max / its own amax, not rounded down to a power of two)",
      local_amax},
     {NULL, NULL, NULL}};

@@ -86,9 +86,10 @@ void float8_worst_sqnr(const llama_plan *plan, double first[FP8_NROLES], double 
                        linear_site where[FP8_NROLES]);
 
 /* Step 1's casts of the two runs, code by code: the parallel run's plan keeps each cast's codes
- * (gathered over tp to its tp rank 0, world rank 0 with a tp-only mesh), the baseline's operator
- * (on world rank 0) compares its own with them, in the order the baseline casts. Counts, on world
- * rank 0, up to and including the first cast with a neighbour, and after it: */
+ * (gathered over tp to its tp rank 0, then over the data ranks, plan->batch, to world rank 0; every
+ * pipeline microbatch apart), the baseline's operator (on world rank 0) compares its own with them,
+ * its row block g with data rank g / M's microbatch g % M, in the order the baseline casts. Counts,
+ * on world rank 0, up to and including the first cast with a neighbour, and after it: */
 typedef struct {
     long long equal;      /* the same code                                                    */
     long long neighbour;  /* the next code up or down: a value on a rounding boundary, whose
@@ -115,8 +116,11 @@ long long float8_sharded_cast_mismatches(const llama_plan *plan, llama_model *m,
 const char *float8_gemm_name(fp8_recipe r);
 /* The recipe as the JSON object a --dump carries in its "run_options" metadata, for an outside
  * replay (tests/reference_torch.py; docs/dump-format.md): written to buf[len], returned.
- * dp_shard: the row blocks each activation is scaled in (every dp rank its own rows). */
-const char *float8_run_options_json(const fp8_options *o, int dp_shard, char *buf, size_t len);
+ * groups: the row blocks each activation of one forward pass is scaled in (every data rank its
+ * own rows; chapter 08: each data rank's pipeline microbatches apart, dp x microbatches);
+ * passes: the forward-backward passes of a step (chapter 08's --accum; "passes" is written only
+ * when above 1), each over its share of the step's batch, in order. */
+const char *float8_run_options_json(const fp8_options *o, int groups, int passes, char *buf, size_t len);
 
 /* The deliberate bugs of this chapter, for --fault. */
 extern const plan_fault float8_faults[];

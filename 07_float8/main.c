@@ -75,8 +75,8 @@ int main(int argc, char **argv) {
     const llama_config *c = &o.model;
 
     /* --dump: the recipe, as the "run_options" metadata, for the outside replay */
-    char fp8_json[256];   /* (a metadata value: at most 255 bytes) */
-    if (co.fp8.recipe != FP8_OFF) o.dump_run_options = float8_run_options_json(&co.fp8, co.dp_shard, fp8_json, sizeof fp8_json);
+    char fp8_json[320];   /* (a metadata value: at most 255 bytes, dump.h checks) */
+    if (co.fp8.recipe != FP8_OFF) o.dump_run_options = float8_run_options_json(&co.fp8, co.dp_shard, 1, fp8_json, sizeof fp8_json);
 
     if (co.history_given && co.fp8.recipe != FP8_DELAYED)
         comm_exit_usage("--amax-history keeps the amaxes of delayed scaling: it needs --fp8 delayed, not %s",

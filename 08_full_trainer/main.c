@@ -84,6 +84,10 @@ int main(int argc, char **argv) {
     if (co.par.fp8.recipe != FP8_OFF && co.par.degree[MESH_CP] > 1 && o.check)
         comm_exit_usage("--fp8 with --cp %d and --check is not valid: each cp rank scales the activations of its own "
                         "positions, which the single-device float8 baseline cannot reproduce", co.par.degree[MESH_CP]);
+    if (co.par.fp8.recipe != FP8_OFF && co.par.degree[MESH_CP] > 1 && o.dump_dir)
+        comm_exit_usage("--dump with --fp8 and --cp %d is not valid: each cp rank scales the activations of its own "
+                        "positions, which the dump's float8 metadata cannot describe, so no replay could cast as the "
+                        "run did; dump with --cp 1", co.par.degree[MESH_CP]);
     if (o.fault && co.par.degree[MESH_DP_REPLICATE] * co.par.degree[MESH_DP_SHARD] == 1)
         comm_exit_usage("--fault %s breaks FSDP's gradient reduction: it needs --dp-shard x --dp-replicate of 2 or more",
                         o.fault);
@@ -118,6 +122,10 @@ int main(int argc, char **argv) {
         float8_compare_casts(&plan, &baseline);
         o.step1_grads_unjudged = float8_casts_flipped;
         o.step1_ctx = &baseline;
+        /* --dump: the recipe and its row blocks per pass, as chapter 07 writes them */
+        static char fp8_json[320];
+        o.dump_run_options = float8_run_options_json(&co.par.fp8, one_device.activation_groups, co.accum, fp8_json,
+                                                     sizeof fp8_json);
     }
     run_apply_fault(&o, &plan);
     /* every path the run writes, checked with --out and --dump before anything is allocated

@@ -27,7 +27,8 @@ model's error against (nearly) exact arithmetic; a float32 reference would add i
 of the same size and the tolerances would have to absorb two errors instead of one.
 
 float8 training (run_options {"float8": {"recipe", "amax_history", "float8_linears", "formats",
-"activation_groups", "scale_rule"}}; scale_rule is a note for a person, the recipe decides):
+"activation_groups", "scale_rule"}}, and "passes" when above 1; chapters 07 and 08 write it;
+scale_rule is a note for a person, the recipe decides):
 each named linear (wq wk wv wo w1 w2 w3 of every layer; never the output layer) is an
 autograd.Function whose three GEMMs multiply fake-quantized operands, computed here from the
 formats' definitions:
@@ -45,14 +46,21 @@ fp32(max / max(amax, 1e-12)) with the division in double; the recipe decides whi
                 a power of two (frexp; the run's formats: E4M3 for all): forward x and W by rows
                 (over in); dx's dy by rows and W by columns (over out); dW's dy and x by columns
                 (over the tokens)
-    delayed     as tensorwise, with the largest amax of the last amax_history steps of that tensor
-                (per linear and per operand; step 1: its own amax), this step's amax then joining
-                the history
+    delayed     as tensorwise, with the largest amax of the last amax_history passes of that
+                tensor (per linear and per operand; the first: its own amax), this pass's amax
+                then joining the history (one pass a step, unless "passes" says more)
 With data parallelism each rank scales the activations (x, dy) of its own rows of the batch:
 "activation_groups" (the data-parallel degree, 1 without) says in how many equal blocks of the
 batch's rows (sequences 0.., in rank order) x and dy are scaled, each block with its own scales
-(and, delayed, its own amax history); the weights are scaled whole. The run agreed the amaxes
-over tensor parallelism, so its casts are the single-device ones that this script computes.
+(and, delayed, its own amax history); the weights are scaled whole. Chapter 08 writes as
+activation_groups the data ranks times a pipeline's microbatches (each data rank's rows in
+microbatches, each cast apart). "passes" (chapter 08's --accum; 1 when absent): a step was that
+many forward-backward passes, one per equal block of the batch's rows in order, each casting
+its own rows (in activation_groups blocks) and its own weights; the replay makes the same passes
+(step_loss). The run agreed the amaxes over tensor parallelism, so its casts are the
+single-device ones that this script computes. A run whose context parallelism split the
+sequences (each cp rank scaling its own positions) cannot be described: chapter 08 refuses
+--dump with --fp8 and --cp above 1.
 
 The replay of a float8 run cannot be bit-exact: a value on a rounding boundary lands on the
 neighbouring float8 code when its fp32 input differs in the last bit from the run's (a sum in
@@ -268,12 +276,15 @@ def read_float8(options, path):
                                             for k in ("x", "w", "dy")):
         raise DumpError(f"{path}: run_options.float8.formats is {formats!r}, expected x, w "
                         f"and dy each one of {', '.join(FLOAT8_FORMATS)}")
-    groups = f8.get("activation_groups", 1)
-    if not isinstance(groups, int) or groups < 1:
-        raise DumpError(f"{path}: run_options.float8.activation_groups is {groups!r}, expected an "
-                        f"integer >= 1")
+    counts = {}
+    for key in ("activation_groups", "passes"):
+        counts[key] = f8.get(key, 1)
+        if not isinstance(counts[key], int) or isinstance(counts[key], bool) or counts[key] < 1:
+            raise DumpError(f"{path}: run_options.float8.{key} is {counts[key]!r}, expected an "
+                            f"integer >= 1")
     return {"recipe": recipe, "amax_history": history, "linears": set(linears),
-            "formats": {k: formats[k] for k in ("x", "w", "dy")}, "groups": groups}
+            "formats": {k: formats[k] for k in ("x", "w", "dy")},
+            "groups": counts["activation_groups"], "passes": counts["passes"]}
 
 
 def round_to_float8(v, fmt):
@@ -389,6 +400,13 @@ def boundary_distance(p, fmt):
     return torch.where(a.abs() < fmax, d, torch.full_like(d, 0.5))   # NaN: False, 0.5
 
 
+# The linears that read one tensor: the run casts that one fp32 tensor once per linear, with the
+# same scales, so a value of it on a rounding tie is rounded alike in all of them (and flips in
+# all of them together, explain_by_boundaries): the attention's input n for wq, wk, wv, the
+# feed-forward's m for w1, w3.
+SHARED_INPUTS = {"wq": "wq wk wv", "wk": "wq wk wv", "wv": "wq wk wv", "w1": "w1 w3", "w3": "w1 w3"}
+
+
 class Float8State:
     """The recipe, and what it keeps across steps: the delayed amax histories, per linear (layer,
     name) and operand ("x", "w", "dy"), newest first, at most amax_history. In step 1 it also
@@ -397,16 +415,20 @@ class Float8State:
     def __init__(self, f8, flipped=()):
         self.recipe, self.formats, self.linears = f8["recipe"], f8["formats"], f8["linears"]
         self.history_len, self.groups = f8["amax_history"], f8["groups"]
+        self.passes = f8.get("passes", 1)
         self.history = {}
         self.step = 0
         self.boundary = []      # step 1: (distance, "layers.i.name operand", scaled value, key)
+        self.value_of = {}      # step 1: key -> the run's value it casts (SHARED_INPUTS)
         self.casts = 0          # step 1's casts so far: with an element index, a value's key
+        self.pass_now = 0       # the pass of the step in progress ("passes")
         self.flipped = set(flipped)   # step 1's keys cast to the other neighbour (run_flipped)
 
-    def cast(self, site, operand, v, scale):
-        """v (fp32) fake-quantized with scale in the operand's format. In step 1 a value within
-        BOUNDARY_STEPS of a midpoint is noted with its key (cast number, element), and a value
-        whose key is in self.flipped takes the other of its two neighbouring codes."""
+    def cast(self, site, operand, v, scale, block=0):
+        """v (fp32; row block `block` of the operand) fake-quantized with scale in the operand's
+        format. In step 1 a value within BOUNDARY_STEPS of a midpoint is noted with its key (cast
+        number, element) and the value it is (value_of), and a value whose key is in self.flipped
+        takes the other of its two neighbouring codes."""
         fmt = self.formats[operand]
         q = fake_quantize(v, scale, fmt)
         if self.step == 1 and operand != "w":
@@ -417,6 +439,8 @@ class Float8State:
                 key = (self.casts, i)
                 self.boundary.append((d[i].item(), f"layers.{site[0]}.{site[1]} {operand}",
                                       p.flatten()[i].item(), key))
+                shared = SHARED_INPUTS.get(site[1], site[1]) if operand == "x" else site[1]
+                self.value_of[key] = (self.pass_now, site[0], shared, operand, block, i)
                 if key in self.flipped:   # the other neighbour: round(2p - q) lies past the midpoint
                     pi = p.flatten()[i:i + 1]
                     alt = round_to_float8(2 * pi - round_to_float8(pi, fmt), fmt)
@@ -453,15 +477,15 @@ class Float8State:
 
     def tensorwise(self, site, operand, v):
         """v (fp32) cast with one scale per row block, the recipe's."""
-        return torch.cat([self.cast(site, operand, b, self.tensor_scale(site, (operand, g), b))
+        return torch.cat([self.cast(site, operand, b, self.tensor_scale(site, (operand, g), b), g)
                           for g, b in enumerate(self.blocks(operand, v))])
 
     def rowwise(self, site, operand, v, dim):
         """v (fp32) cast with one power-of-two scale per slice along dim (the contraction) of each
         row block: dim 1 one per row, dim 0 one per column."""
         fmt = self.formats[operand]
-        return torch.cat([self.cast(site, operand, b, float8_scale(amax_of(b, dim), fmt, True))
-                          for b in self.blocks(operand, v)])
+        return torch.cat([self.cast(site, operand, b, float8_scale(amax_of(b, dim), fmt, True), g)
+                          for g, b in enumerate(self.blocks(operand, v))])
 
 
 class Float8Linear(torch.autograd.Function):
@@ -579,6 +603,32 @@ def forward(params, config, tokens, float8=None):
     return rmsnorm(h, params["norm.weight"], eps) @ params["output.weight"].T
 
 
+def step_loss(params, config, tokens, targets, float8=None):
+    """The step's loss, its gradients accumulated into params' .grad (autograd). A float8 run
+    with "passes" P > 1 (chapter 08's --accum) made P forward-backward passes, one per equal block
+    of the batch's rows in order, each on its own float8 casts (the delayed histories record
+    every pass), the loss of each pass divided by the valid targets of the whole step: so does
+    this. Otherwise one pass, mean_loss of the whole batch."""
+    passes = float8.passes if float8 is not None else 1
+    if passes == 1:
+        loss = mean_loss(forward(params, config, tokens, float8), targets)
+        loss.backward()
+        return loss.item()
+    if tokens.shape[0] % passes:
+        raise DumpError(f"{tokens.shape[0]} sequences do not split into {passes} passes")
+    count = max(int((targets != IGNORE_INDEX).sum()), 1)
+    total = 0.0
+    for k, (t, y) in enumerate(zip(tokens.chunk(passes), targets.chunk(passes))):
+        float8.pass_now = k
+        logits = forward(params, config, t, float8)
+        V = logits.shape[-1]
+        loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1), ignore_index=IGNORE_INDEX,
+                               reduction="sum") / count
+        loss.backward()
+        total += loss.item()
+    return total
+
+
 def mean_loss(logits, targets):
     """Sum of token cross-entropies over targets != -100, divided by their count."""
     V = logits.shape[-1]
@@ -607,11 +657,11 @@ def step1_gradients(init, config, f8, directory, flipped):
     targets = torch.from_numpy(batch["targets"].astype(np.int64))
     state = Float8State(f8, flipped)
     state.step = 1
-    mean_loss(forward(params, config, tokens, state), targets).backward()
+    step_loss(params, config, tokens, targets, state)
     return {name: p.grad.detach().numpy() for name, p in params.items()}
 
 
-def explain_by_boundaries(init, config, f8, directory, c_grads, candidates):
+def explain_by_boundaries(init, config, f8, directory, c_grads, candidates, value_of):
     """A float8 dump whose step-1 gradients miss the tolerance: is the difference one of rounding
     ties? The values nearest a midpoint (at most FLIP_TRIES of them, each with every cast of it)
     are cast to their other neighbour: one at a time, every pair, every three of the six nearest,
@@ -619,11 +669,13 @@ def explain_by_boundaries(init, config, f8, directory, c_grads, candidates):
     every step-1 gradient is within the tolerance is returned (None if none is). Only values that
     lie within BOUNDARY_STEPS of a midpoint are tried: the run, whose fp32 inputs differ in their
     last bits, may have rounded exactly those the other way."""
-    # One value may be cast twice in step 1 (rowwise casts dy and x along rows, then along columns):
-    # the run rounded both of its casts from the same fp32 input, so they flip together.
+    # One value may be cast several times in step 1 (rowwise casts dy and x along rows, then
+    # along columns; wq, wk and wv cast the same input, and so do w1 and w3): the run rounded all
+    # of its casts from the same fp32 input, so they flip together (value_of: the value a cast
+    # element is, by pass, layer, tensor, row block and element).
     groups = {}
     for c in sorted(candidates):
-        groups.setdefault((c[1], c[3][1]), []).append(c)     # (tensor, element)
+        groups.setdefault(value_of[c[3]], []).append(c)
     near = sorted(groups.values(), key=lambda g: g[0][0])[:FLIP_TRIES]
     tries = ([list(t) for k in (1, 2) for t in itertools.combinations(near, k)]          # singles, pairs
              + [list(t) for t in itertools.combinations(near[:6], 3)]                    # triples of the 6 nearest
@@ -682,10 +734,7 @@ def run(directory):
         optimizer.zero_grad(set_to_none=True)
         if float8 is not None:
             float8.step = step
-        loss = mean_loss(forward(params, config, tokens, float8), targets)
-        loss.backward()
-
-        ref = loss.item()
+        ref = step_loss(params, config, tokens, targets, float8)
         if step in losses:
             got = losses[step]
             ok = abs(got - ref) <= LOSS_RTOL * max(1.0, abs(ref))
@@ -732,7 +781,8 @@ def run(directory):
                   f"{'ok' if ok else 'beyond'}")
         explained = None
         if grad_failures and float8 is not None and float8.boundary:
-            explained = explain_by_boundaries(init, config, f8, directory, c_grads, float8.boundary)
+            explained = explain_by_boundaries(init, config, f8, directory, c_grads, float8.boundary,
+                                              float8.value_of)
         if explained:
             print(f"  {grad_failures} tensor(s) beyond {GRAD_RTOL:g}: explained by rounding ties. With "
                   f"{len(explained)} step-1 value(s) next to a midpoint cast to the other neighbouring code, "
