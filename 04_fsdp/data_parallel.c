@@ -61,6 +61,9 @@ struct dp_state {
      * 06's all-reduce over cp), run on the reduced (or sharded) gradients; NULL: nothing */
     void (*inner_reduce_grads)(const llama_plan *p, llama_model *m);
     double t_step0, t_acquired;
+    double planned_bytes;              /* the transient buffers' bytes, known before allocating  */
+    double measured_bytes;             /* what allocating them added to MEM_BUFFERS              */
+    bool allocated;                    /* ensure_buffers has run                                 */
     dp_event events[MAX_EVENTS];
     int n_events;
 };
@@ -85,6 +88,8 @@ static void event(dp_state *s, const char *lane, double t0, const char *fmt, int
     e->t0 = t0 - s->t_step0;
     e->t1 = wall_seconds() - s->t_step0;
 }
+
+static void ensure_buffers(dp_state *s);
 
 /* A tensor's padded size: S shards of shard_units rows (elements) of `width`. */
 static size_t padded(const dp_state *s, const param_tensor *x) { return (size_t)s->S * x->shard_units * x->width; }
@@ -272,6 +277,7 @@ static void linear_backward_progress(const llama_plan *p, linear_site site, floa
 static void dp_acquire(const llama_plan *p, llama_model *m, int u, bool backward, unit_weights *w,
                        unit_weights *g) {
     dp_state *s = p->dp_ctx;
+    ensure_buffers(s);
     s->t = m->params;
     if (u == s->L && !backward) {        /* the first acquire of a step: a new timeline */
         s->t_step0 = wall_seconds();
@@ -305,6 +311,7 @@ static void dp_release(const llama_plan *p, llama_model *m, int u, bool backward
 static void dp_reduce_own_grads(const llama_plan *p, llama_model *m) {
     dp_state *s = p->dp_ctx;
     param_table *t = m->params;
+    ensure_buffers(s);
     if (s->o.mode == DP_DDP) {
         for (int k = 0; k < s->n_reqs; k++) {
             comm_wait(&s->reqs[k]);
@@ -341,6 +348,7 @@ static void dp_optimizer_step(const llama_plan *p, llama_model *m, const adamw_c
     dp_state *s = p->dp_ctx;
     param_table *t = m->params;
     if (s->o.mode == DP_DDP || s->o.mode == DP_FSDP) { param_adamw_step(t, o, step); return; }
+    ensure_buffers(s);
     for (int i = 0; i < t->n; i++) {
         const param_tensor *x = &t->t[i];
         size_t own = (size_t)x->own_first * x->width, n = (size_t)x->own_units * x->width;
@@ -386,45 +394,70 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
     plan->reduce_grads = dp_reduce_grads;
     plan->optimizer_step = dp_optimizer_step;
 
-    /* The transient buffers, sized from a table laid out as the model's will be. */
-    param_table *t = param_table_create(c, mesh, plan->layout, plan->storage, NULL, 0);
-    size_t layer_max = 0, ends = 0;
-    for (int u = 0; u <= s->L; u++) {
-        int idx[9], n = param_unit_tensors(t, u, idx);
-        size_t sum = 0;
-        for (int k = 0; k < n; k++) {
-            sum += padded(s, &t->t[idx[k]]);
-            if (shard_of(&t->t[idx[k]]) > s->max_shard) s->max_shard = shard_of(&t->t[idx[k]]);
-        }
-        if (u == s->L) ends = sum; else if (sum > layer_max) layer_max = sum;
+    /* The transient buffers' sizes, from the layout the model's table will have (params.h: each
+     * tensor's tp slice, its first dimension split in S chunks of ceil(units / S)), computed
+     * without allocating anything: run_model checks them (plan->buffer_bytes) with the model's
+     * own bytes before anything is allocated, and ensure_buffers allocates them at first use. */
+    comm_group *tp = mesh->group[MESH_TP];
+    int p = tp ? tp->size : 1, r = tp ? tp->rank : 0;
+    size_t *unit_sum = calloc((size_t)s->L + 1, sizeof *unit_sum);
+    for (int i = 0; i < llama_num_params(c); i++) {
+        param_spec sp = llama_param_spec(c, i);
+        int r0, nr, c0, nc;
+        shard_slice(plan->layout[sp.kind], sp.rows, sp.cols, r, p, &r0, &nr, &c0, &nc);
+        size_t units = sp.is_vector ? (size_t)nc : (size_t)nr, width = sp.is_vector ? 1 : (size_t)nc;
+        size_t shard = (units + s->S - 1) / s->S * width;
+        unit_sum[sp.layer < 0 ? s->L : sp.layer] += (size_t)s->S * shard;
+        if (shard > s->max_shard) s->max_shard = shard;
     }
-    param_table_free(t);
+    size_t layer_max = 0;
+    for (int u = 0; u < s->L; u++) if (unit_sum[u] > layer_max) layer_max = unit_sum[u];
     s->unit_padded_max = layer_max;
-    s->ends_padded = ends;
-    if (o->mode == DP_FSDP) {
-        /* the ends, and the layers in flight: one, a prefetched one, or every layer when they
-         * stay gathered from forward to backward */
-        s->n_slots = 1 + (!o->reshard_after_forward ? s->L : o->prefetch ? 2 : 1);
+    s->ends_padded = unit_sum[s->L];
+    free(unit_sum);
+    /* fsdp: the ends, and the layers in flight: one, a prefetched one, or every layer when they
+     * stay gathered from forward to backward */
+    if (o->mode == DP_FSDP) s->n_slots = 1 + (!o->reshard_after_forward ? s->L : o->prefetch ? 2 : 1);
+    double floats = 0;
+    if (o->mode == DP_FSDP) floats += (double)s->ends_padded + (double)(s->n_slots - 1) * layer_max;
+    if (o->mode == DP_ZERO2 || o->mode == DP_FSDP) floats += (double)s->ends_padded + layer_max;
+    if (o->mode != DP_DDP) floats += (double)(s->S + 1) * s->max_shard;
+    s->planned_bytes = 4 * floats;
+    plan->buffer_bytes += s->planned_bytes;
+}
+
+/* The transient buffers (MEM_BUFFERS), allocated at the plan's first use, after run_model's check. */
+static void ensure_buffers(dp_state *s) {
+    if (s->allocated) return;
+    s->allocated = true;
+    size_t before = mem_current(MEM_BUFFERS), layer_max = s->unit_padded_max, ends = s->ends_padded;
+    if (s->o.mode == DP_FSDP) {
         s->slots = calloc(s->n_slots, sizeof *s->slots);
         for (int k = 0; k < s->n_slots; k++) {
             s->slots[k].data = device_alloc_floats(k == 0 ? ends : layer_max, MEM_BUFFERS);
             s->slots[k].unit = -1;
         }
     }
-    if (o->mode == DP_ZERO2 || o->mode == DP_FSDP) {
+    if (s->o.mode == DP_ZERO2 || s->o.mode == DP_FSDP) {
         s->grad_full[0] = device_alloc_floats(ends, MEM_BUFFERS);
         s->grad_full[1] = device_alloc_floats(layer_max, MEM_BUFFERS);
     }
-    if (o->mode != DP_DDP) {
+    if (s->o.mode != DP_DDP) {
         s->stage_in = device_alloc_floats(s->S * s->max_shard, MEM_BUFFERS);
         s->stage_out = device_alloc_floats(s->max_shard, MEM_BUFFERS);
     }
+    s->measured_bytes = (double)(mem_current(MEM_BUFFERS) - before);
+}
+
+double data_parallel_buffer_bytes(const llama_plan *plan) {
+    const dp_state *s = plan->dp_ctx;
+    return !s ? 0 : s->allocated ? s->measured_bytes : 0;
 }
 
 void data_parallel_free(llama_plan *plan) {
     dp_state *s = plan->dp_ctx;
     if (!s) return;
-    for (int k = 0; k < s->n_slots; k++) device_free(s->slots[k].data);
+    for (int k = 0; s->slots && k < s->n_slots; k++) device_free(s->slots[k].data);
     free(s->slots);
     device_free(s->grad_full[0]); device_free(s->grad_full[1]);
     device_free(s->stage_in); device_free(s->stage_out);

@@ -81,9 +81,7 @@ int main(int argc, char **argv) {
 
     /* ---- the plan: chapter 01's inside each data rank (when tp > 1), data parallelism around it ---- */
     llama_plan plan = tensor_parallel_or_single(mesh, c);
-    size_t buffers_before = mem_current(MEM_BUFFERS);
-    data_parallel_apply(&plan, mesh, c, &co.dp);
-    double buffer_bytes = (double)(mem_current(MEM_BUFFERS) - buffers_before);
+    data_parallel_apply(&plan, mesh, c, &co.dp);   /* (its buffers: allocated at first use) */
     run_apply_fault(&o, &plan);
     llama_model *model = run_model(&o, &plan);   /* refuses up front what cannot fit */
     double mem[3] = {mem_current(MEM_PARAMS), mem_current(MEM_GRADS), mem_current(MEM_OPTIM)};
@@ -107,7 +105,7 @@ int main(int argc, char **argv) {
     /* ---- measured beside the formulas ---- */
     log0("\n");
     int mismatches = report_data_parallel_traffic(&o, &plan, model, &co.dp);
-    mismatches += report_data_parallel_memory(&plan, model, &co.dp, mem, buffer_bytes, o.out_dir);
+    mismatches += report_data_parallel_memory(&plan, model, &co.dp, mem, data_parallel_buffer_bytes(&plan), o.out_dir);
     mismatches += report_timeline(&o, &plan, &co.dp, &clock);
     run_clock_report(&clock, o.steps);
 

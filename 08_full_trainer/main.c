@@ -95,7 +95,12 @@ int main(int argc, char **argv) {
     if (co.warmup > o.steps) comm_exit_usage("--warmup %d is longer than --steps %d: use at most %d", co.warmup, o.steps, o.steps);
     text_corpus corpus;
     char err[1024];
-    if (text_corpus_load(&corpus, co.data, c->seq_len, err, sizeof err) != 0) comm_exit_usage("--data: %s", err);
+    char val_what[160] = "";   /* evaluation's batches: the validation part must hold them */
+    size_t val_need = co.eval_every ? (size_t)co.eval_batches * o.batch * c->seq_len + 1 : 0;
+    snprintf(val_what, sizeof val_what, "--eval-batches %d x --batch %d x --seq-len %d + 1 bytes", co.eval_batches,
+             o.batch, c->seq_len);
+    if (text_corpus_load_for(&corpus, co.data, c->seq_len, val_need, co.eval_every ? val_what : NULL, err, sizeof err))
+        comm_exit_usage("--data: %s", err);
     int val_batches = text_val_batches(&corpus, o.batch, c->seq_len);
     if (co.eval_every && co.eval_batches > val_batches)
         comm_exit_usage("--eval-batches %d is more than the %d batches of %d x %d bytes in %s's validation part",

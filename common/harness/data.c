@@ -88,7 +88,18 @@ int count_valid_targets(const int *targets, int n) {
 
 /* ---- a text corpus, byte-level ---- */
 
-int text_corpus_load(text_corpus *c, const char *path, int T, char *err, size_t errlen) {
+size_t text_corpus_min_bytes(int T, size_t val_bytes) {
+    /* n = 10q + r (r < 10) splits into 9q training bytes and q + r validation bytes */
+    size_t q_min = ((size_t)T + 1 + 8) / 9, best = 0;
+    for (size_t q = val_bytes > 9 ? val_bytes - 9 : 0; q <= val_bytes; q++) {
+        size_t qq = q > q_min ? q : q_min, r = val_bytes > qq ? val_bytes - qq : 0;
+        if (r <= 9 && (best == 0 || 10 * qq + r < best)) best = 10 * qq + r;
+    }
+    return best;
+}
+
+int text_corpus_load_for(text_corpus *c, const char *path, int T, size_t val_bytes, const char *val_what,
+                         char *err, size_t errlen) {
     *c = (text_corpus){0};
     char why[256];
     if (read_file(path, &c->bytes, &c->n, why, sizeof why) != 0) {
@@ -96,14 +107,21 @@ int text_corpus_load(text_corpus *c, const char *path, int T, char *err, size_t 
         return -1;
     }
     c->n_train = c->n / 10 * 9;
-    if (c->n_train < (size_t)T + 1 || c->n - c->n_train < (size_t)T + 1) {
-        snprintf(err, errlen, "%s has %zu bytes: too few for windows of --seq-len %d + 1 bytes in both its "
-                 "training part (90%%) and its validation part (10%%); use a file of at least %zu bytes",
-                 path, c->n, T, (size_t)(T + 1) * 10);
+    if (val_bytes < (size_t)T + 1) val_bytes = (size_t)T + 1;
+    if (c->n_train < (size_t)T + 1 || c->n - c->n_train < val_bytes) {
+        char what[160];
+        snprintf(what, sizeof what, "a window of --seq-len %d + 1 bytes", T);
+        snprintf(err, errlen, "%s has %zu bytes: too few for a window of --seq-len %d + 1 bytes in its training part "
+                 "(90%%) and %s in its validation part (10%%); use a file of at least %zu bytes", path, c->n, T,
+                 val_what ? val_what : what, text_corpus_min_bytes(T, val_bytes));
         text_corpus_free(c);
         return -1;
     }
     return 0;
+}
+
+int text_corpus_load(text_corpus *c, const char *path, int T, char *err, size_t errlen) {
+    return text_corpus_load_for(c, path, T, (size_t)T + 1, NULL, err, errlen);
 }
 
 void text_corpus_free(text_corpus *c) {

@@ -30,6 +30,15 @@ typedef struct {
 /* 0, or -1 with one line in err (the file cannot be read, or either part is shorter than a
  * window of T+1 bytes). */
 int text_corpus_load(text_corpus *c, const char *path, int T, char *err, size_t errlen);
+/* The same, when the validation part must hold val_bytes (at least T + 1): evaluation reads
+ * eval_batches x B x T + 1 bytes of it. The refusal names that need (`val_what`, e.g. "--eval-batches
+ * 4 x --batch 16 x --seq-len 64 + 1 bytes"; NULL: a window of T + 1 bytes) and the fewest bytes a file
+ * must have, text_corpus_min_bytes(T, val_bytes). */
+int text_corpus_load_for(text_corpus *c, const char *path, int T, size_t val_bytes, const char *val_what,
+                         char *err, size_t errlen);
+/* The smallest file whose training part (90%, n / 10 * 9 bytes) holds a window of T + 1 bytes and
+ * whose validation part (the rest) holds val_bytes. */
+size_t text_corpus_min_bytes(int T, size_t val_bytes);
 void text_corpus_free(text_corpus *c);
 /* Rows row0 .. row0+B-1 of the global training batch of (seed, step) into tokens, targets [B, T]. */
 void text_train_batch(const text_corpus *c, int *tokens, int *targets, int B, int T, uint64_t seed,

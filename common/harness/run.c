@@ -17,6 +17,7 @@
 #include "params.h"
 
 static char out_buf[256];
+static size_t largest_param_numel(const llama_config *c, size_t at_least);
 
 run_options run_options_default(const char *chapter, const plan_fault *faults) {
     run_options o = {0};
@@ -31,32 +32,51 @@ run_options run_options_default(const char *chapter, const plan_fault *faults) {
     return o;
 }
 
-static void usage_common(const run_options *o) {
-    llama_config c = llama_config_default();
-    char kv[16];
-    snprintf(kv, sizeof kv, "%d", c.n_kv_heads);
-    log0("model and training (shared by every Llama chapter):\n"
+/* The defaults --help prints: the run_options as the chapter set them, before any flag was read
+ * (run_parse takes this copy), so that each chapter's help shows what its run really uses. */
+static run_options help_defaults;
+static bool have_help_defaults;
+
+/* A learning rate as a person writes it: 1e-3, 3e-3; 2.5e-4 as %g writes it (0.00025). */
+static const char *fmt_lr(double x, char *buf, size_t len) {
+    snprintf(buf, len, "%.0e", x);
+    if (!(fabs(strtod(buf, NULL) - x) <= 1e-6 * x)) snprintf(buf, len, "%g", x);   /* (a float's lr) */
+    else {   /* "1e-03" -> "1e-3" */
+        char *e = strchr(buf, 'e');
+        if (e && (e[1] == '-' || e[1] == '+') && e[2] == '0' && e[3]) memmove(e + 2, e + 3, strlen(e + 3) + 1);
+    }
+    return buf;
+}
+
+static void usage_common(const run_options *parsed) {
+    const run_options *o = have_help_defaults ? &help_defaults : parsed;
+    const llama_config *c = &o->model;
+    char kv[16], lr[32], clip[32];
+    snprintf(kv, sizeof kv, "%d", c->n_kv_heads);
+    if (o->opt.clip_grad_norm > 0) snprintf(clip, sizeof clip, "%g", o->opt.clip_grad_norm);
+    log0("model and training (shared by every Llama chapter; the defaults are this chapter's):\n"
          "  --dim N          model width (default %d)\n"
          "  --n-layers N     transformer layers (default %d)\n"
          "  --n-heads N      query heads (default %d)\n"
-         "  --n-kv-heads N   key/value heads, divides n-heads (default %s; = n-heads: no grouping)\n"
+         "  --n-kv-heads N   key/value heads, divides n-heads (default %s)\n"
          "  --ffn-dim N      feed-forward hidden width (default %d)\n"
          "  --vocab N        vocabulary size (default %d)\n"
          "  --seq-len N      tokens per sequence (default %d)\n"
-         "  --batch N        sequences per step (default 4)\n"
-         "  --steps N        AdamW steps (default 5)\n"
-         "  --lr X           learning rate (default 1e-3)\n"
-         "  --seed N         initialisation and data seed (default 1234)\n"
+         "  --batch N        sequences per step (default %d)\n"
+         "  --steps N        AdamW steps (default %d)\n"
+         "  --lr X           learning rate (default %s)\n"
+         "  --seed N         initialisation and data seed (default %llu)\n"
          "  --check          train the single-device baseline on rank 0 and compare every step\n"
          "  --verbose-grads  print every gradient's difference every step (default: step 1)\n"
          "  --dump DIR       export init/batches/grads/losses as safetensors (docs/dump-format.md)\n"
          "  --out DIR        where the CSV files go (default %s)\n"
-         "  --clip-grad-norm X  scale the gradients so their global norm is at most X (default off)\n"
+         "  --clip-grad-norm X  scale the gradients so their global norm is at most X (default %s)\n"
          "  --timeout S      end the job (exit 3) when a rank waits more than S seconds for the\n"
          "                   others: one stopped or died (default %.0f; 0: never)\n"
          "  --fault NAME     a deliberate bug, to see the parity check catch it:\n",
-         c.dim, c.n_layers, c.n_heads, o->kv_heads_follow_heads ? "n-heads" : kv, c.ffn_dim,
-         c.vocab_size, c.seq_len, o->out_dir, guard_timeout());
+         c->dim, c->n_layers, c->n_heads, o->kv_heads_follow_heads && !o->kv_heads_given ? "n-heads: no grouping" : kv,
+         c->ffn_dim, c->vocab_size, c->seq_len, o->batch, o->steps, fmt_lr(o->opt.lr, lr, sizeof lr),
+         (unsigned long long)o->seed, o->out_dir, o->opt.clip_grad_norm > 0 ? clip : "off", guard_timeout());
     for (const plan_fault *f = o->faults; f && f->name; f++) log0("                     %-26s %s\n", f->name, f->what);
     if (!o->faults || !o->faults[0].name) log0("                     (this chapter has none)\n");
 }
@@ -133,6 +153,8 @@ void run_parse(run_options *o, int argc, char **argv, const struct option *flags
     memcpy(all, shared, sizeof shared);
     if (n_own) memcpy(all + n_shared, flags, n_own * sizeof *flags);
     opterr = 0;
+    help_defaults = *o;   /* --help shows the chapter's defaults, whatever flags come before it */
+    have_help_defaults = true;
     for (int c; (c = getopt_long(argc, argv, "", all, NULL)) != -1;) {
         if (run_options_parse(o, c, optarg, chapter_usage)) continue;
         bool own = false;
@@ -173,13 +195,34 @@ llama_model *run_model(const run_options *o, const llama_plan *plan) {
         comm_exit_usage("--batch %d, --seq-len %d, --dim %d, --vocab %d: one tensor would hold %.3g elements; "
                         "the kernels index with 32-bit ints, so at most 2147483647: make the batch, sequence, "
                         "width or vocabulary smaller", o->batch, c->seq_len, c->dim, c->vocab_size, largest);
-    if (comm_world()->rank == 0) need += base;
+    /* Beside the model: the buffers the plan's techniques allocate at first use (chapter 04's
+     * gathered layers, full gradients and staging), and run_train's own: the step's batch on the
+     * device and, on the host, its accum micro-batches (host memory is the device's on the CPU
+     * backend); rank 0 gathers whole tensors for --check (two of the largest, or of dX) and for
+     * --dump (every parameter at once). */
+    bool shared_host = strcmp(device_backend_name(), "cpu") == 0, root = comm_world()->rank == 0;
+    int accum = o->accum > 0 ? o->accum : 1;
+    double N = (double)o->batch * c->seq_len, params = llama_parameter_count(c, true);
+    double harness = 8 * N + (shared_host ? 8 * accum * N : 0);
+    if (root && shared_host && o->check) harness += 8 * fmax((double)largest_param_numel(c, 0), N * c->dim);
+    if (root && shared_host && o->dump_dir) harness += 4 * params;
+    need += plan->buffer_bytes + harness;
+    if (root) need += base;
     double available = device_memory_available(comm_world()->size);
+    char sizes[160];
+    snprintf(sizes, sizeof sizes, "--dim %d, --n-layers %d, --ffn-dim %d, --vocab %d, --batch %d x --seq-len %d%s",
+             c->dim, c->n_layers, c->ffn_dim, c->vocab_size, o->batch, c->seq_len, accum > 1 ? " x --accum" : "");
+    if (accum > 1) snprintf(sizes + strlen(sizes), sizeof sizes - strlen(sizes), " %d", accum);
+    char parts[160] = "";
+    if (plan->buffer_bytes > 0)
+        snprintf(parts, sizeof parts, ", data-parallel buffers %s", fmt_bytes(plan->buffer_bytes));
+    snprintf(parts + strlen(parts), sizeof parts - strlen(parts), ", batches%s %s", root && o->check ? " and checks" : "",
+             fmt_bytes(harness));
     comm_require_all(available <= 0 || need <= available,
-                     "the run needs about %s on rank %d (parameters, gradients and AdamW state %s, activations "
-                     "and scratch %s%s) but %s is available to it: make the model or the batch smaller, or "
-                     "use more ranks", fmt_bytes(need), comm_world()->rank, fmt_bytes(state), fmt_bytes(acts),
-                     comm_world()->rank == 0 && o->check ? ", and the --check baseline" : "", fmt_bytes(available));
+                     "%s: the run needs about %s on rank %d (parameters, gradients and AdamW state %s, activations "
+                     "and scratch %s%s%s) but %s is available to it: make the model or the batch smaller, or "
+                     "use more ranks", sizes, fmt_bytes(need), comm_world()->rank, fmt_bytes(state), fmt_bytes(acts),
+                     parts, root && o->check ? ", and the --check baseline" : "", fmt_bytes(available));
     /* Every path the run writes, checked together (outputs.h): usable, not an input, not each
      * other, nothing inside a directory the run owns whole. Nothing is created yet. */
     run_path paths[12] = {{"--out", o->out_dir, RUN_PATH_OUTPUT_DIR, NULL, true, true},

@@ -175,6 +175,10 @@ struct llama_plan {
     void *pp_ctx;                  /* chapter 05: the pipeline schedule                             */
     void *cp_ctx;                  /* chapter 06: context parallelism                               */
     void *linear_ctx;              /* chapter 07: the float8 linear operator's scales               */
+    /* Bytes of the buffers the techniques allocate on this rank at their first use, beyond the
+     * model's own (chapter 04's gathered layers, full gradients and staging): each technique
+     * adds its own, and run_model counts them in its memory check before anything is allocated. */
+    double buffer_bytes;
 };
 
 /* Does the plan's rank hold the tensor of `kind` in `layer` (-1: outside the layers)? */
