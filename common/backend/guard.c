@@ -63,13 +63,18 @@ static int world_here;            /* every rank of the job runs on this node    
 static int launched;              /* started by mpirun (its parent), not a singleton          */
 
 static int load(const int *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+/* The table as a signal handler may use it: NULL from the start of MPI_Finalize on, which frees
+ * the window (a handler that ran after it, on mpirun's SIGTERM to a rank that had already
+ * finalized, wrote into unmapped memory and crashed). */
+static guard_table *table_now(void) { return __atomic_load_n(&table, __ATOMIC_SEQ_CST); }
 
 /* 1 if this rank is the one to explain (it took the token, or had it); `fallback` without a table. */
 static int claim(int fallback) {
-    if (!table) return fallback;
+    guard_table *t = table_now();
+    if (!t) return fallback;
     int none = 0;
-    return __atomic_compare_exchange_n(&table->token, &none, my_rank + 1, 0, __ATOMIC_SEQ_CST,
-                                       __ATOMIC_SEQ_CST) || load(&table->token) == my_rank + 1;
+    return __atomic_compare_exchange_n(&t->token, &none, my_rank + 1, 0, __ATOMIC_SEQ_CST,
+                                       __ATOMIC_SEQ_CST) || load(&t->token) == my_rank + 1;
 }
 
 /* A line built without printf, for the signal handlers (async-signal-safe: write only). */
@@ -254,9 +259,10 @@ static int process_running(int pid, int *sig) {
 }
 
 static void mark(int from, int to) {   /* this rank's state in the table: from -> to */
-    if (!table) return;
+    guard_table *t = table_now();
+    if (!t) return;
     int expected = from;
-    __atomic_compare_exchange_n(&table->slot[my_slot].state, &expected, to, 0, __ATOMIC_SEQ_CST,
+    __atomic_compare_exchange_n(&t->slot[my_slot].state, &expected, to, 0, __ATOMIC_SEQ_CST,
                                 __ATOMIC_SEQ_CST);
 }
 
@@ -282,8 +288,9 @@ static void report_stop(int sig, const siginfo_t *info) {
     /* the cause: a rank of this node whose process is gone although it neither reached
      * MPI_Finalize nor received this SIGTERM (it marks that first thing, below) */
     int cause = -1, cause_pid = 0, cause_sig = 0;
-    for (int i = 0; table && i < table->n && cause < 0; i++) {
-        const guard_slot *s = &table->slot[i];
+    guard_table *t = table_now();
+    for (int i = 0; t && i < t->n && cause < 0; i++) {
+        const guard_slot *s = &t->slot[i];
         int pid = load(&s->pid), sig_i;
         if (i == my_slot || pid <= 0 || load(&s->state) != ST_RUNNING) continue;
         if (!process_running(pid, &sig_i)) { cause = s->rank; cause_pid = pid; cause_sig = sig_i; }
@@ -296,7 +303,7 @@ static void report_stop(int sig, const siginfo_t *info) {
         else add(&l, ") died or exited without the others (an exit status of 128+N means it was "
                      "killed by signal N)");
         add(&l, "; mpirun ended the job");
-    } else if (table && world_here) {
+    } else if (t && world_here) {
         if (!claim(my_rank == 0)) return;
         add(&l, "error: the job was interrupted: mpirun received SIGINT (Ctrl-C) or SIGTERM and "
                 "ended the ranks (Open MPI's mpirun then exits with status 1, not 130 or 143)");
@@ -368,6 +375,7 @@ static void guard_stop(void) {
 static int on_finalize(MPI_Comm comm, int keyval, void *value, void *extra) {
     (void)comm; (void)keyval; (void)value; (void)extra;
     mark(ST_RUNNING, ST_FINISHED);   /* this rank's exit from now on is no cause */
+    __atomic_store_n(&table, NULL, __ATOMIC_SEQ_CST);   /* MPI_Finalize frees the window next */
     guard_stop();
     return MPI_SUCCESS;
 }
