@@ -221,6 +221,9 @@ class Runner:
         self.verbose = verbose
         self.cache = {}
         self.lock = threading.Lock()
+        # One run of a chapter at a time: its runs share the default --out (out/NN), which a
+        # run locks while it writes (a second one at once is refused: "another run is writing").
+        self.chapter_locks = {nn: threading.Lock() for nn in ('%02d' % i for i in range(100))}
         self.tmp = tempfile.mkdtemp(prefix='readme_outputs.')
         self.work = os.path.join(self.tmp, 'work')
         self.tmpdir = os.path.join(self.tmp, 'tmp')
@@ -321,11 +324,17 @@ class Runner:
         # inside it at that moment fails ("ORTE_ERROR_LOG ... session_dir.c", seen once in CI).
         sessions = tempfile.mkdtemp(prefix='o', dir=self.tmp)
         env['OMPI_MCA_orte_tmpdir_base'] = sessions
+        chapters = sorted(set(re.findall(r'(?:run-|check-|plot-|bench-|/cpu/)(\d\d)\b', bash)))
+        held = [self.chapter_locks[nn] for nn in chapters]   # sorted: no two runs wait on each other
+        for l in held:
+            l.acquire()
         try:
             p = subprocess.run(['timeout', '-k', '10', str(self.timeout), 'bash', '-c', bash], cwd=self.work,
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                env=env)
         finally:
+            for l in reversed(held):
+                l.release()
             shutil.rmtree(sessions, ignore_errors=True)
         rc = p.returncode
         out = p.stdout.decode('utf-8', 'replace')
