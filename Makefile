@@ -223,7 +223,9 @@ deps-check-test:
 # ---------------------------------------------------------------- running chapters
 # make run-NN [NP=2] [ARGS="..."]: one mpirun of chapter NN with its parity check on.
 # A failed run ends with one line saying what its exit status means (tests/exit_status.sh; the
-# README's "Exit statuses"): make itself then says "Error N" with the run's status N.
+# README's "Exit statuses"): make itself then says "Error N" with the run's status N. mpirun runs
+# under tests/signal_status.sh, so an interrupted run ends with 130 (SIGINT) or 143 (SIGTERM)
+# where Open MPI's mpirun alone exits 1.
 # A chapter number that does not exist is answered before anything is built.
 CHAPTER_NUMS = $(foreach c,$(CHAPTERS),$(call chapter_num,$(c)))
 chapter-exists-%:
@@ -237,7 +239,7 @@ run_cmd  = $(if $(RUN_NP_$(1)),$(MPIRUN_BASE) -np $(call run_np,$(1)),$(MPIRUN))
 run-%: chapter-exists-% all
 	@d=$(call chapter_dir,$*); [ -n "$$d" ] || { echo "no chapter $* (have: $(CHAPTERS))"; exit 2; }
 	@echo "$(strip $(call run_cmd,$*))"
-	@$(call run_cmd,$*) || { st=$$?; tests/exit_status.sh $$st run-$* >&2; exit $$st; }
+	@tests/signal_status.sh $(call run_cmd,$*) || { st=$$?; tests/exit_status.sh $$st run-$* >&2; exit $$st; }
 
 # make check-NN: the chapter's standard layouts (its checks.txt), non-zero exit on failure.
 check-%: chapter-exists-% all

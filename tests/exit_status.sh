@@ -5,7 +5,7 @@
 st=${1:?usage: exit_status.sh STATUS [WHAT]}; what=${2:-the run}
 case "$st" in
 0)   echo "$what: exit status 0: finished (PARITY OK with --check)" ;;
-1)   echo "$what: exit status 1: PARITY FAILED (the parallel run disagrees with the baseline), a runtime error, or mpirun interrupted (SIGINT/SIGTERM: Open MPI's mpirun exits 1; its line says so)" ;;
+1)   echo "$what: exit status 1: PARITY FAILED (the parallel run disagrees with the baseline), a runtime error, or a bare mpirun interrupted (SIGINT/SIGTERM: Open MPI's mpirun exits 1; its line says so)" ;;
 2)   echo "$what: exit status 2: bad input (a flag's value, an unusable or locked output path, ranks started with different arguments) or an output write that failed (a full disk)" ;;
 3)   echo "$what: exit status 3: a rank waited longer than --timeout: another rank stopped, died or is stuck" ;;
 4)   echo "$what: exit status 4: the loss or the gradient norm became NaN or infinite (chapter 08); the last good checkpoint is kept" ;;

@@ -13,7 +13,9 @@
 #   e. SIGINT or SIGTERM to mpirun: one line saying the job was interrupted. Open MPI 4.1's mpirun
 #      exits with 1 whatever the ranks do (measured: ranks exiting 130 still give 1), so that is
 #      what is expected; the ranks themselves end with 128 + the signal, as a run without mpirun
-#      does: SIGINT 130, SIGTERM 143.
+#      does: SIGINT 130, SIGTERM 143. Under tests/signal_status.sh (how `make run-NN` runs its
+#      mpirun) the job ends with 130 or 143 and the same one line, whether the signal reaches the
+#      whole process group (Ctrl-C) or the wrapper alone (a scheduler's kill).
 # Chapter 01 is the victim: it runs long enough (--steps 100000) to be caught mid-step.
 set -u
 root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
@@ -136,6 +138,24 @@ for sig in INT TERM; do
     want=130; [ $sig = TERM ] && want=143
     verdict "SIG$sig to a run without mpirun" "$rc" $want "$(since "$t0")" 5 \
         "error: interrupted by SIG$sig from pid "
+done
+
+# the job under tests/signal_status.sh, as make run-NN runs it: 130 / 143 and the one line
+for how in group alone; do
+    for sig in INT TERM; do
+        set -m
+        tests/signal_status.sh $mpirun_base -np 2 "$bin" --out "$tmp/o_$how$sig" --steps 100000 </dev/null >"$tmp/out" 2>"$tmp/err" &
+        p=$!
+        set +m
+        pids+=("$p")
+        for i in $(seq 100); do grep -q '^step' "$tmp/out" && break; sleep 0.1; done
+        t0=$(now)
+        if [ $how = group ]; then kill -$sig -- -"$p"; else kill -$sig "$p"; fi
+        wait "$p"; rc=$?
+        want=130; [ $sig = TERM ] && want=143
+        verdict "SIG$sig to the job under signal_status.sh ($how)" "$rc" $want "$(since "$t0")" 10 \
+            "error: the job was interrupted: mpirun received SIGINT (Ctrl-C) or SIGTERM"
+    done
 done
 
 # the report of a killed rank under load: two busy loops on the (small) machine, 5 runs

@@ -306,7 +306,7 @@ static void report_stop(int sig, const siginfo_t *info) {
     } else if (t && world_here) {
         if (!claim(my_rank == 0)) return;
         add(&l, "error: the job was interrupted: mpirun received SIGINT (Ctrl-C) or SIGTERM and "
-                "ended the ranks (Open MPI's mpirun then exits with status 1, not 130 or 143)");
+                "ended the ranks (mpirun alone then exits with status 1; make run-NN with 130 or 143)");
     } else {   /* ranks on other nodes: the cause may be there; rank 0 alone speaks, as before */
         if (my_rank != 0 || !claim(1)) return;
         add(&l, "error: mpirun ended the job: another rank died or exited early (an exit status "
