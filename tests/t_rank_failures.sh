@@ -16,6 +16,8 @@
 #      does: SIGINT 130, SIGTERM 143. Under tests/signal_status.sh (how `make run-NN` runs its
 #      mpirun) the job ends with 130 or 143 and the same one line, whether the signal reaches the
 #      whole process group (Ctrl-C) or the wrapper alone (a scheduler's kill).
+#   f. an allocation that fails past the memory check (a rank's ulimit -v below what the host
+#      reports): exit 2 and one line, from the first rank that failed (chapter 04, FSDP at 2 ranks).
 # Chapter 01 is the victim: it runs long enough (--steps 100000) to be caught mid-step.
 set -u
 root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
@@ -157,6 +159,13 @@ for how in group alone; do
             "error: the job was interrupted: mpirun received SIGINT (Ctrl-C) or SIGTERM"
     done
 done
+
+# f. out of memory past the check: every rank's address space capped at 1.5 GB, the model's
+# state needing more; the first rank to fail speaks (guard_claim_line), the job exits 2
+t0=$(now)
+timeout 60 $mpirun_base -np 2 bash -c "ulimit -v 1500000; exec $root/$backend/04 --check --dim 1024 --n-layers 8 --ffn-dim 4096 --steps 1 --out $tmp/o_oom" </dev/null >"$tmp/out" 2>"$tmp/err"
+verdict "an allocation failing past the memory check (ulimit -v)" $? 2 "$(since "$t0")" 30 \
+    "error: device_alloc: out of memory allocating "
 
 # the report of a killed rank under load: two busy loops on the (small) machine, 5 runs
 for i in 1 2; do ( while :; do :; done ) & busy+=($!); done

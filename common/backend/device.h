@@ -68,5 +68,10 @@ void mem_reset_peaks(void);                  /* peaks := current values */
 size_t mem_mark(mem_category cat);
 size_t mem_mark_peak(mem_category cat);
 const char *mem_category_name(mem_category cat);
+/* An allocation of `bytes` under `cat` failed although the memory check before step 1 passed
+ * (run.h): another process took memory (on a GPU, another rank sharing it), or a limit (ulimit -v)
+ * is below what the device reports. The sizes are the user's: one line, exit status 2. Both
+ * backends' device_alloc call it. */
+void mem_out_of_memory(size_t bytes, mem_category cat) __attribute__((noreturn));
 
 C_END

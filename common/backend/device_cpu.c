@@ -32,13 +32,7 @@ void *device_alloc(size_t bytes, mem_category cat) {
     void *p = mem_cache_take(bytes);
     size_t lines = bytes ? (bytes + 63) / 64 : 1;   /* aligned_alloc wants a multiple of 64 */
     if (!p) p = aligned_alloc(64, lines * 64);
-    if (!p) {   /* past the memory check before step 1 (run.h): memory another process took, or a
-                 * limit (ulimit -v) below what the host reports; the sizes are the user's: status 2 */
-        fprintf(stderr, "error: device_alloc: out of memory allocating %zu bytes (%s) although the memory check "
-                "before step 1 passed: another process took memory, or a limit (ulimit -v) is below what the "
-                "host reports; make the model or the batch smaller\n", bytes, mem_category_name(cat));
-        exit(2);
-    }
+    if (!p) mem_out_of_memory(bytes, cat);
     memset(p, 0, bytes);
     mem_track_alloc(p, bytes, cat);
     return p;

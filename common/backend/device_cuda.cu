@@ -116,7 +116,14 @@ double device_memory_available(int ranks_sharing) {
  * a new one. The memset is queued on the stream, so any kernel issued afterwards sees zeros. */
 void *device_alloc(size_t bytes, mem_category cat) {
     void *p = mem_cache_take(bytes);
-    if (!p) CUDA_CHECK(cudaMalloc(&p, bytes > 0 ? bytes : 1));   /* like calloc: valid for 0 */
+    if (!p) {
+        cudaError_t err = cudaMalloc(&p, bytes > 0 ? bytes : 1);   /* like calloc: valid for 0 */
+        if (err == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError();   /* clear it */
+            mem_out_of_memory(bytes, cat);
+        }
+        CUDA_CHECK(err);
+    }
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g_stream));
     mem_track_alloc(p, bytes, cat);
     return p;

@@ -77,6 +77,8 @@ static int claim(int fallback) {
                                        __ATOMIC_SEQ_CST) || load(&t->token) == my_rank + 1;
 }
 
+int guard_claim_line(void) { return claim(1); }
+
 /* A line built without printf, for the signal handlers (async-signal-safe: write only). */
 typedef struct { char b[480]; size_t n; } guard_line;
 static void add(guard_line *l, const char *s) {

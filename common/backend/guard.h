@@ -60,6 +60,11 @@ double guard_timeout(void);
 void guard_begin(const char *what, const char *group);
 void guard_end(void);
 
+/* A rank about to end the job on its own (an allocation that failed, exit 2) asks whether it is the
+ * one to explain the end: 1 for the first to ask among the ranks of this node (and the watchdog's
+ * or a signal's report), 0 when another has explained already, so that one line is printed. */
+int guard_claim_line(void);
+
 /* A heartbeat outside any call, e.g. guard_progress("step 3") at the top of each step: the
  * rank is alive, and the watchdog's line names the last heartbeat. `what` is copied. */
 void guard_progress(const char *what);

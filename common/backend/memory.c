@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include "device.h"
+#include "guard.h"
 
 typedef struct { const void *p; size_t bytes; mem_category cat; } live_alloc;
 
@@ -128,3 +129,11 @@ void *mem_cache_drain(void) {
 
 size_t mem_cache_bytes(void) { return kept_bytes; }
 size_t mem_cache_misses(void) { return misses; }
+
+void mem_out_of_memory(size_t bytes, mem_category cat) {
+    if (guard_claim_line())   /* one line for the job: the first rank that failed says it */
+        fprintf(stderr, "error: device_alloc: out of memory allocating %zu bytes (%s) although the memory check "
+            "before step 1 passed: another process took memory, or a limit (ulimit -v) is below what the "
+            "device reports; make the model or the batch smaller\n", bytes, mem_category_name(cat));
+    exit(2);
+}
