@@ -375,6 +375,7 @@ void pipeline_free(llama_plan *plan) {
     for (int i = 0; i < sets; i++) free(s->deferred[i].items);
     device_free(s->dh0);
     pp_schedule_free(s->sched);
+    comm_links_free(s->links);
     free(s->sets); free(s->deferred); free(s->mailbox);
     free(s->recv); free(s->posted); free(s->events); free(s->sends);
     free(s);

@@ -301,6 +301,7 @@ static void check_ring(comm_group *g, const char *what) {
         memcpy(counted[1], g->stats, sizeof g->stats);
         check_ring_received(rgot[1], prev, true, "isend/irecv ring over links, rightward");
         check_ring_received(lgot[1], next, false, "isend/irecv ring over links, leftward");
+        comm_links_free(links);
     }
 
     /* blocking twin: the same messages as ring shifts, every rank at once */

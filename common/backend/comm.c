@@ -124,6 +124,13 @@ static comm_links *links_new(comm_group *g) {
     return l;
 }
 
+void comm_links_free(comm_links *l) {
+    if (!l) return;
+    free(l->to);
+    free(l->from);
+    free(l);
+}
+
 comm_links *comm_shared_links(comm_group *g) {
     comm_links *l = links_new(g);
     l->shared = true;

@@ -106,6 +106,8 @@ comm_links *comm_ring_links(comm_group *g);
  * of a rank's point-to-point traffic (chapter 05's --p2p shared, the pipeline as it was). Correct
  * under MPI; under NCCL's rules (COMM=nccl-sim) a pipeline deadlocks on it. Not collective. */
 comm_links *comm_shared_links(comm_group *g);
+/* Releases the table of links (the groups themselves live until comm_finalize, like every group). */
+void comm_links_free(comm_links *l);
 
 /* In place. Issues: one all-reduce of `count` floats. */
 void comm_all_reduce(comm_group *g, float *buf, size_t count, comm_op op);
