@@ -8,7 +8,7 @@
 #   3. the Makefile compiles the BLAS-calling file with exactly those flags and links with them.
 set -u
 cd "$(dirname "$0")/.."
-. tests/t_lib.sh   # n, bad, $tmp and check
+. tests/check_lib.sh   # n, bad, $tmp and check
 
 # the reference BLAS's cblas.h: Debian's libblas-dev installs it as cblas-netlib.h; without it,
 # a stand-in with the same kind of declarations (cblas_* only, no openblas_*)

@@ -16,7 +16,7 @@
 #      what is still missing
 set -u
 cd "$(dirname "$0")/.."
-. tests/t_lib.sh   # n, bad, $tmp and check
+. tests/check_lib.sh   # n, bad, $tmp and check
 lines() { grep -c '' "$1"; }   # lines of a file, the last one with or without its newline
 
 # ---------------------------------------------------------------- 1. no GPU

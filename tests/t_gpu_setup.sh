@@ -17,7 +17,7 @@ set -u
 cd "$(dirname "$0")/.."
 # the settings of a make that runs this test (make test BACKEND=...) must not reach the makes below
 unset MAKEFLAGS MFLAGS MAKELEVEL
-. tests/t_lib.sh   # n, bad, $tmp and check
+. tests/check_lib.sh   # n, bad, $tmp and check
 skips=""
 skip() { echo "skip: $1"; skips="$skips; skipped: $1"; }
 

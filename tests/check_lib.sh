@@ -1,4 +1,4 @@
-# t_lib.sh: what the scripted checks share (sourced by tests/t_deps.sh, t_gpu_check.sh,
+# check_lib.sh: what the scripted checks share (not itself a test: run_tests.sh runs tests/t_*.sh) (sourced by tests/t_deps.sh, t_gpu_check.sh,
 # t_gpu_setup.sh): the counters, a temporary folder removed at exit, and check.
 n=0; bad=0
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
