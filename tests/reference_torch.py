@@ -66,18 +66,12 @@ The replay of a float8 run cannot be bit-exact: a value on a rounding boundary l
 neighbouring float8 code when its fp32 input differs in the last bit from the run's (a sum in
 another order), and that moves it by a whole float8 step. Step 1's loss and gradients are judged
 as for every dump, at the same tolerances. When step-1 gradients miss them, the script asks
-whether rounding ties explain it (explain_by_boundaries): the candidates are step 1's activation
-values whose scaled fp32 value (x * scale in fp32, as the run computes it) lies within
-BOUNDARY_STEPS of a float8 step, or within BOUNDARY_FMAX_ULPS fp32 ulps of the format's max, of a
-rounding midpoint (the second window is tied to the tensor's scale: a value's fp32 error follows
-the magnitudes it was summed from). Step 1 is replayed with each candidate value flipped to its
-other neighbour (every cast of one value together), nearest first, which measures the gradient
-change of each flip; the set of flips whose changes best sum to the residual (dump - replay, least
-squares over 0/1 choices) is replayed for real, all flipped together, and judged at the same
-tolerance. If it brings every gradient within it, the difference is the run's rounding of those
-values, named in the output, and step 1 passes; a wrong format, scale or recipe, or a gradient
-the dump got wrong, moves the gradients in ways no set of near-midpoint flips reproduces, and
-still fails. The
+whether rounding ties explain it: it lists step 1's activation values that lie within
+BOUNDARY_STEPS of a rounding midpoint (the candidates) and re-runs step 1 with a few of the
+nearest cast to their other neighbour (every cast of one value together; singles, pairs, triples,
+then the nearest k; explain_by_boundaries). If one such set brings every gradient within the
+tolerance, the difference is the run's rounding of those values, named in the output, and step 1
+passes; a wrong format, scale or recipe moves far more than a few values and still fails. The
 losses after step 1 of a float8 dump are shown, not judged (FLOAT8_LATER_LOSSES).
 
 Safetensors is read with struct, json and numpy only: the format is an 8-byte little-endian
@@ -390,18 +384,9 @@ def fake_quantize(v, scale, fmt):
 # the last bits of the fp32 input, which the run computed in another order. Only the activations
 # (x, dy) are listed: step 1's weights are the dump's own fp32 values, cast exactly as the run.
 BOUNDARY_STEPS = 2.0 ** -16
-# A float8 dump whose step-1 gradients miss the tolerance: the gradient change of flipping each of
-# the FLIP_COLUMNS values nearest a midpoint is measured, the set that best explains the residual
-# is replayed, FLIP_ROUNDS times at most (explain_by_boundaries).
-FLIP_COLUMNS = 400
-FLIP_CHUNK = 40
-FLIP_REPLAYS = 500   # at most this many step-1 replays in all: a wrong dump fails in bounded time
-# The search also takes the values within BOUNDARY_FMAX_ULPS fp32 ulps of the format's max of a
-# midpoint, in the scaled domain: a value's fp32 error follows the magnitudes it was summed from,
-# which the tensor's scale ties to the format's max, not its own size (a small value of a
-# normalised row is off by ulps of the row's largest).
-BOUNDARY_FMAX_ULPS = 1
-FLIP_ROUNDS = 3
+# A float8 dump whose step-1 gradients miss the tolerance is re-run with this many of the values
+# nearest a midpoint cast the other way (explain_by_boundaries).
+FLIP_TRIES = 8
 
 
 def boundary_distance(p, fmt):
@@ -435,7 +420,6 @@ class Float8State:
         self.step = 0
         self.boundary = []      # step 1: (distance, "layers.i.name operand", scaled value, key)
         self.value_of = {}      # step 1: key -> the run's value it casts (SHARED_INPUTS)
-        self.closeness = {}     # step 1: key -> its distance to the midpoint, in windows
         self.casts = 0          # step 1's casts so far: with an element index, a value's key
         self.pass_now = 0       # the pass of the step in progress ("passes")
         self.flipped = set(flipped)   # step 1's keys cast to the other neighbour (run_flipped)
@@ -451,13 +435,8 @@ class Float8State:
             self.casts += 1
             p = v * scale
             d = boundary_distance(p, fmt).flatten()
-            mbits, emin, fmax = FLOAT8_FORMATS[fmt]
-            _, e = torch.frexp(p.double().flatten())
-            quantum = torch.pow(2.0, torch.clamp(e - 1, min=emin).double() - mbits)
-            close = torch.minimum(d / BOUNDARY_STEPS, d * quantum / (BOUNDARY_FMAX_ULPS * fmax * 2.0 ** -23))
-            for i in torch.nonzero(close <= 1).flatten().tolist():
+            for i in torch.nonzero(d <= BOUNDARY_STEPS).flatten().tolist():
                 key = (self.casts, i)
-                self.closeness[key] = close[i].item()
                 self.boundary.append((d[i].item(), f"layers.{site[0]}.{site[1]} {operand}",
                                       p.flatten()[i].item(), key))
                 shared = SHARED_INPUTS.get(site[1], site[1]) if operand == "x" else site[1]
@@ -669,14 +648,9 @@ def relative_diff(got, ref):
     return diff / scale
 
 
-REPLAYS = [0]   # step-1 replays made by explain_by_boundaries (FLIP_REPLAYS bounds them)
-
-
 def step1_gradients(init, config, f8, directory, flipped):
     """Step 1's gradients again, from the dump's parameters, with the step-1 values of `flipped`
-    (keys of Float8State.boundary) cast to their other neighbouring code. Returns the gradients
-    and the Float8State of that replay (its boundary values and value_of)."""
-    REPLAYS[0] += 1
+    (keys of Float8State.boundary) cast to their other neighbouring code."""
     params = {name: torch.tensor(array, dtype=DTYPE, requires_grad=True) for name, array in init.items()}
     batch, _ = read_safetensors(os.path.join(directory, "batch_1.safetensors"))
     tokens = torch.from_numpy(batch["tokens"].astype(np.int64))
@@ -684,108 +658,33 @@ def step1_gradients(init, config, f8, directory, flipped):
     state = Float8State(f8, flipped)
     state.step = 1
     step_loss(params, config, tokens, targets, state)
-    return {name: p.grad.detach().numpy() for name, p in params.items()}, state
+    return {name: p.grad.detach().numpy() for name, p in params.items()}
 
 
-def within_tolerance(c_grads, grads):
-    return all(relative_diff(c_grads[n].astype(np.float64), g) <= GRAD_RTOL for n, g in grads.items())
-
-
-def best_flips(gram, jr):
-    """The 0/1 vector b minimising |r - J b|^2 = |r|^2 - 2 b.jr + b^T gram b (J's columns: the
-    gradient change of each flip, r: the residual dump - replay): the least-squares solution
-    rounded to 0/1, then single toggles while one lowers the objective; also from b = 0, the
-    better of the two."""
-    m = len(jr)
-
-    def cost(b):
-        return float(b @ gram @ b - 2 * b @ jr)
-
-    def descend(b):
-        b = b.copy()
-        while True:
-            # the change of the objective when bit k is toggled (d = +1 or -1)
-            d = 1 - 2 * b
-            delta = d * (2 * (gram @ b) - 2 * jr) + np.diag(gram)
-            k = int(np.argmin(delta))
-            if delta[k] >= -1e-12 * max(1.0, abs(cost(b))):
-                return b
-            b[k] = 1 - b[k]
-
-    x = np.linalg.lstsq(gram + 1e-12 * np.eye(m) * max(1.0, float(np.trace(gram))), jr, rcond=None)[0]
-    starts = [np.zeros(m), (x > 0.5).astype(np.float64)]
-    return min((descend(b) for b in starts), key=cost)
-
-
-def explain_by_boundaries(init, config, f8, directory, c_grads, ref_grads, candidates, value_of,
-                          closeness):
+def explain_by_boundaries(init, config, f8, directory, c_grads, candidates, value_of):
     """A float8 dump whose step-1 gradients miss the tolerance: is the difference one of rounding
-    ties? Only values that lie within BOUNDARY_STEPS of a midpoint may be cast to their other
-    neighbour: the run, whose fp32 inputs differ in their last bits, may have rounded exactly those
-    the other way (every cast of one value together: value_of, the value a cast element is, by
-    pass, layer, tensor, row block and element).
-
-    Which of them the run flipped is read from the gradients themselves: step 1 is replayed once
-    per candidate value with that value flipped (the nearest FLIP_COLUMNS), which gives the
-    gradient change J_k of each flip; the set b whose summed changes best match the residual
-    (dump - replay, each tensor divided by its max|replay|, least squares over 0/1 choices,
-    best_flips) is then replayed for real, flipped together, and judged at the tolerance. A flip
-    in the forward moves the later dy values, and new ones may come near a midpoint: up to
-    FLIP_ROUNDS rounds repeat this from the last replay (its own candidates, its own residual).
-    Returns the flipped candidates of the first set after which every step-1 gradient is within
-    the tolerance, or None. A wrong format, scale or recipe moves the gradients in ways no set of
-    near-midpoint flips reproduces, and still fails."""
-    names = list(ref_grads)
-    norm = {n: float(np.max(np.abs(ref_grads[n]))) or 1.0 for n in names}
-
-    def vec(grads):
-        return np.concatenate([(grads[n] / norm[n]).ravel() for n in names])
-
-    c_vec = np.concatenate([(c_grads[n].astype(np.float64) / norm[n]).ravel() for n in names])
-    flipped = set()                       # keys cast the other way
-    grads, cands, vof, close = ref_grads, candidates, value_of, closeness
-    seen = set()
-    for _ in range(FLIP_ROUNDS):
-        groups = {}
-        for c in sorted(cands):
-            groups.setdefault(vof[c[3]], []).append(c)
-        near = sorted(groups.values(), key=lambda g: min(close[c[3]] for c in g))[:FLIP_COLUMNS]
-        base = vec(grads)
-        r = c_vec - base
-        cols, chosen, trial = [], [], None
-        for n, g in enumerate(near, 1):
-            if REPLAYS[0] >= FLIP_REPLAYS:
-                return None
-            keys = {c[3] for c in g}
-            gk, _ = step1_gradients(init, config, f8, directory, flipped ^ keys)
-            if within_tolerance(c_grads, gk):
-                return [c for c in cands if c[3] in flipped ^ keys]
-            j = vec(gk) - base
-            jj = float(j @ j)
-            # a flip the residual contains: its change is felt (beyond a tenth of the tolerance)
-            # and the residual's projection on it is about one whole flip
-            if np.max(np.abs(j)) > 0.1 * GRAD_RTOL and 0.25 <= float(j @ r) / jj <= 1.75:
-                cols.append(j.astype(np.float32))
-                chosen.append(g)
-            if cols and (n % FLIP_CHUNK == 0 or n == len(near)):
-                # the best set of the flips measured so far, replayed for real
-                J = np.stack(cols, axis=1).astype(np.float64)
-                b = best_flips(J.T @ J, J.T @ r)
-                del J
-                trial = set(flipped)
-                for h, on in zip(chosen, b):
-                    if on:
-                        trial ^= {c[3] for c in h}
-                if trial == flipped or frozenset(trial) in seen:
-                    continue
-                seen.add(frozenset(trial))
-                tgrads, state = step1_gradients(init, config, f8, directory, trial)
-                if within_tolerance(c_grads, tgrads):
-                    return [c for c in state.boundary if c[3] in trial]
-        if trial is None or trial == flipped:
-            return None
-        flipped = trial                   # the next round starts from the last set tried
-        grads, cands, vof, close = tgrads, state.boundary, state.value_of, state.closeness
+    ties? The values nearest a midpoint (at most FLIP_TRIES of them, each with every cast of it)
+    are cast to their other neighbour: one at a time, every pair, every three of the six nearest,
+    then the nearest four, five, ... together; the first set after which
+    every step-1 gradient is within the tolerance is returned (None if none is). Only values that
+    lie within BOUNDARY_STEPS of a midpoint are tried: the run, whose fp32 inputs differ in their
+    last bits, may have rounded exactly those the other way."""
+    # One value may be cast several times in step 1 (rowwise casts dy and x along rows, then
+    # along columns; wq, wk and wv cast the same input, and so do w1 and w3): the run rounded all
+    # of its casts from the same fp32 input, so they flip together (value_of: the value a cast
+    # element is, by pass, layer, tensor, row block and element).
+    groups = {}
+    for c in sorted(candidates):
+        groups.setdefault(value_of[c[3]], []).append(c)
+    near = sorted(groups.values(), key=lambda g: g[0][0])[:FLIP_TRIES]
+    tries = ([list(t) for k in (1, 2) for t in itertools.combinations(near, k)]          # singles, pairs
+             + [list(t) for t in itertools.combinations(near[:6], 3)]                    # triples of the 6 nearest
+             + [near[:k] for k in range(4, len(near) + 1)])                              # then the nearest k
+    for t in tries:
+        values = [c for g in t for c in g]
+        grads = step1_gradients(init, config, f8, directory, [c[3] for c in values])
+        if all(relative_diff(c_grads[n].astype(np.float64), g) <= GRAD_RTOL for n, g in grads.items()):
+            return values
     return None
 
 
@@ -882,8 +781,8 @@ def run(directory):
                   f"{'ok' if ok else 'beyond'}")
         explained = None
         if grad_failures and float8 is not None and float8.boundary:
-            explained = explain_by_boundaries(init, config, f8, directory, c_grads, dict(grad_table),
-                                              float8.boundary, float8.value_of, float8.closeness)
+            explained = explain_by_boundaries(init, config, f8, directory, c_grads, float8.boundary,
+                                              float8.value_of)
         if explained:
             print(f"  {grad_failures} tensor(s) beyond {GRAD_RTOL:g}: explained by rounding ties. With "
                   f"{len(explained)} step-1 value(s) next to a midpoint cast to the other neighbouring code, "
@@ -897,7 +796,7 @@ def run(directory):
                 print(f"  {grad_failures} tensor(s) beyond {GRAD_RTOL:g}  FAIL")
 
     if float8 is not None:
-        near = sorted(b for b in float8.boundary if b[0] <= BOUNDARY_STEPS)
+        near = sorted(float8.boundary)
         ties = sum(1 for d, _, _, _ in near if d == 0)
         print(f"\n  float8, step 1: {len(near)} activation value(s) cast within {BOUNDARY_STEPS:g} "
               f"of a float8 step of a rounding midpoint ({ties} exact ties): their code depends on "
