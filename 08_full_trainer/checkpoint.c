@@ -255,6 +255,24 @@ static const char *storage_name(block_storage s) {
     return s == STORE_SHARD ? "shard" : s == STORE_WHOLE ? "whole" : "whole_shard_valid";
 }
 
+/* `item` on one line, as cJSON prints it compactly. */
+static void print_compact(FILE *f, const cJSON *item) {
+    char *v = cJSON_PrintUnformatted(item);
+    fputs(v ? v : "null", f);
+    cJSON_free(v);
+}
+
+/* An array of objects, one object a line, indented two more than `indent` (the array's own). */
+static void print_object_lines(FILE *f, const cJSON *array, const char *indent) {
+    fputs("[\n", f);
+    for (const cJSON *x = array->child; x; x = x->next) {
+        fprintf(f, "%s  ", indent);
+        print_compact(f, x);
+        fputs(x->next ? ",\n" : "\n", f);
+    }
+    fprintf(f, "%s]", indent);
+}
+
 /* The index as text for a person too: one line per setting, per tensor's shape, per piece. */
 static char *format_index(const cJSON *root) {
     char *text = NULL;
@@ -265,36 +283,19 @@ static char *format_index(const cJSON *root) {
     for (const cJSON *item = root->child; item; item = item->next) {
         fprintf(f, "  \"%s\": ", item->string);
         if (cJSON_IsArray(item) && cJSON_IsObject(item->child)) {   /* "files": one a line */
-            fputs("[\n", f);
-            for (const cJSON *x = item->child; x; x = x->next) {
-                char *v = cJSON_PrintUnformatted(x);
-                fprintf(f, "    %s%s\n", v ? v : "null", x->next ? "," : "");
-                cJSON_free(v);
-            }
-            fputs("  ]", f);
+            print_object_lines(f, item, "  ");
         } else if (strcmp(item->string, "tensors") != 0) {
-            char *v = cJSON_PrintUnformatted(item);
-            fputs(v ? v : "null", f);
-            cJSON_free(v);
+            print_compact(f, item);
         } else {
             fputs("{\n", f);
             for (const cJSON *x = item->child; x; x = x->next) {
                 fprintf(f, "    \"%s\": {\n", x->string);
                 for (const cJSON *field = x->child; field; field = field->next) {
                     fprintf(f, "      \"%s\": ", field->string);
-                    if (cJSON_IsArray(field) && cJSON_IsObject(field->child)) {   /* a list of pieces */
-                        fputs("[\n", f);
-                        for (const cJSON *pc = field->child; pc; pc = pc->next) {
-                            char *v = cJSON_PrintUnformatted(pc);
-                            fprintf(f, "        %s%s\n", v ? v : "null", pc->next ? "," : "");
-                            cJSON_free(v);
-                        }
-                        fputs("      ]", f);
-                    } else {
-                        char *v = cJSON_PrintUnformatted(field);
-                        fputs(v ? v : "null", f);
-                        cJSON_free(v);
-                    }
+                    if (cJSON_IsArray(field) && cJSON_IsObject(field->child))   /* a list of pieces */
+                        print_object_lines(f, field, "      ");
+                    else
+                        print_compact(f, field);
                     fputs(field->next ? ",\n" : "\n", f);
                 }
                 fprintf(f, "    }%s\n", x->next ? "," : "");
