@@ -72,7 +72,6 @@ static const comm_backend *comm_select(void) {
     if (strcmp(name, "nccl") == 0) return comm_nccl_backend();
     return strcmp(name, "nccl-sim") == 0 ? &comm_nccl_sim_backend : &comm_mpi_backend;
 }
-const char *comm_backend_name(void) { return be->name; }
 
 comm_group *comm_init(int *argc, char ***argv) {
     MPI_Init(argc, argv);

@@ -83,8 +83,6 @@ typedef struct comm_group {
 comm_group *comm_init(int *argc, char ***argv);
 void comm_finalize(void);
 comm_group *comm_world(void);
-/* The backend COMM chose: "mpi", "nccl" or "nccl-sim". */
-const char *comm_backend_name(void);
 
 /* New group of the ranks of `parent` with the same colour, ordered by key. Collective on parent:
  * every rank of it calls; a rank that passes COMM_NO_COLOR joins no group and gets NULL. */
