@@ -119,9 +119,11 @@ export MPIRUN_BASE := $(shell tests/mpirun_base.sh)
 
 # ---------------------------------------------------------------- sources
 # common/: *_cpu.c are the CPU twins, *.cu the CUDA twins, every other .c is shared.
-# common/ is split by role: backend/ (device, GEMM, collectives: the CPU/CUDA twins), kernels/
-# (the math of each layer, twins too), model/ (the Llama model written once), parallel/ (mesh,
-# shards, the parallel plan), harness/ (flags, step loop, parity, reports, exports).
+# common/ is split by role, each layer using only those above it in this list: backend/ (device,
+# GEMM, collectives: the CPU/CUDA twins), kernels/ (the math of each layer, twins too), parallel/
+# (the device mesh and how a tensor splits over it), model/ (the Llama model written once, its
+# parameter table and the plan of operators it runs under), harness/ (flags, step loop, parity,
+# reports, exports).
 COMMON_DIRS   := $(sort $(dir $(wildcard common/*/*.h)))
 COMMON_SHARED := $(filter-out %_cpu.c,$(wildcard common/*/*.c))
 COMMON_CPU    := $(wildcard common/*/*_cpu.c)

@@ -7,7 +7,7 @@
  *   - the pipeline's cut: every layer on exactly one stage, 126 layers on 16 stages as 7, 8 x 14, 7;
  *   - the state per GPU: for a small model on many meshes (tp, FSDP shards with padding, pipeline
  *     stages, dp_shard x cp or dp_shard alone), every rank of the mesh builds its param_table
- *     (common/parallel/params.h) in this process, with its coordinates and groups of its size,
+ *     (common/model/params.h) in this process, with its coordinates and groups of its size,
  *     and the allocator's bytes of values, gradients and AdamW state equal the calculator's;
  *   - a layer's activations equal what the model allocates for them (llama_layer_act_bytes_measured
  *     with chapter 03's keep mask), in each checkpointing mode;

@@ -1,4 +1,4 @@
-/* model.h: the Llama model, written once, run under a parallel plan (parallel/plan.h).
+/* model.h: the Llama model, written once, run under a parallel plan (model/plan.h).
  *
  * The single-device baseline and every parallel chapter build this same model; they differ
  * only in the plan: how the parameters are split (params.h), which operators sit at the
