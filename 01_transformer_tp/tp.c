@@ -18,23 +18,25 @@ void megatron_layouts(shard_layout layout[P_NKINDS]) {
 
 /* The region's operators are chapter 00's f and g. The sequence stays whole (seq_shards = 1),
  * so the model hands the same buffer as local and full: each works in place on B*Ts*C floats. */
-static void f_forward(const llama_plan *p, float *x_full, const float *x_local, int B, int Ts, int C) {
-    tp_copy_to_region_forward(p->tp, x_full, (size_t)B * Ts * C);        /* identity */
+static void f_forward(void *state, const llama_plan *p, float *x_full, const float *x_local, int B, int Ts, int C) {
+    tp_copy_to_region_forward(p->groups.tp, x_full, (size_t)B * Ts * C);        /* identity */
 }
-static void f_backward(const llama_plan *p, float *dx_local, float *dx_full, int B, int Ts, int C) {
+static void f_backward(void *state, const llama_plan *p, float *dx_local, float *dx_full, int B, int Ts, int C) {
     /* BEGIN ASSIGNMENT: f backward: the input's gradient is the sum of every rank's share (chapter 00's f) */
-    tp_copy_to_region_backward(p->tp, dx_full, (size_t)B * Ts * C);      /* all-reduce of the partial dx */
+    tp_copy_to_region_backward(p->groups.tp, dx_full, (size_t)B * Ts * C);      /* all-reduce of the partial dx */
     /* END ASSIGNMENT */
 }
-static void g_forward(const llama_plan *p, float *y_local, float *y_partial, int B, int Ts, int C) {
+static void g_forward(void *state, const llama_plan *p, float *y_local, float *y_partial, int B, int Ts, int C) {
     /* BEGIN ASSIGNMENT: g forward: the row-parallel outputs are partial sums (chapter 00's g) */
-    tp_reduce_from_region_forward(p->tp, y_partial, (size_t)B * Ts * C); /* all-reduce of the partial y */
+    tp_reduce_from_region_forward(p->groups.tp, y_partial, (size_t)B * Ts * C); /* all-reduce of the partial y */
     /* END ASSIGNMENT */
 }
-static void g_backward(const llama_plan *p, float *dy_full, const float *dy_local, int B, int Ts, int C) {
-    tp_reduce_from_region_backward(p->tp, dy_full, (size_t)B * Ts * C);  /* identity */
+static void g_backward(void *state, const llama_plan *p, float *dy_full, const float *dy_local, int B, int Ts, int C) {
+    tp_reduce_from_region_backward(p->groups.tp, dy_full, (size_t)B * Ts * C);  /* identity */
 }
-const region_ops megatron_region = {f_forward, f_backward, g_forward, g_backward};
+const region_ops megatron_region = {NULL, f_forward, f_backward, g_forward, g_backward};
+
+const plan_technique megatron_technique = {"megatron tp", NULL};
 
 llama_plan megatron_plan(device_mesh *mesh, const llama_config *c, const char *degree_flag) {
     int p = mesh->group[MESH_TP]->size;
@@ -44,10 +46,11 @@ llama_plan megatron_plan(device_mesh *mesh, const llama_config *c, const char *d
     if (c->ffn_dim % p) comm_exit_usage("%s does not divide --ffn-dim %d: each rank must own ffn_dim/tp units; use a multiple of %d", degree_flag, c->ffn_dim, p);
     llama_plan plan = plan_single_device();
     plan.name = "megatron tp";
-    plan.mesh = mesh;
-    plan.tp = mesh->group[MESH_TP];
+    plan.groups.mesh = mesh;
+    plan.groups.tp = mesh->group[MESH_TP];
     megatron_layouts(plan.layout);
     plan.region = megatron_region;
+    plan_push(&plan, &megatron_technique, NULL, 0);
     return plan;
 }
 

@@ -31,6 +31,8 @@ void megatron_layouts(shard_layout layout[P_NKINDS]);
 
 /* f (enter: identity / all-reduce) and g (exit: all-reduce / identity) over the plan's tp group. */
 extern const region_ops megatron_region;
+/* The technique as the plan's stack records it (stateless: its operators move no data of their own). */
+extern const plan_technique megatron_technique;
 
 /* The plan: Megatron's layouts and region on the mesh's tp group, everything else local.
  * Validates that tp divides n_heads, n_kv_heads and ffn_dim (one line and exit 2 otherwise;

@@ -35,21 +35,31 @@ void describe_batch(const run_options *o, int p) {
     free(tok); free(tgt); free(tok_in); free(tgt_in);
 }
 
-/* The loss's collectives, counted around the plan's loss operator. */
-static collective_stats loss_comm;
-static loss_ops counted;
-static float counting_forward(const llama_plan *p, const float *logits, const int *targets, int N,
+/* The loss's collectives, counted around the plan's loss operator: a wrapper with its own state
+ * (the operator below and the count), as every technique wraps an operator. */
+typedef struct {
+    loss_ops below;
+    collective_stats comm;
+} loss_counter;
+static loss_counter counter;
+static float counting_forward(void *state, const llama_plan *p, const float *logits, const int *targets, int N,
                               int Vl, int v0, float *stats, float *scratch) {
-    collective_stats before = p->tp->stats[COLL_ALL_REDUCE];
-    float loss = counted.forward(p, logits, targets, N, Vl, v0, stats, scratch);
-    const collective_stats *now = &p->tp->stats[COLL_ALL_REDUCE];
-    loss_comm.calls += now->calls - before.calls;
-    loss_comm.payload_bytes += now->payload_bytes - before.payload_bytes;
+    loss_counter *c = state;
+    collective_stats before = p->groups.tp->stats[COLL_ALL_REDUCE];
+    float loss = c->below.forward(c->below.state, p, logits, targets, N, Vl, v0, stats, scratch);
+    const collective_stats *now = &p->groups.tp->stats[COLL_ALL_REDUCE];
+    c->comm.calls += now->calls - before.calls;
+    c->comm.payload_bytes += now->payload_bytes - before.payload_bytes;
     return loss;
 }
+static void counting_backward(void *state, const llama_plan *p, float *dlogits, const float *logits,
+                              const int *targets, const float *stats, int N, int Vl, int v0, float grad_scale) {
+    loss_counter *c = state;
+    c->below.backward(c->below.state, p, dlogits, logits, targets, stats, N, Vl, v0, grad_scale);
+}
 void count_loss_traffic(llama_plan *plan) {
-    counted = plan->loss;
-    plan->loss.forward = counting_forward;
+    loss_ops counting = {&counter, plan->loss.saved_per_row, counting_forward, counting_backward};
+    plan_wrap(plan->loss, counter.below, counting);
 }
 
 int report_loss_parallel(const run_options *o, comm_group *tp, double largest_measured,
@@ -57,7 +67,7 @@ int report_loss_parallel(const run_options *o, comm_group *tp, double largest_me
     int p = tp->size, mismatches = 0;
     double N4 = 4.0 * o->batch * o->model.seq_len, NV4 = N4 * o->model.vocab_size;
     /* the loss's share: 3 all-reduces of B*T floats per training step */
-    double calls = (double)loss_comm.calls / o->steps, bytes = loss_comm.payload_bytes / o->steps;
+    double calls = (double)counter.comm.calls / o->steps, bytes = counter.comm.payload_bytes / o->steps;
     bool ok = fabs(calls - 3) < 1e-9 && fabs(bytes - 3 * N4) < 0.5;
     mismatches += !ok;
     if (!ok) parity_fail("the loss's measured communication differs from 3 x B*T*4 (above)");

@@ -44,18 +44,20 @@ void vocab_parallel_cross_entropy_backward(float *dlogits_local, const float *lo
 }
 
 /* The plan's loss operator: M and S are the loss's saved statistics [2N], x_t its scratch. */
-static float loss_forward(const llama_plan *p, const float *logits, const int *targets, int N, int Vl,
+static float loss_forward(void *state, const llama_plan *p, const float *logits, const int *targets, int N, int Vl,
                           int v0, float *stats, float *scratch) {
-    return vocab_parallel_cross_entropy_forward(p->tp, logits, targets, N, Vl, v0, stats, stats + N, scratch);
+    return vocab_parallel_cross_entropy_forward(p->groups.tp, logits, targets, N, Vl, v0, stats, stats + N, scratch);
 }
-static void loss_backward(const llama_plan *p, float *dlogits, const float *logits, const int *targets,
+static void loss_backward(void *state, const llama_plan *p, float *dlogits, const float *logits, const int *targets,
                           const float *stats, int N, int Vl, int v0, float grad_scale) {
     vocab_parallel_cross_entropy_backward(dlogits, logits, targets, stats, stats + N, N, Vl, v0, grad_scale);
 }
-const loss_ops vocab_parallel_loss = {2, loss_forward, loss_backward};
+const loss_ops vocab_parallel_loss = {NULL, 2, loss_forward, loss_backward};
+
+const plan_technique loss_parallel_technique = {"loss parallel", NULL};
 
 void loss_parallel_apply(llama_plan *plan, const llama_config *c) {
-    int p = plan->tp->size, V = c->vocab_size;
+    int p = plan->groups.tp->size, V = c->vocab_size;
     if (V % p) {
         int lo = V / p * p, hi = lo + p;
         if (lo > 0) comm_exit_usage("--vocab %d is not divisible by tp %d: each rank must own vocab/tp rows; the nearest valid sizes are %d and %d", V, p, lo, hi);
@@ -65,12 +67,13 @@ void loss_parallel_apply(llama_plan *plan, const llama_config *c) {
     vocab_parallel_layouts(plan->layout);
     plan->vocab = megatron_region;   /* g after the embedding's lookup, f before the output layer */
     plan->loss = vocab_parallel_loss;
+    plan_push(plan, &loss_parallel_technique, NULL, 0);
 }
 
 /* --fault skip-output-allreduce: the output layer's input gradient keeps only this rank's
  * vocabulary rows' share (f's backward all-reduce before the output layer is left out). */
 static const char *skip_output_allreduce(llama_plan *p) {
-    if (p->loss.forward != vocab_parallel_loss.forward)
+    if (!plan_has(p, &loss_parallel_technique))
         return "needs --loss-parallel: without it the output layer is replicated and has no all-reduce to skip";
     p->vocab.enter_backward = region_identity.enter_backward;   /* no all-reduce: each rank keeps its share */
     return NULL;

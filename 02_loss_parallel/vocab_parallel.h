@@ -44,6 +44,7 @@ void vocab_parallel_cross_entropy_backward(float *dlogits_local, const float *lo
 
 /* The loss operator of the plan: the two functions above, saving M and S (2 floats per row). */
 extern const loss_ops vocab_parallel_loss;
+extern const plan_technique loss_parallel_technique;
 
 /* Adds loss parallelism to a plan with a tp group (chapter 01's megatron_plan): the vocabulary
  * layouts, chapter 01's f and g as the vocab region, the vocab-parallel loss. Validates that tp

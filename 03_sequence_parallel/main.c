@@ -95,7 +95,7 @@ int main(int argc, char **argv) {
     double boundaries = 4 * L + 2;                          /* chapter 01's f and g, plus ch. 02's two */
     double regathers = co.sp ? 2 * L + 1 : 0;               /* norm outputs SP kept only a shard of   */
     double recomputed = co.ac == AC_FULL ? L : 0;           /* full AC: wo's exit, once more          */
-    double norm_ar = plan.reduce_grads ? 1 : 0;             /* sp_norm_grads_all_reduce               */
+    double norm_ar = plan.reduce_grads.reduce ? 1 : 0;             /* sp_norm_grads_all_reduce               */
     comm_expectation with_sp[] = {
         {tp, COLL_ALL_GATHER, boundaries + regathers, (boundaries + regathers) * X, "(4L+2 + 2L+1 re-gathers) x BTD*4"},
         {tp, COLL_REDUCE_SCATTER, boundaries + recomputed, (boundaries + recomputed) * X,
@@ -120,6 +120,6 @@ int main(int argc, char **argv) {
     run_clock_report(&clock, o.steps);
 
     llama_free(model);
-    sequence_parallel_free(&plan);
+    plan_free(&plan);
     return run_finish(&o, mismatches);
 }

@@ -6,8 +6,6 @@
  * Notation: B batch, T sequence, Ts = T/p, N = B*T, Ns = B*Ts, D dim, C the channels of a tensor.
  */
 #include <stdlib.h>
-#include "../01_transformer_tp/tp.h"
-#include "../02_loss_parallel/vocab_parallel.h"
 #include "comm.h"
 #include "device.h"
 #include "kernels.h"
@@ -53,28 +51,32 @@ void sp_reduce_scatter_seq_backward(comm_group *tp, float *dy_full, const float 
     /* END ASSIGNMENT */
 }
 
-/* The plan's region: the four operators above, with the plan's chunk buffer. */
-static float *chunks_of(const llama_plan *p) { return ((sp_state *)p->sp_ctx)->chunks; }
-static void enter_forward(const llama_plan *p, float *x_full, const float *x_local, int B, int Ts, int C) {
-    sp_all_gather_seq_forward(p->tp, x_full, x_local, chunks_of(p), B, Ts, C);
+/* The plan's region: the four operators above, with the state's chunk buffer. */
+static float *chunks_of(void *state) { return ((sp_state *)state)->chunks; }
+static void enter_forward(void *state, const llama_plan *p, float *x_full, const float *x_local, int B, int Ts, int C) {
+    sp_all_gather_seq_forward(p->groups.tp, x_full, x_local, chunks_of(state), B, Ts, C);
 }
-static void enter_backward(const llama_plan *p, float *dx_local, float *dx_full, int B, int Ts, int C) {
-    sp_all_gather_seq_backward(p->tp, dx_local, dx_full, chunks_of(p), B, Ts, C);
+static void enter_backward(void *state, const llama_plan *p, float *dx_local, float *dx_full, int B, int Ts, int C) {
+    sp_all_gather_seq_backward(p->groups.tp, dx_local, dx_full, chunks_of(state), B, Ts, C);
 }
-static void exit_forward(const llama_plan *p, float *y_local, float *y_partial, int B, int Ts, int C) {
-    sp_reduce_scatter_seq_forward(p->tp, y_local, y_partial, chunks_of(p), B, Ts, C);
+static void exit_forward(void *state, const llama_plan *p, float *y_local, float *y_partial, int B, int Ts, int C) {
+    sp_reduce_scatter_seq_forward(p->groups.tp, y_local, y_partial, chunks_of(state), B, Ts, C);
 }
-static void exit_backward(const llama_plan *p, float *dy_full, const float *dy_local, int B, int Ts, int C) {
-    sp_reduce_scatter_seq_backward(p->tp, dy_full, dy_local, chunks_of(p), B, Ts, C);
+static void exit_backward(void *state, const llama_plan *p, float *dy_full, const float *dy_local, int B, int Ts, int C) {
+    sp_reduce_scatter_seq_backward(p->groups.tp, dy_full, dy_local, chunks_of(state), B, Ts, C);
 }
-const region_ops sequence_parallel_region = {enter_forward, enter_backward, exit_forward, exit_backward};
+static region_ops sequence_parallel_region(sp_state *s) {
+    return (region_ops){s, enter_forward, enter_backward, exit_forward, exit_backward};
+}
 
 /* ==============================================================================================
  * The norm weights are replicated, but with SP each rank's norms saw only its own tokens.
  * ============================================================================================== */
-void sp_norm_grads_all_reduce(const llama_plan *p, llama_model *m) {
+void sp_norm_grads_all_reduce(void *state, const llama_plan *p, llama_model *m) {
+    sp_state *s = state;
+    if (s->below_reduce.reduce) s->below_reduce.reduce(s->below_reduce.state, p, m);   /* what the plan owed before */
     param_table *t = m->params;
-    float *packed = ((sp_state *)p->sp_ctx)->norm_grads;
+    float *packed = s->norm_grads;
     /* (each norm's stored gradient: D floats, or under FSDP this rank's dp shard of them, the
      *  same shard on every tp rank; none for a pipeline stage that does not hold the norm) */
     /* BEGIN ASSIGNMENT: sum every norm weight's gradient over tp, packed into one all-reduce */
@@ -86,7 +88,7 @@ void sp_norm_grads_all_reduce(const llama_plan *p, llama_model *m) {
         device_copy(packed + n, param_in(t, t->grads, i), count * sizeof(float));
         n += count;
     }
-    comm_all_reduce(p->tp, packed, n, COMM_SUM);
+    comm_all_reduce(p->groups.tp, packed, n, COMM_SUM);
     n = 0;
     for (int i = 0; i < t->n; i++) {
         param_kind k = t->t[i].spec.kind;
@@ -140,9 +142,9 @@ unsigned ac_keep_mask(ac_mode ac) {
 }
 
 /* Before layer l's backward: bring back what the mode did not keep. */
-static bool recompute(llama_model *m, int l, const unit_weights *w) {
+static bool recompute(void *state, llama_model *m, int l, const unit_weights *w) {
     const llama_plan *p = m->plan;
-    sp_state *s = p->sp_ctx;
+    sp_state *s = state;
     const llama_dims *d = &m->d;
     llama_layer_acts *a = &m->saved->layers[l];
     if (s->ac == AC_FULL) {
@@ -154,7 +156,7 @@ static bool recompute(llama_model *m, int l, const unit_weights *w) {
         /* BEGIN ASSIGNMENT: recompute what selective AC dropped: both norms, the softmax probabilities, the SwiGLU product */
         rmsnorm_forward(a->attn_xn, a->attn_rstd, a->h_in, w->attention_norm, d->Ns, d->D, m->c.norm_eps);
         /* the probabilities from the kept q and k (one more q k^T); the output is thrown away */
-        p->attention.forward(p, s->attn_out_scratch, a->probs, a->q, a->k, a->v, d->B, d->T, d->Hl, d->Hkvl, d->hd);
+        p->attention.forward(p->attention.state, p, s->attn_out_scratch, a->probs, a->q, a->k, a->v, d->B, d->T, d->Hl, d->Hkvl, d->hd);
         rmsnorm_forward(a->ffn_xn, a->ffn_rstd, a->h_mid, w->ffn_norm, d->Ns, d->D, m->c.norm_eps);
         swiglu_forward(a->ffn_g, a->ffn_a, a->ffn_b, (size_t)d->N * d->Fl);
         /* END ASSIGNMENT */
@@ -166,52 +168,49 @@ static bool recompute(llama_model *m, int l, const unit_weights *w) {
  * The plan
  * ============================================================================================== */
 
+static void sequence_parallel_free_state(void *state) {
+    sp_state *s = state;
+    device_free(s->chunks); device_free(s->norm_grads); device_free(s->attn_out_scratch);
+    free(s);
+}
+const plan_technique sequence_parallel_technique = {"sequence parallel", sequence_parallel_free_state};
+
 void sequence_parallel_apply(llama_plan *plan, const llama_config *c, int B, bool sp, ac_mode ac) {
-    int p = plan->tp ? plan->tp->size : 1, T = c->seq_len;   /* (tp 1: checkpointing only) */
+    int p = plan->groups.tp ? plan->groups.tp->size : 1, T = c->seq_len;   /* (tp 1: checkpointing only) */
     if (sp && T % p) {   /* whole tokens per rank, the same count on every rank */
         int lo = T / p * p, hi = lo + p;
         if (lo > 0) comm_exit_usage("--seq-len %d is not divisible by tp %d: with sequence parallelism each rank holds seq_len/tp tokens of every sequence; the nearest valid lengths are %d and %d", T, p, lo, hi);
         comm_exit_usage("--seq-len %d is not divisible by tp %d: with sequence parallelism each rank holds seq_len/tp tokens of every sequence; the nearest valid length is %d", T, p, hi);
     }
-    sp_state *s = calloc(1, sizeof *s);
+    sp_state *s = plan_push(plan, &sequence_parallel_technique, calloc(1, sizeof(sp_state)), 0);
     s->ac = ac;
-    plan->sp_ctx = s;
-    plan->keep = ac_keep_mask(ac);
-    plan->recompute = recompute;
+    plan->checkpoint = (checkpoint_ops){s, ac_keep_mask(ac), recompute};
     if (ac == AC_SELECTIVE)
         s->attn_out_scratch = device_alloc_floats((size_t)B * T * (c->n_heads / p) * llama_head_dim(c), MEM_BUFFERS);
     if (!sp) return;
     plan->name = "megatron tp + loss parallel + sequence parallel";
-    plan->seq_shards = p;
-    plan->region = sequence_parallel_region;
-    plan->vocab = sequence_parallel_region;   /* the embedding's exit and the output's entry too */
-    plan->reduce_grads = sp_norm_grads_all_reduce;
+    plan->sequence.shards = p;
+    plan->region = sequence_parallel_region(s);
+    plan->vocab = sequence_parallel_region(s);   /* the embedding's exit and the output's entry too */
+    plan_wrap(plan->reduce_grads, s->below_reduce, ((grad_reduce_ops){s, sp_norm_grads_all_reduce}));
     s->chunks = device_alloc_floats((size_t)B * T * c->dim, MEM_BUFFERS);
     s->norm_grads = device_alloc_floats((2 * (size_t)c->n_layers + 1) * c->dim, MEM_BUFFERS);
 }
 
-void sequence_parallel_free(llama_plan *plan) {
-    sp_state *s = plan->sp_ctx;
-    if (!s) return;
-    device_free(s->chunks); device_free(s->norm_grads); device_free(s->attn_out_scratch);
-    free(s);
-    plan->sp_ctx = NULL;
-}
-
 /* --fault skip-norm-grad-allreduce: the norm weights keep the gradient of this rank's tokens only. */
 static const char *skip_norm_grad_allreduce(llama_plan *p) {
-    if (p->seq_shards == 1) return "needs the sequence split over ranks (tp > 1, without --no-sp): otherwise every rank's norms see every token and there is no all-reduce to skip";
-    p->reduce_grads = NULL;
+    if (p->sequence.shards == 1) return "needs the sequence split over ranks (tp > 1, without --no-sp): otherwise every rank's norms see every token and there is no all-reduce to skip";
+    p->reduce_grads = ((sp_state *)plan_state(p, &sequence_parallel_technique))->below_reduce;   /* what was owed before, without the norms' sum */
     return NULL;
 }
 /* --fault rope-local-positions: each rank numbers the tokens 0..Ts-1 within its own shard, as if
  * positions came from the [B, Ts, D] tensor it holds between blocks. */
-static void local_positions(const llama_plan *p, int *positions, int T) {
-    for (int t = 0; t < T; t++) positions[t] = t % (T / p->seq_shards);
+static void local_positions(void *state, const llama_plan *p, int *positions, int T) {
+    for (int t = 0; t < T; t++) positions[t] = t % (T / p->sequence.shards);
 }
 static const char *rope_local_positions(llama_plan *p) {
-    if (p->seq_shards == 1) return "needs the sequence split over ranks (tp > 1, without --no-sp): otherwise a rank's tokens are the whole sequence and local positions are the global ones";
-    p->positions = local_positions;
+    if (p->sequence.shards == 1) return "needs the sequence split over ranks (tp > 1, without --no-sp): otherwise a rank's tokens are the whole sequence and local positions are the global ones";
+    p->sequence.positions = local_positions;
     return NULL;
 }
 const plan_fault sequence_parallel_faults[] = {

@@ -61,13 +61,10 @@ void sp_reduce_scatter_seq_forward(comm_group *tp, float *y_local, const float *
  *                                                               Issues: 1 all-gather of B*T*C. */
 void sp_reduce_scatter_seq_backward(comm_group *tp, float *dy_full, const float *dy_local,
                                     float *chunks, int B, int Ts, int C);
-/* The four above as the plan's region (the chunks come from the plan's state). */
-extern const region_ops sequence_parallel_region;
-
 /* The norm weights (attention_norm and ffn_norm of every layer, and norm) saw only this rank's
- * tokens: sum their gradients over tp, packed. The plan's reduce_grads.
+ * tokens: sum their gradients over tp, packed. The plan's reduce_grads, after the one it wraps.
  * Issues: 1 all-reduce of (2L+1)*D floats. */
-void sp_norm_grads_all_reduce(const llama_plan *p, llama_model *m);
+void sp_norm_grads_all_reduce(void *state, const llama_plan *p, llama_model *m);
 
 /* ---- activation checkpointing ---------------------------------------------------------------- */
 typedef enum { AC_NONE = 0, AC_SELECTIVE, AC_FULL, AC_NMODES } ac_mode;
@@ -81,13 +78,15 @@ typedef struct {
     float *chunks;             /* [p, B, Ts, D]: the re-layout of a sequence collective (SP)    */
     float *norm_grads;         /* [(2L+1) D]: the norm gradients packed for one all-reduce (SP) */
     float *attn_out_scratch;   /* [B*T, Hl*hd]: selective AC's recomputed attention output     */
+    grad_reduce_ops below_reduce;   /* the gradient reduction the plan owed before SP's          */
 } sp_state;
+/* The technique as the plan's stack records it (plan_free frees the state above). */
+extern const plan_technique sequence_parallel_technique;
 
 /* Adds to a chapter 01/02 plan (tp group, vocabulary-parallel ends): the checkpointing mode and,
  * when `sp`, the sequence-parallel region at the layers and at the vocabulary ends and the
  * norm-gradient reduction. Validates that tp divides seq_len under SP (one line, exit 2). */
 void sequence_parallel_apply(llama_plan *plan, const llama_config *c, int B, bool sp, ac_mode ac);
-void sequence_parallel_free(llama_plan *plan);
 
 /* The deliberate bugs of this chapter, for --fault. */
 extern const plan_fault sequence_parallel_faults[];

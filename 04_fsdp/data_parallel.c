@@ -56,10 +56,10 @@ struct dp_state {
     /* the gradient reductions, which a fault may replace */
     void (*reduce_scatter)(comm_group *g, const float *send, float *recv, size_t count);
     comm_request (*all_reduce)(comm_group *g, float *buf, size_t count, comm_op op);
-    linear_ops inner;                  /* the linear operator this plan wraps with progress calls */
+    linear_ops below_linear;           /* the linear operator this plan wraps with progress calls */
     /* what the plan underneath owes after backward (chapter 03's norm gradients over tp, chapter
      * 06's all-reduce over cp), run on the reduced (or sharded) gradients; NULL: nothing */
-    void (*inner_reduce_grads)(const llama_plan *p, llama_model *m);
+    grad_reduce_ops below_reduce;
     double t_step0, t_acquired;
     double planned_bytes;              /* the transient buffers' bytes, known before allocating  */
     double measured_bytes;             /* what allocating them added to MEM_BUFFERS              */
@@ -256,17 +256,17 @@ static void progress(dp_state *s) {
         for (int j = 0; j < s->slots[k].n_req; j++) comm_progress(&s->slots[k].req[j]);
     for (int k = 0; k < s->n_reqs; k++) comm_progress(&s->reqs[k]);
 }
-static void linear_forward_progress(const llama_plan *p, linear_site site, float *y, const float *x,
+static void linear_forward_progress(void *state, const llama_plan *p, linear_site site, float *y, const float *x,
                                     const float *W, int N, int in, int out) {
-    dp_state *s = p->dp_ctx;
-    s->inner.forward(p, site, y, x, W, N, in, out);
+    dp_state *s = state;
+    s->below_linear.forward(s->below_linear.state, p, site, y, x, W, N, in, out);
     progress(s);
 }
-static void linear_backward_progress(const llama_plan *p, linear_site site, float *dx, dx_write how,
+static void linear_backward_progress(void *state, const llama_plan *p, linear_site site, float *dx, dx_write how,
                                      float *dW, const float *dy, const float *x, const float *W, int N,
                                      int in, int out) {
-    dp_state *s = p->dp_ctx;
-    s->inner.backward(p, site, dx, how, dW, dy, x, W, N, in, out);
+    dp_state *s = state;
+    s->below_linear.backward(s->below_linear.state, p, site, dx, how, dW, dy, x, W, N, in, out);
     progress(s);
 }
 
@@ -274,9 +274,9 @@ static void linear_backward_progress(const llama_plan *p, linear_site site, floa
  * The plan's operators.
  * ============================================================================================== */
 
-static void dp_acquire(const llama_plan *p, llama_model *m, int u, bool backward, unit_weights *w,
+static void dp_acquire(void *state, const llama_plan *p, llama_model *m, int u, bool backward, unit_weights *w,
                        unit_weights *g) {
-    dp_state *s = p->dp_ctx;
+    dp_state *s = state;
     ensure_buffers(s);
     s->t = m->params;
     if (u == s->L && !backward) {        /* the first acquire of a step: a new timeline */
@@ -295,8 +295,8 @@ static void dp_acquire(const llama_plan *p, llama_model *m, int u, bool backward
     s->t_acquired = wall_seconds();
 }
 
-static void dp_release(const llama_plan *p, llama_model *m, int u, bool backward) {
-    dp_state *s = p->dp_ctx;
+static void dp_release(void *state, const llama_plan *p, llama_model *m, int u, bool backward) {
+    dp_state *s = state;
     if (u != s->L) event(s, "compute", s->t_acquired, backward ? "bwd %d" : "fwd %d", u);
     if (backward && (s->o.mode == DP_ZERO2 || s->o.mode == DP_FSDP)) reduce_unit_grads(s, u);
     if (backward && s->o.mode == DP_DDP) bucket_unit(s, u);
@@ -308,8 +308,7 @@ static void dp_release(const llama_plan *p, llama_model *m, int u, bool backward
 
 /* ddp: wait for the buckets. zero1: every gradient reduce-scattered now, whole buffers kept
  * (only the own shard is reduced). */
-static void dp_reduce_own_grads(const llama_plan *p, llama_model *m) {
-    dp_state *s = p->dp_ctx;
+static void dp_reduce_own_grads(dp_state *s, llama_model *m) {
     param_table *t = m->params;
     ensure_buffers(s);
     if (s->o.mode == DP_DDP) {
@@ -336,16 +335,16 @@ static void dp_reduce_own_grads(const llama_plan *p, llama_model *m) {
 
 /* The data ranks' reduction, then what the plan underneath owes (sums over other groups, which
  * commute with the sum over the data ranks). */
-static void dp_reduce_grads(const llama_plan *p, llama_model *m) {
-    dp_reduce_own_grads(p, m);
-    const dp_state *s = p->dp_ctx;
-    if (s->inner_reduce_grads) s->inner_reduce_grads(p, m);
+static void dp_reduce_grads(void *state, const llama_plan *p, llama_model *m) {
+    dp_state *s = state;
+    dp_reduce_own_grads(s, m);
+    if (s->below_reduce.reduce) s->below_reduce.reduce(s->below_reduce.state, p, m);
 }
 
 /* zero1, zero2: AdamW on the own shard of each tensor (m and v exist only for it), then the
  * updated values all-gathered so every rank holds them whole again. */
-static void dp_optimizer_step(const llama_plan *p, llama_model *m, const adamw_config *o, int step) {
-    dp_state *s = p->dp_ctx;
+static void dp_optimizer_step(void *state, const llama_plan *p, llama_model *m, const adamw_config *o, int step) {
+    dp_state *s = state;
     param_table *t = m->params;
     if (s->o.mode == DP_DDP || s->o.mode == DP_FSDP) { param_adamw_step(t, o, step); return; }
     ensure_buffers(s);
@@ -365,8 +364,18 @@ static void dp_optimizer_step(const llama_plan *p, llama_model *m, const adamw_c
     }
 }
 
+static void data_parallel_free_state(void *state) {
+    dp_state *s = state;
+    for (int k = 0; s->slots && k < s->n_slots; k++) device_free(s->slots[k].data);
+    free(s->slots);
+    device_free(s->grad_full[0]); device_free(s->grad_full[1]);
+    device_free(s->stage_in); device_free(s->stage_out);
+    free(s);
+}
+const plan_technique data_parallel_technique = {"data parallel", data_parallel_free_state};
+
 void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const dp_options *o) {
-    dp_state *s = calloc(1, sizeof *s);
+    dp_state *s = plan_push(plan, &data_parallel_technique, calloc(1, sizeof(dp_state)), 0);
     s->o = *o;
     s->L = c->n_layers;
     s->shard = mesh->group[MESH_DP_SHARD];
@@ -378,25 +387,22 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
     s->reduce_scatter = real_reduce_scatter;
     s->all_reduce = real_all_reduce;
     plan->name = "data parallel";
-    plan->mesh = mesh;
-    plan->batch = s->batch;
-    plan->dp_ctx = s;
+    plan->groups.mesh = mesh;
+    plan->groups.batch = s->batch;
     static const block_storage storage[DP_NMODES][PARAM_NBLOCKS] = {
         [DP_DDP] = {STORE_WHOLE, STORE_WHOLE, STORE_WHOLE},
         [DP_ZERO1] = {STORE_WHOLE, STORE_WHOLE_SHARD_VALID, STORE_SHARD},
         [DP_ZERO2] = {STORE_WHOLE, STORE_SHARD, STORE_SHARD},
         [DP_FSDP] = {STORE_SHARD, STORE_SHARD, STORE_SHARD}};
     memcpy(plan->storage, storage[o->mode], sizeof plan->storage);
-    plan->weights = (weight_ops){dp_acquire, dp_release};
-    s->inner = plan->linear;
-    plan->linear = (linear_ops){linear_forward_progress, linear_backward_progress};
-    s->inner_reduce_grads = plan->reduce_grads;
-    plan->reduce_grads = dp_reduce_grads;
-    plan->optimizer_step = dp_optimizer_step;
+    plan->weights = (weight_ops){s, dp_acquire, dp_release};
+    plan_wrap(plan->linear, s->below_linear, ((linear_ops){s, linear_forward_progress, linear_backward_progress}));
+    plan_wrap(plan->reduce_grads, s->below_reduce, ((grad_reduce_ops){s, dp_reduce_grads}));
+    plan->optimizer = (optimizer_ops){s, dp_optimizer_step};
 
     /* The transient buffers' sizes, from the layout the model's table will have (params.h: each
      * tensor's tp slice, its first dimension split in S chunks of ceil(units / S)), computed
-     * without allocating anything: run_model checks them (plan->buffer_bytes) with the model's
+     * without allocating anything: run_model checks them (plan_buffer_bytes) with the model's
      * own bytes before anything is allocated, and ensure_buffers allocates them at first use. */
     comm_group *tp = mesh->group[MESH_TP];
     int p = tp ? tp->size : 1, r = tp ? tp->rank : 0;
@@ -423,7 +429,7 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
     if (o->mode == DP_ZERO2 || o->mode == DP_FSDP) floats += (double)s->ends_padded + layer_max;
     if (o->mode != DP_DDP) floats += (double)(s->S + 1) * s->max_shard;
     s->planned_bytes = 4 * floats;
-    plan->buffer_bytes += s->planned_bytes;
+    plan_add_buffer_bytes(plan, &data_parallel_technique, s->planned_bytes);
 }
 
 /* The transient buffers (MEM_BUFFERS), allocated at the plan's first use, after run_model's check. */
@@ -450,23 +456,12 @@ static void ensure_buffers(dp_state *s) {
 }
 
 double data_parallel_buffer_bytes(const llama_plan *plan) {
-    const dp_state *s = plan->dp_ctx;
+    const dp_state *s = plan_state(plan, &data_parallel_technique);
     return !s ? 0 : s->allocated ? s->measured_bytes : 0;
 }
 
-void data_parallel_free(llama_plan *plan) {
-    dp_state *s = plan->dp_ctx;
-    if (!s) return;
-    for (int k = 0; s->slots && k < s->n_slots; k++) device_free(s->slots[k].data);
-    free(s->slots);
-    device_free(s->grad_full[0]); device_free(s->grad_full[1]);
-    device_free(s->stage_in); device_free(s->stage_out);
-    free(s);
-    plan->dp_ctx = NULL;
-}
-
 const dp_event *dp_timeline(const llama_plan *plan, int *n) {
-    dp_state *s = plan->dp_ctx;
+    dp_state *s = plan_state(plan, &data_parallel_technique);
     *n = s->n_events;
     return s->events;
 }
@@ -480,7 +475,7 @@ static comm_request keep_own_gradient(comm_group *g, float *buf, size_t count, c
     return (comm_request){0};   /* a request that is already complete: nothing was sent */
 }
 static const char *skip_grad_reduce(llama_plan *p) {
-    dp_state *s = p->dp_ctx;
+    dp_state *s = plan_state(p, &data_parallel_technique);
     s->reduce_scatter = keep_own_chunk;
     s->all_reduce = keep_own_gradient;
     return NULL;

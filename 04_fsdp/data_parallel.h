@@ -81,13 +81,14 @@ void data_parallel_validate_batch(int batch, int R, int S);
 /* Adds data parallelism to `plan` (the single-device plan, or chapter 01's tensor-parallel one):
  * the batch split over dp_replicate x dp_shard, the mode's storage, weight access, gradient
  * reduction and optimizer. Allocates nothing on the device: the transient buffers' bytes
- * (gathered layers, full gradients, staging) are added to plan->buffer_bytes, which run_model
+ * (gathered layers, full gradients, staging) are the technique's buffer bytes (plan.h), which run_model
  * checks with the model's before anything is allocated, and the buffers (MEM_BUFFERS) are
  * allocated at the plan's first use. */
 void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const dp_options *o);
 /* The bytes the transient buffers added to MEM_BUFFERS when they were allocated (0 before). */
 double data_parallel_buffer_bytes(const llama_plan *plan);
-void data_parallel_free(llama_plan *plan);
+/* The technique as the plan's stack records it (plan_free frees its state and buffers). */
+extern const plan_technique data_parallel_technique;
 
 /* The last step's timeline. */
 const dp_event *dp_timeline(const llama_plan *plan, int *n);

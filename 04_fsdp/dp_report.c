@@ -16,8 +16,8 @@ typedef struct { double psi, psi_s, n, layer_pad, ends_pad, max_shard, layer_who
 static dp_sizes sizes_of(const llama_plan *plan, const llama_model *m) {
     const param_table *t = m->params;
     dp_sizes z = {0};
-    z.S = plan->mesh->shape.degree[MESH_DP_SHARD];
-    z.R = plan->mesh->shape.degree[MESH_DP_REPLICATE];
+    z.S = plan->groups.mesh->shape.degree[MESH_DP_SHARD];
+    z.R = plan->groups.mesh->shape.degree[MESH_DP_REPLICATE];
     z.L = m->c.n_layers;
     z.psi = (double)t->whole_numel;
     z.psi_s = (double)t->shard_numel;
@@ -40,7 +40,7 @@ static dp_sizes sizes_of(const llama_plan *plan, const llama_model *m) {
 int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, const llama_model *m,
                                  const dp_options *dp) {
     dp_sizes z = sizes_of(plan, m);
-    device_mesh *mesh = plan->mesh;
+    device_mesh *mesh = plan->groups.mesh;
     comm_group *groups[4] = {mesh->group[MESH_DP_SHARD]};
     int n_groups = 1, n_expect = 0;
     comm_expectation expect[4];
@@ -49,9 +49,9 @@ int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, c
     if (dp->mode == DP_DDP) {
         /* ceil(bucket / layer) layers per bucket (at least 1), and the ends on their own */
         double per = fmax(1, ceil((double)dp->bucket_floats / z.layer_whole)), buckets = ceil(z.L / per) + 1;
-        groups[0] = plan->batch;
+        groups[0] = plan->groups.batch;
         snprintf(buckets_formula, sizeof buckets_formula, "Psi x 4 in %.0f buckets", buckets);
-        expect[n_expect++] = (comm_expectation){plan->batch, COLL_ALL_REDUCE, buckets, 4 * z.psi, buckets_formula};
+        expect[n_expect++] = (comm_expectation){plan->groups.batch, COLL_ALL_REDUCE, buckets, 4 * z.psi, buckets_formula};
     } else {
         bool twice = dp->mode == DP_FSDP && dp->reshard_after_forward;
         expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_ALL_GATHER, z.n * (twice ? 2 : 1),
@@ -64,10 +64,10 @@ int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, c
             expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_REPLICATE], COLL_ALL_REDUCE, z.n, 4 * z.psi_s, "Psi_S x 4 (HSDP)"};
         }
     }
-    if (plan->tp) {
+    if (plan->groups.tp) {
         double N = (double)m->d.N, D = m->d.D;
-        groups[n_groups++] = plan->tp;
-        expect[n_expect++] = (comm_expectation){plan->tp, COLL_ALL_REDUCE, 4.0 * z.L, 4.0 * z.L * N * D * 4, "4 x L x (B/dp)*T*D*4"};
+        groups[n_groups++] = plan->groups.tp;
+        expect[n_expect++] = (comm_expectation){plan->groups.tp, COLL_ALL_REDUCE, 4.0 * z.L, 4.0 * z.L * N * D * 4, "4 x L x (B/dp)*T*D*4"};
     }
     int mismatches = report_communication(groups, n_groups, o->steps, expect, n_expect);
     log0("  Psi = %.0f parameters per rank's tp slice; S x Psi_S = %.0f with the padding of %d shards "
@@ -108,7 +108,7 @@ int report_data_parallel_memory(const llama_plan *plan, const llama_model *m, co
         snprintf(path, sizeof path, "%s/memory_modes.csv", csv_dir);
         FILE *f = out_open(path, "mode,dp_replicate,dp_shard,tp,parameters,gradients,optimizer,buffers", true);
         csv_row(f, "%s,%d,%d,%d,%.0f,%.0f,%.0f,%.0f", dp_mode_name(dp->mode), z.R, z.S,
-                plan->tp ? plan->tp->size : 1, measured[0], measured[1], measured[2], buffer_bytes);
+                plan->groups.tp ? plan->groups.tp->size : 1, measured[0], measured[1], measured[2], buffer_bytes);
         csv_close(f);   /* (a failed write: run_finish ends the run with its line) */
     }
     log0("  replicated (16 Psi) would be %s per rank: this mode keeps %.0f%% of it, plus the buffers\n",

@@ -115,6 +115,6 @@ int main(int argc, char **argv) {
     run_clock_report(&clock, o.steps);
 
     llama_free(model);
-    pipeline_free(&plan);
+    plan_free(&plan);
     return run_finish(&o, mismatches);
 }

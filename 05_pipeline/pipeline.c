@@ -32,7 +32,7 @@ typedef struct {
     comm_group *pp;
     comm_links *links;                      /* a group per neighbour and direction (comm.h)        */
     int P, M, V, rank, L, chunk_layers;     /* chunk_layers = L / (P V)                          */
-    llama_plan inner;                       /* the plan's operators before the pipeline's         */
+    linear_ops below_linear;                /* the plan's linear operator before the pipeline's   */
     /* the step in progress */
     llama_model *m;
     const int *tokens, *targets;            /* [M * Bm, T] this rank's rows                        */
@@ -58,20 +58,19 @@ typedef struct {
     pp_measured meas;
 } pp_state;
 
-static pp_state *state_of(const llama_plan *p) { return (pp_state *)p->pp_ctx; }
 
 /* ---- placement ------------------------------------------------------------------------------- */
 
 static int chunk_of_layer(const pp_state *s, int layer) { return layer / s->chunk_layers; }
 
 /* The microbatch of the action in progress. */
-static int pp_microbatch_now(const llama_plan *p) {
-    const pp_state *s = state_of(p);
+static int pp_microbatch_now(void *state, const llama_plan *p) {
+    const pp_state *s = state;
     return s->sched->a[s->rank][s->k_now].mb;
 }
 
-static bool pp_holds_layer(const llama_plan *p, int layer) {
-    const pp_state *s = state_of(p);
+static bool pp_holds_layer(void *state, const llama_plan *p, int layer) {
+    const pp_state *s = state;
     return pp_chunk_rank(s->sched, chunk_of_layer(s, layer)) == s->rank;
 }
 
@@ -88,10 +87,10 @@ static void progress_messages(pp_state *s) {
         if (s->posted[k] && s->recv[k].buf) comm_progress(&s->recv[k].req);
 }
 
-static void pipeline_linear_forward(const llama_plan *p, linear_site site, float *y, const float *x,
+static void pipeline_linear_forward(void *state, const llama_plan *p, linear_site site, float *y, const float *x,
                                     const float *W, int N, int in, int out) {
-    pp_state *s = state_of(p);
-    s->inner.linear.forward(p, site, y, x, W, N, in, out);
+    pp_state *s = state;
+    s->below_linear.forward(s->below_linear.state, p, site, y, x, W, N, in, out);
     progress_messages(s);
 }
 
@@ -99,16 +98,17 @@ static void pipeline_linear_forward(const llama_plan *p, linear_site site, float
  * on the (microbatch, chunk)'s list for its W. dy lives in a buffer the next layer reuses, so it
  * is copied; x is a saved activation of the set, kept until W, unless the plan splits the sequence
  * (then the linear's input is the shared whole-sequence buffer: copied too). */
-static void pipeline_linear_backward(const llama_plan *p, linear_site site, float *dx, dx_write how,
+static void pipeline_linear_backward(void *state, const llama_plan *p, linear_site site, float *dx, dx_write how,
                                      float *dW, const float *dy, const float *x, const float *W, int N,
                                      int in, int out) {
-    pp_state *s = state_of(p);
+    pp_state *s = state;
+    const linear_ops *below = &s->below_linear;
     if (!s->collecting) {
-        s->inner.linear.backward(p, site, dx, how, dW, dy, x, W, N, in, out);
+        below->backward(below->state, p, site, dx, how, dW, dy, x, W, N, in, out);
         progress_messages(s);
         return;
     }
-    s->inner.linear.backward(p, site, dx, how, NULL, dy, x, W, N, in, out);   /* the input gradient only */
+    below->backward(below->state, p, site, dx, how, NULL, dy, x, W, N, in, out);   /* the input gradient only */
     progress_messages(s);
     wgrad_list *l = s->collecting;
     if (l->n == l->cap) {
@@ -118,7 +118,7 @@ static void pipeline_linear_backward(const llama_plan *p, linear_site site, floa
     deferred_wgrad *d = &l->items[l->n++];
     *d = (deferred_wgrad){site, dW, device_alloc_floats((size_t)N * out, MEM_BUFFERS), NULL, x, W, N, in, out};
     device_copy(d->dy, dy, (size_t)N * out * sizeof(float));
-    if (p->seq_shards > 1) {
+    if (p->sequence.shards > 1) {
         d->x_copy = device_alloc_floats((size_t)N * in, MEM_BUFFERS);
         device_copy(d->x_copy, x, (size_t)N * in * sizeof(float));
         d->x = d->x_copy;
@@ -131,7 +131,7 @@ static void run_deferred(pp_state *s, wgrad_list *l) {
     for (int k = 0; k < l->n; k++) {
         deferred_wgrad *d = &l->items[k];
         /* BEGIN ASSIGNMENT: W's work: the weight gradient dW += dy^T x of the deferred linear d, with the plan's own linear operator (no input gradient), then free d's copies */
-        s->inner.linear.backward(p, d->site, NULL, DX_SET, d->dW, d->dy, d->x, d->W, d->N, d->in, d->out);
+        s->below_linear.backward(s->below_linear.state, p, d->site, NULL, DX_SET, d->dW, d->dy, d->x, d->W, d->N, d->in, d->out);
         device_free(d->dy);
         device_free(d->x_copy);
         /* END ASSIGNMENT */
@@ -277,9 +277,9 @@ static void weight_action(pp_state *s, int mb, int c) {
 
 /* ---- the executor: this rank's list of actions, in order ------------------------------------- */
 
-static float pipeline_forward_backward(const llama_plan *p, llama_model *m, const int *tokens,
+static float pipeline_forward_backward(void *state, const llama_plan *p, llama_model *m, const int *tokens,
                                        const int *targets, float loss_scale, const float **dh0) {
-    pp_state *s = state_of(p);
+    pp_state *s = state;
     int n = s->sched->n[s->rank];
     s->m = m;
     s->tokens = tokens;
@@ -314,7 +314,7 @@ static float pipeline_forward_backward(const llama_plan *p, llama_model *m, cons
         comm_wait(&s->sends[i].req);
         device_free(s->sends[i].buf);
     }
-    if (p->reduce_grads && !m->accumulating) p->reduce_grads(p, m);
+    if (p->reduce_grads.reduce && !m->accumulating) p->reduce_grads.reduce(p->reduce_grads.state, p, m);
     s->meas.step_seconds = (device_synchronize(), wall_seconds()) - t_step;
     *dh0 = s->dh0;
     /* the loss lives on the last chunk's rank: the sum over the pipeline gives it to every stage */
@@ -337,8 +337,28 @@ void pipeline_validate(const llama_config *c, int batch, int pp, const pp_option
     pp_schedule_free(s);
 }
 
+static void pipeline_free_state(void *state) {
+    pp_state *s = state;
+    int sets = s->M * s->P * s->V;
+    for (int i = 0; i < sets; i++) free(s->deferred[i].items);
+    device_free(s->dh0);
+    pp_schedule_free(s->sched);
+    comm_links_free(s->links);
+    free(s->sets); free(s->deferred); free(s->mailbox);
+    free(s->recv); free(s->posted); free(s->events); free(s->sends);
+    free(s);
+}
+const plan_technique pipeline_technique = {"pipeline", pipeline_free_state};
+static pp_state *state_of(const llama_plan *p) { return plan_state(p, &pipeline_technique); }
+
 void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const pp_options *o) {
-    pp_state *s = calloc(1, sizeof *s);
+    /* The pipeline schedules the layers of the plan below it; a technique that wraps the weight
+     * access or the optimizer (chapter 04's data parallelism) reduces the gradients after the whole
+     * schedule, so it must be applied on top of the pipeline, not under it. */
+    if (plan->weights.acquire != weights_resident.acquire || plan->optimizer.step)
+        comm_exit_usage("pipeline_apply: apply the pipeline before data parallelism: FSDP's weight access and "
+                        "gradient reduction wrap the whole schedule");
+    pp_state *s = plan_push(plan, &pipeline_technique, calloc(1, sizeof(pp_state)), 0);
     s->pp = mesh->group[MESH_PP];
     s->links = o->shared_p2p ? comm_shared_links(s->pp) : comm_ring_links(s->pp);
     s->P = s->pp->size;
@@ -349,7 +369,6 @@ void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, 
     s->chunk_layers = c->n_layers / (s->P * s->V);
     char why[256];
     s->sched = pp_schedule_build(o->schedule, s->P, s->M, s->V, why, sizeof why);   /* validated */
-    s->inner = *plan;
     int sets = s->M * s->P * s->V, n = s->sched->n[s->rank];
     s->sets = calloc((size_t)sets, sizeof *s->sets);
     s->deferred = calloc((size_t)sets, sizeof *s->deferred);
@@ -359,27 +378,9 @@ void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, 
     s->events = calloc((size_t)n, sizeof *s->events);
 
     plan->name = "pipeline";
-    plan->mesh = mesh;
-    plan->holds_layer = pp_holds_layer;
-    plan->microbatches = s->M;
-    plan->microbatch_now = pp_microbatch_now;
-    plan->forward_backward = pipeline_forward_backward;
-    plan->linear = (linear_ops){pipeline_linear_forward, pipeline_linear_backward};
-    plan->pp_ctx = s;
-}
-
-void pipeline_free(llama_plan *plan) {
-    pp_state *s = state_of(plan);
-    if (!s) return;
-    int sets = s->M * s->P * s->V;
-    for (int i = 0; i < sets; i++) free(s->deferred[i].items);
-    device_free(s->dh0);
-    pp_schedule_free(s->sched);
-    comm_links_free(s->links);
-    free(s->sets); free(s->deferred); free(s->mailbox);
-    free(s->recv); free(s->posted); free(s->events); free(s->sends);
-    free(s);
-    plan->pp_ctx = NULL;
+    plan->groups.mesh = mesh;
+    plan->schedule = (schedule_ops){s, s->M, pp_holds_layer, pp_microbatch_now, pipeline_forward_backward};
+    plan_wrap(plan->linear, s->below_linear, ((linear_ops){s, pipeline_linear_forward, pipeline_linear_backward}));
 }
 
 const pp_schedule *pipeline_schedule(const llama_plan *plan) { return state_of(plan)->sched; }

@@ -65,7 +65,8 @@ void pipeline_validate(const llama_config *c, int batch, int pp, const pp_option
  * chapter 01's tensor-parallel one within each stage): the layers this rank holds, the schedule
  * that runs the step, and (zb-h1) the linear operator that defers the weight gradients. */
 void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const pp_options *o);
-void pipeline_free(llama_plan *plan);
+/* The technique as the plan's stack records it (plan_free frees its state). */
+extern const plan_technique pipeline_technique;
 
 const pp_schedule *pipeline_schedule(const llama_plan *plan);
 /* The last step's actions on this rank, in order, and its measured figures. */

@@ -19,14 +19,14 @@ static float *gather_floats(const float *mine, int n) {
 
 static int pp_coord(const llama_plan *plan, int world_rank) {
     int coord[MESH_NDIMS];
-    mesh_coords_of(&plan->mesh->shape, world_rank, coord);
+    mesh_coords_of(&plan->groups.mesh->shape, world_rank, coord);
     return coord[MESH_PP];
 }
 
 int report_pipeline_memory(const llama_plan *plan) {
     const pp_schedule *s = pipeline_schedule(plan);
     pp_measured me = pipeline_measured(plan);
-    int r = plan->mesh->coord[MESH_PP];
+    int r = plan->groups.mesh->coord[MESH_PP];
     int formula = pp_peak_in_flight_formula(s->kind, s->P, s->M, s->V, r);
     double expect_bytes = (double)formula * me.set_bytes;
     int bad = me.peak_sets != formula || (double)me.peak_set_bytes != expect_bytes;
@@ -51,8 +51,8 @@ int report_pipeline_memory(const llama_plan *plan) {
 
 int report_pipeline_messages(const run_options *o, const llama_plan *plan, const llama_model *m) {
     const pp_schedule *s = pipeline_schedule(plan);
-    comm_group *pp = plan->mesh->group[MESH_PP];
-    bool counted = plan->mesh->coord[MESH_TP] == 0;   /* one pipeline: every tp rank runs its own */
+    comm_group *pp = plan->groups.mesh->group[MESH_PP];
+    bool counted = plan->groups.mesh->coord[MESH_TP] == 0;   /* one pipeline: every tp rank runs its own */
     double sends = counted ? (double)pp->stats[COLL_SEND].calls / o->steps : 0;
     double bytes = counted ? pp->stats[COLL_SEND].payload_bytes / o->steps : 0;
     sends = comm_host_sum(comm_world(), sends);
@@ -84,7 +84,7 @@ void report_pipeline_bubble(const run_options *o, const llama_plan *plan) {
     mine[1] = (float)(1 - me.busy_seconds / step);
     for (int i = 0; i < n; i++) {
         float *row = mine + 2 + 6 * i;
-        row[0] = (float)plan->mesh->coord[MESH_PP];
+        row[0] = (float)plan->groups.mesh->coord[MESH_PP];
         row[1] = (float)e[i].a.op; row[2] = (float)e[i].a.mb; row[3] = (float)e[i].a.chunk;
         row[4] = (float)(1e3 * e[i].t0); row[5] = (float)(1e3 * e[i].t1);
     }
@@ -102,7 +102,7 @@ void report_pipeline_bubble(const run_options *o, const llama_plan *plan) {
         for (int q = 0; q < w->size; q++) {
             const float *x = all + (size_t)(6 * most + 2) * q;
             int qcoord[MESH_NDIMS];
-            mesh_coords_of(&plan->mesh->shape, q, qcoord);
+            mesh_coords_of(&plan->groups.mesh->shape, q, qcoord);
             if (qcoord[MESH_TP] != 0) continue;           /* one pipeline */
             idle += x[1];
             ranks++;

@@ -18,7 +18,7 @@ typedef struct {
     comm_group *cp;
     int C, r;
     int chunks[2];                  /* the 2 of 2C chunks this rank holds, in its row order      */
-    llama_plan inner;               /* the plan's operators before context parallelism           */
+    grad_reduce_ops below_reduce;   /* the gradient reduction the plan owed before CP's          */
     double work;                    /* score elements of the last forward, per (sequence, head)  */
     size_t forward_set, backward_set; /* bytes of scratch the last forward / backward held at most */
     bool record;                    /* keep the ring's timeline (context_parallel_record_timeline) */
@@ -27,7 +27,9 @@ typedef struct {
     bool no_lse_rescale;            /* --fault no-lse-rescale                                   */
 } cp_state;
 
-static cp_state *state_of(const llama_plan *p) { return (cp_state *)p->cp_ctx; }
+static void context_parallel_free_state(void *state) { free(state); }
+const plan_technique context_parallel_technique = {"context parallel", context_parallel_free_state};
+static cp_state *state_of(const llama_plan *p) { return plan_state(p, &context_parallel_technique); }
 
 static const char *method_names[CP_NMETHODS] = {"ring", "allgather", "alltoall"};
 static const char *balance_names[CP_NBALANCES] = {"contiguous", "zigzag"};
@@ -59,8 +61,8 @@ void cp_working_set_formula(cp_method method, int C, int B, int Tl, int H, int H
 }
 
 /* The RoPE positions of this rank's Tl = T / C rows: its two chunks' positions, in order. */
-static void cp_positions(const llama_plan *p, int *positions, int Tl) {
-    const cp_state *s = state_of(p);
+static void cp_positions(void *state, const llama_plan *p, int *positions, int Tl) {
+    const cp_state *s = state;
     int Tc = Tl / 2;
     for (int i = 0; i < 2; i++)
         for (int t = 0; t < Tc; t++) positions[i * Tc + t] = s->chunks[i] * Tc + t;
@@ -332,9 +334,9 @@ static void ulysses_backward(cp_state *s, const cp_shape *z, float *dq, float *d
 }
 
 /* ---- the attention operator: the method's, with its scratch measured ------------------------- */
-static void cp_attention_forward(const llama_plan *p, float *out, float *probs, const float *q,
+static void cp_attention_forward(void *state, const llama_plan *p, float *out, float *probs, const float *q,
                                  const float *k, const float *v, int B, int Tl, int H, int Hkv, int hd) {
-    cp_state *s = state_of(p);
+    cp_state *s = state;
     cp_shape z = {B, Tl, Tl / 2, H, Hkv, hd};
     size_t base = mem_mark(MEM_BUFFERS);
     s->work = 0;
@@ -348,10 +350,10 @@ static void cp_attention_forward(const llama_plan *p, float *out, float *probs, 
     s->forward_set = mem_mark_peak(MEM_BUFFERS) - base;
 }
 
-static void cp_attention_backward(const llama_plan *p, float *dq, float *dk, float *dv, float *dprobs,
+static void cp_attention_backward(void *state, const llama_plan *p, float *dq, float *dk, float *dv, float *dprobs,
                                   const float *dout, const float *out, const float *q, const float *k,
                                   const float *v, const float *probs, int B, int Tl, int H, int Hkv, int hd) {
-    cp_state *s = state_of(p);
+    cp_state *s = state;
     cp_shape z = {B, Tl, Tl / 2, H, Hkv, hd};
     size_t base = mem_mark(MEM_BUFFERS);
     if (s->o.method == CP_ALLTOALL) ulysses_backward(s, &z, dq, dk, dv, dout, out, q, k, v, probs);
@@ -361,14 +363,14 @@ static void cp_attention_backward(const llama_plan *p, float *dq, float *dk, flo
 
 /* Saved per layer: the log-sum-exp of every (sequence, head, row), B H Tl floats, whatever the
  * method (the single-device operator keeps the softmax, B H T^2). */
-static size_t cp_saved_numel(const llama_plan *p, int B, int Tl, int H) { return (size_t)B * H * Tl; }
+static size_t cp_saved_numel(void *state, const llama_plan *p, int B, int Tl, int H) { return (size_t)B * H * Tl; }
 
 /* The parameters are replicated over cp and each rank's gradient is its rows' share: their sum,
  * one all-reduce of the gradient block over cp (the whole tensors, or under FSDP the dp shard
  * this rank keeps, the same shard on every cp rank), after what the inner plan owes. */
-static void cp_reduce_grads(const llama_plan *p, llama_model *m) {
-    cp_state *s = state_of(p);
-    if (s->inner.reduce_grads) s->inner.reduce_grads(p, m);
+static void cp_reduce_grads(void *state, const llama_plan *p, llama_model *m) {
+    cp_state *s = state;
+    if (s->below_reduce.reduce) s->below_reduce.reduce(s->below_reduce.state, p, m);
     if (s->C > 1) comm_all_reduce(s->cp, m->params->grads, param_block_numel(m->params, m->params->grads), COMM_SUM);
 }
 
@@ -387,25 +389,19 @@ void context_parallel_validate(const llama_config *c, int cp, int tp, const cp_o
 }
 
 void context_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const cp_options *o) {
-    cp_state *s = calloc(1, sizeof *s);
+    cp_state *s = plan_push(plan, &context_parallel_technique, calloc(1, sizeof(cp_state)), 0);
     s->o = *o;
     s->cp = mesh->group[MESH_CP];
     s->C = s->cp->size;
     s->r = s->cp->rank;
     cp_chunks_of(o->balance, s->r, s->C, s->chunks);
-    s->inner = *plan;
     plan->name = "context parallel";
-    plan->mesh = mesh;
-    plan->cp = s->cp;
-    plan->positions = cp_positions;
-    plan->attention = (attention_ops){cp_attention_forward, cp_attention_backward, cp_saved_numel};
-    plan->reduce_grads = cp_reduce_grads;
-    plan->cp_ctx = s;
-}
-
-void context_parallel_free(llama_plan *plan) {
-    free(plan->cp_ctx);
-    plan->cp_ctx = NULL;
+    plan->groups.mesh = mesh;
+    plan->groups.cp = s->cp;
+    plan->sequence.state = s;
+    plan->sequence.positions = cp_positions;
+    plan->attention = (attention_ops){s, cp_attention_forward, cp_attention_backward, cp_saved_numel};
+    plan_wrap(plan->reduce_grads, s->below_reduce, ((grad_reduce_ops){s, cp_reduce_grads}));
 }
 
 double context_parallel_work(const llama_plan *plan) { return state_of(plan)->work; }

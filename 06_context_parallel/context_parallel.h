@@ -63,7 +63,8 @@ void context_parallel_validate(const llama_config *c, int cp, int tp, const cp_o
  * chapter 01's tensor-parallel one: heads split by tp, rows by cp): the rows and positions of
  * this rank, the attention operator of the method, the gradient all-reduce over cp. */
 void context_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const cp_options *o);
-void context_parallel_free(llama_plan *plan);
+/* The technique as the plan's stack records it (plan_free frees its state). */
+extern const plan_technique context_parallel_technique;
 
 /* Score elements this rank computed in its last attention forward (one layer), per (sequence,
  * head): what the balance is about. alltoall computes every score of its H / C heads, T^2 / C. */

@@ -11,7 +11,7 @@
 
 /* Each rank's score elements per (sequence, head) in one layer's forward, beside the formula. */
 int cp_report_attention_work(const llama_plan *plan, const cp_options *o, int T) {
-    int C = plan->cp->size, r = plan->cp->rank;
+    int C = plan->groups.cp->size, r = plan->groups.cp->rank;
     bool dense = o->method == CP_ALLTOALL;   /* every score of H / C heads: T^2 / C per head */
     float mine[2] = {(float)context_parallel_work(plan), dense ? (float)((double)T * T / C) : (float)cp_work_formula(o->balance, r, C, T)};
     comm_group *w = comm_world();
@@ -24,7 +24,7 @@ int cp_report_attention_work(const llama_plan *plan, const cp_options *o, int T)
         bool ok = all[2 * q] == all[2 * q + 1];
         bad += !ok;
         int coord[MESH_NDIMS];
-        mesh_coords_of(&plan->mesh->shape, q, coord);
+        mesh_coords_of(&plan->groups.mesh->shape, q, coord);
         log0("  rank %d (cp %d): %8.0f | %8.0f  %s %s\n", q, coord[MESH_CP], all[2 * q], all[2 * q + 1],
              dense ? "T^2 / C (T x T for H / C heads)" : o->balance == CP_ZIGZAG ? "(2C + 1) Tc^2" : "(4 r + 3) Tc^2",
              ok ? "" : "MISMATCH");
@@ -38,35 +38,35 @@ int cp_report_attention_work(const llama_plan *plan, const cp_options *o, int T)
 /* The cp group's traffic per step beside the method's formula. */
 int cp_report_traffic(const run_options *o, const llama_plan *plan, const llama_model *m,
                                   const cp_options *cp) {
-    int C = plan->cp->size, L = o->model.n_layers;
+    int C = plan->groups.cp->size, L = o->model.n_layers;
     double block = 4.0 * 2 * m->d.B * m->d.T * m->d.Hkvl * m->d.hd;   /* a K/V block: k and v, bytes */
     double rows = (double)m->d.B * m->d.T;                             /* this rank's rows, B Tl */
     comm_expectation e[5];
     int n = 0;
     if (C > 1 && cp->method == CP_RING) {
         double sends = L * (3.0 * C - 2);   /* forward C-1 blocks; backward C-1 blocks and C gradients */
-        e[n++] = (comm_expectation){plan->cp, COLL_SEND, sends, sends * block, "L (3C-2) x 2 B Tl Hkv hd x 4"};
-        e[n++] = (comm_expectation){plan->cp, COLL_RECV, sends, sends * block, "L (3C-2) x 2 B Tl Hkv hd x 4"};
+        e[n++] = (comm_expectation){plan->groups.cp, COLL_SEND, sends, sends * block, "L (3C-2) x 2 B Tl Hkv hd x 4"};
+        e[n++] = (comm_expectation){plan->groups.cp, COLL_RECV, sends, sends * block, "L (3C-2) x 2 B Tl Hkv hd x 4"};
     } else if (cp->method == CP_ALLGATHER) {   /* (on one rank too: a gather of one block) */
-        e[n++] = (comm_expectation){plan->cp, COLL_ALL_GATHER, 2.0 * L, 2.0 * L * C * block, "2 L x C x 2 B Tl Hkv hd x 4"};
-        e[n++] = (comm_expectation){plan->cp, COLL_REDUCE_SCATTER, L, (double)L * C * block, "L x C x 2 B Tl Hkv hd x 4"};
+        e[n++] = (comm_expectation){plan->groups.cp, COLL_ALL_GATHER, 2.0 * L, 2.0 * L * C * block, "2 L x C x 2 B Tl Hkv hd x 4"};
+        e[n++] = (comm_expectation){plan->groups.cp, COLL_REDUCE_SCATTER, L, (double)L * C * block, "L x C x 2 B Tl Hkv hd x 4"};
     } else if (cp->method == CP_ALLTOALL) {   /* forward q k v out, backward q k v out dout dq dk dv */
         double bytes = 4.0 * 6 * L * rows * (m->d.Hl + m->d.Hkvl) * m->d.hd;
-        e[n++] = (comm_expectation){plan->cp, COLL_ALL_TO_ALL, 12.0 * L, bytes, "6 L x B Tl (H + Hkv) hd x 4"};
+        e[n++] = (comm_expectation){plan->groups.cp, COLL_ALL_TO_ALL, 12.0 * L, bytes, "6 L x B Tl (H + Hkv) hd x 4"};
     }
     if (C > 1)
-        e[n++] = (comm_expectation){plan->cp, COLL_ALL_REDUCE, 1, 4.0 * m->params->whole_numel, "Psi x 4 (the gradients)"};
-    comm_group *groups[2] = {plan->cp, plan->tp};
-    if (plan->tp)   /* CP x TP: chapter 01's f and g inside each cp rank, on this rank's rows */
-        e[n++] = (comm_expectation){plan->tp, COLL_ALL_REDUCE, 4.0 * L, 4.0 * L * rows * m->d.D * 4, "4 L x B Tl D x 4"};
-    return report_communication(groups, plan->tp ? 2 : 1, o->steps, e, n);
+        e[n++] = (comm_expectation){plan->groups.cp, COLL_ALL_REDUCE, 1, 4.0 * m->params->whole_numel, "Psi x 4 (the gradients)"};
+    comm_group *groups[2] = {plan->groups.cp, plan->groups.tp};
+    if (plan->groups.tp)   /* CP x TP: chapter 01's f and g inside each cp rank, on this rank's rows */
+        e[n++] = (comm_expectation){plan->groups.tp, COLL_ALL_REDUCE, 4.0 * L, 4.0 * L * rows * m->d.D * 4, "4 L x B Tl D x 4"};
+    return report_communication(groups, plan->groups.tp ? 2 : 1, o->steps, e, n);
 }
 
 /* What attention keeps and uses per layer on this rank, measured by the allocator beside the
  * formulas; the single-device softmax for comparison. */
 int cp_report_attention_memory(const llama_plan *plan, const llama_model *m, const cp_options *o) {
     const llama_dims *d = &m->d;
-    int C = plan->cp->size, T = d->T * C;
+    int C = plan->groups.cp->size, T = d->T * C;
     size_t forward, backward;
     context_parallel_working_sets(plan, &forward, &backward);
     double f_forward, f_backward;
@@ -93,7 +93,7 @@ int cp_report_attention_memory(const llama_plan *plan, const llama_model *m, con
 void cp_write_ring_timeline(const llama_plan *plan, const char *path) {
     const cp_event *ev;
     int n = context_parallel_timeline(plan, &ev);
-    comm_group *cp = plan->cp;
+    comm_group *cp = plan->groups.cp;
     enum { F = 5, MAX = 2 * CP_MAX_RANKS };
     float mine[MAX * F] = {0}, *all = cp->rank == 0 ? calloc((size_t)cp->size * MAX * F, sizeof(float)) : NULL;
     double first = comm_host_max(cp, -(n ? ev[0].t0 : 1e300));   /* -(earliest start) */

@@ -106,6 +106,6 @@ int main(int argc, char **argv) {
     run_clock_report(&clock, o.steps);
 
     llama_free(model);
-    context_parallel_free(&plan);
+    plan_free(&plan);
     return run_finish(&o, mismatches);
 }

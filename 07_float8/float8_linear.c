@@ -20,7 +20,7 @@ typedef enum { ALONG_ROWS = 0, ALONG_COLS } scale_axis;   /* the contraction run
 
 typedef struct fp8_state_s {
     fp8_options o;
-    linear_ops inner;               /* the GEMM on the dequantized operands: the plan's linear before */
+    linear_ops below;               /* the GEMM on the dequantized operands: the plan's linear before */
     comm_group *tp;                 /* NULL: no tensor parallelism                                  */
     shard_layout layout[P_NKINDS];
     int sites;                      /* L * P_NKINDS: a site is layer * P_NKINDS + kind             */
@@ -28,7 +28,7 @@ typedef struct fp8_state_s {
                                      * stand-ins for the dp ranks' rows; 1 otherwise)               */
     bool local_amax;                /* --fault local-amax                                          */
     int M;                          /* microbatches a pipeline keeps in flight (1: none)           */
-    int mb;                         /* the microbatch of the call in progress (plan->microbatch_now) */
+    int mb;                         /* the microbatch of the call in progress (plan->schedule.microbatch_now) */
     float *forward_scale;           /* [M][sites][groups + 1]: x's tensorwise scales (per row block)
                                      * and W's, from the forward, for the backward of the same
                                      * microbatch (a pipeline runs other forwards in between)      */
@@ -47,7 +47,7 @@ typedef struct fp8_state_s {
     float *stash_scale;             /* [dp ranks][M][sites][CASTS][tp ranks] each tp rank's tensorwise
                                      * scale                                                        */
     int stash_ranks;                /* tp ranks                                                     */
-    comm_group *dp;                 /* the data ranks (plan->batch): their codes gathered to data
+    comm_group *dp;                 /* the data ranks (plan->groups.batch): their codes gathered to data
                                      * rank 0 (NULL: none)                                          */
     int stash_dp;                   /* data ranks (1: none)                                         */
     struct fp8_state_s *peer;
@@ -66,7 +66,9 @@ float8_format fp8_role_format(fp8_recipe r, int role) {
     return role == FP8_CAST_DY && r != FP8_ROWWISE ? FLOAT8_E5M2 : FLOAT8_E4M3;
 }
 
-static fp8_state *state_of(const llama_plan *p) { return (fp8_state *)p->linear_ctx; }
+static void float8_free_state(void *state);
+const plan_technique float8_technique = {"float8", float8_free_state};
+static fp8_state *state_of(const llama_plan *p) { return plan_state(p, &float8_technique); }
 static int site_index(linear_site at) { return at.layer * P_NKINDS + at.kind; }
 
 /* ---- accuracy ---------------------------------------------------------------------------------
@@ -198,7 +200,7 @@ static void keep_or_compare(fp8_state *s, linear_site at, int cast, int group, c
                             float8_format fmt) {
     if (s->step != 1 || (!s->stash && !s->peer)) return;
     /* (a pipeline: the layers of other stages are not on this process to compare) */
-    if (s->peer && s->peer_plan->holds_layer && !s->peer_plan->holds_layer(s->peer_plan, at.layer)) return;
+    if (s->peer && !plan_holds(s->peer_plan, at.layer + 1, at.kind, at.layer)) return;
     int R, Cn;
     float *codes = gather_codes(s, x, scale, scales, how, rows, cols, layout, fmt, &R, &Cn);
     if (s->stash) {
@@ -388,11 +390,15 @@ static void fp8_bytes_backward(fp8_state *s, float *dx, float *dW_here, const fl
 /* ---- the operator -----------------------------------------------------------------------------*/
 
 /* The microbatch a pipeline is running (chapter 05), 0 otherwise. */
-static int microbatch_now(const llama_plan *p) { return p->microbatch_now ? p->microbatch_now(p) : 0; }
+static int microbatch_now(const llama_plan *p) {
+    const schedule_ops *s = &p->schedule;
+    return s->microbatch_now ? s->microbatch_now(s->state, p) : 0;
+}
 /* The first layer this rank runs: its forward of wq in microbatch 0 begins a training step. */
 static int first_held_layer(const llama_plan *p) {
     int l = 0;
-    while (p->holds_layer && !p->holds_layer(p, l)) l++;
+    const schedule_ops *s = &p->schedule;
+    while (s->holds_layer && !s->holds_layer(s->state, p, l)) l++;
     return l;
 }
 /* The forward's scales of site `at` in the current microbatch, kept for its backward. */
@@ -403,11 +409,11 @@ static float *forward_scales(fp8_state *s, linear_site at) {
 /* y [N, out] (=) = x [N, in] W [out, in]^T on E4M3 operands. Issues: tensorwise/delayed one
  * all-reduce (MAX, 1 float) for W when tp cuts it and one for x when tp cuts x (row-parallel);
  * rowwise, on a row-parallel site, one of N floats for x's rows and one of out for W's rows. */
-static void fp8_linear_forward(const llama_plan *p, linear_site at, float *y, const float *x, const float *W,
-                               int N, int in, int out) {
-    fp8_state *s = state_of(p);
+static void fp8_linear_forward(void *state, const llama_plan *p, linear_site at, float *y, const float *x,
+                               const float *W, int N, int in, int out) {
+    fp8_state *s = state;
     if (!in_blocks(at)) {
-        s->inner.forward(p, at, y, x, W, N, in, out);
+        s->below.forward(s->below.state, p, at, y, x, W, N, in, out);
         return;
     }
     s->mb = microbatch_now(p);
@@ -420,7 +426,7 @@ static void fp8_linear_forward(const llama_plan *p, linear_site at, float *y, co
                  scale, false);
     cast_operand(s, at, OPERAND_W, 1, w_cut, Wq, W, out, in, ALONG_ROWS, row || col, row,
                  fp8_role_format(s->o.recipe, FP8_CAST_W), scale + s->groups, false);
-    if (s->o.recipe == FP8_ROWWISE) s->inner.forward(p, at, y, xq, Wq, N, in, out);
+    if (s->o.recipe == FP8_ROWWISE) s->below.forward(s->below.state, p, at, y, xq, Wq, N, in, out);
     else fp8_bytes_forward(s, y, x, W, N, in, out, scale);
 
     /* against fp32: the casts, and the product */
@@ -439,11 +445,11 @@ static void fp8_linear_forward(const llama_plan *p, linear_site at, float *y, co
  * (its amax agreed over tp on a column-parallel site). Rowwise: each GEMM casts its operands along
  * its own contraction: dx's over out (dy's rows, W's columns; agreed over tp on a column-parallel
  * site), dW's over the tokens (dy's and x's columns; never cut). */
-static void fp8_linear_backward(const llama_plan *p, linear_site at, float *dx, dx_write how, float *dW,
-                                const float *dy, const float *x, const float *W, int N, int in, int out) {
-    fp8_state *s = state_of(p);
+static void fp8_linear_backward(void *state, const llama_plan *p, linear_site at, float *dx, dx_write how,
+                                float *dW, const float *dy, const float *x, const float *W, int N, int in, int out) {
+    fp8_state *s = state;
     if (!in_blocks(at)) {
-        s->inner.backward(p, at, dx, how, dW, dy, x, W, N, in, out);
+        s->below.backward(s->below.state, p, at, dx, how, dW, dy, x, W, N, in, out);
         return;
     }
     s->mb = microbatch_now(p);
@@ -469,13 +475,13 @@ static void fp8_linear_backward(const llama_plan *p, linear_site at, float *dx, 
     cast_operand(s, at, OPERAND_X, 4, x_cut, xq, x, N, in, ALONG_COLS, false, false, fx, scale, true);
     if (rowwise) cast_operand(s, at, OPERAND_DY, 5, dy_cut, dy_cols, dy, N, out, ALONG_COLS, false, false, fdy, dy_scale, false);
 
-    /* the two GEMMs: rowwise with the inner plan's operator on the dequantized operands, the
+    /* the two GEMMs: rowwise with the operator below (the plan's before float8) on the dequantized operands, the
      * per-tensor recipes on float8 bytes */
     if (rowwise) {
-        if (dx) s->inner.backward(p, at, dx_here, DX_SET, NULL, dyq, xq, Wq, N, in, out);
+        if (dx) s->below.backward(s->below.state, p, at, dx_here, DX_SET, NULL, dyq, xq, Wq, N, in, out);
         if (dW) {
             device_zero(dW_here, n_w * sizeof(float));
-            s->inner.backward(p, at, NULL, DX_SET, dW_here, dy_cols, xq, Wq, N, in, out);
+            s->below.backward(s->below.state, p, at, NULL, DX_SET, dW_here, dy_cols, xq, Wq, N, in, out);
         }
     } else {
         fp8_bytes_backward(s, dx_here, dW_here, dy, x, W, N, in, out, scale, dy_scale);
@@ -509,10 +515,9 @@ static void fp8_linear_backward(const llama_plan *p, linear_site at, float *dx, 
 
 void float8_apply(llama_plan *plan, const llama_config *c, const fp8_options *o) {
     if (o->recipe == FP8_OFF) return;
-    fp8_state *s = calloc(1, sizeof *s);
+    fp8_state *s = plan_push(plan, &float8_technique, calloc(1, sizeof(fp8_state)), 0);
     s->o = *o;
-    s->inner = plan->linear;
-    s->tp = plan->tp && plan->tp->size > 1 ? plan->tp : NULL;
+    s->tp = plan->groups.tp && plan->groups.tp->size > 1 ? plan->groups.tp : NULL;
     memcpy(s->layout, plan->layout, sizeof s->layout);
     s->sites = c->n_layers * P_NKINDS;
     s->groups = o->activation_groups > 1 ? o->activation_groups : 1;
@@ -525,8 +530,7 @@ void float8_apply(llama_plan *plan, const llama_config *c, const fp8_options *o)
     }
     s->scalar = device_alloc_floats(1, MEM_BUFFERS);
     for (int r = 0; r < FP8_NROLES; r++) s->worst[r] = s->first[r] = INFINITY;
-    plan->linear = (linear_ops){fp8_linear_forward, fp8_linear_backward};
-    plan->linear_ctx = s;
+    plan_wrap(plan->linear, s->below, ((linear_ops){s, fp8_linear_forward, fp8_linear_backward}));
 }
 
 const char *float8_shape_error(const llama_config *c, int tp, int rows, fp8_recipe r) {
@@ -552,9 +556,8 @@ const char *float8_shape_error(const llama_config *c, int tp, int rows, fp8_reci
     return NULL;
 }
 
-void float8_free(llama_plan *plan) {
-    fp8_state *s = state_of(plan);
-    if (!s) return;
+static void float8_free_state(void *state) {
+    fp8_state *s = state;
     free(s->forward_scale);
     free(s->dy_scale);
     free(s->history);
@@ -565,7 +568,6 @@ void float8_free(llama_plan *plan) {
     free(s->stash_scale);
     device_free(s->scalar);
     free(s);
-    plan->linear_ctx = NULL;
 }
 
 void float8_worst_sqnr(const llama_plan *plan, double first[FP8_NROLES], double worst[FP8_NROLES],
@@ -581,7 +583,7 @@ void float8_worst_sqnr(const llama_plan *plan, double first[FP8_NROLES], double 
 void float8_compare_casts(llama_plan *parallel, llama_plan *baseline) {
     fp8_state *p = state_of(parallel), *b = state_of(baseline);
     if (!p || !b) return;
-    p->dp = parallel->batch && parallel->batch->size > 1 ? parallel->batch : NULL;
+    p->dp = parallel->groups.batch && parallel->groups.batch->size > 1 ? parallel->groups.batch : NULL;
     p->stash_dp = p->dp ? p->dp->size : 1;
     size_t slots = (size_t)p->stash_dp * p->M * p->sites * CASTS;
     p->stash = calloc(slots, sizeof *p->stash);

@@ -24,9 +24,9 @@
  * The GEMM itself. Tensorwise and delayed hand float8 bytes and their scales to gemm_fp8.h:
  * cuBLASLt's float8 GEMM on a GPU; on the CPU its twin decodes them into an fp32 GEMM, torchao's
  * emulation (q / s: exactly the products a float8 tensor core sums, in fp32). Rowwise, a scale per
- * row, runs that emulation on both backends through the inner plan's linear operator. Either way
+ * row, runs that emulation on both backends through the linear operator it wraps (the plan's before it). Either way
  * the operator composes with chapter 01's tensor parallelism and chapter 04's sharded data
- * parallelism (each keeps its state in its own field of the plan, this operator in plan->linear_ctx).
+ * parallelism (each operator carries its technique's state; this one's is float8_technique's).
  *
  * Across tensor-parallel shards: a shard's amax is not the tensor's, so before a tensor cut by tp
  * is cast, its amax is MAX-all-reduced over tp (for rowwise, the amaxes of the rows that the cut
@@ -66,7 +66,8 @@ const char *fp8_role_name(int role);
 /* Wraps plan->linear with the float8 linear (does nothing for FP8_OFF). The plan's tp group and
  * layouts must be final (apply it after chapter 01's plan). */
 void float8_apply(llama_plan *plan, const llama_config *c, const fp8_options *o);
-void float8_free(llama_plan *plan);
+/* The technique as the plan's stack records it (plan_free frees its state). */
+extern const plan_technique float8_technique;
 
 /* NULL, or why the recipe cannot run this model (one line): tensorwise and delayed multiply
  * float8 bytes with cuBLASLt's float8 GEMM (gemm_fp8.h), which needs a GPU of compute capability
@@ -86,7 +87,7 @@ void float8_worst_sqnr(const llama_plan *plan, double first[FP8_NROLES], double 
                        linear_site where[FP8_NROLES]);
 
 /* Step 1's casts of the two runs, code by code: the parallel run's plan keeps each cast's codes
- * (gathered over tp to its tp rank 0, then over the data ranks, plan->batch, to world rank 0; every
+ * (gathered over tp to its tp rank 0, then over the data ranks, plan->groups.batch, to world rank 0; every
  * pipeline microbatch apart), the baseline's operator (on world rank 0) compares its own with them,
  * its row block g with data rank g / M's microbatch g % M, in the order the baseline casts. Counts,
  * on world rank 0, up to and including the first cast with a neighbour, and after it: */

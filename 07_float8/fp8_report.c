@@ -126,15 +126,15 @@ int float8_report_traffic(const run_options *o, device_mesh *mesh, const llama_p
             log0("float8 all-gather: the block weights (S Psi_blocks = %.0f elements with the padding) move %s per "
                  "gather instead of %s, a quarter\n", blocks, fmt_bytes(blocks), fmt_bytes(4 * blocks));
     }
-    if (plan->tp) {
+    if (plan->groups.tp) {
         double calls = 4 * L + (fp8 ? 14 * L : 0) + (fp8_gather ? 14 * L : 0);
         double bytes = 4 * L * N * D * 4 + (!fp8 ? 0 : rowwise ? 7 * L * (N + D) * 4 : 14 * L * 4) + (fp8_gather ? 14 * L * 4 : 0);
         const char *formula = !fp8 ? "4 L x N D x 4"
                             : rowwise ? "4 L x N D x 4 + 14 L amaxes: 7 L (N + D) x 4"
                             : fp8_gather ? "4 L x N D x 4 + 28 L amaxes of 4 bytes"
                                          : "4 L x N D x 4 + 14 L amaxes of 4 bytes";
-        groups[n_groups++] = plan->tp;
-        e[n++] = (comm_expectation){plan->tp, COLL_ALL_REDUCE, calls, bytes, formula};
+        groups[n_groups++] = plan->groups.tp;
+        e[n++] = (comm_expectation){plan->groups.tp, COLL_ALL_REDUCE, calls, bytes, formula};
     }
     return n_groups ? report_communication(groups, n_groups, o->steps, e, n) : 0;
 }

@@ -98,7 +98,7 @@ int main(int argc, char **argv) {
     llama_plan plan = tensor_parallel_or_single(mesh, c);
     dp_gather_ops gather = {0};
     if (S > 1) {
-        if (co.fp8_all_gather) gather = float8_all_gather_ops(plan.tp);
+        if (co.fp8_all_gather) gather = float8_all_gather_ops(plan.groups.tp);
         dp_options dp = {DP_FSDP, true, true, 64 * 256, co.fp8_all_gather ? &gather : NULL};
         data_parallel_apply(&plan, mesh, c, &dp);
     }
@@ -155,9 +155,8 @@ int main(int argc, char **argv) {
     run_clock_report(&clock, o.steps);
 
     llama_free(model);
-    float8_free(&plan);
-    float8_free(&baseline);
-    if (S > 1) data_parallel_free(&plan);
+    plan_free(&plan);
+    plan_free(&baseline);
     float8_all_gather_free(&gather);
     return run_finish(&o, mismatches);
 }

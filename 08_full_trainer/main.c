@@ -165,8 +165,8 @@ int main(int argc, char **argv) {
             log0("--resume: the checkpoint in %s is of step %d of --steps %d: nothing left to do\n", co.ckpt_dir,
                  meta.step, o.steps);
             llama_free(model);
-            parallelize_free(&plan, &co.par);
-            if (co.par.fp8.recipe != FP8_OFF) float8_free(&baseline);
+            plan_free(&plan);
+            plan_free(&baseline);
             text_corpus_free(&corpus);
             comm_finalize();
             return 0;
@@ -230,8 +230,8 @@ int main(int argc, char **argv) {
     if (co.sample) sample_text(model, co.prompt, co.sample, co.temperature, o.seed);
 
     llama_free(model);
-    parallelize_free(&plan, &co.par);
-    if (co.par.fp8.recipe != FP8_OFF) float8_free(&baseline);
+    plan_free(&plan);
+    plan_free(&baseline);
     text_corpus_free(&corpus);
     return run_finish(&o, mismatches);
 }

@@ -91,19 +91,10 @@ llama_plan parallelize_llama(device_mesh *mesh, const llama_config *c, int batch
         dp_options d = {DP_FSDP, true, g[MESH_PP] == 1, 64 * 256, NULL};
         data_parallel_apply(&plan, mesh, c, &d);
         /* END ASSIGNMENT */
-        if (!plan.dp_ctx)
+        if (!plan_has(&plan, &data_parallel_technique))
             comm_exit_usage("parallelize_llama: the mesh has %d data ranks but no data-parallel plan was applied", dp);
     }
-    plan.mesh = mesh;
+    plan.groups.mesh = mesh;
     plan.name = "4-D parallel";
     return plan;
-}
-
-void parallelize_free(llama_plan *plan, const parallel_options *o) {
-    const int *g = o->degree;
-    if (g[MESH_DP_REPLICATE] * g[MESH_DP_SHARD] > 1) data_parallel_free(plan);
-    if (g[MESH_PP] > 1) pipeline_free(plan);
-    if (o->fp8.recipe != FP8_OFF) float8_free(plan);
-    if (g[MESH_CP] > 1) context_parallel_free(plan);
-    if (g[MESH_TP] > 1 || o->ac != AC_NONE) sequence_parallel_free(plan);
 }

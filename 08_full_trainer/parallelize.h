@@ -53,7 +53,6 @@ void parallelize_validate(parallel_options *o, const llama_config *c, int batch)
 
 /* Applies every technique whose degree is above 1 (and --ac, --fp8) to a plan for the mesh. */
 llama_plan parallelize_llama(device_mesh *mesh, const llama_config *c, int batch, const parallel_options *o);
-void parallelize_free(llama_plan *plan, const parallel_options *o);
 
 /* One line: "pp 2 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 2 (8 ranks)". */
 const char *parallel_mesh_name(const parallel_options *o, char *buf, size_t len);

@@ -34,7 +34,7 @@ int report_traffic(const parallel_options *o, device_mesh *mesh, const llama_mod
     /* what world rank 0 holds: its stage's layers, the embedding (chunk 0 is its own), the output
      * layer only without a pipeline */
     int Lr = 0;
-    for (int l = 0; l < L; l++) Lr += !m->plan->holds_layer || m->plan->holds_layer(m->plan, l);
+    for (int l = 0; l < L; l++) Lr += plan_holds(m->plan, L, P_WQ, l);
     bool out = t->t[param_index(t, P_OUTPUT, -1)].here;
     double shard_floats = 0, norm_floats = 0;   /* its dp shard of every tensor it holds; of the norms */
     int tensors = 9 * Lr + 3;                   /* its layers' nine and the ends' three (gathered as a unit) */

@@ -100,7 +100,7 @@ static setup *make(layout_kind kind, const llama_config *c, uint64_t seed) {
             dp_options o = {kind == K_HSDP_ZERO1 ? DP_ZERO1 : DP_FSDP, true, true, 64 * 256, NULL};
             data_parallel_apply(&s.plan, mesh, c, &o);
             s.dp = true;
-            B /= s.plan.batch->size;
+            B /= s.plan.groups.batch->size;
         }
         if (kind == K_PP_TP) {
             pp_options o = {PP_1F1B, 2, 1, false};
@@ -109,7 +109,7 @@ static setup *make(layout_kind kind, const llama_config *c, uint64_t seed) {
             s.pp = true;
             B /= 2;
         }
-        s.plan.mesh = mesh;   /* (tp 1: the single-device plan, placed on the mesh all the same) */
+        s.plan.groups.mesh = mesh;   /* (tp 1: the single-device plan, placed on the mesh all the same) */
     }
     *sp = s;
     sp->m = llama_create(c, &sp->plan, B, seed);
@@ -118,8 +118,7 @@ static setup *make(layout_kind kind, const llama_config *c, uint64_t seed) {
 
 static void drop(setup *s) {
     llama_free(s->m);
-    if (s->dp) data_parallel_free(&s->plan);
-    if (s->pp) pipeline_free(&s->plan);
+    plan_free(&s->plan);
     free(s);
 }
 
@@ -132,7 +131,7 @@ static void train_step(setup *s, const llama_config *c, int step) {
     device_copy_to_device(dt, tokens, N * sizeof(int));
     device_copy_to_device(dg, targets, N * sizeof(int));
     llama_model *m = s->m;
-    size_t off = (size_t)(m->plan->batch ? m->plan->batch->rank : 0) * m->d.B * c->seq_len;
+    size_t off = (size_t)(m->plan->groups.batch ? m->plan->groups.batch->rank : 0) * m->d.B * c->seq_len;
     llama_zero_grad(m);
     llama_forward(m, dt + off, dg + off, scale);
     llama_backward(m);

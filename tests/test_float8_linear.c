@@ -35,7 +35,7 @@ static void run_steps(fp8_recipe r, int history, float got[5]) {
     for (int t = 0; t < 5; t++) {
         x[0] = amax_of_step[t];
         float *dx = tu_upload(x, N * IN);
-        plan.linear.forward(&plan, (linear_site){P_WQ, 0}, dy_out, dx, dW, N, IN, OUT);
+        plan.linear.forward(plan.linear.state, &plan, (linear_site){P_WQ, 0}, dy_out, dx, dW, N, IN, OUT);
         device_copy_to_host(y, dy_out, sizeof y);
         got[t] = y[0];
         int others = 0;
@@ -45,7 +45,7 @@ static void run_steps(fp8_recipe r, int history, float got[5]) {
     }
     device_free(dW);
     device_free(dy_out);
-    float8_free(&plan);
+    plan_free(&plan);
 }
 
 int main(int argc, char **argv) {
@@ -75,16 +75,16 @@ int main(int argc, char **argv) {
     x[0] = 0.3f;
     x[1] = 1.0f;
     float *dW = tu_upload(W, OUT * IN), *dx = tu_upload(x, N * IN), *dy = device_alloc_floats(N * OUT, MEM_BUFFERS);
-    plan.linear.forward(&plan, (linear_site){P_OUTPUT, -1}, dy, dx, dW, N, IN, OUT);
+    plan.linear.forward(plan.linear.state, &plan, (linear_site){P_OUTPUT, -1}, dy, dx, dW, N, IN, OUT);
     device_copy_to_host(y, dy, sizeof y);
     CHECK(y[0] == 0.3f, "the output layer: y = %.9g, want 0.3 uncast", y[0]);
     /* a block linear casts it: 0.3 x (448 / 1) = 134.4 -> 128 (E4M3 steps of 16 there; 134.4 is nearer 128 than 144) */
-    plan.linear.forward(&plan, (linear_site){P_W1, 0}, dy, dx, dW, N, IN, OUT);
+    plan.linear.forward(plan.linear.state, &plan, (linear_site){P_W1, 0}, dy, dx, dW, N, IN, OUT);
     device_copy_to_host(y, dy, sizeof y);
     CHECK(y[0] == 128.0f / 448.0f, "w1: y = %.9g, want 128/448 = %.9g (0.3 cast to E4M3 with scale 448)", y[0],
           128.0 / 448.0);
     device_free(dW); device_free(dx); device_free(dy);
-    float8_free(&plan);
+    plan_free(&plan);
 
     CHECK(mem_current_total() == kept, "allocator counts %zu bytes after freeing everything, %zu before",
           mem_current_total(), kept);

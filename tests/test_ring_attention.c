@@ -117,8 +117,8 @@ static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp
 
     /* the positions: chunks[0], then chunks[1], each Tc consecutive positions */
     int *pos = malloc((size_t)Tl * sizeof(int)), chunks[2];
-    CHECK(plan.positions != NULL && plan.cp == mesh->group[MESH_CP], "%s %s: the plan has no positions or no cp group", name, bal);
-    plan.positions(&plan, pos, Tl);
+    CHECK(plan.sequence.positions != NULL && plan.groups.cp == mesh->group[MESH_CP], "%s %s: the plan has no positions or no cp group", name, bal);
+    plan.sequence.positions(plan.sequence.state, &plan, pos, Tl);
     cp_chunks_of(balance, r, C, chunks);
     int bad = 0;
     for (int i = 0; i < 2; i++)
@@ -128,7 +128,7 @@ static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp
     float *held_h = calloc((size_t)T, sizeof(float));
     for (int t = 0; t < Tl; t++) held_h[pos[t]] += 1;
     float *held = tu_upload(held_h, T);
-    comm_all_reduce(plan.cp, held, T, COMM_SUM);
+    comm_all_reduce(plan.groups.cp, held, T, COMM_SUM);
     device_copy_to_host(held_h, held, T * sizeof(float));
     bad = 0;
     for (int t = 0; t < T; t++) bad += held_h[t] != 1.0f;
@@ -159,7 +159,7 @@ static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp
     float *out = device_alloc_floats(nq, MEM_BUFFERS), *saved = device_alloc_floats(nsaved, MEM_BUFFERS);
     fill_device(out, nq, 9.0f);
     fill_device(saved, nsaved, 9.0f);
-    plan.attention.forward(&plan, out, saved, q, k, v, B, Tl, H, Hkv, hd);
+    plan.attention.forward(plan.attention.state, &plan, out, saved, q, k, v, B, Tl, H, Hkv, hd);
     float *got = tu_download_new(out, nq);
     double e_out = rel_error(got, want_out, nq);
     snprintf(what, sizeof what, "%s %s C=%d rank %d, out, B=%d T=%d H=%d Hkv=%d hd=%d", name, bal, C, r, B, T, H, Hkv, hd);
@@ -178,7 +178,7 @@ static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp
         fill_device(dq, nq, 9.0f);
         fill_device(dk, nkv, 9.0f);
         fill_device(dv, nkv, 9.0f);
-        plan.attention.backward(&plan, dq, dk, dv, NULL, dout, out, q, k, v, saved, B, Tl, H, Hkv, hd);
+        plan.attention.backward(plan.attention.state, &plan, dq, dk, dv, NULL, dout, out, q, k, v, saved, B, Tl, H, Hkv, hd);
         float *g = tu_download_new(dq, nq);
         snprintf(what, sizeof what, "%s %s C=%d rank %d, dq, B=%d T=%d H=%d Hkv=%d hd=%d", name, bal, C, r, B, T, H, Hkv, hd);
         check_rel(what, g, want_dq, nq);
@@ -196,7 +196,7 @@ static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp
 
     device_free(q); device_free(k); device_free(v); device_free(dout); device_free(out); device_free(saved);
     free(h); free(pos); free(want_out); free(want_dq); free(want_dk); free(want_dv);
-    context_parallel_free(&plan);
+    plan_free(&plan);
     return e_out;
 }
 
@@ -231,7 +231,7 @@ int main(int argc, char **argv) {
     llama_plan plan = plan_single_device();
     context_parallel_apply(&plan, mesh, &cfg, &all_to_all);
     CHECK(context_parallel_faults[0].apply(&plan) != NULL, "alltoall accepted --fault %s", context_parallel_faults[0].name);
-    context_parallel_free(&plan);
+    plan_free(&plan);
 
     /* the documented chunks: C = 2, contiguous 0 1 | 2 3, zigzag 0 3 | 1 2 */
     int ch[2];

@@ -183,8 +183,8 @@ void run_apply_fault(const run_options *o, llama_plan *plan) {
 
 llama_model *run_model(const run_options *o, const llama_plan *plan) {
     const llama_config *c = &o->model;
-    int B = o->batch / (plan->batch ? plan->batch->size : 1);   /* this data rank's sequences */
-    int pieces = plan->microbatches > 1 ? plan->microbatches : 1;  /* a pipeline's microbatches */
+    int B = o->batch / (plan->groups.batch ? plan->groups.batch->size : 1);   /* this data rank's sequences */
+    int pieces = plan->schedule.microbatches > 1 ? plan->schedule.microbatches : 1;  /* a pipeline's microbatches */
     double state, acts, largest, base_largest;
     /* (a bound: as if every microbatch's activations were held at once) */
     double need = llama_model_bytes(c, plan, B, &state, &acts, &largest);
@@ -206,7 +206,7 @@ llama_model *run_model(const run_options *o, const llama_plan *plan) {
     double harness = 8 * N + (shared_host ? 8 * accum * N : 0);
     if (root && shared_host && o->check) harness += 8 * fmax((double)largest_param_numel(c, 0), N * c->dim);
     if (root && shared_host && o->dump_dir) harness += 4 * params;
-    need += plan->buffer_bytes + harness;
+    need += plan_buffer_bytes(plan) + harness;
     if (root) need += base;
     double available = device_memory_available(comm_world()->size);
     char sizes[160];
@@ -214,8 +214,8 @@ llama_model *run_model(const run_options *o, const llama_plan *plan) {
              c->dim, c->n_layers, c->ffn_dim, c->vocab_size, o->batch, c->seq_len, accum > 1 ? " x --accum" : "");
     if (accum > 1) snprintf(sizes + strlen(sizes), sizeof sizes - strlen(sizes), " %d", accum);
     char parts[160] = "";
-    if (plan->buffer_bytes > 0)
-        snprintf(parts, sizeof parts, ", data-parallel buffers %s", fmt_bytes(plan->buffer_bytes));
+    if (plan_buffer_bytes(plan) > 0)
+        snprintf(parts, sizeof parts, ", data-parallel buffers %s", fmt_bytes(plan_buffer_bytes(plan)));
     snprintf(parts + strlen(parts), sizeof parts - strlen(parts), ", batches%s %s", root && o->check ? " and checks" : "",
              fmt_bytes(harness));
     comm_require_all(available <= 0 || need <= available,
@@ -439,16 +439,16 @@ static void take_context_rows(const llama_model *model, int *dst, const int *src
 
 /* This rank's sequences of the global batch: its data-parallel coordinate's share. */
 static int rank_rows(const llama_model *model) {
-    return model->d.B * (model->plan->microbatches > 1 ? model->plan->microbatches : 1);
+    return model->d.B * (model->plan->schedule.microbatches > 1 ? model->plan->schedule.microbatches : 1);
 }
 
 float run_forward_backward(llama_model *model, const int *tokens, const int *targets, float loss_scale,
                            bool backward, const float **dh0) {
     const llama_plan *plan = model->plan;
     int T = model->c.seq_len, rows = rank_rows(model);
-    size_t offset = (size_t)(plan->batch ? plan->batch->rank : 0) * rows * T;
+    size_t offset = (size_t)(plan->groups.batch ? plan->groups.batch->rank : 0) * rows * T;
     const int *my_tokens = tokens + offset, *my_targets = targets + offset;
-    if (plan->cp) {   /* under context parallelism, only this rank's positions of each of its rows */
+    if (plan->groups.cp) {   /* under context parallelism, only this rank's positions of each of its rows */
         take_context_rows(model, model->cp_tokens, my_tokens, rows, T);
         take_context_rows(model, model->cp_targets, my_targets, rows, T);
         my_tokens = model->cp_tokens;
@@ -456,15 +456,16 @@ float run_forward_backward(llama_model *model, const int *tokens, const int *tar
     }
     float loss;
     if (dh0) *dh0 = model->dh;
-    if (plan->forward_backward) {   /* the plan runs its own schedule (a pipeline): always both */
+    const schedule_ops *schedule = &plan->schedule;
+    if (schedule->forward_backward) {   /* the plan runs its own schedule (a pipeline): always both */
         const float *unused;
-        loss = plan->forward_backward(plan, model, my_tokens, my_targets, loss_scale, dh0 ? dh0 : &unused);
+        loss = schedule->forward_backward(schedule->state, plan, model, my_tokens, my_targets, loss_scale, dh0 ? dh0 : &unused);
     } else {
         loss = llama_forward(model, my_tokens, my_targets, loss_scale);
         if (backward) llama_backward(model);
     }
-    if (plan->cp) loss = (float)comm_host_sum(plan->cp, loss);        /* the sequences' rows: every share */
-    if (plan->batch) loss = (float)comm_host_sum(plan->batch, loss);  /* the global mean: every rank's share */
+    if (plan->groups.cp) loss = (float)comm_host_sum(plan->groups.cp, loss);        /* the sequences' rows: every share */
+    if (plan->groups.batch) loss = (float)comm_host_sum(plan->groups.batch, loss);  /* the global mean: every rank's share */
     return loss;
 }
 

@@ -154,7 +154,7 @@ double run_clock_stop(run_clock *k);                 /* returns this segment's s
 void run_clock_report(const run_clock *k, int steps);
 
 /* Trains `model` for o->steps AdamW steps on the synthetic batches. Every step: zero the
- * gradients, forward, backward (timed; each data-parallel rank of plan->batch takes its rows of
+ * gradients, forward, backward (timed; each data-parallel rank of plan->groups.batch takes its rows of
  * the global batch, and the printed loss is their sum), then with --check the baseline's step on
  * world rank 0 on the same global batch, the losses and every gradient compared (the gradients
  * judged on step 1, where both models hold the same parameters; see run.c), --dump, clipping by

@@ -23,15 +23,15 @@
  * Shapes and memory
  * --------------------------------------------------------------------------------------------- */
 llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B) {
-    int p = plan->tp ? plan->tp->size : 1, r = plan->tp ? plan->tp->rank : 0;
+    int p = plan->groups.tp ? plan->groups.tp->size : 1, r = plan->groups.tp ? plan->groups.tp->rank : 0;
     int split_heads = plan->layout[P_WQ] == SHARD_ROWS ? p : 1;
     int split_kv = plan->layout[P_WK] == SHARD_ROWS ? p : 1;
     int split_ffn = plan->layout[P_W1] == SHARD_ROWS ? p : 1;
     int split_vocab = plan->layout[P_OUTPUT] == SHARD_ROWS ? p : 1;
     llama_dims d;
     d.B = B;
-    d.T = c->seq_len / (plan->cp ? plan->cp->size : 1);    /* this rank's rows of each sequence */
-    d.Ts = d.T / plan->seq_shards;
+    d.T = c->seq_len / (plan->groups.cp ? plan->groups.cp->size : 1);    /* this rank's rows of each sequence */
+    d.Ts = d.T / plan->sequence.shards;
     d.N = B * d.T;
     d.Ns = B * d.Ts;
     d.D = c->dim;
@@ -41,7 +41,7 @@ llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B)
     d.Fl = c->ffn_dim / split_ffn;
     d.Vl = c->vocab_size / split_vocab;
     d.v0 = split_vocab > 1 ? r * d.Vl : 0;
-    d.probs = plan->attention.saved_numel ? plan->attention.saved_numel(plan, B, d.T, d.Hl)
+    d.probs = plan->attention.saved_numel ? plan->attention.saved_numel(plan->attention.state, plan, B, d.T, d.Hl)
                                           : (size_t)B * d.Hl * d.T * d.T;
     return d;
 }
@@ -65,8 +65,8 @@ size_t llama_act_numel(const llama_dims *d, int act) {
 
 double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, double *state_bytes,
                          double *act_bytes, double *largest_numel) {
-    double p = plan->tp ? plan->tp->size : 1, largest = 0, state = 0, acts = 0;
-    double S = plan->mesh ? plan->mesh->shape.degree[MESH_DP_SHARD] : 1;
+    double p = plan->groups.tp ? plan->groups.tp->size : 1, largest = 0, state = 0, acts = 0;
+    double S = plan->groups.mesh ? plan->groups.mesh->shape.degree[MESH_DP_SHARD] : 1;
     for (int i = 0; i < llama_num_params(c); i++) {           /* every tensor's local slice */
         param_spec s = llama_param_spec(c, i);
         if (!plan_holds(plan, c->n_layers, s.kind, s.layer)) continue;
@@ -75,12 +75,12 @@ double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, d
             state += (b == PARAM_OPTIM ? 8 : 4) * numel / (plan->storage[b] == STORE_SHARD ? S : 1);
         largest = fmax(largest, numel);
     }
-    double split = plan_split(plan, P_WQ, p), T = c->seq_len / (plan->cp ? plan->cp->size : 1), N = (double)B * T, Ns = N / plan->seq_shards;
+    double split = plan_split(plan, P_WQ, p), T = c->seq_len / (plan->groups.cp ? plan->groups.cp->size : 1), N = (double)B * T, Ns = N / plan->sequence.shards;
     double D = c->dim, hd = llama_head_dim(c), V = c->vocab_size / plan_split(plan, P_OUTPUT, p);
     double q = c->n_heads / split * hd, kv = c->n_kv_heads / plan_split(plan, P_WK, p) * hd;
     double F = c->ffn_dim / plan_split(plan, P_W1, p), probs = B * (c->n_heads / split) * T * T;
     if (plan->attention.saved_numel)
-        probs = (double)plan->attention.saved_numel(plan, B, (int)T, (int)(c->n_heads / split));
+        probs = (double)plan->attention.saved_numel(plan->attention.state, plan, B, (int)T, (int)(c->n_heads / split));
     double layer = 4 * Ns * D + 2 * Ns + 2 * N * q + 2 * N * kv + probs + 3 * N * F;   /* all of it */
     int held_layers = 0;
     for (int l = 0; l < c->n_layers; l++) held_layers += plan_holds(plan, c->n_layers, P_WQ, l);
@@ -123,7 +123,7 @@ size_t llama_layer_act_bytes_measured(const llama_dims *d, unsigned keep) {
 
 /* The buffer of the whole sequence when the plan splits it, else the local tensor itself. */
 static float *whole(const llama_model *m, float *full_buffer, float *local) {
-    return m->plan->seq_shards > 1 ? full_buffer : local;
+    return m->plan->sequence.shards > 1 ? full_buffer : local;
 }
 
 void llama_saved_alloc(llama_model *m, llama_saved *s, int l0, int l1) {
@@ -135,7 +135,7 @@ void llama_saved_alloc(llama_model *m, llama_saved *s, int l0, int l1) {
     s->layers = calloc((size_t)m->c.n_layers, sizeof *s->layers);
     for (int l = l0; l < l1; l++) {
         size_t before = mem_current(MEM_ACTIVATIONS);
-        layer_acts_alloc(&s->layers[l], d, m->plan->keep, &m->shared);
+        layer_acts_alloc(&s->layers[l], d, m->plan->checkpoint.keep, &m->shared);
         m->layer_act_bytes[l] = mem_current(MEM_ACTIVATIONS) - before;
         s->layer_bytes += m->layer_act_bytes[l];
     }
@@ -170,32 +170,32 @@ llama_model *llama_create(const llama_config *c, const llama_plan *plan, int B, 
         param_spec s = llama_param_spec(c, i);
         here[i] = plan_holds(plan, c->n_layers, s.kind, s.layer);
     }
-    m->params = param_table_create(c, plan->mesh, plan->layout, plan->storage, here, seed);
+    m->params = param_table_create(c, plan->groups.mesh, plan->layout, plan->storage, here, seed);
     free(here);
     m->d = llama_dims_make(c, plan, B);
     const llama_dims *d = &m->d;
     size_t N = d->N, Ns = d->Ns, D = d->D, T = d->T, L = c->n_layers;
     size_t q_dim = (size_t)d->Hl * d->hd, kv_dim = (size_t)d->Hkvl * d->hd, Fl = d->Fl;
-    bool split = plan->seq_shards > 1;
+    bool split = plan->sequence.shards > 1;
 
     /* What the layers keep, measured layer by layer by the allocator: the model's own set, unless
      * the plan keeps one per microbatch itself (a pipeline schedule). */
-    layer_acts_alloc(&m->shared, d, plan->keep, NULL);
+    layer_acts_alloc(&m->shared, d, plan->checkpoint.keep, NULL);
     m->layer_act_bytes = calloc(L, sizeof *m->layer_act_bytes);
-    if (!plan->forward_backward) {
+    if (!plan->schedule.forward_backward) {
         llama_saved_alloc(m, &m->own, 0, (int)L);
         m->saved = &m->own;
     }
     m->loss_scratch = device_alloc_floats(N, MEM_BUFFERS);
     m->positions = device_alloc_ints(T, MEM_BUFFERS);
-    if (plan->cp) {
-        size_t rows = (size_t)B * (plan->microbatches > 1 ? plan->microbatches : 1);
+    if (plan->groups.cp) {
+        size_t rows = (size_t)B * (plan->schedule.microbatches > 1 ? plan->schedule.microbatches : 1);
         m->cp_tokens = device_alloc_ints(rows * T, MEM_BUFFERS);
         m->cp_targets = device_alloc_ints(rows * T, MEM_BUFFERS);
     }
     int *pos = malloc(T * sizeof(int));
     for (size_t t = 0; t < T; t++) pos[t] = (int)t;
-    if (plan->positions) plan->positions(plan, pos, (int)T);
+    if (plan->sequence.positions) plan->sequence.positions(plan->sequence.state, plan, pos, (int)T);
     device_copy_to_device(m->positions, pos, T * sizeof(int));
     free(pos);
     m->rope_cos_sin = device_alloc_floats(T * d->hd, MEM_BUFFERS);   /* [T, hd/2, 2], once */
@@ -263,44 +263,44 @@ static void layer_forward(llama_model *m, int l, float *h_out, const unit_weight
     /* attn_xn[Ns, D] = rmsnorm(h_in) * attention_norm */
     rmsnorm_forward(a->attn_xn, a->attn_rstd, a->h_in, w.attention_norm, Ns, D, eps);
     /* the region's entry: attn_in[N, D], every token of the sequence */
-    p->region.enter_forward(p, attn_in, a->attn_xn, B, Ts, D);
+    p->region.enter_forward(p->region.state, p, attn_in, a->attn_xn, B, Ts, D);
     /* q[N, Hl*hd], k and v [N, Hkvl*hd]: three projections of the same normed input */
-    p->linear.forward(p, (linear_site){P_WQ, l}, a->q, attn_in, w.wq, N, D, Hl * hd);
-    p->linear.forward(p, (linear_site){P_WK, l}, a->k, attn_in, w.wk, N, D, Hkvl * hd);
-    p->linear.forward(p, (linear_site){P_WV, l}, a->v, attn_in, w.wv, N, D, Hkvl * hd);
+    p->linear.forward(p->linear.state, p, (linear_site){P_WQ, l}, a->q, attn_in, w.wq, N, D, Hl * hd);
+    p->linear.forward(p->linear.state, p, (linear_site){P_WK, l}, a->k, attn_in, w.wk, N, D, Hkvl * hd);
+    p->linear.forward(p->linear.state, p, (linear_site){P_WV, l}, a->v, attn_in, w.wv, N, D, Hkvl * hd);
     /* positions enter through RoPE only: rotate q and k (not v) in place */
     rope_forward(a->q, m->rope_cos_sin, B, T, Hl, hd);
     rope_forward(a->k, m->rope_cos_sin, B, T, Hkvl, hd);
     /* attn_out[N, Hl*hd] = softmax(q k^T / sqrt(hd), causal) v; probs[B, Hl, T, T] saved */
-    p->attention.forward(p, a->attn_out, a->probs, a->q, a->k, a->v, B, T, Hl, Hkvl, hd);
+    p->attention.forward(p->attention.state, p, a->attn_out, a->probs, a->q, a->k, a->v, B, T, Hl, Hkvl, hd);
     /* partial[N, D] = attn_out wo^T (this rank's heads' share), then the region's exit */
     float *partial = whole(m, m->y_partial, a->h_mid);
-    p->linear.forward(p, (linear_site){P_WO, l}, partial, a->attn_out, w.wo, N, Hl * hd, D);
-    p->region.exit_forward(p, a->h_mid, partial, B, Ts, D);
+    p->linear.forward(p->linear.state, p, (linear_site){P_WO, l}, partial, a->attn_out, w.wo, N, Hl * hd, D);
+    p->region.exit_forward(p->region.state, p, a->h_mid, partial, B, Ts, D);
 
     /* ---- feed-forward block: h_out = h_mid + w2(silu(w1 m) * w3 m) ---- */
     /* h_mid[Ns, D] += h_in (the residual), then ffn_xn[Ns, D] = rmsnorm(h_mid) * ffn_norm, in one
      * pass over each row */
     residual_rmsnorm_forward(a->h_mid, a->ffn_xn, a->ffn_rstd, a->h_in, w.ffn_norm, Ns, D, eps);
-    p->region.enter_forward(p, ffn_in, a->ffn_xn, B, Ts, D);
+    p->region.enter_forward(p->region.state, p, ffn_in, a->ffn_xn, B, Ts, D);
     /* ffn_a, ffn_b [N, Fl]: the gate and the up projection */
-    p->linear.forward(p, (linear_site){P_W1, l}, a->ffn_a, ffn_in, w.w1, N, D, Fl);
-    p->linear.forward(p, (linear_site){P_W3, l}, a->ffn_b, ffn_in, w.w3, N, D, Fl);
+    p->linear.forward(p->linear.state, p, (linear_site){P_W1, l}, a->ffn_a, ffn_in, w.w1, N, D, Fl);
+    p->linear.forward(p->linear.state, p, (linear_site){P_W3, l}, a->ffn_b, ffn_in, w.w3, N, D, Fl);
     /* ffn_g[N, Fl] = silu(ffn_a) * ffn_b, element-wise */
     swiglu_forward(a->ffn_g, a->ffn_a, a->ffn_b, (size_t)N * Fl);
     if (!h_out) return;     /* a recomputation: backward needs w2's input, not its output */
     partial = whole(m, m->y_partial, h_out);
-    p->linear.forward(p, (linear_site){P_W2, l}, partial, a->ffn_g, w.w2, N, Fl, D);          /* [N, D] */
-    p->region.exit_forward(p, h_out, partial, B, Ts, D);
+    p->linear.forward(p->linear.state, p, (linear_site){P_W2, l}, partial, a->ffn_g, w.w2, N, Fl, D);          /* [N, D] */
+    p->region.exit_forward(p->region.state, p, h_out, partial, B, Ts, D);
     add_inplace(h_out, a->h_mid, (size_t)Ns * D);                     /* residual */
 }
 
 void llama_layer_forward(llama_model *m, int l, float *h_out) {
     const llama_plan *p = m->plan;
     unit_weights w, g;
-    p->weights.acquire(p, m, l, false, &w, &g);
+    p->weights.acquire(p->weights.state, p, m, l, false, &w, &g);
     layer_forward(m, l, h_out, &w);
-    p->weights.release(p, m, l, false);
+    p->weights.release(p->weights.state, p, m, l, false);
 }
 
 void llama_layer_recompute(llama_model *m, int l, const unit_weights *w) { layer_forward(m, l, NULL, w); }
@@ -311,9 +311,9 @@ void llama_layer_recompute(llama_model *m, int l, const unit_weights *w) { layer
 static void layer_restore(llama_model *m, int l, const unit_weights *w) {
     const llama_plan *p = m->plan;
     llama_layer_acts *a = &m->saved->layers[l];
-    if (p->recompute && p->recompute(m, l, w)) return;   /* a full recomputation re-entered already */
-    p->region.enter_forward(p, whole(m, m->attn_in, a->attn_xn), a->attn_xn, m->d.B, m->d.Ts, m->d.D);
-    p->region.enter_forward(p, whole(m, m->ffn_in, a->ffn_xn), a->ffn_xn, m->d.B, m->d.Ts, m->d.D);
+    if (p->checkpoint.recompute && p->checkpoint.recompute(p->checkpoint.state, m, l, w)) return;   /* a full recomputation re-entered already */
+    p->region.enter_forward(p->region.state, p, whole(m, m->attn_in, a->attn_xn), a->attn_xn, m->d.B, m->d.Ts, m->d.D);
+    p->region.enter_forward(p->region.state, p, whole(m, m->ffn_in, a->ffn_xn), a->ffn_xn, m->d.B, m->d.Ts, m->d.D);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -323,7 +323,7 @@ void llama_layer_backward(llama_model *m, int l, float *dh) {
     const llama_plan *p = m->plan;
     const llama_dims *d = &m->d;
     unit_weights w, g;
-    p->weights.acquire(p, m, l, true, &w, &g);
+    p->weights.acquire(p->weights.state, p, m, l, true, &w, &g);
     llama_layer_acts *a = &m->saved->layers[l];
     int B = d->B, T = d->T, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, hd = d->hd;
     int Hl = d->Hl, Hkvl = d->Hkvl, Fl = d->Fl;
@@ -336,37 +336,37 @@ void llama_layer_backward(llama_model *m, int l, float *dh) {
 
     /* ---- feed-forward block. h_out = h_mid + w2(g): the residual path passes dh through
      * unchanged, the branch adds its part below. ---- */
-    p->region.exit_backward(p, dy, dh, B, Ts, D);           /* dy[N, D] = d/d (w2's output) */
+    p->region.exit_backward(p->region.state, p, dy, dh, B, Ts, D);           /* dy[N, D] = d/d (w2's output) */
     /* dffn_g[N, Fl] = dy w2;  d w2 += dy^T ffn_g */
-    p->linear.backward(p, (linear_site){P_W2, l}, m->dffn_g, DX_SET, g.w2, dy, a->ffn_g, w.w2, N, Fl, D);
+    p->linear.backward(p->linear.state, p, (linear_site){P_W2, l}, m->dffn_g, DX_SET, g.w2, dy, a->ffn_g, w.w2, N, Fl, D);
     /* dffn_a, dffn_b [N, Fl] through silu(a) * b */
     swiglu_backward(m->dffn_a, m->dffn_b, m->dffn_g, a->ffn_a, a->ffn_b, (size_t)N * Fl);
     /* dxn_full[N, D] = dffn_a w1 + dffn_b w3 (this rank's units' share): ffn_in feeds both, so
      * the second GEMM adds onto the first's output */
-    p->linear.backward(p, (linear_site){P_W1, l}, m->dxn_full, DX_SET, g.w1, m->dffn_a, ffn_in, w.w1, N, D, Fl);
-    p->linear.backward(p, (linear_site){P_W3, l}, m->dxn_full, DX_ADD, g.w3, m->dffn_b, ffn_in, w.w3, N, D, Fl);
-    p->region.enter_backward(p, dxn, m->dxn_full, B, Ts, D);   /* dxn[Ns, D]: summed over ranks */
+    p->linear.backward(p->linear.state, p, (linear_site){P_W1, l}, m->dxn_full, DX_SET, g.w1, m->dffn_a, ffn_in, w.w1, N, D, Fl);
+    p->linear.backward(p->linear.state, p, (linear_site){P_W3, l}, m->dxn_full, DX_ADD, g.w3, m->dffn_b, ffn_in, w.w3, N, D, Fl);
+    p->region.enter_backward(p->region.state, p, dxn, m->dxn_full, B, Ts, D);   /* dxn[Ns, D]: summed over ranks */
     /* dh += d/d h_mid through ffn_norm: dh now holds d loss / d h_mid */
     rmsnorm_backward(dh, g.ffn_norm, dxn, a->h_mid, w.ffn_norm, a->ffn_rstd, Ns, D);
 
     /* ---- attention block: h_mid = h_in + wo(attn_out), the same pattern ---- */
-    p->region.exit_backward(p, dy, dh, B, Ts, D);
+    p->region.exit_backward(p->region.state, p, dy, dh, B, Ts, D);
     /* dattn_out[N, Hl*hd] = dy wo;  d wo += dy^T attn_out */
-    p->linear.backward(p, (linear_site){P_WO, l}, m->dattn_out, DX_SET, g.wo, dy, a->attn_out, w.wo, N, Hl * hd, D);
+    p->linear.backward(p->linear.state, p, (linear_site){P_WO, l}, m->dattn_out, DX_SET, g.wo, dy, a->attn_out, w.wo, N, Hl * hd, D);
     /* dq, dk, dv: gradients of the rotated q and k and of v */
-    p->attention.backward(p, m->dq, m->dk, m->dv, m->dprobs, m->dattn_out, a->attn_out, a->q, a->k,
+    p->attention.backward(p->attention.state, p, m->dq, m->dk, m->dv, m->dprobs, m->dattn_out, a->attn_out, a->q, a->k,
                           a->v, a->probs, B, T, Hl, Hkvl, hd);
     /* undo RoPE's rotation on the gradients: now d/d (wq n) and d/d (wk n) */
     rope_backward(m->dq, m->rope_cos_sin, B, T, Hl, hd);
     rope_backward(m->dk, m->rope_cos_sin, B, T, Hkvl, hd);
     /* dxn_full[N, D] = dq wq + dk wk + dv wv: attn_in feeds three projections (summed in the GEMMs) */
-    p->linear.backward(p, (linear_site){P_WQ, l}, m->dxn_full, DX_SET, g.wq, m->dq, attn_in, w.wq, N, D, Hl * hd);
-    p->linear.backward(p, (linear_site){P_WK, l}, m->dxn_full, DX_ADD, g.wk, m->dk, attn_in, w.wk, N, D, Hkvl * hd);
-    p->linear.backward(p, (linear_site){P_WV, l}, m->dxn_full, DX_ADD, g.wv, m->dv, attn_in, w.wv, N, D, Hkvl * hd);
-    p->region.enter_backward(p, dxn, m->dxn_full, B, Ts, D);
+    p->linear.backward(p->linear.state, p, (linear_site){P_WQ, l}, m->dxn_full, DX_SET, g.wq, m->dq, attn_in, w.wq, N, D, Hl * hd);
+    p->linear.backward(p->linear.state, p, (linear_site){P_WK, l}, m->dxn_full, DX_ADD, g.wk, m->dk, attn_in, w.wk, N, D, Hkvl * hd);
+    p->linear.backward(p->linear.state, p, (linear_site){P_WV, l}, m->dxn_full, DX_ADD, g.wv, m->dv, attn_in, w.wv, N, D, Hkvl * hd);
+    p->region.enter_backward(p->region.state, p, dxn, m->dxn_full, B, Ts, D);
     /* dh += d/d h_in through attention_norm: dh now holds d loss / d h_in */
     rmsnorm_backward(dh, g.attention_norm, dxn, a->h_in, w.attention_norm, a->attn_rstd, Ns, D);
-    p->weights.release(p, m, l, true);
+    p->weights.release(p->weights.state, p, m, l, true);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -384,7 +384,7 @@ static void embed_forward(llama_model *m, const int *tokens, const unit_weights 
     device_copy(s->tokens, tokens, (size_t)d->N * sizeof(int));   /* the backward needs them */
     float *h0 = s->layers[0].h_in, *looked_up = whole(m, m->y_partial, h0);   /* [N, D] */
     embedding_forward(looked_up, s->tokens, w->tok_embeddings, d->N, d->D, d->v0, d->Vl);
-    p->vocab.exit_forward(p, h0, looked_up, d->B, d->Ts, d->D);
+    p->vocab.exit_forward(p->vocab.state, p, h0, looked_up, d->B, d->Ts, d->D);
 }
 
 /* saved->h_final [Ns, D], targets [N] -> the sum of the token losses times loss_scale. */
@@ -398,11 +398,11 @@ static float head_forward(llama_model *m, const int *targets, float loss_scale, 
     /* final_xn[Ns, D] = rmsnorm(h_final) * norm, entering the vocabulary's region */
     rmsnorm_forward(s->final_xn, s->final_rstd, s->h_final, w->norm, d->Ns, d->D, m->c.norm_eps);
     float *xn = whole(m, m->attn_in, s->final_xn);      /* [N, D] (attn_in is free here) */
-    p->vocab.enter_forward(p, xn, s->final_xn, d->B, d->Ts, d->D);
+    p->vocab.enter_forward(p->vocab.state, p, xn, s->final_xn, d->B, d->Ts, d->D);
     /* logits[N, Vl] = xn output^T: this rank's vocabulary rows */
-    p->linear.forward(p, (linear_site){P_OUTPUT, -1}, s->logits, xn, w->output, N, d->D, Vl);
+    p->linear.forward(p->linear.state, p, (linear_site){P_OUTPUT, -1}, s->logits, xn, w->output, N, d->D, Vl);
     /* the sum over valid targets of -log softmax(logits)[target] */
-    float loss_sum = p->loss.forward(p, s->logits, s->targets, N, Vl, v0, s->loss_stats, m->loss_scratch);
+    float loss_sum = p->loss.forward(p->loss.state, p, s->logits, s->targets, N, Vl, v0, s->loss_stats, m->loss_scratch);
     return loss_sum * loss_scale;
 }
 
@@ -413,14 +413,14 @@ static void head_backward(llama_model *m, float *dh, const unit_weights *w, cons
     llama_saved *s = m->saved;
     int B = d->B, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, Vl = d->Vl, v0 = d->v0;
     /* dlogits[N, Vl] = (softmax - onehot(target)) * loss_scale, written over the logits */
-    p->loss.backward(p, s->logits, s->logits, s->targets, s->loss_stats, N, Vl, v0, s->loss_scale);
+    p->loss.backward(p->loss.state, p, s->logits, s->logits, s->targets, s->loss_stats, N, Vl, v0, s->loss_scale);
     /* the output layer's input again (a split sequence kept only this rank's shard of it) */
     float *xn = whole(m, m->attn_in, s->final_xn);
-    p->vocab.enter_forward(p, xn, s->final_xn, B, Ts, D);
+    p->vocab.enter_forward(p->vocab.state, p, xn, s->final_xn, B, Ts, D);
     /* dxn_full[N, D] = dlogits output (this rank's vocabulary rows' share);  d output += dlogits^T xn */
-    p->linear.backward(p, (linear_site){P_OUTPUT, -1}, m->dxn_full, DX_SET, g->output, s->logits, xn, w->output, N, D, Vl);
+    p->linear.backward(p->linear.state, p, (linear_site){P_OUTPUT, -1}, m->dxn_full, DX_SET, g->output, s->logits, xn, w->output, N, D, Vl);
     float *dxn = whole(m, m->dxn, m->dxn_full);
-    p->vocab.enter_backward(p, dxn, m->dxn_full, B, Ts, D);
+    p->vocab.enter_backward(p->vocab.state, p, dxn, m->dxn_full, B, Ts, D);
     /* dh[Ns, D] = d loss / d h_final (through the final norm); d norm += ... */
     device_zero(dh, (size_t)Ns * D * sizeof(float));
     rmsnorm_backward(dh, g->norm, dxn, s->h_final, w->norm, s->final_rstd, Ns, D);
@@ -432,7 +432,7 @@ static void embed_backward(llama_model *m, const float *dh, const unit_weights *
     const llama_plan *p = m->plan;
     const llama_dims *d = &m->d;
     float *dh0 = whole(m, m->dy_full, (float *)dh);     /* [N, D] */
-    p->vocab.exit_backward(p, dh0, dh, d->B, d->Ts, d->D);
+    p->vocab.exit_backward(p->vocab.state, p, dh0, dh, d->B, d->Ts, d->D);
     embedding_backward(g->tok_embeddings, dh0, m->saved->tokens, d->N, d->D, d->v0, d->Vl);
 }
 
@@ -441,34 +441,34 @@ static void embed_backward(llama_model *m, const float *dh, const unit_weights *
 void llama_embed_forward(llama_model *m, const int *tokens) {
     const llama_plan *p = m->plan;
     unit_weights w, g;
-    p->weights.acquire(p, m, m->c.n_layers, false, &w, &g);
+    p->weights.acquire(p->weights.state, p, m, m->c.n_layers, false, &w, &g);
     embed_forward(m, tokens, &w);
-    p->weights.release(p, m, m->c.n_layers, false);
+    p->weights.release(p->weights.state, p, m, m->c.n_layers, false);
 }
 
 float llama_head_forward(llama_model *m, const int *targets, float loss_scale) {
     const llama_plan *p = m->plan;
     unit_weights w, g;
-    p->weights.acquire(p, m, m->c.n_layers, false, &w, &g);
+    p->weights.acquire(p->weights.state, p, m, m->c.n_layers, false, &w, &g);
     float loss = head_forward(m, targets, loss_scale, &w);
-    p->weights.release(p, m, m->c.n_layers, false);
+    p->weights.release(p->weights.state, p, m, m->c.n_layers, false);
     return loss;
 }
 
 void llama_head_backward(llama_model *m, float *dh) {
     const llama_plan *p = m->plan;
     unit_weights w, g;
-    p->weights.acquire(p, m, m->c.n_layers, true, &w, &g);
+    p->weights.acquire(p->weights.state, p, m, m->c.n_layers, true, &w, &g);
     head_backward(m, dh, &w, &g);
-    p->weights.release(p, m, m->c.n_layers, true);
+    p->weights.release(p->weights.state, p, m, m->c.n_layers, true);
 }
 
 void llama_embed_backward(llama_model *m, const float *dh) {
     const llama_plan *p = m->plan;
     unit_weights w, g;
-    p->weights.acquire(p, m, m->c.n_layers, true, &w, &g);
+    p->weights.acquire(p->weights.state, p, m, m->c.n_layers, true, &w, &g);
     embed_backward(m, dh, &g);
-    p->weights.release(p, m, m->c.n_layers, true);
+    p->weights.release(p->weights.state, p, m, m->c.n_layers, true);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -479,11 +479,11 @@ float llama_forward(llama_model *m, const int *tokens, const int *targets, float
     int L = m->c.n_layers;
     llama_layer_acts *acts = m->saved->layers;
     unit_weights w, g;                                  /* the ends: embedding, final norm, output */
-    p->weights.acquire(p, m, L, false, &w, &g);
+    p->weights.acquire(p->weights.state, p, m, L, false, &w, &g);
     embed_forward(m, tokens, &w);                                        /* h0 = acts[0].h_in */
     for (int l = 0; l < L; l++) llama_layer_forward(m, l, l + 1 < L ? acts[l + 1].h_in : m->saved->h_final);
     float loss = head_forward(m, targets, loss_scale, &w);
-    p->weights.release(p, m, L, false);
+    p->weights.release(p->weights.state, p, m, L, false);
     return loss;
 }
 
@@ -491,32 +491,33 @@ void llama_backward(llama_model *m) {
     const llama_plan *p = m->plan;
     int L = m->c.n_layers;
     unit_weights w, g;
-    p->weights.acquire(p, m, L, true, &w, &g);
+    p->weights.acquire(p->weights.state, p, m, L, true, &w, &g);
     head_backward(m, m->dh, &w, &g);                    /* dh = d loss / d h_final */
     for (int l = L - 1; l >= 0; l--) llama_layer_backward(m, l, m->dh);
     embed_backward(m, m->dh, &g);                       /* dh is d loss / d h0 */
-    p->weights.release(p, m, L, true);
-    if (p->reduce_grads && !m->accumulating) p->reduce_grads(p, m);
+    p->weights.release(p->weights.state, p, m, L, true);
+    if (p->reduce_grads.reduce && !m->accumulating) p->reduce_grads.reduce(p->reduce_grads.state, p, m);
 }
 
 void llama_zero_grad(llama_model *m) { param_zero_grads(m->params); }
 
 void llama_adamw_step(llama_model *m, const adamw_config *opt, int step) {
-    if (m->plan->optimizer_step) m->plan->optimizer_step(m->plan, m, opt, step);
+    const optimizer_ops *o = &m->plan->optimizer;
+    if (o->step) o->step(o->state, m->plan, m, opt, step);
     else param_adamw_step(m->params, opt, step);
 }
 
 void llama_gather_residual(llama_model *m, const float *x_local, int B, float *full) {
     const llama_dims *d = &m->d;
     size_t n = (size_t)B * d->Ts * d->D;
-    comm_group *g = m->plan->tp, *batch = m->plan->batch;
+    comm_group *g = m->plan->groups.tp, *batch = m->plan->groups.batch;
     /* 1. this batch slice's [B, T, D] on the tp group's rank 0 (whole on every rank, or its
      *    [p][B][Ts][D] chunks re-laid out when the plan splits the sequence) */
     float *mine = malloc(n * sizeof(float));
     device_copy_to_host(mine, x_local, n * sizeof(float));
     size_t slice = (size_t)B * d->T * d->D;
     float *rows = malloc(slice * sizeof(float));
-    if (m->plan->seq_shards == 1 || !g) {
+    if (m->plan->sequence.shards == 1 || !g) {
         memcpy(rows, mine, slice * sizeof(float));
     } else {
         float *chunks = g->rank == 0 ? malloc(n * g->size * sizeof(float)) : NULL;
@@ -527,7 +528,7 @@ void llama_gather_residual(llama_model *m, const float *x_local, int B, float *f
     }
     /* 2. under context parallelism, the cp ranks' rows [B, Tl, D], each row put at its position in
      *    the whole sequence: [B, T_global, D] on the cp group's rank 0 */
-    comm_group *cp = m->plan->cp;
+    comm_group *cp = m->plan->groups.cp;
     if (cp) {
         size_t Tl = d->T, T = Tl * cp->size, D = d->D;
         float *pos = malloc(Tl * sizeof(float)), *all_pos = malloc(T * sizeof(float));

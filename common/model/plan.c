@@ -1,5 +1,7 @@
 /* plan.c: the single-device plan and the local operators every plan starts from (plan.h). */
 #include <stddef.h>
+#include <stdlib.h>
+#include "comm.h"
 #include "device.h"
 #include "llama_kernels.h"
 #include "model.h"
@@ -7,34 +9,34 @@
 
 /* Identity boundaries: on one device (or with the sequence whole) the model passes the same
  * buffer as local and full, and there is nothing to do. */
-static void identity_forward(const llama_plan *p, float *dst, const float *src, int B, int Ts, int C) {
+static void identity_forward(void *state, const llama_plan *p, float *dst, const float *src, int B, int Ts, int C) {
     if (dst != src) device_copy(dst, src, (size_t)B * Ts * C * sizeof(float));
 }
-static void identity_backward(const llama_plan *p, float *dst, float *src, int B, int Ts, int C) {
-    identity_forward(p, dst, src, B, Ts, C);
+static void identity_backward(void *state, const llama_plan *p, float *dst, float *src, int B, int Ts, int C) {
+    identity_forward(state, p, dst, src, B, Ts, C);
 }
-static void identity_exit_forward(const llama_plan *p, float *y_local, float *y_partial, int B, int Ts, int C) {
-    identity_forward(p, y_local, y_partial, B, Ts, C);
+static void identity_exit_forward(void *state, const llama_plan *p, float *y_local, float *y_partial, int B, int Ts, int C) {
+    identity_forward(state, p, y_local, y_partial, B, Ts, C);
 }
-const region_ops region_identity = {identity_forward, identity_backward, identity_exit_forward, identity_forward};
+const region_ops region_identity = {NULL, identity_forward, identity_backward, identity_exit_forward, identity_forward};
 
 /* The whole vocabulary on this rank: the plain cross-entropy. */
-static float local_loss_forward(const llama_plan *p, const float *logits, const int *targets, int N,
+static float local_loss_forward(void *state, const llama_plan *p, const float *logits, const int *targets, int N,
                                 int Vl, int v0, float *stats, float *scratch) {
     return cross_entropy_forward(logits, targets, N, Vl);
 }
-static void local_loss_backward(const llama_plan *p, float *dlogits, const float *logits,
+static void local_loss_backward(void *state, const llama_plan *p, float *dlogits, const float *logits,
                                 const int *targets, const float *stats, int N, int Vl, int v0,
                                 float grad_scale) {
     cross_entropy_backward(dlogits, logits, targets, N, Vl, grad_scale);
 }
-const loss_ops loss_local = {0, local_loss_forward, local_loss_backward};
+const loss_ops loss_local = {NULL, 0, local_loss_forward, local_loss_backward};
 
-static void local_attention_forward(const llama_plan *p, float *out, float *probs, const float *q,
+static void local_attention_forward(void *state, const llama_plan *p, float *out, float *probs, const float *q,
                                     const float *k, const float *v, int B, int T, int H, int Hkv, int hd) {
     attention_forward(out, probs, q, k, v, B, T, H, Hkv, hd);
 }
-static void local_attention_backward(const llama_plan *p, float *dq, float *dk, float *dv, float *dprobs,
+static void local_attention_backward(void *state, const llama_plan *p, float *dq, float *dk, float *dv, float *dprobs,
                                      const float *dout, const float *out, const float *q, const float *k,
                                      const float *v, const float *probs, int B, int T, int H, int Hkv, int hd) {
     attention_backward(dq, dk, dv, dprobs, dout, q, k, v, probs, B, T, H, Hkv, hd);
@@ -42,35 +44,36 @@ static void local_attention_backward(const llama_plan *p, float *dq, float *dk, 
 const attention_ops attention_local = {.forward = local_attention_forward, .backward = local_attention_backward,
                                        .saved_numel = NULL};   /* the softmax, B H T T */
 
-static void fp32_linear_forward(const llama_plan *p, linear_site site, float *y, const float *x,
+static void fp32_linear_forward(void *state, const llama_plan *p, linear_site site, float *y, const float *x,
                                 const float *W, int N, int in, int out) {
     linear_forward(y, x, W, N, in, out);
 }
-static void fp32_linear_backward(const llama_plan *p, linear_site site, float *dx, dx_write how, float *dW,
+static void fp32_linear_backward(void *state, const llama_plan *p, linear_site site, float *dx, dx_write how, float *dW,
                                  const float *dy, const float *x, const float *W, int N, int in, int out) {
     (how == DX_ADD ? linear_backward_accumulate : linear_backward)(dx, dW, dy, x, W, N, in, out);
 }
-const linear_ops linear_fp32 = {fp32_linear_forward, fp32_linear_backward};
+const linear_ops linear_fp32 = {NULL, fp32_linear_forward, fp32_linear_backward};
 
 /* Every rank holds its slices for good: the tensors are the table's, nothing to gather or free. */
-static void resident_acquire(const llama_plan *p, llama_model *m, int unit, bool backward,
+static void resident_acquire(void *state, const llama_plan *p, llama_model *m, int unit, bool backward,
                              unit_weights *w, unit_weights *g) {
     *w = param_unit(m->params, m->params->params, unit);
     *g = param_unit(m->params, m->params->grads, unit);
 }
-static void resident_release(const llama_plan *p, llama_model *m, int unit, bool backward) {}
-const weight_ops weights_resident = {resident_acquire, resident_release};
+static void resident_release(void *state, const llama_plan *p, llama_model *m, int unit, bool backward) {}
+const weight_ops weights_resident = {NULL, resident_acquire, resident_release};
 
 bool plan_holds(const llama_plan *p, int n_layers, param_kind kind, int layer) {
-    if (!p->holds_layer) return true;
-    if (layer >= 0) return p->holds_layer(p, layer);
-    return p->holds_layer(p, kind == P_TOK_EMBEDDINGS ? 0 : n_layers - 1);   /* the ends */
+    const schedule_ops *s = &p->schedule;
+    if (!s->holds_layer) return true;
+    if (layer >= 0) return s->holds_layer(s->state, p, layer);
+    return s->holds_layer(s->state, p, kind == P_TOK_EMBEDDINGS ? 0 : n_layers - 1);   /* the ends */
 }
 
 llama_plan plan_single_device(void) {
     llama_plan p = {0};
     p.name = "single device";
-    p.seq_shards = 1;
+    p.sequence.shards = 1;
     for (int k = 0; k < P_NKINDS; k++) p.layout[k] = SHARD_REPLICATED;
     p.region = region_identity;
     p.vocab = region_identity;
@@ -78,7 +81,51 @@ llama_plan plan_single_device(void) {
     p.attention = attention_local;
     p.linear = linear_fp32;
     p.weights = weights_resident;
-    p.keep = ACT_KEEP_ALL;
-    p.microbatches = 1;
+    p.checkpoint.keep = ACT_KEEP_ALL;
+    p.schedule.microbatches = 1;
     return p;
+}
+
+/* ---- the stack of techniques ------------------------------------------------------------------ */
+
+void *plan_push(llama_plan *p, const plan_technique *technique, void *state, double buffer_bytes) {
+    plan_stack *a = &p->applied;
+    if (a->n == PLAN_MAX_TECHNIQUES)
+        comm_exit_usage("plan_push: more than %d techniques on one plan (%s)", PLAN_MAX_TECHNIQUES, technique->name);
+    a->layer[a->n].technique = technique;
+    a->layer[a->n].state = state;
+    a->layer[a->n].buffer_bytes = buffer_bytes;
+    a->n++;
+    return state;
+}
+
+void *plan_state(const llama_plan *p, const plan_technique *technique) {
+    for (int i = 0; i < p->applied.n; i++)
+        if (p->applied.layer[i].technique == technique) return p->applied.layer[i].state;
+    return NULL;
+}
+
+bool plan_has(const llama_plan *p, const plan_technique *technique) {
+    for (int i = 0; i < p->applied.n; i++)
+        if (p->applied.layer[i].technique == technique) return true;
+    return false;
+}
+
+void plan_add_buffer_bytes(llama_plan *p, const plan_technique *technique, double bytes) {
+    for (int i = 0; i < p->applied.n; i++)
+        if (p->applied.layer[i].technique == technique) p->applied.layer[i].buffer_bytes += bytes;
+}
+
+double plan_buffer_bytes(const llama_plan *p) {
+    double bytes = 0;
+    for (int i = 0; i < p->applied.n; i++) bytes += p->applied.layer[i].buffer_bytes;
+    return bytes;
+}
+
+void plan_free(llama_plan *p) {
+    for (int i = p->applied.n - 1; i >= 0; i--) {
+        const plan_technique *t = p->applied.layer[i].technique;
+        if (t->free_state) t->free_state(p->applied.layer[i].state);
+    }
+    *p = plan_single_device();
 }

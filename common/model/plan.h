@@ -39,6 +39,11 @@ C_BEGIN
 typedef struct llama_plan llama_plan;
 typedef struct llama_model llama_model;
 
+/* Every operator below travels with its own state: the ops struct's `state` is what the technique
+ * that installed it allocated (NULL for the single-device operators), and every call passes it as
+ * the first argument, p->X.op(p->X.state, p, ...). A technique that wraps an operator keeps the
+ * one it replaced (`below`) in its state and calls it with below's state (plan_wrap). */
+
 /* The two boundaries of a tensor-parallel region, forward and backward.
  *   enter_forward   x_local [B, Ts, C] -> x_full [B, T, C]     before the column-parallel linears
  *   enter_backward  dx_full [B, T, C] (this rank's partial sums, may be overwritten)
@@ -47,10 +52,11 @@ typedef struct llama_model llama_model;
  *                                      -> y_local [B, Ts, C]   after the row-parallel linears
  *   exit_backward   dy_local [B, Ts, C] -> dy_full [B, T, C]                                  */
 typedef struct {
-    void (*enter_forward)(const llama_plan *p, float *x_full, const float *x_local, int B, int Ts, int C);
-    void (*enter_backward)(const llama_plan *p, float *dx_local, float *dx_full, int B, int Ts, int C);
-    void (*exit_forward)(const llama_plan *p, float *y_local, float *y_partial, int B, int Ts, int C);
-    void (*exit_backward)(const llama_plan *p, float *dy_full, const float *dy_local, int B, int Ts, int C);
+    void *state;
+    void (*enter_forward)(void *state, const llama_plan *p, float *x_full, const float *x_local, int B, int Ts, int C);
+    void (*enter_backward)(void *state, const llama_plan *p, float *dx_local, float *dx_full, int B, int Ts, int C);
+    void (*exit_forward)(void *state, const llama_plan *p, float *y_local, float *y_partial, int B, int Ts, int C);
+    void (*exit_backward)(void *state, const llama_plan *p, float *dy_full, const float *dy_local, int B, int Ts, int C);
 } region_ops;
 
 /* The loss on this rank's logits [N, Vl] (vocabulary rows [v0, v0 + Vl) of V). A loss may keep
@@ -58,10 +64,11 @@ typedef struct {
  * use scratch [N]. forward returns the sum of the token losses over valid targets, the same on
  * every rank; backward writes dlogits (=, may alias logits) = (softmax - onehot) * grad_scale. */
 typedef struct {
+    void *state;
     int saved_per_row;
-    float (*forward)(const llama_plan *p, const float *logits, const int *targets, int N, int Vl,
+    float (*forward)(void *state, const llama_plan *p, const float *logits, const int *targets, int N, int Vl,
                      int v0, float *stats, float *scratch);
-    void (*backward)(const llama_plan *p, float *dlogits, const float *logits, const int *targets,
+    void (*backward)(void *state, const llama_plan *p, float *dlogits, const float *logits, const int *targets,
                      const float *stats, int N, int Vl, int v0, float grad_scale);
 } loss_ops;
 
@@ -72,12 +79,13 @@ typedef struct {
  * backward gets the forward's out and a scratch dprobs of the same size. Under context
  * parallelism T is this rank's rows of each sequence. */
 typedef struct {
-    void (*forward)(const llama_plan *p, float *out, float *probs, const float *q, const float *k,
+    void *state;
+    void (*forward)(void *state, const llama_plan *p, float *out, float *probs, const float *q, const float *k,
                     const float *v, int B, int T, int H, int Hkv, int hd);
-    void (*backward)(const llama_plan *p, float *dq, float *dk, float *dv, float *dprobs,
+    void (*backward)(void *state, const llama_plan *p, float *dq, float *dk, float *dv, float *dprobs,
                      const float *dout, const float *out, const float *q, const float *k, const float *v,
                      const float *probs, int B, int T, int H, int Hkv, int hd);
-    size_t (*saved_numel)(const llama_plan *p, int B, int T, int H);
+    size_t (*saved_numel)(void *state, const llama_plan *p, int B, int T, int H);
 } attention_ops;
 
 /* Which linear a call is: its weight's kind (P_WQ ... P_W3, or P_OUTPUT) and layer (-1 for the
@@ -95,9 +103,10 @@ typedef enum { DX_SET, DX_ADD } dx_write;
 /* y = x W^T: forward x [N, in], W [out, in] -> y [N, out] (=); backward dx (as `how` says; NULL:
  * skipped), dW (+=, NULL: skipped). The fp32 GEMM by default; a float8 chapter swaps in its own. */
 typedef struct {
-    void (*forward)(const llama_plan *p, linear_site site, float *y, const float *x, const float *W,
+    void *state;
+    void (*forward)(void *state, const llama_plan *p, linear_site site, float *y, const float *x, const float *W,
                     int N, int in, int out);
-    void (*backward)(const llama_plan *p, linear_site site, float *dx, dx_write how, float *dW,
+    void (*backward)(void *state, const llama_plan *p, linear_site site, float *dx, dx_write how, float *dW,
                      const float *dy, const float *x, const float *W, int N, int in, int out);
 } linear_ops;
 
@@ -107,9 +116,10 @@ typedef struct {
  * for the whole forward or backward around the layers. Resident: views of the parameter table
  * and nothing to release (a sharded-data-parallel chapter gathers and frees here). */
 typedef struct {
-    void (*acquire)(const llama_plan *p, llama_model *m, int unit, bool backward, unit_weights *w,
+    void *state;
+    void (*acquire)(void *state, const llama_plan *p, llama_model *m, int unit, bool backward, unit_weights *w,
                     unit_weights *g);
-    void (*release)(const llama_plan *p, llama_model *m, int unit, bool backward);
+    void (*release)(void *state, const llama_plan *p, llama_model *m, int unit, bool backward);
 } weight_ops;
 
 /* The activations one layer may save for backward (model.h: llama_layer_acts names them). */
@@ -119,67 +129,131 @@ enum {
 };
 #define ACT_KEEP_ALL ((1u << ACT_NLAYER) - 1)
 
+/* Activation checkpointing: the bits ACT_* of what each layer keeps for backward (the rest lives
+ * once, in buffers shared by the layers), and what brings it back before a layer's backward, from
+ * the weights `w` acquired for it. recompute returns true when it has also re-entered the region
+ * (a full forward again), so the model need not gather the region's inputs once more. NULL: keeps
+ * all. */
+typedef struct {
+    void *state;
+    unsigned keep;
+    bool (*recompute)(void *state, llama_model *m, int layer, const unit_weights *w);
+} checkpoint_ops;
+
+/* After the backward pass: the gradient reductions the plan owes (chapter 03's norm weights,
+ * which saw only this rank's tokens; 04's data-parallel sums; 06's sum over cp). Each technique
+ * that owes one wraps the operator below and calls it, so they chain. NULL: none. */
+typedef struct {
+    void *state;
+    void (*reduce)(void *state, const llama_plan *p, llama_model *m);
+} grad_reduce_ops;
+
+/* The optimizer step on what this rank holds (NULL: AdamW on every slice of the table). */
+typedef struct {
+    void *state;
+    void (*step)(void *state, const llama_plan *p, llama_model *m, const adamw_config *opt, int step);
+} optimizer_ops;
+
+/* How a sequence is split over ranks. shards: the residual stream holds T / shards tokens of each
+ * sequence (chapter 03's sequence parallelism). positions: the RoPE positions[T] of the rows of a
+ * whole sequence as the attention sees them (chapter 06's order; NULL: 0..T-1). */
+typedef struct {
+    void *state;
+    int shards;
+    void (*positions)(void *state, const llama_plan *p, int *positions_host, int T);
+} sequence_ops;
+
+/* Who runs what and when (chapter 05's pipeline). holds_layer: the layers this rank runs; it
+ * stores only their weights, and the embedding when it holds layer 0, the final norm and the
+ * output layer when it holds layer L-1 (NULL: every layer). A plan that schedules the step itself
+ * runs this rank's rows of the batch as `microbatches` pieces (the model is built for one piece's
+ * rows). forward_backward: tokens, targets [microbatches * B, T] (device) -> the loss share of
+ * those rows, the same on every rank that runs them; gradients accumulated (+=); *dh0 receives
+ * d loss / d h0 of the rows, [microbatches * B, Ts, D], on the ranks that hold layer 0 (for the
+ * check). NULL: one piece, llama_forward then llama_backward (dh0 = m->dh). microbatch_now: the
+ * microbatch whose action is running, for an operator that keeps state from a forward for its
+ * backward (chapter 07's float8 scales; NULL: 0). */
+typedef struct {
+    void *state;
+    int microbatches;
+    bool (*holds_layer)(void *state, const llama_plan *p, int layer);
+    int (*microbatch_now)(void *state, const llama_plan *p);
+    float (*forward_backward)(void *state, const llama_plan *p, llama_model *m, const int *tokens,
+                              const int *targets, float loss_scale, const float **dh0);
+} schedule_ops;
+
+/* The groups the operators talk over (NULL: none, a single device). */
+typedef struct {
+    device_mesh *mesh;
+    comm_group *tp;                /* tensor parallelism: the operators of 01, 02, 03, 07           */
+    comm_group *cp;                /* context parallelism (06): every sequence is split over these
+                                    * ranks for the whole model; this rank holds the rows at the
+                                    * sequence's positions                                          */
+    comm_group *batch;             /* the data-parallel ranks that split the global batch by rows   */
+} plan_groups;
+
+/* A technique, as the plan's stack records it: its name and what frees its state. */
+typedef struct {
+    const char *name;
+    void (*free_state)(void *state);
+} plan_technique;
+
+/* The techniques applied to a plan, in the order they were applied, each with its state and the
+ * bytes of the buffers it allocates on this rank at their first use, beyond the model's own
+ * (chapter 04's gathered layers, full gradients and staging): run_model counts them in its memory
+ * check before anything is allocated. plan_free frees them in reverse order. */
+#define PLAN_MAX_TECHNIQUES 8
+typedef struct {
+    int n;
+    struct {
+        const plan_technique *technique;
+        void *state;
+        double buffer_bytes;
+    } layer[PLAN_MAX_TECHNIQUES];
+} plan_stack;
+
+/* A plan is the single device's operators with techniques stacked on them: each technique's
+ * apply function installs its operators (with its own state), wrapping the ones it replaces, and
+ * pushes itself on `applied`. */
 struct llama_plan {
     const char *name;              /* "single device", "megatron tp", ...                         */
-    device_mesh *mesh;             /* NULL on a single device                                      */
-    comm_group *tp;                /* the group the operators talk over (NULL: none)              */
-    comm_group *cp;                /* context parallelism (chapter 06): every sequence is split over
-                                    * these ranks for the whole model; this rank holds the rows at
-                                    * `positions` (NULL: none)                                    */
-    comm_group *batch;             /* the data-parallel ranks that split the global batch by rows
-                                    * (NULL: every rank sees the whole batch)                      */
-    int seq_shards;                /* the residual stream holds T / seq_shards tokens per sequence */
+    plan_groups groups;
     shard_layout layout[P_NKINDS]; /* how each kind of tensor is split over tp (params.h)         */
     block_storage storage[PARAM_NBLOCKS]; /* values, gradients, optimizer state: whole, or this
                                     * rank's dp_shard shard of each tensor (params.h)            */
+    sequence_ops sequence;
     region_ops region;             /* the layers' tensor-parallel region                          */
     region_ops vocab;              /* the embedding's exit and the output layer's entry            */
     loss_ops loss;
     attention_ops attention;
     linear_ops linear;
     weight_ops weights;
-    /* Activation checkpointing: the bits ACT_* of what each layer keeps for backward (the rest
-     * lives once, in buffers shared by the layers), and what brings it back before a layer's
-     * backward, from the weights `w` acquired for it. recompute returns true when it has also
-     * re-entered the region (a full forward again), so the model need not gather the region's
-     * inputs once more. NULL: keeps all. */
-    unsigned keep;
-    bool (*recompute)(llama_model *m, int layer, const unit_weights *w);
-    /* After the backward pass: the gradient reductions the plan owes (e.g. chapter 03's norm
-     * weights, which saw only this rank's tokens). NULL: none. */
-    void (*reduce_grads)(const llama_plan *p, llama_model *m);
-    /* The optimizer step on what this rank holds (NULL: AdamW on every slice of the table). */
-    void (*optimizer_step)(const llama_plan *p, llama_model *m, const adamw_config *opt, int step);
-    /* RoPE positions[T] of the rows of a whole sequence as the attention sees them. NULL: 0..T-1. */
-    void (*positions)(const llama_plan *p, int *positions_host, int T);
-    /* Pipeline parallelism (chapter 05). holds_layer: the layers this rank runs; it stores only
-     * their weights, and the embedding when it holds layer 0, the final norm and the output layer
-     * when it holds layer L-1. NULL: every layer. */
-    bool (*holds_layer)(const llama_plan *p, int layer);
-    /* A plan that schedules the step itself runs this rank's rows of the batch as `microbatches`
-     * pieces (the model is built for one piece's rows). forward_backward: tokens, targets
-     * [microbatches * B, T] (device) -> the loss share of those rows, the same on every rank
-     * that runs them; gradients accumulated (+=); *dh0 receives d loss / d h0 of the rows,
-     * [microbatches * B, Ts, D], on the ranks that hold layer 0 (for the check). NULL: one
-     * piece, llama_forward then llama_backward (dh0 = m->dh). */
-    int microbatches;
-    /* The microbatch whose action is running (a pipeline's), for an operator that keeps state
-     * from a forward for its backward (chapter 07's float8 scales). NULL: 0. */
-    int (*microbatch_now)(const llama_plan *p);
-    float (*forward_backward)(const llama_plan *p, llama_model *m, const int *tokens, const int *targets,
-                              float loss_scale, const float **dh0);
-    /* Each technique keeps its own state in its own field, so that techniques compose on one
-     * plan (chapter 08 applies them all): NULL where the technique is not applied.            */
-    void *sp_ctx;                  /* chapter 03: sequence parallelism and activation checkpointing */
-    void *dp_ctx;                  /* chapter 04: data parallelism (DDP ... FSDP)                   */
-    void *pp_ctx;                  /* chapter 05: the pipeline schedule                             */
-    void *cp_ctx;                  /* chapter 06: context parallelism                               */
-    void *linear_ctx;              /* chapter 07: the float8 linear operator's scales               */
-    /* Bytes of the buffers the techniques allocate on this rank at their first use, beyond the
-     * model's own (chapter 04's gathered layers, full gradients and staging): each technique
-     * adds its own, and run_model counts them in its memory check before anything is allocated. */
-    double buffer_bytes;
+    checkpoint_ops checkpoint;
+    grad_reduce_ops reduce_grads;
+    optimizer_ops optimizer;
+    schedule_ops schedule;
+    plan_stack applied;
 };
+
+/* Pushes a technique on the plan's stack with its state (and the buffer bytes it will allocate).
+ * Exits with a message if the stack is full. Returns state. */
+void *plan_push(llama_plan *p, const plan_technique *technique, void *state, double buffer_bytes);
+/* The state of `technique` on this plan, or NULL when it was not applied. */
+void *plan_state(const llama_plan *p, const plan_technique *technique);
+/* Was `technique` applied to this plan? */
+bool plan_has(const llama_plan *p, const plan_technique *technique);
+/* Adds to the buffer bytes `technique` declared (it knows them only once its buffers are sized). */
+void plan_add_buffer_bytes(llama_plan *p, const plan_technique *technique, double bytes);
+/* The buffer bytes of every technique applied. */
+double plan_buffer_bytes(const llama_plan *p);
+/* Frees every technique's state, the last applied first; the plan is the single device's after. */
+void plan_free(llama_plan *p);
+
+/* plan_wrap(slot, below, replacement): the one way a technique replaces an operator that it
+ * then calls: the operator in the plan's `slot` is kept in the technique's `below`, and
+ * `replacement` (its own operator, state = the technique's) takes its place. E.g.
+ *     plan_wrap(plan->linear, s->below_linear, ((linear_ops){s, my_forward, my_backward}));  */
+#define plan_wrap(slot, below, replacement) ((below) = (slot), (slot) = (replacement))
 
 /* Does the plan's rank hold the tensor of `kind` in `layer` (-1: outside the layers)? */
 bool plan_holds(const llama_plan *p, int n_layers, param_kind kind, int layer);
