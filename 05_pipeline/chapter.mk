@@ -1,3 +1,6 @@
+# The technique, which a later chapter may include and link (the schedules, the pipeline's plan and executor);
+# the chapter's other files are its own (tests/t_layers.sh).
+TECHNIQUE_05 := 05_pipeline/schedule.c 05_pipeline/pipeline.c
 # Chapter 05 links chapter 00's building blocks (f and g) and chapter 01's plan (megatron_plan),
 # used inside each pipeline stage for PP x TP; its own files are schedule.c (the action lists and
 # their simulator), pipeline.c (the plan and the executor), pp_report.c and main.c.

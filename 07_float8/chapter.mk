@@ -1,3 +1,6 @@
+# The technique, which a later chapter may include and link (the float8 linears and all-gather);
+# the chapter's other files are its own (tests/t_layers.sh).
+TECHNIQUE_07 := 07_float8/float8_linear.c 07_float8/float8_all_gather.c
 # Chapter 07 links chapter 00's building blocks (f and g), chapter 01's plan (megatron_plan), on
 # which the float8 linears run under tensor parallelism, and chapter 04's data parallelism, whose
 # fully sharded all-gathers move float8 bytes with --fp8-all-gather; its own files are
