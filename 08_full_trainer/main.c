@@ -20,6 +20,7 @@
 #include "comm.h"
 #include "device.h"
 #include "flags.h"
+#include "files.h"
 #include "log.h"
 #include "mesh.h"
 #include "outputs.h"
