@@ -5,3 +5,5 @@ TECHNIQUE_05 := 05_pipeline/schedule.c 05_pipeline/pipeline.c
 # used inside each pipeline stage for PP x TP; its own files are schedule.c (the action lists and
 # their simulator), pipeline.c (the plan and the executor), pp_report.c and main.c.
 LINKS_05 := 00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c
+# The unit tests of this chapter's files, linked with them (all but main.c) and LINKS_05.
+TESTS_05 := test_schedule

@@ -5,3 +5,5 @@ TECHNIQUE_06 := 06_context_parallel/context_parallel.c
 # used inside each cp rank for CP x TP; its own files are context_parallel.c (the technique) and
 # main.c.
 LINKS_06 := 00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c
+# The unit tests of this chapter's files, linked with them (all but main.c) and LINKS_06.
+TESTS_06 := test_ring_attention
