@@ -119,11 +119,12 @@ export MPIRUN_BASE := $(shell tests/mpirun_base.sh)
 
 # ---------------------------------------------------------------- sources
 # common/: *_cpu.c are the CPU twins, *.cu the CUDA twins, every other .c is shared.
-# common/ is split by role, each layer using only those above it in this list: backend/ (device,
-# GEMM, collectives: the CPU/CUDA twins), kernels/ (the math of each layer, twins too), parallel/
-# (the device mesh and how a tensor splits over it), model/ (the Llama model written once, its
-# parameter table and the plan of operators it runs under), harness/ (flags, step loop, parity,
-# reports, exports).
+# common/ is split by role into layers, bottom up, each using only itself and the ones before it:
+# backend/ (device memory, GEMM, collectives, rank-0 printing: the CPU/CUDA twins), kernels/ (the
+# math of each layer, twins too), parallel/ (the device mesh and how a tensor splits over it),
+# model/ (the Llama model written once, its parameter table and the plan of operators it runs
+# under), harness/ (flags, step loop, parity, reports, files, exports); the chapters above them
+# all. tests/t_layers.sh fails on an include or a link that points up or sideways.
 COMMON_DIRS   := $(sort $(dir $(wildcard common/*/*.h)))
 COMMON_SHARED := $(filter-out %_cpu.c,$(wildcard common/*/*.c))
 COMMON_CPU    := $(wildcard common/*/*_cpu.c)
@@ -137,12 +138,24 @@ COMMON_OBJS_cuda := $(patsubst %.c,$(BUILD_ROOT)/cuda/%.o,$(COMMON_SHARED)) $(pa
 LDLIBS_cpu   = $(LDLIBS_CPU)
 LDLIBS_cuda := $(LDLIBS_CUDA)
 
-# A chapter's binary: its own .c files plus the technique files of earlier chapters it
-# names in its chapter.mk (e.g. LINKS_02 := 01_transformer_tp/tp.c).
--include $(wildcard [0-9][0-9]_*/chapter.mk)
+# A chapter's binary: its own files plus the technique files of earlier chapters it names in
+# its chapter.mk (e.g. LINKS_02 := 00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c;
+# TECHNIQUE_NN there says which of a chapter's files a later one may use).
+# A chapter may own CUDA code as common/ does: a kernel's CUDA twin X_cuda.cu beside its CPU twin
+# X_cpu.c, sharing the header X.h. The CPU build compiles the folder's .c files and leaves its .cu
+# files out; the CUDA build compiles its .cu files with nvcc and leaves its *_cpu.c files out. A
+# later chapter links such a kernel by naming X_cpu.c in its LINKS, which the CUDA build reads as
+# X_cuda.cu. chapter_srcs DIR BACKEND: the sources of chapter DIR's binary on that backend.
+-include $(sort $(wildcard [0-9][0-9]_*/chapter.mk))
 chapter_num  = $(firstword $(subst _, ,$(1)))
-chapter_srcs = $(wildcard $(1)/*.c) $(LINKS_$(call chapter_num,$(1)))
+chapter_own_cpu  = $(wildcard $(1)/*.c)
+chapter_own_cuda = $(filter-out %_cpu.c,$(wildcard $(1)/*.c)) $(wildcard $(1)/*.cu)
+chapter_links_cpu  = $(LINKS_$(1))
+chapter_links_cuda = $(patsubst %_cpu.c,%_cuda.cu,$(LINKS_$(1)))
+chapter_srcs = $(call chapter_own_$(2),$(1)) $(call chapter_links_$(2),$(call chapter_num,$(1)))
 chapter_dir  = $(filter $(1)_%,$(CHAPTERS))
+# objs BACKEND SOURCES: their object files (a .c and a .cu alike)
+objs = $(patsubst %,$(BUILD_ROOT)/$(1)/%.o,$(basename $(2)))
 
 # ---------------------------------------------------------------- build rules
 $(BUILD_ROOT)/cpu/%.o: %.c
@@ -167,30 +180,20 @@ $(BUILD_ROOT)/cuda/libcommon.a: $(COMMON_OBJS_cuda)
 
 define chapter_rule
 $(1)_NUM := $(call chapter_num,$(1))
-$(BUILD_ROOT)/$(2)/$$($(1)_NUM): $$(patsubst %.c,$(BUILD_ROOT)/$(2)/%.o,$$(call chapter_srcs,$(1))) $(BUILD_ROOT)/$(2)/libcommon.a
+$(BUILD_ROOT)/$(2)/$$($(1)_NUM): $$(call objs,$(2),$$(call chapter_srcs,$(1),$(2))) $(BUILD_ROOT)/$(2)/libcommon.a
 	$$(call say,LINK,$$@)
 	$(Q)$$(CC) $$^ -o $$@ $$(LDLIBS_$(2))
 endef
 $(foreach c,$(CHAPTERS),$(eval $(call chapter_rule,$(c),cpu)))
 $(foreach c,$(CHAPTERS),$(eval $(call chapter_rule,$(c),cuda)))
 
-# A unit test links libcommon.a, plus the chapter files named in its TEST_LINKS_<test> (a
-# chapter's logic tested on its own).
-TEST_LINKS_test_schedule := 05_pipeline/schedule.c
-TEST_LINKS_test_ring_attention := 06_context_parallel/context_parallel.c
-TEST_LINKS_test_float8_linear := 07_float8/float8_linear.c
-TEST_LINKS_test_plan_calculator := 08_full_trainer/plan_calculator.c 00_naive_tp_mlp/tensor_parallel.c \
-    01_transformer_tp/tp.c 02_loss_parallel/vocab_parallel.c 03_sequence_parallel/sequence_parallel.c \
-    03_sequence_parallel/sp_report.c 05_pipeline/schedule.c 06_context_parallel/context_parallel.c
-TEST_LINKS_test_trainer := 08_full_trainer/trainer.c 08_full_trainer/checkpoint.c $(filter-out %/main.c,$(wildcard 08_full_trainer/plan_calculator.c)) \
-    00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c 02_loss_parallel/vocab_parallel.c \
-    03_sequence_parallel/sequence_parallel.c 03_sequence_parallel/sp_report.c 05_pipeline/schedule.c \
-    06_context_parallel/context_parallel.c
-TEST_LINKS_test_checkpoint := 00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c 04_fsdp/data_parallel.c \
-                              05_pipeline/pipeline.c 05_pipeline/schedule.c 08_full_trainer/checkpoint.c
+# A unit test links libcommon.a and, when a chapter's chapter.mk names it in TESTS_NN (a chapter's
+# logic tested on its own), that chapter's sources but its main.c: its own files and its LINKS_NN.
+test_chapter = $(firstword $(foreach c,$(CHAPTERS),$(if $(filter $(1),$(TESTS_$(call chapter_num,$(c)))),$(c))))
+test_srcs    = $(if $(call test_chapter,$(1)),$(filter-out %/main.c,$(call chapter_srcs,$(call test_chapter,$(1)),$(2))))
 
 define test_rule
-$(BUILD_ROOT)/$(2)/tests/$(1): $(BUILD_ROOT)/$(2)/tests/$(1).o $(patsubst %.c,$(BUILD_ROOT)/$(2)/%.o,$(TEST_LINKS_$(1))) $(BUILD_ROOT)/$(2)/libcommon.a
+$(BUILD_ROOT)/$(2)/tests/$(1): $(BUILD_ROOT)/$(2)/tests/$(1).o $$(call objs,$(2),$$(call test_srcs,$(1),$(2))) $(BUILD_ROOT)/$(2)/libcommon.a
 	$$(call say,LINK,$$@)
 	$(Q)$$(CC) $$^ -o $$@ $$(LDLIBS_$(2))
 endef

@@ -17,6 +17,7 @@
 #include "cli.h"
 #include "comm.h"
 #include "device.h"
+#include "files.h"
 #include "init.h"
 #include "log.h"
 #include "mesh.h"
@@ -172,7 +173,7 @@ int main(int argc, char **argv) {
         mlp_sgd_step(model, o.lr);
     }
     csv_close(csv);
-    const char *write_error = log_write_error();   /* a full disk: one line, exit 2, the old loss.csv kept */
+    const char *write_error = file_write_error();   /* a full disk: one line, exit 2, the old loss.csv kept */
     comm_require_all(write_error == NULL, "%s; the previous file is left as it was", write_error ? write_error : "");
 
     /* ---- report: communication and memory, measured beside the README's formulas ---- */

@@ -6,6 +6,7 @@
 #include "comm.h"
 #include "data.h"
 #include "device.h"
+#include "files.h"
 #include "llama_kernels.h"
 #include "log.h"
 #include "parity.h"

@@ -1,6 +1,7 @@
 /* sp_report.c: see sp_report.h. */
 #include <math.h>
 #include <stdio.h>
+#include "files.h"
 #include "log.h"
 #include "parity.h"
 #include "report.h"

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 #include "comm.h"
+#include "files.h"
 #include "log.h"
 #include "mesh.h"
 #include "report.h"

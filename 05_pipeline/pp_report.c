@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include "comm.h"
+#include "files.h"
 #include "log.h"
 #include "mesh.h"
 #include "parity.h"

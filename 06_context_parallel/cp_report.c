@@ -4,6 +4,7 @@
 #include <string.h>
 #include "comm.h"
 #include "device.h"
+#include "files.h"
 #include "log.h"
 #include "parity.h"
 #include "report.h"

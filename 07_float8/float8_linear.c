@@ -9,7 +9,9 @@
 #include "gemm_fp8.h"
 #include "kernels.h"
 #include "llama_kernels.h"
+#include "log.h"
 #include "model.h"
+#include "parity.h"
 #include "shard.h"
 #include "float8_linear.h"
 
@@ -596,6 +598,33 @@ void float8_compare_casts(llama_plan *parallel, llama_plan *baseline) {
 fp8_cast_comparison float8_cast_comparison(const llama_plan *baseline) {
     const fp8_state *s = state_of(baseline);
     return s ? s->cmp : (fp8_cast_comparison){0, 0, 0, 0, 0, 0, 0};
+}
+
+/* Step 1's casts judged against the baseline's, here beside the comparison because chapters 07 and
+ * 08 both judge them. Whether step 1's gradients can be held to fp32 tolerances: not when a cast
+ * landed on the neighbouring code and nothing else differs. */
+const char *float8_casts_flipped(const void *baseline) {
+    fp8_cast_comparison k = float8_cast_comparison(baseline);
+    static char why[200];
+    if (k.neighbour == 0 || k.other || k.missing || k.scale_differs) return NULL;   /* judge at fp32 tolerances */
+    snprintf(why, sizeof why, "%lld cast value(s) landed on the neighbouring code (on a rounding boundary, the "
+             "input different in its last bits): a whole float8 step, see the cast comparison", k.neighbour);
+    return why;
+}
+
+/* One line on rank 0; a parity failure for anything but an equal or a neighbouring code. */
+int float8_report_casts(const llama_plan *baseline) {
+    fp8_cast_comparison k = float8_cast_comparison(baseline);
+    int bad = k.other > 0 || k.missing > 0 || k.scale_differs > 0;
+    log0("step 1's casts against the baseline's, code by code: %lld equal, %lld the neighbouring code (a rounding "
+         "boundary), %lld other, %lld not kept; %lld scales more than 1e-5 apart  %s\n", k.equal, k.neighbour, k.other,
+         k.missing, k.scale_differs, bad ? "MISMATCH" : "ok");
+    if (k.neighbour)
+        log0("  after the first cast with a neighbour, computed from values a float8 step apart (not judged): %lld "
+             "equal, %lld different\n", k.equal_after, k.differ_after);
+    if (bad) parity_fail("step 1's casts differ from the baseline's: a code neither equal nor the neighbour, or a "
+                         "scale more than 1e-5 apart (above)");
+    return bad;
 }
 
 /* ---- the exact test: sharded cast = single-device cast ----------------------------------------*/

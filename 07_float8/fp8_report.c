@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include "comm.h"
 #include "device.h"
+#include "files.h"
 #include "log.h"
 #include "parity.h"
 #include "report.h"
@@ -60,30 +61,6 @@ int float8_report_accuracy(const llama_plan *plan, fp8_recipe r, const dp_gather
              "cast W, gather", "E4M3", db, threshold_db(r, FP8_CAST_W), ok ? "ok   " : "BELOW");
     }
     if (bad) parity_fail("a float8 cast or product is further from fp32 than torchao's threshold (above)");
-    return bad;
-}
-
-/* Step 1's casts, code by code, against the baseline's (rank 0). */
-const char *float8_casts_flipped(const void *baseline) {
-    fp8_cast_comparison k = float8_cast_comparison(baseline);
-    static char why[200];
-    if (k.neighbour == 0 || k.other || k.missing || k.scale_differs) return NULL;   /* judge at fp32 tolerances */
-    snprintf(why, sizeof why, "%lld cast value(s) landed on the neighbouring code (on a rounding boundary, the "
-             "input different in its last bits): a whole float8 step, see the cast comparison", k.neighbour);
-    return why;
-}
-
-int float8_report_casts(const llama_plan *baseline) {
-    fp8_cast_comparison k = float8_cast_comparison(baseline);
-    int bad = k.other > 0 || k.missing > 0 || k.scale_differs > 0;
-    log0("step 1's casts against the baseline's, code by code: %lld equal, %lld the neighbouring code (a rounding "
-         "boundary), %lld other, %lld not kept; %lld scales more than 1e-5 apart  %s\n", k.equal, k.neighbour, k.other,
-         k.missing, k.scale_differs, bad ? "MISMATCH" : "ok");
-    if (k.neighbour)
-        log0("  after the first cast with a neighbour, computed from values a float8 step apart (not judged): %lld "
-             "equal, %lld different\n", k.equal_after, k.differ_after);
-    if (bad) parity_fail("step 1's casts differ from the baseline's: a code neither equal nor the neighbour, or a "
-                         "scale more than 1e-5 apart (above)");
     return bad;
 }
 

@@ -15,11 +15,6 @@ int float8_report_traffic(const run_options *o, device_mesh *mesh, const llama_p
 /* The lowest SQNR of each cast and product, in step 1 (judged against torchao's thresholds) and
  * over the run (shown), over every rank; with the float8 all-gather (gather != NULL), its casts. */
 int float8_report_accuracy(const llama_plan *plan, fp8_recipe r, const dp_gather_ops *gather);
-/* Step 1's casts against the baseline's, code by code (float8_cast_comparison). */
-int float8_report_casts(const llama_plan *baseline);
-/* For run_options.step1_grads_unjudged: why step 1's gradients are not judged (a cast landed on
- * the neighbouring code, and nothing else differs), or NULL. ctx: the baseline's plan. */
-const char *float8_casts_flipped(const void *baseline);
 /* The exact test: the tp shards' float8 bytes of every block weight against one device's cast. */
 int float8_report_sharded_cast(const llama_plan *plan, llama_model *m);
 /* --cast-sample: layer 0's w1 scaled tensorwise into E4M3, before and after the cast, to `path`. */

@@ -1,13 +1,15 @@
+# The technique, which a later chapter may include and link (the plan of the whole mesh);
+# the chapter's other files are its own (tests/t_layers.sh).
+TECHNIQUE_08 := 08_full_trainer/parallelize.c
 # Chapter 08 links the technique of every earlier chapter and copies none: chapter 00's building
 # blocks (f and g), 01's Megatron plan, 02's vocabulary-parallel ends, 03's sequence parallelism
 # and checkpointing, 04's FSDP/HSDP, 05's pipeline and its schedules, 06's context parallelism,
-# 07's float8 linears (and its report of step 1's casts, for --check). Its own files: parallelize.c
-# (the plan of the mesh), trainer.c (schedule, evaluation, metrics), checkpoint.c, sample.c,
-# plan_calculator.c and main.c.
+# 07's float8 linears and all-gather. Its own files: parallelize.c (the plan of the mesh),
+# trainer.c (schedule, evaluation, metrics), checkpoint.c, sample.c, plan_calculator.c and main.c.
 LINKS_08 += 00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c 02_loss_parallel/vocab_parallel.c \
             03_sequence_parallel/sequence_parallel.c 04_fsdp/data_parallel.c 05_pipeline/pipeline.c \
             05_pipeline/schedule.c 06_context_parallel/context_parallel.c 07_float8/float8_linear.c \
-            07_float8/float8_all_gather.c 07_float8/fp8_report.c
+            07_float8/float8_all_gather.c
 # The --plan calculator (plan_calculator.c) also calls chapter 03's activation formulas, which live
 # in its report file.
 LINKS_08 += 03_sequence_parallel/sp_report.c
@@ -16,3 +18,5 @@ LINKS_08 += 03_sequence_parallel/sp_report.c
 RUN_NP_08    := 8
 RUN_FLAGS_08 := --sample 400
 RUN_ARGS_08  := --pp 2 --dp-shard 2 --tp 2
+# The unit tests of this chapter's files, linked with them (all but main.c) and LINKS_08.
+TESTS_08 := test_plan_calculator test_trainer test_checkpoint

@@ -37,7 +37,7 @@
 
 #include "comm.h"
 #include "device.h"
-#include "log.h"
+#include "files.h"
 #include "mesh.h"
 #include "params.h"
 #include "safetensors.h"

@@ -20,6 +20,7 @@
 #include "comm.h"
 #include "device.h"
 #include "flags.h"
+#include "files.h"
 #include "log.h"
 #include "mesh.h"
 #include "outputs.h"
@@ -30,7 +31,6 @@
 #include "sample.h"
 #include "trainer.h"
 #include "traffic.h"
-#include "../07_float8/fp8_report.h"
 
 /* The settings a resumed run must share with the run it continues (the mesh may differ). */
 static void trainer_settings(const run_options *o, const trainer_options *co, const text_corpus *corpus,

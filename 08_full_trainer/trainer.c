@@ -7,6 +7,7 @@
 #include "checkpoint.h"
 #include "comm.h"
 #include "device.h"
+#include "files.h"
 #include "gemm.h"
 #include "init.h"
 #include "log.h"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # t_full_disk.sh: a write that fails during a run (a full disk) ends the run with one line naming
 # the file and the error, exit status 2, and leaves the previous file as it was (the CSVs are
-# written aside and renamed into place: common/harness/log.h). On a 64 KiB tmpfs, filled up:
+# written aside and renamed into place: common/harness/files.h). On a 64 KiB tmpfs, filled up:
 #   chapter 08 (2 ranks): OUT/metrics.csv, a row each step: the run stops at the first failing
 #     step, not after the last one, and the old metrics.csv is unchanged;
 #   chapter 04 (2 ranks): the loss CSV and the reports written after training.

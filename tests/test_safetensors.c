@@ -32,8 +32,8 @@
 
 #include "comm.h"
 #include "dump.h"
+#include "files.h"
 #include "llama.h"
-#include "log.h"
 #include "safetensors.h"
 #include "test_util.h"
 

@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "data.h"
-#include "log.h"   /* read_file */
+#include "files.h"   /* read_file */
 #include "llama_kernels.h"   /* IGNORE_INDEX */
 
 /* splitmix64's finaliser: a bijective mix of 64 bits (Steele, Lea & Flood 2014). */

@@ -29,7 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "files.h"
 #include "safetensors.h"
 
 /* Tokens are written as I32 straight from int buffers. */

@@ -10,7 +10,7 @@
 #include <unistd.h>
 #include "cli.h"
 #include "comm.h"
-#include "log.h"
+#include "files.h"
 #include "outputs.h"
 
 #define LOCK_NAME ".lock"

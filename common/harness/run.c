@@ -9,6 +9,7 @@
 #include "data.h"
 #include "device.h"
 #include "dump.h"
+#include "files.h"
 #include "guard.h"
 #include "log.h"
 #include "outputs.h"
@@ -559,7 +560,7 @@ run_clock run_train(const run_options *o, llama_model *model, const char *label,
 }
 
 void run_require_written(void) {
-    const char *err = log_write_error();
+    const char *err = file_write_error();
     comm_require_all(err == NULL, "%s; the previous file is left as it was", err ? err : "");
 }
 

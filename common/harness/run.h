@@ -164,7 +164,7 @@ void run_clock_report(const run_clock *k, int steps);
  * report that follows counts the training steps only. */
 run_clock run_train(const run_options *o, llama_model *model, const char *label, const char *csv_path);
 
-/* Every rank: a failed write of an output file (log.h's log_write_error, on any rank) ends the
+/* Every rank: a failed write of an output file (files.h's file_write_error, on any rank) ends the
  * run with one line naming the file and the error, and exit 2; the file keeps its previous
  * content. run_train calls it every step, run_finish before the verdict. Collective. */
 void run_require_written(void);

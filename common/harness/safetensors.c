@@ -15,7 +15,7 @@
  * the end of a buffer. So every number in the header is checked against the file before use,
  * and every failure leaves ONE line in `err`: "<path>: <what is wrong>".
  */
-#include "log.h"
+#include "files.h"
 #include "safetensors.h"
 
 #include <cjson/cJSON.h>

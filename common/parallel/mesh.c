@@ -1,7 +1,6 @@
 /* mesh.c: the 5-D device mesh (see mesh.h for the rank layout). */
 #include <stdio.h>
 #include <string.h>
-#include "log.h"
 #include "mesh.h"
 
 static const char *dim_names[MESH_NDIMS] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};

@@ -1,4 +1,4 @@
-/* log.c: rank-0 printing, CSV, timing, byte formatting. */
+/* files.c: output files written aside and renamed into place, mkdir -p, whole-file reads (files.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -8,22 +8,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
+#include "files.h"
 #include "log.h"
-
-static int my_rank = 0;
-void log_set_rank(int rank) { my_rank = rank; }
-int log_rank(void) { return my_rank; }
-
-void log0(const char *fmt, ...) {
-    if (my_rank != 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    fflush(stdout);
-}
 
 /* mkdir -p. The path is copied whole (no fixed buffer to truncate it into); an empty path, or
  * one longer than PATH_MAX, is refused with errno ENOENT or ENAMETOOLONG. A path that exists but
@@ -71,7 +58,7 @@ static char write_error[1200];
 static void note_write_error(const char *path, int err) {
     if (!write_error[0]) snprintf(write_error, sizeof write_error, "cannot write %s: %s", path, strerror(err ? err : EIO));
 }
-const char *log_write_error(void) { return write_error[0] ? write_error : NULL; }
+const char *file_write_error(void) { return write_error[0] ? write_error : NULL; }
 
 static out_file *find_out(FILE *f) {
     for (size_t i = 0; i < sizeof outs / sizeof *outs; i++) if (f && outs[i].f == f) return &outs[i];
@@ -114,11 +101,11 @@ FILE *out_open(const char *path, const char *header, bool append) {
 }
 
 FILE *csv_open(const char *path, const char *header) {
-    return my_rank == 0 ? out_open(path, header, false) : NULL;
+    return log_rank() == 0 ? out_open(path, header, false) : NULL;
 }
 
 FILE *csv_open_append(const char *path, const char *header) {
-    return my_rank == 0 ? out_open(path, header, true) : NULL;
+    return log_rank() == 0 ? out_open(path, header, true) : NULL;
 }
 
 void csv_row(FILE *f, const char *fmt, ...) {
@@ -150,23 +137,6 @@ int csv_close(FILE *f) {
 void csv_abort_all(void) {
     for (size_t i = 0; i < sizeof outs / sizeof *outs; i++)
         if (outs[i].f) { fclose(outs[i].f); forget_out(&outs[i], true); }
-}
-
-double wall_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-const char *fmt_bytes(double bytes) {
-    static char bufs[8][32];
-    static int next = 0;
-    char *b = bufs[next++ % 8];
-    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (bytes >= 1024.0 && u < 4) { bytes /= 1024.0; u++; }
-    snprintf(b, 32, u ? "%.2f %s" : "%.0f %s", bytes, units[u]);
-    return b;
 }
 
 int read_file(const char *path, unsigned char **buf, size_t *size, char *err, size_t errlen) {

@@ -12,6 +12,8 @@
  *                           (float8_dequantize, fp32), then one fp32 GEMM (gemm.h's matmul).
  *   CUDA (gemm_fp8_cuda.cu): one cublasLtMatmul on the codes, fp32 accumulation, the scales
  *                           applied by cuBLASLt (its A/B scale pointers).
+ * It is a kernel, not a backend primitive: it is written over the float8 codes and casts
+ * (float8_math.h, float8.h) and, on the CPU, over backend's fp32 GEMM (gemm.h).
  * The two agree to fp32 rounding, not bit for bit: the CPU rounds each A / a_scale to fp32
  * before multiplying, the GPU multiplies exact codes and scales the sum; and the GPU's float8
  * tensor cores accumulate in an order and precision of their own. torch compares _scaled_mm
