@@ -17,8 +17,8 @@ int float8_report_traffic(const run_options *o, device_mesh *mesh, const llama_p
 int float8_report_accuracy(const llama_plan *plan, fp8_recipe r, const dp_gather_ops *gather);
 /* Step 1's casts against the baseline's, code by code (float8_cast_comparison). */
 int float8_report_casts(const llama_plan *baseline);
-/* For run_options.step1_grads_unjudged: why step 1's gradients are not judged (a cast landed on
- * the neighbouring code, and nothing else differs), or NULL. ctx: the baseline's plan. */
+/* After step 1's forward and backward, for run_baseline_unjudged: why step 1's gradients are not
+ * judged (a cast landed on the neighbouring code, and nothing else differs), or NULL. */
 const char *float8_casts_flipped(const void *baseline);
 /* The exact test: the tp shards' float8 bytes of every block weight against one device's cast. */
 int float8_report_sharded_cast(const llama_plan *plan, llama_model *m);
