@@ -141,7 +141,7 @@ int main(int argc, char **argv) {
     llama_model *model = run_model_paths(&o, &plan, paths, (int)(sizeof paths / sizeof *paths));
 
     /* ---- where the run starts: step 1, or a checkpoint (saved on any mesh) ---- */
-    trainer t = {&o, &corpus, co.eval_every, co.eval_batches, co.ckpt_dir, co.ckpt_every, "", 0, 0, NULL, NAN, 0};
+    trainer t = {&o, co.ckpt_dir, "", 0, 0, NULL, NAN, 0};
     trainer_settings(&o, &co, &corpus, &lr, t.trainer_json, sizeof t.trainer_json);
     int first_step = 1;
     if (co.resume) {

@@ -36,12 +36,10 @@ void trainer_batch(run_loop *loop, const text_corpus *corpus, int step);
  * core share it in the probe too) and the rates are summed over the world. Collective. */
 double probe_peak_flops(void);
 
+/* What the trainer's pieces share over the run (main.c's loop decides when each is due). */
 typedef struct {
     const run_options *run;
-    const text_corpus *corpus;
-    int eval_every, eval_batches;   /* validation every N steps (0: never) over this many batches */
     const char *ckpt_dir;           /* NULL: no checkpoints                                       */
-    int ckpt_every;
     char trainer_json[1024];        /* the settings a resume must match (checkpoint.h)            */
     double peak_flops, flops_per_token;
     FILE *csv;                      /* OUT/metrics.csv, rank 0                                    */
