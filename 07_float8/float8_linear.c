@@ -603,7 +603,7 @@ fp8_cast_comparison float8_cast_comparison(const llama_plan *baseline) {
 /* Step 1's casts judged against the baseline's, here beside the comparison because chapters 07 and
  * 08 both judge them. Whether step 1's gradients can be held to fp32 tolerances: not when a cast
  * landed on the neighbouring code and nothing else differs. */
-const char *float8_casts_flipped(const void *baseline) {
+const char *float8_casts_flipped(const llama_plan *baseline) {
     fp8_cast_comparison k = float8_cast_comparison(baseline);
     static char why[200];
     if (k.neighbour == 0 || k.other || k.missing || k.scale_differs) return NULL;   /* judge at fp32 tolerances */

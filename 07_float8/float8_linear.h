@@ -104,9 +104,9 @@ typedef struct {
 } fp8_cast_comparison;
 void float8_compare_casts(llama_plan *parallel, llama_plan *baseline);
 fp8_cast_comparison float8_cast_comparison(const llama_plan *baseline);
-/* For run_options.step1_grads_unjudged: why step 1's gradients are not judged (a cast landed on
- * the neighbouring code, and nothing else differs), or NULL. ctx: the baseline's plan. */
-const char *float8_casts_flipped(const void *baseline);
+/* After step 1's forward and backward, for run_baseline_unjudged: why step 1's gradients are not
+ * judged (a cast landed on the neighbouring code, and nothing else differs), or NULL. */
+const char *float8_casts_flipped(const llama_plan *baseline);
 /* Step 1's casts against the baseline's, code by code: one line on rank 0, and a parity failure
  * (returns 1) for a code neither equal nor the neighbour, a cast not kept or a scale apart. */
 int float8_report_casts(const llama_plan *baseline);

@@ -5,7 +5,7 @@
  *   mesh     pp x dp_replicate x dp_shard x cp x tp = NP        (--dp-shard -1: the rest of NP)
  *   plan     parallelize_llama (parallelize.c): tp + sp + loss, ac, cp, fp8, pp, fsdp/hsdp
  *   data     Tiny Shakespeare, one token per byte (text_corpus, common/harness/data.h)
- *   loop     run_train (common/harness/run.c) with the trainer's hooks (trainer.c)
+ *   loop     below: llm.c's train loop, the step of run.h and the trainer's pieces (trainer.c)
  *   state    checkpoint.c: sharded safetensors + index; --resume on any mesh; --export
  *
  *   make run-08                                           8 ranks: pp 2 x dp_shard 2 x tp 2
@@ -106,9 +106,6 @@ int main(int argc, char **argv) {
         comm_exit_usage("--eval-batches %d is more than the %d batches of %d x %d bytes in %s's validation part",
                         co.eval_batches, val_batches, o.batch, c->seq_len, co.data);
     lr_schedule lr = {o.opt.lr, co.lr_min >= 0 ? co.lr_min : o.opt.lr / 10, co.warmup, o.steps};
-    text_source source = {&corpus, o.seed};
-    o.next_batch = text_source_batch; o.data_ctx = &source;
-    o.lr_at = lr_at_step; o.lr_ctx = &lr;
     o.accum = co.accum;
 
     /* ---- mesh and plan ---- */
@@ -116,21 +113,18 @@ int main(int argc, char **argv) {
                                                   co.par.degree[3], co.par.degree[4]}});
     llama_plan plan = parallelize_llama(mesh, c, o.batch, &co.par);
     llama_plan baseline = plan_single_device();
-    if (co.par.fp8.recipe != FP8_OFF) {   /* the baseline casts as the mesh does: each data rank's
-                                           * microbatch rows scaled apart (chapter 07) */
+    bool fp8 = co.par.fp8.recipe != FP8_OFF;
+    if (fp8) {   /* the baseline casts as the mesh does: each data rank's microbatch rows scaled
+                  * apart (chapter 07), judged on step 1 only as there */
         fp8_options one_device = co.par.fp8;
         one_device.activation_groups = co.par.degree[MESH_DP_REPLICATE] * co.par.degree[MESH_DP_SHARD] *
                                        co.par.pp.microbatches;   /* (per micro-batch of --accum) */
         float8_apply(&baseline, c, &one_device);
-        o.baseline_plan = &baseline;
-        o.judge_first_step_only = true;
         float8_compare_casts(&plan, &baseline);
-        o.step1_grads_unjudged = float8_casts_flipped;
-        o.step1_ctx = &baseline;
         /* --dump: the recipe and its row blocks per pass, as chapter 07 writes them */
-        static char fp8_json[320];
-        o.dump_run_options = float8_run_options_json(&co.par.fp8, one_device.activation_groups, co.accum, fp8_json,
-                                                     sizeof fp8_json);
+        char fp8_json[320];
+        run_dump_describe(&o, float8_run_options_json(&co.par.fp8, one_device.activation_groups, co.accum, fp8_json,
+                                                      sizeof fp8_json));
     }
     run_apply_fault(&o, &plan);
     /* every path the run writes, checked with --out and --dump before anything is allocated
@@ -144,13 +138,12 @@ int main(int argc, char **argv) {
          true, true},
         {"--out", o.check ? NULL : metrics_path, RUN_PATH_OUTPUT_FILE, NULL, false, false},
         {"--export", co.export_path, RUN_PATH_OUTPUT_FILE, NULL, false, false}};
-    o.paths = paths;
-    o.n_paths = (int)(sizeof paths / sizeof *paths);
-    llama_model *model = run_model(&o, &plan);
+    llama_model *model = run_model_paths(&o, &plan, paths, (int)(sizeof paths / sizeof *paths));
 
     /* ---- where the run starts: step 1, or a checkpoint (saved on any mesh) ---- */
-    trainer t = {&o, &corpus, co.eval_every, co.eval_batches, co.ckpt_dir, co.ckpt_every, "", 0, 0, NULL, NAN, 0};
+    trainer t = {&o, co.ckpt_dir, "", 0, 0, NULL, NAN, 0};
     trainer_settings(&o, &co, &corpus, &lr, t.trainer_json, sizeof t.trainer_json);
+    int first_step = 1;
     if (co.resume) {
         checkpoint_meta meta = {0};
         int rc = checkpoint_load(co.ckpt_dir, model, &meta, err, sizeof err);
@@ -159,7 +152,7 @@ int main(int argc, char **argv) {
         if (trainer_settings_diff(meta.trainer_json, t.trainer_json, diff, sizeof diff) > 0)
             comm_exit_usage("--resume: the checkpoint in %s (step %d) was written with other settings: %s", co.ckpt_dir,
                             meta.step, diff);
-        o.first_step = meta.step + 1;
+        first_step = meta.step + 1;
         t.last_ckpt_step = meta.step;
         if (meta.step >= o.steps) {   /* (the final checkpoint: --steps is among the settings) */
             log0("--resume: the checkpoint in %s is of step %d of --steps %d: nothing left to do\n", co.ckpt_dir,
@@ -194,7 +187,7 @@ int main(int argc, char **argv) {
          corpus.n, corpus.n_train, corpus.n - corpus.n_train, o.batch, c->seq_len, co.accum);
     log0("schedule: lr %.2e, warmup %d steps, cosine to %.2e at step %d; AdamW, clip %g\n", lr.lr, lr.warmup, lr.lr_min,
          o.steps, o.opt.clip_grad_norm);
-    if (o.first_step > 1) log0("resumed from %s at step %d\n", co.ckpt_dir, o.first_step);
+    if (first_step > 1) log0("resumed from %s at step %d\n", co.ckpt_dir, first_step);
 
     /* ---- train ---- */
     t.flops_per_token = llama_flops_per_token(c);   /* 6 N + 6 L T D (causal) */
@@ -206,17 +199,32 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/metrics.csv", o.out_dir);
     if (comm_world()->rank == 0 && !o.check)
         t.csv = csv_open(path, "step,loss,val_loss,lr,grad_norm,tokens_per_s,step_ms,mfu,mem_bytes");
-    o.after_step = trainer_after_step;
-    o.after_ctx = &t;
-    run_clock clock = run_train(&o, model, "4-D", NULL);
+    run_loop loop = run_loop_begin(&o, model, run_baseline_create(&o, fp8 ? &baseline : NULL, fp8), "4-D", NULL);
+    loop.own_metrics = true;   /* the metrics line; the step line of run.h beside the baseline only */
+    for (int step = first_step; step <= o.steps; step++) {
+        trainer_batch(&loop, &corpus, step);                         /* accum micro-batches of text */
+        run_step_result r = run_step(&loop, step, lr_at_step(&lr, step));   /* forward, backward */
+        if (step == 1 && fp8) run_baseline_unjudged(loop.check, float8_casts_flipped(&baseline));
+        run_step_check(&loop, &r);                                   /* --check, --dump */
+        run_update(&loop, &r);                                       /* clipping, AdamW */
+        trainer_stop_if_nonfinite(&t, &r);                           /* before anything is saved */
+        comm_set_counting(false);   /* the traffic tables count the training steps only */
+        bool eval_now = co.eval_every > 0 && (step % co.eval_every == 0 || step == o.steps);
+        if (eval_now) t.last_val_loss = evaluate(model, &corpus, o.batch, co.eval_batches);
+        trainer_log_step(&t, &r, eval_now, eval_now ? t.last_val_loss : NAN);
+        if (co.ckpt_dir && co.ckpt_every > 0 && (step % co.ckpt_every == 0 || step == o.steps))
+            trainer_checkpoint(&t, model, step);
+        comm_set_counting(true);
+    }
+    run_clock clock = run_loop_end(&loop);
     csv_close(t.csv);   /* (a failed write: run_finish's line and exit 2; the old metrics.csv kept) */
-    int steps_run = o.steps - (o.first_step > 1 ? o.first_step - 1 : 0);
+    int steps_run = o.steps - (first_step - 1);
     run_clock_report(&clock, steps_run);
 
     /* ---- measured beside the formulas: traffic (rank 0), state (every rank), float8 casts ---- */
     int mismatches = report_traffic(&co.par, mesh, model, steps_run, co.accum);
     mismatches += report_state_memory(c, co.par.degree, mesh->coord[MESH_PP], co.par.pp.virtual_stages);
-    if (o.check && co.par.fp8.recipe != FP8_OFF) mismatches += float8_report_casts(&baseline);   /* step 1's, code by code */
+    if (o.check && fp8) mismatches += float8_report_casts(&baseline);   /* step 1's, code by code */
 
     /* ---- what the run leaves: an export, a sample ---- */
     if (co.export_path) {

@@ -16,8 +16,7 @@
 #include "report.h"
 #include "trainer.h"
 
-double lr_at_step(const void *schedule, int step) {
-    const lr_schedule *s = schedule;
+double lr_at_step(const lr_schedule *s, int step) {
     /* BEGIN ASSIGNMENT: the learning rate of `step`: lr * step / warmup during the warmup, then half a cosine from lr (at the end of warmup) down to lr_min (at the last step, s->steps) */
     if (step <= s->warmup) return s->lr * step / s->warmup;
     if (s->steps <= s->warmup) return s->lr;
@@ -26,10 +25,12 @@ double lr_at_step(const void *schedule, int step) {
     /* END ASSIGNMENT */
 }
 
-int text_source_batch(const void *source, int step, int micro, int *tokens, int *targets, int B, int T) {
-    const text_source *s = source;
-    text_train_batch(s->corpus, tokens, targets, B, T, s->seed, step, micro * B);
-    return 0;   /* windows of real text: no padded targets */
+void trainer_batch(run_loop *loop, const text_corpus *corpus, int step) {
+    const run_options *o = loop->o;
+    int B = o->batch, T = o->model.seq_len, accum = o->accum > 0 ? o->accum : 1;
+    for (int micro = 0; micro < accum; micro++)   /* (windows of real text: no padded targets) */
+        text_train_batch(corpus, loop->tokens + (size_t)micro * B * T, loop->targets + (size_t)micro * B * T, B, T,
+                         o->seed, step, micro * B);
 }
 
 double probe_peak_flops(void) {
@@ -163,48 +164,42 @@ static void stop_nonfinite(const trainer *t, const char *what) {
     exit(TRAINER_EXIT_NONFINITE);
 }
 
-void trainer_after_step(void *ctx, llama_model *m, const run_step *s) {
-    trainer *t = ctx;
-    const run_options *o = t->run;
-    /* a non-finite loss or gradient norm: the parameters are lost, stop before anything is saved
-     * (rank 0's values decide: it holds the loss the metrics show) */
-    bool bad_loss = !isfinite(s->loss), bad_norm = !isfinite(s->grad_norm);
+void trainer_stop_if_nonfinite(const trainer *t, const run_step_result *r) {
+    bool bad_loss = !isfinite(r->loss), bad_norm = !isfinite(r->grad_norm);
     bool root = comm_world()->rank == 0;
-    if (comm_host_max(comm_world(), root && (bad_loss || bad_norm) ? 1.0 : 0.0) > 0) {
-        char what[160];
-        if (bad_loss && bad_norm) snprintf(what, sizeof what, "step %d: the loss is %g and the gradient norm %g", s->step, s->loss, s->grad_norm);
-        else if (bad_loss) snprintf(what, sizeof what, "step %d: the loss is %g (gradient norm %g)", s->step, s->loss, s->grad_norm);
-        else snprintf(what, sizeof what, "step %d: the gradient norm is %g (loss %g)", s->step, s->grad_norm, s->loss);
-        stop_nonfinite(t, what);
-    }
-    bool eval_now = t->eval_every > 0 && (s->step % t->eval_every == 0 || s->step == o->steps);
-    comm_set_counting(false);   /* the traffic tables count the training steps only */
-    double val = eval_now ? evaluate(m, t->corpus, o->batch, t->eval_batches) : NAN;
-    if (eval_now) t->last_val_loss = val;
-    double tokens_per_s = s->tokens / s->seconds;
-    double mfu = t->flops_per_token * s->tokens / s->seconds / t->peak_flops;
+    if (comm_host_max(comm_world(), root && (bad_loss || bad_norm) ? 1.0 : 0.0) == 0) return;
+    char what[160];
+    if (bad_loss && bad_norm) snprintf(what, sizeof what, "step %d: the loss is %g and the gradient norm %g", r->step, r->loss, r->grad_norm);
+    else if (bad_loss) snprintf(what, sizeof what, "step %d: the loss is %g (gradient norm %g)", r->step, r->loss, r->grad_norm);
+    else snprintf(what, sizeof what, "step %d: the gradient norm is %g (loss %g)", r->step, r->grad_norm, r->loss);
+    stop_nonfinite(t, what);
+}
+
+void trainer_log_step(trainer *t, const run_step_result *r, bool evaluated, double val_loss) {
+    double tokens_per_s = r->tokens / r->seconds;
+    double mfu = t->flops_per_token * r->tokens / r->seconds / t->peak_flops;
     double mem = comm_host_max(comm_world(), (double)mem_peak_total());   /* the fullest rank */
     char val_text[32] = "";
-    if (eval_now) snprintf(val_text, sizeof val_text, " | val %.4f", val);
+    if (evaluated) snprintf(val_text, sizeof val_text, " | val %.4f", val_loss);
     log0("step %4d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f ms | MFU %.1f%% | mem %.2f MiB%s\n",
-         s->step, s->loss, s->lr, s->grad_norm, tokens_per_s, 1e3 * s->seconds, 100 * mfu, mem / (1 << 20), val_text);
-    csv_row(t->csv, "%d,%.9g,%.9g,%.6g,%.6g,%.6g,%.6g,%.6g,%.0f", s->step, s->loss, val, s->lr, s->grad_norm,
-            tokens_per_s, 1e3 * s->seconds, mfu, mem);
+         r->step, r->loss, r->lr, r->grad_norm, tokens_per_s, 1e3 * r->seconds, 100 * mfu, mem / (1 << 20), val_text);
+    csv_row(t->csv, "%d,%.9g,%.9g,%.6g,%.6g,%.6g,%.6g,%.6g,%.0f", r->step, r->loss, val_loss, r->lr, r->grad_norm,
+            tokens_per_s, 1e3 * r->seconds, mfu, mem);
     if (t->csv) fflush(t->csv);
-    if (t->ckpt_dir && t->ckpt_every > 0 && (s->step % t->ckpt_every == 0 || s->step == o->steps)) {
-        checkpoint_meta meta = {s->step, o->seed, ""};
-        snprintf(meta.trainer_json, sizeof meta.trainer_json, "%s", t->trainer_json);
-        char err[512] = "";
-        double t0 = wall_seconds();
-        int rc = checkpoint_save(t->ckpt_dir, m, &meta, err, sizeof err);
-        if (rc == -2) {   /* a finite loss and norm, yet a value overflowed: saved nowhere */
-            char what[600];
-            snprintf(what, sizeof what, "step %d: %s", s->step, err);
-            stop_nonfinite(t, what);
-        }
-        comm_require_all(rc == 0, "--ckpt-dir %s: %s", t->ckpt_dir, err);
-        t->last_ckpt_step = s->step;
-        log0("           checkpoint of step %d saved in %s (%.0f ms)\n", s->step, t->ckpt_dir, 1e3 * (wall_seconds() - t0));
+}
+
+void trainer_checkpoint(trainer *t, llama_model *m, int step) {
+    checkpoint_meta meta = {step, t->run->seed, ""};
+    snprintf(meta.trainer_json, sizeof meta.trainer_json, "%s", t->trainer_json);
+    char err[512] = "";
+    double t0 = wall_seconds();
+    int rc = checkpoint_save(t->ckpt_dir, m, &meta, err, sizeof err);
+    if (rc == -2) {   /* a finite loss and norm, yet a value overflowed: saved nowhere */
+        char what[600];
+        snprintf(what, sizeof what, "step %d: %s", step, err);
+        stop_nonfinite(t, what);
     }
-    comm_set_counting(true);
+    comm_require_all(rc == 0, "--ckpt-dir %s: %s", t->ckpt_dir, err);
+    t->last_ckpt_step = step;
+    log0("           checkpoint of step %d saved in %s (%.0f ms)\n", step, t->ckpt_dir, 1e3 * (wall_seconds() - t0));
 }

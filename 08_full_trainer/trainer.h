@@ -1,6 +1,6 @@
 /* trainer.h: what a real training run adds around the step of run.h (llm.c's train_gpt2 loop,
  * torchtitan's train.py): batches of real text, a learning-rate schedule, evaluation on held-out
- * text, one line of metrics per step, checkpoints.
+ * text, one line of metrics per step, checkpoints. main.c's loop calls each of them in turn:
  *
  *   for step in first .. steps:
  *       lr = schedule(step)                       linear warmup, then cosine down to lr_min
@@ -25,23 +25,21 @@
 /* The learning rate of step s of n (1-based): lr * s / warmup while s <= warmup, then a cosine
  * from lr at the end of warmup to lr_min at step n (torchtitan's and nanoGPT's schedule). */
 typedef struct { double lr, lr_min; int warmup, steps; } lr_schedule;
-double lr_at_step(const void *schedule, int step);   /* (run_options.lr_at) */
+double lr_at_step(const lr_schedule *s, int step);
 
-/* The training text as run_options.next_batch wants it: rows micro*B .. of step's global batch. */
-typedef struct { const text_corpus *corpus; uint64_t seed; } text_source;
-int text_source_batch(const void *source, int step, int micro, int *tokens, int *targets, int B, int T);
+/* The training text of `step` (seed o->seed) into loop->tokens, targets: its accum micro-batches
+ * of o->batch windows each, rows micro x batch .. of the step's global batch (text_train_batch). */
+void trainer_batch(run_loop *loop, const text_corpus *corpus, int step);
 
 /* The model's peak rate for MFU. On a GPU, the device's datasheet figure (--peak-tflops); on the
  * CPU, measured: every rank times the same fp32 GEMM at the same moment (so ranks that share a
  * core share it in the probe too) and the rates are summed over the world. Collective. */
 double probe_peak_flops(void);
 
+/* What the trainer's pieces share over the run (main.c's loop decides when each is due). */
 typedef struct {
     const run_options *run;
-    const text_corpus *corpus;
-    int eval_every, eval_batches;   /* validation every N steps (0: never) over this many batches */
     const char *ckpt_dir;           /* NULL: no checkpoints                                       */
-    int ckpt_every;
     char trainer_json[1024];        /* the settings a resume must match (checkpoint.h)            */
     double peak_flops, flops_per_token;
     FILE *csv;                      /* OUT/metrics.csv, rank 0                                    */
@@ -67,8 +65,17 @@ int report_state_memory(const llama_config *c, const int mesh[MESH_NDIMS], int p
  * sequences (the global batch, which the model's ranks split as in training). Collective. */
 double evaluate(llama_model *m, const text_corpus *corpus, int rows, int n_batches);
 
-/* run_options.after_step: the metrics line and CSV row, evaluation and checkpoints when due.
- * A non-finite loss or gradient norm (or a checkpoint_save refusing a non-finite state) ends
- * every rank with TRAINER_EXIT_NONFINITE and one line naming the step, before that step's
- * checkpoint: the last one saved stays DIR/latest. */
-void trainer_after_step(void *trainer_ctx, llama_model *m, const run_step *s);
+/* A non-finite loss or gradient norm (rank 0's values decide: it holds the loss the metrics
+ * show) ends every rank with TRAINER_EXIT_NONFINITE and one line naming the step, before that
+ * step's checkpoint: the last one saved stays DIR/latest. Collective. */
+void trainer_stop_if_nonfinite(const trainer *t, const run_step_result *r);
+
+/* The step's metrics line (rank 0) and OUT/metrics.csv row: loss, validation loss (when
+ * `evaluated` this step), lr, gradient norm, tokens/s, time, MFU, the fullest rank's memory
+ * peak. Collective (the memory's maximum). */
+void trainer_log_step(trainer *t, const run_step_result *r, bool evaluated, double val_loss);
+
+/* The checkpoint of `step` in t->ckpt_dir (checkpoint.h), and its line. A state checkpoint_save
+ * refuses as non-finite ends the run as trainer_stop_if_nonfinite does; another failure exits 2
+ * with one line. Collective. */
+void trainer_checkpoint(trainer *t, llama_model *m, int step);

@@ -1,6 +1,6 @@
 /* outputs.h: every path a run writes, checked before the first step, and one writer per output
  * directory. Written once for every chapter: run_model (run.h) calls it with --out and --dump
- * plus the chapter's own paths (run_options.paths: chapter 08's --data, --ckpt-dir, --export);
+ * plus the chapter's own paths (run_model_paths: chapter 08's --data, --ckpt-dir, --export);
  * chapter 00 and cli_require_output_dir call it directly.
  *
  * run_paths_check (nothing is created; collective, rank 0 decides): each output path can be

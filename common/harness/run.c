@@ -182,7 +182,13 @@ void run_apply_fault(const run_options *o, llama_plan *plan) {
     log0("deliberate bug (--fault %s): %s\n", f->name, f->what);
 }
 
-llama_model *run_model(const run_options *o, const llama_plan *plan) {
+void run_dump_describe(const run_options *o, const char *json) {
+    if (o->dump_dir && dump_set_run_options(json) != 0) comm_exit_usage("--dump %s: %s", o->dump_dir, dump_error());
+}
+
+llama_model *run_model(const run_options *o, const llama_plan *plan) { return run_model_paths(o, plan, NULL, 0); }
+
+llama_model *run_model_paths(const run_options *o, const llama_plan *plan, const run_path *own_paths, int n_own) {
     const llama_config *c = &o->model;
     int B = o->batch / (plan->groups.batch ? plan->groups.batch->size : 1);   /* this data rank's sequences */
     int pieces = plan->schedule.microbatches > 1 ? plan->schedule.microbatches : 1;  /* a pipeline's microbatches */
@@ -197,7 +203,7 @@ llama_model *run_model(const run_options *o, const llama_plan *plan) {
                         "the kernels index with 32-bit ints, so at most 2147483647: make the batch, sequence, "
                         "width or vocabulary smaller", o->batch, c->seq_len, c->dim, c->vocab_size, largest);
     /* Beside the model: the buffers the plan's techniques allocate at first use (chapter 04's
-     * gathered layers, full gradients and staging), and run_train's own: the step's batch on the
+     * gathered layers, full gradients and staging), and the training loop's: the step's batch on the
      * device and, on the host, its accum micro-batches (host memory is the device's on the CPU
      * backend); rank 0 gathers whole tensors for --check (two of the largest, or of dX) and for
      * --dump (every parameter at once). */
@@ -230,35 +236,18 @@ llama_model *run_model(const run_options *o, const llama_plan *plan) {
                           {"--dump", o->dump_dir, RUN_PATH_OUTPUT_DIR, "which the dump replaces whole when it ends",
                            false, false}};
     int n_paths = 2;
-    for (int i = 0; i < o->n_paths && n_paths < 12; i++) paths[n_paths++] = o->paths[i];
+    for (int i = 0; i < n_own && n_paths < 12; i++) paths[n_paths++] = own_paths[i];
     run_paths_check(paths, n_paths);
     /* Every refusal is behind us: only now may the run create its outputs. The dump first: it
      * is written aside and, should anything end the run before dump_commit, removed at exit. */
     if (o->dump_dir) {
-        int rc = comm_world()->rank == 0 ? dump_begin(o->dump_dir) : 0;
-        if (rc == 0 && comm_world()->rank == 0) rc = dump_set_run_options(o->dump_run_options);
-        dump_require(o, rc);
+        dump_require(o, comm_world()->rank == 0 ? dump_begin(o->dump_dir) : 0);
         comm_on_usage_exit(dump_abort);   /* a refusal: removed before any rank exits */
         atexit(dump_abort);               /* any other exit of this process */
     }
     run_paths_create(paths, n_paths);   /* --out (and the chapter's directories), locked */
     comm_on_usage_exit(csv_abort_all);  /* a refusal from here on: no temporary CSV left */
     return llama_create(c, plan, B / pieces, o->seed);
-}
-
-/* The step's global batch on the host: `accum` micro-batches [B, T] one after the other, from
- * the trainer's source or the synthetic one (and written to --dump DIR as one [accum B, T]).
- * Returns the count of valid targets of all of them; *n_pad receives the padded ones. */
-static int step_batches(const run_options *o, int step, int accum, int *tokens, int *targets, int *n_pad) {
-    int B = o->batch, T = o->model.seq_len;
-    size_t N = (size_t)B * T;
-    *n_pad = 0;
-    for (int micro = 0; micro < accum; micro++)
-        *n_pad += o->next_batch ? o->next_batch(o->data_ctx, step, micro, tokens + micro * N, targets + micro * N, B, T)
-                                : synthetic_batch(tokens + micro * N, targets + micro * N, B, T, o->model.vocab_size,
-                                                  o->seed, accum > 1 ? step * accum + micro : step);
-    if (o->dump_dir) dump_require(o, log_rank() == 0 ? dump_batch(o->dump_dir, step, tokens, targets, accum * B, T) : 0);
-    return count_valid_targets(targets, (int)(accum * N));
 }
 
 float run_loss_scale(int n_valid) { return n_valid > 0 ? 1.0f / (float)n_valid : 0.0f; }
@@ -303,22 +292,43 @@ static size_t largest_param_numel(const llama_config *c, size_t at_least) {
     return biggest;
 }
 
-/* Compares the losses (judged every step), then every gradient, gathered to world rank 0, and
- * the gradient of the embedding output h0 (dX: dh0, this rank's `rows` sequences) with the
- * baseline `base` (rank 0 only). */
+/* The --check baseline (run.h): the single-device model, on world rank 0 only. */
+struct baseline_check {
+    llama_model *base;       /* rank 0; NULL elsewhere                                        */
+    bool first_step_only;    /* judge step 1 only (chapter 07's float8 casts)                 */
+    const char *unjudged;    /* step 1's gradients shown, not judged, because of this; or NULL */
+};
+
+baseline_check *run_baseline_create(const run_options *o, const llama_plan *plan, bool first_step_only) {
+    if (!o->check) return NULL;
+    baseline_check *b = calloc(1, sizeof *b);
+    b->first_step_only = first_step_only;
+    if (comm_world()->rank == 0)
+        b->base = plan ? llama_create(&o->model, plan, o->batch, o->seed) : llama_create_baseline(&o->model, o->batch, o->seed);
+    return b;
+}
+
+void run_baseline_unjudged(baseline_check *b, const char *why) {
+    if (b) b->unjudged = why;
+}
+
+/* Compares the losses (judged every step, or step 1 only), then every gradient, gathered to world
+ * rank 0, and the gradient of the embedding output h0 (dX: dh0, this rank's `rows` sequences)
+ * with the baseline's (rank 0 only). */
 static void compare_step(const run_options *o, int step, double loss, double base_loss,
-                         llama_model *model, const float *dh0, int rows, llama_model *base) {
+                         llama_model *model, const float *dh0, int rows, const baseline_check *check) {
     const llama_config *c = &o->model;
+    llama_model *base = check->base;
     bool root = comm_world()->rank == 0;
     bool table = step == 1 || o->verbose_grads;
-    if (root && (step == 1 || !o->judge_first_step_only)) parity_loss(step, loss, base_loss);
+    if (root && (step == 1 || !check->first_step_only)) parity_loss(step, loss, base_loss);
     /* Gradients are judged on step 1, where both models hold the same parameters. After that
      * the two runs have taken AdamW steps from gradients that differ in their last bits, and
      * AdamW's normalisation (m / sqrt(v)) turns a rounding-level difference in a near-zero
      * gradient element into a parameter difference of up to lr: later gradients then differ
      * by an amount proportional to lr, not to rounding. They are shown, not judged; the loss,
      * judged on every step, covers the whole trajectory. */
-    const char *unjudged = root && step == 1 && o->step1_grads_unjudged ? o->step1_grads_unjudged(o->step1_ctx) : NULL;
+    const char *unjudged = root && step == 1 ? check->unjudged : NULL;
     if (unjudged) log0("  step 1's gradients: shown, not judged: %s\n", unjudged);
     parity_set_grads_enforced(step == 1 && !unjudged);
     parity_set_verbose(table);
@@ -470,93 +480,128 @@ float run_forward_backward(llama_model *model, const int *tokens, const int *tar
     return loss;
 }
 
-run_clock run_train(const run_options *o, llama_model *model, const char *label, const char *csv_path) {
+/* ---- the training loop ---- */
+
+run_loop run_loop_begin(const run_options *o, llama_model *model, baseline_check *check, const char *label,
+                        const char *csv_path) {
     const llama_config *c = &o->model;
-    int N = o->batch * c->seq_len;
-    bool root = comm_world()->rank == 0;
-    llama_model *base = NULL;
-    if (o->check && root)
-        base = o->baseline_plan ? llama_create(c, o->baseline_plan, o->batch, o->seed)
-                                : llama_create_baseline(c, o->batch, o->seed);
+    int N = o->batch * c->seq_len, accum = o->accum > 0 ? o->accum : 1;
+    run_loop l = {.o = o, .model = model, .check = check, .label = label};
     mem_reset_peaks();   /* the largest allocation seen from here on is the parallel run's own */
-    int *tokens = device_alloc_ints(N, MEM_BUFFERS), *targets = device_alloc_ints(N, MEM_BUFFERS);
-    int accum = o->accum > 0 ? o->accum : 1;   /* micro-batches a step */
-    int *host_tokens = malloc((size_t)accum * N * sizeof(int)), *host_targets = malloc((size_t)accum * N * sizeof(int));
-    float *scalar = device_alloc_floats(1, MEM_BUFFERS);
-    int rows = rank_rows(model);
+    l.dev_tokens = device_alloc_ints(N, MEM_BUFFERS);
+    l.dev_targets = device_alloc_ints(N, MEM_BUFFERS);
+    l.tokens = malloc((size_t)accum * N * sizeof(int));
+    l.targets = malloc((size_t)accum * N * sizeof(int));
+    l.dev_scalar = device_alloc_floats(1, MEM_BUFFERS);
     if (o->dump_dir) dump_tensors(o, "init.safetensors", false, model);
-    FILE *csv = csv_path ? csv_open(csv_path, "step,baseline,parallel") : NULL;
-
+    l.csv = csv_path ? csv_open(csv_path, "step,baseline,parallel") : NULL;
     comm_reset_all_stats();
-    run_clock clock = {0};
-    int first = o->first_step > 0 ? o->first_step : 1;
-    for (int step = first; step <= o->steps; step++) {
-        char beat[32];
-        snprintf(beat, sizeof beat, "step %d", step);
-        guard_progress(beat);   /* the watchdog's heartbeat (guard.h) */
-        int n_pad, n_valid = step_batches(o, step, accum, host_tokens, host_targets, &n_pad);
-        float scale = run_loss_scale(n_valid);   /* 1 / valid targets of the step's whole batch */
-        adamw_config opt = o->opt;
-        if (o->lr_at) opt.lr = (float)o->lr_at(o->lr_ctx, step);
+    return l;
+}
 
-        double seconds = 0, t_fb = 0, loss = 0, base_loss = base ? 0 : NAN;
-        const float *dh0 = model->dh;
-        if (base) llama_zero_grad(base);
-        for (int micro = 0; micro < accum; micro++) {   /* gradients accumulate over the micro-batches */
-            size_t at = (size_t)micro * N;
-            device_copy_to_device(tokens, host_tokens + at, (size_t)N * sizeof(int));
-            device_copy_to_device(targets, host_targets + at, (size_t)N * sizeof(int));
-            run_clock_start(&clock);
-            if (micro == 0) llama_zero_grad(model);
-            model->accumulating = micro < accum - 1;   /* the plan's reductions once, after the last */
-            float part = run_forward_backward(model, tokens, targets, scale, true, &dh0);
-            t_fb += run_clock_stop(&clock);
-            loss += part;
-            if (base) {   /* the baseline's half, on the same global batch */
-                base_loss += llama_forward(base, tokens, targets, scale);
-                llama_backward(base);   /* (one device: no reductions to defer) */
-            }
-        }
-        seconds += t_fb;
-        if (!o->after_step || base) print_step(step, label, loss, base_loss, n_pad, 1e3 * t_fb);
-        csv_row(csv, "%d,%.9g,%.9g", step, base_loss, loss);
-        run_require_written();   /* a full disk ends the run now, not after it */
-        /* (with accumulation the gradients are compared; dX is the last micro-batch's) */
-        if (o->check) compare_step(o, step, loss, base_loss, model, dh0, rows, base);
-        if (o->dump_dir) {
-            if (step == 1) dump_tensors(o, "grads_1.safetensors", true, model);
-            dump_require(o, root ? dump_loss(o->dump_dir, step, loss, o->lr_at ? opt.lr : NAN) : 0);
-        }
+void run_synthetic_batch(run_loop *l, int step) {
+    const run_options *o = l->o;
+    int B = o->batch, T = o->model.seq_len, accum = o->accum > 0 ? o->accum : 1;
+    size_t N = (size_t)B * T;
+    for (int micro = 0; micro < accum; micro++)   /* (one micro-batch: the step's own seed) */
+        synthetic_batch(l->tokens + micro * N, l->targets + micro * N, B, T, o->model.vocab_size, o->seed,
+                        accum > 1 ? step * accum + micro : step);
+}
 
-        run_clock_start(&clock);
-        double norm = NAN;
-        if (o->opt.clip_grad_norm > 0 || o->after_step) {
-            norm = clip_grad_norm(model, comm_world(), o->opt.clip_grad_norm, scalar);
-            double base_norm = base ? clip_grad_norm(base, NULL, o->opt.clip_grad_norm, NULL) : NAN;
-            if (o->opt.clip_grad_norm > 0 && !o->after_step)
-                log0("         grad norm %.6g (baseline %.6g), clipped to %g\n", norm, base_norm, o->opt.clip_grad_norm);
-        }
-        llama_adamw_step(model, &opt, step);
-        seconds += run_clock_stop(&clock);
-        if (base) llama_adamw_step(base, &opt, step);
-        if (o->after_step) {
-            run_step s = {step, loss, opt.lr, norm, seconds, (long long)accum * N};
-            o->after_step(o->after_ctx, model, &s);
+run_step_result run_step(run_loop *l, int step, double lr) {
+    const run_options *o = l->o;
+    llama_model *model = l->model, *base = l->check ? l->check->base : NULL;
+    int N = o->batch * o->model.seq_len, accum = o->accum > 0 ? o->accum : 1;
+    char beat[32];
+    snprintf(beat, sizeof beat, "step %d", step);
+    guard_progress(beat);   /* the watchdog's heartbeat (guard.h) */
+    if (o->dump_dir)
+        dump_require(o, log_rank() == 0 ? dump_batch(o->dump_dir, step, l->tokens, l->targets, accum * o->batch,
+                                                     o->model.seq_len) : 0);
+    int n_valid = count_valid_targets(l->targets, accum * N);
+    float scale = run_loss_scale(n_valid);   /* 1 / valid targets of the step's whole batch */
+    /* (the rate as the update uses it: an fp32 value) */
+    run_step_result r = {step, 0, base ? 0 : NAN, isnan(lr) ? NAN : (float)lr, NAN, 0, 0, (long long)accum * N,
+                         accum * N - n_valid, model->dh};
+
+    if (base) llama_zero_grad(base);
+    for (int micro = 0; micro < accum; micro++) {   /* gradients accumulate over the micro-batches */
+        size_t at = (size_t)micro * N;
+        device_copy_to_device(l->dev_tokens, l->tokens + at, (size_t)N * sizeof(int));
+        device_copy_to_device(l->dev_targets, l->targets + at, (size_t)N * sizeof(int));
+        run_clock_start(&l->clock);
+        if (micro == 0) llama_zero_grad(model);
+        model->accumulating = micro < accum - 1;   /* the plan's reductions once, after the last */
+        r.loss += run_forward_backward(model, l->dev_tokens, l->dev_targets, scale, true, &r.dh0);
+        r.fb_seconds += run_clock_stop(&l->clock);
+        if (base) {   /* the baseline's half, on the same global batch */
+            r.base_loss += llama_forward(base, l->dev_tokens, l->dev_targets, scale);
+            llama_backward(base);   /* (one device: no reductions to defer) */
         }
     }
-    csv_close(csv);
+    r.seconds = r.fb_seconds;
+    if (!l->own_metrics || base) print_step(step, l->label, r.loss, r.base_loss, r.n_pad, 1e3 * r.fb_seconds);
+    csv_row(l->csv, "%d,%.9g,%.9g", step, r.base_loss, r.loss);
+    run_require_written();   /* a full disk ends the run now, not after it */
+    return r;
+}
+
+void run_step_check(run_loop *l, const run_step_result *r) {
+    const run_options *o = l->o;
+    /* (with accumulation the gradients are compared; dX is the last micro-batch's) */
+    if (l->check) compare_step(o, r->step, r->loss, r->base_loss, l->model, r->dh0, rank_rows(l->model), l->check);
+    if (o->dump_dir) {
+        if (r->step == 1) dump_tensors(o, "grads_1.safetensors", true, l->model);
+        dump_require(o, comm_world()->rank == 0 ? dump_loss(o->dump_dir, r->step, r->loss, r->lr) : 0);
+    }
+}
+
+void run_update(run_loop *l, run_step_result *r) {
+    const run_options *o = l->o;
+    llama_model *base = l->check ? l->check->base : NULL;
+    adamw_config opt = o->opt;
+    if (!isnan(r->lr)) opt.lr = (float)r->lr;
+    run_clock_start(&l->clock);
+    if (o->opt.clip_grad_norm > 0) {
+        r->grad_norm = clip_grad_norm(l->model, comm_world(), o->opt.clip_grad_norm, l->dev_scalar);
+        double base_norm = base ? clip_grad_norm(base, NULL, o->opt.clip_grad_norm, NULL) : NAN;
+        if (!l->own_metrics)
+            log0("         grad norm %.6g (baseline %.6g), clipped to %g\n", r->grad_norm, base_norm, o->opt.clip_grad_norm);
+    }
+    llama_adamw_step(l->model, &opt, r->step);
+    r->seconds += run_clock_stop(&l->clock);
+    if (base) llama_adamw_step(base, &opt, r->step);
+    if (isnan(r->lr)) r->lr = opt.lr;
+}
+
+run_clock run_loop_end(run_loop *l) {
+    const run_options *o = l->o;
+    baseline_check *check = l->check;
+    csv_close(l->csv);
     run_require_written();
-    if (o->check && !o->judge_first_step_only) compare_params(o, model, base);
-    else if (o->check && o->steps > 1)
+    if (check && !check->first_step_only) compare_params(o, l->model, check->base);
+    else if (check && o->steps > 1)
         log0("  losses after step 1 and the parameters after the last step: shown, not judged (see above)\n");
-    if (o->dump_dir) dump_require(o, root ? dump_commit() : 0);   /* the finished dump, in one rename */
-    llama_free(base);
-    device_free(tokens);
-    device_free(targets);
-    device_free(scalar);
-    free(host_tokens);
-    free(host_targets);
-    return clock;
+    if (o->dump_dir) dump_require(o, comm_world()->rank == 0 ? dump_commit() : 0);   /* the finished dump, in one rename */
+    if (check) llama_free(check->base);
+    free(check);
+    device_free(l->dev_tokens);
+    device_free(l->dev_targets);
+    device_free(l->dev_scalar);
+    free(l->tokens);
+    free(l->targets);
+    return l->clock;
+}
+
+run_clock run_train(const run_options *o, llama_model *model, const char *label, const char *csv_path) {
+    run_loop loop = run_loop_begin(o, model, run_baseline_create(o, NULL, false), label, csv_path);
+    for (int step = 1; step <= o->steps; step++) {
+        run_synthetic_batch(&loop, step);
+        run_step_result r = run_step(&loop, step, NAN);
+        run_step_check(&loop, &r);
+        run_update(&loop, &r);
+    }
+    return run_loop_end(&loop);
 }
 
 void run_require_written(void) {

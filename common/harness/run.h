@@ -1,9 +1,11 @@
 /* run.h: what every Llama chapter does around its plan, written once: the model and training
- * flags, the synthetic batches, the training loop with the single-device baseline beside it,
- * the per-step comparison, --dump, --fault, and the verdict.
+ * flags, the synthetic batches, the training step with the single-device baseline beside it,
+ * the per-step comparison, --dump, --fault, and the verdict. The harness is called; it calls
+ * nothing of a chapter's.
  *
  * A chapter's main.c reads: flags (RUN_FLAGS + its own), mesh, plan (+ the --fault it names),
- * model, run_train(), its formula tables (report.h), run_finish(). Nothing else.
+ * model, run_train() (or its own loop over run_step: chapters 07 and 08), its formula tables
+ * (report.h), run_finish().
  */
 #pragma once
 #include <getopt.h>
@@ -13,70 +15,31 @@
 #include "cdefs.h"
 #include "llama.h"
 #include "model.h"
+#include "outputs.h"
 #include "plan.h"
 
 C_BEGIN
 
-struct run_step;   /* below: what after_step receives */
-
+/* The settings every chapter shares: the model, the optimizer, the run, the check, the outputs.
+ * A chapter's own settings (chapter 08's data, schedule, checkpoints) stay in the chapter. */
 typedef struct {
     llama_config model;
     adamw_config opt;
     int batch, steps;
+    int accum;               /* micro-batches per optimizer step (gradient accumulation; 0: 1):
+                              * the step's loss is the mean over the valid targets of all of
+                              * them, and the dump's batch_K holds them one after the other    */
     uint64_t seed;
     bool check;              /* train the baseline on rank 0 and compare every step     */
     bool verbose_grads;      /* print the whole gradient table every step               */
     const char *dump_dir;    /* --dump DIR, or NULL                                     */
-    const char *dump_run_options; /* --dump: the chapter's settings a replay needs, a JSON
-                                 * object (<= 255 bytes) written as the "run_options" metadata
-                                 * (dump.h); NULL: none (chapter 07: the float8 recipe)     */
     const char *out_dir;     /* CSV files                                               */
     const char *fault;       /* --fault NAME, or NULL                                   */
     const plan_fault *faults;   /* the chapter's deliberate bugs, {NULL}-terminated     */
     bool kv_heads_follow_heads; /* set before parsing: without --n-kv-heads, n_kv_heads =
                                  * n_heads (no grouping), so every tp dividing the heads runs */
     bool kv_heads_given;     /* --n-kv-heads was on the command line                    */
-    const llama_plan *baseline_plan; /* the --check baseline's plan, on one device (NULL:
-                                 * plan_single_device(); chapter 07: the same float8 casts) */
-    bool judge_first_step_only; /* judge the loss and the gradients of step 1 only, and not the
-                                 * parameters after the last step (chapter 07: float8 casts turn
-                                 * rounding-level differences into whole quanta after step 1) */
-    /* Rank 0, before step 1's gradients are compared: NULL to judge them, or why they are shown
-     * and not judged (chapter 07: a cast landed on the neighbouring code; NULL: always judged). */
-    const char *(*step1_grads_unjudged)(const void *ctx);
-    const void *step1_ctx;
-    /* A trainer (chapter 08) around the same loop; every field 0 gives the chapters' default.
-     *   next_batch    the global batch [B, T] of (step, micro) on the host, tokens and targets;
-     *                 returns the count of padded targets (NULL: the synthetic batches, data.h)
-     *   lr_at         the learning rate of step's update (NULL: opt.lr every step); written as
-     *                 the third column of the dump's losses.txt
-     *   accum         micro-batches per optimizer step (gradient accumulation; 0: 1): the step's
-     *                 loss is the mean over the valid targets of all of them, and the dump's
-     *                 batch_K holds them one after the other, [accum B, T]
-     *   first_step    the first step to run (a resumed run: the checkpoint's step + 1; 0: 1)
-     *   after_step    called on every rank after each optimizer step (metrics, evaluation,
-     *                 checkpoints)                                                           */
-    int (*next_batch)(const void *ctx, int step, int micro, int *tokens, int *targets, int B, int T);
-    double (*lr_at)(const void *ctx, int step);
-    int accum, first_step;
-    void (*after_step)(void *ctx, llama_model *m, const struct run_step *s);
-    const void *data_ctx, *lr_ctx;
-    void *after_ctx;
-    /* The chapter's own paths (outputs.h), checked by run_model with --out and --dump: chapter
-     * 08's --data (an input), --ckpt-dir, --export, OUT/metrics.csv. */
-    const struct run_path_s *paths;
-    int n_paths;
 } run_options;
-
-/* What after_step receives about the step just taken. */
-typedef struct run_step {
-    int step;
-    double loss;             /* the step's mean loss over its valid targets, every rank        */
-    double lr;               /* the learning rate its update used                               */
-    double grad_norm;        /* the global gradient norm before clipping (NAN when not computed) */
-    double seconds;          /* wall time of the step's forward, backward and update            */
-    long long tokens;        /* the global batch's tokens, accum x batch x seq_len              */
-} run_step;
 
 /* getopt_long codes of the shared flags (above any single-character option). */
 enum {
@@ -126,11 +89,19 @@ void run_apply_fault(const run_options *o, llama_plan *plan);
  * of 2^31 elements or more (the kernels index with int), and the bytes it needs on this rank
  * (with --check, rank 0 adds the baseline's) within what the device has available. Otherwise one
  * line naming the figures and exit 2, before anything is allocated or created. Then every path
- * the run writes is checked together (outputs.h: --out, --dump and o->paths; exit 2), --dump
- * starts an atomic dump (dump.h: written aside, renamed into place when run_train ends; a failure
- * leaves DIR as it was), and --out (with the chapter's directories) is created and locked: one
- * run per directory. Collective. */
+ * the run writes is checked together (outputs.h: --out, --dump and the chapter's `paths`; exit
+ * 2), --dump starts an atomic dump (dump.h: written aside, renamed into place when the training
+ * ends; a failure leaves DIR as it was), and --out (with the chapter's directories) is created
+ * and locked: one run per directory. Collective. */
 llama_model *run_model(const run_options *o, const llama_plan *plan);
+/* The same, with the chapter's own paths checked beside --out and --dump (chapter 08's --data,
+ * an input, --ckpt-dir, --export, OUT/metrics.csv). */
+llama_model *run_model_paths(const run_options *o, const llama_plan *plan, const run_path *paths, int n_paths);
+
+/* --dump: the chapter's settings a replay needs (chapter 07: the float8 recipe), a JSON object
+ * of at most 255 bytes, written as the "run_options" metadata of the parameter files (dump.h).
+ * Called on every rank before run_model; a value dump.h refuses exits 2 with one line. */
+void run_dump_describe(const run_options *o, const char *json);
 
 /* 1 / the global count of valid targets; 0 valid targets give 0 (loss 0, zero gradients). */
 float run_loss_scale(int n_valid);
@@ -144,6 +115,35 @@ float run_loss_scale(int n_valid);
 float run_forward_backward(llama_model *model, const int *tokens, const int *targets, float loss_scale,
                            bool backward, const float **dh0);
 
+/* ---- the --check baseline ----
+ * World rank 0 builds the single-device model from the same initialisation and trains it on the
+ * same global batches beside the parallel one; run_step_check compares the losses and gradients
+ * of every step (gathered to rank 0), run_loop_end the parameters after the last step. The
+ * tolerances and why the gradients are judged on step 1 only: docs/design.md, "Parity". */
+typedef struct baseline_check baseline_check;
+/* With --check: the check on every rank (the comparisons gather from every rank), the baseline
+ * model on world rank 0 under `plan` (NULL: plan_single_device(); chapter 07: the same float8
+ * casts on one device). first_step_only: judge the loss and the gradients of step 1 only, and
+ * not the parameters after the last step (float8 casts turn rounding-level differences into
+ * whole quanta once the parameters differ). Without --check: NULL, which every function below
+ * accepts. Collective. */
+baseline_check *run_baseline_create(const run_options *o, const llama_plan *plan, bool first_step_only);
+/* Step 1's gradients are shown, not judged, because of `why` (NULL: judged). Called between
+ * run_step and run_step_check of step 1 (chapter 07: a float8 cast of step 1 landed on the
+ * neighbouring code, which only the step itself can tell). Rank 0 uses it. */
+void run_baseline_unjudged(baseline_check *b, const char *why);
+
+/* ---- the training loop, a chapter's or run_train's ----
+ *     run_loop loop = run_loop_begin(&o, model, check, label, csv_path);
+ *     for (int step = first; step <= o.steps; step++) {
+ *         run_synthetic_batch(&loop, step);              (or the chapter's data into loop.tokens)
+ *         run_step_result r = run_step(&loop, step, lr); forward, backward: the gradients
+ *         run_step_check(&loop, &r);                     --check, --dump
+ *         run_update(&loop, &r);                         clipping, AdamW
+ *     }
+ *     run_clock clock = run_loop_end(&loop);
+ */
+
 /* The parallel model's own time: wall seconds between start and stop (synchronised with the
  * device), and the part of them spent inside counted collectives. The baseline and the checks
  * run outside the started segments, so they do not count. */
@@ -153,20 +153,73 @@ double run_clock_stop(run_clock *k);                 /* returns this segment's s
 /* Rank 0: "time per step: X ms (compute Y ms, communication Z ms, P%)". */
 void run_clock_report(const run_clock *k, int steps);
 
-/* Trains `model` for o->steps AdamW steps on the synthetic batches. Every step: zero the
- * gradients, forward, backward (timed; each data-parallel rank of plan->groups.batch takes its rows of
- * the global batch, and the printed loss is their sum), then with --check the baseline's step on
- * world rank 0 on the same global batch, the losses and every gradient compared (the gradients
- * judged on step 1, where both models hold the same parameters; see run.c), --dump, clipping by
- * the global norm (--clip-grad-norm, both models), and the optimizer.
- * Rank 0 prints one line per step labelled `label` and, when csv_path is not NULL, writes
- * "step,baseline,parallel" there. Collective. Resets the communication counters first, so the
- * report that follows counts the training steps only. */
+typedef struct {
+    const run_options *o;
+    llama_model *model;
+    baseline_check *check;      /* NULL without --check                                       */
+    int *tokens, *targets;      /* host [accum x batch, T]: the step's global batch, its accum
+                                 * micro-batches one after the other (the chapter's data, or
+                                 * run_synthetic_batch)                                         */
+    int *dev_tokens, *dev_targets; /* device [batch, T]: the micro-batch on the model          */
+    float *dev_scalar;          /* the gradient norm's all-reduce                               */
+    const char *label;          /* the step line's: "step N | loss LABEL ..."                   */
+    bool own_metrics;           /* the chapter prints each step's metrics itself (chapter 08):
+                                 * the step line only beside the baseline, no clipping line     */
+    FILE *csv;                  /* rank 0: step,baseline,parallel, or NULL                      */
+    run_clock clock;
+} run_loop;
+
+/* What a step did. */
+typedef struct {
+    int step;
+    double loss;             /* the step's mean loss over its valid targets, every rank        */
+    double base_loss;        /* the baseline's (rank 0 with --check; NAN elsewhere)            */
+    double lr;               /* the learning rate of its update, as fp32 (run_step's NAN:
+                              * o->opt.lr, set by run_update; the dump then writes no lr)      */
+    double grad_norm;        /* the global gradient norm before clipping (NAN when not computed) */
+    double seconds;          /* wall time of the step's forward, backward and update            */
+    double fb_seconds;       /* of its forward and backward                                     */
+    long long tokens;        /* the global batch's tokens, accum x batch x seq_len              */
+    int n_pad;               /* its padded targets (-100)                                       */
+    const float *dh0;        /* d loss / d h0 of this rank's rows, its last micro-batch's       */
+} run_step_result;
+
+/* Before the first step: the batch buffers, --dump's init.safetensors (the parameters before any
+ * step), the loss CSV at csv_path (NULL: none), the communication counters reset (the reports
+ * count the training steps only) and the memory peaks (the parallel run's own from here on).
+ * `check` is the loop's from here on (run_loop_end frees it). Collective. */
+run_loop run_loop_begin(const run_options *o, llama_model *model, baseline_check *check, const char *label,
+                        const char *csv_path);
+/* The synthetic global batch of `step` (data.h; the same whatever the layout) into loop->tokens. */
+void run_synthetic_batch(run_loop *l, int step);
+/* One step's gradients: zero, then for each micro-batch of loop->tokens the forward and backward
+ * (timed; each data-parallel rank of plan->groups.batch takes its rows of the global batch, and the loss
+ * is their sum; the plan's reductions run after the last micro-batch); with --check the
+ * baseline's on world rank 0, on the same global batch. Then the step line and the CSV row, and
+ * a failed write of either ends the run (run_require_written). `lr`: the learning rate of this
+ * step's update (NAN: o->opt.lr). --dump writes the batch. Collective. */
+run_step_result run_step(run_loop *l, int step, double lr);
+/* With --check: the losses (every step, or step 1 only), every gradient and dX compared with the
+ * baseline's, gathered to world rank 0 (judged on step 1; a table on step 1 or with
+ * --verbose-grads). With --dump: step 1's gradients, and every step's loss (and lr, when the
+ * step has one) in losses.txt. Collective. */
+void run_step_check(run_loop *l, const run_step_result *r);
+/* The update: clipping by the global norm (--clip-grad-norm; both models; r->grad_norm receives
+ * the norm before clipping), then AdamW at r->lr on both models (timed: r->seconds). Collective. */
+void run_update(run_loop *l, run_step_result *r);
+/* After the last step: the CSV closed, with --check the parameters compared with the baseline's
+ * (or said not judged), the dump committed (one rename), every buffer and the baseline freed.
+ * Returns the parallel model's time over the steps. Collective. */
+run_clock run_loop_end(run_loop *l);
+
+/* Chapters 01-06: o->steps steps on the synthetic batches beside the single-device baseline
+ * (with --check), the loop above, each step's line labelled `label`, the CSV at csv_path
+ * (NULL: none). Collective. */
 run_clock run_train(const run_options *o, llama_model *model, const char *label, const char *csv_path);
 
 /* Every rank: a failed write of an output file (files.h's file_write_error, on any rank) ends the
  * run with one line naming the file and the error, and exit 2; the file keeps its previous
- * content. run_train calls it every step, run_finish before the verdict. Collective. */
+ * content. run_step calls it every step, run_finish before the verdict. Collective. */
 void run_require_written(void);
 
 /* The verdict, the same in every chapter: `mismatches` measured figures that differ from their
