@@ -55,12 +55,7 @@ static void loss_backward(const llama_plan *p, float *dlogits, const float *logi
 const loss_ops vocab_parallel_loss = {2, loss_forward, loss_backward};
 
 void loss_parallel_apply(llama_plan *plan, const llama_config *c) {
-    int p = plan->tp->size, V = c->vocab_size;
-    if (V % p) {
-        int lo = V / p * p, hi = lo + p;
-        if (lo > 0) comm_exit_usage("--vocab %d is not divisible by tp %d: each rank must own vocab/tp rows; the nearest valid sizes are %d and %d", V, p, lo, hi);
-        comm_exit_usage("--vocab %d is not divisible by tp %d: each rank must own vocab/tp rows; the nearest valid size is %d", V, p, hi);
-    }
+    /* (whole vocabulary rows per rank: mesh_check, with the vocabulary among its requirements) */
     plan->name = "megatron tp + loss parallel";
     vocab_parallel_layouts(plan->layout);
     plan->vocab = megatron_region;   /* g after the embedding's lookup, f before the output layer */

@@ -168,11 +168,7 @@ static bool recompute(llama_model *m, int l, const unit_weights *w) {
 
 void sequence_parallel_apply(llama_plan *plan, const llama_config *c, int B, bool sp, ac_mode ac) {
     int p = plan->tp ? plan->tp->size : 1, T = c->seq_len;   /* (tp 1: checkpointing only) */
-    if (sp && T % p) {   /* whole tokens per rank, the same count on every rank */
-        int lo = T / p * p, hi = lo + p;
-        if (lo > 0) comm_exit_usage("--seq-len %d is not divisible by tp %d: with sequence parallelism each rank holds seq_len/tp tokens of every sequence; the nearest valid lengths are %d and %d", T, p, lo, hi);
-        comm_exit_usage("--seq-len %d is not divisible by tp %d: with sequence parallelism each rank holds seq_len/tp tokens of every sequence; the nearest valid length is %d", T, p, hi);
-    }
+    /* (whole tokens per rank, the same count on every rank: mesh_check, with sequence_parallel) */
     sp_state *s = calloc(1, sizeof *s);
     s->ac = ac;
     plan->sp_ctx = s;
