@@ -264,12 +264,14 @@ static int shard_group(const plan_calc_options *o, const int g[MESH_NDIMS]) {
 }
 
 /* The degrees with a dp_shard of -1 replaced by what the others leave of the GPUs (torchtitan's
- * rule, mesh_check's MESH_REST); false, and why, when that is not whole or a degree is not valid. */
+ * rule, mesh_check's MESH_REST); false, and why, when that is not whole or a degree is not valid.
+ * A mesh without -1 is taken as it is (chapter 08's report of its state passes its own). */
 static bool resolve_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], int g[MESH_NDIMS], char *why,
                          size_t whylen) {
     mesh_shape s;
     memcpy(s.degree, mesh, sizeof s.degree);
     memcpy(g, mesh, sizeof s.degree);
+    if (s.dp_shard != MESH_REST) return true;   /* (the degrees' product: plan_calc_mesh's mesh_check) */
     const mesh_requirements names = {.names = MESH_NAMES_PLAN};   /* no sizes: the degrees alone */
     char own[256];
     if (mesh_check(&s, o->gpus, &names, why ? why : own, why ? whylen : sizeof own)) return false;
