@@ -54,68 +54,49 @@ int main(int argc, char **argv) {
     expect((mesh_shape){.pp = 3, .dp_shard = MESH_REST}, 8, NULL, "NP=8 is not divisible by --pp 3: dp_shard would not be whole");
     expect((mesh_shape){.pp = MESH_REST, .tp = MESH_REST}, 4, NULL, "tp=-1 is not valid");   /* only one */
 
-    /* each rule, with the sizes of chapter 01's model (4 heads, 2 kv heads, ffn 128, vocab 256,
-     * seq 32, 2 layers) and a batch of 8 */
-    mesh_requirements m = {.n_heads = 4, .n_kv_heads = 2, .ffn_dim = 128, .seq_len = 32, .n_layers = 2, .batch = 8};
-    expect((mesh_shape){.tp = MESH_REST}, 3, &m, "NP=3 does not divide --n-heads 4: each tp rank computes whole query "
-           "heads; use a tp that divides 4");
-    expect((mesh_shape){.tp = 4}, 4, &m, "--tp 4 does not divide --n-kv-heads 2");
-    m.ffn_dim = 129;
-    expect((mesh_shape){.tp = 2}, 2, &m, "--ffn-dim 129: w1 and w3 are split by rows, w2 by columns; the nearest "
-           "valid sizes are 128 and 130");
-    m.ffn_dim = 128;
-    m.vocab_size = 2;   /* only where the vocabulary is split */
-    expect((mesh_shape){.tp = 4}, 4, &m, "--n-kv-heads");
-    m.n_kv_heads = 4;
-    expect((mesh_shape){.tp = 4}, 4, &m, "--vocab 2: the embedding and the output layer are split by vocabulary rows; "
-           "the nearest valid size is 4");
-    m.vocab_size = 256;
-    m.seq_len = 30;
-    expect((mesh_shape){.tp = 4}, 4, &m, NULL);   /* no sequence parallelism: no rule */
-    m.sequence_parallel = true;
-    expect((mesh_shape){.tp = 4}, 4, &m, "--seq-len 30 cannot be split over --tp 4: sequence parallelism gives each "
-           "tp rank seq_len / tp tokens of every sequence; the nearest valid lengths are 28 and 32 (or --no-sp)");
-    m.seq_len = 36;
-    expect((mesh_shape){.cp = 2, .tp = 4}, 8, &m, "--seq-len 36 cannot be split over --cp 2 x --tp 4: each cp rank "
-           "holds seq_len / cp rows and sequence parallelism splits them over tp; the nearest valid lengths are 32 and 40");
-    m.seq_len = 62;
-    expect((mesh_shape){.cp = 2}, 2, &m, "--seq-len 62 cannot be split over --cp 2: each cp rank holds 2 chunks");
-    m.seq_len = 24;   /* tp 3 is odd: 2 cp and cp x tp together ask for a multiple of 12 */
-    m.n_heads = 6;
-    m.n_kv_heads = 3;
-    m.ffn_dim = 96;
-    m.vocab_size = 255;
-    expect((mesh_shape){.cp = 2, .tp = 3}, 6, &m, NULL);
-    m.seq_len = 18;
-    expect((mesh_shape){.cp = 2, .tp = 3}, 6, &m, "the nearest valid lengths are 12 and 24");
-    m.seq_len = 24;
-    m.heads_over_cp = true;   /* 06's all-to-all: a tp rank's 2 heads and 1 kv head over cp 2 */
-    expect((mesh_shape){.cp = 2, .tp = 3}, 6, &m, "--cp-method alltoall deals whole heads out to the --cp 2 ranks, "
-           "but a tp rank holds 2 heads and 1 kv heads");
-    m = (mesh_requirements){.n_layers = 6, .batch = 8, .microbatches = 3};
-    expect((mesh_shape){.pp = MESH_REST}, 4, &m, "--n-layers 6 cannot be split evenly into NP=4 x --virtual-stages 1 "
-           "= 4 chunks: use a multiple of 4 layers");
-    m.short_end_chunks = true;   /* 6 + 2 layers in 4 chunks, the ends one fewer (the calculator's) */
-    m.names = MESH_NAMES_PLAN;
-    m.microbatches = 0;
-    m.microbatch_size = 3;
-    expect((mesh_shape){.pp = 4}, 4, &m, "the global batch of 8 sequences over dp_replicate 1 x dp_shard 1 leaves 8 a "
-           "data rank: not whole microbatches of 3 sequences");
-    m.n_layers = 5;
-    expect((mesh_shape){.pp = 4}, 4, &m, "5 layers cannot be cut into pp 4 x 1 virtual stages: neither 5 nor 7");
-    m = (mesh_requirements){.n_layers = 6, .batch = 8, .microbatches = 3};
-    m.n_layers = 4;
-    expect((mesh_shape){.pp = 2}, 2, &m, "--batch 8 is not divisible by --microbatches 3: each microbatch takes "
-           "batch / 3 sequences");
-    m.microbatches = 2;
-    expect((mesh_shape){.pp = 2, .dp_shard = 3}, 6, &m, "--batch 8 is not divisible by the data-parallel degree "
-           "dp_replicate 1 x dp_shard 3 = 3");
-    m.batch = 12;
-    m.microbatches = 4;
-    expect((mesh_shape){.pp = 2, .dp_shard = 2}, 4, &m, "--batch 12 over dp_replicate 1 x dp_shard 2 leaves 6 "
-           "sequences a data rank, not divisible by --microbatches 4");
-    m.microbatches = 3;
-    expect((mesh_shape){.pp = 2, .dp_shard = 2}, 4, &m, NULL);
+    /* each rule: the sizes asked (only those it reads, and one it must read first), the mesh, the
+     * world, and the line (NULL: admitted) */
+    const struct { mesh_requirements r; mesh_shape s; int world; const char *says; } rules[] = {
+        {{.n_heads = 4}, {.tp = MESH_REST}, 3,
+         "NP=3 does not divide --n-heads 4: each tp rank computes whole query heads; use a tp that divides 4"},
+        {{.n_heads = 4, .n_kv_heads = 2}, {.tp = 4}, 4, "--tp 4 does not divide --n-kv-heads 2"},
+        {{.ffn_dim = 129}, {.tp = 2}, 2,
+         "--ffn-dim 129: w1 and w3 are split by rows, w2 by columns; the nearest valid sizes are 128 and 130"},
+        {{.n_kv_heads = 2, .vocab_size = 2}, {.tp = 4}, 4, "--n-kv-heads"},   /* the heads first */
+        {{.vocab_size = 2}, {.tp = 4}, 4,
+         "--vocab 2: the embedding and the output layer are split by vocabulary rows; the nearest valid size is 4"},
+        {{.seq_len = 30}, {.tp = 4}, 4, NULL},   /* no sequence parallelism: no rule */
+        {{.seq_len = 30, .sequence_parallel = true}, {.tp = 4}, 4,
+         "--seq-len 30 cannot be split over --tp 4: sequence parallelism gives each tp rank seq_len / tp tokens of every "
+         "sequence; the nearest valid lengths are 28 and 32 (or --no-sp)"},
+        {{.seq_len = 36, .sequence_parallel = true}, {.cp = 2, .tp = 4}, 8,
+         "--seq-len 36 cannot be split over --cp 2 x --tp 4: each cp rank holds seq_len / cp rows and sequence "
+         "parallelism splits them over tp; the nearest valid lengths are 32 and 40"},
+        {{.seq_len = 62}, {.cp = 2}, 2, "--seq-len 62 cannot be split over --cp 2: each cp rank holds 2 chunks"},
+        /* tp 3 is odd: 2 cp and cp x tp together ask for a multiple of 12 */
+        {{.seq_len = 24, .sequence_parallel = true}, {.cp = 2, .tp = 3}, 6, NULL},
+        {{.seq_len = 18, .sequence_parallel = true}, {.cp = 2, .tp = 3}, 6, "the nearest valid lengths are 12 and 24"},
+        /* 06's all-to-all: a tp rank's 2 heads and 1 kv head over cp 2 */
+        {{.n_heads = 6, .n_kv_heads = 3, .heads_over_cp = true}, {.cp = 2, .tp = 3}, 6,
+         "--cp-method alltoall deals whole heads out to the --cp 2 ranks, but a tp rank holds 2 heads and 1 kv heads"},
+        {{.n_layers = 6}, {.pp = MESH_REST}, 4,
+         "--n-layers 6 cannot be split evenly into NP=4 x --virtual-stages 1 = 4 chunks: use a multiple of 4 layers"},
+        /* the calculator's: 6 + 2 layers in 4 chunks, the ends one fewer; microbatches of 3 sequences */
+        {{.n_layers = 6, .batch = 8, .short_end_chunks = true, .microbatch_size = 3, .names = MESH_NAMES_PLAN},
+         {.pp = 4}, 4, "the global batch of 8 sequences over dp_replicate 1 x dp_shard 1 leaves 8 a data rank: not whole "
+                       "microbatches of 3 sequences"},
+        {{.n_layers = 5, .short_end_chunks = true, .names = MESH_NAMES_PLAN}, {.pp = 4}, 4,
+         "5 layers cannot be cut into pp 4 x 1 virtual stages: neither 5 nor 7"},
+        {{.batch = 8, .microbatches = 3}, {.pp = 2}, 2,
+         "--batch 8 is not divisible by --microbatches 3: each microbatch takes batch / 3 sequences"},
+        {{.batch = 8, .microbatches = 2}, {.pp = 2, .dp_shard = 3}, 6,
+         "--batch 8 is not divisible by the data-parallel degree dp_replicate 1 x dp_shard 3 = 3"},
+        {{.batch = 12, .microbatches = 4}, {.pp = 2, .dp_shard = 2}, 4,
+         "--batch 12 over dp_replicate 1 x dp_shard 2 leaves 6 sequences a data rank, not divisible by --microbatches 4"},
+        {{.batch = 12, .microbatches = 3}, {.pp = 2, .dp_shard = 2}, 4, NULL},
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
+        expect(rules[i].s, rules[i].world, &rules[i].r, rules[i].says);
     int rc = tu_finish("test_mesh");
     comm_finalize();
     return rc;
