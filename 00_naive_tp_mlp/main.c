@@ -105,8 +105,7 @@ int main(int argc, char **argv) {
         comm_exit_usage("NP=%d does not divide --hidden %d: each rank must own hidden/NP units; "
                         "use NP = %s, ...", world, o.hidden, valid);
     }
-    mesh_shape shape = {{1, 1, 1, 1, world}};
-    device_mesh *mesh = mesh_create(shape);
+    device_mesh *mesh = mesh_create((mesh_shape){.tp = world}, NULL);
     comm_group *tp = mesh->group[MESH_TP];
     /* the last refusal: only now is out/ created, and locked (one run per directory; outputs.h) */
     run_path out = {"--out", o.out_dir, RUN_PATH_OUTPUT_DIR, NULL, true, true};

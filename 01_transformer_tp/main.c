@@ -39,13 +39,13 @@ int main(int argc, char **argv) {
     run_parse(&o, argc, argv, flags, chapter_flag, &tp_degree, usage);
     const llama_config *c = &o.model;
 
-    /* ---- mesh: one dimension, tp ---- */
-    char degree[32];
-    tp_degree = run_tp_degree(tp_degree, degree, sizeof degree);
-    device_mesh *mesh = mesh_create((mesh_shape){{1, 1, 1, 1, tp_degree}});
+    /* ---- mesh: one dimension, tp (the world unless --tp), which must split whole heads ---- */
+    mesh_requirements needs = llama_mesh_requirements(c, o.batch);
+    device_mesh *mesh = mesh_create((mesh_shape){.tp = tp_degree ? tp_degree : MESH_REST}, &needs);
+    tp_degree = mesh->shape.tp;
 
     /* ---- the plan: Megatron's layouts and its f and g; then the model under it ---- */
-    llama_plan plan = megatron_plan(mesh, c, degree);
+    llama_plan plan = megatron_plan(mesh, c);
     run_apply_fault(&o, &plan);
     llama_model *model = run_model(&o, &plan);   /* refuses up front what cannot fit */
     const llama_dims *d = &model->d;

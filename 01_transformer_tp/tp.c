@@ -38,12 +38,8 @@ const region_ops megatron_region = {NULL, f_forward, f_backward, g_forward, g_ba
 
 const plan_technique megatron_technique = {"megatron tp", NULL};
 
-llama_plan megatron_plan(device_mesh *mesh, const llama_config *c, const char *degree_flag) {
-    int p = mesh->group[MESH_TP]->size;
-    /* Whole heads and whole ffn units per rank, or the split does not exist. */
-    if (c->n_heads % p) comm_exit_usage("%s does not divide --n-heads %d: each rank must own whole query heads; use a tp that divides %d", degree_flag, c->n_heads, c->n_heads);
-    if (c->n_kv_heads % p) comm_exit_usage("%s does not divide --n-kv-heads %d: each rank must own whole kv heads; use a tp that divides %d", degree_flag, c->n_kv_heads, c->n_kv_heads);
-    if (c->ffn_dim % p) comm_exit_usage("%s does not divide --ffn-dim %d: each rank must own ffn_dim/tp units; use a multiple of %d", degree_flag, c->ffn_dim, p);
+llama_plan megatron_plan(device_mesh *mesh, const llama_config *c) {
+    /* (whole heads and whole ffn units per rank, or the split does not exist: mesh_check) */
     llama_plan plan = plan_single_device();
     plan.name = "megatron tp";
     plan.groups.mesh = mesh;
@@ -57,9 +53,7 @@ llama_plan megatron_plan(device_mesh *mesh, const llama_config *c, const char *d
 llama_plan tensor_parallel_or_single(device_mesh *mesh, const llama_config *c) {
     int tp = mesh->group[MESH_TP]->size;
     if (tp == 1) return plan_single_device();
-    char degree[32];
-    snprintf(degree, sizeof degree, "--tp %d", tp);
-    return megatron_plan(mesh, c, degree);
+    return megatron_plan(mesh, c);
 }
 
 /* --fault skip-backward-allreduce: f's backward forgets to sum the ranks' partial gradients.

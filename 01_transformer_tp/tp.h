@@ -34,10 +34,9 @@ extern const region_ops megatron_region;
 /* The technique as the plan's stack records it (stateless: its operators move no data of their own). */
 extern const plan_technique megatron_technique;
 
-/* The plan: Megatron's layouts and region on the mesh's tp group, everything else local.
- * Validates that tp divides n_heads, n_kv_heads and ffn_dim (one line and exit 2 otherwise;
- * `degree_flag` names where the degree came from, e.g. "--tp 4" or "NP=4"). */
-llama_plan megatron_plan(device_mesh *mesh, const llama_config *c, const char *degree_flag);
+/* The plan: Megatron's layouts and region on the mesh's tp group, everything else local. The
+ * mesh was checked (mesh_check) to split n_heads, n_kv_heads and ffn_dim into whole pieces. */
+llama_plan megatron_plan(device_mesh *mesh, const llama_config *c);
 
 /* What a later chapter's ranks run inside: megatron_plan when the mesh's tp degree (from --tp)
  * is above 1, else plan_single_device(). */

@@ -54,15 +54,16 @@ int main(int argc, char **argv) {
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     const llama_config *c = &o.model;
 
-    /* ---- mesh: one dimension, tp ---- */
-    char degree[32];
-    int p = run_tp_degree(co.tp, degree, sizeof degree);
-    device_mesh *mesh = mesh_create((mesh_shape){{1, 1, 1, 1, p}});
+    /* ---- mesh: one dimension, tp (the world unless --tp): whole heads, and whole vocabulary rows ---- */
+    mesh_requirements needs = llama_mesh_requirements(c, o.batch);
+    if (co.loss_parallel) needs.vocab_size = c->vocab_size;
+    device_mesh *mesh = mesh_create((mesh_shape){.tp = co.tp ? co.tp : MESH_REST}, &needs);
     comm_group *tp = mesh->group[MESH_TP];
+    int p = tp->size;
 
     /* ---- the plan: chapter 01's, with the vocabulary split at both ends ---- */
-    llama_plan plan = megatron_plan(mesh, c, degree);
-    if (co.loss_parallel) loss_parallel_apply(&plan, c);   /* validates tp against the vocabulary */
+    llama_plan plan = megatron_plan(mesh, c);
+    if (co.loss_parallel) loss_parallel_apply(&plan, c);
     run_apply_fault(&o, &plan);
     count_loss_traffic(&plan);
     mem_reset_peaks();   /* the allocator watches what the model allocates */

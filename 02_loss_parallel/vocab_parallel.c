@@ -57,12 +57,7 @@ const loss_ops vocab_parallel_loss = {NULL, 2, loss_forward, loss_backward};
 const plan_technique loss_parallel_technique = {"loss parallel", NULL};
 
 void loss_parallel_apply(llama_plan *plan, const llama_config *c) {
-    int p = plan->groups.tp->size, V = c->vocab_size;
-    if (V % p) {
-        int lo = V / p * p, hi = lo + p;
-        if (lo > 0) comm_exit_usage("--vocab %d is not divisible by tp %d: each rank must own vocab/tp rows; the nearest valid sizes are %d and %d", V, p, lo, hi);
-        comm_exit_usage("--vocab %d is not divisible by tp %d: each rank must own vocab/tp rows; the nearest valid size is %d", V, p, hi);
-    }
+    /* (whole vocabulary rows per rank: mesh_check, with the vocabulary among its requirements) */
     plan->name = "megatron tp + loss parallel";
     vocab_parallel_layouts(plan->layout);
     plan->vocab = megatron_region;   /* g after the embedding's lookup, f before the output layer */

@@ -59,14 +59,16 @@ int main(int argc, char **argv) {
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     const llama_config *c = &o.model;
 
-    /* ---- mesh: one dimension, tp ---- */
-    char degree[32];
-    int p = run_tp_degree(co.tp, degree, sizeof degree);
-    device_mesh *mesh = mesh_create((mesh_shape){{1, 1, 1, 1, p}});
+    /* ---- mesh: one dimension, tp (the world unless --tp): whole heads, vocabulary rows and tokens ---- */
+    mesh_requirements needs = llama_mesh_requirements(c, o.batch);
+    needs.vocab_size = c->vocab_size;
+    needs.sequence_parallel = co.sp;
+    device_mesh *mesh = mesh_create((mesh_shape){.tp = co.tp ? co.tp : MESH_REST}, &needs);
     comm_group *tp = mesh->group[MESH_TP];
+    int p = tp->size;
 
     /* ---- the plan: chapter 02's, then the sequence split and the checkpointing mode ---- */
-    llama_plan plan = megatron_plan(mesh, c, degree);
+    llama_plan plan = megatron_plan(mesh, c);
     loss_parallel_apply(&plan, c);
     sequence_parallel_apply(&plan, c, o.batch, co.sp, co.ac);
     run_apply_fault(&o, &plan);

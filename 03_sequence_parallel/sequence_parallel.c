@@ -177,11 +177,7 @@ const plan_technique sequence_parallel_technique = {"sequence parallel", sequenc
 
 void sequence_parallel_apply(llama_plan *plan, const llama_config *c, int B, bool sp, ac_mode ac) {
     int p = plan->groups.tp ? plan->groups.tp->size : 1, T = c->seq_len;   /* (tp 1: checkpointing only) */
-    if (sp && T % p) {   /* whole tokens per rank, the same count on every rank */
-        int lo = T / p * p, hi = lo + p;
-        if (lo > 0) comm_exit_usage("--seq-len %d is not divisible by tp %d: with sequence parallelism each rank holds seq_len/tp tokens of every sequence; the nearest valid lengths are %d and %d", T, p, lo, hi);
-        comm_exit_usage("--seq-len %d is not divisible by tp %d: with sequence parallelism each rank holds seq_len/tp tokens of every sequence; the nearest valid length is %d", T, p, hi);
-    }
+    /* (whole tokens per rank, the same count on every rank: mesh_check, with sequence_parallel) */
     sp_state *s = plan_push(plan, &sequence_parallel_technique, calloc(1, sizeof(sp_state)), 0);
     s->ac = ac;
     plan->checkpoint = (checkpoint_ops){s, ac_keep_mask(ac), recompute};

@@ -68,12 +68,6 @@ struct dp_state {
     int n_events;
 };
 
-void data_parallel_validate_batch(int batch, int R, int S) {
-    if (batch % (R * S))
-        comm_exit_usage("--batch %d is not divisible by the data-parallel degree dp_replicate %d x dp_shard %d = %d: "
-                        "each data rank takes batch / %d sequences", batch, R, S, R * S, R * S);
-}
-
 const char *dp_mode_name(dp_mode mode) {
     static const char *names[DP_NMODES] = {"ddp", "zero1", "zero2", "fsdp"};
     return mode >= 0 && mode < DP_NMODES ? names[mode] : "?";

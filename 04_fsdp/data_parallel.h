@@ -75,8 +75,6 @@ typedef struct {
 /* The plan's state. */
 typedef struct dp_state dp_state;
 
-/* Refuses (exit 2, one line) a global batch the R x S data ranks cannot share equally. */
-void data_parallel_validate_batch(int batch, int R, int S);
 
 /* Adds data parallelism to `plan` (the single-device plan, or chapter 01's tensor-parallel one):
  * the batch split over dp_replicate x dp_shard, the mode's storage, weight access, gradient

@@ -72,12 +72,11 @@ int main(int argc, char **argv) {
         comm_exit_usage("%s changes FSDP's gathers: it needs --dp-mode fsdp, not %s",
                         co.no_reshard_given ? "--no-reshard-after-forward" : "--no-prefetch", dp_mode_name(co.dp.mode));
 
-    /* ---- mesh: dp_replicate x dp_shard x tp (dp_shard inferred from NP when not given) ---- */
-    int R = co.replicate, T = co.tp, world = comm_world()->size;
-    int S = co.shard ? co.shard : (world % (R * T) == 0 ? world / (R * T) : 0);
-    if (!S) comm_exit_usage("NP=%d is not divisible by --dp-replicate %d x --tp %d: dp_shard would not be whole", world, R, T);
-    device_mesh *mesh = mesh_create((mesh_shape){{1, R, S, 1, T}});
-    data_parallel_validate_batch(o.batch, R, S);
+    /* ---- mesh: dp_replicate x dp_shard x tp (dp_shard: the rest of NP when not given) ---- */
+    mesh_requirements needs = llama_mesh_requirements(c, o.batch);
+    device_mesh *mesh = mesh_create(
+        (mesh_shape){.dp_replicate = co.replicate, .dp_shard = co.shard ? co.shard : MESH_REST, .tp = co.tp}, &needs);
+    int R = mesh->shape.dp_replicate, S = mesh->shape.dp_shard, T = mesh->shape.tp;
 
     /* ---- the plan: chapter 01's inside each data rank (when tp > 1), data parallelism around it ---- */
     llama_plan plan = tensor_parallel_or_single(mesh, c);

@@ -72,12 +72,13 @@ int main(int argc, char **argv) {
     const llama_config *c = &o.model;
     if (!co.pp.virtual_stages) co.pp.virtual_stages = co.pp.schedule == PP_INTERLEAVED ? 2 : 1;
 
-    /* ---- mesh: pp x tp (pp inferred from NP when not given) ---- */
-    int T = co.tp, world = comm_world()->size;
-    int P = co.stages ? co.stages : (world % T == 0 ? world / T : 0);
-    if (!P) comm_exit_usage("NP=%d is not divisible by --tp %d: the number of stages would not be whole", world, T);
-    device_mesh *mesh = mesh_create((mesh_shape){{P, 1, 1, 1, T}});
-    pipeline_validate(c, o.batch, P, &co.pp);
+    /* ---- mesh: pp x tp (pp: the rest of NP when not given) ---- */
+    mesh_requirements needs = llama_mesh_requirements(c, o.batch);
+    needs.microbatches = co.pp.microbatches;
+    needs.virtual_stages = co.pp.virtual_stages;
+    device_mesh *mesh = mesh_create((mesh_shape){.pp = co.stages ? co.stages : MESH_REST, .tp = co.tp}, &needs);
+    int P = mesh->shape.pp, T = mesh->shape.tp;
+    pipeline_validate(P, &co.pp);
 
     /* ---- the plan: chapter 01's inside each stage (when tp > 1), the pipeline around it ---- */
     llama_plan plan = tensor_parallel_or_single(mesh, c);

@@ -323,14 +323,9 @@ static float pipeline_forward_backward(void *state, const llama_plan *p, llama_m
 
 /* ---- validation and set-up ------------------------------------------------------------------- */
 
-void pipeline_validate(const llama_config *c, int batch, int pp, const pp_options *o) {
-    int chunks = pp * o->virtual_stages;
-    if (c->n_layers % chunks)
-        comm_exit_usage("--n-layers %d cannot be split evenly into --pp %d x --virtual-stages %d = %d chunks: "
-                        "use a multiple of %d layers", c->n_layers, pp, o->virtual_stages, chunks, chunks);
-    if (batch % o->microbatches)
-        comm_exit_usage("--batch %d is not divisible by --microbatches %d: each microbatch takes batch / %d sequences",
-                        batch, o->microbatches, o->microbatches);
+void pipeline_validate(int pp, const pp_options *o) {
+    /* (whole layers in every chunk and equal microbatches: mesh_check, with microbatches and
+     * virtual_stages among its requirements) */
     char why[256];
     pp_schedule *s = pp_schedule_build(o->schedule, pp, o->microbatches, o->virtual_stages, why, sizeof why);
     if (!s) comm_exit_usage("%s", why);

@@ -57,9 +57,9 @@ typedef struct {
     double busy_seconds;          /* the sum of its actions' compute                               */
 } pp_measured;
 
-/* Refuses (exit 2, one line) what the model cannot be split by: L not divisible by P x V, the
- * batch not divisible by M x the data ranks, or (P, M, V) that the schedule does not admit. */
-void pipeline_validate(const llama_config *c, int batch, int pp, const pp_options *o);
+/* Refuses (exit 2, one line) a (P, M, V) that the schedule does not admit. The layers over P x V
+ * chunks and the batch over M microbatches are the mesh's rules (mesh_check, mesh.h). */
+void pipeline_validate(int pp, const pp_options *o);
 
 /* Adds pipeline parallelism over the mesh's pp dimension to `plan` (the single-device plan, or
  * chapter 01's tensor-parallel one within each stage): the layers this rank holds, the schedule

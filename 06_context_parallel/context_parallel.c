@@ -376,16 +376,10 @@ static void cp_reduce_grads(void *state, const llama_plan *p, llama_model *m) {
 
 /* ---- validation and set-up ------------------------------------------------------------------- */
 
-void context_parallel_validate(const llama_config *c, int cp, int tp, const cp_options *o) {
+void context_parallel_validate(int cp) {
+    /* (the sequence in 2 cp chunks, and all-to-all's whole heads: mesh_check's rules) */
     if (cp > CP_MAX_RANKS)
         comm_exit_usage("--cp %d is more than this chapter's %d ranks per ring", cp, CP_MAX_RANKS);
-    if (c->seq_len % (2 * cp))
-        comm_exit_usage("--seq-len %d cannot be split over --cp %d: each rank holds 2 chunks of seq_len / (2 x cp) "
-                        "rows, so use a multiple of %d", c->seq_len, cp, 2 * cp);
-    if (o->method == CP_ALLTOALL && ((c->n_heads / tp) % cp || (c->n_kv_heads / tp) % cp))
-        comm_exit_usage("--cp-method alltoall deals whole heads out to the --cp %d ranks, but a tp rank holds %d "
-                        "heads and %d kv heads (--n-heads %d, --n-kv-heads %d over --tp %d): both must divide by %d",
-                        cp, c->n_heads / tp, c->n_kv_heads / tp, c->n_heads, c->n_kv_heads, tp, cp);
 }
 
 void context_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const cp_options *o) {

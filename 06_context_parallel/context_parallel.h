@@ -54,10 +54,10 @@ void cp_chunks_of(cp_balance balance, int r, int C, int chunks[2]);
  * chunks), zigzag (2C + 1) Tc^2 on every rank. */
 double cp_work_formula(cp_balance balance, int r, int C, int T);
 
-/* Refuses (exit 2, one line) a sequence length the split cannot take (T divisible by 2C) and,
- * for alltoall, heads the all-to-all cannot deal out (the heads and kv heads of a tp rank,
- * n_heads / tp and n_kv_heads / tp, divisible by C). */
-void context_parallel_validate(const llama_config *c, int cp, int tp, const cp_options *o);
+/* Refuses (exit 2, one line) more cp ranks than a ring here holds (CP_MAX_RANKS). The sequence
+ * in 2C chunks and, for alltoall, whole heads of a tp rank on each cp rank are the mesh's rules
+ * (mesh_check, mesh.h; set heads_over_cp for alltoall). */
+void context_parallel_validate(int cp);
 
 /* Adds context parallelism over the mesh's cp dimension to `plan` (the single-device plan, or
  * chapter 01's tensor-parallel one: heads split by tp, rows by cp): the rows and positions of

@@ -64,12 +64,12 @@ int main(int argc, char **argv) {
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     const llama_config *c = &o.model;
 
-    /* ---- mesh: cp x tp (cp inferred from NP when not given) ---- */
-    int T = co.tp, world = comm_world()->size;
-    int C = co.C ? co.C : (world % T == 0 ? world / T : 0);
-    if (!C) comm_exit_usage("NP=%d is not divisible by --tp %d: the cp degree would not be whole", world, T);
-    device_mesh *mesh = mesh_create((mesh_shape){{1, 1, 1, C, T}});
-    context_parallel_validate(c, C, T, &co.cp);
+    /* ---- mesh: cp x tp (cp: the rest of NP when not given) ---- */
+    mesh_requirements needs = llama_mesh_requirements(c, o.batch);
+    needs.heads_over_cp = co.cp.method == CP_ALLTOALL;
+    device_mesh *mesh = mesh_create((mesh_shape){.cp = co.C ? co.C : MESH_REST, .tp = co.tp}, &needs);
+    int C = mesh->shape.cp, T = mesh->shape.tp;
+    context_parallel_validate(C);
     if (co.timeline && co.cp.method != CP_RING)
         comm_exit_usage("--ring-timeline records the ring's steps: it needs --cp-method ring, not %s",
                         cp_method_name(co.cp.method));

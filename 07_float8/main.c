@@ -83,12 +83,10 @@ int main(int argc, char **argv) {
                         "or more and --fp8 tensorwise (got --dp-shard %d, --fp8 %s)", co.dp_shard,
                         fp8_recipe_name(co.fp8.recipe));
 
-    /* ---- mesh: dp_shard x tp (tp = NP / dp-shard when not given) ---- */
-    int S = co.dp_shard, world = comm_world()->size;
-    int tp = co.tp ? co.tp : (world % S == 0 ? world / S : 0);
-    if (!tp) comm_exit_usage("NP=%d is not divisible by --dp-shard %d: the tp degree would not be whole", world, S);
-    device_mesh *mesh = mesh_create((mesh_shape){{1, 1, S, 1, tp}});
-    data_parallel_validate_batch(o.batch, 1, S);
+    /* ---- mesh: dp_shard x tp (tp: the rest of NP when not given) ---- */
+    mesh_requirements needs = llama_mesh_requirements(c, o.batch);
+    device_mesh *mesh = mesh_create((mesh_shape){.dp_shard = co.dp_shard, .tp = co.tp ? co.tp : MESH_REST}, &needs);
+    int S = mesh->shape.dp_shard, tp = mesh->shape.tp;
 
     /* ---- the plans: chapter 01's (tp > 1), chapter 04's FSDP (dp-shard > 1), float8 linears on
      * them; the baseline, one device, the same casts (each dp rank's rows scaled apart) ---- */

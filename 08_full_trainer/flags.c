@@ -3,6 +3,7 @@
 #include <string.h>
 #include "cli.h"
 #include "comm.h"
+#include "checkpoint.h"
 #include "flags.h"
 #include "../04_fsdp/data_parallel.h"
 
@@ -125,4 +126,40 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
     if (t->lr_min > o->opt.lr)
         comm_exit_usage("--lr-min %g is greater than --lr %g: the schedule decays from --lr down to --lr-min; use at "
                         "most %g", t->lr_min, o->opt.lr, o->opt.lr);
+}
+
+void trainer_validate(run_options *o, trainer_options *t) {
+    const llama_config *c = &o->model;
+    if (!t->microbatches_given) t->par.pp.microbatches = t->par.degree[MESH_PP];
+    parallelize_validate(&t->par, c, o->batch);
+    if (c->vocab_size != 256)
+        comm_exit_usage("--vocab %d is not valid here: the text is read one byte per token, so the vocabulary is "
+                        "the 256 byte values (--vocab 256)", c->vocab_size);
+    if (t->resume && !t->ckpt_dir) comm_exit_usage("--resume needs --ckpt-dir DIR: the checkpoints to continue from");
+    if (t->ckpt_every && !t->ckpt_dir) comm_exit_usage("--ckpt-every %d needs --ckpt-dir DIR: where to write them", t->ckpt_every);
+    if (t->resume && !checkpoint_exists(t->ckpt_dir))
+        comm_exit_usage("--resume: --ckpt-dir %s holds no checkpoint (neither DIR/latest nor DIR/index.json)", t->ckpt_dir);
+    if (t->resume && t->par.fp8.recipe == FP8_DELAYED)
+        comm_exit_usage("--resume with --fp8 delayed is not valid: the checkpoints do not keep the amax history, "
+                        "so the resumed casts would differ; use --fp8 tensorwise or rowwise");
+    if (t->resume && (o->check || o->dump_dir))
+        comm_exit_usage("--resume with %s is not valid: the baseline and the dump's replay start from step 1's "
+                        "parameters, a resumed run from a checkpoint's", o->check ? "--check" : "--dump");
+    if (t->par.fp8.recipe != FP8_OFF && t->par.ac == AC_FULL)
+        comm_exit_usage("--fp8 with --ac full is not valid here: the recompute would run every float8 linear's "
+                        "forward twice a step, casting again (delayed scaling: recording the amax twice); use --ac "
+                        "selective or none");
+    int cp = t->par.degree[MESH_CP];
+    if (t->par.fp8.recipe != FP8_OFF && cp > 1 && o->check)
+        comm_exit_usage("--fp8 with --cp %d and --check is not valid: each cp rank scales the activations of its own "
+                        "positions, which the single-device float8 baseline cannot reproduce", cp);
+    if (t->par.fp8.recipe != FP8_OFF && cp > 1 && o->dump_dir)
+        comm_exit_usage("--dump with --fp8 and --cp %d is not valid: each cp rank scales the activations of its own "
+                        "positions, which the dump's float8 metadata cannot describe, so no replay could cast as the "
+                        "run did; dump with --cp 1", cp);
+    if (o->fault && t->par.degree[MESH_DP_REPLICATE] * t->par.degree[MESH_DP_SHARD] == 1)
+        comm_exit_usage("--fault %s breaks FSDP's gradient reduction: it needs --dp-shard x --dp-replicate of 2 or more",
+                        o->fault);
+    if (t->warmup < 0) t->warmup = o->steps / 5 < 20 ? o->steps / 5 : 20;   /* not given */
+    if (t->warmup > o->steps) comm_exit_usage("--warmup %d is longer than --steps %d: use at most %d", t->warmup, o->steps, o->steps);
 }

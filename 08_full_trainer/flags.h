@@ -22,3 +22,9 @@ typedef struct {
  * 4 layers, 16 x 64 bytes a step, 500 steps, lr 3e-3 with clipping at 1), then every flag parsed
  * (the shared ones of run.h, this chapter's, the calculator's); bad values exit 2 with one line. */
 void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **argv);
+/* The run's settings checked together before anything is read or built (exit 2, one line): the
+ * mesh against the model and the batch (parallelize_validate, mesh_check's rules), then the
+ * combinations this trainer cannot run (a vocabulary other than the bytes', checkpoints without a
+ * directory, float8 with what cannot reproduce its casts, a fault without FSDP, a warmup longer
+ * than the run). Fills what was left to the defaults: --microbatches (pp), --warmup. */
+void trainer_validate(run_options *o, trainer_options *t);

@@ -61,38 +61,8 @@ int main(int argc, char **argv) {
         return status;
     }
 
-    /* ---- the run's settings, refused up front when they cannot work ---- */
-    if (!co.microbatches_given) co.par.pp.microbatches = co.par.degree[MESH_PP];
-    parallelize_validate(&co.par, c, o.batch);
-    if (c->vocab_size != 256)
-        comm_exit_usage("--vocab %d is not valid here: the text is read one byte per token, so the vocabulary is "
-                        "the 256 byte values (--vocab 256)", c->vocab_size);
-    if (co.resume && !co.ckpt_dir) comm_exit_usage("--resume needs --ckpt-dir DIR: the checkpoints to continue from");
-    if (co.ckpt_every && !co.ckpt_dir) comm_exit_usage("--ckpt-every %d needs --ckpt-dir DIR: where to write them", co.ckpt_every);
-    if (co.resume && !checkpoint_exists(co.ckpt_dir))
-        comm_exit_usage("--resume: --ckpt-dir %s holds no checkpoint (neither DIR/latest nor DIR/index.json)", co.ckpt_dir);
-    if (co.resume && co.par.fp8.recipe == FP8_DELAYED)
-        comm_exit_usage("--resume with --fp8 delayed is not valid: the checkpoints do not keep the amax history, "
-                        "so the resumed casts would differ; use --fp8 tensorwise or rowwise");
-    if (co.resume && (o.check || o.dump_dir))
-        comm_exit_usage("--resume with %s is not valid: the baseline and the dump's replay start from step 1's "
-                        "parameters, a resumed run from a checkpoint's", o.check ? "--check" : "--dump");
-    if (co.par.fp8.recipe != FP8_OFF && co.par.ac == AC_FULL)
-        comm_exit_usage("--fp8 with --ac full is not valid here: the recompute would run every float8 linear's "
-                        "forward twice a step, casting again (delayed scaling: recording the amax twice); use --ac "
-                        "selective or none");
-    if (co.par.fp8.recipe != FP8_OFF && co.par.degree[MESH_CP] > 1 && o.check)
-        comm_exit_usage("--fp8 with --cp %d and --check is not valid: each cp rank scales the activations of its own "
-                        "positions, which the single-device float8 baseline cannot reproduce", co.par.degree[MESH_CP]);
-    if (co.par.fp8.recipe != FP8_OFF && co.par.degree[MESH_CP] > 1 && o.dump_dir)
-        comm_exit_usage("--dump with --fp8 and --cp %d is not valid: each cp rank scales the activations of its own "
-                        "positions, which the dump's float8 metadata cannot describe, so no replay could cast as the "
-                        "run did; dump with --cp 1", co.par.degree[MESH_CP]);
-    if (o.fault && co.par.degree[MESH_DP_REPLICATE] * co.par.degree[MESH_DP_SHARD] == 1)
-        comm_exit_usage("--fault %s breaks FSDP's gradient reduction: it needs --dp-shard x --dp-replicate of 2 or more",
-                        o.fault);
-    if (co.warmup < 0) co.warmup = o.steps / 5 < 20 ? o.steps / 5 : 20;   /* not given */
-    if (co.warmup > o.steps) comm_exit_usage("--warmup %d is longer than --steps %d: use at most %d", co.warmup, o.steps, o.steps);
+    /* ---- the run's settings, refused up front when they cannot work (flags.c) ---- */
+    trainer_validate(&o, &co);
     text_corpus corpus;
     char err[1024];
     char val_what[160] = "";   /* evaluation's batches: the validation part must hold them */
@@ -109,8 +79,7 @@ int main(int argc, char **argv) {
     o.accum = co.accum;
 
     /* ---- mesh and plan ---- */
-    device_mesh *mesh = mesh_create((mesh_shape){{co.par.degree[0], co.par.degree[1], co.par.degree[2],
-                                                  co.par.degree[3], co.par.degree[4]}});
+    device_mesh *mesh = mesh_create(parallel_mesh_shape(&co.par), NULL);   /* (checked by trainer_validate) */
     llama_plan plan = parallelize_llama(mesh, c, o.batch, &co.par);
     llama_plan baseline = plan_single_device();
     bool fp8 = co.par.fp8.recipe != FP8_OFF;

@@ -15,54 +15,36 @@ const char *parallel_mesh_name(const parallel_options *o, char *buf, size_t len)
     return buf;
 }
 
-/* Refuses a tp degree that does not divide `what` (one of the model's widths). */
-static void tp_must_divide(int tp, int value, const char *flag, const char *why) {
-    if (value % tp) comm_exit_usage("--tp %d does not divide %s %d: %s", tp, flag, value, why);
+mesh_shape parallel_mesh_shape(const parallel_options *o) {
+    mesh_shape s;
+    memcpy(s.degree, o->degree, sizeof s.degree);
+    return s;
 }
 
 void parallelize_validate(parallel_options *o, const llama_config *c, int batch) {
-    int *g = o->degree, world = comm_world()->size;
-    /* --dp-shard -1: whatever the other dimensions leave of NP */
-    if (g[MESH_DP_SHARD] == -1) {
-        int others = g[MESH_PP] * g[MESH_DP_REPLICATE] * g[MESH_CP] * g[MESH_TP];
-        if (world % others)
-            comm_exit_usage("--dp-shard -1 takes NP / (pp x dp_replicate x cp x tp) = %d / %d ranks, which is not "
-                            "whole: use NP a multiple of %d", world, others, others);
-        g[MESH_DP_SHARD] = world / others;
-    }
-    int product = 1;
-    for (int d = 0; d < MESH_NDIMS; d++) product *= g[d];
-    if (product != world) {
-        char name[128];
-        comm_exit_usage("the mesh %s needs %d ranks, but NP=%d: make the product of --pp --dp-replicate --dp-shard "
-                        "--cp --tp equal NP (or give --dp-shard -1)", parallel_mesh_name(o, name, sizeof name),
-                        product, world);
-    }
-    int tp = g[MESH_TP], cp = g[MESH_CP], pp = g[MESH_PP], dp = g[MESH_DP_REPLICATE] * g[MESH_DP_SHARD];
-    if (tp > 1) {
-        tp_must_divide(tp, c->n_heads, "--n-heads", "each tp rank computes whole query heads");
-        tp_must_divide(tp, c->n_kv_heads, "--n-kv-heads", "each tp rank holds whole key/value heads");
-        tp_must_divide(tp, c->ffn_dim, "--ffn-dim", "w1 and w3 are split by rows, w2 by columns");
-        tp_must_divide(tp, c->vocab_size, "--vocab", "the embedding and the output layer are split by vocabulary rows");
-    }
-    if (cp > 1) context_parallel_validate(c, cp, tp, &o->cp);
-    if (o->sp && tp > 1 && (c->seq_len / cp) % tp)
-        comm_exit_usage("--seq-len %d cannot be split over --cp %d x --tp %d: each cp rank holds seq_len / cp = %d "
-                        "rows and sequence parallelism splits them over tp; use a multiple of %d (or --no-sp)",
-                        c->seq_len, cp, tp, c->seq_len / cp, cp * tp * (cp > 1 ? 2 : 1));
-    data_parallel_validate_batch(batch, g[MESH_DP_REPLICATE], g[MESH_DP_SHARD]);
+    int world = comm_world()->size;
+    if (o->degree[MESH_PP] == 1 && (o->pp.microbatches != 1 || o->pp.virtual_stages != 1))
+        comm_exit_usage("--microbatches %d and --virtual-stages %d split a pipeline's step: they need --pp 2 or more",
+                        o->pp.microbatches, o->pp.virtual_stages);
+    /* every rule relating the degrees to the model and the batch, in the function the --plan
+     * calculator asks too; a dp_shard of -1 becomes the rest of NP */
+    mesh_requirements needs = parallel_mesh_requirements(o, c, batch);
+    mesh_shape s = parallel_mesh_shape(o);
+    char why[512];
+    if (mesh_check(&s, world, &needs, why, sizeof why)) comm_exit_usage("%s", why);
+    memcpy(o->degree, s.degree, sizeof o->degree);
+    /* what the techniques ask beyond the mesh's rules */
+    int tp = s.tp, cp = s.cp, pp = s.pp, dp = s.dp_replicate * s.dp_shard;
+    if (cp > 1) context_parallel_validate(cp);
     if (pp > 1) {
-        pipeline_validate(c, batch / dp, pp, &o->pp);
+        pipeline_validate(pp, &o->pp);
         if (dp > 1 && o->pp.schedule == PP_ZB_H1)
             comm_exit_usage("--schedule zb-h1 defers the weight gradients past the moment FSDP reduce-scatters them: "
                             "with --dp-replicate x --dp-shard = %d use gpipe, 1f1b or interleaved", dp);
-    } else if (o->pp.microbatches != 1 || o->pp.virtual_stages != 1) {
-        comm_exit_usage("--microbatches %d and --virtual-stages %d split a pipeline's step: they need --pp 2 or more",
-                        o->pp.microbatches, o->pp.virtual_stages);
     }
     int rows = batch / dp / o->pp.microbatches * (c->seq_len / cp);   /* of one float8 GEMM */
-    const char *why = float8_shape_error(c, tp, rows, o->fp8.recipe);
-    if (why) comm_exit_usage("%s", why);
+    const char *fp8_why = float8_shape_error(c, tp, rows, o->fp8.recipe);
+    if (fp8_why) comm_exit_usage("%s", fp8_why);
 }
 
 llama_plan parallelize_llama(device_mesh *mesh, const llama_config *c, int batch, const parallel_options *o) {

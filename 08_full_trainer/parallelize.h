@@ -45,11 +45,32 @@ typedef struct {
 } parallel_options;
 
 /* The degrees from the flags: a dp_shard of -1 takes what the others leave of NP (torchtitan's
- * rule). Refuses (exit 2, one line naming the dimension) a mesh whose product is not NP, and a
- * model, batch or schedule the mesh cannot split: heads, kv heads, ffn and vocabulary by tp,
- * the sequence by cp x tp (x 2: the zigzag halves), the layers by pp x virtual stages, the
- * global batch by dp_replicate x dp_shard x microbatches. */
+ * rule). Refuses (exit 2, one line naming the value) a mesh whose product is not NP, a model or
+ * batch the mesh cannot split (mesh_check, the rules the --plan calculator applies too: heads,
+ * kv heads, ffn and vocabulary by tp, the sequence by cp x tp (x 2: the zigzag halves), the
+ * layers by pp x virtual stages, the global batch by dp_replicate x dp_shard x microbatches),
+ * and what a technique cannot take (a schedule, float8's shapes). */
 void parallelize_validate(parallel_options *o, const llama_config *c, int batch);
+
+/* What the mesh must divide under these options (mesh_check's requirements): the heads, kv heads,
+ * ffn and vocabulary over tp (01, 02); the sequence over 2 cp (06) and, with sequence parallelism,
+ * cp x tp (03); all-to-all attention's heads over cp; the layers over pp x virtual stages (05);
+ * the global batch over dp_replicate x dp_shard x microbatches (04, 05). Inline, so that the
+ * --plan calculator's test compares its verdicts with the trainer's without linking every
+ * technique. */
+static inline mesh_requirements parallel_mesh_requirements(const parallel_options *o, const llama_config *c,
+                                                           int batch) {
+    mesh_requirements needs = llama_mesh_requirements(c, batch);
+    needs.vocab_size = c->vocab_size;   /* tp > 1 always splits the vocabulary (02) */
+    needs.sequence_parallel = o->sp;
+    needs.heads_over_cp = o->cp.method == CP_ALLTOALL;
+    needs.microbatches = o->pp.microbatches;
+    needs.virtual_stages = o->pp.virtual_stages;
+    return needs;
+}
+
+/* The degrees as a mesh_shape (for mesh_create, after parallelize_validate resolved them). */
+mesh_shape parallel_mesh_shape(const parallel_options *o);
 
 /* Applies every technique whose degree is above 1 (and --ac, --fp8) to a plan for the mesh. */
 llama_plan parallelize_llama(device_mesh *mesh, const llama_config *c, int batch, const parallel_options *o);

@@ -264,20 +264,25 @@ static int shard_group(const plan_calc_options *o, const int g[MESH_NDIMS]) {
 }
 
 /* The degrees with a dp_shard of -1 replaced by what the others leave of the GPUs (torchtitan's
- * rule); false when that is not whole. */
-static bool resolve_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], int g[MESH_NDIMS]) {
-    memcpy(g, mesh, MESH_NDIMS * sizeof *g);
-    if (g[MESH_DP_SHARD] != -1) return true;
-    long long others = (long long)g[MESH_PP] * g[MESH_DP_REPLICATE] * g[MESH_CP] * g[MESH_TP];
-    if (others < 1 || o->gpus % others) return false;
-    g[MESH_DP_SHARD] = (int)(o->gpus / others);
+ * rule, mesh_check's MESH_REST); false, and why, when that is not whole or a degree is not valid.
+ * A mesh without -1 is taken as it is (chapter 08's report of its state passes its own). */
+static bool resolve_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], int g[MESH_NDIMS], char *why,
+                         size_t whylen) {
+    mesh_shape s;
+    memcpy(s.degree, mesh, sizeof s.degree);
+    memcpy(g, mesh, sizeof s.degree);
+    if (s.dp_shard != MESH_REST) return true;   /* (the degrees' product: plan_calc_mesh's mesh_check) */
+    const mesh_requirements names = {.names = MESH_NAMES_PLAN};   /* no sizes: the degrees alone */
+    char own[256];
+    if (mesh_check(&s, o->gpus, &names, why ? why : own, why ? whylen : sizeof own)) return false;
+    memcpy(g, s.degree, sizeof s.degree);
     return true;
 }
 
 double plan_calc_stage_floats(const plan_calc_options *o, const int mesh[MESH_NDIMS], int stage) {
     llama_config c = plan_calc_model(o);
     int g[MESH_NDIMS];
-    if (!resolve_mesh(o, mesh, g)) return -1;
+    if (!resolve_mesh(o, mesh, g, NULL, 0)) return -1;
     unit_floats u = unit_floats_of(&c, g[MESH_TP], shard_group(o, g));
     return stage_floats_of(&u, c.n_layers, g[MESH_PP], o->virtual_stages, stage).floats;
 }
@@ -332,41 +337,27 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
                    size_t whylen) {
     memset(r, 0, sizeof *r);
     llama_config c = plan_calc_model(o);
-    int g[MESH_NDIMS];
-    if (!resolve_mesh(o, mesh, g))
-        REFUSE("dp_shard -1 takes %d GPUs / (pp x dp_replicate x cp x tp = %lld), which is not whole", o->gpus,
-               (long long)mesh[MESH_PP] * mesh[MESH_DP_REPLICATE] * mesh[MESH_CP] * mesh[MESH_TP]);
-    long long product = 1;
-    for (int d = 0; d < MESH_NDIMS; d++) {
-        if (g[d] < 1) REFUSE("the %s degree is %d: every degree is 1 or more", mesh_dim_name(d), g[d]);
-        product *= g[d];
-    }
-    int P = g[MESH_PP], R = g[MESH_DP_REPLICATE], C = g[MESH_CP], t = g[MESH_TP], V = o->virtual_stages;
-    if (product != o->gpus)
-        REFUSE("pp %d x dp_replicate %d x dp_shard %d x cp %d x tp %d = %lld GPUs, not the %d of --plan-gpus", P, R,
-               g[MESH_DP_SHARD], C, t, product, o->gpus);
-    /* 01 and 02: whole heads, kv heads, ffn units and vocabulary rows on each tp rank */
-    if (c.n_heads % t) REFUSE("tp %d does not divide the %d heads (01: each tp rank computes whole heads)", t, c.n_heads);
-    if (c.n_kv_heads % t)
-        REFUSE("tp %d does not divide the %d kv heads (01: each tp rank holds whole kv heads)", t, c.n_kv_heads);
-    if (c.ffn_dim % t) REFUSE("tp %d does not divide ffn %d (01: w1, w3 split by rows)", t, c.ffn_dim);
-    if (c.vocab_size % t) REFUSE("tp %d does not divide the vocabulary %d (02: split by rows)", t, c.vocab_size);
-    /* 03 and 06: each cp rank's rows split over tp; the zigzag's 2C chunks */
     int T = c.seq_len;
-    if (T % ((long long)C * t))
-        REFUSE("cp %d x tp %d does not divide the sequence %d (03: sequence parallelism splits each cp rank's rows "
-               "over tp)", C, t, T);
-    if (C > 1 && T % (2 * C)) REFUSE("the sequence %d is not divisible by 2 cp = %d (06: the zigzag's chunks)", T, 2 * C);
-    /* 05: whole layers in every chunk */
-    if (plan_calc_rank_layers(c.n_layers, P, V, 0, NULL) < 0)
-        REFUSE("%d layers cannot be cut into pp %d x %d virtual stages: neither %d nor %d (one layer fewer in the first "
-               "and the last chunk) is a multiple of %d", c.n_layers, P, V, c.n_layers, c.n_layers + 2, P * V);
-    /* the batch: every dp rank the same number of whole microbatches */
     if (o->global_batch % T) REFUSE("the global batch of %lld tokens is not whole sequences of %d", o->global_batch, T);
-    long long seqs = o->global_batch / T, dp = (long long)R * g[MESH_DP_SHARD];
-    if (seqs % (dp * o->microbatch))
-        REFUSE("the global batch of %lld sequences is not divisible by dp_replicate x dp_shard x microbatch = %lld",
-               seqs, dp * o->microbatch);
+    long long seqs = o->global_batch / T;
+    /* the trainer's rules (mesh_check): whole heads, kv heads, ffn units and vocabulary rows on
+     * each tp rank (01, 02); the sequence in 2 cp chunks and each cp rank's rows over tp (06, 03);
+     * whole layers in every chunk, the first and the last one fewer allowed (05); every dp rank
+     * the same number of whole microbatches (04) */
+    mesh_requirements needs = llama_mesh_requirements(&c, seqs);
+    needs.vocab_size = c.vocab_size;
+    needs.sequence_parallel = true;
+    needs.virtual_stages = o->virtual_stages;
+    needs.short_end_chunks = true;
+    needs.microbatch_size = o->microbatch;
+    needs.names = MESH_NAMES_PLAN;
+    int g[MESH_NDIMS];
+    if (!resolve_mesh(o, mesh, g, why, whylen)) return -1;
+    int P = g[MESH_PP], R = g[MESH_DP_REPLICATE], C = g[MESH_CP], t = g[MESH_TP], V = o->virtual_stages;
+    mesh_shape shape;
+    memcpy(shape.degree, g, sizeof shape.degree);
+    if (mesh_check(&shape, o->gpus, &needs, why, whylen)) return -1;
+    long long dp = (long long)R * g[MESH_DP_SHARD];
     long long M_long = seqs / (dp * o->microbatch);
     if (M_long > 1 << 20) REFUSE("%lld microbatches per dp rank: more than this calculator lists", M_long);
     int M = (int)M_long;
@@ -587,7 +578,7 @@ static const char *degree_text(int degree) {
 
 static void print_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], const plan_calc_result *r) {
     int g[MESH_NDIMS];
-    resolve_mesh(o, mesh, g);   /* plan_calc_mesh accepted it */
+    resolve_mesh(o, mesh, g, NULL, 0);   /* plan_calc_mesh accepted it */
     char name[128], formula[160];
     int P = g[MESH_PP], V = o->virtual_stages, M = r->microbatches;
     log0("\nmesh %s = %d GPUs; FSDP shards over %s = %d\n", mesh_text(g, name, sizeof name), o->gpus,
@@ -719,7 +710,7 @@ int plan_calculator_run(const plan_calc_options *o) {
     }
     if (o->mesh_given) {   /* where the asked-for mesh stands among all the candidates */
         int g[MESH_NDIMS];
-        resolve_mesh(o, o->mesh, g);
+        resolve_mesh(o, o->mesh, g, NULL, 0);
         for (int i = 0; i < n; i++)
             if (memcmp(all[i].mesh, g, sizeof g) == 0) {
                 if (all[i].r.fits)

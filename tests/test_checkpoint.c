@@ -86,15 +86,15 @@ static int n_meshes;
 static setup *make(layout_kind kind, const llama_config *c, uint64_t seed) {
     int W = comm_world()->size;
     setup *sp = malloc(sizeof *sp), s = {kind, plan_single_device(), NULL, false, false};
-    mesh_shape shape = {{1, 1, 1, 1, 1}};
-    if (kind == K_TP) shape = (mesh_shape){{1, 1, 1, 1, W}};
-    if (kind == K_FSDP) shape = (mesh_shape){{1, 1, W, 1, 1}};
-    if (kind == K_FSDP_TP) shape = (mesh_shape){{1, 1, 2, 1, W / 2}};
-    if (kind == K_PP_TP) shape = (mesh_shape){{2, 1, 1, 1, W / 2}};
-    if (kind == K_HSDP_ZERO1) shape = (mesh_shape){{1, 2, W / 2, 1, 1}};
+    mesh_shape shape = {.tp = 1};
+    if (kind == K_TP) shape = (mesh_shape){.tp = W};
+    if (kind == K_FSDP) shape = (mesh_shape){.dp_shard = W};
+    if (kind == K_FSDP_TP) shape = (mesh_shape){.dp_shard = 2, .tp = W / 2};
+    if (kind == K_PP_TP) shape = (mesh_shape){.pp = 2, .tp = W / 2};
+    if (kind == K_HSDP_ZERO1) shape = (mesh_shape){.dp_replicate = 2, .dp_shard = W / 2};
     int B = BATCH;
     if (kind != K_SINGLE) {
-        device_mesh *mesh = meshes[n_meshes++] = mesh_create(shape);
+        device_mesh *mesh = meshes[n_meshes++] = mesh_create(shape, NULL);
         s.plan = tensor_parallel_or_single(mesh, c);
         if (kind == K_FSDP || kind == K_FSDP_TP || kind == K_HSDP_ZERO1) {
             dp_options o = {kind == K_HSDP_ZERO1 ? DP_ZERO1 : DP_FSDP, true, true, 64 * 256, NULL};
@@ -104,7 +104,7 @@ static setup *make(layout_kind kind, const llama_config *c, uint64_t seed) {
         }
         if (kind == K_PP_TP) {
             pp_options o = {PP_1F1B, 2, 1, false};
-            pipeline_validate(c, BATCH, 2, &o);
+            pipeline_validate(2, &o);
             pipeline_apply(&s.plan, mesh, c, &o);
             s.pp = true;
             B /= 2;

@@ -526,8 +526,7 @@ int main(int argc, char **argv) {
 
     if (world->size == 4) {
         /* 2x2 mesh: tp groups {0,1} {2,3}; dp_shard groups {0,2} {1,3} */
-        mesh_shape s = {{1, 1, 2, 1, 2}};
-        device_mesh *m = mesh_create(s);
+        device_mesh *m = mesh_create((mesh_shape){.dp_shard = 2, .tp = 2}, NULL);
         comm_group *tp = m->group[MESH_TP], *dp = m->group[MESH_DP_SHARD];
         CHECK(tp->size == 2 && dp->size == 2, "group sizes %d %d", tp->size, dp->size);
         CHECK(tp->rank == world->rank % 2 && dp->rank == world->rank / 2, "ranks in groups");

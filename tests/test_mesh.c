@@ -1,16 +1,36 @@
 /* ranks: 1 */
-/* test_mesh.c: coordinates (tp innermost, row-major) and validation messages. The exit-2
- * behaviour of a bad mesh under mpirun is tested by tests/t_bad_input.sh. */
+/* test_mesh.c: coordinates (tp innermost, row-major), the named degrees, and mesh_check: the
+ * degrees left 0 or MESH_REST, the world's product, and each rule's refusal (one line naming the
+ * value, the rule and what is valid). The exit-2 behaviour of a bad mesh under mpirun is tested
+ * by tests/t_bad_input.sh; the calculator's verdicts against the trainer's by
+ * tests/test_plan_calculator.c. */
 #include <string.h>
 #include "comm.h"
 #include "mesh.h"
 #include "test_util.h"
 
+/* mesh_check's line for `s` on `world` ranks must contain `says` (NULL: the mesh is valid). */
+static void expect(mesh_shape s, int world, const mesh_requirements *r, const char *says) {
+    char why[512] = "";
+    const char *got = mesh_check(&s, world, r, why, sizeof why);
+    if (!says) {
+        CHECK(!got, "pp %d dpr %d dps %d cp %d tp %d on %d refused: %s", s.pp, s.dp_replicate, s.dp_shard, s.cp, s.tp,
+              world, why);
+        return;
+    }
+    CHECK(got == why && strstr(why, says) && !strchr(why, '\n'), "pp %d dpr %d dps %d cp %d tp %d on %d: \"%s\" (want "
+          "a line with \"%s\")", s.pp, s.dp_replicate, s.dp_shard, s.cp, s.tp, world, got ? why : "(accepted)", says);
+}
+
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
-    mesh_shape s = {{2, 1, 2, 1, 4}};   /* pp=2, dp_shard=2, tp=4: 16 ranks */
-    char err[256];
-    CHECK(mesh_validate(&s, 16, err, sizeof err) == 0, "valid mesh rejected: %s", err);
+    /* the names and the indices are the same degrees */
+    mesh_shape s = {.pp = 2, .dp_shard = 2, .tp = 4};   /* 16 ranks */
+    CHECK(s.degree[MESH_PP] == 2 && s.degree[MESH_DP_REPLICATE] == 0 && s.degree[MESH_DP_SHARD] == 2 &&
+          s.degree[MESH_CP] == 0 && s.degree[MESH_TP] == 4, "named fields out of mesh.h's order");
+    char why[512];
+    CHECK(mesh_check(&s, 16, NULL, why, sizeof why) == NULL, "valid mesh rejected: %s", why);
+    CHECK(s.dp_replicate == 1 && s.cp == 1, "degrees left 0 are 1, got dp_replicate %d cp %d", s.dp_replicate, s.cp);
     int c[MESH_NDIMS];
     mesh_coords_of(&s, 0, c);
     CHECK(c[0] == 0 && c[2] == 0 && c[4] == 0, "rank 0");
@@ -18,17 +38,65 @@ int main(int argc, char **argv) {
     CHECK(c[MESH_PP] == 0 && c[MESH_DP_SHARD] == 1 && c[MESH_TP] == 1, "rank 5 -> pp %d dps %d tp %d", c[0], c[2], c[4]);
     mesh_coords_of(&s, 14, c);   /* 14 = (1*2 + 1)*4 + 2 */
     CHECK(c[MESH_PP] == 1 && c[MESH_DP_SHARD] == 1 && c[MESH_TP] == 2, "rank 14");
-    /* every rank maps back to itself */
-    for (int r = 0; r < 16; r++) {
+    for (int r = 0; r < 16; r++) {   /* every rank maps back to itself */
         mesh_coords_of(&s, r, c);
         int back = 0;
         for (int d = 0; d < MESH_NDIMS; d++) back = back * s.degree[d] + c[d];
         CHECK(back == r, "rank %d round trip gives %d", r, back);
     }
-    CHECK(mesh_validate(&s, 8, err, sizeof err) != 0 && strstr(err, "16") && strstr(err, "8"),
-          "product mismatch message: %s", err);
-    mesh_shape zero = {{1, 1, 0, 1, 2}};
-    CHECK(mesh_validate(&zero, 2, err, sizeof err) != 0 && strstr(err, "dp_shard=0"), "zero degree message: %s", err);
+
+    /* the world: the product, the one degree that takes the rest, a degree below 1 */
+    expect((mesh_shape){.pp = 2, .dp_shard = 2, .tp = 4}, 8, NULL, "= 16 ranks, but the world has 8");
+    expect((mesh_shape){.dp_shard = -2, .tp = 2}, 4, NULL, "dp_shard=-2 is not valid");
+    mesh_shape rest = {.pp = 2, .dp_shard = MESH_REST, .tp = 2};
+    CHECK(mesh_check(&rest, 12, NULL, why, sizeof why) == NULL && rest.dp_shard == 3, "dp_shard the rest of 12: %d",
+          rest.dp_shard);
+    expect((mesh_shape){.pp = 3, .dp_shard = MESH_REST}, 8, NULL, "NP=8 is not divisible by --pp 3: dp_shard would not be whole");
+    expect((mesh_shape){.pp = MESH_REST, .tp = MESH_REST}, 4, NULL, "tp=-1 is not valid");   /* only one */
+
+    /* each rule: the sizes asked (only those it reads, and one it must read first), the mesh, the
+     * world, and the line (NULL: admitted) */
+    const struct { mesh_requirements r; mesh_shape s; int world; const char *says; } rules[] = {
+        {{.n_heads = 4}, {.tp = MESH_REST}, 3,
+         "NP=3 does not divide --n-heads 4: each tp rank computes whole query heads; use a tp that divides 4"},
+        {{.n_heads = 4, .n_kv_heads = 2}, {.tp = 4}, 4, "--tp 4 does not divide --n-kv-heads 2"},
+        {{.ffn_dim = 129}, {.tp = 2}, 2,
+         "--ffn-dim 129: w1 and w3 are split by rows, w2 by columns; the nearest valid sizes are 128 and 130"},
+        {{.n_kv_heads = 2, .vocab_size = 2}, {.tp = 4}, 4, "--n-kv-heads"},   /* the heads first */
+        {{.vocab_size = 2}, {.tp = 4}, 4,
+         "--vocab 2: the embedding and the output layer are split by vocabulary rows; the nearest valid size is 4"},
+        {{.seq_len = 30}, {.tp = 4}, 4, NULL},   /* no sequence parallelism: no rule */
+        {{.seq_len = 30, .sequence_parallel = true}, {.tp = 4}, 4,
+         "--seq-len 30 cannot be split over --tp 4: sequence parallelism gives each tp rank seq_len / tp tokens of every "
+         "sequence; the nearest valid lengths are 28 and 32 (or --no-sp)"},
+        {{.seq_len = 36, .sequence_parallel = true}, {.cp = 2, .tp = 4}, 8,
+         "--seq-len 36 cannot be split over --cp 2 x --tp 4: each cp rank holds seq_len / cp rows and sequence "
+         "parallelism splits them over tp; the nearest valid lengths are 32 and 40"},
+        {{.seq_len = 62}, {.cp = 2}, 2, "--seq-len 62 cannot be split over --cp 2: each cp rank holds 2 chunks"},
+        /* tp 3 is odd: 2 cp and cp x tp together ask for a multiple of 12 */
+        {{.seq_len = 24, .sequence_parallel = true}, {.cp = 2, .tp = 3}, 6, NULL},
+        {{.seq_len = 18, .sequence_parallel = true}, {.cp = 2, .tp = 3}, 6, "the nearest valid lengths are 12 and 24"},
+        /* 06's all-to-all: a tp rank's 2 heads and 1 kv head over cp 2 */
+        {{.n_heads = 6, .n_kv_heads = 3, .heads_over_cp = true}, {.cp = 2, .tp = 3}, 6,
+         "--cp-method alltoall deals whole heads out to the --cp 2 ranks, but a tp rank holds 2 heads and 1 kv heads"},
+        {{.n_layers = 6}, {.pp = MESH_REST}, 4,
+         "--n-layers 6 cannot be split evenly into NP=4 x --virtual-stages 1 = 4 chunks: use a multiple of 4 layers"},
+        /* the calculator's: 6 + 2 layers in 4 chunks, the ends one fewer; microbatches of 3 sequences */
+        {{.n_layers = 6, .batch = 8, .short_end_chunks = true, .microbatch_size = 3, .names = MESH_NAMES_PLAN},
+         {.pp = 4}, 4, "the global batch of 8 sequences over dp_replicate 1 x dp_shard 1 leaves 8 a data rank: not whole "
+                       "microbatches of 3 sequences"},
+        {{.n_layers = 5, .short_end_chunks = true, .names = MESH_NAMES_PLAN}, {.pp = 4}, 4,
+         "5 layers cannot be cut into pp 4 x 1 virtual stages: neither 5 nor 7"},
+        {{.batch = 8, .microbatches = 3}, {.pp = 2}, 2,
+         "--batch 8 is not divisible by --microbatches 3: each microbatch takes batch / 3 sequences"},
+        {{.batch = 8, .microbatches = 2}, {.pp = 2, .dp_shard = 3}, 6,
+         "--batch 8 is not divisible by the data-parallel degree dp_replicate 1 x dp_shard 3 = 3"},
+        {{.batch = 12, .microbatches = 4}, {.pp = 2, .dp_shard = 2}, 4,
+         "--batch 12 over dp_replicate 1 x dp_shard 2 leaves 6 sequences a data rank, not divisible by --microbatches 4"},
+        {{.batch = 12, .microbatches = 3}, {.pp = 2, .dp_shard = 2}, 4, NULL},
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
+        expect(rules[i].s, rules[i].world, &rules[i].r, rules[i].says);
     int rc = tu_finish("test_mesh");
     comm_finalize();
     return rc;

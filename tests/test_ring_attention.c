@@ -203,7 +203,7 @@ static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     int C = comm_world()->size;
-    device_mesh *mesh = mesh_create((mesh_shape){{1, 1, 1, C, 1}});
+    device_mesh *mesh = mesh_create((mesh_shape){.cp = C}, NULL);
     /* B, T, H, Hkv, hd: T divisible by 2C for C = 1, 2, 4 (T = 24: chunks of 3 rows at C = 4) */
     const int shapes[][5] = {{2, 32, 4, 2, 8}, {1, 24, 4, 1, 4}, {2, 16, 2, 2, 16}, {2, 16, 8, 4, 4}};
     uint64_t seed = 0x2545F4914F6CDD1Dull;

@@ -27,6 +27,7 @@
 #include <stdint.h>
 #include <stdbool.h>
 #include "cdefs.h"
+#include "mesh.h"
 
 C_BEGIN
 
@@ -46,6 +47,11 @@ static inline int llama_head_dim(const llama_config *c) { return c->dim / c->n_h
 /* 0 when the configuration and a [B, T] batch make a valid model; otherwise -1 and one line in
  * err naming the values and the rule (n_heads divides dim, n_kv_heads divides n_heads, ...). */
 int llama_config_check(const llama_config *c, int B, int T, char *err, size_t errlen);
+/* What a mesh must divide of this model and a global batch of `batch` sequences (mesh_check,
+ * common/parallel/mesh.h): the heads, kv heads and ffn units (tp), the sequence (cp), the layers
+ * (pp), the batch (dp). The caller adds what its plan splits beyond these: the vocabulary (loss
+ * parallelism), the sequence over tp (sequence parallelism), microbatches, virtual stages. */
+mesh_requirements llama_mesh_requirements(const llama_config *c, long long batch);
 
 /* ---- the parameter table: every tensor's name, kind and full shape ---- */
 typedef enum {

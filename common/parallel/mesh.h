@@ -1,4 +1,5 @@
-/* mesh.h: the 5-D device mesh  pp x dp_replicate x dp_shard x cp x tp = world size.
+/* mesh.h: the 5-D device mesh  pp x dp_replicate x dp_shard x cp x tp = world size, and the one
+ * place where its degrees are checked against the model and the batch.
  *
  * Ranks are laid out row-major with tp innermost (torchtitan's order), so the ranks of one
  * tensor-parallel group are neighbours (on one node, on the fastest links):
@@ -8,6 +9,8 @@
  * Each dimension has its group: the ranks whose other four coordinates are equal.
  */
 #pragma once
+#include <stdbool.h>
+#include <stddef.h>
 #include "cdefs.h"
 #include "comm.h"
 
@@ -15,7 +18,14 @@ C_BEGIN
 
 enum { MESH_PP = 0, MESH_DP_REPLICATE, MESH_DP_SHARD, MESH_CP, MESH_TP, MESH_NDIMS };
 
-typedef struct { int degree[MESH_NDIMS]; } mesh_shape;
+/* The degrees, by name or by index: (mesh_shape){.dp_shard = 2, .tp = 4}. A degree left 0 is 1;
+ * one degree may be MESH_REST, what the others leave of the world (torchtitan's -1). mesh_check
+ * replaces both by the degree they stand for. */
+typedef union {
+    struct { int pp, dp_replicate, dp_shard, cp, tp; };
+    int degree[MESH_NDIMS];
+} mesh_shape;
+#define MESH_REST (-1)
 
 typedef struct {
     mesh_shape shape;
@@ -23,17 +33,46 @@ typedef struct {
     comm_group *group[MESH_NDIMS];   /* pp_group, dp_replicate_group, dp_shard_group, cp_group, tp_group */
 } device_mesh;
 
+/* Whose flags a refusal names: a run's (--tp 2, --n-heads 4, NP; a degree taken from the world
+ * alone is "NP=4"), or chapter 08's --plan calculator's (tp 2, --plan-heads 4, --plan-gpus). */
+typedef enum { MESH_NAMES_RUN = 0, MESH_NAMES_PLAN } mesh_names;
+
+/* What the mesh's degrees must divide: the model's and the batch's sizes, as plain numbers
+ * (parallel/ sits below model/). A size left 0 asks nothing of the mesh. */
+typedef struct {
+    int n_heads, n_kv_heads;   /* tp (01): whole query heads and key/value heads on each tp rank    */
+    int ffn_dim;               /* tp (01): w1, w3 split by rows and w2 by columns                   */
+    int vocab_size;            /* tp (02): given when the embedding and the output are split by rows */
+    int seq_len;               /* cp (06): 2 cp chunks (the zigzag's halves); with
+                                * sequence_parallel, cp x tp (03: seq_len / (cp tp) rows a rank)     */
+    bool sequence_parallel;
+    bool heads_over_cp;        /* cp (06's all-to-all attention): n_heads / tp and n_kv_heads / tp
+                                * divisible by cp, whole heads on each cp rank                      */
+    int n_layers;              /* pp (05): whole layers in each of pp x virtual_stages chunks        */
+    int virtual_stages;        /*   0: 1                                                             */
+    bool short_end_chunks;     /*   or (n_layers + 2) / chunks with one layer fewer in the first and
+                                *   the last chunk (the Llama 3 paper's; the calculator plans it)    */
+    long long batch;           /* dp (04): sequences of one step, the same count on every data rank */
+    int microbatches;          /* 05: each data rank's sequences in this many equal pieces (0: 1)   */
+    int microbatch_size;       /* the calculator: pieces of this many sequences (0: any)            */
+    mesh_names names;
+} mesh_requirements;
+
 const char *mesh_dim_name(int dim);   /* "pp", "dp_replicate", "dp_shard", "cp", "tp" */
 
-/* 0 when the shape is valid for world_size; otherwise writes one line to err and returns -1. */
-int mesh_validate(const mesh_shape *s, int world_size, char *err, size_t errlen);
+/* The one check of a mesh, used by every chapter, chapter 08's trainer and its --plan calculator
+ * alike, so they cannot disagree. Replaces the 0 and MESH_REST degrees of *s by what they stand
+ * for on `world` ranks, then checks that the degrees multiply to `world` and divide what r asks
+ * (r NULL: only the world). Returns NULL when the mesh is valid; otherwise `why`, filled with one
+ * line that names the value, the rule and what is valid. */
+const char *mesh_check(mesh_shape *s, int world, const mesh_requirements *r, char *why, size_t len);
 
 /* Coordinates of `rank` (pure function, used by mesh_create and the tests). */
 void mesh_coords_of(const mesh_shape *s, int rank, int coord[MESH_NDIMS]);
 
-/* Validates (exit 2 with one line from rank 0 on failure), then builds one group per dimension.
- * Collective on the world. */
-device_mesh *mesh_create(mesh_shape s);
+/* mesh_check on the world (exit 2 with its line from rank 0 on a refusal), then one group per
+ * dimension. Collective on the world. */
+device_mesh *mesh_create(mesh_shape s, const mesh_requirements *r);
 
 /* A group spanning several dimensions at once, e.g. {MESH_DP_SHARD, MESH_CP} for FSDP. */
 comm_group *mesh_group_over(device_mesh *m, const int *dims, int ndims, const char *name);
