@@ -6,7 +6,9 @@
  * shape, and a backward pass that walks the same sequence in reverse. Then read a chapter's plan
  * to see what each operator becomes on several ranks.
  *
- * linear backward overwrites dx (=); rmsnorm backward and every weight gradient accumulate (+=).
+ * A linear's backward overwrites its input gradient dx (DX_SET), except where several linears read
+ * the same input: wk and wv add to wq's dx, w3 to w1's (DX_ADD). rmsnorm backward and every weight
+ * gradient accumulate (+=).
  */
 #include <math.h>
 #include <stdio.h>
