@@ -47,7 +47,8 @@ static inline int llama_head_dim(const llama_config *c) { return c->dim / c->n_h
  * err naming the values and the rule (n_heads divides dim, n_kv_heads divides n_heads, ...). */
 int llama_config_check(const llama_config *c, int B, int T, char *err, size_t errlen);
 
-/* ---- the parameter table: every tensor's name, kind and full shape ---- */
+/* ---- the parameter table: every tensor's name, kind, full shape and initialisation ----
+ * Described once, in llama.c: one layer's nine tensors and the model's three ends. */
 typedef enum {
     P_TOK_EMBEDDINGS = 0, P_ATTENTION_NORM, P_WQ, P_WK, P_WV, P_WO,
     P_FFN_NORM, P_W1, P_W2, P_W3, P_NORM, P_OUTPUT, P_NKINDS
@@ -59,10 +60,18 @@ typedef struct {
     int layer;          /* -1 for tensors outside the layers */
     int rows, cols;     /* full shape; a vector is [1, D] here and [D] in the file */
     int is_vector;
-    float init_std;     /* 0.02 for embeddings and linears; norms are initialised to 1 */
+    float init_std;     /* normal(0, init_std): 0.02 for embeddings and linears; 0: every element
+                         * 1 (the norm weights) */
 } param_spec;
 
-/* Number of parameter tensors and their specs, in the order above (layer by layer). */
+/* A layer's tensors (attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3) and the ends'
+ * (tok_embeddings, norm, output): the two kinds of unit (params.h). */
+#define LLAMA_LAYER_TENSORS 9
+#define LLAMA_END_TENSORS 3
+#define LLAMA_UNIT_MAX_TENSORS LLAMA_LAYER_TENSORS   /* the larger: an array for any unit's */
+
+/* Number of parameter tensors and their specs: tok_embeddings, the layers' in layer order, norm,
+ * output. */
 int llama_num_params(const llama_config *c);
 param_spec llama_param_spec(const llama_config *c, int index);
 /* The model's parameters (elements of every tensor), or those outside the embedding table (a
@@ -81,5 +90,8 @@ double llama_flops_per_token(const llama_config *c);
 int llama_param_index(const llama_config *c, const char *name);
 /* Index of the tensor of `kind` in `layer` (layer -1 for tok_embeddings, norm and output). */
 int llama_param_index_of(const llama_config *c, param_kind kind, int layer);
+/* The indices of unit u's tensors, in the order the unit stores them: layer u's for u < L, the
+ * ends' (tok_embeddings, norm, output) for u == L. Returns how many. */
+int llama_unit_tensors(const llama_config *c, int u, int idx[LLAMA_UNIT_MAX_TENSORS]);
 
 C_END
