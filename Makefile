@@ -181,10 +181,10 @@ TEST_LINKS_test_ring_attention := 06_context_parallel/context_parallel.c
 TEST_LINKS_test_float8_linear := 07_float8/float8_linear.c
 TEST_LINKS_test_plan_calculator := 08_full_trainer/plan_calculator.c 00_naive_tp_mlp/tensor_parallel.c \
     01_transformer_tp/tp.c 02_loss_parallel/vocab_parallel.c 03_sequence_parallel/sequence_parallel.c \
-    03_sequence_parallel/sp_report.c 05_pipeline/schedule.c 06_context_parallel/context_parallel.c
+    05_pipeline/schedule.c 06_context_parallel/context_parallel.c
 TEST_LINKS_test_trainer := 08_full_trainer/trainer.c 08_full_trainer/checkpoint.c $(filter-out %/main.c,$(wildcard 08_full_trainer/plan_calculator.c)) \
     00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c 02_loss_parallel/vocab_parallel.c \
-    03_sequence_parallel/sequence_parallel.c 03_sequence_parallel/sp_report.c 05_pipeline/schedule.c \
+    03_sequence_parallel/sequence_parallel.c 05_pipeline/schedule.c \
     06_context_parallel/context_parallel.c
 TEST_LINKS_test_checkpoint := 00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c 04_fsdp/data_parallel.c \
                               05_pipeline/pipeline.c 05_pipeline/schedule.c 08_full_trainer/checkpoint.c
