@@ -4,7 +4,7 @@
  * model under the single-device plan, the ground truth of every chapter.
  *
  * Names and shapes follow torchtitan's Llama so a dump loads into PyTorch as is
- * (linear weights [out_features, in_features], y = x W^T):
+ * (linear weights [out_features, in_features], y = x W^T); llama.c's table describes them:
  *
  *   tok_embeddings.weight                     [V, D]
  *   layers.{i}.attention_norm.weight          [D]

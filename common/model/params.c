@@ -1,4 +1,5 @@
 /* params.c: see params.h. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +120,12 @@ void param_unit_range(const param_table *t, const float *block, int u, size_t *o
 }
 
 int param_unit_tensors(const param_table *t, int u, int idx[PARAM_UNIT_MAX]) { return llama_unit_tensors(&t->c, u, idx); }
+
+/* unit_weights' named fields alias of[kind]: they must be declared in param_kind's order. */
+_Static_assert(offsetof(unit_weights, tok_embeddings) == P_TOK_EMBEDDINGS * sizeof(float *) &&
+               offsetof(unit_weights, w3) == P_W3 * sizeof(float *) &&
+               offsetof(unit_weights, output) == P_OUTPUT * sizeof(float *),
+               "unit_weights' fields follow param_kind");
 
 unit_weights param_unit(const param_table *t, float *block, int u) {
     unit_weights w = {0};
