@@ -9,7 +9,9 @@
 /* README, "Activation memory": the bytes one layer keeps in a mode are those of the tensors the
  * mode keeps (ac_keep_mask), each of the size model.c's table gives it with this rank's shapes:
  * whole sequence (N = sb) inside the region, Ns = sb/t' outside it. */
-static double layer_act_bytes(const llama_dims *d, ac_mode ac) { return llama_layer_act_bytes(d, ac_keep_mask(ac)); }
+static double layer_act_bytes(const llama_dims *d, ac_mode ac) {
+    return llama_layer_act_bytes(d, ac_keep_mask(ac));
+}
 
 /* Beside chapter 01: the same boundaries, each an all-reduce there, a pair here. A ring
  * all-reduce of n bytes sends 2(p-1)/p n per rank; an all-gather or a reduce-scatter whose
