@@ -65,16 +65,17 @@ int main(int argc, char **argv) {
 
     /* ---- measured beside the README's formulas ---- */
     log0("\n");
-    double B = d->B, T = d->T, N = d->N, D = d->D, L = c->n_layers, V = c->vocab_size, p = tp_degree;
+    double N = d->N, D = d->D, L = c->n_layers, V = c->vocab_size, p = tp_degree;
     double hd = d->hd, H = c->n_heads, Hkv = c->n_kv_heads, F = c->ffn_dim;
     comm_expectation expect[] = {
         {mesh->group[MESH_TP], COLL_ALL_REDUCE, 4 * L, 4 * L * N * D * 4, "4 x L x B*T*D*4"}};
     double replicated = 2 * V * D + (2 * L + 1) * D;
     double sharded = L * (2 * H * hd * D + 2 * Hkv * hd * D + 3 * F * D) / p;
-    double per_layer = 4 * N * D + 2 * N + 2 * N * (H / p) * hd + 2 * N * (Hkv / p) * hd + B * (H / p) * T * T + 3 * N * (F / p);
+    /* a layer keeps every activation (model.c's table); the head its norm and the logits */
+    double saved = L * llama_layer_act_bytes(d, ACT_KEEP_ALL) + llama_head_act_bytes(d, 0);
     memory_row mem[] = {
         {"parameters", param_bytes, 4 * (replicated + sharded), "4 (2VD + (2L+1)D + L(2H hd D + 2Hkv hd D + 3FD)/tp)"},
-        {"saved activations", act_bytes, 4 * (L * per_layer + 2 * N * D + N + N * V),
+        {"saved activations", act_bytes, saved,
          "4 (L(4ND + 2N + 2N hd (H+Hkv)/tp + B T^2 H/tp + 3NF/tp) + 2ND + N + NV)"}};
     int mismatches = report_communication(&mesh->group[MESH_TP], 1, o.steps, expect, 1);
     mismatches += report_memory("memory per rank", mem, 2);

@@ -95,14 +95,16 @@ int main(int argc, char **argv) {
         ? (comm_expectation){tp, COLL_ALL_REDUCE, 4 * L + 5, (4 * L + 2) * N * D * 4 + 3 * N * 4, "(4L+2) x B*T*D*4 + 3 x B*T*4"}
         : (comm_expectation){tp, COLL_ALL_REDUCE, 4 * L, 4 * L * N * D * 4, "4 x L x B*T*D*4"}};
     int mismatches = report_communication(&tp, 1, o.steps, expect, 1);
-    double per_layer = 4 * N * D + 2 * N + 2 * N * (H / p) * hd + 2 * N * (Hkv / p) * hd + B * (H / p) * T * T + 3 * N * (F / p);
+    /* a layer keeps every activation (model.c's table); the head its norm, the logits and, under
+     * loss parallelism, the loss's row max and sum of exponentials */
+    double saved = L * llama_layer_act_bytes(d, ACT_KEEP_ALL) + llama_head_act_bytes(d, 2 * (int)lp);
     double others[] = {N * D, N * (F / p), B * (H / p) * T * T}, largest_other = 0;
     for (int i = 0; i < 3; i++) largest_other = fmax(largest_other, others[i]);
     double largest_measured = comm_host_max(comm_world(), fmax(largest_model, largest_buffer()));
     memory_row mem[] = {
         {"parameters", param_bytes, 4 * (2 * Vl * D + (2 * L + 1) * D + L * (2 * H * hd * D + 2 * Hkv * hd * D + 3 * F * D) / p),
          lp ? "4 (2VD/tp + (2L+1)D + L(2H hd D + 2Hkv hd D + 3FD)/tp)" : "4 (2VD + (2L+1)D + L(2H hd D + 2Hkv hd D + 3FD)/tp)"},
-        {"saved activations", act_bytes, 4 * (L * per_layer + 2 * N * D + N + N * Vl + 2 * N * lp),
+        {"saved activations", act_bytes, saved,
          lp ? "4 (L(4ND + 2N + 2N hd (H+Hkv)/tp + B T^2 H/tp + 3NF/tp) + 2ND + N + NV/tp + 2N)"
             : "4 (L(4ND + 2N + 2N hd (H+Hkv)/tp + B T^2 H/tp + 3NF/tp) + 2ND + N + NV)"},
         {"logits", logits_bytes, 4 * N * Vl, lp ? "B*T*V/tp*4" : "B*T*V*4"},

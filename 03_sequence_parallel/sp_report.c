@@ -7,29 +7,11 @@
 #include "report.h"
 #include "sp_report.h"
 
-double sp_layer_act_bytes_formula(const llama_dims *d, ac_mode ac) {
-    double B = d->B, T = d->T, N = d->N, Ns = d->Ns, D = d->D, hd = d->hd;
-    double Hl = d->Hl, Hkvl = d->Hkvl, Fl = d->Fl;
-    double input = Ns * D;                                          /* h_in                       */
-    double gemm = 2 * N * Hl * hd                                   /* q, attn_out                */
-                + 2 * N * Hkvl * hd                                 /* k, v                       */
-                + Ns * D                                            /* h_mid                      */
-                + 2 * N * Fl;                                       /* ffn_a, ffn_b               */
-    double cheap = 2 * Ns * D + 2 * Ns                              /* the two norms' xn and rstd */
-                 + B * Hl * T * T                                   /* probs                      */
-                 + N * Fl;                                          /* ffn_g                      */
-    switch (ac) {
-    case AC_NONE: return 4 * (input + gemm + cheap);
-    case AC_SELECTIVE: return 4 * (input + gemm);
-    default: return 4 * input;
-    }
-}
-
-double sp_outside_act_bytes_formula(const llama_dims *d) {
-    double N = d->N, Ns = d->Ns, D = d->D, Vl = d->Vl;
-    return 4 * (2 * Ns * D + Ns        /* h_final, final_xn, final_rstd */
-                + N * Vl               /* logits                        */
-                + 2 * N);              /* row_max, row_sumexp           */
+/* README, "Activation memory": the bytes one layer keeps in a mode are those of the tensors the
+ * mode keeps (ac_keep_mask), each of the size model.c's table gives it with this rank's shapes:
+ * whole sequence (N = sb) inside the region, Ns = sb/t' outside it. */
+static double layer_act_bytes(const llama_dims *d, ac_mode ac) {
+    return llama_layer_act_bytes(d, ac_keep_mask(ac));
 }
 
 /* Beside chapter 01: the same boundaries, each an all-reduce there, a pair here. A ring
@@ -92,7 +74,7 @@ int report_activation_memory(const run_options *o, const llama_model *m, int p, 
         for (int a = 0; a < AC_NMODES; a++) {
             llama_dims dm = with_split(d, p, s == 1);
             double measured = (double)llama_layer_act_bytes_measured(&dm, ac_keep_mask((ac_mode)a));
-            double predicted = sp_layer_act_bytes_formula(&dm, (ac_mode)a);
+            double predicted = layer_act_bytes(&dm, (ac_mode)a);
             bool mine = (s == 1) == sp && (ac_mode)a == ac;
             snprintf(names[s][a], sizeof names[s][a], "%s %s%s", s ? "tp+sp" : "tp", ac_mode_name((ac_mode)a),
                      mine ? " (this run)" : "");
@@ -104,13 +86,13 @@ int report_activation_memory(const run_options *o, const llama_model *m, int p, 
     mismatches += report_memory(title, rows, 2 * AC_NMODES);
 
     /* this run: every layer must have saved exactly the formula's bytes */
-    double layer_formula = sp_layer_act_bytes_formula(d, ac), layers_measured = 0;
+    double layer_formula = layer_act_bytes(d, ac), layers_measured = 0;
     int bad_layers = 0, shown = 0;
     for (int l = 0; l < L; l++) {
         layers_measured += (double)m->layer_act_bytes[l];
         if (fabs((double)m->layer_act_bytes[l] - layer_formula) >= 0.5 && bad_layers++ == 0) shown = l;
     }
-    double outside = sp_outside_act_bytes_formula(d);
+    double outside = llama_head_act_bytes(d, 2);   /* final norm, logits, the loss's row max and sum */
     char what[64];
     snprintf(what, sizeof what, "layers 0..%d, each", L - 1);
     memory_row run_rows[] = {
@@ -124,7 +106,7 @@ int report_activation_memory(const run_options *o, const llama_model *m, int p, 
         log0("  %d layer(s) saved a different number of bytes: MISMATCH\n", bad_layers);
         parity_fail("a layer saved a different number of activation bytes (above)");
     }
-    double none_bytes = sp_layer_act_bytes_formula(d, AC_NONE);
+    double none_bytes = layer_act_bytes(d, AC_NONE);
     if (ac != AC_NONE)
         log0("  ac %s keeps %s per layer instead of %s; what it drops lives once, in %s of buffers shared by the layers\n",
              ac_mode_name(ac), fmt_bytes(layer_formula), fmt_bytes(none_bytes), fmt_bytes(none_bytes - layer_formula));

@@ -7,10 +7,6 @@
 #include "run.h"
 #include "sequence_parallel.h"
 
-/* README, "Activation memory": fp32 bytes one layer keeps per rank in a mode. */
-double sp_layer_act_bytes_formula(const llama_dims *d, ac_mode ac);
-/* Bytes kept outside the layers (final norm, logits, the loss's M and S). */
-double sp_outside_act_bytes_formula(const llama_dims *d);
 /* The per-rank wire bytes of this run beside chapter 01's all-reduces at the same boundaries.
  * `boundaries`, `regathers`, `recomputed`: the counts the main's table uses. Returns mismatches. */
 int report_traffic_beside_chapter_01(const run_options *o, comm_group *tp, bool sp, ac_mode ac,

@@ -30,9 +30,9 @@
 typedef struct {
     float *data;
     int unit;                          /* the unit held, -1 when free                  */
-    comm_request req[9];               /* its all-gathers while in flight              */
-    int idx[9];                        /* the tensors (table indices) of the unit      */
-    void *pending[9];                  /* a dp_gather_ops's state per gather, or NULL  */
+    comm_request req[PARAM_UNIT_MAX];  /* its all-gathers while in flight              */
+    int idx[PARAM_UNIT_MAX];           /* the tensors (table indices) of the unit      */
+    void *pending[PARAM_UNIT_MAX];     /* a dp_gather_ops's state per gather, or NULL  */
     double issued;                     /* when they were issued (timeline)             */
     int n_req;
 } unit_slot;
@@ -140,7 +140,7 @@ static void gather_unit(dp_state *s, int u) {
     for (int k = u == s->L ? 0 : 1; k < (u == s->L ? 1 : s->n_slots) && !slot; k++)
         if (s->slots[k].unit < 0) slot = &s->slots[k];
     if (!slot) { fprintf(stderr, "fsdp: no free slot for unit %d\n", u); exit(1); }
-    int idx[9], n = param_unit_tensors(s->t, u, idx);
+    int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, u, idx);
     float *dst = slot->data;
     slot->unit = u;
     slot->n_req = n;
@@ -171,7 +171,7 @@ static unit_weights slot_views(dp_state *s, unit_slot *slot) {
         event(s, "comm", slot->issued, slot->unit == s->L ? "all_gather ends" : "all_gather %d", slot->unit);
     }
     unit_weights w = {0};
-    int idx[9], n = param_unit_tensors(s->t, slot->unit, idx);
+    int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, slot->unit, idx);
     float *p = slot->data;
     for (int k = 0; k < n; k++) {
         const param_tensor *x = &s->t->t[idx[k]];
@@ -191,7 +191,7 @@ static int next_unit(const dp_state *s, int u, bool backward) {
 /* Views of a full-size gradient buffer, zeroed, for unit u's backward. */
 static unit_weights full_grads(dp_state *s, int u) {
     float *g = s->grad_full[u == s->L ? 0 : 1];
-    int idx[9], n = param_unit_tensors(s->t, u, idx);
+    int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, u, idx);
     unit_weights w = {0};
     for (int k = 0; k < n; k++) {
         const param_tensor *x = &s->t->t[idx[k]];
@@ -205,7 +205,7 @@ static unit_weights full_grads(dp_state *s, int u) {
 /* After unit u's backward: its full gradients reduce-scattered into the shards (zero2, fsdp). */
 static void reduce_unit_grads(dp_state *s, int u) {
     double t0 = wall_seconds();
-    int idx[9], n = param_unit_tensors(s->t, u, idx);
+    int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, u, idx);
     const float *g = s->grad_full[u == s->L ? 0 : 1];
     for (int k = 0; k < n; k++) {
         const param_tensor *x = &s->t->t[idx[k]];

@@ -24,7 +24,7 @@ static dp_sizes sizes_of(const llama_plan *plan, const llama_model *m) {
     z.psi_s = (double)t->shard_numel;
     z.n = t->n;
     for (int u = 0; u <= z.L; u += z.L) {   /* layer 0 (they are all alike) and the ends */
-        int idx[9], k = param_unit_tensors(t, u, idx);
+        int idx[PARAM_UNIT_MAX], k = param_unit_tensors(t, u, idx);
         double pad = 0, whole = 0;
         for (int j = 0; j < k; j++) {
             const param_tensor *x = &t->t[idx[j]];

@@ -8,10 +8,10 @@
 #include "cli.h"
 #include "comm.h"
 #include "log.h"
+#include "model.h"
 #include "shard.h"
 #include "../01_transformer_tp/tp.h"
 #include "../02_loss_parallel/vocab_parallel.h"
-#include "../03_sequence_parallel/sp_report.h"
 #include "../06_context_parallel/context_parallel.h"
 #include "plan_calculator.h"
 
@@ -322,15 +322,6 @@ static bool group_in_node(const int g[MESH_NDIMS], int d, int gpus_per_node) {
     return span <= gpus_per_node && gpus_per_node % span == 0;
 }
 
-/* Chapter 03's bytes of one layer (fp32), the checkpointing mode's; without checkpointing 03
- * counts the softmax B Hl T^2 that the single-device attention keeps, where 06's operator (the
- * one planned: blockwise, it never holds the whole softmax) keeps its log-sum-exp, d->probs. */
-static double layer_act_bytes_fp32(const llama_dims *d, ac_mode ac) {
-    double bytes = sp_layer_act_bytes_formula(d, ac);
-    if (ac == AC_NONE) bytes += 4.0 * ((double)d->probs - (double)d->B * d->Hl * d->T * d->T);
-    return bytes;
-}
-
 #define REFUSE(...) do { snprintf(why, whylen, __VA_ARGS__); return -1; } while (0)
 
 int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_calc_result *r, char *why,
@@ -383,9 +374,12 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
     d.B = mb; d.T = Tl; d.Ts = Tl / t; d.N = mb * Tl; d.Ns = mb * d.Ts;
     d.D = c.dim; d.hd = hd; d.Hl = c.n_heads / t; d.Hkvl = c.n_kv_heads / t; d.Fl = c.ffn_dim / t;
     d.Vl = c.vocab_size / t; d.v0 = 0;
+    /* what 03's checkpointing mode keeps of model.c's table; without checkpointing the attention
+     * saves, instead of the softmax B Hl T^2 of the single-device operator, 06's log-sum-exp (the
+     * operator planned: blockwise, it never holds the whole softmax) */
     d.probs = (size_t)mb * d.Hl * Tl;                    /* 06: the log-sum-exp, B H Tl */
-    r->act_layer_bytes = layer_act_bytes_fp32(&d, o->ac) * e_act / 4;
-    r->act_head_bytes = sp_outside_act_bytes_formula(&d) * e_act / 4;
+    r->act_layer_bytes = llama_layer_act_bytes(&d, ac_keep_mask(o->ac)) * e_act / 4;
+    r->act_head_bytes = llama_head_act_bytes(&d, 2) * e_act / 4;   /* 02's loss saves 2 floats a row */
     double attn_fwd, attn_bwd;                           /* 06: the ring's scratch, one layer at a time */
     cp_working_set_formula(CP_RING, C, mb, Tl, d.Hl, d.Hkvl, hd, &attn_fwd, &attn_bwd);
     r->attn_buffer_bytes = fmax(attn_fwd, attn_bwd) * e_act;

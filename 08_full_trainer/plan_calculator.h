@@ -9,9 +9,10 @@
  *   parameters, gradients, AdamW m and v   04 (16 bytes a parameter, FSDP shards padded as
  *                                          params.c pads them) on 01/02's tp slices and 05's
  *                                          pipeline stages
- *   activations of a layer                 03 (sp_layer_act_bytes_formula: Megatron + SP, the
- *                                          checkpointing mode), with 06's log-sum-exp in place of
- *                                          the softmax; the head's by sp_outside_act_bytes_formula
+ *   activations of a layer                 03 (Megatron + SP, the checkpointing mode's tensors of
+ *                                          model.c's table: llama_layer_act_bytes), with 06's
+ *                                          log-sum-exp in place of the softmax; the head's by
+ *                                          llama_head_act_bytes
  *   microbatches in flight, bubble         05 (pp_peak_in_flight_formula, pp_bubble_formula)
  *   attention's working set                06 (cp_working_set_formula, the ring)
  *   tp traffic                             03: an all-gather and a reduce-scatter per boundary,

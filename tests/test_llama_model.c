@@ -119,8 +119,23 @@ static void test_param_table(void) {
         CHECK(s.is_vector == (s.rows == 1 && (s.kind == P_ATTENTION_NORM ||
                                               s.kind == P_FFN_NORM || s.kind == P_NORM)),
               "%s: is_vector %d", s.name, s.is_vector);
+        CHECK(s.init_std == (s.is_vector ? 0.0f : 0.02f), "%s: init_std %g (norms 0: ones)", s.name, s.init_std);
+        CHECK(llama_param_index_of(&c, s.kind, s.layer) == i, "llama_param_index_of(%s) != %d", s.name, i);
     }
     CHECK(llama_param_index(&c, "layers.9.attention.wq.weight") == -1, "unknown name found");
+
+    /* the units: layer u's nine tensors for u < L, then the ends; every tensor in exactly one */
+    int seen[64] = {0};
+    for (int u = 0; u <= c.n_layers; u++) {
+        int idx[LLAMA_UNIT_MAX_TENSORS], k = llama_unit_tensors(&c, u, idx);
+        CHECK(k == (u < c.n_layers ? LLAMA_LAYER_TENSORS : LLAMA_END_TENSORS), "unit %d has %d tensors", u, k);
+        for (int j = 0; j < k; j++) {
+            param_spec s = llama_param_spec(&c, idx[j]);
+            CHECK(s.layer == (u < c.n_layers ? u : -1), "unit %d holds %s", u, s.name);
+            seen[idx[j]]++;
+        }
+    }
+    for (int i = 0; i < n; i++) CHECK(seen[i] == 1, "tensor %d is in %d units", i, seen[i]);
 
     /* a few shapes, [out, in] */
     param_spec wq = llama_param_spec(&c, 2), wk = llama_param_spec(&c, 3);

@@ -56,18 +56,16 @@ void *mem_cache_drain(void);                  /* one kept block taken out, NULL 
 size_t mem_cache_bytes(void);                 /* bytes kept, not live                          */
 size_t mem_cache_misses(void);                /* allocations no kept block served: new memory  */
 size_t mem_current(mem_category cat);
-size_t mem_peak(mem_category cat);
 size_t mem_current_total(void);
 size_t mem_peak_total(void);
 size_t mem_largest_alloc(mem_category cat);   /* the largest single live-or-past allocation */
 size_t mem_allocation_bytes(const void *p);  /* bytes of the live allocation p (0 if unknown) */
-void mem_reset_peaks(void);                  /* peaks := current values */
+void mem_reset_peaks(void);                  /* peak total := current total; largest allocations forgotten */
 /* A second high-water mark, for measuring one operation's working set without disturbing the
  * peaks above: mem_mark returns the category's current bytes and restarts the mark there;
  * mem_mark_peak is the most the category held since. Working set = mem_mark_peak - mem_mark. */
 size_t mem_mark(mem_category cat);
 size_t mem_mark_peak(mem_category cat);
-const char *mem_category_name(mem_category cat);
 /* An allocation of `bytes` under `cat` failed although the memory check before step 1 passed
  * (run.h): another process took memory (on a GPU, another rank sharing it), or a limit (ulimit -v)
  * is below what the device reports. The sizes are the user's: one line, exit status 2. Both

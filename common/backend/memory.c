@@ -2,8 +2,8 @@
  *
  * device_alloc() (CPU or CUDA) calls mem_track_alloc() with the category the caller named;
  * device_free() calls mem_track_free(). We keep a small table of live allocations so a free
- * knows how many bytes and which category to give back. Chapters read current and peak bytes
- * per category to print measured memory next to their formulas.
+ * knows how many bytes and which category to give back. Chapters read the current bytes per
+ * category to print measured memory next to their formulas.
  *
  * The cache: device_free() hands a block to mem_cache_keep() instead of releasing it, and the
  * next device_alloc() of exactly that size takes it back (mem_cache_take). A training step
@@ -24,14 +24,12 @@ typedef struct { const void *p; size_t bytes; mem_category cat; } live_alloc;
 
 static live_alloc *live = NULL;
 static size_t n_live = 0, cap_live = 0;
-static size_t current[MEM_NCATEGORIES], peak[MEM_NCATEGORIES], largest[MEM_NCATEGORIES];
+static size_t current[MEM_NCATEGORIES], largest[MEM_NCATEGORIES];
 static size_t current_total = 0, peak_total = 0;
 static size_t mark_peak[MEM_NCATEGORIES];   /* the highest current[] since mem_mark (mem_mark_peak) */
 
 static const char *category_names[MEM_NCATEGORIES] = {
     "parameters", "gradients", "optimizer", "activations", "buffers"};
-
-const char *mem_category_name(mem_category cat) { return category_names[cat]; }
 
 void mem_track_alloc(const void *p, size_t bytes, mem_category cat) {
     if (n_live == cap_live) {
@@ -42,7 +40,6 @@ void mem_track_alloc(const void *p, size_t bytes, mem_category cat) {
     live[n_live++] = (live_alloc){p, bytes, cat};
     current[cat] += bytes;
     current_total += bytes;
-    if (current[cat] > peak[cat]) peak[cat] = current[cat];
     if (current[cat] > mark_peak[cat]) mark_peak[cat] = current[cat];
     if (current_total > peak_total) peak_total = current_total;
     if (bytes > largest[cat]) largest[cat] = bytes;
@@ -63,7 +60,6 @@ size_t mem_track_free(const void *p) {
 }
 
 size_t mem_current(mem_category cat) { return current[cat]; }
-size_t mem_peak(mem_category cat) { return peak[cat]; }
 size_t mem_current_total(void) { return current_total; }
 size_t mem_peak_total(void) { return peak_total; }
 size_t mem_largest_alloc(mem_category cat) { return largest[cat]; }
@@ -78,7 +74,7 @@ size_t mem_mark(mem_category cat) { return mark_peak[cat] = current[cat]; }
 size_t mem_mark_peak(mem_category cat) { return mark_peak[cat]; }
 
 void mem_reset_peaks(void) {
-    for (int c = 0; c < MEM_NCATEGORIES; c++) { peak[c] = current[c]; largest[c] = 0; }
+    for (int c = 0; c < MEM_NCATEGORIES; c++) largest[c] = 0;
     peak_total = current_total;
 }
 
@@ -134,6 +130,6 @@ void mem_out_of_memory(size_t bytes, mem_category cat) {
     if (guard_claim_line())   /* one line for the job: the first rank that failed says it */
         fprintf(stderr, "error: device_alloc: out of memory allocating %zu bytes (%s) although the memory check "
             "before step 1 passed: another process took memory, or a limit (ulimit -v) is below what the "
-            "device reports; make the model or the batch smaller\n", bytes, mem_category_name(cat));
+            "device reports; make the model or the batch smaller\n", bytes, category_names[cat]);
     exit(2);
 }

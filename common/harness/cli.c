@@ -55,16 +55,6 @@ void cli_unknown(int argc, char **argv, int optind_after) {
     comm_exit_usage("%s: unknown flag or missing value; run with --help for the list of flags", arg);
 }
 
-void cli_require_divisible(const char *what, int n, const char *by_what, int d) {
-    if (d > 0 && n % d == 0) return;
-    int lower = (n / d) * d, upper = lower + d;
-    if (lower > 0)
-        comm_exit_usage("%s %d is not divisible by %s %d: use a multiple of %d such as %d or %d",
-                        what, n, by_what, d, d, lower, upper);
-    comm_exit_usage("%s %d is not divisible by %s %d: use a multiple of %d such as %d",
-                    what, n, by_what, d, d, upper);
-}
-
 void cli_require_output_dir(const char *flag, const char *path) {
     run_path p = {flag, path ? path : "", RUN_PATH_OUTPUT_DIR, NULL, true, false};
     run_paths_check(&p, 1);

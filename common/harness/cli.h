@@ -15,8 +15,6 @@ uint64_t cli_u64(const char *flag, const char *value);
 int cli_choice(const char *flag, const char *value, const char *const *choices);
 /* The flag getopt_long could not parse (unknown, or missing its value): exit 2. */
 void cli_unknown(int argc, char **argv, int optind_after) __attribute__((noreturn));
-/* "n is not divisible by d" with the nearest valid values named, exit 2. */
-void cli_require_divisible(const char *what, int n, const char *by_what, int d);
 
 /* The longest path an output flag (--out, --dump, --ckpt-dir, --export) accepts: the run adds file names
  * (and --dump a ".tmp.<pid>" sibling) to it. */

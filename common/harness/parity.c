@@ -4,7 +4,7 @@
 #include "log.h"
 #include "parity.h"
 
-static double loss_rtol = PARITY_LOSS_RTOL, grad_rtol = PARITY_GRAD_RTOL;
+static const double loss_rtol = PARITY_LOSS_RTOL, grad_rtol = PARITY_GRAD_RTOL;
 static int failures = 0, comparisons = 0;
 static bool verbose = true, enforced = true;
 static double worst = 0.0;
@@ -21,8 +21,6 @@ double parity_worst(const char **name) {
     worst_name[0] = 0;
     return w;
 }
-
-void parity_set_tolerances(double l, double g) { loss_rtol = l; grad_rtol = g; }
 
 bool parity_loss(int step, double parallel, double baseline) {
     comparisons++;
@@ -69,8 +67,6 @@ void parity_fail(const char *what) {
     failures++;
     log0("  FAIL: %s\n", what);
 }
-
-int parity_failures(void) { return failures; }
 
 int parity_report(void) {
     if (failures == 0)

@@ -15,7 +15,6 @@ C_BEGIN
 #define PARITY_LOSS_RTOL 1e-5
 #define PARITY_GRAD_RTOL 1e-4
 
-void parity_set_tolerances(double loss_rtol, double grad_rtol);
 /* true when the losses agree; records a failure otherwise. */
 bool parity_loss(int step, double parallel, double baseline);
 /* Worst relative difference max|got-ref| / max|ref| (0/0 counts as 0, x/0 as inf). */
@@ -32,7 +31,6 @@ void parity_set_verbose(bool verbose);
 double parity_worst(const char **name);
 /* Records a failed comparison made elsewhere (a measured figure that differs from its formula). */
 void parity_fail(const char *what);
-int parity_failures(void);
 /* Prints the verdict line; returns the process exit status (0 pass, 1 fail). */
 int parity_report(void);
 

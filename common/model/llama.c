@@ -37,17 +37,64 @@ adamw_config adamw_config_default(void) {
 }
 
 /* ------------------------------------------------------------------------------------------
- * The parameter table. Index 0 is the embedding, then 9 tensors per layer, then the final
- * norm and the output projection:
+ * The parameter table, described once (as llm.c's fill_in_parameter_sizes): a layer's tensors
+ * and the model's ends', each with its name, its shape in the configuration's dimensions and its
+ * initialisation. Everything else is derived from these two arrays: the count, the names, the
+ * shapes, the initialisation (params.c), a unit's tensors (params.h), the checkpoint and dump
+ * names. Table indices: the embedding first, then the layers' tensors, then the head:
  *   0                     tok_embeddings.weight
- *   1 + 9*l + 0 .. 8      attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 of layer l
- *   1 + 9*L               norm.weight
- *   2 + 9*L               output.weight
+ *   1 + 9*l + 0 .. 8      layer l: attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3
+ *   1 + 9*L, 2 + 9*L      norm.weight, output.weight
  * ------------------------------------------------------------------------------------------ */
-#define PARAMS_PER_LAYER 9
+
+/* The configuration's dimensions that the shapes are written in. */
+typedef enum { DIM_1, DIM_D, DIM_Q, DIM_KV, DIM_F, DIM_V } model_dim;
+
+static int dim_size(const llama_config *c, model_dim x) {
+    switch (x) {
+    case DIM_1: return 1;
+    case DIM_D: return c->dim;
+    case DIM_Q: return c->n_heads * llama_head_dim(c);       /* H*hd   */
+    case DIM_KV: return c->n_kv_heads * llama_head_dim(c);   /* Hkv*hd */
+    case DIM_F: return c->ffn_dim;
+    default: return c->vocab_size;                           /* DIM_V  */
+    }
+}
+
+/* The norm weights start at 1, the other tensors at normal(0, 0.02) (init.h). */
+#define NORMAL_STD 0.02f
+#define ONES 0.0f
+
+typedef struct {
+    param_kind kind;
+    const char *name;        /* torchtitan's; a layer's follows "layers.{l}." */
+    model_dim rows, cols;    /* a vector [D] is [1, D] */
+    float init_std;          /* normal(0, init_std); ONES: every element 1 */
+} tensor_desc;
+
+/* One layer's tensors, in the order a unit stores them (params.h). */
+static const tensor_desc layer_tensors[LLAMA_LAYER_TENSORS] = {
+    {P_ATTENTION_NORM, "attention_norm.weight",  DIM_1,  DIM_D, ONES},
+    {P_WQ,             "attention.wq.weight",    DIM_Q,  DIM_D, NORMAL_STD},
+    {P_WK,             "attention.wk.weight",    DIM_KV, DIM_D, NORMAL_STD},
+    {P_WV,             "attention.wv.weight",    DIM_KV, DIM_D, NORMAL_STD},
+    {P_WO,             "attention.wo.weight",    DIM_D,  DIM_Q, NORMAL_STD},
+    {P_FFN_NORM,       "ffn_norm.weight",        DIM_1,  DIM_D, ONES},
+    {P_W1,             "feed_forward.w1.weight", DIM_F,  DIM_D, NORMAL_STD},
+    {P_W2,             "feed_forward.w2.weight", DIM_D,  DIM_F, NORMAL_STD},
+    {P_W3,             "feed_forward.w3.weight", DIM_F,  DIM_D, NORMAL_STD},
+};
+
+/* The model's ends, in the order their unit stores them: the embedding (table index 0), the final
+ * norm and the output projection (the table's last two; not tied to the embedding). */
+static const tensor_desc end_tensors[LLAMA_END_TENSORS] = {
+    {P_TOK_EMBEDDINGS, "tok_embeddings.weight",  DIM_V,  DIM_D, NORMAL_STD},
+    {P_NORM,           "norm.weight",            DIM_1,  DIM_D, ONES},
+    {P_OUTPUT,         "output.weight",          DIM_V,  DIM_D, NORMAL_STD},
+};
 
 int llama_num_params(const llama_config *c) {
-    return 1 + PARAMS_PER_LAYER * c->n_layers + 2;
+    return LLAMA_END_TENSORS + LLAMA_LAYER_TENSORS * c->n_layers;
 }
 
 double llama_parameter_count(const llama_config *c, bool with_embedding) {
@@ -63,67 +110,28 @@ double llama_flops_per_token(const llama_config *c) {
     return 6.0 * llama_parameter_count(c, false) + 6.0 * c->n_layers * c->seq_len * c->dim;
 }
 
-/* A [rows, cols] matrix or a [cols] vector (stored [1, cols]). */
-static param_spec make_spec(param_kind kind, int layer, const char *name, int rows, int cols,
-                            int is_vector) {
-    param_spec s;
-    memset(&s, 0, sizeof s);
-    snprintf(s.name, sizeof s.name, "%s", name);
-    s.kind = kind;
-    s.layer = layer;
-    s.rows = rows;
-    s.cols = cols;
-    s.is_vector = is_vector;
-    s.init_std = is_vector ? 0.0f : 0.02f;   /* vectors are the norm weights, set to 1 */
-    return s;
-}
-
 param_spec llama_param_spec(const llama_config *c, int index) {
-    int D = c->dim, F = c->ffn_dim, V = c->vocab_size;
-    int hd = llama_head_dim(c);
-    int q_dim = c->n_heads * hd, kv_dim = c->n_kv_heads * hd;
-    int L = c->n_layers;
-    char name[64];
-
-    if (index < 0 || index >= llama_num_params(c)) {
-        fprintf(stderr, "llama_param_spec: index %d is not in [0, %d)\n", index,
-                llama_num_params(c));
+    int n = llama_num_params(c), head = 1 + LLAMA_LAYER_TENSORS * c->n_layers;
+    if (index < 0 || index >= n) {
+        fprintf(stderr, "llama_param_spec: index %d is not in [0, %d)\n", index, n);
         exit(2);
     }
-    if (index == 0) return make_spec(P_TOK_EMBEDDINGS, -1, "tok_embeddings.weight", V, D, 0);
-    if (index == 1 + PARAMS_PER_LAYER * L) return make_spec(P_NORM, -1, "norm.weight", 1, D, 1);
-    if (index == 2 + PARAMS_PER_LAYER * L) return make_spec(P_OUTPUT, -1, "output.weight", V, D, 0);
-
-    int l = (index - 1) / PARAMS_PER_LAYER;
-    switch ((index - 1) % PARAMS_PER_LAYER) {
-    case 0:
-        snprintf(name, sizeof name, "layers.%d.attention_norm.weight", l);
-        return make_spec(P_ATTENTION_NORM, l, name, 1, D, 1);
-    case 1:
-        snprintf(name, sizeof name, "layers.%d.attention.wq.weight", l);
-        return make_spec(P_WQ, l, name, q_dim, D, 0);
-    case 2:
-        snprintf(name, sizeof name, "layers.%d.attention.wk.weight", l);
-        return make_spec(P_WK, l, name, kv_dim, D, 0);
-    case 3:
-        snprintf(name, sizeof name, "layers.%d.attention.wv.weight", l);
-        return make_spec(P_WV, l, name, kv_dim, D, 0);
-    case 4:
-        snprintf(name, sizeof name, "layers.%d.attention.wo.weight", l);
-        return make_spec(P_WO, l, name, D, q_dim, 0);
-    case 5:
-        snprintf(name, sizeof name, "layers.%d.ffn_norm.weight", l);
-        return make_spec(P_FFN_NORM, l, name, 1, D, 1);
-    case 6:
-        snprintf(name, sizeof name, "layers.%d.feed_forward.w1.weight", l);
-        return make_spec(P_W1, l, name, F, D, 0);
-    case 7:
-        snprintf(name, sizeof name, "layers.%d.feed_forward.w2.weight", l);
-        return make_spec(P_W2, l, name, D, F, 0);
-    default:
-        snprintf(name, sizeof name, "layers.%d.feed_forward.w3.weight", l);
-        return make_spec(P_W3, l, name, F, D, 0);
-    }
+    bool in_layer = index > 0 && index < head;
+    int layer = in_layer ? (index - 1) / LLAMA_LAYER_TENSORS : -1;
+    const tensor_desc *x = in_layer    ? &layer_tensors[(index - 1) % LLAMA_LAYER_TENSORS]
+                           : index == 0 ? &end_tensors[0]
+                                        : &end_tensors[1 + index - head];
+    param_spec s;
+    memset(&s, 0, sizeof s);
+    if (in_layer) snprintf(s.name, sizeof s.name, "layers.%d.%s", layer, x->name);
+    else snprintf(s.name, sizeof s.name, "%s", x->name);
+    s.kind = x->kind;
+    s.layer = layer;
+    s.rows = dim_size(c, x->rows);
+    s.cols = dim_size(c, x->cols);
+    s.is_vector = x->rows == DIM_1;
+    s.init_std = x->init_std;
+    return s;
 }
 
 int llama_param_index(const llama_config *c, const char *name) {
@@ -135,15 +143,22 @@ int llama_param_index(const llama_config *c, const char *name) {
 }
 
 int llama_param_index_of(const llama_config *c, param_kind kind, int layer) {
-    static const int position_in_layer[P_NKINDS] = {
-        [P_ATTENTION_NORM] = 0, [P_WQ] = 1, [P_WK] = 2, [P_WV] = 3, [P_WO] = 4,
-        [P_FFN_NORM] = 5, [P_W1] = 6, [P_W2] = 7, [P_W3] = 8};
-    switch (kind) {
-    case P_TOK_EMBEDDINGS: return 0;
-    case P_NORM: return 1 + PARAMS_PER_LAYER * c->n_layers;
-    case P_OUTPUT: return 2 + PARAMS_PER_LAYER * c->n_layers;
-    default: return 1 + PARAMS_PER_LAYER * layer + position_in_layer[kind];
-    }
+    int head = 1 + LLAMA_LAYER_TENSORS * c->n_layers;
+    if (kind == P_TOK_EMBEDDINGS) return 0;
+    for (int k = 1; k < LLAMA_END_TENSORS; k++)
+        if (end_tensors[k].kind == kind) return head + k - 1;
+    for (int k = 0; k < LLAMA_LAYER_TENSORS; k++)
+        if (layer_tensors[k].kind == kind) return 1 + LLAMA_LAYER_TENSORS * layer + k;
+    fprintf(stderr, "llama_param_index_of: %d is not a kind of tensor\n", (int)kind);
+    exit(2);
+}
+
+int llama_unit_tensors(const llama_config *c, int u, int idx[LLAMA_UNIT_MAX_TENSORS]) {
+    bool ends = u == c->n_layers;
+    int n = ends ? LLAMA_END_TENSORS : LLAMA_LAYER_TENSORS;
+    for (int k = 0; k < n; k++)
+        idx[k] = llama_param_index_of(c, ends ? end_tensors[k].kind : layer_tensors[k].kind, ends ? -1 : u);
+    return n;
 }
 
 int llama_config_check(const llama_config *c, int B, int T, char *err, size_t errlen) {

@@ -4,7 +4,7 @@
  * model under the single-device plan, the ground truth of every chapter.
  *
  * Names and shapes follow torchtitan's Llama so a dump loads into PyTorch as is
- * (linear weights [out_features, in_features], y = x W^T):
+ * (linear weights [out_features, in_features], y = x W^T); llama.c's table describes them:
  *
  *   tok_embeddings.weight                     [V, D]
  *   layers.{i}.attention_norm.weight          [D]
@@ -53,7 +53,8 @@ int llama_config_check(const llama_config *c, int B, int T, char *err, size_t er
  * parallelism), the sequence over tp (sequence parallelism), microbatches, virtual stages. */
 mesh_requirements llama_mesh_requirements(const llama_config *c, long long batch);
 
-/* ---- the parameter table: every tensor's name, kind and full shape ---- */
+/* ---- the parameter table: every tensor's name, kind, full shape and initialisation ----
+ * Described once, in llama.c: one layer's nine tensors and the model's three ends. */
 typedef enum {
     P_TOK_EMBEDDINGS = 0, P_ATTENTION_NORM, P_WQ, P_WK, P_WV, P_WO,
     P_FFN_NORM, P_W1, P_W2, P_W3, P_NORM, P_OUTPUT, P_NKINDS
@@ -65,10 +66,18 @@ typedef struct {
     int layer;          /* -1 for tensors outside the layers */
     int rows, cols;     /* full shape; a vector is [1, D] here and [D] in the file */
     int is_vector;
-    float init_std;     /* 0.02 for embeddings and linears; norms are initialised to 1 */
+    float init_std;     /* normal(0, init_std): 0.02 for embeddings and linears; 0: every element
+                         * 1 (the norm weights) */
 } param_spec;
 
-/* Number of parameter tensors and their specs, in the order above (layer by layer). */
+/* A layer's tensors (attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3) and the ends'
+ * (tok_embeddings, norm, output): the two kinds of unit (params.h). */
+#define LLAMA_LAYER_TENSORS 9
+#define LLAMA_END_TENSORS 3
+#define LLAMA_UNIT_MAX_TENSORS LLAMA_LAYER_TENSORS   /* the larger: an array for any unit's */
+
+/* Number of parameter tensors and their specs: tok_embeddings, the layers' in layer order, norm,
+ * output. */
 int llama_num_params(const llama_config *c);
 param_spec llama_param_spec(const llama_config *c, int index);
 /* The model's parameters (elements of every tensor), or those outside the embedding table (a
@@ -87,5 +96,8 @@ double llama_flops_per_token(const llama_config *c);
 int llama_param_index(const llama_config *c, const char *name);
 /* Index of the tensor of `kind` in `layer` (layer -1 for tok_embeddings, norm and output). */
 int llama_param_index_of(const llama_config *c, param_kind kind, int layer);
+/* The indices of unit u's tensors, in the order the unit stores them: layer u's for u < L, the
+ * ends' (tok_embeddings, norm, output) for u == L. Returns how many. */
+int llama_unit_tensors(const llama_config *c, int u, int idx[LLAMA_UNIT_MAX_TENSORS]);
 
 C_END

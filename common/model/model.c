@@ -6,7 +6,9 @@
  * shape, and a backward pass that walks the same sequence in reverse. Then read a chapter's plan
  * to see what each operator becomes on several ranks.
  *
- * linear backward overwrites dx (=); rmsnorm backward and every weight gradient accumulate (+=).
+ * A linear's backward overwrites its input gradient dx (DX_SET), except where several linears read
+ * the same input: wk and wv add to wq's dx, w3 to w1's (DX_ADD). rmsnorm backward and every weight
+ * gradient accumulate (+=).
  */
 #include <math.h>
 #include <stdio.h>
@@ -22,7 +24,9 @@
 /* ---------------------------------------------------------------------------------------------
  * Shapes and memory
  * --------------------------------------------------------------------------------------------- */
-llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B) {
+/* llama_dims_make's shapes but the row counts N and Ns: a bound computed before the sizes are
+ * checked must not form B*T in an int (--batch and --seq-len go to 2^20 each). */
+static llama_dims plan_dims(const llama_config *c, const llama_plan *plan, int B) {
     int p = plan->groups.tp ? plan->groups.tp->size : 1, r = plan->groups.tp ? plan->groups.tp->rank : 0;
     int split_heads = plan->layout[P_WQ] == SHARD_ROWS ? p : 1;
     int split_kv = plan->layout[P_WK] == SHARD_ROWS ? p : 1;
@@ -32,8 +36,7 @@ llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B)
     d.B = B;
     d.T = c->seq_len / (plan->groups.cp ? plan->groups.cp->size : 1);    /* this rank's rows of each sequence */
     d.Ts = d.T / plan->sequence.shards;
-    d.N = B * d.T;
-    d.Ns = B * d.Ts;
+    d.N = d.Ns = 0;
     d.D = c->dim;
     d.hd = llama_head_dim(c);
     d.Hl = c->n_heads / split_heads;
@@ -46,26 +49,105 @@ llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B)
     return d;
 }
 
-/* How many ways the plan splits the tensor of `kind` (1: replicated). */
-static double plan_split(const llama_plan *plan, param_kind kind, double p) {
-    return plan->layout[kind] == SHARD_REPLICATED ? 1 : p;
+llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B) {
+    llama_dims d = plan_dims(c, plan, B);
+    d.N = B * d.T;
+    d.Ns = B * d.Ts;
+    return d;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * What the forward saves for backward, described once: every tensor's shape in the dims this
+ * rank holds. The model allocates from these tables (layer_acts_alloc, llama_saved_alloc) and
+ * every activation formula is their sum: llama_layer_act_bytes and llama_head_act_bytes (which
+ * chapters 01, 02, 03 and 08's --plan print beside the allocator's count) and llama_model_bytes.
+ * --------------------------------------------------------------------------------------------- */
+typedef enum { ROWS_STREAM, ROWS_REGION, ROWS_1, N_ROWS } act_rows;   /* Ns, N, 1 */
+typedef enum { COLS_D, COLS_1, COLS_Q, COLS_KV, COLS_F, COLS_V, COLS_PROBS, COLS_LOSS, N_COLS } act_cols;
+typedef struct { act_rows rows; act_cols cols; } act_shape;
+
+/* One layer's, by ACT_* (model.h's llama_layer_acts names them). */
+static const act_shape layer_act_shape[ACT_NLAYER] = {
+    [ACT_H_IN]      = {ROWS_STREAM, COLS_D},      /* [Ns, D]                                  */
+    [ACT_ATTN_XN]   = {ROWS_STREAM, COLS_D},      /* [Ns, D]                                  */
+    [ACT_ATTN_RSTD] = {ROWS_STREAM, COLS_1},      /* [Ns]                                     */
+    [ACT_Q]         = {ROWS_REGION, COLS_Q},      /* [N, Hl*hd]                               */
+    [ACT_K]         = {ROWS_REGION, COLS_KV},     /* [N, Hkvl*hd]                             */
+    [ACT_V]         = {ROWS_REGION, COLS_KV},     /* [N, Hkvl*hd]                             */
+    [ACT_PROBS]     = {ROWS_1,      COLS_PROBS},  /* the attention's: [B, Hl, T, T] locally   */
+    [ACT_ATTN_OUT]  = {ROWS_REGION, COLS_Q},      /* [N, Hl*hd]                               */
+    [ACT_H_MID]     = {ROWS_STREAM, COLS_D},      /* [Ns, D]                                  */
+    [ACT_FFN_XN]    = {ROWS_STREAM, COLS_D},      /* [Ns, D]                                  */
+    [ACT_FFN_RSTD]  = {ROWS_STREAM, COLS_1},      /* [Ns]                                     */
+    [ACT_FFN_A]     = {ROWS_REGION, COLS_F},      /* [N, Fl]                                  */
+    [ACT_FFN_B]     = {ROWS_REGION, COLS_F},      /* [N, Fl]                                  */
+    [ACT_FFN_G]     = {ROWS_REGION, COLS_F},      /* [N, Fl]                                  */
+};
+
+/* The head's, kept in every mode, in llama_saved's order. */
+enum { HEAD_H_FINAL, HEAD_FINAL_XN, HEAD_FINAL_RSTD, HEAD_LOGITS, HEAD_LOSS_STATS, HEAD_NACTS };
+static const act_shape head_act_shape[HEAD_NACTS] = {
+    [HEAD_H_FINAL]    = {ROWS_STREAM, COLS_D},    /* [Ns, D]                                  */
+    [HEAD_FINAL_XN]   = {ROWS_STREAM, COLS_D},    /* [Ns, D]                                  */
+    [HEAD_FINAL_RSTD] = {ROWS_STREAM, COLS_1},    /* [Ns]                                     */
+    [HEAD_LOGITS]     = {ROWS_REGION, COLS_V},    /* [N, Vl]                                  */
+    [HEAD_LOSS_STATS] = {ROWS_REGION, COLS_LOSS}, /* [N, the loss's saved_per_row]            */
+};
+
+/* The sizes the shapes are written in, as doubles: exact, and the rows are B*T and B*Ts, never an
+ * int product (plan_dims). */
+typedef struct { double rows[N_ROWS], cols[N_COLS]; } act_sizes;
+
+static act_sizes act_sizes_of(const llama_dims *d, int loss_saved_per_row) {
+    act_sizes z;
+    z.rows[ROWS_STREAM] = (double)d->B * d->Ts;
+    z.rows[ROWS_REGION] = (double)d->B * d->T;
+    z.rows[ROWS_1] = 1;
+    z.cols[COLS_D] = d->D;
+    z.cols[COLS_1] = 1;
+    z.cols[COLS_Q] = (double)d->Hl * d->hd;
+    z.cols[COLS_KV] = (double)d->Hkvl * d->hd;
+    z.cols[COLS_F] = d->Fl;
+    z.cols[COLS_V] = d->Vl;
+    z.cols[COLS_PROBS] = (double)d->probs;
+    z.cols[COLS_LOSS] = loss_saved_per_row;
+    return z;
+}
+
+static double act_elems(const act_sizes *z, act_shape s) { return z->rows[s.rows] * z->cols[s.cols]; }
+
+/* Elements of the layer activations `keep` names (ACT_* bits). */
+static double layer_elems(const act_sizes *z, unsigned keep) {
+    double n = 0;
+    for (int i = 0; i < ACT_NLAYER; i++)
+        if (keep & (1u << i)) n += act_elems(z, layer_act_shape[i]);
+    return n;
+}
+
+static double head_elems(const act_sizes *z) {
+    double n = 0;
+    for (int i = 0; i < HEAD_NACTS; i++) n += act_elems(z, head_act_shape[i]);
+    return n;
 }
 
 size_t llama_act_numel(const llama_dims *d, int act) {
-    size_t N = d->N, Ns = d->Ns, D = d->D;
-    switch (act) {
-    case ACT_H_IN: case ACT_ATTN_XN: case ACT_H_MID: case ACT_FFN_XN: return Ns * D;
-    case ACT_ATTN_RSTD: case ACT_FFN_RSTD: return Ns;
-    case ACT_Q: case ACT_ATTN_OUT: return N * d->Hl * d->hd;
-    case ACT_K: case ACT_V: return N * d->Hkvl * d->hd;
-    case ACT_PROBS: return d->probs;
-    default: return N * d->Fl;                       /* ACT_FFN_A, ACT_FFN_B, ACT_FFN_G */
-    }
+    act_sizes z = act_sizes_of(d, 0);
+    return (size_t)act_elems(&z, layer_act_shape[act]);
+}
+
+double llama_layer_act_bytes(const llama_dims *d, unsigned keep) {
+    act_sizes z = act_sizes_of(d, 0);
+    return 4 * layer_elems(&z, keep);
+}
+
+double llama_head_act_bytes(const llama_dims *d, int loss_saved_per_row) {
+    act_sizes z = act_sizes_of(d, loss_saved_per_row);
+    return 4 * head_elems(&z);
 }
 
 double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, double *state_bytes,
                          double *act_bytes, double *largest_numel) {
-    double p = plan->groups.tp ? plan->groups.tp->size : 1, largest = 0, state = 0, acts = 0;
+    double p = plan->groups.tp ? plan->groups.tp->size : 1, largest = 0, state = 0;
     double S = plan->groups.mesh ? plan->groups.mesh->shape.degree[MESH_DP_SHARD] : 1;
     for (int i = 0; i < llama_num_params(c); i++) {           /* every tensor's local slice */
         param_spec s = llama_param_spec(c, i);
@@ -75,18 +157,15 @@ double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, d
             state += (b == PARAM_OPTIM ? 8 : 4) * numel / (plan->storage[b] == STORE_SHARD ? S : 1);
         largest = fmax(largest, numel);
     }
-    double split = plan_split(plan, P_WQ, p), T = c->seq_len / (plan->groups.cp ? plan->groups.cp->size : 1), N = (double)B * T, Ns = N / plan->sequence.shards;
-    double D = c->dim, hd = llama_head_dim(c), V = c->vocab_size / plan_split(plan, P_OUTPUT, p);
-    double q = c->n_heads / split * hd, kv = c->n_kv_heads / plan_split(plan, P_WK, p) * hd;
-    double F = c->ffn_dim / plan_split(plan, P_W1, p), probs = B * (c->n_heads / split) * T * T;
-    if (plan->attention.saved_numel)
-        probs = (double)plan->attention.saved_numel(plan->attention.state, plan, B, (int)T, (int)(c->n_heads / split));
-    double layer = 4 * Ns * D + 2 * Ns + 2 * N * q + 2 * N * kv + probs + 3 * N * F;   /* all of it */
+    llama_dims d = plan_dims(c, plan, B);
+    act_sizes z = act_sizes_of(&d, plan->loss.saved_per_row);
+    double N = z.rows[ROWS_REGION], Ns = z.rows[ROWS_STREAM], D = z.cols[COLS_D], q = z.cols[COLS_Q];
+    double kv = z.cols[COLS_KV], F = z.cols[COLS_F], V = z.cols[COLS_V], probs = z.cols[COLS_PROBS];
     int held_layers = 0;
     for (int l = 0; l < c->n_layers; l++) held_layers += plan_holds(plan, c->n_layers, P_WQ, l);
-    acts = 4 * (held_layers * layer                            /* an upper bound: every tensor kept */
-                + 2 * Ns * D + Ns + N * V + N * (plan->loss.saved_per_row + 1)    /* outside, loss */
-                + 5 * N * D + 2 * Ns * D + 2 * N * q + 2 * N * kv + probs + 3 * N * F + 3 * N); /* scratch */
+    double acts = 4 * (held_layers * layer_elems(&z, ACT_KEEP_ALL)   /* an upper bound: every tensor kept */
+                       + head_elems(&z) + N                          /* the head's, the loss's scratch */
+                       + 5 * N * D + 2 * Ns * D + 2 * N * q + 2 * N * kv + probs + 3 * N * F + 3 * N); /* scratch */
     double tensors[] = {N * V, N * D, N * q, N * F, probs};
     for (size_t i = 0; i < sizeof tensors / sizeof *tensors; i++) largest = fmax(largest, tensors[i]);
     if (state_bytes) *state_bytes = state;
@@ -128,7 +207,7 @@ static float *whole(const llama_model *m, float *full_buffer, float *local) {
 
 void llama_saved_alloc(llama_model *m, llama_saved *s, int l0, int l1) {
     const llama_dims *d = &m->d;
-    size_t N = d->N, Ns = d->Ns, D = d->D;
+    size_t N = d->N;
     memset(s, 0, sizeof *s);
     s->l0 = l0;
     s->l1 = l1;
@@ -142,13 +221,15 @@ void llama_saved_alloc(llama_model *m, llama_saved *s, int l0, int l1) {
     s->tokens = device_alloc_ints(N, MEM_BUFFERS);
     s->targets = device_alloc_ints(N, MEM_BUFFERS);
     if (l1 < m->c.n_layers) return;
-    /* the head's, kept in every mode */
-    s->h_final = device_alloc_floats(Ns * D, MEM_ACTIVATIONS);
-    s->final_xn = device_alloc_floats(Ns * D, MEM_ACTIVATIONS);
-    s->final_rstd = device_alloc_floats(Ns, MEM_ACTIVATIONS);
-    s->logits = device_alloc_floats(N * d->Vl, MEM_ACTIVATIONS);
-    if (m->plan->loss.saved_per_row)
-        s->loss_stats = device_alloc_floats(N * m->plan->loss.saved_per_row, MEM_ACTIVATIONS);
+    /* the head's, kept in every mode (loss_stats NULL when the loss saves nothing) */
+    float **head[HEAD_NACTS] = {[HEAD_H_FINAL] = &s->h_final, [HEAD_FINAL_XN] = &s->final_xn,
+                                [HEAD_FINAL_RSTD] = &s->final_rstd, [HEAD_LOGITS] = &s->logits,
+                                [HEAD_LOSS_STATS] = &s->loss_stats};
+    act_sizes z = act_sizes_of(d, m->plan->loss.saved_per_row);
+    for (int i = 0; i < HEAD_NACTS; i++) {
+        size_t n = (size_t)act_elems(&z, head_act_shape[i]);
+        *head[i] = n ? device_alloc_floats(n, MEM_ACTIVATIONS) : NULL;
+    }
 }
 
 void llama_saved_free(llama_model *m, llama_saved *s) {

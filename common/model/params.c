@@ -1,4 +1,5 @@
 /* params.c: see params.h. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,16 +9,6 @@
 #include "kernels.h"
 #include "llama_kernels.h"
 #include "params.h"
-
-/* The tensors of unit u in the blocks' order: a layer's nine, or the ends' three. */
-static int unit_tensors(const llama_config *c, int u, int idx[9]) {
-    static const param_kind ends[] = {P_TOK_EMBEDDINGS, P_NORM, P_OUTPUT};
-    static const param_kind layer[] = {P_ATTENTION_NORM, P_WQ, P_WK, P_WV, P_WO, P_FFN_NORM, P_W1, P_W2, P_W3};
-    bool is_ends = u == c->n_layers;
-    int n = is_ends ? 3 : 9;
-    for (int k = 0; k < n; k++) idx[k] = llama_param_index_of(c, is_ends ? ends[k] : layer[k], is_ends ? -1 : u);
-    return n;
-}
 
 param_table *param_table_create(const llama_config *c, device_mesh *mesh,
                                 const shard_layout layout[P_NKINDS],
@@ -57,7 +48,7 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
     }
     /* Offsets, unit by unit, so that a unit is one contiguous range in every block. */
     for (int u = 0; u <= c->n_layers; u++) {
-        int idx[9], n = unit_tensors(c, u, idx);
+        int idx[PARAM_UNIT_MAX], n = llama_unit_tensors(c, u, idx);
         for (int k = 0; k < n; k++) {
             param_tensor *x = &t->t[idx[k]];
             x->offset_whole = t->whole_numel;
@@ -79,8 +70,8 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
         const param_tensor *x = &t->t[i];
         float *dst = param_in(t, t->params, i);
         if (!x->here) continue;
-        if (x->spec.is_vector) {
-            init_constant_device(dst, sharded ? (size_t)x->own_units : (size_t)x->nc, 1.0f);
+        if (x->spec.init_std == 0) {   /* the norm weights: ones */
+            init_constant_device(dst, (size_t)(sharded ? x->own_units : x->units) * x->width, 1.0f);
         } else if (sharded) {
             if (x->own_units > 0)
                 init_normal_slice_device(dst, x->spec.name, seed, x->spec.init_std, x->spec.rows, x->spec.cols,
@@ -121,18 +112,24 @@ size_t param_stored_numel(const param_table *t, const float *block, int i) {
 }
 
 void param_unit_range(const param_table *t, const float *block, int u, size_t *offset, size_t *count) {
-    int idx[9], n = unit_tensors(&t->c, u, idx);
+    int idx[PARAM_UNIT_MAX], n = llama_unit_tensors(&t->c, u, idx);
     bool shard = param_storage_of(t, block) == STORE_SHARD;
     const param_tensor *first = &t->t[idx[0]], *last = &t->t[idx[n - 1]];
     *offset = shard ? first->offset_shard : first->offset_whole;
     *count = (shard ? last->offset_shard : last->offset_whole) + param_stored_numel(t, block, idx[n - 1]) - *offset;
 }
 
-int param_unit_tensors(const param_table *t, int u, int idx[9]) { return unit_tensors(&t->c, u, idx); }
+int param_unit_tensors(const param_table *t, int u, int idx[PARAM_UNIT_MAX]) { return llama_unit_tensors(&t->c, u, idx); }
+
+/* unit_weights' named fields alias of[kind]: they must be declared in param_kind's order. */
+_Static_assert(offsetof(unit_weights, tok_embeddings) == P_TOK_EMBEDDINGS * sizeof(float *) &&
+               offsetof(unit_weights, w3) == P_W3 * sizeof(float *) &&
+               offsetof(unit_weights, output) == P_OUTPUT * sizeof(float *),
+               "unit_weights' fields follow param_kind");
 
 unit_weights param_unit(const param_table *t, float *block, int u) {
     unit_weights w = {0};
-    int idx[9], n = unit_tensors(&t->c, u, idx);
+    int idx[PARAM_UNIT_MAX], n = llama_unit_tensors(&t->c, u, idx);
     for (int k = 0; k < n; k++)
         if (t->t[idx[k]].here) w.of[t->t[idx[k]].spec.kind] = param_in(t, block, idx[k]);
     return w;

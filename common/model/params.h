@@ -103,8 +103,10 @@ int param_index(const param_table *t, param_kind kind, int layer);
 float *param_in(const param_table *t, float *block, int i);
 /* Which of the four blocks `block` is, and how it is stored. */
 block_storage param_storage_of(const param_table *t, const float *block);
-/* The tensors of unit u (layer u, or the ends for u == L) in the blocks' order; returns how many. */
-int param_unit_tensors(const param_table *t, int u, int idx[9]);
+/* The tensors of unit u (layer u, or the ends for u == L) in the blocks' order; returns how many
+ * (llama_unit_tensors), at most PARAM_UNIT_MAX. */
+#define PARAM_UNIT_MAX LLAMA_UNIT_MAX_TENSORS
+int param_unit_tensors(const param_table *t, int u, int idx[PARAM_UNIT_MAX]);
 /* The floats of unit u (its tensors one after the other) in a block: offset and count. */
 void param_unit_range(const param_table *t, const float *block, int u, size_t *offset, size_t *count);
 /* The tensors of unit u inside a block: layer u for u < L, the ends for u == L. */
