@@ -11,6 +11,8 @@ LINKS_08 += 00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c 02_loss_par
 # The --plan calculator (plan_calculator.c) also calls chapter 03's activation formulas, which live
 # in its report file.
 LINKS_08 += 03_sequence_parallel/sp_report.c
+# --async-tp: chapter 03's decomposition of the sequence collectives.
+LINKS_08 += 03_sequence_parallel/async_tp.c
 # make run-08: the trainer on 8 ranks (oversubscribed on a small machine), pp 2 x dp_shard 2 x tp 2,
 # 500 steps on Shakespeare with a sample at the end, without the baseline (make check-08 has it).
 RUN_NP_08    := 8
