@@ -11,6 +11,7 @@
 #include "comm.h"
 #include "device.h"
 #include "kernels.h"
+#include "log.h"
 #include "model.h"
 #include "async_tp.h"
 
@@ -33,7 +34,14 @@ typedef struct {
  *   RS_BWD      column-parallel backwards whose summed dx the region's entry reduce-scatters */
 typedef enum { HOLD_NONE, HOLD_GATHER_FWD, HOLD_GATHER_BWD, HOLD_RS_FWD, HOLD_RS_BWD } hold_kind;
 
-#define MAX_EVENTS 256
+/* One ring step: the ring's number since the start, its kind, step k, host times. */
+typedef struct {
+    long long ring;
+    int step;
+    const char *kind;
+    double posted, computed, waited;
+} ring_event;
+#define MAX_EVENTS 4096             /* the last ones kept (a circular log) */
 typedef struct {
     comm_group *tp;
     comm_links *links;
@@ -55,10 +63,8 @@ typedef struct {
     held_linear held[3];
     int skip_step;               /* --fault async-tp-skip-chunk: the all-gathers' step to skip, -1 */
     async_tp_stats stats;
-    double t0;
-    bool recording;
-    int n_events;
-    async_tp_event events[MAX_EVENTS];
+    long long n_events;
+    ring_event events[MAX_EVENTS];
 } atp_state;
 
 static double now(void) {
@@ -101,8 +107,7 @@ static void wait_counted(atp_state *s, comm_request *q) {
 }
 
 static void log_event(atp_state *s, const char *kind, int k, double posted, double computed, double waited) {
-    if (!s->recording || s->n_events == MAX_EVENTS) return;
-    s->events[s->n_events++] = (async_tp_event){(int)s->stats.rings, k, kind, posted - s->t0, computed - s->t0, waited - s->t0};
+    s->events[s->n_events++ % MAX_EVENTS] = (ring_event){s->stats.rings, k, kind, posted, computed, waited};
 }
 
 
@@ -368,16 +373,26 @@ async_tp_stats async_tp_get_stats(const llama_plan *plan) {
     atp_state *s = state_of(plan);
     return s ? s->stats : (async_tp_stats){0};
 }
-void async_tp_record(const llama_plan *plan, bool on) {
+int async_tp_report(const llama_plan *plan, const char *out_dir, int steps) {
     atp_state *s = state_of(plan);
-    if (!s) return;
-    s->recording = on;
-    if (on) s->n_events = 0;
-}
-const async_tp_event *async_tp_events(const llama_plan *plan, int *n) {
-    atp_state *s = state_of(plan);
-    *n = s ? s->n_events : 0;
-    return s ? s->events : NULL;
+    if (!s || steps < 1) return 0;
+    const async_tp_stats *t = &s->stats;
+    log0("async TP (rank 0): %lld rings a step of %d steps each; their GEMMs %.2f ms, waited for transfers %.2f ms, per step\n",
+         t->rings / steps, s->p, 1e3 * t->compute_seconds / steps, 1e3 * t->wait_seconds / steps);
+    /* the last step's first four rings: layer 0's forward (wq wk wv, wo, w1 w3, w2) */
+    long long first = t->rings - t->rings / steps;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/async_tp_timeline.csv", out_dir);
+    FILE *f = csv_open(path, "ring,kind,step,posted_ms,computed_ms,waited_ms");
+    double t0 = -1;
+    for (long long i = s->n_events > MAX_EVENTS ? s->n_events - MAX_EVENTS : 0; i < s->n_events; i++) {
+        const ring_event *e = &s->events[i % MAX_EVENTS];
+        if (e->ring < first || e->ring >= first + 4) continue;
+        if (t0 < 0) t0 = e->posted;
+        csv_row(f, "%lld,%s,%d,%.4f,%.4f,%.4f", e->ring - first, e->kind, e->step, 1e3 * (e->posted - t0),
+                1e3 * (e->computed - t0), 1e3 * (e->waited - t0));
+    }
+    return f && csv_close(f) ? 1 : 0;
 }
 
 void async_tp_apply(llama_plan *plan, const llama_config *c, int B) {
@@ -396,7 +411,6 @@ void async_tp_apply(llama_plan *plan, const llama_config *c, int B) {
     s->chunk_floats = (size_t)B * (T / s->p) * c->dim;
     for (int i = 0; i < 3; i++) s->buf[i] = device_alloc_floats(s->chunk_floats, MEM_BUFFERS);
     s->skip_step = -1;
-    s->t0 = now();
     plan_wrap(plan->region, s->below_region, ((region_ops){s, enter_forward, enter_backward, exit_forward, exit_backward}));
     plan_wrap(plan->vocab, s->below_vocab,
               ((region_ops){s, vocab_enter_forward, vocab_enter_backward, vocab_exit_forward, vocab_exit_backward}));

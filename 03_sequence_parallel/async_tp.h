@@ -51,17 +51,12 @@ typedef struct {
 } async_tp_stats;
 async_tp_stats async_tp_get_stats(const llama_plan *plan);
 
-/* One ring step of one layer, for the timeline (make plot-03): the ring's index within the step,
- * kind ("ag-fwd", "rs-fwd", "ag-bwd", "rs-bwd"), step k, and the host times (seconds since the
- * technique was applied) when the step's transfer was posted, its GEMMs ended, and its wait
- * ended. Recording starts with async_tp_record(plan, true) and keeps at most 256 steps. */
-typedef struct {
-    int ring, step;
-    const char *kind;
-    double posted, computed, waited;
-} async_tp_event;
-void async_tp_record(const llama_plan *plan, bool on);
-const async_tp_event *async_tp_events(const llama_plan *plan, int *n);
+/* After training (rank 0 prints): the rings a step, the seconds of their GEMMs and of their
+ * waits per step; and OUT_DIR/async_tp_timeline.csv, the ring steps of the first layer's forward
+ * of the last training step on this rank: ring,kind,step,posted_ms,computed_ms,waited_ms (host
+ * times from the first ring's start: transfer posted and GEMMs started, GEMMs done, transfer
+ * waited for), which plot.sh draws. Returns 0, or 1 when the file could not be written. */
+int async_tp_report(const llama_plan *plan, const char *out_dir, int steps);
 
 /* The technique (plan_free frees its state). */
 extern const plan_technique async_tp_technique;

@@ -126,6 +126,7 @@ int main(int argc, char **argv) {
     int mismatches = co.sp ? report_communication(&tp, 1, o.steps, with_sp, co.async_tp ? 5 : 3)
                            : report_communication(&tp, 1, o.steps, without_sp, 1);
     mismatches += report_traffic_beside_chapter_01(&o, tp, co.sp, co.ac, boundaries, regathers, recomputed);
+    if (co.async_tp) mismatches += async_tp_report(&plan, o.out_dir, o.steps);
 
     /* ---- memory per rank ---- */
     log0("\n");
