@@ -25,6 +25,7 @@
 #include "run.h"
 #include "../01_transformer_tp/tp.h"
 #include "../02_loss_parallel/vocab_parallel.h"
+#include "async_tp.h"
 #include "sequence_parallel.h"
 #include "sp_report.h"
 
@@ -34,15 +35,18 @@ static const char *usage =
     "  --ac none|selective|full     activation checkpointing: what each layer keeps for backward\n"
     "                               (default none)\n"
     "  --no-sp                      no sequence parallelism: chapter 01's replicated norms and\n"
-    "                               all-reduces, for comparing memory and traffic\n";
+    "                               all-reduces, for comparing memory and traffic\n"
+    "  --async-tp                   decompose the sequence all-gathers and reduce-scatters over the\n"
+    "                               tp ring, each chunk's GEMM overlapping the next chunk's transfer\n";
 
-enum { OPT_TP = 1, OPT_AC, OPT_NO_SP };
-typedef struct { int tp; ac_mode ac; bool sp; } chapter_options;
+enum { OPT_TP = 1, OPT_AC, OPT_NO_SP, OPT_ASYNC_TP };
+typedef struct { int tp; ac_mode ac; bool sp, async_tp; } chapter_options;
 static void chapter_flag(int code, const char *arg, void *ctx) {
     static const char *const ac_names[] = {"none", "selective", "full", NULL};
     chapter_options *co = ctx;
     if (code == OPT_TP) co->tp = cli_int("--tp", arg, 1, 4096);
     else if (code == OPT_AC) co->ac = (ac_mode)cli_choice("--ac", arg, ac_names);
+    else if (code == OPT_ASYNC_TP) co->async_tp = true;
     else co->sp = false;
 }
 
@@ -50,12 +54,16 @@ int main(int argc, char **argv) {
     comm_init(&argc, &argv);
 
     /* ---- flags ---- */
-    run_options o = run_options_default("03", sequence_parallel_faults);
+    static plan_fault faults[8];   /* sequence parallelism's, then async TP's */
+    int nf = 0;
+    while (sequence_parallel_faults[nf].name) { faults[nf] = sequence_parallel_faults[nf]; nf++; }
+    faults[nf] = async_tp_fault;
+    run_options o = run_options_default("03", faults);
     o.kv_heads_follow_heads = true;   /* tp = 4 runs the default model as is */
-    chapter_options co = {0, AC_NONE, true};
+    chapter_options co = {0, AC_NONE, true, false};
     static const struct option flags[] = {
         {"tp", required_argument, 0, OPT_TP}, {"ac", required_argument, 0, OPT_AC},
-        {"no-sp", no_argument, 0, OPT_NO_SP}, {0, 0, 0, 0}};
+        {"no-sp", no_argument, 0, OPT_NO_SP}, {"async-tp", no_argument, 0, OPT_ASYNC_TP}, {0, 0, 0, 0}};
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     const llama_config *c = &o.model;
 
@@ -71,6 +79,7 @@ int main(int argc, char **argv) {
     llama_plan plan = megatron_plan(mesh, c);
     loss_parallel_apply(&plan, c);
     sequence_parallel_apply(&plan, c, o.batch, co.sp, co.ac);
+    if (co.async_tp) async_tp_apply(&plan, c, o.batch);
     run_apply_fault(&o, &plan);
     llama_model *model = run_model(&o, &plan);   /* refuses up front what cannot fit */
     const llama_dims *d = &model->d;
@@ -98,18 +107,28 @@ int main(int argc, char **argv) {
     double regathers = co.sp ? 2 * L + 1 : 0;               /* norm outputs SP kept only a shard of   */
     double recomputed = co.ac == AC_FULL ? L : 0;           /* full AC: wo's exit, once more          */
     double norm_ar = plan.reduce_grads.reduce ? 1 : 0;             /* sp_norm_grads_all_reduce               */
+    /* --async-tp: the gathers and reduce-scatters around a GEMM become p-1 ring steps each
+     * (async_tp.h): 4L+1 of each (+2L gathers and +L reduce-scatters recomputed by full AC) */
+    double ag_ring = co.async_tp ? 4 * L + 1 + (co.ac == AC_FULL ? 2 * L : 0) : 0;
+    double rs_ring = co.async_tp ? 4 * L + 1 + (co.ac == AC_FULL ? L : 0) : 0;
+    double ring_msgs = (p - 1) * (ag_ring + rs_ring);
     comm_expectation with_sp[] = {
-        {tp, COLL_ALL_GATHER, boundaries + regathers, (boundaries + regathers) * X, "(4L+2 + 2L+1 re-gathers) x BTD*4"},
-        {tp, COLL_REDUCE_SCATTER, boundaries + recomputed, (boundaries + recomputed) * X,
-         co.ac == AC_FULL ? "(4L+2 + L recomputed) x BTD*4" : "(4L+2) x BTD*4"},
+        {tp, COLL_ALL_GATHER, boundaries + regathers - ag_ring, (boundaries + regathers - ag_ring) * X,
+         co.async_tp ? (co.ac == AC_FULL ? "2 x BTD*4 (embedding, head)" : "(2 + 2L re-gathers) x BTD*4")
+                     : "(4L+2 + 2L+1 re-gathers) x BTD*4"},
+        {tp, COLL_REDUCE_SCATTER, boundaries + recomputed - rs_ring, (boundaries + recomputed - rs_ring) * X,
+         co.async_tp ? "1 x BTD*4 (embedding)" : co.ac == AC_FULL ? "(4L+2 + L recomputed) x BTD*4" : "(4L+2) x BTD*4"},
         {tp, COLL_ALL_REDUCE, 3 + norm_ar, 3 * N4 + norm_ar * (2 * L + 1) * D * 4,
-         norm_ar ? "3 x BT*4 (loss) + (2L+1)D*4 (norms)" : "3 x BT*4 (loss)"}};
+         norm_ar ? "3 x BT*4 (loss) + (2L+1)D*4 (norms)" : "3 x BT*4 (loss)"},
+        {tp, COLL_SEND, ring_msgs, ring_msgs * X / p, co.ac == AC_FULL ? "(p-1)(11L+2) x BTD*4/p" : "(p-1)(8L+2) x BTD*4/p"},
+        {tp, COLL_RECV, ring_msgs, ring_msgs * X / p, co.ac == AC_FULL ? "(p-1)(11L+2) x BTD*4/p" : "(p-1)(8L+2) x BTD*4/p"}};
     comm_expectation without_sp[] = {
         {tp, COLL_ALL_REDUCE, boundaries + recomputed + 3, (boundaries + recomputed) * X + 3 * N4,
          co.ac == AC_FULL ? "(5L+2) x BTD*4 + 3 x BT*4" : "(4L+2) x BTD*4 + 3 x BT*4"}};
-    int mismatches = co.sp ? report_communication(&tp, 1, o.steps, with_sp, 3)
+    int mismatches = co.sp ? report_communication(&tp, 1, o.steps, with_sp, co.async_tp ? 5 : 3)
                            : report_communication(&tp, 1, o.steps, without_sp, 1);
     mismatches += report_traffic_beside_chapter_01(&o, tp, co.sp, co.ac, boundaries, regathers, recomputed);
+    if (co.async_tp) mismatches += async_tp_report(&plan, o.out_dir, o.steps);
 
     /* ---- memory per rank ---- */
     log0("\n");

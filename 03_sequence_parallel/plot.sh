@@ -16,3 +16,8 @@ done
     for np in 1 2 4; do tail -n +2 "$out/activation_memory_tp$np.csv"; done
 } > "$out/activation_memory.csv"
 gnuplot -e "outdir='$out'" "$(dirname "$0")/plot.gp"
+# --async-tp's ring steps in layer 0's forward of the last step (rank 0), at a size where a
+# chunk's GEMMs outlast its transfer (the bench's): OUTDIR/async_tp_timeline.csv, drawn by
+# plot_async_tp.gp into OUTDIR/async_tp_timeline.png
+$mpirun -np 2 "$bin" --async-tp --dim 256 --n-layers 4 --seq-len 512 --batch 2 --steps 2 --out "$out" >/dev/null
+gnuplot -e "outdir='$out'" "$(dirname "$0")/plot_async_tp.gp"

@@ -10,6 +10,8 @@ LINKS_08 += 00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c 02_loss_par
             03_sequence_parallel/sequence_parallel.c 04_fsdp/data_parallel.c 05_pipeline/pipeline.c \
             05_pipeline/schedule.c 06_context_parallel/context_parallel.c 07_float8/float8_linear.c \
             07_float8/float8_all_gather.c
+# --async-tp: chapter 03's decomposition of the sequence collectives.
+LINKS_08 += 03_sequence_parallel/async_tp.c
 # make run-08: the trainer on 8 ranks (oversubscribed on a small machine), pp 2 x dp_shard 2 x tp 2,
 # 500 steps on Shakespeare with a sample at the end, without the baseline (make check-08 has it).
 RUN_NP_08    := 8

@@ -13,6 +13,7 @@ static const char *usage =
     "  --pp N --dp-replicate N --dp-shard N --cp N --tp N   degrees (default 1; --dp-shard -1, the\n"
     "                                        default, takes what the others leave of NP)\n"
     "  --no-sp                               tensor parallelism without sequence parallelism\n"
+    "  --async-tp                            sequence parallelism's collectives decomposed over the tp ring\n"
     "  --ac none|selective|full              activation checkpointing (default none)\n"
     "  --cp-method ring|allgather|alltoall   context-parallel attention (default ring)\n"
     "  --schedule gpipe|1f1b|interleaved|zb-h1  pipeline schedule (default 1f1b)\n"
@@ -38,7 +39,7 @@ static const char *usage =
 enum {
     OPT_PP = 1, OPT_DPR, OPT_DPS, OPT_CP, OPT_TP, OPT_NO_SP, OPT_AC, OPT_CP_METHOD, OPT_SCHEDULE, OPT_MICRO,
     OPT_VIRTUAL, OPT_FP8, OPT_DATA, OPT_WARMUP, OPT_LR_MIN, OPT_ACCUM, OPT_EVAL_EVERY, OPT_EVAL_BATCHES,
-    OPT_PEAK, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_RESUME, OPT_EXPORT, OPT_SAMPLE, OPT_PROMPT, OPT_TEMP, OPT_PLAN
+    OPT_PEAK, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_RESUME, OPT_EXPORT, OPT_SAMPLE, OPT_PROMPT, OPT_TEMP, OPT_PLAN, OPT_ASYNC_TP
 };
 static void chapter_flag(int code, const char *arg, void *ctx) {
     static const char *const acs[] = {"none", "selective", "full", NULL};
@@ -80,6 +81,7 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     case OPT_PROMPT: co->prompt = arg; co->prompt_given = true; break;
     case OPT_TEMP: co->temperature = cli_float("--temperature", arg, 0.0f, 100.0f); co->temperature_given = true; break;
     case OPT_PLAN: co->plan = true; break;
+    case OPT_ASYNC_TP: co->par.async_tp = true; break;
     default:
         if (!plan_calculator_flag(&co->calc, code, arg)) comm_exit_usage("internal: flag %d not handled", code);
     }
@@ -108,7 +110,7 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
         {"ckpt-every", required_argument, 0, OPT_CKPT_EVERY}, {"resume", no_argument, 0, OPT_RESUME},
         {"export", required_argument, 0, OPT_EXPORT}, {"sample", required_argument, 0, OPT_SAMPLE},
         {"prompt", required_argument, 0, OPT_PROMPT}, {"temperature", required_argument, 0, OPT_TEMP},
-        {"plan", no_argument, 0, OPT_PLAN}, PLAN_CALC_FLAGS, {0, 0, 0, 0}};
+        {"plan", no_argument, 0, OPT_PLAN}, {"async-tp", no_argument, 0, OPT_ASYNC_TP}, PLAN_CALC_FLAGS, {0, 0, 0, 0}};
     char full_usage[8192];
     snprintf(full_usage, sizeof full_usage, "%s%s", usage, plan_calculator_usage);
     run_parse(o, argc, argv, flags, chapter_flag, t, full_usage);
@@ -121,6 +123,10 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
         comm_exit_usage("--cp-method chooses context parallelism's attention: it needs --cp 2 or more");
     if (t->no_sp_given && g[MESH_TP] == 1)
         comm_exit_usage("--no-sp turns off sequence parallelism inside tensor parallelism: it needs --tp 2 or more");
+    if (t->par.async_tp && (g[MESH_TP] == 1 || !t->par.sp))
+        comm_exit_usage("--async-tp decomposes sequence parallelism's all-gathers and reduce-scatters over the tp ring: it needs --tp 2 or more, without --no-sp");
+    if (t->par.async_tp && t->par.fp8.recipe != FP8_OFF)
+        comm_exit_usage("--async-tp with --fp8: not supported (float8 scales each linear's whole input, agreed over tp; the ring's per-chunk GEMMs would scale chunk by chunk)");
     if ((t->prompt_given || t->temperature_given) && !t->sample)
         comm_exit_usage("%s shapes the text sampled after training: it needs --sample N", t->prompt_given ? "--prompt" : "--temperature");
     if (t->lr_min > o->opt.lr)

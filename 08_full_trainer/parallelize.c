@@ -4,6 +4,7 @@
 #include "comm.h"
 #include "../01_transformer_tp/tp.h"
 #include "../02_loss_parallel/vocab_parallel.h"
+#include "../03_sequence_parallel/async_tp.h"
 #include "../04_fsdp/data_parallel.h"
 #include "parallelize.h"
 
@@ -55,6 +56,7 @@ llama_plan parallelize_llama(device_mesh *mesh, const llama_config *c, int batch
     llama_plan plan = tensor_parallel_or_single(mesh, c);
     if (tp > 1) loss_parallel_apply(&plan, c);
     if (tp > 1 || o->ac != AC_NONE) sequence_parallel_apply(&plan, c, piece, o->sp && tp > 1, o->ac);
+    if (o->async_tp) async_tp_apply(&plan, c, piece);   /* 03: its collectives decomposed over the tp ring */
     /* 06: the sequence split over cp, attention by the chosen method */
     if (g[MESH_CP] > 1) context_parallel_apply(&plan, mesh, c, &o->cp);
     /* 07: float8 linears (scales agreed over tp) */

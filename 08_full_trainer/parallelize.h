@@ -42,6 +42,7 @@ typedef struct {
     cp_options cp;             /* method, balance                                                  */
     pp_options pp;             /* schedule, microbatches, virtual stages                           */
     fp8_options fp8;           /* float8 recipe (FP8_OFF: fp32 linears)                           */
+    bool async_tp;             /* chapter 03's --async-tp: SP's collectives decomposed over tp     */
 } parallel_options;
 
 /* The degrees from the flags: a dp_shard of -1 takes what the others leave of NP (torchtitan's

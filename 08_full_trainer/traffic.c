@@ -55,10 +55,21 @@ int report_traffic(const parallel_options *o, device_mesh *mesh, const llama_mod
                      * (output) gathers, 1 and 1 reduce-scatters; chapter 02's loss, 3 all-reduces */
         comm_group *q = mesh->group[MESH_TP];
         double ag = 6.0 * Lr + 1 + (out ? 2 : 0), rs = 4.0 * Lr + 1 + (out ? 1 : 0);
+        /* --async-tp: the layers' 4 gathers and 4 reduce-scatters around a GEMM and the output
+         * layer's 1 and 1 are rings of tp-1 point-to-point steps of B Ts D x 4 each */
+        double rings = o->async_tp ? 2 * (4.0 * Lr + (out ? 1 : 0)) : 0;
+        if (o->async_tp) { ag -= rings / 2; rs -= rings / 2; }
         e[n++] = (comm_expectation){q, COLL_ALL_GATHER, passes * ag, passes * ag * full,
-                                    out ? "n (6L+3) x B Tl D x 4" : "n (6Lr+1) x B Tl D x 4"};
+                                    o->async_tp ? (out ? "n (2L+2) x B Tl D x 4" : "n (2Lr+1) x B Tl D x 4")
+                                                : out ? "n (6L+3) x B Tl D x 4" : "n (6Lr+1) x B Tl D x 4"};
         e[n++] = (comm_expectation){q, COLL_REDUCE_SCATTER, passes * rs, passes * rs * full,
-                                    out ? "n (4L+2) x B Tl D x 4" : "n (4Lr+1) x B Tl D x 4"};
+                                    o->async_tp ? "n x B Tl D x 4" : out ? "n (4L+2) x B Tl D x 4" : "n (4Lr+1) x B Tl D x 4"};
+        if (o->async_tp) {
+            double msgs = passes * (tp - 1) * rings;
+            const char *f = out ? "n (tp-1)(8L+2) x B Tl D x 4/tp" : "n (tp-1) 8Lr x B Tl D x 4/tp";
+            e[n++] = (comm_expectation){q, COLL_SEND, msgs, msgs * full / tp, f};
+            e[n++] = (comm_expectation){q, COLL_RECV, msgs, msgs * full / tp, f};
+        }
         double loss = out ? 3 * passes : 0;
         e[n++] = (comm_expectation){q, COLL_ALL_REDUCE, loss + 1, loss * 4.0 * d->B * d->T + 4 * norm_floats,
                                     out ? "3n x B Tl x 4 + norms' grads x 4" : "the norms' grads x 4"};
