@@ -19,11 +19,11 @@ a regular expression may hold "|" without spaces):
            check_resume.sh) that grade it too
 A layout may grade several exercises; one no exercise names is run and reported, not scored.
 
-Points: an exercise earns points x (the share of its pass, unit and script layouts that pass) x
-(the share of its fail layouts, the deliberate bugs, that are caught); an exercise with only one
-kind uses that share alone. So an exercise not written earns 0 even where the deliberate bug is
-caught anyway, and one whose code goes around the operator a fault replaces loses the share of the
-bugs it hides. Prints the table; --json writes the machine-readable result. Exit 0, or 2 when
+Points: an exercise earns points x the share of its layouts that behave (a pass, unit or script
+layout that passes, a fail layout whose deliberate bug is caught), and 0 while none of its pass,
+unit and script layouts passes: an exercise not written earns nothing even where the deliberate
+bug is caught anyway. Code that goes around the operator a fault replaces loses the share of the
+bug it hides, with a line that says so. Prints the table; --json writes the machine-readable result. Exit 0, or 2 when
 exercises.txt is malformed (a check that matches no layout, a unit not in checks.txt).
 """
 import glob
@@ -111,8 +111,8 @@ def main():
 
     # the TODOs a student copy still holds, each given to the exercise whose region it names
     todos = []
-    for src in sorted(glob.glob(os.path.join(chapter_dir, "*.c")) + glob.glob(os.path.join(chapter_dir, "*.h"))
-                      + glob.glob(os.path.join(chapter_dir, "*.cu"))):
+    # (in the code a student writes: a passage removed from a header's comment is no exercise)
+    for src in sorted(glob.glob(os.path.join(chapter_dir, "*.c")) + glob.glob(os.path.join(chapter_dir, "*.cu"))):
         with open(src, errors="replace") as f:
             for n, line in enumerate(f, 1):
                 if "TODO (assignment)" in line or "TODO (removed from the student copy" in line:
@@ -129,13 +129,9 @@ def main():
     for ex in exercises:
         p_lays = [lay for lay in ex["layouts"] if lay["expect"] != "fail"]
         f_lays = [lay for lay in ex["layouts"] if lay["expect"] == "fail"]
-        share = 1.0
-        if p_lays:
-            share *= sum(lay["passed"] for lay in p_lays) / len(p_lays)
-        if f_lays:
-            share *= sum(lay["passed"] for lay in f_lays) / len(f_lays)
-        if not ex["layouts"]:
-            share = 0.0
+        share = sum(lay["passed"] for lay in ex["layouts"]) / len(ex["layouts"]) if ex["layouts"] else 0.0
+        if p_lays and not any(lay["passed"] for lay in p_lays):
+            share = 0.0   # a bug caught by code that does nothing earns nothing
         ex["points"] = round(ex["possible"] * share, 2)
         ex["passed"] = sum(lay["passed"] for lay in ex["layouts"])
         ex["total"] = len(ex["layouts"])
@@ -153,11 +149,16 @@ def main():
         w = max([len(ex["name"]) for ex in exercises] + [8])
         print(f"grade-{nn}: points per exercise ({ex_file}; partial credit: the share of its layouts that behave)")
         for ex in exercises:
-            line = f"  {ex['name']:<{w}}  {ex['points']:5.1f} / {ex['possible']:<4g}  {ex['passed']:3d}/{ex['total']:<3d} layouts  {ex['status']}"
+            line = f"  {ex['name']:<{w}}  {ex['points']:5.2f} / {ex['possible']:<4g}  {ex['passed']:3d}/{ex['total']:<3d} layouts  {ex['status']}"
             if ex["status"] == "unfinished":
                 line += ": TODO at " + ", ".join(ex["todo"])
             elif ex["status"] == "failing":
-                line += ": no TODO left, but layouts fail (above)"
+                shared = [o["name"] for o in exercises if o is not ex and o["status"] == "unfinished"
+                          and any(lay in o["layouts"] and not lay["passed"] for lay in ex["layouts"])]
+                if shared:
+                    line += f": no TODO left; its failing layouts also grade {', '.join(shared)}, still unfinished"
+                else:
+                    line += ": no TODO left, but layouts fail (above)"
             print(line)
         for lay in layouts:
             if lay["expect"] == "fail" and not lay["passed"] and lay["detail"] == "matched-baseline":
