@@ -68,7 +68,7 @@ endif
 # BACKEND=cuda without nvcc: one line and exit 2 here, rather than the C files compiled first and
 # then a recipe that runs the nvcc flags as a command (or, NVCC being empty, ignores the error
 # of "-std=c++17 ..."). Goals that build nothing with BACKEND are let through.
-NO_BACKEND_GOALS := help clean deps deps-check deps-check-test banner readme-outputs check-readme sanitize assignment-% gpu-check gpu-bundle
+NO_BACKEND_GOALS := help clean deps deps-check deps-check-test banner readme-outputs check-readme sanitize assignment-% grade gpu-check gpu-bundle
 ifeq ($(BACKEND)$(HAVE_NVCC),cuda)
 ifneq ($(filter-out $(NO_BACKEND_GOALS),$(or $(MAKECMDGOALS),all)),)
 $(error BACKEND=cuda needs nvcc, $(if $(NVCC),not found at $(NVCC),not found (no /usr/local/cuda/bin/nvcc and none on PATH)): set CUDA_HOME to the CUDA Toolkit or build with BACKEND=cpu)
@@ -269,6 +269,13 @@ plot-%: chapter-exists-% all
 assignment-%:
 	@./tests/make_assignment.sh $* $(or $(DEST),$(abspath $(CURDIR)/../student-$*))
 
+# make grade DIR=submissions/ [CSV=DIR/grades.csv]: every student copy in DIR (a folder made by
+# make assignment-NN, edited by a student) built and graded per exercise as its make check-NN
+# grades it, with this tutorial's graders; one CSV of the points (tests/grade_many.sh).
+.PHONY: grade
+grade:
+	@./tests/grade_many.sh "$(DIR)" "$(or $(CSV),$(DIR)/grades.csv)" $(BACKEND)
+
 bench-%: chapter-exists-% all
 	@d=$(call chapter_dir,$*); [ -x $$d/bench.sh ] || { echo "chapter $* has no benchmark"; exit 2; }
 	@$(call chapter_dir,$*)/bench.sh $(BUILD)/$*
@@ -330,6 +337,7 @@ help:
 	@echo "make readme-outputs   rewrite the READMEs' output blocks (<!-- output: ... -->) from real runs"
 	@echo "make check-readme     compare the READMEs' output blocks with real runs; check their links and file names"
 	@echo "make assignment-NN    a student copy in ../student-NN (beside the repository) with the chapter's exercises removed"
+	@echo "make grade DIR=...    grade every student copy in DIR per exercise (check-NN in each), one CSV (docs/course.md)"
 	@echo "make test             every unit test, chapter check and scripted test; last line 'N passed, N failed'"
 	@echo "make cuda             compile and link every CUDA source with nvcc (sm_75, sm_80, sm_90 + PTX), warnings as errors"
 	@echo "make sanitize         unit tests and chapter layouts under ASan + UBSan + LeakSanitizer (build/sanitize)"

@@ -3,7 +3,7 @@
  *
  * Every layer is split over the p ranks of the tp group, whole heads per rank (the layouts are
  * chapter 01's first exercise, hence their own comment: a student copy leaves it out). */
-/* BEGIN SOLUTION */
+/* BEGIN SOLUTION: exercise 1, the layouts of the weights */
 /*   attention:     wq, wk, wv  column-parallel   rank r owns heads [r*H/p, (r+1)*H/p) and
  *                                                kv heads [r*Hkv/p, (r+1)*Hkv/p)
  *                  wo          row-parallel      the matching H/p*hd input columns

@@ -4,8 +4,17 @@
 # naming the task. `make check-NN` run inside DEST grades the student's work: every layout of
 # checks.txt must pass and every deliberate bug must still be caught.
 #
+# The copy holds chapters 00 to NN and no later one: the earlier chapters are the course so far
+# (their solutions stay, their BEGIN/END ASSIGNMENT marker lines are dropped), a later chapter
+# would hold answers (its code reuses this chapter's technique, solved). With the later chapters
+# go the unit tests of their code (their chapter.mk's TESTS_MM, or a test that includes their
+# headers) and the scripted tests (tests/t_*.sh) that name them or those unit tests; `make
+# check-NN` and `make test` then run on what is there.
+#
 # The copy leaves out what would hand the student the answers:
 #   - every chapter's hints/ (graded hints per exercise, for the instructor to hand out);
+#   - docs/instructor/ (the answer key of the written questions) and tests/student_copy_allow.txt
+#     (the lines a copy may repeat: it quotes them);
 #   - solution passages, wherever the text repeats an exercise's answer, between markers that
 #     stand alone on their lines:
 #       markdown:      <!-- BEGIN SOLUTION [NN][: note] -->  ...  <!-- END SOLUTION -->
@@ -14,9 +23,14 @@
 #     A markdown passage becomes one line saying it was removed; a C passage becomes a TODO
 #     comment, so the file still compiles (wrap whole statements, or a function's body: the test
 #     then skips that check, or fails it). NN names the chapter whose exercise the passage
-#     answers: it is removed from that chapter's copy only. Without NN, a passage is removed from
-#     the copy of the chapter whose folder holds the file, and from every copy when the file lies
-#     outside the chapter folders (tests/, docs/, the root README).
+#     answers: it is removed from that chapter's copy and from every earlier chapter's (where a
+#     shared file, tests/ or the root README, holds a later chapter's answer); in a later
+#     chapter's copy only its marker lines go. Without NN, a passage is removed from the copy of
+#     the chapter whose folder holds the file, and from every copy when the file lies outside the
+#     chapter folders (tests/, docs/, the root README).
+# No BEGIN/END ASSIGNMENT or SOLUTION marker line is left in the copy's sources and markdown.
+# The copy's .student-copy file names the chapter: `make check-NN` there prints the grade per
+# exercise (NN_*/exercises.txt, tests/grade.py) and writes grade.json.
 set -eu
 nn=$1; dest=$2
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,10 +46,42 @@ esac
 mkdir -p "$dest"
 # every file of the tutorial but builds, outputs and earlier student copies
 # and the instructors' hints (they are handed out, not shipped)
+# and the chapters after NN (see the top)
+later=(); later_nn=()
+for d in "$src"/[0-9][0-9]_*/; do
+    d=$(basename "$d"); [ "${d:0:2}" \> "$nn" ] || continue
+    later+=("--exclude=./$d"); later_nn+=("${d:0:2}")
+done
 (cd "$src" && tar cf - --exclude=./build --exclude=./out --exclude=./student --exclude=./.git \
-    --exclude='./[0-9][0-9]_*/hints' .) | (cd "$dest" && tar xf -)
+    --exclude='./[0-9][0-9]_*/hints' --exclude=./docs/instructor --exclude=./tests/student_copy_allow.txt --exclude=./grade.json \
+    --exclude=./local.mk "${later[@]}" .) | (cd "$dest" && tar xf -)
+# the unit tests of a later chapter's code, and the scripted tests naming a later chapter
+dropped=()
+for mm in "${later_nn[@]}"; do
+    for t in $(sed -n "s/^TESTS_$mm *[:+]*= *//p" "$src/${mm}"_*/chapter.mk 2>/dev/null); do dropped+=("$t"); done
+    for f in "$dest"/tests/test_*.c; do
+        grep -qE "#include \"\.\./${mm}_" "$f" && dropped+=("$(basename "$f" .c)")
+    done
+done
+for t in "${dropped[@]}"; do rm -f "$dest/tests/$t.c"; done
+pat=""
+for mm in "${later_nn[@]}"; do pat="$pat|${mm}_[a-z]|chapter $mm|[/-]$mm([^0-9]|\$)"; done
+for t in "${dropped[@]}"; do pat="$pat|$t"; done
+if [ -n "$pat" ]; then
+    for f in "$dest"/tests/t_*.sh; do
+        grep -qE "${pat#|}" "$f" && rm -f "$f"
+    done
+fi
+echo "$nn" > "$dest/.student-copy"
 # student code may leave a variable unused until it is written: warnings stay warnings there
 echo "WERROR :=" > "$dest/local.mk"
+# the earlier chapters' exercises stay solved: only their marker lines go
+for f in "$dest"/[0-9][0-9]_*/*.c "$dest"/[0-9][0-9]_*/*.h "$dest"/[0-9][0-9]_*/*.cu; do
+    [ -f "$f" ] || continue
+    case "$f" in "$dest/$dir"*) continue;; esac
+    grep -qE '(BEGIN|END) ASSIGNMENT' "$f" || continue
+    grep -vE '^[[:space:]]*(/\*|//)[[:space:]]*(BEGIN ASSIGNMENT|END ASSIGNMENT)' "$f" > "$f.tmp" && mv "$f.tmp" "$f"
+done
 n=0
 for f in "$dest/$dir"*.c; do
     grep -q 'BEGIN ASSIGNMENT' "$f" || continue
@@ -88,8 +134,8 @@ while IFS= read -r -d '' f; do
                 if (rest ~ /^[0-9][0-9]([ \t:]|$)/) { ch = substr(rest, 1, 2); rest = substr(rest, 3); sub(/^[ \t]*/, "", rest) }
                 if (rest ~ /^:/) { note = substr(rest, 2); sub(/^[ \t]*/, "", note) }
                 open = 1; open_at = NR
-                strip = ch != "" ? ch == nn : where != "other"
-                if (!strip) { print; next }
+                strip = ch != "" ? ch >= nn : where != "other"
+                if (!strip) next
                 if (kind == "md") print "*(removed from the student copy: it is the answer to an exercise)*"
                 else {
                     indent = $0; sub(/[^ \t].*/, "", indent)
@@ -100,7 +146,6 @@ while IFS= read -r -d '' f; do
             if (e != "") {
                 if (!open) { printf "%s:%d: END SOLUTION without a BEGIN\n", file, NR > "/dev/stderr"; bad = 1; exit 3 }
                 open = 0
-                if (!strip) print
                 strip = 0; next
             }
             if (!strip) print

@@ -15,6 +15,9 @@
 # a student copy only has to fail, and each failing layout costs mpirun's seconds of clean-up).
 # With MAX_NP=N it skips the layouts of more than N ranks and says how many in its last line
 # (make gpu-check: MAX_NP=4, the ranks sharing one GPU).
+# In a student copy (its .student-copy file, written by make assignment-NN), or with GRADE=1, a
+# chapter with an exercises.txt is then graded per exercise (tests/grade.py): a table of points
+# after the layouts, and grade.json (GRADE_JSON=FILE to put it elsewhere).
 set -u
 backend=$1; nn=$2; root=${3:-build}
 dir=$(ls -d "${nn}"_*/ 2>/dev/null | head -1)
@@ -24,6 +27,7 @@ tag=$nn${COMM:+ [COMM=$COMM]}   # the layout lines say which collectives ran the
 mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
 passed=0; failed=0; stopped=""; skipped=0
 log=$(mktemp -d)
+results=$log/results.tsv; : > "$results"; lineno=0   # one line per layout run, for tests/grade.py
 # What a failing run shows (at most about 40 lines): the error lines, step 1's gradient table
 # rows that failed (the only step whose gradients are judged) with the first mismatching tensor
 # named, the verdict, and the run's last lines.
@@ -42,6 +46,7 @@ explain() {
     } | head -40 | sed 's/^/      | /'
 }
 while read -r np expect flags; do
+    lineno=$((lineno+1))
     case "$np" in ''|'#'*) continue;; esac
     [ -n "${MAX_NP:-}" ] && [ "$np" -gt "$MAX_NP" ] 2>/dev/null && { skipped=$((skipped+1)); continue; }
     [ "${STOP_AT_FIRST_FAILURE:-0}" = 1 ] && [ $failed -gt 0 ] && { stopped=", stopped at the first failure"; break; }
@@ -55,6 +60,7 @@ while read -r np expect flags; do
             MPIRUN_BASE=$mpirun_base timeout 600 bash "$dir/$script" "$bin" "$np" $args </dev/null >"$out" 2>&1
         fi
         rc=$?
+        printf '%s\t%s\t%s\t%s\t%s\t-\n' $lineno "$np" "$expect" "$flags" "$([ $rc -eq 0 ] && echo ok || echo FAIL)" >> "$results"
         if [ $rc -eq 0 ]; then
             printf 'ok    check-%s  NP=%-2s %-5s %s\n' "$tag" "$np" "$expect" "$(tail -1 "$out")"; passed=$((passed+1))
         else
@@ -70,16 +76,26 @@ while read -r np expect flags; do
     if { [ "$expect" = pass ] && [ $rc -eq 0 ] && grep -q '^PARITY OK' "$out"; } ||
        { [ "$expect" = fail ] && [ $rc -eq 1 ] && grep -q '^PARITY FAILED' "$out"; }; then
         printf 'ok    check-%s  NP=%-2s %-5s %s\n' "$tag" "$np" "$expect" "$flags"; passed=$((passed+1))
+        printf '%s\t%s\t%s\t%s\tok\t-\n' $lineno "$np" "$expect" "$flags" >> "$results"
     else
+        # a deliberate bug that went through: the run matched the baseline with it in
+        detail=-; [ "$expect" = fail ] && [ $rc -eq 0 ] && grep -q '^PARITY OK' "$out" && detail=matched-baseline
+        printf '%s\t%s\t%s\t%s\tFAIL\t%s\n' $lineno "$np" "$expect" "$flags" $detail >> "$results"
         printf 'FAIL  check-%s  NP=%-2s %-5s %s  (exit %d)\n' "$tag" "$np" "$expect" "$flags" $rc
         explain "$out"
         failed=$((failed+1))
     fi
 done < "$dir/checks.txt"
+# the grade per exercise: in a student copy, or asked for (GRADE=1); not when stopped early
+graded=""
+if [ -f "$dir/exercises.txt" ] && { [ -f .student-copy ] || [ "${GRADE:-0}" = 1 ]; } &&
+   [ "${STOP_AT_FIRST_FAILURE:-0}" != 1 ] && [ -z "${MAX_NP:-}" ]; then
+    python3 tests/grade.py "$nn" "$results" --json "${GRADE_JSON:-grade.json}" && graded=yes
+fi
 rm -rf "$log"
-# a student copy: where the exercises still wait
+# a student copy without the grade table: where the exercises still wait
 todo=$(grep -n 'TODO (assignment)' "$dir"*.c 2>/dev/null)
-if [ -n "$todo" ]; then
+if [ -n "$todo" ] && [ -z "$graded" ]; then
     echo "unfinished exercises (make assignment-$nn removed these regions):"
     echo "$todo" | sed -E 's/^([^:]*:[0-9]+):[[:space:]]*/  \1  /'
 fi

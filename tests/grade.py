@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""grade.py NN RESULTS [--json FILE] [--quiet]: chapter NN's grade per exercise, from the layouts
+tests/run_checks.sh ran (RESULTS: one line per layout of checks.txt, tab-separated: line number,
+ranks, expect, flags, ok|FAIL, detail) and the chapter's exercises.txt. Run from the tutorial's
+root (or a student copy's); run_checks.sh calls it.
+
+exercises.txt, one exercise a line, fields separated by " | " (a "|" with a space on each side;
+a regular expression may hold "|" without spaces):
+    name | points | regions | checks | units
+  name     a short id (no spaces), the column of `make grade`'s CSV
+  points   what the exercise is worth
+  regions  ";"-separated substrings of the TODO lines a student copy holds for it (the region's
+           BEGIN ASSIGNMENT task text, or a BEGIN SOLUTION passage's note): while one is left and
+           a layout fails, the exercise is "unfinished" and the TODO is named
+  checks   ";"-separated regular expressions (Python re.search) over checks.txt's layout lines
+           with the whitespace collapsed ("2 pass --schedule 1f1b --microbatches 4 --steps 3"):
+           the layouts that grade the exercise; empty for none
+  units    ";"-separated names of checks.txt's unit and script lines (test_trainer,
+           check_resume.sh) that grade it too
+A layout may grade several exercises; one no exercise names is run and reported, not scored.
+
+Points: an exercise earns points x the share of its layouts that behave (a pass, unit or script
+layout that passes, a fail layout whose deliberate bug is caught), and 0 while none of its pass,
+unit and script layouts passes: an exercise not written earns nothing even where the deliberate
+bug is caught anyway. Code that goes around the operator a fault replaces loses the share of the
+bug it hides, with a line that says so. Prints the table; --json writes the machine-readable result. Exit 0, or 2 when
+exercises.txt is malformed (a check that matches no layout, a unit not in checks.txt).
+"""
+import glob
+import json
+import os
+import re
+import sys
+
+
+def fail(msg):
+    print(f"grade: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def split(field):
+    return [x.strip() for x in field.split(";") if x.strip()]
+
+
+def main():
+    args = sys.argv[1:]
+    quiet = "--quiet" in args
+    args = [a for a in args if a != "--quiet"]
+    json_out = None
+    if "--json" in args:
+        i = args.index("--json")
+        json_out = args[i + 1]
+        del args[i:i + 2]
+    if len(args) != 2:
+        fail(__doc__)
+    nn, results_file = args
+    dirs = glob.glob(f"{nn}_*/")
+    if not dirs:
+        fail(f"no chapter {nn}")
+    chapter_dir = dirs[0]
+    ex_file = os.path.join(chapter_dir, "exercises.txt")
+    if not os.path.exists(ex_file):
+        fail(f"{ex_file} does not exist")
+
+    layouts = []
+    with open(results_file) as f:
+        for line in f:
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) < 6:
+                continue
+            lineno, np_, expect, flags, result, detail = parts[:6]
+            text = " ".join(f"{np_} {expect} {flags}".split())
+            layouts.append({"line": int(lineno), "ranks": int(np_), "expect": expect, "flags": flags,
+                            "text": text, "passed": result == "ok", "detail": detail, "exercises": []})
+
+    exercises = []
+    with open(ex_file) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            fields = [x.strip() for x in re.split(r"(?<=\s)\|(?=\s|$)", line.rstrip("\n"))]
+            fields += [""] * (5 - len(fields))
+            name, points, regions, checks, units = fields[:5]
+            try:
+                points = float(points)
+            except ValueError:
+                fail(f"{ex_file}:{n}: points '{points}' is not a number")
+            ex = {"name": name, "possible": points, "regions": split(regions), "layouts": []}
+            for pat in split(checks):
+                try:
+                    r = re.compile(pat)
+                except re.error as e:
+                    fail(f"{ex_file}:{n}: check '{pat}': {e}")
+                hit = [lay for lay in layouts if lay["expect"] in ("pass", "fail") and r.search(lay["text"])]
+                if not hit and layouts:
+                    fail(f"{ex_file}:{n}: check '{pat}' matches no layout of {chapter_dir}checks.txt")
+                for lay in hit:
+                    if lay not in ex["layouts"]:
+                        ex["layouts"].append(lay)
+            for unit in split(units):
+                hit = [lay for lay in layouts if lay["expect"] in ("unit", "script")
+                       and lay["flags"].split()[:1] == [unit]]
+                if not hit and layouts:
+                    fail(f"{ex_file}:{n}: unit '{unit}' is not a unit or script line of {chapter_dir}checks.txt")
+                for lay in hit:
+                    if lay not in ex["layouts"]:
+                        ex["layouts"].append(lay)
+            for lay in ex["layouts"]:
+                lay["exercises"].append(name)
+            exercises.append(ex)
+
+    # the TODOs a student copy still holds, each given to the exercise whose region it names
+    todos = []
+    # (in the code a student writes: a passage removed from a header's comment is no exercise)
+    for src in sorted(glob.glob(os.path.join(chapter_dir, "*.c")) + glob.glob(os.path.join(chapter_dir, "*.cu"))):
+        with open(src, errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                if "TODO (assignment)" in line or "TODO (removed from the student copy" in line:
+                    todos.append((f"{src}:{n}", line.strip()))
+    unclaimed = []
+    for where, text in todos:
+        owners = [ex for ex in exercises if any(r in text for r in ex["regions"])]
+        for ex in owners:
+            ex.setdefault("todo", []).append(where)
+        if not owners:
+            unclaimed.append(where)
+
+    total = possible = 0.0
+    for ex in exercises:
+        p_lays = [lay for lay in ex["layouts"] if lay["expect"] != "fail"]
+        f_lays = [lay for lay in ex["layouts"] if lay["expect"] == "fail"]
+        share = sum(lay["passed"] for lay in ex["layouts"]) / len(ex["layouts"]) if ex["layouts"] else 0.0
+        if p_lays and not any(lay["passed"] for lay in p_lays):
+            share = 0.0   # a bug caught by code that does nothing earns nothing
+        ex["points"] = round(ex["possible"] * share, 2)
+        ex["passed"] = sum(lay["passed"] for lay in ex["layouts"])
+        ex["total"] = len(ex["layouts"])
+        ex.setdefault("todo", [])
+        if ex["total"] and ex["passed"] == ex["total"]:
+            ex["status"] = "done"
+        elif ex["todo"]:
+            ex["status"] = "unfinished"
+        else:
+            ex["status"] = "failing"
+        total += ex["points"]
+        possible += ex["possible"]
+
+    if not quiet:
+        w = max([len(ex["name"]) for ex in exercises] + [8])
+        print(f"grade-{nn}: points per exercise ({ex_file}; partial credit: the share of its layouts that behave)")
+        for ex in exercises:
+            line = f"  {ex['name']:<{w}}  {ex['points']:5.2f} / {ex['possible']:<4g}  {ex['passed']:3d}/{ex['total']:<3d} layouts  {ex['status']}"
+            if ex["status"] == "unfinished":
+                line += ": TODO at " + ", ".join(ex["todo"])
+            elif ex["status"] == "failing":
+                shared = [o["name"] for o in exercises if o is not ex and o["status"] == "unfinished"
+                          and any(lay in o["layouts"] and not lay["passed"] for lay in ex["layouts"])]
+                if shared:
+                    line += f": no TODO left; its failing layouts also grade {', '.join(shared)}, still unfinished"
+                else:
+                    line += ": no TODO left, but layouts fail (above)"
+            print(line)
+        for lay in layouts:
+            if lay["expect"] == "fail" and not lay["passed"] and lay["detail"] == "matched-baseline":
+                names = ", ".join(lay["exercises"]) or "none named"
+                print(f"  the deliberate bug of `{lay['text']}` was not caught: the run matched the baseline "
+                      f"with the bug in. Your code for exercise {names} may go around the operator the fault "
+                      f"replaces (a collective of its own, or a copy of the result it should compute), so "
+                      f"turning that operator off changes nothing.")
+        free = [lay for lay in layouts if not lay["exercises"]]
+        if free:
+            print(f"  not part of an exercise (the chapter's own code): {sum(lay['passed'] for lay in free)}"
+                  f"/{len(free)} layouts behave")
+        if unclaimed:
+            print(f"  TODO left that no exercise names: {', '.join(unclaimed)}")
+        print(f"grade-{nn}: {total:g} of {possible:g} points")
+
+    if json_out:
+        doc = {
+            "chapter": nn,
+            "points": round(total, 2),
+            "possible": possible,
+            "exercises": [{k: ex[k] for k in ("name", "points", "possible", "status", "passed", "total", "todo")}
+                          | {"layouts": [lay["line"] for lay in ex["layouts"]]} for ex in exercises],
+            "layouts": [{"line": lay["line"], "layout": lay["text"], "expect": lay["expect"],
+                         "result": "pass" if lay["passed"] else "fail",
+                         **({"detail": lay["detail"]} if lay["detail"] != "-" else {}),
+                         "exercises": lay["exercises"]} for lay in layouts],
+        }
+        with open(json_out, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+        if not quiet:
+            print(f"wrote {json_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

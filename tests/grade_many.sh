@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# grade_many.sh DIR CSV [BACKEND]: `make grade DIR=submissions/`. Every folder of DIR that is a
+# student copy (its .student-copy file names the chapter, as make assignment-NN wrote it) is
+# graded as `make check-NN` grades it, and one CSV gathers the results: a row per student
+# (the folder's name), a column per exercise (the points earned), the total and what it was out
+# of, and a note (did not build, ...). Each student's grade.json and the check's output
+# (grade.log) are left in the student's folder.
+# The grading runs on a scratch copy of each folder with the grader's own files put back from
+# this tutorial (tests/run_checks.sh, tests/grade.py, tests/mpirun_base.sh, the chapter's
+# checks.txt and exercises.txt): what a student changed there does not change the grade.
+set -u
+dir=${1:-}; csv=${2:-}; backend=${3:-cpu}
+[ -n "$dir" ] && [ -d "$dir" ] || { echo "make grade: DIR=$dir is not a folder of student copies (make grade DIR=submissions/)" >&2; exit 2; }
+[ -n "$csv" ] || csv=$dir/grades.csv
+src=$(cd "$(dirname "$0")/.." && pwd)
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+rows=$tmp/rows.jsonl; : > "$rows"
+n=0
+for sub in "$dir"/*/; do
+    sub=${sub%/}; student=$(basename "$sub")
+    [ -f "$sub/.student-copy" ] || { echo "skip  $student: not a student copy (no .student-copy)"; continue; }
+    nn=$(tr -dc 0-9 < "$sub/.student-copy" | head -c 2)
+    chapter=$(cd "$src" && ls -d "${nn}"_*/ 2>/dev/null | head -1)
+    [ -n "$chapter" ] || { echo "skip  $student: chapter $nn is not in this tutorial"; continue; }
+    n=$((n+1))
+    work=$tmp/$student
+    # the build from scratch (GRADE_KEEP_BUILD=1 keeps the folder's build/: tests/t_grade.sh)
+    keep=--exclude=./build; [ "${GRADE_KEEP_BUILD:-0}" = 1 ] && keep=
+    (cd "$sub" && tar cf - $keep --exclude=./out .) | (mkdir -p "$work" && cd "$work" && tar xf -)
+    for f in tests/run_checks.sh tests/grade.py tests/mpirun_base.sh "${chapter}checks.txt" "${chapter}exercises.txt"; do
+        cp "$src/$f" "$work/$f"
+    done
+    rm -f "$work/grade.json"
+    note=""
+    if ! make --no-print-directory -C "$work" -j"${JOBS:-2}" BACKEND="$backend" all >"$work/build.log" 2>&1; then
+        note="did not build"; cp "$work/build.log" "$sub/grade.log"
+    else
+        make --no-print-directory -C "$work" BACKEND="$backend" "check-$nn" >"$sub/grade.log" 2>&1
+        [ -f "$work/grade.json" ] || note="no grade.json (see grade.log)"
+    fi
+    if [ -f "$work/grade.json" ]; then cp "$work/grade.json" "$sub/grade.json"; else rm -f "$sub/grade.json"; fi
+    python3 - "$student" "$nn" "$work/grade.json" "$note" "$src/${chapter}exercises.txt" >>"$rows" <<'PY'
+import json, os, re, sys
+student, nn, path, note, exfile = sys.argv[1:]
+if os.path.exists(path):
+    g = json.load(open(path))
+    ex = [(e["name"], e["points"], e["possible"]) for e in g["exercises"]]
+else:   # nothing graded: every exercise of the chapter at 0
+    ex = []
+    for line in open(exfile):
+        if line.strip() and not line.lstrip().startswith("#"):
+            f = [x.strip() for x in re.split(r"(?<=\s)\|(?=\s|$)", line)]
+            ex.append((f[0], 0.0, float(f[1])))
+print(json.dumps({"student": student, "chapter": nn, "exercises": ex, "note": note}))
+PY
+    echo "graded $student (chapter $nn): $(python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readlines()[-1]); print(sum(e[1] for e in r["exercises"]), "of", sum(e[2] for e in r["exercises"]), "points", ("(" + r["note"] + ")") if r["note"] else "")' "$rows")"
+done
+[ $n -gt 0 ] || { echo "make grade: no student copy in $dir (a folder with a .student-copy file, as make assignment-NN writes it)" >&2; exit 2; }
+python3 - "$rows" "$csv" <<'PY'
+import csv, json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+cols = []
+for r in rows:
+    for name, _, _ in r["exercises"]:
+        c = f"{r['chapter']}:{name}"
+        if c not in cols:
+            cols.append(c)
+with open(sys.argv[2], "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["student", "chapter"] + cols + ["total", "possible", "note"])
+    for r in rows:
+        pts = {f"{r['chapter']}:{n}": p for n, p, _ in r["exercises"]}
+        w.writerow([r["student"], r["chapter"]] + [("%g" % pts[c]) if c in pts else "" for c in cols]
+                   + ["%g" % round(sum(p for _, p, _ in r["exercises"]), 2),
+                      "%g" % sum(q for _, _, q in r["exercises"]), r["note"]])
+PY
+echo "wrote $csv: $n student(s)"

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""student_copy_leaks.py SRC DEST NN: does the student copy DEST (made by `make assignment-NN` from
+the tutorial at SRC) still give away what it removed?
+
+The removed lines are those of SRC's files that the copy lost (every file of the copy compared
+with its original, line by line): chapter NN's BEGIN ASSIGNMENT regions and the BEGIN SOLUTION
+passages stripped for NN. Each is normalised (comments stripped, whitespace collapsed) and, when
+it is long enough to be telling (at least MIN_LEN characters, not a line every C file has), looked
+for in every text file of the copy, normalised the same way; a line the copy holds in
+COMMON_FILES files or more is an idiom (a loop header over the batch), not an answer, and skipped. A hit names the file and line of the
+copy, and the original file and line it repeats.
+
+Also a hit: a marker line left in the copy's sources or markdown (BEGIN/END ASSIGNMENT, BEGIN/END
+SOLUTION), a chapter folder after NN, a hints/ folder, docs/instructor/.
+
+A hit that is the course so far (an earlier chapter's solved code that an exercise of NN reuses
+on purpose) is declared in tests/student_copy_allow.txt, one line each:
+    NN | path of the copy (fnmatch pattern) | a substring of the normalised line | why
+Exit status: 0 when nothing leaks, 1 when something does (listed), 2 on bad arguments.
+"""
+import difflib
+import fnmatch
+import os
+import re
+import sys
+
+MIN_LEN = 20
+COMMON = {
+    "return 0;", "return NULL;", "return;", "} else {", "break;", "continue;",
+}
+TEXT_EXT = {".c", ".h", ".cu", ".md", ".txt", ".sh", ".py", ".mk", ".gp", ".json", ".csv"}
+MARKER_C = re.compile(r"^\s*(/\*|//)\s*(BEGIN|END) (ASSIGNMENT|SOLUTION)\b")
+MARKER_MD = re.compile(r"^\s*<!--\s*(BEGIN|END) SOLUTION\b.*-->\s*$")
+COMMON_FILES = 3   # a line found in this many files of the copy or more is an idiom, not an answer
+
+
+def is_text(path):
+    base = os.path.basename(path)
+    return os.path.splitext(base)[1] in TEXT_EXT or base in ("Makefile",)
+
+
+def normalise_lines(lines):
+    """Each line with /* */, // and <!-- --> comments removed and whitespace collapsed."""
+    out = []
+    in_block = False
+    for line in lines:
+        s = line
+        res = ""
+        i = 0
+        while i < len(s):
+            if in_block:
+                j = s.find("*/", i)
+                if j < 0:
+                    i = len(s)
+                else:
+                    in_block = False
+                    i = j + 2
+                continue
+            j = s.find("/*", i)
+            k = s.find("//", i)
+            h = s.find("<!--", i)
+            cands = [x for x in (j, k, h) if x >= 0]
+            if not cands:
+                res += s[i:]
+                break
+            m = min(cands)
+            # "//" inside a URL (http://) is not a comment
+            if m == k and m > 0 and s[m - 1] == ":":
+                res += s[i:m + 2]
+                i = m + 2
+                continue
+            res += s[i:m]
+            if m == j:
+                in_block = True
+                i = m + 2
+            elif m == h:
+                e = s.find("-->", m)
+                i = len(s) if e < 0 else e + 3
+            else:
+                break
+        out.append(" ".join(res.split()))
+    return out
+
+
+# lines every C file has, whatever the exercise: a counted loop's header, a malloc'd buffer
+IDIOMS = [
+    re.compile(r"^for \(int \w+ = 0; \w+ < [\w\->.]+; \w+\+\+\) ?\{?$"),
+    re.compile(r"^[\w ]+\*\w+ = malloc\([^;]*\);$"),
+]
+
+
+def telling(n):
+    if len(n) < MIN_LEN or n in COMMON or any(r.match(n) for r in IDIOMS):
+        return False
+    return sum(ch.isalnum() for ch in n) >= 10   # a table rule | --- | says nothing
+
+
+def walk(root):
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if x not in (".git", "build", "out")]
+        for f in files:
+            p = os.path.join(d, f)
+            if is_text(p):
+                yield os.path.relpath(p, root)
+
+
+def read(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().split("\n")
+    except OSError:
+        return None
+
+
+def main():
+    if len(sys.argv) != 4:
+        print(__doc__)
+        return 2
+    src, dest, nn = sys.argv[1], sys.argv[2], sys.argv[3]
+    allow = []
+    allow_file = os.path.join(src, "tests", "student_copy_allow.txt")
+    for line in read(allow_file) or []:
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        parts = [x.strip() for x in line.split("|")]
+        if len(parts) >= 3 and parts[0] == nn:
+            allow.append((parts[1], parts[2]))
+
+    hits = []
+    # what the copy may not hold at all
+    for d in sorted(os.listdir(dest)):
+        if re.match(r"^[0-9][0-9]_", d) and os.path.isdir(os.path.join(dest, d)):
+            if d[:2] > nn:
+                hits.append(f"{d}/: chapter {d[:2]} comes after {nn}")
+            if os.path.isdir(os.path.join(dest, d, "hints")):
+                hits.append(f"{d}/hints/: the instructor's hints")
+    if os.path.isdir(os.path.join(dest, "docs", "instructor")):
+        hits.append("docs/instructor/: the answer key")
+
+    # the removed lines, by comparing every file of the copy with its original
+    needles = {}  # normalised line -> "file:line" of the original
+    copy_files = list(walk(dest))
+    for rel in copy_files:
+        a = read(os.path.join(src, rel))
+        b = read(os.path.join(dest, rel))
+        if a is None or b is None or a == b:
+            continue
+        na = normalise_lines(a)
+        sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
+        for tag, i1, i2, _, _ in sm.get_opcodes():
+            if tag in ("delete", "replace"):
+                for i in range(i1, i2):
+                    if telling(na[i]):
+                        needles.setdefault(na[i], f"{rel}:{i + 1}")
+
+    # every text file of the copy: markers, and the removed lines
+    found = {}  # needle -> [(file, line, normalised line)]
+    for rel in sorted(copy_files):
+        lines = read(os.path.join(dest, rel))
+        if lines is None:
+            continue
+        ext = os.path.splitext(rel)[1]
+        for i, line in enumerate(lines):
+            if ext in (".c", ".h", ".cu") and MARKER_C.search(line):
+                hits.append(f"{rel}:{i + 1}: a marker line left: {line.strip()}")
+            if ext == ".md" and MARKER_MD.search(line):
+                hits.append(f"{rel}:{i + 1}: a marker line left: {line.strip()}")
+        norm = normalise_lines(lines)
+        for i, n in enumerate(norm):
+            if len(n) < MIN_LEN:
+                continue
+            for needle, origin in needles.items():
+                if needle in n:
+                    found.setdefault(needle, []).append((rel, i + 1, n))
+    idioms = 0
+    for needle, where in found.items():
+        if len({rel for rel, _, _ in where}) >= COMMON_FILES:
+            idioms += 1
+            continue
+        for rel, line, n in where:
+            if any(fnmatch.fnmatch(rel, pat) and sub in n for pat, sub in allow):
+                continue
+            hits.append(f"{rel}:{line}: repeats the removed line {needles[needle]}: {needle}")
+    for h in hits:
+        print(h)
+    print(f"student copy {nn}: {len(needles)} removed line(s) looked for ({idioms} found in "
+          f"{COMMON_FILES} files or more: idioms, skipped), {len(hits)} leak(s)")
+    return 1 if hits else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

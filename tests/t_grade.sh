@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# t_grade.sh: grading by exercise. (1) Every chapter's exercises.txt is well formed against its
+# checks.txt (every check matches a layout, every unit is one), gives full marks when every
+# layout behaves, and names every TODO its student copy holds. (2) Two sample submissions of
+# chapter 03, made by make assignment-03: one complete (the regions put back), one partial
+# (exercise selective-recompute left as its TODO), graded by `make grade`: the complete one has
+# full marks in grade.json and the CSV, the partial one loses exactly that exercise's points.
+set -u
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+src=$(pwd); bad=0
+# checks.txt as the results of a run in which every layout gave RES (ok or FAIL)
+results() {
+    local n=0 l np ex res=$2
+    while IFS= read -r l; do
+        n=$((n+1)); set -- $l
+        case "${1:-}" in ''|'#'*) continue;; esac
+        np=$1; ex=$2; shift 2
+        printf '%s\t%s\t%s\t%s\t%s\t-\n' $n $np $ex "$*" "$res"
+    done < "$1"
+}
+for dir in [0-9][0-9]_*/; do
+    [ -f "$dir/exercises.txt" ] || continue
+    nn=${dir:0:2}
+    results "$dir/checks.txt" ok > "$tmp/ok.tsv"
+    if python3 tests/grade.py "$nn" "$tmp/ok.tsv" --json "$tmp/g.json" >"$tmp/o.txt" 2>&1 &&
+       python3 -c 'import json,sys; g=json.load(open(sys.argv[1])); sys.exit(0 if g["points"] == g["possible"] > 0 else 1)' "$tmp/g.json"; then
+        echo "ok    exercises.txt of $nn: $(tail -2 "$tmp/o.txt" | head -1)"
+    else
+        echo "FAIL  exercises.txt of $nn:"; sed 's/^/      | /' "$tmp/o.txt"; bad=$((bad+1))
+    fi
+    # in the student copy, every TODO belongs to an exercise, and with every layout failing each is unfinished
+    if make --no-print-directory assignment-$nn DEST="$tmp/c$nn" >/dev/null 2>&1; then
+        results "$dir/checks.txt" FAIL > "$tmp/fail.tsv"
+        (cd "$tmp/c$nn" && python3 tests/grade.py "$nn" "$tmp/fail.tsv") >"$tmp/o.txt" 2>&1
+        if grep -q 'TODO left that no exercise names' "$tmp/o.txt" || ! grep -q " 0 of " "$tmp/o.txt" ||
+           [ "$(grep -c ' unfinished: TODO at ' "$tmp/o.txt")" -ne "$(grep -vc '^ *\(#\|$\)' "$dir/exercises.txt")" ]; then
+            echo "FAIL  the student copy of $nn: a TODO no exercise names, or an exercise with no TODO:"; sed 's/^/      | /' "$tmp/o.txt"; bad=$((bad+1))
+        fi
+        rm -rf "$tmp/c$nn"
+    else
+        echo "FAIL  make assignment-$nn"; bad=$((bad+1))
+    fi
+done
+
+# (2) two submissions of chapter 03, graded by make grade
+nn=03; dir=$(ls -d ${nn}_*/ | head -1); file=${dir}sequence_parallel.c
+partial_task='recompute what selective AC dropped'
+lost=$(awk -F'|' -v t=selective-recompute '$1 ~ "^"t" " {gsub(/ /, "", $2); print $2}' "$dir/exercises.txt")
+base=$tmp/base
+make --no-print-directory assignment-$nn DEST="$base" >/dev/null || { echo "FAIL  make assignment-$nn"; exit 1; }
+# one build shared by both (grade_many.sh keeps it with GRADE_KEEP_BUILD=1): only the edited file recompiles
+if ! make --no-print-directory -C "$base" -j2 BACKEND=cpu all >"$tmp/build.txt" 2>&1; then
+    echo "FAIL  the student copy of $nn does not build"; tail -20 "$tmp/build.txt"; exit 1
+fi
+mkdir -p "$tmp/subs"
+cp -a "$base" "$tmp/subs/complete"; cp -a "$base" "$tmp/subs/partial"
+cp "$file" "$tmp/subs/complete/$file"
+awk -v t="$partial_task" '
+    /BEGIN ASSIGNMENT/ && index($0, t) { print "    /* TODO (assignment): " t " */"; skip = 1; next }
+    skip && /END ASSIGNMENT/ { skip = 0; next }
+    !skip' "$file" > "$tmp/subs/partial/$file"
+touch "$tmp/subs/complete/$file" "$tmp/subs/partial/$file"
+if ! GRADE_KEEP_BUILD=1 make --no-print-directory grade DIR="$tmp/subs" >"$tmp/grade.txt" 2>&1; then
+    echo "FAIL  make grade DIR=... failed:"; sed 's/^/      | /' "$tmp/grade.txt"; exit 1
+fi
+python3 - "$tmp/subs" "$lost" >"$tmp/v.txt" 2>&1 <<'PY'
+import csv, json, sys
+subs, lost = sys.argv[1], float(sys.argv[2])
+bad = 0
+c = json.load(open(f"{subs}/complete/grade.json")); p = json.load(open(f"{subs}/partial/grade.json"))
+def ex(g, name): return next(e for e in g["exercises"] if e["name"] == name)
+if not (c["points"] == c["possible"] > 0): print(f"complete: {c['points']} of {c['possible']}"); bad += 1
+if abs(p["points"] - (p["possible"] - lost)) > 1e-6: print(f"partial: {p['points']} of {p['possible']}, want {p['possible'] - lost}"); bad += 1
+e = ex(p, "selective-recompute")
+if e["points"] != 0 or e["status"] != "unfinished" or not e["todo"]: print(f"partial's selective-recompute: {e}"); bad += 1
+if any(e["points"] != e["possible"] for e in p["exercises"] if e["name"] != "selective-recompute"): print("partial lost points elsewhere"); bad += 1
+rows = {r["student"]: r for r in csv.DictReader(open(f"{subs}/grades.csv"))}
+if float(rows["complete"]["total"]) != c["possible"] or float(rows["partial"]["total"]) != p["possible"] - lost: print(f"CSV totals: {rows}"); bad += 1
+if float(rows["partial"]["03:selective-recompute"]) != 0 or float(rows["complete"]["03:selective-recompute"]) != lost: print("CSV's exercise column"); bad += 1
+print(f"complete {c['points']:g}/{c['possible']:g}, partial {p['points']:g}/{p['possible']:g} (selective-recompute: 0 of {lost:g})")
+sys.exit(1 if bad else 0)
+PY
+if [ $? -eq 0 ]; then echo "ok    make grade on two submissions of $nn: $(tail -1 "$tmp/v.txt")"
+else echo "FAIL  make grade on two submissions of $nn:"; sed 's/^/      | /' "$tmp/v.txt" "$tmp/grade.txt" "$tmp/subs/partial/grade.log" | tail -60; bad=$((bad+1)); fi
+echo "grading by exercise: $bad failure(s)"
+[ $bad -eq 0 ]
