@@ -54,7 +54,10 @@ if ! make --no-print-directory -C "$base" -j2 BACKEND=cpu all >"$tmp/build.txt" 
 fi
 mkdir -p "$tmp/subs"
 cp -a "$base" "$tmp/subs/complete"; cp -a "$base" "$tmp/subs/partial"
-cp "$file" "$tmp/subs/complete/$file"
+# every file of the chapter with exercises put back whole in both; then the partial one loses one
+for f in $(grep -l 'BEGIN ASSIGNMENT' "$dir"*.c); do
+    cp "$f" "$tmp/subs/complete/$f"; cp "$f" "$tmp/subs/partial/$f"; touch "$tmp/subs/complete/$f" "$tmp/subs/partial/$f"
+done
 awk -v t="$partial_task" '
     /BEGIN ASSIGNMENT/ && index($0, t) { print "    /* TODO (assignment): " t " */"; skip = 1; next }
     skip && /END ASSIGNMENT/ { skip = 0; next }
