@@ -168,12 +168,6 @@ void run_parse(run_options *o, int argc, char **argv, const struct option *flags
     run_options_validate(o);
 }
 
-int run_tp_degree(int tp_flag, char *name, size_t len) {
-    int degree = tp_flag > 0 ? tp_flag : comm_world()->size;
-    snprintf(name, len, tp_flag > 0 ? "--tp %d" : "NP=%d", degree);
-    return degree;
-}
-
 void run_apply_fault(const run_options *o, llama_plan *plan) {
     if (!o->fault) return;
     const plan_fault *f = find_fault(o, o->fault);

@@ -77,10 +77,6 @@ void run_parse(run_options *o, int argc, char **argv, const struct option *flags
  * checked by run_model, after every other refusal, so a refused run creates nothing. */
 void run_options_validate(run_options *o);
 
-/* The tensor-parallel degree: --tp's value when it was given (tp_flag > 0), else the number of
- * ranks; `name` receives how a message should call it ("--tp 4", or "NP=4" when --tp was not given). */
-int run_tp_degree(int tp_flag, char *name, size_t len);
-
 /* Applies --fault (if given) to the plan, before the model is built; prints what it breaks.
  * A fault that does not fit the plan exits 2 with its reason. */
 void run_apply_fault(const run_options *o, llama_plan *plan);
