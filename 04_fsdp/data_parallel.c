@@ -10,7 +10,8 @@
  *   optimizer_step              zero1, zero2: AdamW on the own shard, then all-gather the values
  *
  * Every collective moves one tensor (shards of S chunks, rank-major = row order), so a gathered
- * tensor lands as itself, followed by its padding.
+ * tensor lands as itself, followed by its padding. The S ranks are the shard group: dp_shard, or
+ * dp_shard x cp (shard_over_cp, chapter 08).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,8 +104,8 @@ static comm_request gather_tensor(dp_state *s, const float *shard, float *full, 
     return req;
 }
 
-/* The gradient of this rank's shard: the sum over the data ranks of their full gradients' chunk
- * s. full [S * shard] -> grad_shard [keep] (+=, the first keep <= shard floats of the chunk: all
+/* The gradient of this rank's shard: the sum over the shard group of their full gradients' chunk
+ * s (under shard_over_cp, over the cp ranks too: chapter 06's sum rides in it). full [S * shard] -> grad_shard [keep] (+=, the first keep <= shard floats of the chunk: all
  * of it into a padded shard (zero2, fsdp), only the tensor's own rows into a whole gradient
  * (zero1)). Issues: 1 reduce-scatter of S * shard floats over dp_shard, and under HSDP 1
  * all-reduce of shard floats over dp_replicate. */
@@ -372,7 +373,15 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
     dp_state *s = plan_push(plan, &data_parallel_technique, calloc(1, sizeof(dp_state)), 0);
     s->o = *o;
     s->L = c->n_layers;
-    s->shard = mesh->group[MESH_DP_SHARD];
+    /* the shard group: dp_shard, or dp_shard x cp, whose ranks hold the same parameters too but
+     * compute the gradients of other rows of the same sequences (chapter 06 splits them) */
+    bool over_cp = o->shard_over_cp && mesh->shape.cp > 1;
+    if (over_cp && !plan->groups.cp)
+        comm_exit_usage("data_parallel_apply: sharding over dp_shard x cp needs context parallelism applied first (the "
+                        "cp ranks must split the sequences, or the sum over cp counts each gradient %d times)",
+                        mesh->shape.cp);
+    static const int shard_dims[] = {MESH_DP_SHARD, MESH_CP};
+    s->shard = over_cp ? mesh_group_over(mesh, shard_dims, 2, "dp_shard x cp") : mesh->group[MESH_DP_SHARD];
     s->replicate = mesh->group[MESH_DP_REPLICATE];
     s->S = s->shard->size;
     s->R = s->replicate->size;
@@ -383,6 +392,8 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
     plan->name = "data parallel";
     plan->groups.mesh = mesh;
     plan->groups.batch = s->batch;
+    plan->groups.shard = s->shard;
+    plan->groups.shard_dims = MESH_BIT(MESH_DP_SHARD) | (over_cp ? MESH_BIT(MESH_CP) : 0);
     static const block_storage storage[DP_NMODES][PARAM_NBLOCKS] = {
         [DP_DDP] = {STORE_WHOLE, STORE_WHOLE, STORE_WHOLE},
         [DP_ZERO1] = {STORE_WHOLE, STORE_WHOLE_SHARD_VALID, STORE_SHARD},

@@ -30,8 +30,15 @@
  * gradient is also all-reduced over the R replicas. Under FSDP x TP the tensors sharded are
  * chapter 01's tensor-parallel slices.
  *
+ * Over dp_shard x cp (shard_over_cp, chapter 08): the cp ranks hold the same parameters and
+ * each computes the gradient of its rows of the same sequences, so they can share the shards as
+ * data ranks do: the batch is still split over dp_replicate x dp_shard only, but the shards, the
+ * all-gathers and the reduce-scatters span dp_shard x cp, and the reduce-scatter's sum over cp
+ * replaces chapter 06's all-reduce of the gradients over cp (which then skips itself).
+ *
  * Notation: Psi the parameters this rank's tp slice holds (all of them without TP), S the
- * dp_shard degree, R the dp_replicate degree.
+ * shard group's size (the dp_shard degree, times cp under shard_over_cp), R the dp_replicate
+ * degree.
  */
 #pragma once
 #include <stdbool.h>
@@ -62,6 +69,8 @@ typedef struct {
     bool prefetch;                /* fsdp: gather the next unit while this one computes          */
     size_t bucket_floats;         /* ddp: issue an all-reduce once a bucket holds this many floats */
     const dp_gather_ops *gather;  /* fsdp: NULL, the fp32 all-gather of each tensor's shards     */
+    bool shard_over_cp;           /* shard over dp_shard x cp (chapter 08, torchtitan's), not
+                                   * dp_shard alone: needs context parallelism applied first      */
 } dp_options;
 
 /* One timeline event of this rank, for the Gantt chart: a unit's compute, or a collective from
@@ -77,8 +86,11 @@ typedef struct dp_state dp_state;
 
 
 /* Adds data parallelism to `plan` (the single-device plan, or chapter 01's tensor-parallel one):
- * the batch split over dp_replicate x dp_shard, the mode's storage, weight access, gradient
- * reduction and optimizer. Allocates nothing on the device: the transient buffers' bytes
+ * the batch split over dp_replicate x dp_shard, the mode's storage (sharded over dp_shard, or
+ * dp_shard x cp: plan->groups.shard), weight access, gradient reduction and optimizer. Under
+ * shard_over_cp with cp > 1, refuses (one line, exit 2) a plan without context parallelism:
+ * without it the cp ranks compute the same gradient, and the sum over them would count it cp
+ * times. Allocates nothing on the device: the transient buffers' bytes
  * (gathered layers, full gradients, staging) are the technique's buffer bytes (plan.h), which run_model
  * checks with the model's before anything is allocated, and the buffers (MEM_BUFFERS) are
  * allocated at the plan's first use. */

@@ -94,7 +94,7 @@ int main(int argc, char **argv) {
     dp_gather_ops gather = {0};
     if (S > 1) {
         if (co.fp8_all_gather) gather = float8_all_gather_ops(plan.groups.tp);
-        dp_options dp = {DP_FSDP, true, true, 64 * 256, co.fp8_all_gather ? &gather : NULL};
+        dp_options dp = {DP_FSDP, true, true, 64 * 256, co.fp8_all_gather ? &gather : NULL, false};
         data_parallel_apply(&plan, mesh, c, &dp);
     }
     /* (after the plans, which refuse a tp that splits no whole head and a batch the dp ranks cannot share) */

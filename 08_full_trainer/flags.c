@@ -19,6 +19,8 @@ static const char *usage =
     "  --schedule gpipe|1f1b|interleaved|zb-h1  pipeline schedule (default 1f1b)\n"
     "  --microbatches M --virtual-stages V   pipeline microbatches per step (default pp), chunks per stage\n"
     "  --fp8 off|tensorwise|rowwise|delayed  float8 linears in the layers (default off)\n"
+    "  --no-fsdp-over-cp                     FSDP's shards over dp_shard alone, the cp ranks all-reducing\n"
+    "                                        their gradients (default: over dp_shard x cp, torchtitan's)\n"
     "training:\n"
     "  --data FILE           the text to train on, one token per byte (default the repository's\n"
     "                        08_full_trainer/data/tinyshakespeare.txt); 90% trains, 10% validates\n"
@@ -39,7 +41,8 @@ static const char *usage =
 enum {
     OPT_PP = 1, OPT_DPR, OPT_DPS, OPT_CP, OPT_TP, OPT_NO_SP, OPT_AC, OPT_CP_METHOD, OPT_SCHEDULE, OPT_MICRO,
     OPT_VIRTUAL, OPT_FP8, OPT_DATA, OPT_WARMUP, OPT_LR_MIN, OPT_ACCUM, OPT_EVAL_EVERY, OPT_EVAL_BATCHES,
-    OPT_PEAK, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_RESUME, OPT_EXPORT, OPT_SAMPLE, OPT_PROMPT, OPT_TEMP, OPT_PLAN, OPT_ASYNC_TP
+    OPT_PEAK, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_RESUME, OPT_EXPORT, OPT_SAMPLE, OPT_PROMPT, OPT_TEMP, OPT_PLAN, OPT_ASYNC_TP,
+    OPT_NO_FSDP_OVER_CP
 };
 static void chapter_flag(int code, const char *arg, void *ctx) {
     static const char *const acs[] = {"none", "selective", "full", NULL};
@@ -82,6 +85,7 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     case OPT_TEMP: co->temperature = cli_float("--temperature", arg, 0.0f, 100.0f); co->temperature_given = true; break;
     case OPT_PLAN: co->plan = true; break;
     case OPT_ASYNC_TP: co->par.async_tp = true; break;
+    case OPT_NO_FSDP_OVER_CP: co->par.fsdp_over_cp = false; break;
     default:
         if (!plan_calculator_flag(&co->calc, code, arg)) comm_exit_usage("internal: flag %d not handled", code);
     }
@@ -92,7 +96,8 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
     o->model.dim = 96; o->model.n_layers = 4; o->model.n_heads = 4; o->model.n_kv_heads = 2;
     o->model.ffn_dim = 256; o->model.vocab_size = 256; o->model.seq_len = 64;
     o->batch = 16; o->steps = 500; o->opt.lr = 3e-3f; o->opt.clip_grad_norm = 1.0f;
-    *t = (trainer_options){.par = {{1, 1, -1, 1, 1}, true, AC_NONE, {CP_RING, CP_ZIGZAG}, {PP_1F1B, 0, 1}, {FP8_OFF, 16, 1, 1}},
+    *t = (trainer_options){.par = {{1, 1, -1, 1, 1}, true, AC_NONE, {CP_RING, CP_ZIGZAG}, {PP_1F1B, 0, 1}, {FP8_OFF, 16, 1, 1},
+                                  false, true},
                           .data = REPO_ROOT "/08_full_trainer/data/tinyshakespeare.txt", .prompt = "ROMEO:", .warmup = -1,
                           .accum = 1, .eval_every = 50, .eval_batches = 4, .lr_min = -1, .temperature = 0.8};
     plan_calc_defaults(&t->calc);
@@ -110,7 +115,8 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
         {"ckpt-every", required_argument, 0, OPT_CKPT_EVERY}, {"resume", no_argument, 0, OPT_RESUME},
         {"export", required_argument, 0, OPT_EXPORT}, {"sample", required_argument, 0, OPT_SAMPLE},
         {"prompt", required_argument, 0, OPT_PROMPT}, {"temperature", required_argument, 0, OPT_TEMP},
-        {"plan", no_argument, 0, OPT_PLAN}, {"async-tp", no_argument, 0, OPT_ASYNC_TP}, PLAN_CALC_FLAGS, {0, 0, 0, 0}};
+        {"plan", no_argument, 0, OPT_PLAN}, {"async-tp", no_argument, 0, OPT_ASYNC_TP},
+        {"no-fsdp-over-cp", no_argument, 0, OPT_NO_FSDP_OVER_CP}, PLAN_CALC_FLAGS, {0, 0, 0, 0}};
     char full_usage[8192];
     snprintf(full_usage, sizeof full_usage, "%s%s", usage, plan_calculator_usage);
     run_parse(o, argc, argv, flags, chapter_flag, t, full_usage);
@@ -121,6 +127,8 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
         comm_exit_usage("--schedule orders a pipeline's microbatches: it needs --pp 2 or more");
     if (t->cp_method_given && g[MESH_CP] == 1)
         comm_exit_usage("--cp-method chooses context parallelism's attention: it needs --cp 2 or more");
+    if (!t->par.fsdp_over_cp && g[MESH_CP] == 1)
+        comm_exit_usage("--no-fsdp-over-cp keeps FSDP's shards off the cp ranks: it needs --cp 2 or more");
     if (t->no_sp_given && g[MESH_TP] == 1)
         comm_exit_usage("--no-sp turns off sequence parallelism inside tensor parallelism: it needs --tp 2 or more");
     if (t->par.async_tp && (g[MESH_TP] == 1 || !t->par.sp))
@@ -163,9 +171,9 @@ void trainer_validate(run_options *o, trainer_options *t) {
         comm_exit_usage("--dump with --fp8 and --cp %d is not valid: each cp rank scales the activations of its own "
                         "positions, which the dump's float8 metadata cannot describe, so no replay could cast as the "
                         "run did; dump with --cp 1", cp);
-    if (o->fault && t->par.degree[MESH_DP_REPLICATE] * t->par.degree[MESH_DP_SHARD] == 1)
-        comm_exit_usage("--fault %s breaks FSDP's gradient reduction: it needs --dp-shard x --dp-replicate of 2 or more",
-                        o->fault);
+    if (o->fault && !parallel_has_fsdp(&t->par))
+        comm_exit_usage("--fault %s breaks FSDP's gradient reduction: it needs --dp-shard x --dp-replicate (x --cp, "
+                        "unless --no-fsdp-over-cp) of 2 or more", o->fault);
     if (t->warmup < 0) t->warmup = o->steps / 5 < 20 ? o->steps / 5 : 20;   /* not given */
     if (t->warmup > o->steps) comm_exit_usage("--warmup %d is longer than --steps %d: use at most %d", t->warmup, o->steps, o->steps);
 }

@@ -139,12 +139,14 @@ int main(int argc, char **argv) {
     log0("chapter 08: the full trainer on %s, backend %s\n", parallel_mesh_name(&co.par, mesh_name, sizeof mesh_name),
          device_backend_name());
     const int *g = co.par.degree;
-    char cp_text[64] = "no cp", pp_text[96] = "no pipeline", dp_text[16] = "no dp";
+    char cp_text[64] = "no cp", pp_text[96] = "no pipeline", dp_text[48] = "no dp";
     if (g[MESH_CP] > 1) snprintf(cp_text, sizeof cp_text, "cp %s (%s)", cp_method_name(co.par.cp.method),
                                  cp_balance_name(co.par.cp.balance));
     if (g[MESH_PP] > 1) snprintf(pp_text, sizeof pp_text, "%s pipeline (%d microbatches, %d virtual stages)",
                                  pp_schedule_name(co.par.pp.schedule), co.par.pp.microbatches, co.par.pp.virtual_stages);
-    if (g[MESH_DP_REPLICATE] * g[MESH_DP_SHARD] > 1) snprintf(dp_text, sizeof dp_text, "%s", g[MESH_DP_REPLICATE] > 1 ? "hsdp" : "fsdp");
+    if (parallel_has_fsdp(&co.par))
+        snprintf(dp_text, sizeof dp_text, "%s%s", g[MESH_DP_REPLICATE] > 1 ? "hsdp" : "fsdp",
+                 co.par.fsdp_over_cp && g[MESH_CP] > 1 ? " over dp_shard x cp" : "");
     log0("plan: %s, ac %s, %s, %s, %s, float8 %s\n",
          g[MESH_TP] == 1 ? "no tp" : co.par.sp ? "tp + loss parallel + sp" : "tp + loss parallel", ac_mode_name(co.par.ac),
          cp_text, pp_text, dp_text, fp8_recipe_name(co.par.fp8.recipe));
@@ -192,7 +194,8 @@ int main(int argc, char **argv) {
 
     /* ---- measured beside the formulas: traffic (rank 0), state (every rank), float8 casts ---- */
     int mismatches = report_traffic(&co.par, mesh, model, steps_run, co.accum);
-    mismatches += report_state_memory(c, co.par.degree, mesh->coord[MESH_PP], co.par.pp.virtual_stages);
+    mismatches += report_state_memory(c, co.par.degree, co.par.fsdp_over_cp, mesh->coord[MESH_PP],
+                                      co.par.pp.virtual_stages);
     if (o.check && fp8) mismatches += float8_report_casts(&baseline);   /* step 1's, code by code */
 
     /* ---- what the run leaves: an export, a sample ---- */

@@ -39,9 +39,11 @@ void parallelize_validate(parallel_options *o, const llama_config *c, int batch)
     if (cp > 1) context_parallel_validate(cp);
     if (pp > 1) {
         pipeline_validate(pp, &o->pp);
-        if (dp > 1 && o->pp.schedule == PP_ZB_H1)
+        if (parallel_has_fsdp(o) && o->pp.schedule == PP_ZB_H1)
             comm_exit_usage("--schedule zb-h1 defers the weight gradients past the moment FSDP reduce-scatters them: "
-                            "with --dp-replicate x --dp-shard = %d use gpipe, 1f1b or interleaved", dp);
+                            "with --dp-replicate x --dp-shard%s = %d use gpipe, 1f1b or interleaved",
+                            o->fsdp_over_cp && cp > 1 ? " x --cp (FSDP's shards span cp)" : "",
+                            parallel_shard_ranks(o) * s.dp_replicate);
     }
     int rows = batch / dp / o->pp.microbatches * (c->seq_len / cp);   /* of one float8 GEMM */
     const char *fp8_why = float8_shape_error(c, tp, rows, o->fp8.recipe);
@@ -50,7 +52,7 @@ void parallelize_validate(parallel_options *o, const llama_config *c, int batch)
 
 llama_plan parallelize_llama(device_mesh *mesh, const llama_config *c, int batch, const parallel_options *o) {
     const int *g = o->degree;
-    int tp = g[MESH_TP], dp = g[MESH_DP_REPLICATE] * g[MESH_DP_SHARD];
+    int tp = g[MESH_TP], dp = g[MESH_DP_REPLICATE] * g[MESH_DP_SHARD];   /* the batch's split */
     int piece = batch / dp / o->pp.microbatches;   /* the sequences of one forward */
     /* 01, 02, 03: tensor, vocabulary and sequence parallelism on tp; checkpointing */
     llama_plan plan = tensor_parallel_or_single(mesh, c);
@@ -69,14 +71,18 @@ llama_plan parallelize_llama(device_mesh *mesh, const llama_config *c, int batch
     if (g[MESH_PP] > 1) pipeline_apply(&plan, mesh, c, &o->pp);
     /* 04: FSDP (HSDP with replicas) around everything: its weight access and gradient reduction
      * wrap the plan below. Prefetching the next layer assumes the layers run in order, which a
-     * pipeline's interleaving of microbatches breaks: it gathers on demand there. */
-    if (dp > 1) {
-        /* BEGIN ASSIGNMENT: chapter 04's data parallelism on the plan: FSDP (its mode DP_FSDP covers HSDP when dp_replicate > 1), resharding after forward, prefetching only without a pipeline, DDP's bucket size unused (64 * 256), the fp32 all-gather (NULL) */
-        dp_options d = {DP_FSDP, true, g[MESH_PP] == 1, 64 * 256, NULL};
+     * pipeline's interleaving of microbatches breaks: it gathers on demand there. The shards span
+     * dp_shard x cp (the cp ranks hold the same parameters; 06 applied above, which FSDP over cp
+     * requires), so FSDP runs even on dp 1 when cp > 1, unless --no-fsdp-over-cp. */
+    if (parallel_has_fsdp(o)) {
+        /* BEGIN ASSIGNMENT: chapter 04's data parallelism on the plan: FSDP (its mode DP_FSDP covers HSDP when dp_replicate > 1), resharding after forward, prefetching only without a pipeline, DDP's bucket size unused (64 * 256), the fp32 all-gather (NULL), sharded over dp_shard x cp as o->fsdp_over_cp says */
+        dp_options d = {DP_FSDP, true, g[MESH_PP] == 1, 64 * 256, NULL, o->fsdp_over_cp};
         data_parallel_apply(&plan, mesh, c, &d);
         /* END ASSIGNMENT */
         if (!plan_has(&plan, &data_parallel_technique))
-            comm_exit_usage("parallelize_llama: the mesh has %d data ranks but no data-parallel plan was applied", dp);
+            comm_exit_usage("parallelize_llama: FSDP spans %d ranks (dp_replicate x dp_shard%s) but no data-parallel "
+                            "plan was applied", parallel_shard_ranks(o) * g[MESH_DP_REPLICATE],
+                            o->fsdp_over_cp && g[MESH_CP] > 1 ? " x cp" : "");
     }
     plan.groups.mesh = mesh;
     plan.name = "4-D parallel";

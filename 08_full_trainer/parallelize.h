@@ -13,17 +13,20 @@
  *   --fp8         float8 linears inside the layers (07), scales agreed over tp
  *   pp            a pipeline schedule (05) over the stages, M microbatches per step
  *   dp_replicate  HSDP's replicas (04): the gradient shards all-reduced over them
- *   dp_shard      FSDP (04): parameters, gradients and AdamW state sharded; a unit's weights
+ *   dp_shard      FSDP (04): parameters, gradients and AdamW state sharded over dp_shard x cp
+ *                 (torchtitan's; --no-fsdp-over-cp: dp_shard alone); a unit's weights
  *                 all-gathered before its forward and backward, its gradients reduce-scattered
  *
  * The order is the one each wrapper needs: the operators of the layer first (tp, loss, sp, ac,
  * cp, float8), then the pipeline that schedules the layers, then data parallelism, whose weight
  * access and gradient reduction wrap everything below it.
  *
- * One difference from torchtitan: it shards the parameters over dp_shard x cp (the cp ranks
- * hold different rows of the same sequences, so for the weights they are data ranks). Here FSDP
- * shards over dp_shard only, and the cp ranks all-reduce their gradient shards (chapter 06's
- * reduction): the same arithmetic, cp times the parameter memory (an exercise of the README).
+ * FSDP shards over dp_shard x cp, as torchtitan does: the cp ranks hold the same parameters and
+ * compute the gradients of other rows of the same sequences, so for the weights they are data
+ * ranks (the batch is still split over dp_replicate x dp_shard only). The reduce-scatter over
+ * dp_shard x cp then sums over cp too, and chapter 06's all-reduce over cp skips itself. With
+ * --no-fsdp-over-cp the shards span dp_shard only and the cp ranks all-reduce their (identical)
+ * shards' gradients: the same arithmetic, cp times the parameter, gradient and AdamW memory.
  */
 #pragma once
 #include <stdbool.h>
@@ -43,7 +46,17 @@ typedef struct {
     pp_options pp;             /* schedule, microbatches, virtual stages                           */
     fp8_options fp8;           /* float8 recipe (FP8_OFF: fp32 linears)                           */
     bool async_tp;             /* chapter 03's --async-tp: SP's collectives decomposed over tp     */
+    bool fsdp_over_cp;         /* FSDP's shards over dp_shard x cp (default), or dp_shard alone    */
 } parallel_options;
+
+/* The ranks FSDP shards over: dp_shard, times cp unless --no-fsdp-over-cp (S of the formulas). */
+static inline int parallel_shard_ranks(const parallel_options *o) {
+    return o->degree[MESH_DP_SHARD] * (o->fsdp_over_cp ? o->degree[MESH_CP] : 1);
+}
+/* Is FSDP (or HSDP) applied: more than one shard, or replicas? */
+static inline bool parallel_has_fsdp(const parallel_options *o) {
+    return parallel_shard_ranks(o) * o->degree[MESH_DP_REPLICATE] > 1;
+}
 
 /* The degrees from the flags: a dp_shard of -1 takes what the others leave of NP (torchtitan's
  * rule). Refuses (exit 2, one line naming the value) a mesh whose product is not NP, a model or

@@ -73,7 +73,7 @@ const char plan_calculator_usage[] =
     "  --plan-ac none|selective|full  activation checkpointing (default selective)\n"
     "  --plan-fp8                     float8 linears and FSDP all-gather (chapter 07)\n"
     "  --plan-precision fp32|bf16     activations and messages (default fp32, as this tutorial)\n"
-    "  --plan-no-shard-cp             FSDP over dp_shard only (this trainer), not dp_shard x cp\n"
+    "  --plan-no-shard-cp             FSDP over dp_shard only (--no-fsdp-over-cp), not dp_shard x cp\n"
     "  --plan-top N                   lines of the candidates' table (default 15)\n";
 
 /* --plan-mesh "pp,dp_replicate,dp_shard,cp,tp": five degrees, dp_shard may be -1. */
@@ -198,8 +198,12 @@ static tensor_floats floats_of(const llama_config *c, param_kind kind, shard_lay
     int r0, nr, c0, nc;
     shard_slice(layout, s.rows, s.cols, 0, tp, &r0, &nr, &c0, &nc);
     long long units = s.is_vector ? nc : nr, width = s.is_vector ? 1 : nc;
+    tensor_floats f = {0, 0};
+    /* BEGIN ASSIGNMENT: the floats one GPU stores of this tensor: its tp slice's `units` rows of `width` cut in S chunks of ceil(units / S) rows, the last ones padded (f.shard), and the S padded chunks an all-gather rebuilds (f.gathered) */
     long long shard_units = (units + S - 1) / S;
-    return (tensor_floats){(double)(shard_units * width), (double)(S * shard_units * width)};
+    f = (tensor_floats){(double)(shard_units * width), (double)(S * shard_units * width)};
+    /* END ASSIGNMENT */
+    return f;
 }
 
 /* The unit figures every stage is made of: one layer, and each of the three ends. */
@@ -258,9 +262,14 @@ static stage_floats stage_floats_of(const unit_floats *u, int L, int P, int V, i
     return s;
 }
 
-/* The FSDP shard group's size: dp_shard x cp (torchtitan), or dp_shard (this trainer). */
+/* The FSDP shard group's size: dp_shard x cp (torchtitan's, and the trainer's default), or
+ * dp_shard (--plan-no-shard-cp, the trainer's --no-fsdp-over-cp). */
 static int shard_group(const plan_calc_options *o, const int g[MESH_NDIMS]) {
-    return g[MESH_DP_SHARD] * (o->shard_cp ? g[MESH_CP] : 1);
+    int S = 1;
+    /* BEGIN ASSIGNMENT: S, the ranks FSDP shards over: dp_shard, times cp when o->shard_cp (the cp ranks hold the same parameters, so they can hold different shards of them) */
+    S = g[MESH_DP_SHARD] * (o->shard_cp ? g[MESH_CP] : 1);
+    /* END ASSIGNMENT */
+    return S;
 }
 
 /* The degrees with a dp_shard of -1 replaced by what the others leave of the GPUs (torchtitan's

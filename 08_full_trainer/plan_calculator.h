@@ -25,7 +25,8 @@
  * The recipe planned is torchtitan's (which the Llama 3 paper's FSDP resembles): FSDP shards over
  * dp_shard x cp, and under a pipeline the weights stay gathered for the whole step, gradients
  * reduce-scattered once after the last microbatch (torch.distributed.pipelining). Chapter 08's
- * trainer shards over dp_shard only (--plan-no-shard-cp plans that).
+ * trainer shards over dp_shard x cp too (its --no-fsdp-over-cp, over dp_shard only, is planned by
+ * --plan-no-shard-cp); its state report compares what it allocates with plan_calc_stage_floats.
  */
 #pragma once
 #include <getopt.h>
@@ -57,8 +58,9 @@ typedef struct plan_calc_options {
     ac_mode ac;                    /* --plan-ac (selective)                                         */
     bool fp8;                      /* --plan-fp8: 07's float8 linears and float8 all-gather         */
     plan_precision precision;      /* --plan-precision fp32 (this tutorial) | bf16                  */
-    bool shard_cp;                 /* FSDP over dp_shard x cp (torchtitan); --plan-no-shard-cp: over
-                                    * dp_shard only, the cp ranks all-reduce their shards (08)       */
+    bool shard_cp;                 /* FSDP over dp_shard x cp (torchtitan, 08); --plan-no-shard-cp:
+                                    * over dp_shard only, the cp ranks all-reduce their shards (08's
+                                    * --no-fsdp-over-cp)                                              */
     int top;                       /* --plan-top, lines of the candidates' table (15)               */
 } plan_calc_options;
 

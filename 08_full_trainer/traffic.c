@@ -27,7 +27,9 @@ int report_traffic(const parallel_options *o, device_mesh *mesh, const llama_mod
     const int *g = o->degree;
     const llama_dims *d = &m->d;
     const param_table *t = m->params;
-    int P = g[MESH_PP], C = g[MESH_CP], tp = g[MESH_TP], S = g[MESH_DP_SHARD], R = g[MESH_DP_REPLICATE];
+    int P = g[MESH_PP], C = g[MESH_CP], tp = g[MESH_TP], R = g[MESH_DP_REPLICATE];
+    int S = parallel_shard_ranks(o);   /* FSDP's shard group: dp_shard x cp, or dp_shard */
+    bool shards_span_cp = C > 1 && (m->plan->groups.shard_dims & MESH_BIT(MESH_CP));
     int V = o->pp.virtual_stages, L = m->c.n_layers;
     double passes = (double)accum * (P > 1 ? o->pp.microbatches : 1);   /* forward+backward passes a step */
 
@@ -76,14 +78,19 @@ int report_traffic(const parallel_options *o, device_mesh *mesh, const llama_mod
         groups[ng++] = q;
     }
     if (C > 1) {    /* chapter 06's ring: (3C-2) K/V blocks a layer (C-1 more under selective recompute),
-                     * then the gradient block all-reduced once a step */
+                     * then the gradient block all-reduced once a step, unless FSDP's shards span cp
+                     * (its reduce-scatter has summed over cp) */
         comm_group *q = mesh->group[MESH_CP];
         double block = 4.0 * 2 * d->B * d->T * d->Hkvl * d->hd;
         double sends = passes * Lr * (3.0 * C - 2 + (o->ac == AC_SELECTIVE ? C - 1 : 0));
         const char *f = o->ac == AC_SELECTIVE ? "n Lr (4C-3) x 2 B Tl Hkv hd x 4" : "n Lr (3C-2) x 2 B Tl Hkv hd x 4";
         e[n++] = (comm_expectation){q, COLL_SEND, sends, sends * block, f};
         e[n++] = (comm_expectation){q, COLL_RECV, sends, sends * block, f};
-        e[n++] = (comm_expectation){q, COLL_ALL_REDUCE, 1, 4.0 * param_block_numel(t, t->grads), "the grads as stored x 4"};
+        if (!shards_span_cp)
+            e[n++] = (comm_expectation){q, COLL_ALL_REDUCE, 1, 4.0 * param_block_numel(t, t->grads),
+                                        "the grads as stored x 4"};
+        else   /* none: a row of 0 calls, so the table shows that it is gone */
+            e[n++] = (comm_expectation){q, COLL_ALL_REDUCE, 0, 0, "none: in FSDP's reduce-scatter"};
         groups[ng++] = q;
     }
     if (P > 1) {    /* chapter 05: chunk c sends h to c+1 and dh to c-1; rank 0 holds chunks 0, P, .. */
@@ -94,8 +101,9 @@ int report_traffic(const parallel_options *o, device_mesh *mesh, const llama_mod
         groups[ng++] = q;
     }
     if (R * S > 1) {   /* chapter 04: each tensor gathered before its unit's forward and backward, its
-                        * gradient reduce-scattered after (and all-reduced over the replicas) */
-        comm_group *q = mesh->group[MESH_DP_SHARD];
+                        * gradient reduce-scattered after (and all-reduced over the replicas), over
+                        * the shard group (dp_shard x cp, or dp_shard) */
+        comm_group *q = m->plan->groups.shard;
         e[n++] = (comm_expectation){q, COLL_ALL_GATHER, passes * 2 * tensors, passes * 2 * S * 4 * shard_floats,
                                     "n x 2 x S Psi_S x 4"};
         e[n++] = (comm_expectation){q, COLL_REDUCE_SCATTER, passes * tensors, passes * S * 4 * shard_floats,

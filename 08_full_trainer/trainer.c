@@ -56,16 +56,23 @@ double probe_peak_flops(void) {
     return comm_host_sum(comm_world(), rate);
 }
 
-int report_state_memory(const llama_config *c, const int mesh[MESH_NDIMS], int pp_rank, int virtual_stages) {
+int report_state_memory(const llama_config *c, const int mesh[MESH_NDIMS], bool shard_cp, int pp_rank,
+                        int virtual_stages) {
     plan_calc_options o;
     plan_calc_defaults(&o);
     o.dim = c->dim; o.n_layers = c->n_layers; o.n_heads = c->n_heads; o.n_kv_heads = c->n_kv_heads;
     o.ffn_dim = c->ffn_dim; o.vocab = c->vocab_size; o.seq_len = c->seq_len;
     o.virtual_stages = virtual_stages;
-    o.shard_cp = false;   /* this trainer's FSDP shards over dp_shard alone (parallelize.h) */
+    o.shard_cp = shard_cp;   /* FSDP over dp_shard x cp, or (--no-fsdp-over-cp) dp_shard alone */
     double floats = plan_calc_stage_floats(&o, mesh, pp_rank);
+    int S = mesh[MESH_DP_SHARD] * (shard_cp ? mesh[MESH_CP] : 1);
+    char what[96];
+    if (shard_cp && mesh[MESH_CP] > 1)
+        snprintf(what, sizeof what, "4 Psi_S: the stage's tp slices / S, padded; S = dp_shard x cp = %d", S);
+    else
+        snprintf(what, sizeof what, "4 Psi_S: the stage's tp slices / S, padded; S = dp_shard = %d", S);
     memory_row rows[3] = {
-        {"parameters (fp32)", (double)mem_current(MEM_PARAMS), 4 * floats, "4 Psi_S: the stage's tp slices / S, padded"},
+        {"parameters (fp32)", (double)mem_current(MEM_PARAMS), 4 * floats, what},
         {"gradients (fp32)", (double)mem_current(MEM_GRADS), 4 * floats, "4 Psi_S"},
         {"AdamW m, v (fp32)", (double)mem_current(MEM_OPTIM), 8 * floats, "8 Psi_S"}};
     bool root = comm_world()->rank == 0;

@@ -12,8 +12,9 @@
  *     the reference bit for bit: gathered by param_gather_block (params, m, v of every tensor),
  *     and on every rank its stored part (replicas and a shard's zero padding included) against
  *     the reference broadcast from rank 0. Meshes: tp 4 (world), FSDP over the world, pp 2 x tp,
- *     HSDP dp_replicate 2 x dp_shard with ZeRO-1 (values whole, m and v sharded), and a
- *     single-device model on every rank; on 1 rank, FSDP over a 1-rank mesh;
+ *     HSDP dp_replicate 2 x dp_shard with ZeRO-1 (values whole, m and v sharded), FSDP over
+ *     dp_shard 2 x cp (chapter 08's shards spanning the cp ranks), and a single-device model on
+ *     every rank; on 1 rank, FSDP over a 1-rank mesh;
  *   - DIR naming a step directory loads that step; a model that loads step 1 and trains step 2
  *     on mesh A ends bit for bit where the uninterrupted run did (AdamW's step count is right);
  *   - a checkpoint saved from the pipeline mesh (each stage its own tensors) loads back the same;
@@ -50,6 +51,7 @@
 #include "../01_transformer_tp/tp.h"
 #include "../04_fsdp/data_parallel.h"
 #include "../05_pipeline/pipeline.h"
+#include "../06_context_parallel/context_parallel.h"
 #include "../08_full_trainer/checkpoint.h"
 
 #define BATCH 4
@@ -69,8 +71,9 @@ static llama_config config(void) {
     return c;
 }
 
-typedef enum { K_SINGLE, K_TP, K_FSDP, K_FSDP_TP, K_PP_TP, K_HSDP_ZERO1 } layout_kind;
-static const char *const kind_name[] = {"single device", "tp", "fsdp", "fsdp x tp", "pp 2 x tp", "hsdp zero1"};
+typedef enum { K_SINGLE, K_TP, K_FSDP, K_FSDP_TP, K_PP_TP, K_HSDP_ZERO1, K_FSDP_CP } layout_kind;
+static const char *const kind_name[] = {"single device", "tp", "fsdp", "fsdp x tp", "pp 2 x tp", "hsdp zero1",
+                                        "fsdp over dp_shard x cp"};
 
 typedef struct {
     layout_kind kind;
@@ -92,12 +95,17 @@ static setup *make(layout_kind kind, const llama_config *c, uint64_t seed) {
     if (kind == K_FSDP_TP) shape = (mesh_shape){.dp_shard = 2, .tp = W / 2};
     if (kind == K_PP_TP) shape = (mesh_shape){.pp = 2, .tp = W / 2};
     if (kind == K_HSDP_ZERO1) shape = (mesh_shape){.dp_replicate = 2, .dp_shard = W / 2};
+    if (kind == K_FSDP_CP) shape = (mesh_shape){.dp_shard = 2, .cp = W / 2};
     int B = BATCH;
     if (kind != K_SINGLE) {
         device_mesh *mesh = meshes[n_meshes++] = mesh_create(shape, NULL);
         s.plan = tensor_parallel_or_single(mesh, c);
-        if (kind == K_FSDP || kind == K_FSDP_TP || kind == K_HSDP_ZERO1) {
-            dp_options o = {kind == K_HSDP_ZERO1 ? DP_ZERO1 : DP_FSDP, true, true, 64 * 256, NULL};
+        if (kind == K_FSDP_CP) {   /* chapter 08's FSDP over dp_shard x cp needs 06 applied first */
+            cp_options o = {CP_RING, CP_ZIGZAG};
+            context_parallel_apply(&s.plan, mesh, c, &o);
+        }
+        if (kind == K_FSDP || kind == K_FSDP_TP || kind == K_HSDP_ZERO1 || kind == K_FSDP_CP) {
+            dp_options o = {kind == K_HSDP_ZERO1 ? DP_ZERO1 : DP_FSDP, true, true, 64 * 256, NULL, kind == K_FSDP_CP};
             data_parallel_apply(&s.plan, mesh, c, &o);
             s.dp = true;
             B /= s.plan.groups.batch->size;
@@ -361,9 +369,9 @@ static int run_all(const char *dir) {
     }
 
     /* ---- resharding: every other layout loads step 2 (from another seed: the load must overwrite) ---- */
-    layout_kind others_many[] = {K_TP, K_FSDP, K_PP_TP, K_HSDP_ZERO1, K_SINGLE}, others_one[] = {K_FSDP, K_SINGLE};
+    layout_kind others_many[] = {K_TP, K_FSDP, K_PP_TP, K_HSDP_ZERO1, K_FSDP_CP, K_SINGLE}, others_one[] = {K_FSDP, K_SINGLE};
     layout_kind *others = w->size > 1 ? others_many : others_one;
-    int n_others = w->size > 1 ? 5 : 2;
+    int n_others = w->size > 1 ? (int)(sizeof others_many / sizeof *others_many) : 2;
     for (int k = 0; k < n_others; k++) {
         setup *b = make(others[k], &c, SEED + 1 + k);
         memset(&got, 0, sizeof got);
@@ -375,13 +383,17 @@ static int run_all(const char *dir) {
         char what[64];
         snprintf(what, sizeof what, "step 2 into %s", kind_name[b->kind]);
         if (rc == 0) compare(b->m, &ref2, what);
-        if (b->kind == K_PP_TP) {   /* saved from the pipeline: each stage writes its own tensors */
-            char dir2[1024];
-            snprintf(dir2, sizeof dir2, "%s/from_pp", dir);
-            CHECK(checkpoint_save(dir2, b->m, &got, err, sizeof err) == 0, "save from pp: %s", err);
+        /* saved from the pipeline (each stage writes its own tensors), and from shards that span
+         * cp (each cp rank writes its own shard) back into mesh A, whose shards span dp_shard only */
+        if (b->kind == K_PP_TP || b->kind == K_FSDP_CP) {
+            char dir2[1024], back[96];
+            snprintf(dir2, sizeof dir2, "%s/from_%d", dir, (int)b->kind);
+            CHECK(checkpoint_save(dir2, b->m, &got, err, sizeof err) == 0, "save from %s: %s", kind_name[b->kind], err);
             setup *s = make(layout_a(), &c, SEED + 99);
-            CHECK(checkpoint_load(dir2, s->m, &got, err, sizeof err) == 0, "load of pp's save: %s", err);
-            compare(s->m, &ref2, "pp's save into mesh A");
+            CHECK(checkpoint_load(dir2, s->m, &got, err, sizeof err) == 0, "load of %s's save: %s", kind_name[b->kind],
+                  err);
+            snprintf(back, sizeof back, "%s's save into mesh A", kind_name[b->kind]);
+            compare(s->m, &ref2, back);
             drop(s);
         }
         if (b->kind == K_SINGLE) {   /* the export of a single-device model: the same bytes */

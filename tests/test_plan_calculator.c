@@ -51,9 +51,9 @@ static int product(const int g[MESH_NDIMS]) {
 }
 
 /* Every rank of `mesh` builds its parameter table as chapter 08 would (01's and 02's layouts over
- * its tp group, FSDP shards over a group of the calculator's S, its stage's tensors only), and
- * the allocator's bytes must be the calculator's. The groups are stand-ins of the right size and
- * rank: param_table_create reads nothing else of them. */
+ * its tp group, FSDP shards over dp_shard x cp or dp_shard, its stage's tensors only), and the
+ * allocator's bytes must be the calculator's. The tp group is a stand-in of the right size and
+ * rank: param_table_create reads nothing else of it (the shards' from the mesh's coordinates). */
 static void check_state(plan_calc_options *o, const int mesh[MESH_NDIMS]) {
     o->gpus = product(mesh);
     llama_config c = plan_calc_model(o);
@@ -78,15 +78,17 @@ static void check_state(plan_calc_options *o, const int mesh[MESH_NDIMS]) {
         memset(&m, 0, sizeof m);
         m.shape = shape;
         mesh_coords_of(&shape, w, m.coord);
-        comm_group tp, shard;
+        comm_group tp;
         memset(&tp, 0, sizeof tp);
-        memset(&shard, 0, sizeof shard);
         tp.size = mesh[MESH_TP];
         tp.rank = m.coord[MESH_TP];
-        shard.size = S;
-        shard.rank = o->shard_cp ? m.coord[MESH_DP_SHARD] * C + m.coord[MESH_CP] : m.coord[MESH_DP_SHARD];
         m.group[MESH_TP] = &tp;
-        m.group[MESH_DP_SHARD] = &shard;
+        unsigned shard_dims = MESH_BIT(MESH_DP_SHARD) | (o->shard_cp ? MESH_BIT(MESH_CP) : 0);
+        CHECK(mesh_size_over(&shape, shard_dims) == S &&
+              mesh_rank_over(&shape, m.coord, shard_dims) ==
+                  (o->shard_cp ? m.coord[MESH_DP_SHARD] * C + m.coord[MESH_CP] : m.coord[MESH_DP_SHARD]),
+              "rank %d: shard group %d, place %d", w, mesh_size_over(&shape, shard_dims),
+              mesh_rank_over(&shape, m.coord, shard_dims));
         int stage = m.coord[MESH_PP];
         CHECK(plan_calc_rank_layers(c.n_layers, P, 1, stage, holds) > 0, "stage %d of %d holds no layer", stage, P);
         for (int i = 0; i < n; i++) {
@@ -94,7 +96,7 @@ static void check_state(plan_calc_options *o, const int mesh[MESH_NDIMS]) {
             here[i] = s.layer >= 0 ? holds[s.layer] : s.kind == P_TOK_EMBEDDINGS ? stage == 0 : stage == P - 1;
         }
         size_t v0 = mem_current(MEM_PARAMS), g0 = mem_current(MEM_GRADS), a0 = mem_current(MEM_OPTIM);
-        param_table *t = param_table_create(&c, &m, layout, storage, here, 7);
+        param_table *t = param_table_create(&c, &m, layout, storage, shard_dims, here, 7);
         double values = (double)(mem_current(MEM_PARAMS) - v0), grads = (double)(mem_current(MEM_GRADS) - g0);
         double adam = (double)(mem_current(MEM_OPTIM) - a0);
         double want = 4 * plan_calc_stage_floats(o, mesh, stage);

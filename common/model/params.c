@@ -12,16 +12,18 @@
 
 param_table *param_table_create(const llama_config *c, device_mesh *mesh,
                                 const shard_layout layout[P_NKINDS],
-                                const block_storage storage[PARAM_NBLOCKS], const bool *here,
-                                uint64_t seed) {
+                                const block_storage storage[PARAM_NBLOCKS], unsigned shard_dims,
+                                const bool *here, uint64_t seed) {
     param_table *t = calloc(1, sizeof *t);
     t->c = *c;
     t->mesh = mesh;
     t->tp = mesh ? mesh->group[MESH_TP] : NULL;
-    t->dp_shard = mesh ? mesh->group[MESH_DP_SHARD] : NULL;
+    t->shard_dims = shard_dims ? shard_dims : MESH_BIT(MESH_DP_SHARD);
+    t->shard_ranks = mesh ? mesh_size_over(&mesh->shape, t->shard_dims) : 1;
+    t->shard_rank = mesh ? mesh_rank_over(&mesh->shape, mesh->coord, t->shard_dims) : 0;
     for (int b = 0; b < PARAM_NBLOCKS; b++) t->storage[b] = storage ? storage[b] : STORE_WHOLE;
     int p = t->tp ? t->tp->size : 1, r = t->tp ? t->tp->rank : 0;
-    int S = t->dp_shard ? t->dp_shard->size : 1, s = t->dp_shard ? t->dp_shard->rank : 0;
+    int S = t->shard_ranks, s = t->shard_rank;
     t->n = llama_num_params(c);
     t->t = calloc((size_t)t->n, sizeof *t->t);
     for (int i = 0; i < t->n; i++) {
@@ -36,7 +38,7 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
                     x->spec.rows, x->spec.cols, p);
             exit(1);
         }
-        /* the dp_shard split of PyTorch's dim 0: a matrix's rows, a vector's elements */
+        /* the shard group's split of PyTorch's dim 0: a matrix's rows, a vector's elements */
         x->units = x->spec.is_vector ? x->nc : x->nr;
         x->width = x->spec.is_vector ? 1 : x->nc;
         x->shard_units = (x->units + S - 1) / S;
@@ -158,7 +160,7 @@ bool param_held_slice(const param_table *t, const float *block, int i, int *r0, 
     if (!x->here) return false;
     if (t->mesh)
         for (int d = 0; d < MESH_NDIMS; d++) {
-            bool split = (d == MESH_TP && x->tp_layout != SHARD_REPLICATED) || (d == MESH_DP_SHARD && dp_split) ||
+            bool split = (d == MESH_TP && x->tp_layout != SHARD_REPLICATED) || (dp_split && (t->shard_dims & MESH_BIT(d))) ||
                          d == MESH_PP;   /* one stage stores it (or every stage its copy: the
                                           * pipeline never replicates a tensor) */
             if (!split && t->mesh->coord[d] != 0) return false;

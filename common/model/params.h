@@ -2,9 +2,10 @@
  *
  * Every tensor of llama.h's table has a name, a global shape and a placement: how it is split
  * over the tensor-parallel dimension of the mesh (shard.h: replicated, by rows, by columns).
- * Over dp_shard a block may be sharded (FSDP, chapter 04); over pp each stage stores only its
- * layers' tensors (chapter 05); the context dimension holds copies. A rank stores its slice of every tensor, one after
- * the other, in four blocks: parameters, gradients and AdamW's m and v.
+ * Over dp_shard a block may be sharded (FSDP, chapter 04), or over dp_shard x cp (chapter 08, as
+ * torchtitan: the cp ranks hold the same parameters); over pp each stage stores only its layers'
+ * tensors (chapter 05); otherwise the context dimension holds copies. A rank stores its slice of
+ * every tensor, one after the other, in four blocks: parameters, gradients and AdamW's m and v.
  *
  * Tensors are found by what they are, never by position:
  *     param_index(t, P_WQ, layer)           the index of layer `layer`'s wq
@@ -28,15 +29,17 @@ C_BEGIN
 typedef enum { PARAM_VALUES = 0, PARAM_GRADS, PARAM_OPTIM, PARAM_NBLOCKS } param_block;   /* OPTIM: m and v */
 typedef enum {
     STORE_WHOLE = 0,          /* every tensor's whole tp slice (replicated over the data ranks) */
-    STORE_SHARD,              /* only this rank's dp shard of each tensor (ZeRO / FSDP)          */
+    STORE_SHARD,              /* only this rank's dp shard of each tensor (ZeRO / FSDP), over the
+                               * table's shard_dims                                              */
     STORE_WHOLE_SHARD_VALID   /* whole tp slices, of which only this rank's dp shard is up to
                                * date (ZeRO-1's gradients after their reduce-scatter)            */
 } block_storage;
 
 /* One tensor: what it is, where it is, and which part of it this rank holds.
- * Over tp it is split as tp_layout says; over dp_shard (when a block is sharded) its first
- * dimension in PyTorch's terms is split FSDP2-style: the rows of a matrix, the elements of a
- * vector, in S chunks of ceil(units / S), the last ones padded with zeros. */
+ * Over tp it is split as tp_layout says; over the shard group (dp_shard, or dp_shard x cp: S ranks)
+ * when a block is sharded, its first dimension in PyTorch's terms is split FSDP2-style: the rows of
+ * a matrix, the elements of a vector, in S chunks of ceil(units / S), the last ones padded with
+ * zeros. */
 typedef struct {
     param_spec spec;          /* name, kind, layer, global [rows, cols] (llama.h)              */
     shard_layout tp_layout;   /* how it is split over the mesh's tp dimension                 */
@@ -74,7 +77,9 @@ typedef struct {
     llama_config c;
     device_mesh *mesh;        /* NULL: a single device, every slice is the whole tensor       */
     comm_group *tp;           /* the mesh's tp group (NULL without a mesh)                    */
-    comm_group *dp_shard;     /* the mesh's dp_shard group (NULL without a mesh)              */
+    unsigned shard_dims;      /* the mesh dimensions a sharded block is split over (MESH_BIT):
+                               * dp_shard (04), or dp_shard and cp (08)                        */
+    int shard_ranks, shard_rank;   /* S, the size of that group, and this rank's place in it    */
     int n;                    /* number of tensors: llama_num_params(c)                       */
     param_tensor *t;          /* [n], in llama.h's order                                      */
     block_storage storage[PARAM_NBLOCKS];
@@ -85,15 +90,17 @@ typedef struct {
 } param_table;
 
 /* Allocates this rank's slices (layout[kind] over the mesh's tp group; mesh NULL: whole
- * tensors; storage[block] whole or dp-sharded, NULL: all whole; here[i]: tensor i is stored on
- * this rank, NULL: all are) and initialises them from
+ * tensors; storage[block] whole or sharded, NULL: all whole; a sharded block split over the mesh
+ * dimensions shard_dims, MESH_BIT(MESH_DP_SHARD) | MESH_BIT(MESH_CP) for FSDP over dp_shard x cp,
+ * 0: dp_shard alone; here[i]: tensor i is stored on this rank, NULL: all are) and initialises them
+ * from
  * (seed, name, global index): exactly the baseline's values. A layout that does not divide a
  * tensor is a programming error here: a plan validates the sizes it needs (with a message naming
  * the flags) before it asks for the table. */
 param_table *param_table_create(const llama_config *c, device_mesh *mesh,
                                 const shard_layout layout[P_NKINDS],
-                                const block_storage storage[PARAM_NBLOCKS], const bool *here,
-                                uint64_t seed);
+                                const block_storage storage[PARAM_NBLOCKS], unsigned shard_dims,
+                                const bool *here, uint64_t seed);
 void param_table_free(param_table *t);
 
 /* The index of the tensor of `kind` in `layer` (-1 for the embedding, final norm and output). */
@@ -148,7 +155,8 @@ void param_gather_block(const param_table *t, const float *block, int i, float *
 bool param_held_slice(const param_table *t, const float *block, int i, int *r0, int *nr, int *c0, int *nc,
                       size_t *offset);
 /* The part of tensor i this rank stores in `block`, whether or not it is the one to send it (every
- * copy: over dp_replicate, cp, and dp_shard for a block stored whole): its tp slice, or its dp
+ * copy: over dp_replicate, cp unless the shards span it, and dp_shard for a block stored whole):
+ * its tp slice, or its dp
  * shard's real rows (elements) when the block is sharded; same coordinates and offset as above.
  * The padding of a shard follows the slice. False for another pipeline stage's tensor. */
 bool param_stored_slice(const param_table *t, const float *block, int i, int *r0, int *nr, int *c0, int *nc,

@@ -190,6 +190,10 @@ typedef struct {
                                     * ranks for the whole model; this rank holds the rows at the
                                     * sequence's positions                                          */
     comm_group *batch;             /* the data-parallel ranks that split the global batch by rows   */
+    comm_group *shard;             /* the ranks a sharded block (storage) is split over: 04's
+                                    * dp_shard, or dp_shard x cp (08: the cp ranks hold the same
+                                    * parameters, so they can hold different shards of them)       */
+    unsigned shard_dims;           /* the mesh dimensions of `shard` (MESH_BIT); 0: dp_shard        */
 } plan_groups;
 
 /* A technique, as the plan's stack records it: its name and what frees its state. */
@@ -220,7 +224,7 @@ struct llama_plan {
     plan_groups groups;
     shard_layout layout[P_NKINDS]; /* how each kind of tensor is split over tp (params.h)         */
     block_storage storage[PARAM_NBLOCKS]; /* values, gradients, optimizer state: whole, or this
-                                    * rank's dp_shard shard of each tensor (params.h)            */
+                                    * rank's shard of each tensor over groups.shard (params.h)   */
     sequence_ops sequence;
     region_ops region;             /* the layers' tensor-parallel region                          */
     region_ops vocab;              /* the embedding's exit and the output layer's entry            */

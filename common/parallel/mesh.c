@@ -171,14 +171,25 @@ void mesh_coords_of(const mesh_shape *s, int rank, int coord[MESH_NDIMS]) {
 comm_group *mesh_group_over(device_mesh *m, const int *dims, int ndims, const char *name) {
     /* Ranks that agree on every coordinate outside `dims` form one group (the colour);
      * inside it they are ordered row-major over `dims` (the key). */
-    int in_group[MESH_NDIMS] = {0};
-    for (int i = 0; i < ndims; i++) in_group[dims[i]] = 1;
-    int color = 0, key = 0;
-    for (int d = 0; d < MESH_NDIMS; d++) {
-        if (in_group[d]) key = key * m->shape.degree[d] + m->coord[d];
-        else color = color * m->shape.degree[d] + m->coord[d];
-    }
+    unsigned in_group = 0, every = MESH_BIT(MESH_NDIMS) - 1;
+    for (int i = 0; i < ndims; i++) in_group |= MESH_BIT(dims[i]);
+    int color = mesh_rank_over(&m->shape, m->coord, every & ~in_group);
+    int key = mesh_rank_over(&m->shape, m->coord, in_group);
     return comm_split(comm_world(), color, key, name);
+}
+
+int mesh_size_over(const mesh_shape *s, unsigned dims) {
+    int size = 1;
+    for (int d = 0; d < MESH_NDIMS; d++)
+        if (dims & MESH_BIT(d)) size *= s->degree[d];
+    return size;
+}
+
+int mesh_rank_over(const mesh_shape *s, const int coord[MESH_NDIMS], unsigned dims) {
+    int rank = 0;   /* the key of mesh_group_over */
+    for (int d = 0; d < MESH_NDIMS; d++)
+        if (dims & MESH_BIT(d)) rank = rank * s->degree[d] + coord[d];
+    return rank;
 }
 
 device_mesh *mesh_create(mesh_shape s, const mesh_requirements *r) {

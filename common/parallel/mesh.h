@@ -74,7 +74,17 @@ void mesh_coords_of(const mesh_shape *s, int rank, int coord[MESH_NDIMS]);
  * dimension. Collective on the world. */
 device_mesh *mesh_create(mesh_shape s, const mesh_requirements *r);
 
-/* A group spanning several dimensions at once, e.g. {MESH_DP_SHARD, MESH_CP} for FSDP. */
+/* A group spanning several dimensions at once, e.g. {MESH_DP_SHARD, MESH_CP} for FSDP. Its ranks
+ * are ordered row-major over `dims` (the last the fastest), whatever order `dims` lists them in. */
 comm_group *mesh_group_over(device_mesh *m, const int *dims, int ndims, const char *name);
+
+/* A set of dimensions as bits, e.g. MESH_BIT(MESH_DP_SHARD) | MESH_BIT(MESH_CP): FSDP's shard
+ * group over dp_shard x cp (chapter 08), which the parameter table must know without a group. */
+#define MESH_BIT(dim) (1u << (dim))
+/* The size of the group over the dimensions `dims` (the product of their degrees) and a rank's
+ * place in it (row-major over them, mesh_group_over's order): pure functions of the shape and the
+ * rank's coordinates, so a table can be laid out for any rank without a communicator. */
+int mesh_size_over(const mesh_shape *s, unsigned dims);
+int mesh_rank_over(const mesh_shape *s, const int coord[MESH_NDIMS], unsigned dims);
 
 C_END
