@@ -92,8 +92,8 @@ void vocab_padding_describe(const llama_config *c, int tp) {
     int V = c->vocab_size, Vp = llama_padded_vocab(c, tp), Vl = Vp / tp;
     int m = vocab_padding_multiple(V, c->vocab_multiple, tp);
     const char *why = c->vocab_multiple ? "--vocab-multiple" : m == tp ? "tp: fewer than 128 x tp entries" : "128 x tp";
+    if (Vp == V) return;   /* tp divides the vocabulary as it is: nothing to say */
     log0("vocabulary %d padded to %d (a multiple of %d, %s): %d rows per rank", V, Vp, m, why, Vl);
-    if (Vp == V) { log0(", no padding\n"); return; }
     int first = V / Vl;   /* the first rank that holds padding */
     log0("; padding rows [%d, %d) (%.1f%% of the output GEMM): rank %d holds %d real rows and %d of padding%s\n", V,
          Vp, 100.0 * (Vp - V) / Vp, first, vocab_parallel_real_columns(V, Vl, first * Vl),

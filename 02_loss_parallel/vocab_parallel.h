@@ -65,8 +65,8 @@ void loss_parallel_apply(llama_plan *plan, const llama_config *c);
     "                             when the vocabulary has that many entries, else tp; tp must divide the\n" \
     "                             padded size)\n"
 void vocab_multiple_flag(llama_config *c, const char *arg);
-/* One line from rank 0: the vocabulary, its padded size and why (the multiple and where it came
- * from), and which ranks hold the padding rows. */
+/* One line from rank 0 when the vocabulary is padded: its padded size and why (the multiple and
+ * where it came from), and which ranks hold the padding rows. Nothing when tp divides it as is. */
 void vocab_padding_describe(const llama_config *c, int tp);
 
 /* The padding rows of tok_embeddings and output, in every block each rank stores (values,

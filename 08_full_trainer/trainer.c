@@ -60,7 +60,7 @@ int report_state_memory(const llama_config *c, const int mesh[MESH_NDIMS], int p
     plan_calc_options o;
     plan_calc_defaults(&o);
     o.dim = c->dim; o.n_layers = c->n_layers; o.n_heads = c->n_heads; o.n_kv_heads = c->n_kv_heads;
-    o.ffn_dim = c->ffn_dim; o.vocab = c->vocab_size; o.seq_len = c->seq_len;
+    o.ffn_dim = c->ffn_dim; o.vocab = c->vocab_size; o.vocab_multiple = c->vocab_multiple; o.seq_len = c->seq_len;
     o.virtual_stages = virtual_stages;
     o.shard_cp = false;   /* this trainer's FSDP shards over dp_shard alone (parallelize.h) */
     double floats = plan_calc_stage_floats(&o, mesh, pp_rank);
