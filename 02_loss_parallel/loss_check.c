@@ -100,8 +100,10 @@ void loss_check_run(comm_group *tp, int V, int Vp) {
     float *got_pad = root ? malloc(n_pad * sizeof(float) + 1) : NULL, *zeros = root ? calloc(n_pad + 1, sizeof(float)) : NULL;
     float grad_scale = 1.0f / valid;   /* 1 / the count of valid targets */
 
-    log0("loss-layer check: %d rows, vocabulary %d padded to %d in %d shard(s) of %d, a target in every shard that "
-         "has real entries, 2 targets -100\n", n, V, Vp, p, Vl);
+    char padded[48] = "";
+    if (Vp > V) snprintf(padded, sizeof padded, " padded to %d", Vp);
+    log0("loss-layer check: %d rows, vocabulary %d%s in %d shard(s) of %d, a target in every shard%s, 2 targets -100\n",
+         n, V, padded, p, Vl, Vp > V ? " that has real entries" : "");
     parity_print_header("  vocab-parallel cross-entropy vs the plain one on the full rows:");
     /* 1. ordinary logits, then logits of order 1e4 (finite only if the max is subtracted) */
     const float scales[2] = {1.0f, 1e4f};
