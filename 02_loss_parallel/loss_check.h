@@ -5,6 +5,8 @@
  *      the loss and the gathered gradient against the plain cross-entropy of the full rows
  *      (llama_kernels.h, the baseline's loss) on rank 0;
  *   2. every target -100: loss exactly 0 and every gradient exactly 0 (not NaN).
+ *   With a padded vocabulary (Vp > V), the padding columns hold the largest logits of each row,
+ *   so only the mask keeps the loss right, and their gradient must be exactly 0.
  *
  * Collective over tp; rank 0 records the comparisons in parity.h, so they count in the run's
  * verdict. Everything it allocates is freed before it returns.
@@ -12,4 +14,5 @@
 #pragma once
 #include "comm.h"
 
-void loss_check_run(comm_group *tp, int V);
+/* V the vocabulary, Vp its padded size (tp divides it). */
+void loss_check_run(comm_group *tp, int V, int Vp);

@@ -13,7 +13,8 @@
 #include "loss_report.h"
 
 void describe_batch(const run_options *o, int p) {
-    int B = o->batch, T = o->model.seq_len, N = B * T, Vl = o->model.vocab_size / p;
+    /* the shards of the padded vocabulary (a shard of padding only has neither) */
+    int B = o->batch, T = o->model.seq_len, N = B * T, Vl = llama_padded_vocab(&o->model, p) / p;
     int *tok = malloc((size_t)N * sizeof(int)), *tgt = malloc((size_t)N * sizeof(int));
     int *tok_in = calloc(p, sizeof(int)), *tgt_in = calloc(p, sizeof(int));
     synthetic_batch(tok, tgt, B, T, o->model.vocab_size, o->seed, 1);
@@ -44,19 +45,20 @@ typedef struct {
 } loss_counter;
 static loss_counter counter;
 static float counting_forward(void *state, const llama_plan *p, const float *logits, const int *targets, int N,
-                              int Vl, int v0, float *stats, float *scratch) {
+                              int Vl, int v0, int V, float *stats, float *scratch) {
     loss_counter *c = state;
     collective_stats before = p->groups.tp->stats[COLL_ALL_REDUCE];
-    float loss = c->below.forward(c->below.state, p, logits, targets, N, Vl, v0, stats, scratch);
+    float loss = c->below.forward(c->below.state, p, logits, targets, N, Vl, v0, V, stats, scratch);
     const collective_stats *now = &p->groups.tp->stats[COLL_ALL_REDUCE];
     c->comm.calls += now->calls - before.calls;
     c->comm.payload_bytes += now->payload_bytes - before.payload_bytes;
     return loss;
 }
 static void counting_backward(void *state, const llama_plan *p, float *dlogits, const float *logits,
-                              const int *targets, const float *stats, int N, int Vl, int v0, float grad_scale) {
+                              const int *targets, const float *stats, int N, int Vl, int v0, int V,
+                              float grad_scale) {
     loss_counter *c = state;
-    c->below.backward(c->below.state, p, dlogits, logits, targets, stats, N, Vl, v0, grad_scale);
+    c->below.backward(c->below.state, p, dlogits, logits, targets, stats, N, Vl, v0, V, grad_scale);
 }
 void count_loss_traffic(llama_plan *plan) {
     loss_ops counting = {&counter, plan->loss.saved_per_row, counting_forward, counting_backward};
@@ -76,6 +78,10 @@ int report_loss_parallel(const run_options *o, comm_group *tp, double largest_me
          calls, fmt_bytes(bytes), fmt_bytes(3 * N4), ok ? "" : "MISMATCH");
     log0("  gathering the logits instead: an all-gather of B*T*V*4 = %s per step (%s sent per rank, ring), %.0fx the loss's\n",
          fmt_bytes(NV4), fmt_bytes(NV4 * (p - 1) / p), NV4 / (3 * N4));
+    int V = o->model.vocab_size, Vp = llama_padded_vocab(&o->model, p);
+    if (Vp > V)
+        log0("  the padding (%d rows): the loss still moves 3 x B*T*4 (one float per row and statistic, whatever the "
+             "vocabulary); the output GEMM and the logits are Vp/V = %.4f of the unpadded ones'\n", Vp - V, (double)Vp / V);
     if (p == 1) return mismatches;
     /* the lesson's claim, checked by the allocator: no rank ever held B*T*V floats */
     if (largest_other >= NV4) {

@@ -31,13 +31,15 @@ static const char *usage =
     "usage: 02 [flags]   (under mpirun: NP ranks = the tensor-parallel degree)\n"
     "  --tp N                     tensor-parallel degree (default: NP; must equal NP)\n"
     "  --loss-parallel            vocabulary-parallel embedding, output and loss (the default)\n"
-    "  --no-loss-parallel         chapter 01's replicated embedding, output and [B, T, V] logits\n";
+    "  --no-loss-parallel         chapter 01's replicated embedding, output and [B, T, V] logits\n"
+    VOCAB_MULTIPLE_USAGE;
 
-enum { OPT_TP = 1, OPT_LOSS_PARALLEL, OPT_NO_LOSS_PARALLEL };
-typedef struct { int tp; bool loss_parallel; } chapter_options;
+enum { OPT_TP = 1, OPT_LOSS_PARALLEL, OPT_NO_LOSS_PARALLEL, OPT_VOCAB_MULTIPLE };
+typedef struct { int tp; bool loss_parallel; llama_config *model; } chapter_options;
 static void chapter_flag(int code, const char *arg, void *ctx) {
     chapter_options *co = ctx;
     if (code == OPT_TP) co->tp = cli_int("--tp", arg, 1, 4096);
+    else if (code == OPT_VOCAB_MULTIPLE) vocab_multiple_flag(co->model, arg);
     else co->loss_parallel = code == OPT_LOSS_PARALLEL;
 }
 
@@ -47,14 +49,20 @@ int main(int argc, char **argv) {
     /* ---- flags ---- */
     run_options o = run_options_default("02", loss_parallel_faults);
     o.kv_heads_follow_heads = true;   /* tp = 4 runs the default model as is */
-    chapter_options co = {0, true};
+    chapter_options co = {0, true, &o.model};
     static const struct option flags[] = {
         {"tp", required_argument, 0, OPT_TP}, {"loss-parallel", no_argument, 0, OPT_LOSS_PARALLEL},
-        {"no-loss-parallel", no_argument, 0, OPT_NO_LOSS_PARALLEL}, {0, 0, 0, 0}};
+        {"no-loss-parallel", no_argument, 0, OPT_NO_LOSS_PARALLEL},
+        {"vocab-multiple", required_argument, 0, OPT_VOCAB_MULTIPLE}, {0, 0, 0, 0}};
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     const llama_config *c = &o.model;
 
-    /* ---- mesh: one dimension, tp (the world unless --tp): whole heads, and whole vocabulary rows ---- */
+    if (c->vocab_multiple && !co.loss_parallel)
+        comm_exit_usage("--vocab-multiple %d pads the vocabulary split over tp: it needs --loss-parallel (chapter 01's "
+                        "replicated vocabulary is not padded)", c->vocab_multiple);
+
+    /* ---- mesh: one dimension, tp (the world unless --tp): whole heads, and the padded
+     * vocabulary's rows (mesh_check) ---- */
     mesh_requirements needs = llama_mesh_requirements(c, o.batch);
     if (co.loss_parallel) needs.vocab_size = c->vocab_size;
     device_mesh *mesh = mesh_create((mesh_shape){.tp = co.tp ? co.tp : MESH_REST}, &needs);
@@ -76,10 +84,12 @@ int main(int argc, char **argv) {
          co.loss_parallel ? "on" : "off (--no-loss-parallel: chapter 01's replicated logits)", device_backend_name());
     log0("model: dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d; batch %d x %d tokens\n",
          d->D, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size, d->B, d->T);
+    int Vp = co.loss_parallel ? llama_padded_vocab(c, p) : c->vocab_size;   /* the rows the split holds */
+    if (co.loss_parallel) vocab_padding_describe(c, p);
     log0("per rank: vocabulary rows [%d, %d) of %d (rank 0; rank r owns [r*%d, (r+1)*%d)), logits [%d, %d, %d]\n",
-         d->v0, d->v0 + d->Vl, c->vocab_size, d->Vl, d->Vl, d->B, d->T, d->Vl);
+         d->v0, d->v0 + d->Vl, Vp, d->Vl, d->Vl, d->B, d->T, d->Vl);
     /* --check: the loss on its own first (1e4 logits, every target ignored) */
-    if (o.check && co.loss_parallel) loss_check_run(tp, c->vocab_size);
+    if (o.check && co.loss_parallel) loss_check_run(tp, c->vocab_size, Vp);
     describe_batch(&o, co.loss_parallel ? p : 1);
 
     /* ---- train, with the baseline beside it ---- */
@@ -87,7 +97,8 @@ int main(int argc, char **argv) {
     snprintf(label, sizeof label, "tp=%d%s", p, co.loss_parallel ? " lp" : "");
     run_clock clock = run_train(&o, model, label, NULL);
 
-    /* ---- measured beside the README's formulas: chapter 01's, the vocabulary terms over tp ---- */
+    /* ---- measured beside the README's formulas: chapter 01's, the vocabulary terms over tp (Vp:
+     * the padded vocabulary, V itself without padding or without loss parallelism) ---- */
     log0("\n");
     double B = d->B, T = d->T, N = d->N, D = d->D, L = c->n_layers, V = c->vocab_size, Vl = d->Vl;
     double hd = d->hd, H = c->n_heads, Hkv = c->n_kv_heads, F = c->ffn_dim, lp = co.loss_parallel;
@@ -103,17 +114,18 @@ int main(int argc, char **argv) {
     double largest_measured = comm_host_max(comm_world(), fmax(largest_model, largest_buffer()));
     memory_row mem[] = {
         {"parameters", param_bytes, 4 * (2 * Vl * D + (2 * L + 1) * D + L * (2 * H * hd * D + 2 * Hkv * hd * D + 3 * F * D) / p),
-         lp ? "4 (2VD/tp + (2L+1)D + L(2H hd D + 2Hkv hd D + 3FD)/tp)" : "4 (2VD + (2L+1)D + L(2H hd D + 2Hkv hd D + 3FD)/tp)"},
+         lp ? "4 (2 Vp D/tp + (2L+1)D + L(2H hd D + 2Hkv hd D + 3FD)/tp)" : "4 (2VD + (2L+1)D + L(2H hd D + 2Hkv hd D + 3FD)/tp)"},
         {"saved activations", act_bytes, saved,
-         lp ? "4 (L(4ND + 2N + 2N hd (H+Hkv)/tp + B T^2 H/tp + 3NF/tp) + 2ND + N + NV/tp + 2N)"
+         lp ? "4 (L(4ND + 2N + 2N hd (H+Hkv)/tp + B T^2 H/tp + 3NF/tp) + 2ND + N + N Vp/tp + 2N)"
             : "4 (L(4ND + 2N + 2N hd (H+Hkv)/tp + B T^2 H/tp + 3NF/tp) + 2ND + N + NV)"},
-        {"logits", logits_bytes, 4 * N * Vl, lp ? "B*T*V/tp*4" : "B*T*V*4"},
+        {"logits", logits_bytes, 4 * N * Vl, lp ? "B*T*Vp/tp*4" : "B*T*V*4"},
         {"largest buffer, any rank", largest_measured, 4 * fmax(N * Vl, largest_other),
-         lp ? "4 max(BTV/tp, BTD, BTF/tp, B T^2 H/tp)" : "4 max(BTV, BTD, BTF/tp, B T^2 H/tp)"}};
+         lp ? "4 max(BT Vp/tp, BTD, BTF/tp, B T^2 H/tp)" : "4 max(BTV, BTD, BTF/tp, B T^2 H/tp)"}};
     mismatches += report_memory("memory per rank", mem, 4);
-    log0("  logits per rank: %s with loss parallel (B*T*V/tp*4), %s without (B*T*V*4); this run measured the %s\n",
-         fmt_bytes(4 * N * V / p), fmt_bytes(4 * N * V), lp ? "first" : "second");
+    log0("  logits per rank: %s with loss parallel (B*T*Vp/tp*4, Vp = %d), %s without (B*T*V*4); this run measured the "
+         "%s\n", fmt_bytes(4 * N * Vp / p), Vp, fmt_bytes(4 * N * V), lp ? "first" : "second");
     if (lp) mismatches += report_loss_parallel(&o, tp, largest_measured, 4 * largest_other);
+    if (lp) mismatches += vocab_padding_report(model);   /* the padding rows: still exactly zero */
     append_memory_csv(o.out_dir, p, lp, logits_bytes, 4 * N * Vl);
     run_clock_report(&clock, o.steps);
 

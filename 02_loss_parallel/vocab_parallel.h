@@ -2,8 +2,11 @@
  * (Megatron-LM's VocabParallelEmbedding and vocab-parallel cross-entropy, Shoeybi et al., 2019;
  * torchtitan calls the output's layout Shard(-1) and the loss "loss parallel"), as a plan.
  *
- * Rank r of p owns the vocabulary entries [v0, v0 + Vl), Vl = V/p, v0 = r*Vl: those rows of
- * tok_embeddings [V, D] and of output [V, D], hence those columns of the logits [N, V].
+ * Rank r of p owns the vocabulary entries [v0, v0 + Vl), Vl = Vp/p, v0 = r*Vl: those rows of
+ * tok_embeddings [V, D] and of output [V, D], hence those columns of the logits [N, V]. Vp is V
+ * padded so that p divides it (Megatron-LM's rule, mesh.h's vocab_padded_size: 1,000 over 3 ranks
+ * is 1,152 rows, 384 a rank): entries [V, Vp), on the last ranks, are padding. Their rows are zero
+ * and never updated; their logits are masked out of the loss (-inf: vocab_math.h).
  *
  *   embedding:  each rank looks up the tokens it owns (zero rows for the others); every token
  *               is owned by exactly one rank, so g, the sum over ranks, is the lookup.
@@ -28,18 +31,22 @@
 /* tok_embeddings and output split over the vocabulary: rows [v0, v0 + V/tp) of each. */
 void vocab_parallel_layouts(shard_layout layout[P_NKINDS]);
 
+/* Of a rank's Vl vocabulary entries [v0, v0 + Vl), how many are real entries of the V (the
+ * first ones; the others are padding): Vl, fewer on the rank that holds V, 0 past it. */
+int vocab_parallel_real_columns(int V, int Vl, int v0);
+
 /* logits_local[N, Vl]; row_max, row_sumexp (saved for backward), target_logit: device [N].
- * Issues 3 all-reduces of N floats (max, sum, sum). Returns the sum over valid rows of the token
- * losses (host float), the same on every rank. */
+ * Entries at V or beyond are padding, masked (-inf). Issues 3 all-reduces of N floats (max, sum,
+ * sum). Returns the sum over valid rows of the token losses (host float), the same on every rank. */
 float vocab_parallel_cross_entropy_forward(comm_group *tp, const float *logits_local,
-                                           const int *targets, int N, int Vl, int v0,
+                                           const int *targets, int N, int Vl, int v0, int V,
                                            float *row_max, float *row_sumexp, float *target_logit);
 
 /* dlogits_local[N, Vl] (=, may alias logits_local) = (softmax - onehot) * grad_scale on the
- * local slice, zero rows for ignored targets. No collective. */
+ * local slice, zero rows for ignored targets, zero columns for padding. No collective. */
 void vocab_parallel_cross_entropy_backward(float *dlogits_local, const float *logits_local,
                                            const int *targets, const float *row_max,
-                                           const float *row_sumexp, int N, int Vl, int v0,
+                                           const float *row_sumexp, int N, int Vl, int v0, int V,
                                            float grad_scale);
 
 /* The loss operator of the plan: the two functions above, saving M and S (2 floats per row). */
@@ -47,9 +54,28 @@ extern const loss_ops vocab_parallel_loss;
 extern const plan_technique loss_parallel_technique;
 
 /* Adds loss parallelism to a plan with a tp group (chapter 01's megatron_plan): the vocabulary
- * layouts, chapter 01's f and g as the vocab region, the vocab-parallel loss. Validates that tp
- * divides the vocabulary (one line naming the nearest valid sizes and exit 2 otherwise). */
+ * layouts, chapter 01's f and g as the vocab region, the vocab-parallel loss. (The mesh was
+ * checked first: tp divides the padded vocabulary, mesh_check.) */
 void loss_parallel_apply(llama_plan *plan, const llama_config *c);
+
+/* --vocab-multiple M, in the chapters that split the vocabulary (02, 03, 08): pad it to a
+ * multiple of M instead of mesh.h's default (128 x tp, or tp for a toy vocabulary). */
+#define VOCAB_MULTIPLE_USAGE                                                                               \
+    "  --vocab-multiple M         pad the vocabulary split over tp to a multiple of M (default: 128 x tp\n" \
+    "                             when the vocabulary has that many entries, else tp; tp must divide the\n" \
+    "                             padded size)\n"
+void vocab_multiple_flag(llama_config *c, const char *arg);
+/* One line from rank 0 when the vocabulary is padded: its padded size and why (the multiple and
+ * where it came from), and which ranks hold the padding rows. Nothing when tp divides it as is. */
+void vocab_padding_describe(const llama_config *c, int tp);
+
+/* The padding rows of tok_embeddings and output, in every block each rank stores (values,
+ * gradients, AdamW's m and v; whole tp slices or FSDP shards): they start at zero, get exactly zero
+ * gradient (no token looks them up, the mask zeroes their logits' gradient) and zero is a fixed
+ * point of AdamW, weight decay included, so they must still be exactly zero. Rank 0 prints one
+ * line and records a failure with the parity verdict (parity.h). Collective over the world.
+ * Returns the number of mismatches (0 or 1). */
+int vocab_padding_report(const llama_model *m);
 
 /* The deliberate bugs of this chapter, for --fault. */
 extern const plan_fault loss_parallel_faults[];

@@ -37,16 +37,18 @@ static const char *usage =
     "  --no-sp                      no sequence parallelism: chapter 01's replicated norms and\n"
     "                               all-reduces, for comparing memory and traffic\n"
     "  --async-tp                   decompose the sequence all-gathers and reduce-scatters over the\n"
-    "                               tp ring, each chunk's GEMM overlapping the next chunk's transfer\n";
+    "                               tp ring, each chunk's GEMM overlapping the next chunk's transfer\n"
+    VOCAB_MULTIPLE_USAGE;
 
-enum { OPT_TP = 1, OPT_AC, OPT_NO_SP, OPT_ASYNC_TP };
-typedef struct { int tp; ac_mode ac; bool sp, async_tp; } chapter_options;
+enum { OPT_TP = 1, OPT_AC, OPT_NO_SP, OPT_ASYNC_TP, OPT_VOCAB_MULTIPLE };
+typedef struct { int tp; ac_mode ac; bool sp, async_tp; llama_config *model; } chapter_options;
 static void chapter_flag(int code, const char *arg, void *ctx) {
     static const char *const ac_names[] = {"none", "selective", "full", NULL};
     chapter_options *co = ctx;
     if (code == OPT_TP) co->tp = cli_int("--tp", arg, 1, 4096);
     else if (code == OPT_AC) co->ac = (ac_mode)cli_choice("--ac", arg, ac_names);
     else if (code == OPT_ASYNC_TP) co->async_tp = true;
+    else if (code == OPT_VOCAB_MULTIPLE) vocab_multiple_flag(co->model, arg);
     else co->sp = false;
 }
 
@@ -60,14 +62,16 @@ int main(int argc, char **argv) {
     faults[nf] = async_tp_fault;
     run_options o = run_options_default("03", faults);
     o.kv_heads_follow_heads = true;   /* tp = 4 runs the default model as is */
-    chapter_options co = {0, AC_NONE, true, false};
+    chapter_options co = {0, AC_NONE, true, false, &o.model};
     static const struct option flags[] = {
         {"tp", required_argument, 0, OPT_TP}, {"ac", required_argument, 0, OPT_AC},
-        {"no-sp", no_argument, 0, OPT_NO_SP}, {"async-tp", no_argument, 0, OPT_ASYNC_TP}, {0, 0, 0, 0}};
+        {"no-sp", no_argument, 0, OPT_NO_SP}, {"async-tp", no_argument, 0, OPT_ASYNC_TP},
+        {"vocab-multiple", required_argument, 0, OPT_VOCAB_MULTIPLE}, {0, 0, 0, 0}};
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     const llama_config *c = &o.model;
 
-    /* ---- mesh: one dimension, tp (the world unless --tp): whole heads, vocabulary rows and tokens ---- */
+    /* ---- mesh: one dimension, tp (the world unless --tp): whole heads, the padded vocabulary's
+     * rows (02) and tokens ---- */
     mesh_requirements needs = llama_mesh_requirements(c, o.batch);
     needs.vocab_size = c->vocab_size;
     needs.sequence_parallel = co.sp;
@@ -92,7 +96,8 @@ int main(int argc, char **argv) {
          d->D, c->n_layers, c->n_heads, c->n_kv_heads, d->hd, c->ffn_dim, c->vocab_size, d->B, d->T);
     log0("per rank: residual stream [%d, %d, %d] (tokens [r*%d, (r+1)*%d) of each sequence), "
          "%d of %d heads, %d of %d ffn units, %d of %d vocabulary rows\n",
-         d->B, d->Ts, d->D, d->Ts, d->Ts, d->Hl, c->n_heads, d->Fl, c->ffn_dim, d->Vl, c->vocab_size);
+         d->B, d->Ts, d->D, d->Ts, d->Ts, d->Hl, c->n_heads, d->Fl, c->ffn_dim, d->Vl, p * d->Vl);
+    vocab_padding_describe(c, p);
 
     /* ---- train, with the baseline beside it ---- */
     char path[512], label[48];
@@ -135,8 +140,9 @@ int main(int argc, char **argv) {
     double hd = d->hd, H = c->n_heads, Hkv = c->n_kv_heads, F = c->ffn_dim;
     memory_row params[] = {{"parameters", param_bytes,
                             4 * ((2 * L + 1) * D + 2 * d->Vl * D + L * (2 * H * hd * D + 2 * Hkv * hd * D + 3 * F * D) / p),
-                            "4 (2VD/t + (2L+1)D + L(2H hd D + 2Hkv hd D + 3FD)/t)"}};
+                            "4 (2 Vp D/t + (2L+1)D + L(2H hd D + 2Hkv hd D + 3FD)/t)"}};   /* Vp: 02's padding */
     mismatches += report_memory("memory per rank", params, 1);
+    mismatches += vocab_padding_report(model);
     mismatches += report_activation_memory(&o, model, p, co.sp, co.ac, act_bytes);
     run_clock_report(&clock, o.steps);
 

@@ -102,7 +102,7 @@ int report_activation_memory(const run_options *o, const llama_model *m, int p, 
     snprintf(what, sizeof what, "layers 0..%d, each", L - 1);
     memory_row run_rows[] = {
         {what, (double)m->layer_act_bytes[shown], layer_formula, formula[sp][ac]},
-        {"outside the layers", act_bytes - layers_measured, outside, "4(2sbh/t' + sb/t' + sbV/t + 2sb)"},
+        {"outside the layers", act_bytes - layers_measured, outside, "4(2sbh/t' + sb/t' + sb Vp/t + 2sb)"},
         {"all saved activations", act_bytes, L * layer_formula + outside, "L x layer + outside"}};
     snprintf(title, sizeof title, "this run (%s, ac %s), per rank (t' = %d: the sequence split)",
              sp ? "tp+sp" : "tp", ac_mode_name(ac), sp ? p : 1);

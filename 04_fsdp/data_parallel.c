@@ -415,7 +415,8 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
     for (int i = 0; i < llama_num_params(c); i++) {
         param_spec sp = llama_param_spec(c, i);
         int r0, nr, c0, nc;
-        shard_slice(plan->layout[sp.kind], sp.rows, sp.cols, r, p, &r0, &nr, &c0, &nc);
+        shard_slice(plan->layout[sp.kind], param_split_rows(c, sp, plan->layout[sp.kind], p), sp.cols, r, p, &r0, &nr,
+                    &c0, &nc);   /* (the vocabulary's rows padded over tp: 02) */
         size_t units = sp.is_vector ? (size_t)nc : (size_t)nr, width = sp.is_vector ? 1 : (size_t)nc;
         size_t shard = (units + s->S - 1) / s->S * width;
         unit_sum[sp.layer < 0 ? s->L : sp.layer] += (size_t)s->S * shard;

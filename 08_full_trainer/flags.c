@@ -5,6 +5,7 @@
 #include "comm.h"
 #include "checkpoint.h"
 #include "flags.h"
+#include "../02_loss_parallel/vocab_parallel.h"
 #include "../04_fsdp/data_parallel.h"
 
 static const char *usage =
@@ -14,6 +15,8 @@ static const char *usage =
     "                                        default, takes what the others leave of NP)\n"
     "  --no-sp                               tensor parallelism without sequence parallelism\n"
     "  --async-tp                            sequence parallelism's collectives decomposed over the tp ring\n"
+    "  --vocab-multiple M                    pad the vocabulary split over tp to a multiple of M (default\n"
+    "                                        128 x tp when the vocabulary has that many entries, else tp)\n"
     "  --ac none|selective|full              activation checkpointing (default none)\n"
     "  --cp-method ring|allgather|alltoall   context-parallel attention (default ring)\n"
     "  --schedule gpipe|1f1b|interleaved|zb-h1  pipeline schedule (default 1f1b)\n"
@@ -42,7 +45,7 @@ enum {
     OPT_PP = 1, OPT_DPR, OPT_DPS, OPT_CP, OPT_TP, OPT_NO_SP, OPT_AC, OPT_CP_METHOD, OPT_SCHEDULE, OPT_MICRO,
     OPT_VIRTUAL, OPT_FP8, OPT_DATA, OPT_WARMUP, OPT_LR_MIN, OPT_ACCUM, OPT_EVAL_EVERY, OPT_EVAL_BATCHES,
     OPT_PEAK, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_RESUME, OPT_EXPORT, OPT_SAMPLE, OPT_PROMPT, OPT_TEMP, OPT_PLAN, OPT_ASYNC_TP,
-    OPT_NO_FSDP_OVER_CP
+    OPT_NO_FSDP_OVER_CP, OPT_VOCAB_MULTIPLE
 };
 static void chapter_flag(int code, const char *arg, void *ctx) {
     static const char *const acs[] = {"none", "selective", "full", NULL};
@@ -86,6 +89,7 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     case OPT_PLAN: co->plan = true; break;
     case OPT_ASYNC_TP: co->par.async_tp = true; break;
     case OPT_NO_FSDP_OVER_CP: co->par.fsdp_over_cp = false; break;
+    case OPT_VOCAB_MULTIPLE: co->vocab_multiple = cli_int("--vocab-multiple", arg, 1, 1 << 20); break;
     default:
         if (!plan_calculator_flag(&co->calc, code, arg)) comm_exit_usage("internal: flag %d not handled", code);
     }
@@ -116,10 +120,12 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
         {"export", required_argument, 0, OPT_EXPORT}, {"sample", required_argument, 0, OPT_SAMPLE},
         {"prompt", required_argument, 0, OPT_PROMPT}, {"temperature", required_argument, 0, OPT_TEMP},
         {"plan", no_argument, 0, OPT_PLAN}, {"async-tp", no_argument, 0, OPT_ASYNC_TP},
-        {"no-fsdp-over-cp", no_argument, 0, OPT_NO_FSDP_OVER_CP}, PLAN_CALC_FLAGS, {0, 0, 0, 0}};
+        {"no-fsdp-over-cp", no_argument, 0, OPT_NO_FSDP_OVER_CP},
+        {"vocab-multiple", required_argument, 0, OPT_VOCAB_MULTIPLE}, PLAN_CALC_FLAGS, {0, 0, 0, 0}};
     char full_usage[8192];
     snprintf(full_usage, sizeof full_usage, "%s%s", usage, plan_calculator_usage);
     run_parse(o, argc, argv, flags, chapter_flag, t, full_usage);
+    o->model.vocab_multiple = t->vocab_multiple;
     if (t->plan) return;
     /* flags this run would ignore: refused, as --microbatches without a pipeline is */
     const int *g = t->par.degree;
@@ -131,6 +137,8 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
         comm_exit_usage("--no-fsdp-over-cp keeps FSDP's shards off the cp ranks: it needs --cp 2 or more");
     if (t->no_sp_given && g[MESH_TP] == 1)
         comm_exit_usage("--no-sp turns off sequence parallelism inside tensor parallelism: it needs --tp 2 or more");
+    if (t->vocab_multiple && g[MESH_TP] == 1)
+        comm_exit_usage("--vocab-multiple %d pads the vocabulary split over tp: it needs --tp 2 or more", t->vocab_multiple);
     if (t->par.async_tp && (g[MESH_TP] == 1 || !t->par.sp))
         comm_exit_usage("--async-tp decomposes sequence parallelism's all-gathers and reduce-scatters over the tp ring: it needs --tp 2 or more, without --no-sp");
     if (t->par.async_tp && t->par.fp8.recipe != FP8_OFF)
@@ -146,9 +154,6 @@ void trainer_validate(run_options *o, trainer_options *t) {
     const llama_config *c = &o->model;
     if (!t->microbatches_given) t->par.pp.microbatches = t->par.degree[MESH_PP];
     parallelize_validate(&t->par, c, o->batch);
-    if (c->vocab_size != 256)
-        comm_exit_usage("--vocab %d is not valid here: the text is read one byte per token, so the vocabulary is "
-                        "the 256 byte values (--vocab 256)", c->vocab_size);
     if (t->resume && !t->ckpt_dir) comm_exit_usage("--resume needs --ckpt-dir DIR: the checkpoints to continue from");
     if (t->ckpt_every && !t->ckpt_dir) comm_exit_usage("--ckpt-every %d needs --ckpt-dir DIR: where to write them", t->ckpt_every);
     if (t->resume && !checkpoint_exists(t->ckpt_dir))

@@ -11,6 +11,7 @@ typedef struct {
     parallel_options par;
     const char *data, *ckpt_dir, *export_path, *prompt;
     int warmup, accum, eval_every, eval_batches, ckpt_every, sample;
+    int vocab_multiple;       /* --vocab-multiple (02's padding of the vocabulary over tp), 0: default */
     double lr_min, temperature, peak_tflops;
     bool resume, plan, microbatches_given;
     /* flags that only some settings use, given on the command line (refused where ignored) */

@@ -30,6 +30,7 @@
 #include "run.h"
 #include "sample.h"
 #include "trainer.h"
+#include "../02_loss_parallel/vocab_parallel.h"
 #include "traffic.h"
 
 /* The settings a resumed run must share with the run it continues (the mesh may differ). */
@@ -71,6 +72,15 @@ int main(int argc, char **argv) {
              o.batch, c->seq_len);
     if (text_corpus_load_for(&corpus, co.data, c->seq_len, val_need, co.eval_every ? val_what : NULL, err, sizeof err))
         comm_exit_usage("--data: %s", err);
+    /* one token per byte: the vocabulary must hold every byte of the text (256 holds any; a smaller
+     * one, padded over tp or not, one that covers this text's bytes) */
+    int largest_byte = 0;
+    for (size_t k = 0; k < corpus.n; k++) largest_byte = corpus.bytes[k] > largest_byte ? corpus.bytes[k] : largest_byte;
+    for (const char *b = co.sample ? co.prompt : ""; *b; b++) largest_byte = (unsigned char)*b > largest_byte ? (unsigned char)*b : largest_byte;
+    if (largest_byte >= c->vocab_size)
+        comm_exit_usage("--vocab %d is not valid for %s%s: the text is read one byte per token and holds byte %d; use "
+                        "--vocab %d or more (256 holds every byte)", c->vocab_size, co.data, co.sample ? " and --prompt" : "",
+                        largest_byte, largest_byte + 1);
     int val_batches = text_val_batches(&corpus, o.batch, c->seq_len);
     if (co.eval_every && co.eval_batches > val_batches)
         comm_exit_usage("--eval-batches %d is more than the %d batches of %d x %d bytes in %s's validation part",
@@ -152,6 +162,7 @@ int main(int argc, char **argv) {
          cp_text, pp_text, dp_text, fp8_recipe_name(co.par.fp8.recipe));
     log0("model: dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d (bytes), %.2f M parameters\n", c->dim, c->n_layers,
          c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size, llama_parameter_count(c, true) / 1e6);
+    if (g[MESH_TP] > 1) vocab_padding_describe(c, g[MESH_TP]);   /* 02: split over tp, padded */
     size_t root_len = strlen(REPO_ROOT "/");   /* the shipped corpus: named from the repository */
     const char *data_name = strncmp(co.data, REPO_ROOT "/", root_len) == 0 ? co.data + root_len : co.data;
     log0("data: %s, %zu bytes (%zu train, %zu validation); batch %d x %d tokens x accum %d per step\n", data_name,
@@ -196,6 +207,7 @@ int main(int argc, char **argv) {
     int mismatches = report_traffic(&co.par, mesh, model, steps_run, co.accum);
     mismatches += report_state_memory(c, co.par.degree, co.par.fsdp_over_cp, mesh->coord[MESH_PP],
                                       co.par.pp.virtual_stages);
+    mismatches += vocab_padding_report(model);   /* 02's padding rows: still exactly zero */
     if (o.check && fp8) mismatches += float8_report_casts(&baseline);   /* step 1's, code by code */
 
     /* ---- what the run leaves: an export, a sample ---- */

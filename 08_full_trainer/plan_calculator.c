@@ -148,6 +148,7 @@ llama_config plan_calc_model(const plan_calc_options *o) {
     c.n_kv_heads = o->n_kv_heads > 0 ? o->n_kv_heads : p->n_kv_heads;
     c.ffn_dim = o->ffn_dim > 0 ? o->ffn_dim : p->ffn_dim;
     c.vocab_size = o->vocab > 0 ? o->vocab : LLAMA3_VOCAB;
+    c.vocab_multiple = o->vocab_multiple;
     c.seq_len = o->seq_len;
     return c;
 }
@@ -189,14 +190,15 @@ static int rank_largest_chunk(int L, int pp, int v, int rank) {
 // ----------------------------------------------------------------------------------------------
 // what one GPU stores
 
-/* One tensor on one GPU: its tp slice (01, 02) as [units, width] (rows, or a vector's elements),
- * units cut in S chunks of ceil(units / S), the last ones padded (04, params.c). */
+/* One tensor on one GPU: its tp slice (01, 02; the vocabulary's padded, param_split_rows) as
+ * [units, width] (rows, or a vector's elements), units cut in S chunks of ceil(units / S), the last
+ * ones padded (04, params.c). */
 typedef struct { double shard, gathered; } tensor_floats;
 static tensor_floats floats_of(const llama_config *c, param_kind kind, shard_layout layout, int tp, int S) {
     param_spec s = llama_param_spec(c, llama_param_index_of(c, kind, kind == P_TOK_EMBEDDINGS || kind == P_NORM ||
                                                                          kind == P_OUTPUT ? -1 : 0));
     int r0, nr, c0, nc;
-    shard_slice(layout, s.rows, s.cols, 0, tp, &r0, &nr, &c0, &nc);
+    shard_slice(layout, param_split_rows(c, s, layout, tp), s.cols, 0, tp, &r0, &nr, &c0, &nc);
     long long units = s.is_vector ? nc : nr, width = s.is_vector ? 1 : nc;
     tensor_floats f = {0, 0};
     /* BEGIN ASSIGNMENT: the floats one GPU stores of this tensor: its tp slice's `units` rows of `width` cut in S chunks of ceil(units / S) rows, the last ones padded (f.shard), and the S padded chunks an all-gather rebuilds (f.gathered) */
@@ -217,7 +219,8 @@ static unit_floats unit_floats_of(const llama_config *c, int tp, int S) {
     static const param_kind layer_kinds[] = {P_ATTENTION_NORM, P_WQ, P_WK, P_WV, P_WO, P_FFN_NORM, P_W1, P_W2, P_W3};
     shard_layout layout[P_NKINDS];
     megatron_layouts(layout);           /* 01: column-parallel wq wk wv w1 w3, row-parallel wo w2   */
-    vocab_parallel_layouts(layout);     /* 02: the embedding and the output split by vocabulary    */
+    if (tp > 1) vocab_parallel_layouts(layout);   /* 02: the embedding and the output split by
+                                                   * vocabulary (padded), as the trainer does at tp > 1 */
     unit_floats u = {0};
     for (int k = 0; k < 9; k++) {
         param_kind kind = layer_kinds[k];
@@ -368,7 +371,8 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
 
     /* ---- sizes ---- */
     int S = shard_group(o, g), mb = o->microbatch, Tl = T / C, hd = llama_head_dim(&c), L = c.n_layers;
-    double D = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, F = c.ffn_dim, Vocab = c.vocab_size;
+    /* the vocabulary as the output GEMM sees it: padded where tp splits it (02) */
+    double D = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, F = c.ffn_dim, Vocab = t > 1 ? llama_padded_vocab(&c, t) : c.vocab_size;
     double e_act = o->precision == PLAN_BF16 ? 2 : 4;   /* activations, tp / cp / pp messages, gathers */
     const double e_grad = 4;                              /* gradients reduced in fp32 (torchtitan's
                                                            * default reduce dtype; this tutorial's) */
@@ -382,7 +386,7 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
     llama_dims d = {0};
     d.B = mb; d.T = Tl; d.Ts = Tl / t; d.N = mb * Tl; d.Ns = mb * d.Ts;
     d.D = c.dim; d.hd = hd; d.Hl = c.n_heads / t; d.Hkvl = c.n_kv_heads / t; d.Fl = c.ffn_dim / t;
-    d.Vl = c.vocab_size / t; d.v0 = 0;
+    d.Vl = (int)Vocab / t; d.v0 = 0;
     /* what 03's checkpointing mode keeps of model.c's table; without checkpointing the attention
      * saves, instead of the softmax B Hl T^2 of the single-device operator, 06's log-sum-exp (the
      * operator planned: blockwise, it never holds the whole softmax) */

@@ -43,6 +43,7 @@ typedef enum { PLAN_FP32 = 0, PLAN_BF16 } plan_precision;
 typedef struct plan_calc_options {
     int preset;                    /* --plan-model: 0 8b, 1 70b, 2 405b (Llama 3 / 3.1)             */
     int dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab;   /* --plan-dim ...: > 0 overrides the preset */
+    int vocab_multiple;            /* the vocabulary's padding over tp (02; 0: mesh.h's default rule) */
     int seq_len;                   /* --plan-seq-len, tokens of one sequence                        */
     long long global_batch;        /* --plan-global-batch, TOKENS per optimizer step                */
     int microbatch;                /* --plan-microbatch, sequences in one forward of a dp rank      */

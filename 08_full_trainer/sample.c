@@ -60,7 +60,8 @@ void sample_text(llama_model *m, const char *prompt, int n_bytes, double tempera
         device_copy_to_device(tokens_dev, tokens, (size_t)T * sizeof(int));
         llama_forward(one, tokens_dev, targets_dev, 0.0f);
         device_copy_to_host(logits, one->saved->logits + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
-        text[len++] = (unsigned char)draw_byte(logits, V, temperature, data_uniform(seed, -1, k));
+        /* the tokens are bytes: a vocabulary above 256 has entries no text holds, never drawn */
+        text[len++] = (unsigned char)draw_byte(logits, V < 256 ? V : 256, temperature, data_uniform(seed, -1, k));
     }
     text[len] = 0;
     log0("sample (%d bytes after the prompt, temperature %g):\n", n_bytes, temperature);

@@ -61,7 +61,7 @@ int report_state_memory(const llama_config *c, const int mesh[MESH_NDIMS], bool 
     plan_calc_options o;
     plan_calc_defaults(&o);
     o.dim = c->dim; o.n_layers = c->n_layers; o.n_heads = c->n_heads; o.n_kv_heads = c->n_kv_heads;
-    o.ffn_dim = c->ffn_dim; o.vocab = c->vocab_size; o.seq_len = c->seq_len;
+    o.ffn_dim = c->ffn_dim; o.vocab = c->vocab_size; o.vocab_multiple = c->vocab_multiple; o.seq_len = c->seq_len;
     o.virtual_stages = virtual_stages;
     o.shard_cp = shard_cp;   /* FSDP over dp_shard x cp, or (--no-fsdp-over-cp) dp_shard alone */
     double floats = plan_calc_stage_floats(&o, mesh, pp_rank);

@@ -63,8 +63,13 @@ int main(int argc, char **argv) {
         {{.ffn_dim = 129}, {.tp = 2}, 2,
          "--ffn-dim 129: w1 and w3 are split by rows, w2 by columns; the nearest valid sizes are 128 and 130"},
         {{.n_kv_heads = 2, .vocab_size = 2}, {.tp = 4}, 4, "--n-kv-heads"},   /* the heads first */
-        {{.vocab_size = 2}, {.tp = 4}, 4,
-         "--vocab 2: the embedding and the output layer are split by vocabulary rows; the nearest valid size is 4"},
+        /* the vocabulary padded: 250 at tp 4 to 252 (the default multiple, tp), 1,000 at tp 3 to 1,152
+         * (128 x 3); a --vocab-multiple tp does not divide is refused */
+        {{.vocab_size = 250}, {.tp = 4}, 4, NULL},
+        {{.vocab_size = 1000}, {.tp = 3}, 3, NULL},
+        {{.vocab_size = 250, .vocab_multiple = 128}, {.tp = 3}, 3,
+         "--tp 3 does not divide --vocab 250 padded to a multiple of --vocab-multiple 128 (256 rows): the embedding "
+         "and the output layer are split by vocabulary rows; use a --vocab-multiple that is a multiple of 3"},
         {{.seq_len = 30}, {.tp = 4}, 4, NULL},   /* no sequence parallelism: no rule */
         {{.seq_len = 30, .sequence_parallel = true}, {.tp = 4}, 4,
          "--seq-len 30 cannot be split over --tp 4: sequence parallelism gives each tp rank seq_len / tp tokens of every "
@@ -97,6 +102,13 @@ int main(int argc, char **argv) {
     };
     for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
         expect(rules[i].s, rules[i].world, &rules[i].r, rules[i].says);
+    /* the padding rule itself (mesh.h's examples) */
+    const int pad[][4] = {{250, 0, 4, 252}, {1000, 0, 3, 1152}, {128256, 0, 3, 128256}, {128256, 0, 5, 128640},
+                          {256, 0, 2, 256}, {256, 0, 4, 256}, {40, 0, 4, 40}, {250, 64, 4, 256}, {250, 0, 1, 256}};
+    for (size_t i = 0; i < sizeof pad / sizeof pad[0]; i++)
+        CHECK(vocab_padded_size(pad[i][0], pad[i][1], pad[i][2]) == pad[i][3], "vocab %d, multiple %d, tp %d: padded "
+              "to %d, expected %d", pad[i][0], pad[i][1], pad[i][2], vocab_padded_size(pad[i][0], pad[i][1], pad[i][2]),
+              pad[i][3]);
     int rc = tu_finish("test_mesh");
     comm_finalize();
     return rc;

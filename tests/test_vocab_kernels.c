@@ -11,7 +11,10 @@
  *   backward:  the gathered shard gradients against central finite differences of the mean
  *              loss, and against the plain cross_entropy_backward;
  *   and the properties: dlogits may alias logits, logits of 1e4 stay finite and correct,
- *   every target -100 gives loss 0 and zero gradients (over garbage), not NaN.
+ *   every target -100 gives loss 0 and zero gradients (over garbage), not NaN;
+ *   a padded vocabulary (28 padded to 30 over P = 3 and 5, to 32 over P = 8: the last shard all
+ *   padding), the padding columns holding the largest logits: the same loss and real gradients
+ *   as unpadded, and exactly zero gradient on the padding.
  *
  * Every tensor goes through device_alloc, so the same test runs on the CUDA backend.
  */
@@ -29,7 +32,8 @@
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
 static float rand_uniform(float lo, float hi) { return tu_rand_uniform(&rng_state, lo, hi); }
 
-enum { N = 6, V = 28, VALID = 4, MAX_SHARDS = 7 };
+enum { N = 6, V = 28, VALID = 4, MAX_SHARDS = 8, VP_MAX = 32 };
+#define PADDING_LOGIT 100.0f   /* what a padding column holds: above every real logit */
 /* targets in shards 0, 3 and the last for P = 4 (columns 0-6, 7-13, 14-20, 21-27) */
 static const int targets_ref[N] = {2, IGNORE_INDEX, 27, 13, IGNORE_INDEX, 20};
 
@@ -38,18 +42,21 @@ static const int targets_ref[N] = {2, IGNORE_INDEX, 27, 13, IGNORE_INDEX, 20};
 /* ---- the shards and the host-side "all-reduces" ---------------------------------------------- */
 
 typedef struct {
-    int P, Vl;
-    float *logits[MAX_SHARDS];          /* device [N, Vl]: columns [p Vl, (p+1) Vl) */
+    int P, Vl, Vr[MAX_SHARDS];          /* Vr[p]: shard p's real columns, the rest padding */
+    float *logits[MAX_SHARDS];          /* device [N, Vl]: columns [p Vl, (p+1) Vl) of the padded */
     float *row_max[MAX_SHARDS], *row_sumexp[MAX_SHARDS], *target_logit[MAX_SHARDS];  /* device [N] */
     int *targets;                       /* device [N], the same for every shard */
 } shards;
 
-static shards shards_create(const float *full, const int *targets, int P) {
-    shards s = {.P = P, .Vl = V / P};
-    float col[N * V];
+/* The real logits full[N, V] padded to Vp columns (P divides Vp) and cut into P shards. */
+static shards shards_create_padded(const float *full, const int *targets, int P, int Vp) {
+    shards s = {.P = P, .Vl = Vp / P};
+    float col[N * VP_MAX];
     for (int p = 0; p < P; p++) {
+        int real = V - p * s.Vl;
+        s.Vr[p] = real < 0 ? 0 : real > s.Vl ? s.Vl : real;
         for (int n = 0; n < N; n++)
-            memcpy(col + n * s.Vl, full + n * V + p * s.Vl, s.Vl * sizeof(float));
+            for (int j = 0; j < s.Vl; j++) col[n * s.Vl + j] = j < s.Vr[p] ? full[n * V + p * s.Vl + j] : PADDING_LOGIT;
         s.logits[p] = tu_upload(col, (size_t)N * s.Vl);
         s.row_max[p] = device_alloc_floats(N, MEM_BUFFERS);
         s.row_sumexp[p] = device_alloc_floats(N, MEM_BUFFERS);
@@ -58,6 +65,10 @@ static shards shards_create(const float *full, const int *targets, int P) {
     s.targets = device_alloc_ints(N, MEM_BUFFERS);
     device_copy_to_device(s.targets, targets, N * sizeof(int));
     return s;
+}
+
+static shards shards_create(const float *full, const int *targets, int P) {
+    return shards_create_padded(full, targets, P, V);
 }
 
 static void shards_free(shards *s) {
@@ -81,10 +92,10 @@ static void host_all_reduce(float **bufs, int P, int is_max) {
 /* The chapter's forward: local max, all-reduce(max), local sum of exp, all-reduce(sum), local
  * target logit, all-reduce(sum), loss. Returns the loss sum of every shard (they must agree). */
 static float sharded_forward(shards *s) {
-    for (int p = 0; p < s->P; p++) vocab_shard_row_max(s->row_max[p], s->logits[p], N, s->Vl);
+    for (int p = 0; p < s->P; p++) vocab_shard_row_max(s->row_max[p], s->logits[p], N, s->Vl, s->Vr[p]);
     host_all_reduce(s->row_max, s->P, 1);
     for (int p = 0; p < s->P; p++)
-        vocab_shard_row_sumexp(s->row_sumexp[p], s->logits[p], s->row_max[p], N, s->Vl);
+        vocab_shard_row_sumexp(s->row_sumexp[p], s->logits[p], s->row_max[p], N, s->Vl, s->Vr[p]);
     host_all_reduce(s->row_sumexp, s->P, 0);
     for (int p = 0; p < s->P; p++)
         vocab_shard_target_logit(s->target_logit[p], s->logits[p], s->targets, N, s->Vl, p * s->Vl);
@@ -98,10 +109,12 @@ static float sharded_forward(shards *s) {
     return loss;
 }
 
-/* The chapter's backward on every shard, gathered into full[N, V] (host). in_place: write the
- * gradient over the shard's logits (dlogits aliases logits). */
-static void sharded_backward(shards *s, float grad_scale, float *full, int in_place) {
-    float local[N * V];
+/* The chapter's backward on every shard, gathered into full[N, V] (host), the padding columns'
+ * into pad[N, Vp - V] when given. in_place: write the gradient over the shard's logits (dlogits
+ * aliases logits). */
+static void sharded_backward_padded(shards *s, float grad_scale, float *full, float *pad, int in_place) {
+    float local[N * VP_MAX];
+    int Vp = s->P * s->Vl;
     for (int p = 0; p < s->P; p++) {
         float *d = in_place ? s->logits[p] : device_alloc_floats((size_t)N * s->Vl, MEM_BUFFERS);
         if (!in_place) {   /* garbage first: ignored rows must be overwritten with zeros */
@@ -109,11 +122,20 @@ static void sharded_backward(shards *s, float grad_scale, float *full, int in_pl
             device_copy_to_device(d, local, (size_t)N * s->Vl * sizeof(float));
         }
         vocab_shard_cross_entropy_backward(d, s->logits[p], s->targets, s->row_max[p],
-                                           s->row_sumexp[p], N, s->Vl, p * s->Vl, grad_scale);
+                                           s->row_sumexp[p], N, s->Vl, s->Vr[p], p * s->Vl, grad_scale);
         device_copy_to_host(local, d, (size_t)N * s->Vl * sizeof(float));
-        for (int n = 0; n < N; n++) memcpy(full + n * V + p * s->Vl, local + n * s->Vl, s->Vl * sizeof(float));
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < s->Vl; j++) {
+                int v = p * s->Vl + j;
+                if (v < V) full[n * V + v] = local[n * s->Vl + j];
+                else if (pad) pad[n * (Vp - V) + v - V] = local[n * s->Vl + j];
+            }
         if (!in_place) device_free(d);
     }
+}
+
+static void sharded_backward(shards *s, float grad_scale, float *full, int in_place) {
+    sharded_backward_padded(s, grad_scale, full, NULL, in_place);
 }
 
 /* ---- references ------------------------------------------------------------------------------- */
@@ -230,6 +252,28 @@ static void test_all_ignored(const float *logits, int P) {
     shards_free(&s);
 }
 
+/* A padded vocabulary: V = 28 padded to Vp over P shards, the padding columns holding the
+ * largest logit of every row. Only the mask keeps them out: the loss and the real columns'
+ * gradients must be the unpadded ones, and the padding's gradient exactly 0. */
+static void test_padded(const float *logits, int P, int Vp) {
+    char what[96];
+    float grad_scale = 1.0f / VALID, got[N * V], plain[N * V], pad[N * VP_MAX];
+    shards s = shards_create_padded(logits, targets_ref, P, Vp);
+    float loss = sharded_forward(&s);
+    float plain_loss = plain_forward(logits, targets_ref, grad_scale, plain);
+    snprintf(what, sizeof what, "P=%d, V %d padded to %d: loss vs plain unpadded", P, V, Vp);
+    CHECK_CLOSE(loss, plain_loss, 1e-6, 1e-6, what);
+    sharded_backward_padded(&s, grad_scale, got, pad, 0);
+    for (int i = 0; i < N * V; i++) {
+        snprintf(what, sizeof what, "P=%d Vp=%d dlogits[%d] vs plain unpadded", P, Vp, i);
+        CHECK_CLOSE(got[i], plain[i], 1e-7, 1e-5, what);
+    }
+    for (int i = 0; i < N * (Vp - V); i++)
+        CHECK(pad[i] == 0.0f, "P=%d Vp=%d: padding gradient [%d, %d] is %g, not exactly 0", P, Vp, i / (Vp - V),
+              V + i % (Vp - V), pad[i]);
+    shards_free(&s);
+}
+
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     float logits[N * V];
@@ -241,6 +285,10 @@ int main(int argc, char **argv) {
         test_huge_logits(logits, P);
         test_all_ignored(logits, P);
     }
+    test_padded(logits, 1, 30);   /* 2 padding columns on the only shard */
+    test_padded(logits, 3, 30);   /* shard 2: 8 real, 2 padding */
+    test_padded(logits, 5, 30);   /* shard 4: 4 real, 2 padding */
+    test_padded(logits, 8, 32);   /* shard 7: all 4 padding */
     CHECK(mem_current_total() == 0, "allocator still counts %zu bytes after freeing everything", mem_current_total());
     int rc = tu_finish("test_vocab_kernels");
     comm_finalize();

@@ -5,21 +5,21 @@
 #include "vocab_kernels.h"
 #include "vocab_math.h"
 
-void vocab_shard_row_max(float *row_max, const float *logits_local, int N, int Vl) {
+void vocab_shard_row_max(float *row_max, const float *logits_local, int N, int Vl, int Vr) {
     for (int n = 0; n < N; n++) {
         const float *x = logits_local + (size_t)n * Vl;
         float m = -INFINITY;
-        for (int j = 0; j < Vl; j++) m = vocab_max(m, x[j]);
+        for (int j = 0; j < Vl; j++) m = vocab_max(m, vocab_masked_logit(x[j], j, Vr));
         row_max[n] = m;
     }
 }
 
 void vocab_shard_row_sumexp(float *row_sumexp, const float *logits_local, const float *row_max,
-                            int N, int Vl) {
+                            int N, int Vl, int Vr) {
     for (int n = 0; n < N; n++) {
         const float *x = logits_local + (size_t)n * Vl;
         float s = 0.0f;
-        for (int j = 0; j < Vl; j++) s += vocab_sumexp_term(x[j], row_max[n]);
+        for (int j = 0; j < Vl; j++) s += vocab_sumexp_term(vocab_masked_logit(x[j], j, Vr), row_max[n]);
         row_sumexp[n] = s;
     }
 }
@@ -44,7 +44,7 @@ float vocab_shard_loss_sum(const float *row_max, const float *row_sumexp,
 /* Element by element: each is read before it is written, so dlogits may alias logits. */
 void vocab_shard_cross_entropy_backward(float *dlogits_local, const float *logits_local,
                                         const int *targets, const float *row_max,
-                                        const float *row_sumexp, int N, int Vl, int v0,
+                                        const float *row_sumexp, int N, int Vl, int Vr, int v0,
                                         float grad_scale) {
     for (int n = 0; n < N; n++) {
         const float *x = logits_local + (size_t)n * Vl;
@@ -52,6 +52,7 @@ void vocab_shard_cross_entropy_backward(float *dlogits_local, const float *logit
         int ignored = targets[n] == IGNORE_INDEX;
         int t = vocab_shard_column(targets[n], v0, Vl);   /* -1: the target is elsewhere */
         for (int j = 0; j < Vl; j++)
-            dx[j] = ignored ? 0.0f : vocab_grad(x[j], j == t, row_max[n], row_sumexp[n], grad_scale);
+            dx[j] = ignored ? 0.0f : vocab_grad(vocab_masked_logit(x[j], j, Vr), j == t, row_max[n], row_sumexp[n],
+                                                grad_scale);
     }
 }

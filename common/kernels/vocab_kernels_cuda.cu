@@ -22,36 +22,36 @@ struct VocabMax {
 };
 
 /* One block per row n: the local maximum, written by thread 0. */
-static __global__ void row_max_kernel(float *row_max, const float *logits_local, int Vl) {
+static __global__ void row_max_kernel(float *row_max, const float *logits_local, int Vl, int Vr) {
     __shared__ BlockReduceFloat::TempStorage temp;
     const float *x = logits_local + (size_t)blockIdx.x * Vl;
     float m = -INFINITY;
-    for (int j = threadIdx.x; j < Vl; j += ROW_THREADS) m = vocab_max(m, x[j]);
+    for (int j = threadIdx.x; j < Vl; j += ROW_THREADS) m = vocab_max(m, vocab_masked_logit(x[j], j, Vr));
     m = BlockReduceFloat(temp).Reduce(m, VocabMax());   /* valid in thread 0 only */
     if (threadIdx.x == 0) row_max[blockIdx.x] = m;
 }
 
-void vocab_shard_row_max(float *row_max, const float *logits_local, int N, int Vl) {
+void vocab_shard_row_max(float *row_max, const float *logits_local, int N, int Vl, int Vr) {
     if (N == 0) return;
-    row_max_kernel<<<N, ROW_THREADS, 0, cuda_stream()>>>(row_max, logits_local, Vl);
+    row_max_kernel<<<N, ROW_THREADS, 0, cuda_stream()>>>(row_max, logits_local, Vl, Vr);
     CUDA_CHECK_LAUNCH();
 }
 
 /* One block per row n: sum of e^(x - M) over the local columns, M the global maximum. */
 static __global__ void row_sumexp_kernel(float *row_sumexp, const float *logits_local,
-                                         const float *row_max, int Vl) {
+                                         const float *row_max, int Vl, int Vr) {
     __shared__ BlockReduceFloat::TempStorage temp;
     const float *x = logits_local + (size_t)blockIdx.x * Vl;
     float M = row_max[blockIdx.x], s = 0.0f;
-    for (int j = threadIdx.x; j < Vl; j += ROW_THREADS) s += vocab_sumexp_term(x[j], M);
+    for (int j = threadIdx.x; j < Vl; j += ROW_THREADS) s += vocab_sumexp_term(vocab_masked_logit(x[j], j, Vr), M);
     s = BlockReduceFloat(temp).Sum(s);                   /* valid in thread 0 only */
     if (threadIdx.x == 0) row_sumexp[blockIdx.x] = s;
 }
 
 void vocab_shard_row_sumexp(float *row_sumexp, const float *logits_local, const float *row_max,
-                            int N, int Vl) {
+                            int N, int Vl, int Vr) {
     if (N == 0) return;
-    row_sumexp_kernel<<<N, ROW_THREADS, 0, cuda_stream()>>>(row_sumexp, logits_local, row_max, Vl);
+    row_sumexp_kernel<<<N, ROW_THREADS, 0, cuda_stream()>>>(row_sumexp, logits_local, row_max, Vl, Vr);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -104,24 +104,25 @@ float vocab_shard_loss_sum(const float *row_max, const float *row_sumexp,
 /* One thread per element i = n Vl + j; it reads x[i] before writing dx[i] (aliasing is fine). */
 static __global__ void backward_kernel(float *dlogits_local, const float *logits_local,
                                        const int *targets, const float *row_max,
-                                       const float *row_sumexp, int N, int Vl, int v0,
+                                       const float *row_sumexp, int N, int Vl, int Vr, int v0,
                                        float grad_scale) {
     GRID_STRIDE_LOOP(i, (size_t)N * Vl) {
         size_t n = i / Vl;
         int j = (int)(i % Vl);
         if (targets[n] == IGNORE_INDEX) { dlogits_local[i] = 0.0f; continue; }
         int t = vocab_shard_column(targets[n], v0, Vl);
-        dlogits_local[i] = vocab_grad(logits_local[i], j == t, row_max[n], row_sumexp[n], grad_scale);
+        dlogits_local[i] = vocab_grad(vocab_masked_logit(logits_local[i], j, Vr), j == t, row_max[n], row_sumexp[n],
+                                      grad_scale);
     }
 }
 
 void vocab_shard_cross_entropy_backward(float *dlogits_local, const float *logits_local,
                                         const int *targets, const float *row_max,
-                                        const float *row_sumexp, int N, int Vl, int v0,
+                                        const float *row_sumexp, int N, int Vl, int Vr, int v0,
                                         float grad_scale) {
     size_t n = (size_t)N * Vl;
     if (n == 0) return;
     backward_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(
-        dlogits_local, logits_local, targets, row_max, row_sumexp, N, Vl, v0, grad_scale);
+        dlogits_local, logits_local, targets, row_max, row_sumexp, N, Vl, Vr, v0, grad_scale);
     CUDA_CHECK_LAUNCH();
 }

@@ -15,6 +15,12 @@
  * of different ranks are only addable when they are relative to the same number. After the
  * all-reduces, (M, S) is exactly the softmax_state the single-device kernel builds over the
  * whole row, so the loss and the gradient are llama_math.h's formulas, unchanged.
+ *
+ * A padded vocabulary (Megatron's: V rounded up so that tp divides it) adds columns that are no
+ * token: a shard's first Vr columns are real, the rest padding. A padding column enters every
+ * reduction as -inf (vocab_masked_logit): it never wins the max, adds e^-inf = 0 to S, and its
+ * gradient e^-inf / S - 0 is exactly 0, so the loss and the real columns' gradients are those of
+ * the unpadded vocabulary, bit for bit.
  */
 #pragma once
 #include "llama_math.h"
@@ -25,6 +31,9 @@
 HD static inline int vocab_shard_column(int token, int v0, int Vl) {
     return embedding_local_row(token, v0, Vl);
 }
+
+/* Column j of a shard whose first Vr columns are real: its logit, or -inf for padding.       */
+HD static inline float vocab_masked_logit(float logit, int j, int Vr) { return j < Vr ? logit : -INFINITY; }
 
 /* The max reduction, local and across threads. fmaxf ignores a NaN operand; logits are
  * finite here, and the start value -inf loses to every finite number.                      */

@@ -34,6 +34,9 @@ C_BEGIN
 typedef struct {
     int dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, seq_len;
     float norm_eps, rope_theta;
+    int vocab_multiple;   /* where the vocabulary is split over tp (02): pad it to a multiple of this
+                           * (--vocab-multiple; 0: mesh.h's default rule). Not part of the model: the
+                           * padding rows are zero, never read, and exports hold vocab_size rows. */
 } llama_config;
 
 typedef struct {
@@ -52,6 +55,9 @@ int llama_config_check(const llama_config *c, int B, int T, char *err, size_t er
  * (pp), the batch (dp). The caller adds what its plan splits beyond these: the vocabulary (loss
  * parallelism), the sequence over tp (sequence parallelism), microbatches, virtual stages. */
 mesh_requirements llama_mesh_requirements(const llama_config *c, long long batch);
+/* The vocabulary rows the embedding and the output layer hold when split over tp (02): vocab_size
+ * rounded up to the padding multiple (mesh.h's vocab_padded_size). */
+int llama_padded_vocab(const llama_config *c, int tp);
 
 /* ---- the parameter table: every tensor's name, kind, full shape and initialisation ----
  * Described once, in llama.c: one layer's nine tensors and the model's three ends. */

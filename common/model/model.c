@@ -42,7 +42,8 @@ static llama_dims plan_dims(const llama_config *c, const llama_plan *plan, int B
     d.Hl = c->n_heads / split_heads;
     d.Hkvl = c->n_kv_heads / split_kv;
     d.Fl = c->ffn_dim / split_ffn;
-    d.Vl = c->vocab_size / split_vocab;
+    /* split, the vocabulary is padded (02: llama_padded_vocab; a rank's rows past V are padding) */
+    d.Vl = plan->layout[P_OUTPUT] == SHARD_ROWS ? llama_padded_vocab(c, p) / split_vocab : c->vocab_size;
     d.v0 = split_vocab > 1 ? r * d.Vl : 0;
     d.probs = plan->attention.saved_numel ? plan->attention.saved_numel(plan->attention.state, plan, B, d.T, d.Hl)
                                           : (size_t)B * d.Hl * d.T * d.T;
@@ -485,7 +486,8 @@ static float head_forward(llama_model *m, const int *targets, float loss_scale, 
     /* logits[N, Vl] = xn output^T: this rank's vocabulary rows */
     p->linear.forward(p->linear.state, p, (linear_site){P_OUTPUT, -1}, s->logits, xn, w->output, N, d->D, Vl);
     /* the sum over valid targets of -log softmax(logits)[target] */
-    float loss_sum = p->loss.forward(p->loss.state, p, s->logits, s->targets, N, Vl, v0, s->loss_stats, m->loss_scratch);
+    float loss_sum = p->loss.forward(p->loss.state, p, s->logits, s->targets, N, Vl, v0, m->c.vocab_size, s->loss_stats,
+                                     m->loss_scratch);
     return loss_sum * loss_scale;
 }
 
@@ -496,7 +498,8 @@ static void head_backward(llama_model *m, float *dh, const unit_weights *w, cons
     llama_saved *s = m->saved;
     int B = d->B, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, Vl = d->Vl, v0 = d->v0;
     /* dlogits[N, Vl] = (softmax - onehot(target)) * loss_scale, written over the logits */
-    p->loss.backward(p->loss.state, p, s->logits, s->logits, s->targets, s->loss_stats, N, Vl, v0, s->loss_scale);
+    p->loss.backward(p->loss.state, p, s->logits, s->logits, s->targets, s->loss_stats, N, Vl, v0, m->c.vocab_size,
+                     s->loss_scale);
     /* the output layer's input again (a split sequence kept only this rank's shard of it) */
     float *xn = whole(m, m->attn_in, s->final_xn);
     p->vocab.enter_forward(p->vocab.state, p, xn, s->final_xn, B, Ts, D);

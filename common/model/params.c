@@ -10,6 +10,11 @@
 #include "llama_kernels.h"
 #include "params.h"
 
+int param_split_rows(const llama_config *c, param_spec s, shard_layout layout, int tp) {
+    bool vocab_rows = (s.kind == P_TOK_EMBEDDINGS || s.kind == P_OUTPUT) && layout == SHARD_ROWS;
+    return vocab_rows ? llama_padded_vocab(c, tp) : s.rows;
+}
+
 param_table *param_table_create(const llama_config *c, device_mesh *mesh,
                                 const shard_layout layout[P_NKINDS],
                                 const block_storage storage[PARAM_NBLOCKS], unsigned shard_dims,
@@ -31,8 +36,9 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
         x->spec = llama_param_spec(c, i);
         x->tp_layout = layout ? layout[x->spec.kind] : SHARD_REPLICATED;
         x->here = here ? here[i] : true;
-        shard_slice(x->tp_layout, x->spec.rows, x->spec.cols, r, p, &x->r0, &x->nr, &x->c0, &x->nc);
-        if ((x->tp_layout == SHARD_ROWS && x->nr * p != x->spec.rows) ||
+        int rows = param_split_rows(c, x->spec, x->tp_layout, p);   /* the vocabulary's padded */
+        shard_slice(x->tp_layout, rows, x->spec.cols, r, p, &x->r0, &x->nr, &x->c0, &x->nc);
+        if ((x->tp_layout == SHARD_ROWS && x->nr * p != rows) ||
             (x->tp_layout == SHARD_COLS && x->nc * p != x->spec.cols)) {
             fprintf(stderr, "param_table_create: %s [%d, %d] is not divisible by tp %d\n", x->spec.name,
                     x->spec.rows, x->spec.cols, p);
@@ -41,12 +47,16 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
         /* the shard group's split of PyTorch's dim 0: a matrix's rows, a vector's elements */
         x->units = x->spec.is_vector ? x->nc : x->nr;
         x->width = x->spec.is_vector ? 1 : x->nc;
+        /* the vocabulary's padding: stored (units), but no part of the tensor (nr, real_units) */
+        int real_rows = x->spec.rows - x->r0;
+        if (x->nr > real_rows) x->nr = real_rows > 0 ? real_rows : 0;
+        x->real_units = x->spec.is_vector ? x->nc : x->nr;
         x->shard_units = (x->units + S - 1) / S;
         x->own_first = s * x->shard_units;
-        x->own_units = x->units - x->own_first;
+        x->own_units = x->real_units - x->own_first;
         if (x->own_units > x->shard_units) x->own_units = x->shard_units;
         if (x->own_units < 0) x->own_units = 0;
-        if (!x->here) x->units = x->shard_units = x->own_units = 0;   /* another stage's */
+        if (!x->here) x->units = x->real_units = x->shard_units = x->own_units = 0;   /* another stage's */
     }
     /* Offsets, unit by unit, so that a unit is one contiguous range in every block. */
     for (int u = 0; u <= c->n_layers; u++) {
@@ -66,7 +76,9 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
     t->adam_v = device_alloc_floats(BLOCK_NUMEL(PARAM_OPTIM), MEM_OPTIM);
 #undef BLOCK_NUMEL
     /* The shard-invariant initialiser gives each rank exactly its slice of the baseline: the
-     * whole tp slice, or the rows (elements) of its dp shard; padding stays zero. */
+     * whole tp slice, or the rows (elements) of its dp shard; padding stays zero (a shard's, and
+     * the vocabulary's rows past V: zero with zero gradient is a fixed point of AdamW, weight
+     * decay included, so they stay exactly zero). */
     bool sharded = t->storage[PARAM_VALUES] == STORE_SHARD;
     for (int i = 0; i < t->n; i++) {
         const param_tensor *x = &t->t[i];
@@ -78,7 +90,7 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
             if (x->own_units > 0)
                 init_normal_slice_device(dst, x->spec.name, seed, x->spec.init_std, x->spec.rows, x->spec.cols,
                                          x->r0 + x->own_first, x->own_units, x->c0, x->nc);
-        } else {
+        } else if (x->nr > 0) {   /* (a tp slice of the vocabulary may be all padding) */
             init_normal_slice_device(dst, x->spec.name, seed, x->spec.init_std, x->spec.rows, x->spec.cols,
                                      x->r0, x->nr, x->c0, x->nc);
         }

@@ -44,7 +44,11 @@ typedef struct {
     param_spec spec;          /* name, kind, layer, global [rows, cols] (llama.h)              */
     shard_layout tp_layout;   /* how it is split over the mesh's tp dimension                 */
     int r0, nr, c0, nc;       /* this rank's tp slice: rows [r0, r0+nr) x columns [c0, c0+nc) */
-    int units, width;         /* the tp slice as [units, width]: [nr, nc], or [nc, 1] (vector) */
+    int units, width;         /* the tp slice as stored, [units, width]: [nr, nc], or [nc, 1]
+                               * (vector); the vocabulary's (02) has Vp/tp rows, of which the
+                               * first nr are real and the rest padding (param_split_rows)     */
+    int real_units;           /* the tp slice's units that hold the tensor: units but for the
+                               * vocabulary's padding rows (zero, never updated)               */
     int shard_units;          /* units per dp shard, ceil(units / S)                           */
     int own_first, own_units; /* this rank's real units of the tp slice (own_units may be 0)   */
     size_t offset_whole;      /* where it starts in a whole block (floats)                     */
@@ -88,6 +92,11 @@ typedef struct {
      * tok_embeddings, norm, output), so a unit's tensors are one contiguous range. */
     float *params, *grads, *adam_m, *adam_v;   /* MEM_PARAMS, MEM_GRADS, MEM_OPTIM, MEM_OPTIM */
 } param_table;
+
+/* The rows tensor `s` has when split over tp ranks under `layout`: its own, except the
+ * vocabulary's two tensors split by rows (02), which hold the padded vocabulary
+ * (llama_padded_vocab), rows [vocab_size, padded) being zero padding on the last ranks. */
+int param_split_rows(const llama_config *c, param_spec s, shard_layout layout, int tp);
 
 /* Allocates this rank's slices (layout[kind] over the mesh's tp group; mesh NULL: whole
  * tensors; storage[block] whole or sharded, NULL: all whole; a sharded block split over the mesh

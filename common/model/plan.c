@@ -20,13 +20,13 @@ static void identity_exit_forward(void *state, const llama_plan *p, float *y_loc
 }
 const region_ops region_identity = {NULL, identity_forward, identity_backward, identity_exit_forward, identity_forward};
 
-/* The whole vocabulary on this rank: the plain cross-entropy. */
+/* The whole vocabulary on this rank, unpadded (Vl = V): the plain cross-entropy. */
 static float local_loss_forward(void *state, const llama_plan *p, const float *logits, const int *targets, int N,
-                                int Vl, int v0, float *stats, float *scratch) {
+                                int Vl, int v0, int V, float *stats, float *scratch) {
     return cross_entropy_forward(logits, targets, N, Vl);
 }
 static void local_loss_backward(void *state, const llama_plan *p, float *dlogits, const float *logits,
-                                const int *targets, const float *stats, int N, int Vl, int v0,
+                                const int *targets, const float *stats, int N, int Vl, int v0, int V,
                                 float grad_scale) {
     cross_entropy_backward(dlogits, logits, targets, N, Vl, grad_scale);
 }

@@ -59,7 +59,8 @@ typedef struct {
     void (*exit_backward)(void *state, const llama_plan *p, float *dy_full, const float *dy_local, int B, int Ts, int C);
 } region_ops;
 
-/* The loss on this rank's logits [N, Vl] (vocabulary rows [v0, v0 + Vl) of V). A loss may keep
+/* The loss on this rank's logits [N, Vl] (vocabulary rows [v0, v0 + Vl); those at V or beyond
+ * are the padding of a split vocabulary (02), no token, to be masked out). A loss may keep
  * `saved_per_row` floats per row for its backward (stats [N * saved_per_row], activations) and
  * use scratch [N]. forward returns the sum of the token losses over valid targets, the same on
  * every rank; backward writes dlogits (=, may alias logits) = (softmax - onehot) * grad_scale. */
@@ -67,9 +68,9 @@ typedef struct {
     void *state;
     int saved_per_row;
     float (*forward)(void *state, const llama_plan *p, const float *logits, const int *targets, int N, int Vl,
-                     int v0, float *stats, float *scratch);
+                     int v0, int V, float *stats, float *scratch);
     void (*backward)(void *state, const llama_plan *p, float *dlogits, const float *logits, const int *targets,
-                     const float *stats, int N, int Vl, int v0, float grad_scale);
+                     const float *stats, int N, int Vl, int v0, int V, float grad_scale);
 } loss_ops;
 
 /* Causal attention over the heads this rank holds (llama_kernels.h's shapes): q [B, T, H, hd],

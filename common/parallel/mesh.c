@@ -9,11 +9,26 @@ const char *mesh_dim_name(int dim) { return dim_names[dim]; }
 
 /* How a refusal names the sizes: a run's flags, or the model's fields (the calculator takes them
  * from a preset as often as from its --plan-* flags). */
-typedef struct { const char *heads, *kv_heads, *ffn, *vocab, *seq, *layers, *virtual_stages, *microbatches; } size_names;
-static const size_names run_names = {"--n-heads", "--n-kv-heads", "--ffn-dim", "--vocab", "--seq-len", "--n-layers",
-                                     "--virtual-stages", "--microbatches"};
-static const size_names plan_names = {"n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "seq_len", "n_layers",
-                                      "virtual stages", "microbatches"};
+typedef struct {
+    const char *heads, *kv_heads, *ffn, *vocab, *vocab_multiple, *seq, *layers, *virtual_stages, *microbatches;
+} size_names;
+static const size_names run_names = {"--n-heads", "--n-kv-heads", "--ffn-dim", "--vocab", "--vocab-multiple",
+                                     "--seq-len", "--n-layers", "--virtual-stages", "--microbatches"};
+static const size_names plan_names = {"n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "vocab multiple", "seq_len",
+                                      "n_layers", "virtual stages", "microbatches"};
+
+/* The tile Megatron pads each rank's vocabulary rows to (make_vocab_size_divisible_by). */
+#define VOCAB_TILE 128
+
+int vocab_padding_multiple(int vocab, int multiple, int tp) {
+    if (multiple > 0) return multiple;
+    return vocab >= VOCAB_TILE * tp ? VOCAB_TILE * tp : tp;
+}
+
+int vocab_padded_size(int vocab, int multiple, int tp) {
+    int m = vocab_padding_multiple(vocab, multiple, tp);
+    return (vocab + m - 1) / m * m;
+}
 
 static long long gcd(long long a, long long b) { return b ? gcd(b, a % b) : a; }
 static long long lcm(long long a, long long b) { return a / gcd(a, b) * b; }
@@ -99,9 +114,13 @@ const char *mesh_check(mesh_shape *s, int world, const mesh_requirements *r, cha
     if (r->ffn_dim % T)
         REFUSE("%s does not divide %s %d: w1 and w3 are split by rows, w2 by columns; %s", tp, n->ffn, r->ffn_dim,
                nearest(valid, sizeof valid, "size", r->ffn_dim, T));
-    if (r->vocab_size % T)
-        REFUSE("%s does not divide %s %d: the embedding and the output layer are split by vocabulary rows; %s", tp,
-               n->vocab, r->vocab_size, nearest(valid, sizeof valid, "size", r->vocab_size, T));
+    /* the vocabulary padded first (vocab_padded_size): only a --vocab-multiple that tp does not
+     * divide can leave it unsplittable; the default rule's multiple is a multiple of tp */
+    int Vp = r->vocab_size ? vocab_padded_size(r->vocab_size, r->vocab_multiple, T) : 0;
+    if (Vp % T)
+        REFUSE("%s does not divide %s %d padded to a multiple of %s %d (%d rows): the embedding and the output "
+               "layer are split by vocabulary rows; use a %s that is a multiple of %d", tp, n->vocab, r->vocab_size,
+               n->vocab_multiple, r->vocab_multiple, Vp, n->vocab_multiple, T);
 
     /* the sequence: 2 cp chunks (06's zigzag), each cp rank's rows split over tp (03); the
      * nearest lengths offered satisfy both */

@@ -42,7 +42,9 @@ typedef enum { MESH_NAMES_RUN = 0, MESH_NAMES_PLAN } mesh_names;
 typedef struct {
     int n_heads, n_kv_heads;   /* tp (01): whole query heads and key/value heads on each tp rank    */
     int ffn_dim;               /* tp (01): w1, w3 split by rows and w2 by columns                   */
-    int vocab_size;            /* tp (02): given when the embedding and the output are split by rows */
+    int vocab_size;            /* tp (02): given when the embedding and the output are split by rows;
+                                * tp must divide it once padded (vocab_padded_size)                */
+    int vocab_multiple;        /*   --vocab-multiple, 0: the default rule                             */
     int seq_len;               /* cp (06): 2 cp chunks (the zigzag's halves); with
                                 * sequence_parallel, cp x tp (03: seq_len / (cp tp) rows a rank)     */
     bool sequence_parallel;
@@ -57,6 +59,17 @@ typedef struct {
     int microbatch_size;       /* the calculator: pieces of this many sequences (0: any)            */
     mesh_names names;
 } mesh_requirements;
+
+/* Vocabulary padding (02; Megatron-LM's --make-vocab-size-divisible-by, times tp): the embedding
+ * and the output layer, split by vocabulary rows over tp, hold the vocabulary rounded up to a
+ * multiple of M, rows [vocab, padded) being padding that no token reaches and no logit of which the
+ * loss lets through. M is `multiple` when given (> 0), else the default: 128 x tp when the
+ * vocabulary has at least that many entries (each rank's rows a whole number of 128-row GEMM tiles,
+ * Megatron's choice), else tp (a toy vocabulary: the fewest padded rows that split evenly).
+ * Examples: 250 at tp 4 -> M 4, 252; 1,000 at tp 3 -> M 384, 1,152; 128,256 at tp 3 -> 128,256.
+ * Returns M, or the padded size. */
+int vocab_padding_multiple(int vocab, int multiple, int tp);
+int vocab_padded_size(int vocab, int multiple, int tp);
 
 const char *mesh_dim_name(int dim);   /* "pp", "dp_replicate", "dp_shard", "cp", "tp" */
 
