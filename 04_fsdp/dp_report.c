@@ -68,15 +68,15 @@ int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, c
     }
     /* END ASSIGNMENT */
     char buckets_formula[64];
-    if (dp->mode == DP_DDP) {
+    bool ddp = dp->mode == DP_DDP, fsdp = dp->mode == DP_FSDP;
+    if (ddp) {
         groups[0] = plan->groups.batch;
         snprintf(buckets_formula, sizeof buckets_formula, "Psi x 4 in %.0f buckets", buckets);
         expect[n_expect++] = (comm_expectation){plan->groups.batch, COLL_ALL_REDUCE, buckets, bucket_bytes, buckets_formula};
     } else {
-        bool twice = dp->mode == DP_FSDP && dp->reshard_after_forward;
-        expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_ALL_GATHER, gathers, gather_bytes,
-                                                dp->mode == DP_FSDP ? (twice ? "2 x S Psi_S x 4 (fwd + bwd)" : "S Psi_S x 4 (fwd)")
-                                                                    : "S Psi_S x 4 (after the step)"};
+        const char *when = !fsdp ? "S Psi_S x 4 (after the step)"
+                         : dp->reshard_after_forward ? "2 x S Psi_S x 4 (fwd + bwd)" : "S Psi_S x 4 (fwd)";
+        expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_ALL_GATHER, gathers, gather_bytes, when};
         expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_REDUCE_SCATTER, scatters, scatter_bytes,
                                                 "S Psi_S x 4"};
         if (z.R > 1) {

@@ -116,7 +116,7 @@ int float8_report_traffic(const run_options *o, device_mesh *mesh, const llama_p
         /* (--fp8-all-gather: 14 L more, one float each: each block weight's amax, agreed before its gathers) */
         double calls = 4 * L + amax_calls + (fp8_gather ? 14 * L : 0);
         double bytes = 4 * L * N * D * 4 + 4 * amax_floats + (fp8_gather ? 14 * L * 4 : 0);
-        const char *formula = !fp8 ? "4 L x N D x 4" : "4 L x N D x 4 + the amaxes";
+        const char *formula = fp8 ? "4 L x N D x 4 + the amaxes" : "4 L x N D x 4";
         /* BEGIN SOLUTION 07: the amax agreements */
         formula = !fp8 ? "4 L x N D x 4"
                 : rowwise ? "4 L x N D x 4 + 14 L amaxes: 7 L (N + D) x 4"
