@@ -45,24 +45,44 @@ int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, c
     comm_group *groups[4] = {mesh->group[MESH_DP_SHARD]};
     int n_groups = 1, n_expect = 0;
     comm_expectation expect[4];
-    double full = 4 * z.S * z.psi_s;                  /* an all-gather or reduce-scatter of every tensor */
-    char buckets_formula[64];
+    /* The collectives of one step over the data ranks, as counts and payload bytes (the padded
+     * tensors: Psi_S is ceil-padded, so S x Psi_S >= Psi): ddp's all-reduces of its buckets over
+     * the batch group; the other modes' all-gathers and reduce-scatters over dp_shard, and HSDP's
+     * all-reduces over dp_replicate. */
+    double buckets = 0, bucket_bytes = 0, gathers = 0, gather_bytes = 0, scatters = 0, scatter_bytes = 0;
+    double replica_reduces = 0, replica_bytes = 0;
+    /* BEGIN ASSIGNMENT: traffic formula: the calls and payload bytes per step of each collective over the data ranks (ddp's buckets; the gathers and reduce-scatters over dp_shard; HSDP's all-reduces) */
     if (dp->mode == DP_DDP) {
         /* ceil(bucket / layer) layers per bucket (at least 1), and the ends on their own */
-        double per = fmax(1, ceil((double)dp->bucket_floats / z.layer_whole)), buckets = ceil(z.L / per) + 1;
+        double per = fmax(1, ceil((double)dp->bucket_floats / z.layer_whole));
+        buckets = ceil(z.L / per) + 1;
+        bucket_bytes = 4 * z.psi;
+    } else {
+        double full = 4 * z.S * z.psi_s;   /* an all-gather or reduce-scatter of every tensor */
+        bool twice = dp->mode == DP_FSDP && dp->reshard_after_forward;
+        gathers = z.n * (twice ? 2 : 1);
+        gather_bytes = full * (twice ? 2 : 1);
+        scatters = z.n;
+        scatter_bytes = full;
+        if (z.R > 1) { replica_reduces = z.n; replica_bytes = 4 * z.psi_s; }
+    }
+    /* END ASSIGNMENT */
+    char buckets_formula[64];
+    bool ddp = dp->mode == DP_DDP, fsdp = dp->mode == DP_FSDP;
+    if (ddp) {
         groups[0] = plan->groups.batch;
         snprintf(buckets_formula, sizeof buckets_formula, "Psi x 4 in %.0f buckets", buckets);
-        expect[n_expect++] = (comm_expectation){plan->groups.batch, COLL_ALL_REDUCE, buckets, 4 * z.psi, buckets_formula};
+        expect[n_expect++] = (comm_expectation){plan->groups.batch, COLL_ALL_REDUCE, buckets, bucket_bytes, buckets_formula};
     } else {
-        bool twice = dp->mode == DP_FSDP && dp->reshard_after_forward;
-        expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_ALL_GATHER, z.n * (twice ? 2 : 1),
-                                                full * (twice ? 2 : 1),
-                                                dp->mode == DP_FSDP ? (twice ? "2 x S Psi_S x 4 (fwd + bwd)" : "S Psi_S x 4 (fwd)")
-                                                                    : "S Psi_S x 4 (after the step)"};
-        expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_REDUCE_SCATTER, z.n, full, "S Psi_S x 4"};
+        const char *when = !fsdp ? "S Psi_S x 4 (after the step)"
+                         : dp->reshard_after_forward ? "2 x S Psi_S x 4 (fwd + bwd)" : "S Psi_S x 4 (fwd)";
+        expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_ALL_GATHER, gathers, gather_bytes, when};
+        expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_REDUCE_SCATTER, scatters, scatter_bytes,
+                                                "S Psi_S x 4"};
         if (z.R > 1) {
             groups[n_groups++] = mesh->group[MESH_DP_REPLICATE];
-            expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_REPLICATE], COLL_ALL_REDUCE, z.n, 4 * z.psi_s, "Psi_S x 4 (HSDP)"};
+            expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_REPLICATE], COLL_ALL_REDUCE, replica_reduces,
+                                                    replica_bytes, "Psi_S x 4 (HSDP)"};
         }
     }
     if (plan->groups.tp) {
@@ -82,26 +102,33 @@ int report_data_parallel_memory(const llama_plan *plan, const llama_model *m, co
     dp_sizes z = sizes_of(plan, m);
     bool shard_values = dp->mode == DP_FSDP, shard_grads = dp->mode == DP_ZERO2 || dp->mode == DP_FSDP;
     bool shard_optim = dp->mode != DP_DDP;
-    double v = 4 * (shard_values ? z.psi_s : z.psi), g = 4 * (shard_grads ? z.psi_s : z.psi);
-    double a = 8 * (shard_optim ? z.psi_s : z.psi);
-    static const char *total[DP_NMODES] = {"16 Psi", "8 Psi + 8 Psi_S", "4 Psi + 12 Psi_S", "16 Psi_S"};
+    /* Bytes per rank: the values, gradients and AdamW m and v as stored, and the transient buffers
+     * (MEM_BUFFERS) the mode allocates, with the formula that names them. */
+    double v = 0, g = 0, a = 0, buffers = 0;
+    char buffer_formula[96] = "none";
+    /* BEGIN ASSIGNMENT: memory formula: the bytes per rank of the values, gradients, AdamW m and v and the transient buffers of this mode (and buffer_formula, the formula in words) */
+    v = 4 * (shard_values ? z.psi_s : z.psi);
+    g = 4 * (shard_grads ? z.psi_s : z.psi);
+    a = 8 * (shard_optim ? z.psi_s : z.psi);
     /* the transient buffers: gathered layers in flight (fsdp), a unit's full gradients (zero2,
      * fsdp), the collectives' staging (S + 1 shards of the largest tensor) */
     double in_flight = !dp->reshard_after_forward ? z.L : dp->prefetch ? 2 : 1;
-    double buffers = dp->mode == DP_DDP ? 0 : 4 * (z.S + 1) * z.max_shard;
+    buffers = dp->mode == DP_DDP ? 0 : 4 * (z.S + 1) * z.max_shard;
     if (shard_grads) buffers += 4 * (z.ends_pad + z.layer_pad);
     if (shard_values) buffers += 4 * (z.ends_pad + in_flight * z.layer_pad);
-    char buffer_formula[96];
-    snprintf(buffer_formula, sizeof buffer_formula, "%s%s4(S+1) max shard",
-             shard_values ? (in_flight == 2 ? "4(ends + 2 layers) + " : in_flight == 1 ? "4(ends + 1 layer) + "
-                                                                        : "4(ends + L layers) + ") : "",
-             shard_grads ? "4(ends + layer) grads + " : "");
+    if (dp->mode != DP_DDP)
+        snprintf(buffer_formula, sizeof buffer_formula, "%s%s4(S+1) max shard",
+                 shard_values ? (in_flight == 2 ? "4(ends + 2 layers) + " : in_flight == 1 ? "4(ends + 1 layer) + "
+                                                                            : "4(ends + L layers) + ") : "",
+                 shard_grads ? "4(ends + layer) grads + " : "");
+    /* END ASSIGNMENT */
+    static const char *total[DP_NMODES] = {"16 Psi", "8 Psi + 8 Psi_S", "4 Psi + 12 Psi_S", "16 Psi_S"};
     memory_row rows[] = {
         {"parameters", measured[0], v, shard_values ? "4 Psi_S" : "4 Psi"},
         {"gradients", measured[1], g, shard_grads ? "4 Psi_S" : "4 Psi"},
         {"AdamW m, v", measured[2], a, shard_optim ? "8 Psi_S" : "8 Psi"},
         {"together (ZeRO)", measured[0] + measured[1] + measured[2], v + g + a, total[dp->mode]},
-        {"transient buffers", buffer_bytes, dp->mode == DP_DDP ? 0 : buffers, dp->mode == DP_DDP ? "none" : buffer_formula}};
+        {"transient buffers", buffer_bytes, buffers, buffer_formula}};
     int mismatches = report_memory("memory per rank (Psi_S = ceil-padded Psi / S)", rows, 5);
     /* one row per run for make plot-04's bars */
     if (comm_world()->rank == 0 && csv_dir) {

@@ -329,7 +329,14 @@ void pipeline_validate(int pp, const pp_options *o) {
     char why[256];
     pp_schedule *s = pp_schedule_build(o->schedule, pp, o->microbatches, o->virtual_stages, why, sizeof why);
     if (!s) comm_exit_usage("%s", why);
+    /* the lists themselves, before any rank runs them: every action once and no deadlock (a list
+     * written by hand, an exercise's, may have neither; run, it would wait forever or crash) */
+    pp_sim sim;
+    int bad = pp_simulate(s, pp_unit_costs(s->kind), &sim, why, sizeof why);
+    if (!bad) pp_sim_free(&sim);
+    if (!bad) bad = pp_check_message_order(s, why, sizeof why);
     pp_schedule_free(s);
+    if (bad) comm_exit_usage("--schedule %s: its action lists cannot run: %s", pp_schedule_name(o->schedule), why);
 }
 
 static void pipeline_free_state(void *state) {

@@ -37,7 +37,10 @@ int report_pipeline_memory(const llama_plan *plan) {
     log0("activations held at the peak, per rank (allocator | formula; one set = a microbatch's "
          "activations of one chunk, %s):\n", fmt_bytes((double)me.set_bytes));
     const char *rule = s->kind == PP_GPIPE ? "M" : s->kind == PP_1F1B ? "min(M, P - r)" :
-                       s->kind == PP_INTERLEAVED ? "min((V-1)P + 2(P-1-r) + 1, MV)" : "min(M, P)";
+                       s->kind == PP_INTERLEAVED ? "warmup + 1" : "min(M, P)";
+    /* BEGIN SOLUTION 05: the interleaved peak */
+    if (s->kind == PP_INTERLEAVED) rule = "min((V-1)P + 2(P-1-r) + 1, MV)";
+    /* END SOLUTION */
     if (all)
         for (int q = 0; q < comm_world()->size; q++) {
             const float *x = all + 4 * q;

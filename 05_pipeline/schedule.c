@@ -50,25 +50,34 @@ static void build_1f1b(pp_schedule *s, int r) {
     /* END ASSIGNMENT */
 }
 
-/* Appends rank r's k-th forward (backward = 1: its k-th backward) in the interleaved order: the
- * microbatches go in groups of P, and each group runs through the rank's virtual stages 0, 1,
+/* Appends rank r's k-th forward (backward = 1: its k-th backward) in the interleaved order.
+ * Rank r holds chunks r, P + r, ..., (V-1) P + r (virtual stages 0 .. V-1). */
+/* BEGIN SOLUTION 05: the interleaved order */
+/* The microbatches go in groups of P, and each group runs through the rank's virtual stages 0, 1,
  * ..., V-1 in turn (backwards V-1, ..., 0), all P microbatches of the group in each. */
+/* END SOLUTION */
 static void push_interleaved(pp_schedule *s, int r, int k, int backward) {
+    /* BEGIN ASSIGNMENT: the interleaved order: rank r's k-th forward (or backward) as a (microbatch, chunk) pair, push(s, r, op, mb, chunk) */
     int P = s->P, V = s->V;
     int group = k / (P * V), in_group = k % (P * V);
     int v = in_group / P;
     if (backward) v = V - 1 - v;
     push(s, r, backward ? PP_B : PP_F, group * P + in_group % P, v * P + r);
+    /* END ASSIGNMENT */
 }
 
 /* Interleaved 1F1B (Megatron-LM): 1F1B over the rank's M*V (mb, chunk) pairs in the order of
- * push_interleaved. The warmup is Megatron's: (V-1)*P forwards take the first group through all
- * but the rank's last virtual stage, and 2 more per rank after r cover the time the group's
- * last-stage forward takes to reach the last rank and its backward to come back, one forward
- * per rank each way. */
+ * push_interleaved, after a warmup of forwards that keeps every rank busy. */
+/* BEGIN SOLUTION 05: the interleaved warmup */
+/* The warmup is Megatron's: (V-1)*P forwards take the first group through all but the rank's last
+ * virtual stage, and 2 more per rank after r cover the time the group's last-stage forward takes
+ * to reach the last rank and its backward to come back, one forward per rank each way. */
+/* END SOLUTION */
 static void build_interleaved(pp_schedule *s, int r) {
-    int total = s->M * s->V;
-    int warmup = min_int((s->V - 1) * s->P + 2 * (s->P - 1 - r), total);
+    int total = s->M * s->V, warmup = 0;
+    /* BEGIN ASSIGNMENT: the interleaved warmup: how many forwards rank r runs before its first backward (at most total) */
+    warmup = min_int((s->V - 1) * s->P + 2 * (s->P - 1 - r), total);
+    /* END ASSIGNMENT */
     for (int k = 0; k < warmup; k++) push_interleaved(s, r, k, 0);
     for (int j = 0; j < total - warmup; j++) {
         push_interleaved(s, r, warmup + j, 0);
@@ -454,7 +463,10 @@ int pp_peak_in_flight_formula(pp_schedule_kind k, int P, int M, int V, int r) {
     switch (k) {
     case PP_GPIPE:       return M;
     case PP_1F1B:        return min_int(M, P - r);
-    case PP_INTERLEAVED: return min_int((V - 1) * P + 2 * (P - 1 - r) + 1, M * V);
+    case PP_INTERLEAVED:
+        /* BEGIN ASSIGNMENT: the interleaved peak: the sets rank r holds at most, from its warmup */
+        return min_int((V - 1) * P + 2 * (P - 1 - r) + 1, M * V);
+        /* END ASSIGNMENT */
     default:             return min_int(M, P);
     }
 }

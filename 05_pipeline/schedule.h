@@ -51,13 +51,11 @@
  *                GPipe's order).
  *   interleaved  V chunks per rank (Narayanan et al. 2021, "Efficient Large-Scale Language Model
  *                Training on GPU Clusters Using Megatron-LM"; torch's ScheduleInterleaved1F1B).
- *                The microbatches go in groups of P: rank r's k-th forward is of group
- *                k / (P*V), virtual stage (k % (P*V)) / P; its backwards take the same order
- *                with the virtual stages reversed. Warmup min((V-1)*P + 2*(P-1-r), M*V)
- *                forwards, then 1F1B.
+ *                The microbatches go in groups of P, each group through the rank's virtual
+ *                stages in turn (the order and warmup: below); then 1F1B.
  *                bubble (P-1) / (V*M + P-1): 1F1B's bubble time divided by V, (1/V)(P-1)/M of
  *                the ideal step (0.1875 at P = 4, M = 8, V = 2)
- *                peak in flight on rank r: min((V-1)*P + 2*(P-1-r) + 1, M*V) (mb, chunk) sets,
+ *                peak in flight on rank r: the warmup's forwards plus one (mb, chunk) sets,
  *                each 1/V of a 1F1B set
  *                admits V >= 2 and M % P == 0, as Megatron-LM (with V = 1 use 1f1b).
  *   zb-h1        1F1B with each B split into I then W (Qi et al. 2023, "Zero Bubble Pipeline
@@ -77,6 +75,11 @@
  * Every schedule admits P = 1 (one rank, no bubble). pp_schedule_build refuses the rest with one
  * line naming --pp, --microbatches or --virtual-stages and what is valid.
  */
+/* BEGIN SOLUTION 05: the interleaved order; the interleaved warmup; the interleaved peak */
+/* interleaved: rank r's k-th forward is of group k / (P*V), virtual stage (k % (P*V)) / P; its
+ * backwards take the same order with the virtual stages reversed. Warmup min((V-1)*P + 2*(P-1-r),
+ * M*V) forwards; peak in flight on rank r: min((V-1)*P + 2*(P-1-r) + 1, M*V) (mb, chunk) sets. */
+/* END SOLUTION */
 #pragma once
 #include <stddef.h>
 #include <stdio.h>

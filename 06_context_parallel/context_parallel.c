@@ -41,8 +41,11 @@ void cp_chunks_of(cp_balance balance, int r, int C, int chunks[2]) {
 }
 
 double cp_work_formula(cp_balance balance, int r, int C, int T) {
-    double Tc = (double)T / (2 * C);
-    return (balance == CP_ZIGZAG ? 2 * C + 1 : 4 * r + 3) * Tc * Tc;
+    double Tc = (double)T / (2 * C), pairs = 0;   /* (query chunk, key chunk) pairs rank r computes */
+    /* BEGIN ASSIGNMENT: the attention work: how many (query chunk, key chunk) pairs rank r of C computes under the causal mask, for each balance (the chunks it holds: cp_chunk_of) */
+    pairs = balance == CP_ZIGZAG ? 2 * C + 1 : 4 * r + 3;
+    /* END ASSIGNMENT */
+    return pairs * Tc * Tc;
 }
 
 void cp_working_set_formula(cp_method method, int C, int B, int Tl, int H, int Hkv, int hd,

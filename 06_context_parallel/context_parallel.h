@@ -20,7 +20,7 @@
  * Balance. Causal attention makes late queries see more keys. Cut the sequence into 2C chunks:
  *
  *   contiguous  rank r holds chunks 2r, 2r+1 (one piece): rank C-1 does C times rank 0's work
- *   zigzag      rank r holds chunks r and 2C-1-r: every rank the same work, 2C+1 chunk pairs
+ *   zigzag      rank r holds chunks r and 2C-1-r: every rank the same work
  *
  *   C = 2, chunks 0 1 2 3:   contiguous  rank 0: 0 1   rank 1: 2 3
  *                            zigzag      rank 0: 0 3   rank 1: 1 2
@@ -50,8 +50,11 @@ typedef struct {
 void cp_chunks_of(cp_balance balance, int r, int C, int chunks[2]);
 /* Attention score elements one rank computes per (sequence, head) in a forward: each visible pair
  * (query chunk, key chunk) computed whole, Tc^2 with Tc = T / (2C); the closed forms the run
- * prints beside the count: contiguous (4r + 3) Tc^2 (its chunks 2r, 2r+1 see 2r+1 and 2r+2
- * chunks), zigzag (2C + 1) Tc^2 on every rank. */
+ * prints beside the count. */
+/* BEGIN SOLUTION 06: the attention work */
+/* contiguous (4r + 3) Tc^2 (its chunks 2r, 2r+1 see 2r+1 and 2r+2 chunks), zigzag (2C + 1) Tc^2
+ * on every rank. */
+/* END SOLUTION */
 double cp_work_formula(cp_balance balance, int r, int C, int T);
 
 /* Refuses (exit 2, one line) more cp ranks than a ring here holds (CP_MAX_RANKS). The sequence

@@ -19,6 +19,10 @@ int cp_report_attention_work(const llama_plan *plan, const cp_options *o, int T)
     float *all = w->rank == 0 ? malloc(2 * sizeof(float) * w->size) : NULL;
     comm_host_gather(w, mine, all, 2, 0);
     int bad = 0;
+    const char *formula = dense ? "T^2 / C (T x T for H / C heads)" : "pairs x Tc^2";
+    /* BEGIN SOLUTION 06: the attention work */
+    if (!dense) formula = o->balance == CP_ZIGZAG ? "(2C + 1) Tc^2" : "(4 r + 3) Tc^2";
+    /* END SOLUTION */
     log0("attention work per rank, score elements per sequence and head in one layer's forward "
          "(measured | formula, Tc = T / 2C = %d):\n", T / (2 * C));
     for (int q = 0; all && q < w->size; q++) {
@@ -26,8 +30,7 @@ int cp_report_attention_work(const llama_plan *plan, const cp_options *o, int T)
         bad += !ok;
         int coord[MESH_NDIMS];
         mesh_coords_of(&plan->groups.mesh->shape, q, coord);
-        log0("  rank %d (cp %d): %8.0f | %8.0f  %s %s\n", q, coord[MESH_CP], all[2 * q], all[2 * q + 1],
-             dense ? "T^2 / C (T x T for H / C heads)" : o->balance == CP_ZIGZAG ? "(2C + 1) Tc^2" : "(4 r + 3) Tc^2",
+        log0("  rank %d (cp %d): %8.0f | %8.0f  %s %s\n", q, coord[MESH_CP], all[2 * q], all[2 * q + 1], formula,
              ok ? "" : "MISMATCH");
     }
     free(all);

@@ -2,7 +2,7 @@
 # plot.sh BINARY OUTDIR: make plot-06. One figure from real runs:
 #   work.png  attention work per rank at cp 4, contiguous against zigzag: the score elements each
 #             rank computed per sequence and head in one layer's forward, as the run prints them
-#             ("attention work per rank"), beside the formulas (4r + 3) Tc^2 and (2C + 1) Tc^2
+#             ("attention work per rank"), beside their formulas (cp_work_formula)
 #   ring.png  the ring's timeline at cp 4 (cp 2 on fewer than 4 cores), contiguous above zigzag: each rank's C steps in the last
 #             layer's forward of the last step (--ring-timeline), computing on the K/V block of rank
 #             r - t, then waiting for the next block (the exchange the compute did not hide)

@@ -35,11 +35,12 @@
  *
  *   column-parallel (wq wk wv w1 w3)  W by rows (out), dy by columns (out); x whole
  *   row-parallel    (wo w2)           W by columns (in), x by columns (in); dy whole
- *
- * Per step and layer that is 14 all-reduces over tp: tensorwise and delayed one float each
- * (W and the cut activation of each of the 7 linears), rowwise N + D floats per linear (the
- * rows of the cut activation, and W's D rows or columns).
  */
+/* BEGIN SOLUTION 07: the amax agreements */
+/* Per step and layer that is 14 all-reduces over tp: tensorwise and delayed one float each
+ * (W and the cut activation of each of the 7 linears), rowwise N + D floats per linear (the
+ * rows of the cut activation, and W's D rows or columns). */
+/* END SOLUTION */
 #pragma once
 #include <stdbool.h>
 #include "float8_math.h"

@@ -104,12 +104,25 @@ int float8_report_traffic(const run_options *o, device_mesh *mesh, const llama_p
                  "gather instead of %s, a quarter\n", blocks, fmt_bytes(blocks), fmt_bytes(4 * blocks));
     }
     if (plan->groups.tp) {
-        double calls = 4 * L + (fp8 ? 14 * L : 0) + (fp8_gather ? 14 * L : 0);
-        double bytes = 4 * L * N * D * 4 + (!fp8 ? 0 : rowwise ? 7 * L * (N + D) * 4 : 14 * L * 4) + (fp8_gather ? 14 * L * 4 : 0);
-        const char *formula = !fp8 ? "4 L x N D x 4"
-                            : rowwise ? "4 L x N D x 4 + 14 L amaxes: 7 L (N + D) x 4"
-                            : fp8_gather ? "4 L x N D x 4 + 28 L amaxes of 4 bytes"
-                                         : "4 L x N D x 4 + 14 L amaxes of 4 bytes";
+        /* the float8 linears' amaxes agreed over tp in a step (fp32: none): how many MAX
+         * all-reduces, and how many floats they carry in all (L layers, N tokens, D = dim) */
+        double amax_calls = 0, amax_floats = 0;
+        /* BEGIN ASSIGNMENT: the amax agreements: how many amax all-reduces over tp the 7 linears of the L layers issue per step, and how many floats in all, for the per-tensor recipes and for rowwise */
+        if (fp8) {
+            amax_calls = 14 * L;
+            amax_floats = rowwise ? 7 * L * (N + D) : 14 * L;
+        }
+        /* END ASSIGNMENT */
+        /* (--fp8-all-gather: 14 L more, one float each: each block weight's amax, agreed before its gathers) */
+        double calls = 4 * L + amax_calls + (fp8_gather ? 14 * L : 0);
+        double bytes = 4 * L * N * D * 4 + 4 * amax_floats + (fp8_gather ? 14 * L * 4 : 0);
+        const char *formula = fp8 ? "4 L x N D x 4 + the amaxes" : "4 L x N D x 4";
+        /* BEGIN SOLUTION 07: the amax agreements */
+        formula = !fp8 ? "4 L x N D x 4"
+                : rowwise ? "4 L x N D x 4 + 14 L amaxes: 7 L (N + D) x 4"
+                : fp8_gather ? "4 L x N D x 4 + 28 L amaxes of 4 bytes"
+                             : "4 L x N D x 4 + 14 L amaxes of 4 bytes";
+        /* END SOLUTION */
         groups[n_groups++] = plan->groups.tp;
         e[n++] = (comm_expectation){plan->groups.tp, COLL_ALL_REDUCE, calls, bytes, formula};
     }

@@ -77,13 +77,19 @@ int report_traffic(const parallel_options *o, device_mesh *mesh, const llama_mod
                                     out ? "3n x B Tl x 4 + norms' grads x 4" : "the norms' grads x 4"};
         groups[ng++] = q;
     }
-    if (C > 1) {    /* chapter 06's ring: (3C-2) K/V blocks a layer (C-1 more under selective recompute),
-                     * then the gradient block all-reduced once a step, unless FSDP's shards span cp
-                     * (its reduce-scatter has summed over cp) */
+    if (C > 1) {    /* chapter 06's ring on rank 0's layers, in every pass; then the gradient block
+                     * all-reduced once a step, unless FSDP's shards span cp (its reduce-scatter has
+                     * summed over cp) */
         comm_group *q = mesh->group[MESH_CP];
         double block = 4.0 * 2 * d->B * d->T * d->Hkvl * d->hd;
-        double sends = passes * Lr * (3.0 * C - 2 + (o->ac == AC_SELECTIVE ? C - 1 : 0));
-        const char *f = o->ac == AC_SELECTIVE ? "n Lr (4C-3) x 2 B Tl Hkv hd x 4" : "n Lr (3C-2) x 2 B Tl Hkv hd x 4";
+        double sends = 0;   /* rank 0's sends of one K/V block (or its gradient) per step; as many receives */
+        /* BEGIN ASSIGNMENT: composed traffic: rank 0's ring sends per step, over its Lr layers and the n passes (and what selective recompute adds) */
+        sends = passes * Lr * (3.0 * C - 2 + (o->ac == AC_SELECTIVE ? C - 1 : 0));
+        /* END ASSIGNMENT */
+        const char *f = "n Lr x (the ring's sends) x 2 B Tl Hkv hd x 4";
+        /* BEGIN SOLUTION 08: composed traffic */
+        f = o->ac == AC_SELECTIVE ? "n Lr (4C-3) x 2 B Tl Hkv hd x 4" : "n Lr (3C-2) x 2 B Tl Hkv hd x 4";
+        /* END SOLUTION */
         e[n++] = (comm_expectation){q, COLL_SEND, sends, sends * block, f};
         e[n++] = (comm_expectation){q, COLL_RECV, sends, sends * block, f};
         if (!shards_span_cp)
@@ -95,9 +101,16 @@ int report_traffic(const parallel_options *o, device_mesh *mesh, const llama_mod
     }
     if (P > 1) {    /* chapter 05: chunk c sends h to c+1 and dh to c-1; rank 0 holds chunks 0, P, .. */
         comm_group *q = mesh->group[MESH_PP];
-        double msgs = passes * (2.0 * V - 1), bytes = 4.0 * d->B * d->Ts * d->D;
-        e[n++] = (comm_expectation){q, COLL_SEND, msgs, msgs * bytes, "n (2V-1) x B Ts D x 4"};
-        e[n++] = (comm_expectation){q, COLL_RECV, msgs, msgs * bytes, "n (2V-1) x B Ts D x 4"};
+        double msgs = 0, bytes = 4.0 * d->B * d->Ts * d->D;   /* rank 0's messages per step; one's bytes */
+        /* BEGIN ASSIGNMENT: composed traffic: rank 0's pipeline messages per step, over the n passes, with its V chunks */
+        msgs = passes * (2.0 * V - 1);
+        /* END ASSIGNMENT */
+        const char *f = "n x (rank 0's chunk messages) x B Ts D x 4";
+        /* BEGIN SOLUTION 08: composed traffic */
+        f = "n (2V-1) x B Ts D x 4";
+        /* END SOLUTION */
+        e[n++] = (comm_expectation){q, COLL_SEND, msgs, msgs * bytes, f};
+        e[n++] = (comm_expectation){q, COLL_RECV, msgs, msgs * bytes, f};
         groups[ng++] = q;
     }
     if (R * S > 1) {   /* chapter 04: each tensor gathered before its unit's forward and backward, its
