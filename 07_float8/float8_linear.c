@@ -20,8 +20,8 @@ typedef enum { ALONG_ROWS = 0, ALONG_COLS } scale_axis;   /* the contraction run
 
 #define CASTS 6   /* a site's casts in call order: fwd x, fwd W, bwd dy (rows), W, x, dy (columns) */
 
-typedef struct fp8_state_s {
-    fp8_options o;
+typedef struct float8_state_s {
+    float8_options o;
     linear_ops below;               /* the GEMM on the dequantized operands: the plan's linear before */
     comm_group *tp;                 /* NULL: no tensor parallelism                                  */
     shard_layout layout[P_NKINDS];
@@ -39,8 +39,8 @@ typedef struct fp8_state_s {
     int *seen;                      /* delayed: [M][sites][NOPERANDS][groups] amaxes recorded (<= H) */
     float *scalar;                  /* one device float, for an amax's all-reduce                  */
     int step;                       /* forward passes begun (layer 0's wq): the training step      */
-    double worst[FP8_NROLES], first[FP8_NROLES];   /* lowest SQNR: over the run, in step 1      */
-    linear_site worst_at[FP8_NROLES];
+    double worst[FLOAT8_NROLES], first[FLOAT8_NROLES];   /* lowest SQNR: over the run, in step 1      */
+    linear_site worst_at[FLOAT8_NROLES];
     /* Step 1's casts, code by code (float8_compare_casts): the parallel run keeps each cast's
      * codes, gathered over tp, on its tp rank 0 (stash); the baseline's operator, on the same
      * process, compares its own casts with them (peer: the parallel run's state). */
@@ -52,25 +52,25 @@ typedef struct fp8_state_s {
     comm_group *dp;                 /* the data ranks (plan->groups.batch): their codes gathered to data
                                      * rank 0 (NULL: none)                                          */
     int stash_dp;                   /* data ranks (1: none)                                         */
-    struct fp8_state_s *peer;
+    struct float8_state_s *peer;
     const llama_plan *peer_plan;    /* the parallel run's plan (its pipeline stage's layers)        */
-    fp8_cast_comparison cmp;
-} fp8_state;
+    float8_cast_tally cmp;
+} float8_state;
 
-static const char *recipe_names[FP8_NRECIPES] = {"off", "tensorwise", "rowwise", "delayed"};
-const char *fp8_recipe_name(fp8_recipe r) { return recipe_names[r]; }
-static const char *role_names[FP8_NROLES] = {"cast x", "cast W", "cast dy", "y = x W^T", "dx = dy W", "dW = dy^T x"};
-const char *fp8_role_name(int role) { return role_names[role]; }
+static const char *recipe_names[FLOAT8_NRECIPES] = {"off", "tensorwise", "rowwise", "delayed"};
+const char *float8_recipe_name(float8_recipe r) { return recipe_names[r]; }
+static const char *role_names[FLOAT8_NROLES] = {"cast x", "cast W", "cast dy", "y = x W^T", "dx = dy W", "dW = dy^T x"};
+const char *float8_role_name(int role) { return role_names[role]; }
 
 /* torchao's formats: inputs and weights E4M3, the gradient E5M2 (its range, not its precision,
  * is what a gradient needs); rowwise keeps E4M3 for all (its per-row scales cover the range). */
-float8_format fp8_role_format(fp8_recipe r, int role) {
-    return role == FP8_CAST_DY && r != FP8_ROWWISE ? FLOAT8_E5M2 : FLOAT8_E4M3;
+float8_format float8_role_format(float8_recipe r, int role) {
+    return role == FLOAT8_CAST_DY && r != FLOAT8_ROWWISE ? FLOAT8_E5M2 : FLOAT8_E4M3;
 }
 
 static void float8_free_state(void *state);
 const plan_technique float8_technique = {"float8", float8_free_state};
-static fp8_state *state_of(const llama_plan *p) { return plan_state(p, &float8_technique); }
+static float8_state *state_of(const llama_plan *p) { return plan_state(p, &float8_technique); }
 static int site_index(linear_site at) { return at.layer * P_NKINDS + at.kind; }
 
 /* ---- accuracy ---------------------------------------------------------------------------------
@@ -90,7 +90,7 @@ double float8_sqnr_db(const float *ref_dev, const float *got_dev, size_t n) {
     return noise == 0 ? INFINITY : 10 * log10(signal / noise);
 }
 
-static void note(fp8_state *s, int role, linear_site at, const float *ref, const float *got, size_t n) {
+static void note(float8_state *s, int role, linear_site at, const float *ref, const float *got, size_t n) {
     double db = float8_sqnr_db(ref, got, n);
     if (db < s->worst[role]) {
         s->worst[role] = db;
@@ -108,7 +108,7 @@ static void note(fp8_state *s, int role, linear_site at, const float *ref, const
 
 /* The codes of one cast (q = the fake-quantized values, x its input) as floats 0..255, on the
  * host of tp rank 0, gathered over tp as `layout` cuts the [rows, cols] operand. */
-static float *gather_codes(fp8_state *s, const float *x, float scale, const float *scales, float8_scaling how,
+static float *gather_codes(float8_state *s, const float *x, float scale, const float *scales, float8_scaling how,
                            int rows, int cols, shard_layout layout, float8_format fmt, int *full_rows, int *full_cols) {
     size_t n = (size_t)rows * cols;
     uint8_t *q = device_alloc(n, MEM_BUFFERS), *bytes = malloc(n);
@@ -136,7 +136,7 @@ static float *gather_codes(fp8_state *s, const float *x, float scale, const floa
 /* One cast's codes against the parallel run's. Until a cast has had a neighbour, every code must
  * be equal or a neighbour; the casts after it are computed from values that already moved by a
  * whole float8 step, so they are counted apart (differ_after), not judged. */
-static void compare_codes(fp8_state *s, const float *mine, const float *theirs, size_t n) {
+static void compare_codes(float8_state *s, const float *mine, const float *theirs, size_t n) {
     long long equal = 0, neighbour = 0, other = 0;
     for (size_t i = 0; i < n; i++) {
         int a = (int)mine[i], b = (int)theirs[i];
@@ -144,7 +144,7 @@ static void compare_codes(fp8_state *s, const float *mine, const float *theirs, 
         else if ((a & 0x80) == (b & 0x80) && abs(a - b) == 1) neighbour++;   /* same sign, next code */
         else other++;
     }
-    fp8_cast_comparison *k = &s->cmp;
+    float8_cast_tally *k = &s->cmp;
     if (k->neighbour > 0) {   /* a whole float8 step has already happened upstream */
         k->equal_after += equal;
         k->differ_after += neighbour + other;
@@ -156,7 +156,7 @@ static void compare_codes(fp8_state *s, const float *mine, const float *theirs, 
 }
 
 /* Where the parallel run keeps the codes of data rank d's microbatch mb at one cast. */
-static size_t stash_slot(const fp8_state *s, int d, int mb, linear_site at, int cast) {
+static size_t stash_slot(const float8_state *s, int d, int mb, linear_site at, int cast) {
     return (((size_t)d * s->M + mb) * s->sites + site_index(at)) * CASTS + cast;
 }
 
@@ -164,7 +164,7 @@ static size_t stash_slot(const fp8_state *s, int d, int mb, linear_site at, int 
  * scale, for every data rank and microbatch: each data rank's tp rank 0 sends them to data
  * rank 0 (the data ranks of one tp coordinate are all tp rank 0 or none), so world rank 0, where
  * the baseline runs, holds every row block's casts. Collective over tp, then over the data ranks. */
-static void keep_codes(fp8_state *s, linear_site at, int cast, float *codes, float scale, size_t n) {
+static void keep_codes(float8_state *s, linear_site at, int cast, float *codes, float scale, size_t n) {
     int T = s->stash_ranks, D = s->stash_dp;
     float *scales = malloc((size_t)T * sizeof(float));
     if (s->tp) comm_host_gather(s->tp, &scale, scales, 1, 0);
@@ -197,7 +197,7 @@ static void keep_codes(fp8_state *s, linear_site at, int cast, float *codes, flo
  * `group`: the row block of an activation (0 for a weight). The baseline's row block g is data
  * rank g / M's microbatch g % M of the parallel run (M: its pipeline's microbatches, 1 without),
  * so a value on a rounding tie is judged alike in every row block, whichever rank cast it. */
-static void keep_or_compare(fp8_state *s, linear_site at, int cast, int group, const float *x, float scale,
+static void keep_or_compare(float8_state *s, linear_site at, int cast, int group, const float *x, float scale,
                             const float *scales, float8_scaling how, int rows, int cols, shard_layout layout,
                             float8_format fmt) {
     if (s->step != 1 || (!s->stash && !s->peer)) return;
@@ -209,7 +209,7 @@ static void keep_or_compare(fp8_state *s, linear_site at, int cast, int group, c
         keep_codes(s, at, cast, codes, scale, (size_t)R * Cn);
         return;
     }
-    const fp8_state *p = s->peer;
+    const float8_state *p = s->peer;
     int d = group / p->M, mb = group % p->M;
     size_t slot = d < p->stash_dp ? stash_slot(p, d, mb, at, cast) : 0;
     float *theirs = p->stash && d < p->stash_dp ? p->stash[slot] : NULL;
@@ -229,12 +229,12 @@ static void keep_or_compare(fp8_state *s, linear_site at, int cast, int group, c
 /* ---- amax and scales ---------------------------------------------------------------------------*/
 
 /* MAX over tp of amax[k] (device), unless the fault keeps each shard's own. Issues: one all-reduce. */
-static void agree_amax(fp8_state *s, float *amax_dev, int k) {
+static void agree_amax(float8_state *s, float *amax_dev, int k) {
     if (!s->local_amax) comm_all_reduce(s->tp, amax_dev, (size_t)k, COMM_MAX);
 }
 
 /* This step's amax of a whole tensor: max |x| over this rank's part, and over tp when tp cuts it. */
-static float tensor_amax(fp8_state *s, const float *x, size_t n, bool cut) {
+static float tensor_amax(float8_state *s, const float *x, size_t n, bool cut) {
     float amax = float8_amax(x, n);
     if (cut && s->tp) {
         device_copy_to_device(s->scalar, &amax, sizeof amax);
@@ -247,10 +247,10 @@ static float tensor_amax(fp8_state *s, const float *x, size_t n, bool cut) {
 /* The tensorwise scale of one operand at one site: from this step's amax (tensorwise), or from the
  * amax history (delayed: the largest of the last H steps; the first step, its own), after which
  * this step's amax joins the history. */
-static float tensor_scale(fp8_state *s, linear_site at, operand which, int group, const float *x, size_t n,
+static float tensor_scale(float8_state *s, linear_site at, operand which, int group, const float *x, size_t n,
                           bool cut, float8_format fmt) {
     float amax = tensor_amax(s, x, n, cut);
-    if (s->o.recipe != FP8_DELAYED) return float8_scale_from_amax(amax, fmt, 0);
+    if (s->o.recipe != FLOAT8_DELAYED) return float8_scale_from_amax(amax, fmt, 0);
     int H = s->o.amax_history, slot = ((s->mb * s->sites + site_index(at)) * NOPERANDS + which) * s->groups + group;
     float *hist = s->history + (size_t)slot * H;
     float known = amax;   /* the amax the scale is computed from */
@@ -269,7 +269,7 @@ static float tensor_scale(fp8_state *s, linear_site at, operand which, int group
 /* Rowwise: one power-of-two scale per row (ALONG_ROWS) or per column (ALONG_COLS) of x [rows,
  * cols], from its amaxes, agreed over tp when tp cuts the contraction dimension (`cut_along`).
  * Returns the scales on the device (the caller frees them). Issues: that all-reduce, if any. */
-static float *rowwise_scales(fp8_state *s, const float *x, int rows, int cols, scale_axis axis, bool cut_along,
+static float *rowwise_scales(float8_state *s, const float *x, int rows, int cols, scale_axis axis, bool cut_along,
                              float8_format fmt) {
     int k = axis == ALONG_ROWS ? rows : cols;
     float *amax = device_alloc_floats((size_t)k, MEM_BUFFERS), *scales = device_alloc_floats((size_t)k, MEM_BUFFERS);
@@ -293,7 +293,7 @@ static float *rowwise_scales(fp8_state *s, const float *x, int rows, int cols, s
  * dimension (`cut_along`). `cut`: tp cuts the tensor at all (a tensorwise amax is agreed).
  * An activation (x, dy) is cast in s->groups row blocks, each with its own scales: the baseline
  * of a data-parallel run scales each dp rank's rows apart, as the ranks do (scale_io[group]). */
-static void cast_operand(fp8_state *s, linear_site at, operand which, int cast, shard_layout layout, float *q,
+static void cast_operand(float8_state *s, linear_site at, operand which, int cast, shard_layout layout, float *q,
                          const float *x, int rows, int cols, scale_axis axis, bool cut, bool cut_along,
                          float8_format fmt, float *scale_io, bool reuse) {
     int G = which == OPERAND_W ? 1 : s->groups, rows_g = rows / G;
@@ -301,7 +301,7 @@ static void cast_operand(fp8_state *s, linear_site at, operand which, int cast, 
     for (int g = 0; g < G; g++) {
         const float *xg = x + (size_t)g * n;
         float *qg = q + (size_t)g * n;
-        if (s->o.recipe != FP8_ROWWISE) {
+        if (s->o.recipe != FLOAT8_ROWWISE) {
             float scale = reuse ? scale_io[g] : tensor_scale(s, at, which, g, xg, n, cut, fmt);
             if (!reuse) scale_io[g] = scale;
             float8_fake_quantize(qg, xg, n, scale, fmt);
@@ -317,8 +317,8 @@ static void cast_operand(fp8_state *s, linear_site at, operand which, int cast, 
 }
 
 /* Which operands tp cuts at this site (float8_linear.h's table). */
-static bool column_parallel(const fp8_state *s, linear_site at) { return s->tp && s->layout[at.kind] == SHARD_ROWS; }
-static bool row_parallel(const fp8_state *s, linear_site at) { return s->tp && s->layout[at.kind] == SHARD_COLS; }
+static bool column_parallel(const float8_state *s, linear_site at) { return s->tp && s->layout[at.kind] == SHARD_ROWS; }
+static bool row_parallel(const float8_state *s, linear_site at) { return s->tp && s->layout[at.kind] == SHARD_COLS; }
 static bool in_blocks(linear_site at) { return at.kind != P_OUTPUT; }
 
 /* ---- the float8 GEMMs of the per-tensor recipes ------------------------------------------------
@@ -348,10 +348,10 @@ static void gemm_blocks(float *C, const uint8_t *A, float8_format fa, const floa
         gemm_fp8(C + (size_t)g * rg * N, A + (size_t)g * rg * K, fa, a_scale[g], B, fb, b_scale, rg, N, K);
 }
 
-static void fp8_bytes_forward(fp8_state *s, float *y, const float *x, const float *W, int N, int in, int out,
+static void float8_bytes_forward(float8_state *s, float *y, const float *x, const float *W, int N, int in, int out,
                               const float *scale) {
     int G = s->groups;
-    float8_format fx = fp8_role_format(s->o.recipe, FP8_CAST_X), fw = fp8_role_format(s->o.recipe, FP8_CAST_W);
+    float8_format fx = float8_role_format(s->o.recipe, FLOAT8_CAST_X), fw = float8_role_format(s->o.recipe, FLOAT8_CAST_W);
     uint8_t *xb = to_bytes(x, N, in, scale, G, fx), *Wb = to_bytes(W, out, in, scale + G, 1, fw);
     gemm_blocks(y, xb, fx, scale, G, Wb, fw, scale[G], N, out, in);
     device_free(xb);
@@ -359,11 +359,11 @@ static void fp8_bytes_forward(fp8_state *s, float *y, const float *x, const floa
 }
 
 /* dx (=) and dW_here (=); each NULL: skipped. */
-static void fp8_bytes_backward(fp8_state *s, float *dx, float *dW_here, const float *dy, const float *x,
+static void float8_bytes_backward(float8_state *s, float *dx, float *dW_here, const float *dy, const float *x,
                                const float *W, int N, int in, int out, const float *scale, const float *dy_scale) {
     int G = s->groups, rg = N / G;
-    float8_format fx = fp8_role_format(s->o.recipe, FP8_CAST_X), fw = fp8_role_format(s->o.recipe, FP8_CAST_W);
-    float8_format fdy = fp8_role_format(s->o.recipe, FP8_CAST_DY);
+    float8_format fx = float8_role_format(s->o.recipe, FLOAT8_CAST_X), fw = float8_role_format(s->o.recipe, FLOAT8_CAST_W);
+    float8_format fdy = float8_role_format(s->o.recipe, FLOAT8_CAST_DY);
     uint8_t *dyb = to_bytes(dy, N, out, dy_scale, G, fdy);
     if (dx) {
         uint8_t *Wb = to_bytes(W, out, in, scale + G, 1, fw), *Wt = device_alloc((size_t)out * in, MEM_BUFFERS);
@@ -404,16 +404,16 @@ static int first_held_layer(const llama_plan *p) {
     return l;
 }
 /* The forward's scales of site `at` in the current microbatch, kept for its backward. */
-static float *forward_scales(fp8_state *s, linear_site at) {
+static float *forward_scales(float8_state *s, linear_site at) {
     return s->forward_scale + ((size_t)s->mb * s->sites + site_index(at)) * (s->groups + 1);
 }
 
 /* y [N, out] (=) = x [N, in] W [out, in]^T on E4M3 operands. Issues: tensorwise/delayed one
  * all-reduce (MAX, 1 float) for W when tp cuts it and one for x when tp cuts x (row-parallel);
  * rowwise, on a row-parallel site, one of N floats for x's rows and one of out for W's rows. */
-static void fp8_linear_forward(void *state, const llama_plan *p, linear_site at, float *y, const float *x,
+static void float8_linear_forward(void *state, const llama_plan *p, linear_site at, float *y, const float *x,
                                const float *W, int N, int in, int out) {
-    fp8_state *s = state;
+    float8_state *s = state;
     if (!in_blocks(at)) {
         s->below.forward(s->below.state, p, at, y, x, W, N, in, out);
         return;
@@ -424,19 +424,19 @@ static void fp8_linear_forward(void *state, const llama_plan *p, linear_site at,
     float *xq = device_alloc_floats((size_t)N * in, MEM_BUFFERS), *Wq = device_alloc_floats((size_t)out * in, MEM_BUFFERS);
     float *scale = forward_scales(s, at);   /* x's per group, then W's */
     shard_layout x_cut = row ? SHARD_COLS : SHARD_REPLICATED, w_cut = s->tp ? s->layout[at.kind] : SHARD_REPLICATED;
-    cast_operand(s, at, OPERAND_X, 0, x_cut, xq, x, N, in, ALONG_ROWS, row, row, fp8_role_format(s->o.recipe, FP8_CAST_X),
+    cast_operand(s, at, OPERAND_X, 0, x_cut, xq, x, N, in, ALONG_ROWS, row, row, float8_role_format(s->o.recipe, FLOAT8_CAST_X),
                  scale, false);
     cast_operand(s, at, OPERAND_W, 1, w_cut, Wq, W, out, in, ALONG_ROWS, row || col, row,
-                 fp8_role_format(s->o.recipe, FP8_CAST_W), scale + s->groups, false);
-    if (s->o.recipe == FP8_ROWWISE) s->below.forward(s->below.state, p, at, y, xq, Wq, N, in, out);
-    else fp8_bytes_forward(s, y, x, W, N, in, out, scale);
+                 float8_role_format(s->o.recipe, FLOAT8_CAST_W), scale + s->groups, false);
+    if (s->o.recipe == FLOAT8_ROWWISE) s->below.forward(s->below.state, p, at, y, xq, Wq, N, in, out);
+    else float8_bytes_forward(s, y, x, W, N, in, out, scale);
 
     /* against fp32: the casts, and the product */
     float *ref = device_alloc_floats((size_t)N * out, MEM_BUFFERS);
     linear_forward(ref, x, W, N, in, out);
-    note(s, FP8_CAST_X, at, x, xq, (size_t)N * in);
-    note(s, FP8_CAST_W, at, W, Wq, (size_t)out * in);
-    note(s, FP8_OUT_Y, at, ref, y, (size_t)N * out);
+    note(s, FLOAT8_CAST_X, at, x, xq, (size_t)N * in);
+    note(s, FLOAT8_CAST_W, at, W, Wq, (size_t)out * in);
+    note(s, FLOAT8_OUT_Y, at, ref, y, (size_t)N * out);
     device_free(ref);
     device_free(xq);
     device_free(Wq);
@@ -447,20 +447,20 @@ static void fp8_linear_forward(void *state, const llama_plan *p, linear_site at,
  * (its amax agreed over tp on a column-parallel site). Rowwise: each GEMM casts its operands along
  * its own contraction: dx's over out (dy's rows, W's columns; agreed over tp on a column-parallel
  * site), dW's over the tokens (dy's and x's columns; never cut). */
-static void fp8_linear_backward(void *state, const llama_plan *p, linear_site at, float *dx, dx_write how,
+static void float8_linear_backward(void *state, const llama_plan *p, linear_site at, float *dx, dx_write how,
                                 float *dW, const float *dy, const float *x, const float *W, int N, int in, int out) {
-    fp8_state *s = state;
+    float8_state *s = state;
     if (!in_blocks(at)) {
         s->below.backward(s->below.state, p, at, dx, how, dW, dy, x, W, N, in, out);
         return;
     }
     s->mb = microbatch_now(p);
     bool col = column_parallel(s, at);
-    bool rowwise = s->o.recipe == FP8_ROWWISE;
+    bool rowwise = s->o.recipe == FLOAT8_ROWWISE;
     float *scale = forward_scales(s, at);
     float *dy_scale = s->dy_scale;
-    float8_format fx = fp8_role_format(s->o.recipe, FP8_CAST_X), fw = fp8_role_format(s->o.recipe, FP8_CAST_W);
-    float8_format fdy = fp8_role_format(s->o.recipe, FP8_CAST_DY);
+    float8_format fx = float8_role_format(s->o.recipe, FLOAT8_CAST_X), fw = float8_role_format(s->o.recipe, FLOAT8_CAST_W);
+    float8_format fdy = float8_role_format(s->o.recipe, FLOAT8_CAST_DY);
     size_t n_dy = (size_t)N * out, n_x = (size_t)N * in, n_w = (size_t)out * in;
     float *dyq = device_alloc_floats(n_dy, MEM_BUFFERS), *Wq = device_alloc_floats(n_w, MEM_BUFFERS);
     float *xq = device_alloc_floats(n_x, MEM_BUFFERS);
@@ -486,15 +486,15 @@ static void fp8_linear_backward(void *state, const llama_plan *p, linear_site at
             s->below.backward(s->below.state, p, at, NULL, DX_SET, dW_here, dy_cols, xq, Wq, N, in, out);
         }
     } else {
-        fp8_bytes_backward(s, dx_here, dW_here, dy, x, W, N, in, out, scale, dy_scale);
+        float8_bytes_backward(s, dx_here, dW_here, dy, x, W, N, in, out, scale, dy_scale);
     }
 
     /* against fp32: the gradient's cast, and the products */
-    note(s, FP8_CAST_DY, at, dy, dyq, n_dy);
+    note(s, FLOAT8_CAST_DY, at, dy, dyq, n_dy);
     if (dx) {
         float *ref = device_alloc_floats(n_x, MEM_BUFFERS);
         linear_backward(ref, NULL, dy, x, W, N, in, out);
-        note(s, FP8_OUT_DX, at, ref, dx_here, n_x);
+        note(s, FLOAT8_OUT_DX, at, ref, dx_here, n_x);
         device_free(ref);
         if (dx_here != dx) {
             add_inplace(dx, dx_here, n_x);
@@ -505,7 +505,7 @@ static void fp8_linear_backward(void *state, const llama_plan *p, linear_site at
         float *ref = device_alloc_floats(n_w, MEM_BUFFERS);
         device_zero(ref, n_w * sizeof(float));
         linear_backward(NULL, ref, dy, x, W, N, in, out);
-        note(s, FP8_OUT_DW, at, ref, dW_here, n_w);
+        note(s, FLOAT8_OUT_DW, at, ref, dW_here, n_w);
         add_inplace(dW, dW_here, n_w);
         device_free(ref);
     }
@@ -515,9 +515,9 @@ static void fp8_linear_backward(void *state, const llama_plan *p, linear_site at
 
 /* ---- set-up -----------------------------------------------------------------------------------*/
 
-void float8_apply(llama_plan *plan, const llama_config *c, const fp8_options *o) {
-    if (o->recipe == FP8_OFF) return;
-    fp8_state *s = plan_push(plan, &float8_technique, calloc(1, sizeof(fp8_state)), 0);
+void float8_apply(llama_plan *plan, const llama_config *c, const float8_options *o) {
+    if (o->recipe == FLOAT8_OFF) return;
+    float8_state *s = plan_push(plan, &float8_technique, calloc(1, sizeof(float8_state)), 0);
     s->o = *o;
     s->tp = plan->groups.tp && plan->groups.tp->size > 1 ? plan->groups.tp : NULL;
     memcpy(s->layout, plan->layout, sizeof s->layout);
@@ -526,21 +526,21 @@ void float8_apply(llama_plan *plan, const llama_config *c, const fp8_options *o)
     s->M = o->microbatches > 1 ? o->microbatches : 1;
     s->forward_scale = calloc((size_t)s->M * s->sites * (s->groups + 1), sizeof(float));
     s->dy_scale = calloc((size_t)s->groups, sizeof(float));
-    if (o->recipe == FP8_DELAYED) {
+    if (o->recipe == FLOAT8_DELAYED) {
         s->history = calloc((size_t)s->M * s->sites * NOPERANDS * s->groups * o->amax_history, sizeof(float));
         s->seen = calloc((size_t)s->M * s->sites * NOPERANDS * s->groups, sizeof(int));
     }
     s->scalar = device_alloc_floats(1, MEM_BUFFERS);
-    for (int r = 0; r < FP8_NROLES; r++) s->worst[r] = s->first[r] = INFINITY;
-    plan_wrap(plan->linear, s->below, ((linear_ops){s, fp8_linear_forward, fp8_linear_backward}));
+    for (int r = 0; r < FLOAT8_NROLES; r++) s->worst[r] = s->first[r] = INFINITY;
+    plan_wrap(plan->linear, s->below, ((linear_ops){s, float8_linear_forward, float8_linear_backward}));
 }
 
-const char *float8_shape_error(const llama_config *c, int tp, int rows, fp8_recipe r) {
+const char *float8_shape_error(const llama_config *c, int tp, int rows, float8_recipe r) {
     static char why[320];
-    if (r == FP8_OFF || r == FP8_ROWWISE) return NULL;   /* (rowwise: the emulation on both backends) */
+    if (r == FLOAT8_OFF || r == FLOAT8_ROWWISE) return NULL;   /* (rowwise: the emulation on both backends) */
     char unsupported[200];
     if (!gemm_fp8_supported(unsupported, sizeof unsupported)) {
-        snprintf(why, sizeof why, "--fp8 %s needs the float8 GEMM: %s", fp8_recipe_name(r), unsupported);
+        snprintf(why, sizeof why, "--fp8 %s needs the float8 GEMM: %s", float8_recipe_name(r), unsupported);
         return why;
     }
     int hd = c->dim / c->n_heads;
@@ -552,14 +552,14 @@ const char *float8_shape_error(const llama_config *c, int tp, int rows, fp8_reci
         if (dims[i].n % 16) {
             snprintf(why, sizeof why, "--fp8 %s at tp %d: %s is %d, not a multiple of 16: cuBLASLt's float8 GEMM "
                      "contracts over and produces widths that are multiples of 16 (the CPU keeps the same rule)",
-                     fp8_recipe_name(r), tp, dims[i].what, dims[i].n);
+                     float8_recipe_name(r), tp, dims[i].what, dims[i].n);
             return why;
         }
     return NULL;
 }
 
 static void float8_free_state(void *state) {
-    fp8_state *s = state;
+    float8_state *s = state;
     free(s->forward_scale);
     free(s->dy_scale);
     free(s->history);
@@ -572,10 +572,10 @@ static void float8_free_state(void *state) {
     free(s);
 }
 
-void float8_worst_sqnr(const llama_plan *plan, double first[FP8_NROLES], double worst[FP8_NROLES],
-                       linear_site where[FP8_NROLES]) {
-    const fp8_state *s = state_of(plan);
-    for (int r = 0; r < FP8_NROLES; r++) {
+void float8_worst_sqnr(const llama_plan *plan, double first[FLOAT8_NROLES], double worst[FLOAT8_NROLES],
+                       linear_site where[FLOAT8_NROLES]) {
+    const float8_state *s = state_of(plan);
+    for (int r = 0; r < FLOAT8_NROLES; r++) {
         first[r] = s ? s->first[r] : INFINITY;
         worst[r] = s ? s->worst[r] : INFINITY;
         where[r] = s ? s->worst_at[r] : (linear_site){P_WQ, 0};
@@ -583,7 +583,7 @@ void float8_worst_sqnr(const llama_plan *plan, double first[FP8_NROLES], double 
 }
 
 void float8_compare_casts(llama_plan *parallel, llama_plan *baseline) {
-    fp8_state *p = state_of(parallel), *b = state_of(baseline);
+    float8_state *p = state_of(parallel), *b = state_of(baseline);
     if (!p || !b) return;
     p->dp = parallel->groups.batch && parallel->groups.batch->size > 1 ? parallel->groups.batch : NULL;
     p->stash_dp = p->dp ? p->dp->size : 1;
@@ -595,16 +595,16 @@ void float8_compare_casts(llama_plan *parallel, llama_plan *baseline) {
     b->peer_plan = parallel;
 }
 
-fp8_cast_comparison float8_cast_comparison(const llama_plan *baseline) {
-    const fp8_state *s = state_of(baseline);
-    return s ? s->cmp : (fp8_cast_comparison){0, 0, 0, 0, 0, 0, 0};
+float8_cast_tally float8_cast_comparison(const llama_plan *baseline) {
+    const float8_state *s = state_of(baseline);
+    return s ? s->cmp : (float8_cast_tally){0, 0, 0, 0, 0, 0, 0};
 }
 
 /* Step 1's casts judged against the baseline's, here beside the comparison because chapters 07 and
  * 08 both judge them. Whether step 1's gradients can be held to fp32 tolerances: not when a cast
  * landed on the neighbouring code and nothing else differs. */
 const char *float8_casts_flipped(const llama_plan *baseline) {
-    fp8_cast_comparison k = float8_cast_comparison(baseline);
+    float8_cast_tally k = float8_cast_comparison(baseline);
     static char why[200];
     if (k.neighbour == 0 || k.other || k.missing || k.scale_differs) return NULL;   /* judge at fp32 tolerances */
     snprintf(why, sizeof why, "%lld cast value(s) landed on the neighbouring code (on a rounding boundary, the "
@@ -614,7 +614,7 @@ const char *float8_casts_flipped(const llama_plan *baseline) {
 
 /* One line on rank 0; a parity failure for anything but an equal or a neighbouring code. */
 int float8_report_casts(const llama_plan *baseline) {
-    fp8_cast_comparison k = float8_cast_comparison(baseline);
+    float8_cast_tally k = float8_cast_comparison(baseline);
     int bad = k.other > 0 || k.missing > 0 || k.scale_differs > 0;
     log0("step 1's casts against the baseline's, code by code: %lld equal, %lld the neighbouring code (a rounding "
          "boundary), %lld other, %lld not kept; %lld scales more than 1e-5 apart  %s\n", k.equal, k.neighbour, k.other,
@@ -632,10 +632,10 @@ int float8_report_casts(const llama_plan *baseline) {
 /* W [rows, cols] cast as the forward casts a weight (tensorwise and delayed: the scale of this
  * step's amax, agreed over tp when `cut`; rowwise: its rows' scales, agreed when `cut_along`),
  * its codes gathered over tp as `layout` cuts it (gather_codes): on tp rank 0, NULL elsewhere. */
-static float *weight_codes(fp8_state *s, const float *W, int rows, int cols, shard_layout layout, bool cut,
+static float *weight_codes(float8_state *s, const float *W, int rows, int cols, shard_layout layout, bool cut,
                            bool cut_along, float8_format fmt) {
     int R, C;
-    if (s->o.recipe != FP8_ROWWISE) {
+    if (s->o.recipe != FLOAT8_ROWWISE) {
         float scale = float8_scale_from_amax(tensor_amax(s, W, (size_t)rows * cols, cut), fmt, 0);
         return gather_codes(s, W, scale, NULL, FLOAT8_PER_TENSOR, rows, cols, layout, fmt, &R, &C);
     }
@@ -646,14 +646,14 @@ static float *weight_codes(fp8_state *s, const float *W, int rows, int cols, sha
 }
 
 long long float8_sharded_cast_mismatches(const llama_plan *plan, llama_model *m, long long *compared) {
-    fp8_state *s = state_of(plan);
+    float8_state *s = state_of(plan);
     const param_table *t = m->params;
     comm_group *tp = s->tp;
     bool root = !tp || tp->rank == 0;
-    fp8_state single = *s;            /* the single-device cast: no tp, so no agreement */
+    float8_state single = *s;            /* the single-device cast: no tp, so no agreement */
     single.tp = NULL;
     long long bad = 0, n_all = 0;
-    float8_format fmt = fp8_role_format(s->o.recipe, FP8_CAST_W);
+    float8_format fmt = float8_role_format(s->o.recipe, FLOAT8_CAST_W);
     for (int i = 0; i < t->n; i++) {
         const param_tensor *x = &t->t[i];
         param_kind k = x->spec.kind;
@@ -684,15 +684,15 @@ long long float8_sharded_cast_mismatches(const llama_plan *plan, llama_model *m,
 
 /* ---- what a run says of itself -----------------------------------------------------------------*/
 
-const char *float8_gemm_name(fp8_recipe r) {
+const char *float8_gemm_name(float8_recipe r) {
     bool on_gpu = strcmp(device_backend_name(), "cuda") == 0;
-    if (r == FP8_OFF) return "none, fp32";
-    if (r == FP8_ROWWISE) return "emulated, an fp32 GEMM of the dequantized operands";
+    if (r == FLOAT8_OFF) return "none, fp32";
+    if (r == FLOAT8_ROWWISE) return "emulated, an fp32 GEMM of the dequantized operands";
     return on_gpu ? "cuBLASLt on float8 bytes" : "float8 bytes decoded into an fp32 GEMM, cuBLASLt's CPU twin";
 }
 
-const char *float8_run_options_json(const fp8_options *o, int groups, int passes, char *buf, size_t len) {
-    static const char *const scale_rule[FP8_NRECIPES] = {
+const char *float8_run_options_json(const float8_options *o, int groups, int passes, char *buf, size_t len) {
+    static const char *const scale_rule[FLOAT8_NRECIPES] = {
         "", "fp32(max/max(amax,1e-12)) per tensor", "pow2_floor(fp32(max/max(amax,1e-12))) per row",
         "fp32(max/max(max(amax history),1e-12)) per tensor"};
     static const char *const format_name[2] = {"e4m3fn", "e5m2"};
@@ -700,16 +700,16 @@ const char *float8_run_options_json(const fp8_options *o, int groups, int passes
     if (passes > 1) snprintf(passes_key, sizeof passes_key, "\"passes\":%d,", passes);
     snprintf(buf, len, "{\"float8\":{\"recipe\":\"%s\",\"amax_history\":%d,\"float8_linears\":"
              "[\"wq\",\"wk\",\"wv\",\"wo\",\"w1\",\"w2\",\"w3\"],\"formats\":{\"x\":\"%s\",\"w\":\"%s\",\"dy\":\"%s\"},"
-             "\"activation_groups\":%d,%s\"scale_rule\":\"%s\"}}", fp8_recipe_name(o->recipe), o->amax_history,
-             format_name[fp8_role_format(o->recipe, FP8_CAST_X)], format_name[fp8_role_format(o->recipe, FP8_CAST_W)],
-             format_name[fp8_role_format(o->recipe, FP8_CAST_DY)], groups, passes_key, scale_rule[o->recipe]);
+             "\"activation_groups\":%d,%s\"scale_rule\":\"%s\"}}", float8_recipe_name(o->recipe), o->amax_history,
+             format_name[float8_role_format(o->recipe, FLOAT8_CAST_X)], format_name[float8_role_format(o->recipe, FLOAT8_CAST_W)],
+             format_name[float8_role_format(o->recipe, FLOAT8_CAST_DY)], groups, passes_key, scale_rule[o->recipe]);
     return buf;
 }
 
 /* ---- the deliberate bug -----------------------------------------------------------------------*/
 
 static const char *local_amax(llama_plan *p) {
-    fp8_state *s = state_of(p);
+    float8_state *s = state_of(p);
     if (!s) return "it changes the float8 casts, and --fp8 off casts nothing: use --fp8 tensorwise, rowwise or delayed";
     s->local_amax = true;
     return NULL;

@@ -47,26 +47,26 @@
 #include "llama.h"
 #include "plan.h"
 
-typedef enum { FP8_OFF = 0, FP8_TENSORWISE, FP8_ROWWISE, FP8_DELAYED, FP8_NRECIPES } fp8_recipe;
-const char *fp8_recipe_name(fp8_recipe r);   /* "off", "tensorwise", "rowwise", "delayed" */
+typedef enum { FLOAT8_OFF = 0, FLOAT8_TENSORWISE, FLOAT8_ROWWISE, FLOAT8_DELAYED, FLOAT8_NRECIPES } float8_recipe;
+const char *float8_recipe_name(float8_recipe r);   /* "off", "tensorwise", "rowwise", "delayed" */
 
 typedef struct {
-    fp8_recipe recipe;
+    float8_recipe recipe;
     int amax_history;     /* delayed: amaxes kept per tensor (Transformer Engine: 1024; here 16) */
     int activation_groups;/* scale the activations (x, dy) in this many row blocks, each apart: a
                            * single-device baseline standing in for that many data-parallel
                            * ranks, each of which scales only its own rows (0 or 1: whole)     */
     int microbatches;     /* a pipeline's microbatches in flight (chapter 08): each keeps its own
                            * forward scales (and delayed history) for its backward (0 or 1: one) */
-} fp8_options;
+} float8_options;
 
 /* The roles an operand plays, for the accuracy report: the three casts and the three products. */
-enum { FP8_CAST_X = 0, FP8_CAST_W, FP8_CAST_DY, FP8_OUT_Y, FP8_OUT_DX, FP8_OUT_DW, FP8_NROLES };
-const char *fp8_role_name(int role);
+enum { FLOAT8_CAST_X = 0, FLOAT8_CAST_W, FLOAT8_CAST_DY, FLOAT8_OUT_Y, FLOAT8_OUT_DX, FLOAT8_OUT_DW, FLOAT8_NROLES };
+const char *float8_role_name(int role);
 
-/* Wraps plan->linear with the float8 linear (does nothing for FP8_OFF). The plan's tp group and
+/* Wraps plan->linear with the float8 linear (does nothing for FLOAT8_OFF). The plan's tp group and
  * layouts must be final (apply it after chapter 01's plan). */
-void float8_apply(llama_plan *plan, const llama_config *c, const fp8_options *o);
+void float8_apply(llama_plan *plan, const llama_config *c, const float8_options *o);
 /* The technique as the plan's stack records it (plan_free frees its state). */
 extern const plan_technique float8_technique;
 
@@ -74,7 +74,7 @@ extern const plan_technique float8_technique;
  * float8 bytes with cuBLASLt's float8 GEMM (gemm_fp8.h), which needs a GPU of compute capability
  * 8.9 or 9.0+ and every width and the tokens per rank (`rows`) a multiple of 16; the CPU's twin
  * keeps the same rule so that a run that works here works on a GPU. */
-const char *float8_shape_error(const llama_config *c, int tp, int rows, fp8_recipe r);
+const char *float8_shape_error(const llama_config *c, int tp, int rows, float8_recipe r);
 
 /* SQNR = 20 log10(|ref| / |ref - got|) of two device tensors of n floats, in dB, computed in
  * double on the host (torchao's compute_error); +inf when they are equal. */
@@ -84,8 +84,8 @@ double float8_sqnr_db(const float *ref_dev, const float *got_dev, size_t n);
  * call of the operator also computes its casts' and its products' fp32 references. first[role]
  * receives the lowest SQNR of step 1, worst[role] the lowest since float8_apply (+inf for a role
  * never seen), where[role] the site of the latter. */
-void float8_worst_sqnr(const llama_plan *plan, double first[FP8_NROLES], double worst[FP8_NROLES],
-                       linear_site where[FP8_NROLES]);
+void float8_worst_sqnr(const llama_plan *plan, double first[FLOAT8_NROLES], double worst[FLOAT8_NROLES],
+                       linear_site where[FLOAT8_NROLES]);
 
 /* Step 1's casts of the two runs, code by code: the parallel run's plan keeps each cast's codes
  * (gathered over tp to its tp rank 0, then over the data ranks, plan->groups.batch, to world rank 0; every
@@ -102,17 +102,17 @@ typedef struct {
                            * run's (a wrong amax), up to the first neighbour                   */
     long long equal_after, differ_after;   /* the casts after the first neighbour, whose inputs
                            * already carry a whole float8 step's difference: not judged       */
-} fp8_cast_comparison;
+} float8_cast_tally;
 void float8_compare_casts(llama_plan *parallel, llama_plan *baseline);
-fp8_cast_comparison float8_cast_comparison(const llama_plan *baseline);
+float8_cast_tally float8_cast_comparison(const llama_plan *baseline);
 /* After step 1's forward and backward, for run_baseline_unjudged: why step 1's gradients are not
  * judged (a cast landed on the neighbouring code, and nothing else differs), or NULL. */
 const char *float8_casts_flipped(const llama_plan *baseline);
 /* Step 1's casts against the baseline's, code by code: one line on rank 0, and a parity failure
  * (returns 1) for a code neither equal nor the neighbour, a cast not kept or a scale apart. */
 int float8_report_casts(const llama_plan *baseline);
-/* The format each role is cast to under the recipe (FP8_CAST_*), for the report. */
-float8_format fp8_role_format(fp8_recipe r, int role);
+/* The format each role is cast to under the recipe (FLOAT8_CAST_*), for the report. */
+float8_format float8_role_format(float8_recipe r, int role);
 
 /* The exact test: every block weight of this rank cast as the recipe casts it in forward (the
  * global scale, or the rows' scales), gathered over tp on rank 0 of tp and compared byte for byte
@@ -121,14 +121,14 @@ float8_format fp8_role_format(fp8_recipe r, int role);
 long long float8_sharded_cast_mismatches(const llama_plan *plan, llama_model *m, long long *compared);
 
 /* Which float8 GEMM the recipe runs on this backend, in words, for the run's first line. */
-const char *float8_gemm_name(fp8_recipe r);
+const char *float8_gemm_name(float8_recipe r);
 /* The recipe as the JSON object a --dump carries in its "run_options" metadata, for an outside
  * replay (tests/reference_torch.py; docs/dump-format.md): written to buf[len], returned.
  * groups: the row blocks each activation of one forward pass is scaled in (every data rank its
  * own rows; chapter 08: each data rank's pipeline microbatches apart, dp x microbatches);
  * passes: the forward-backward passes of a step (chapter 08's --accum; "passes" is written only
  * when above 1), each over its share of the step's batch, in order. */
-const char *float8_run_options_json(const fp8_options *o, int groups, int passes, char *buf, size_t len);
+const char *float8_run_options_json(const float8_options *o, int groups, int passes, char *buf, size_t len);
 
 /* The deliberate bugs of this chapter, for --fault. */
 extern const plan_fault float8_faults[];

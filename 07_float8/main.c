@@ -7,7 +7,7 @@
  * parallelism (chapter 01's plan) the amaxes of the tensors that tp cuts are agreed over tp, so
  * each shard casts exactly as one device would; under FSDP (chapter 04's, --dp-shard) the
  * all-gathers may move the weights as float8 bytes (--fp8-all-gather). The reports are in
- * fp8_report.c.
+ * float8_report.c.
  *
  * Two comparisons. With --check, rank 0 trains the single-device baseline under the SAME float8
  * recipe beside the parallel run (same scales, same casts), at the fp32 tolerances. And every run
@@ -34,7 +34,7 @@
 #include "../04_fsdp/data_parallel.h"
 #include "float8_all_gather.h"
 #include "float8_linear.h"
-#include "fp8_report.h"
+#include "float8_report.h"
 
 static const char *usage =
     "usage: 07 [flags]   (under mpirun: NP = dp-shard x tp ranks)\n"
@@ -48,15 +48,15 @@ static const char *usage =
     "                                        tensorwise into E4M3, before and after the cast (make plot-07)\n";
 
 enum { OPT_FP8 = 1, OPT_HISTORY, OPT_TP, OPT_DP_SHARD, OPT_FP8_GATHER, OPT_SAMPLE };
-typedef struct { fp8_options fp8; int tp, dp_shard; bool fp8_all_gather, cast_sample, history_given; } chapter_options;
+typedef struct { float8_options fp8; int tp, dp_shard; bool gather_in_float8, cast_sample, history_given; } chapter_options;
 static void chapter_flag(int code, const char *arg, void *ctx) {
     static const char *const recipes[] = {"off", "tensorwise", "rowwise", "delayed", NULL};
     chapter_options *co = ctx;
-    if (code == OPT_FP8) co->fp8.recipe = (fp8_recipe)cli_choice("--fp8", arg, recipes);
+    if (code == OPT_FP8) co->fp8.recipe = (float8_recipe)cli_choice("--fp8", arg, recipes);
     else if (code == OPT_HISTORY) co->fp8.amax_history = cli_int("--amax-history", arg, 1, 1024), co->history_given = true;
     else if (code == OPT_TP) co->tp = cli_int("--tp", arg, 1, 4096);
     else if (code == OPT_DP_SHARD) co->dp_shard = cli_int("--dp-shard", arg, 1, 4096);
-    else if (code == OPT_FP8_GATHER) co->fp8_all_gather = true;
+    else if (code == OPT_FP8_GATHER) co->gather_in_float8 = true;
     else co->cast_sample = true;
 }
 
@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
     /* ---- flags ---- */
     run_options o = run_options_default("07", float8_faults);
     o.kv_heads_follow_heads = true;
-    chapter_options co = {{FP8_TENSORWISE, 16, 1, 1}, 0, 1, false, false, false};
+    chapter_options co = {{FLOAT8_TENSORWISE, 16, 1, 1}, 0, 1, false, false, false};
     static const struct option flags[] = {
         {"fp8", required_argument, 0, OPT_FP8}, {"amax-history", required_argument, 0, OPT_HISTORY},
         {"tp", required_argument, 0, OPT_TP}, {"dp-shard", required_argument, 0, OPT_DP_SHARD},
@@ -75,13 +75,13 @@ int main(int argc, char **argv) {
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     const llama_config *c = &o.model;
 
-    if (co.history_given && co.fp8.recipe != FP8_DELAYED)
+    if (co.history_given && co.fp8.recipe != FLOAT8_DELAYED)
         comm_exit_usage("--amax-history keeps the amaxes of delayed scaling: it needs --fp8 delayed, not %s",
-                        fp8_recipe_name(co.fp8.recipe));
-    if (co.fp8_all_gather && (co.dp_shard < 2 || co.fp8.recipe != FP8_TENSORWISE))
+                        float8_recipe_name(co.fp8.recipe));
+    if (co.gather_in_float8 && (co.dp_shard < 2 || co.fp8.recipe != FLOAT8_TENSORWISE))
         comm_exit_usage("--fp8-all-gather casts FSDP's gathered weights with the tensorwise scale: it needs --dp-shard 2 "
                         "or more and --fp8 tensorwise (got --dp-shard %d, --fp8 %s)", co.dp_shard,
-                        fp8_recipe_name(co.fp8.recipe));
+                        float8_recipe_name(co.fp8.recipe));
 
     /* ---- mesh: dp_shard x tp (tp: the rest of NP when not given) ---- */
     mesh_requirements needs = llama_mesh_requirements(c, o.batch);
@@ -93,8 +93,8 @@ int main(int argc, char **argv) {
     llama_plan plan = tensor_parallel_or_single(mesh, c);
     dp_gather_ops gather = {0};
     if (S > 1) {
-        if (co.fp8_all_gather) gather = float8_all_gather_ops(plan.groups.tp);
-        dp_options dp = {DP_FSDP, true, true, 64 * 256, co.fp8_all_gather ? &gather : NULL, false};
+        if (co.gather_in_float8) gather = float8_all_gather_ops(plan.groups.tp);
+        dp_options dp = {DP_FSDP, true, true, 64 * 256, co.gather_in_float8 ? &gather : NULL, false};
         data_parallel_apply(&plan, mesh, c, &dp);
     }
     /* (after the plans, which refuse a tp that splits no whole head and a batch the dp ranks cannot share) */
@@ -102,19 +102,19 @@ int main(int argc, char **argv) {
     if (why) comm_exit_usage("%s", why);
     float8_apply(&plan, c, &co.fp8);
     llama_plan baseline = plan_single_device();
-    fp8_options one_device = co.fp8;
+    float8_options one_device = co.fp8;
     one_device.activation_groups = S;
     float8_apply(&baseline, c, &one_device);
     float8_compare_casts(&plan, &baseline);   /* step 1's casts, code by code */
     run_apply_fault(&o, &plan);
     /* --dump: the recipe, as the "run_options" metadata, for the outside replay */
-    char fp8_json[320];   /* (a metadata value: at most 255 bytes, dump.h checks) */
-    if (co.fp8.recipe != FP8_OFF) run_dump_describe(&o, float8_run_options_json(&co.fp8, S, 1, fp8_json, sizeof fp8_json));
+    char float8_json[320];   /* (a metadata value: at most 255 bytes, dump.h checks) */
+    if (co.fp8.recipe != FLOAT8_OFF) run_dump_describe(&o, float8_run_options_json(&co.fp8, S, 1, float8_json, sizeof float8_json));
     llama_model *model = run_model(&o, &plan);
 
     log0("chapter 07: float8 training, %s scaling%s, %s%stp %d, backend %s (the float8 GEMMs: %s)\n",
-         fp8_recipe_name(co.fp8.recipe), co.fp8.recipe == FP8_DELAYED ? " (history)" : "", S > 1 ? "fsdp x " : "",
-         co.fp8_all_gather ? "(float8 all-gather) " : "", tp, device_backend_name(), float8_gemm_name(co.fp8.recipe));
+         float8_recipe_name(co.fp8.recipe), co.fp8.recipe == FLOAT8_DELAYED ? " (history)" : "", S > 1 ? "fsdp x " : "",
+         co.gather_in_float8 ? "(float8 all-gather) " : "", tp, device_backend_name(), float8_gemm_name(co.fp8.recipe));
     if (S > 1) log0("fsdp: dp-shard %d; every dp rank scales its own rows' activations (x, dy), and so does the "
                     "baseline, row block by row block\n", S);
     log0("model: dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d; batch %d x %d tokens; float8: wq wk wv wo "
@@ -123,8 +123,8 @@ int main(int argc, char **argv) {
 
     /* ---- train, with the float8 baseline beside it ---- */
     char path[512], label[64];
-    snprintf(path, sizeof path, "%s/loss_%s_dp%d_tp%d.csv", o.out_dir, fp8_recipe_name(co.fp8.recipe), S, tp);
-    snprintf(label, sizeof label, "%s dp=%d tp=%d", fp8_recipe_name(co.fp8.recipe), S, tp);
+    snprintf(path, sizeof path, "%s/loss_%s_dp%d_tp%d.csv", o.out_dir, float8_recipe_name(co.fp8.recipe), S, tp);
+    snprintf(label, sizeof label, "%s dp=%d tp=%d", float8_recipe_name(co.fp8.recipe), S, tp);
     /* Step 1 starts from the same parameters, so every cast agrees and the gradients match at the
      * fp32 tolerances. After an AdamW step the two runs' parameters differ in their last bits, and
      * a float8 cast turns such a difference into a whole quantum (1/8 of a binade in E4M3) for any
@@ -143,9 +143,9 @@ int main(int argc, char **argv) {
     /* ---- measured beside the thresholds and the formulas ---- */
     log0("\n");
     int mismatches = 0;
-    mismatches += float8_report_traffic(&o, mesh, &plan, model, co.fp8.recipe, co.fp8_all_gather);
-    if (co.fp8.recipe != FP8_OFF) {
-        mismatches += float8_report_accuracy(&plan, co.fp8.recipe, co.fp8_all_gather ? &gather : NULL);
+    mismatches += float8_report_traffic(&o, mesh, &plan, model, co.fp8.recipe, co.gather_in_float8);
+    if (co.fp8.recipe != FLOAT8_OFF) {
+        mismatches += float8_report_accuracy(&plan, co.fp8.recipe, co.gather_in_float8 ? &gather : NULL);
         if (o.check) mismatches += float8_report_casts(&baseline);
         if (S == 1) mismatches += float8_report_sharded_cast(&plan, model);   /* (its amax all-reduces after the table) */
         else log0("sharded cast: not run under fsdp (the weights are stored in dp shards); step 1's casts above "

@@ -71,7 +71,7 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
         break;
     case OPT_MICRO: co->par.pp.microbatches = cli_int("--microbatches", arg, 1, 4096); co->microbatches_given = true; break;
     case OPT_VIRTUAL: co->par.pp.virtual_stages = cli_int("--virtual-stages", arg, 1, 64); break;
-    case OPT_FP8: co->par.fp8.recipe = (fp8_recipe)cli_choice("--fp8", arg, recipes); break;
+    case OPT_FP8: co->par.fp8.recipe = (float8_recipe)cli_choice("--fp8", arg, recipes); break;
     case OPT_DATA: co->data = arg; break;
     case OPT_WARMUP: co->warmup = cli_int("--warmup", arg, 0, 1000000); break;
     case OPT_LR_MIN: co->lr_min = cli_float("--lr-min", arg, 0.0f, 10.0f); break;
@@ -100,7 +100,7 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
     o->model.dim = 96; o->model.n_layers = 4; o->model.n_heads = 4; o->model.n_kv_heads = 2;
     o->model.ffn_dim = 256; o->model.vocab_size = 256; o->model.seq_len = 64;
     o->batch = 16; o->steps = 500; o->opt.lr = 3e-3f; o->opt.clip_grad_norm = 1.0f;
-    *t = (trainer_options){.par = {{1, 1, -1, 1, 1}, true, AC_NONE, {CP_RING, CP_ZIGZAG}, {PP_1F1B, 0, 1}, {FP8_OFF, 16, 1, 1},
+    *t = (trainer_options){.par = {{1, 1, -1, 1, 1}, true, AC_NONE, {CP_RING, CP_ZIGZAG}, {PP_1F1B, 0, 1}, {FLOAT8_OFF, 16, 1, 1},
                                   false, true},
                           .data = REPO_ROOT "/08_full_trainer/data/tinyshakespeare.txt", .prompt = "ROMEO:", .warmup = -1,
                           .accum = 1, .eval_every = 50, .eval_batches = 4, .lr_min = -1, .temperature = 0.8};
@@ -141,7 +141,7 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
         comm_exit_usage("--vocab-multiple %d pads the vocabulary split over tp: it needs --tp 2 or more", t->vocab_multiple);
     if (t->par.async_tp && (g[MESH_TP] == 1 || !t->par.sp))
         comm_exit_usage("--async-tp decomposes sequence parallelism's all-gathers and reduce-scatters over the tp ring: it needs --tp 2 or more, without --no-sp");
-    if (t->par.async_tp && t->par.fp8.recipe != FP8_OFF)
+    if (t->par.async_tp && t->par.fp8.recipe != FLOAT8_OFF)
         comm_exit_usage("--async-tp with --fp8: not supported (float8 scales each linear's whole input, agreed over tp; the ring's per-chunk GEMMs would scale chunk by chunk)");
     if ((t->prompt_given || t->temperature_given) && !t->sample)
         comm_exit_usage("%s shapes the text sampled after training: it needs --sample N", t->prompt_given ? "--prompt" : "--temperature");
@@ -158,21 +158,21 @@ void trainer_validate(run_options *o, trainer_options *t) {
     if (t->ckpt_every && !t->ckpt_dir) comm_exit_usage("--ckpt-every %d needs --ckpt-dir DIR: where to write them", t->ckpt_every);
     if (t->resume && !checkpoint_exists(t->ckpt_dir))
         comm_exit_usage("--resume: --ckpt-dir %s holds no checkpoint (neither DIR/latest nor DIR/index.json)", t->ckpt_dir);
-    if (t->resume && t->par.fp8.recipe == FP8_DELAYED)
+    if (t->resume && t->par.fp8.recipe == FLOAT8_DELAYED)
         comm_exit_usage("--resume with --fp8 delayed is not valid: the checkpoints do not keep the amax history, "
                         "so the resumed casts would differ; use --fp8 tensorwise or rowwise");
     if (t->resume && (o->check || o->dump_dir))
         comm_exit_usage("--resume with %s is not valid: the baseline and the dump's replay start from step 1's "
                         "parameters, a resumed run from a checkpoint's", o->check ? "--check" : "--dump");
-    if (t->par.fp8.recipe != FP8_OFF && t->par.ac == AC_FULL)
+    if (t->par.fp8.recipe != FLOAT8_OFF && t->par.ac == AC_FULL)
         comm_exit_usage("--fp8 with --ac full is not valid here: the recompute would run every float8 linear's "
                         "forward twice a step, casting again (delayed scaling: recording the amax twice); use --ac "
                         "selective or none");
     int cp = t->par.degree[MESH_CP];
-    if (t->par.fp8.recipe != FP8_OFF && cp > 1 && o->check)
+    if (t->par.fp8.recipe != FLOAT8_OFF && cp > 1 && o->check)
         comm_exit_usage("--fp8 with --cp %d and --check is not valid: each cp rank scales the activations of its own "
                         "positions, which the single-device float8 baseline cannot reproduce", cp);
-    if (t->par.fp8.recipe != FP8_OFF && cp > 1 && o->dump_dir)
+    if (t->par.fp8.recipe != FLOAT8_OFF && cp > 1 && o->dump_dir)
         comm_exit_usage("--dump with --fp8 and --cp %d is not valid: each cp rank scales the activations of its own "
                         "positions, which the dump's float8 metadata cannot describe, so no replay could cast as the "
                         "run did; dump with --cp 1", cp);

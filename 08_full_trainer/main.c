@@ -42,7 +42,7 @@ static void trainer_settings(const run_options *o, const trainer_options *co, co
              "\"lr\": %.9g, \"lr_min\": %.9g, \"warmup\": %d, \"clip_grad_norm\": %.9g, \"fp8\": \"%s\", "
              "\"data\": \"%zu bytes, crc32 %08x\"}", c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim,
              c->vocab_size, c->seq_len, o->batch, co->accum, o->steps, (unsigned long long)o->seed, lr->lr, lr->lr_min,
-             lr->warmup, o->opt.clip_grad_norm, fp8_recipe_name(co->par.fp8.recipe), corpus->n,
+             lr->warmup, o->opt.clip_grad_norm, float8_recipe_name(co->par.fp8.recipe), corpus->n,
              (unsigned)checkpoint_crc32(corpus->bytes, corpus->n));   /* the text itself, not only its size */
 }
 
@@ -92,18 +92,18 @@ int main(int argc, char **argv) {
     device_mesh *mesh = mesh_create(parallel_mesh_shape(&co.par), NULL);   /* (checked by trainer_validate) */
     llama_plan plan = parallelize_llama(mesh, c, o.batch, &co.par);
     llama_plan baseline = plan_single_device();
-    bool fp8 = co.par.fp8.recipe != FP8_OFF;
+    bool fp8 = co.par.fp8.recipe != FLOAT8_OFF;
     if (fp8) {   /* the baseline casts as the mesh does: each data rank's microbatch rows scaled
                   * apart (chapter 07), judged on step 1 only as there */
-        fp8_options one_device = co.par.fp8;
+        float8_options one_device = co.par.fp8;
         one_device.activation_groups = co.par.degree[MESH_DP_REPLICATE] * co.par.degree[MESH_DP_SHARD] *
                                        co.par.pp.microbatches;   /* (per micro-batch of --accum) */
         float8_apply(&baseline, c, &one_device);
         float8_compare_casts(&plan, &baseline);
         /* --dump: the recipe and its row blocks per pass, as chapter 07 writes them */
-        char fp8_json[320];
-        run_dump_describe(&o, float8_run_options_json(&co.par.fp8, one_device.activation_groups, co.accum, fp8_json,
-                                                      sizeof fp8_json));
+        char float8_json[320];
+        run_dump_describe(&o, float8_run_options_json(&co.par.fp8, one_device.activation_groups, co.accum, float8_json,
+                                                      sizeof float8_json));
     }
     run_apply_fault(&o, &plan);
     /* every path the run writes, checked with --out and --dump before anything is allocated
@@ -159,7 +159,7 @@ int main(int argc, char **argv) {
                  co.par.fsdp_over_cp && g[MESH_CP] > 1 ? " over dp_shard x cp" : "");
     log0("plan: %s, ac %s, %s, %s, %s, float8 %s\n",
          g[MESH_TP] == 1 ? "no tp" : co.par.sp ? "tp + loss parallel + sp" : "tp + loss parallel", ac_mode_name(co.par.ac),
-         cp_text, pp_text, dp_text, fp8_recipe_name(co.par.fp8.recipe));
+         cp_text, pp_text, dp_text, float8_recipe_name(co.par.fp8.recipe));
     log0("model: dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d (bytes), %.2f M parameters\n", c->dim, c->n_layers,
          c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size, llama_parameter_count(c, true) / 1e6);
     if (g[MESH_TP] > 1) vocab_padding_describe(c, g[MESH_TP]);   /* 02: split over tp, padded */

@@ -46,8 +46,8 @@ void parallelize_validate(parallel_options *o, const llama_config *c, int batch)
                             parallel_shard_ranks(o) * s.dp_replicate);
     }
     int rows = batch / dp / o->pp.microbatches * (c->seq_len / cp);   /* of one float8 GEMM */
-    const char *fp8_why = float8_shape_error(c, tp, rows, o->fp8.recipe);
-    if (fp8_why) comm_exit_usage("%s", fp8_why);
+    const char *float8_why = float8_shape_error(c, tp, rows, o->fp8.recipe);
+    if (float8_why) comm_exit_usage("%s", float8_why);
 }
 
 llama_plan parallelize_llama(device_mesh *mesh, const llama_config *c, int batch, const parallel_options *o) {
@@ -62,8 +62,8 @@ llama_plan parallelize_llama(device_mesh *mesh, const llama_config *c, int batch
     /* 06: the sequence split over cp, attention by the chosen method */
     if (g[MESH_CP] > 1) context_parallel_apply(&plan, mesh, c, &o->cp);
     /* 07: float8 linears (scales agreed over tp) */
-    if (o->fp8.recipe != FP8_OFF) {
-        fp8_options f = o->fp8;
+    if (o->fp8.recipe != FLOAT8_OFF) {
+        float8_options f = o->fp8;
         f.microbatches = g[MESH_PP] > 1 ? o->pp.microbatches : 1;   /* each keeps its scales */
         float8_apply(&plan, c, &f);
     }

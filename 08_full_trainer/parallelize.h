@@ -44,7 +44,7 @@ typedef struct {
     ac_mode ac;                /* activation checkpointing                                         */
     cp_options cp;             /* method, balance                                                  */
     pp_options pp;             /* schedule, microbatches, virtual stages                           */
-    fp8_options fp8;           /* float8 recipe (FP8_OFF: fp32 linears)                           */
+    float8_options fp8;           /* float8 recipe (FLOAT8_OFF: fp32 linears)                           */
     bool async_tp;             /* chapter 03's --async-tp: SP's collectives decomposed over tp     */
     bool fsdp_over_cp;         /* FSDP's shards over dp_shard x cp (default), or dp_shard alone    */
 } parallel_options;

@@ -13,7 +13,7 @@ static const char *not_predicted(const parallel_options *o) {
     if (g[MESH_TP] > 1 && !o->sp) return "--no-sp (tensor parallelism without sequence parallelism)";
     if (o->ac == AC_FULL) return "--ac full (its recompute repeats the forward's collectives)";
     if (g[MESH_CP] > 1 && o->cp.method != CP_RING) return "--cp-method other than ring";
-    if (o->fp8.recipe != FP8_OFF && g[MESH_TP] > 1) return "--fp8 with tp (the amax all-reduces of each cast)";
+    if (o->fp8.recipe != FLOAT8_OFF && g[MESH_TP] > 1) return "--fp8 with tp (the amax all-reduces of each cast)";
     return NULL;
 }
 

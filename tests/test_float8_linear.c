@@ -23,11 +23,11 @@ enum { N = 16, IN = 16, OUT = 16 };
 static const float amax_of_step[] = {1, 4, 2, 8, 1};
 
 /* y[0][0] of each step's forward under the recipe. */
-static void run_steps(fp8_recipe r, int history, float got[5]) {
+static void run_steps(float8_recipe r, int history, float got[5]) {
     llama_config c = llama_config_default();
     c.n_layers = 1;
     llama_plan plan = plan_single_device();
-    fp8_options o = {r, history, 1, 1};
+    float8_options o = {r, history, 1, 1};
     float8_apply(&plan, &c, &o);
     float W[OUT * IN] = {0}, x[N * IN] = {0}, y[N * OUT];
     for (int i = 0; i < OUT; i++) W[i * IN + i] = 1.0f;
@@ -40,7 +40,7 @@ static void run_steps(fp8_recipe r, int history, float got[5]) {
         got[t] = y[0];
         int others = 0;
         for (int i = 1; i < N * OUT; i++) others += y[i] != 0.0f;
-        CHECK(others == 0, "%s step %d: %d outputs other than y[0][0] are not 0", fp8_recipe_name(r), t + 1, others);
+        CHECK(others == 0, "%s step %d: %d outputs other than y[0][0] are not 0", float8_recipe_name(r), t + 1, others);
         device_free(dx);
     }
     device_free(dW);
@@ -51,16 +51,16 @@ static void run_steps(fp8_recipe r, int history, float got[5]) {
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     float got[5];
-    run_steps(FP8_TENSORWISE, 16, got);
+    run_steps(FLOAT8_TENSORWISE, 16, got);
     size_t kept = mem_current_total();   /* (CUDA: the float8 GEMM's workspace stays, by design) */
     for (int t = 0; t < 5; t++)
         CHECK(got[t] == amax_of_step[t], "tensorwise step %d: y = %g, want %g (the step's own scale)", t + 1, got[t],
               amax_of_step[t]);
     const float want_h1[5] = {1, 1, 2, 2, 1}, want_h2[5] = {1, 1, 2, 4, 1};
-    run_steps(FP8_DELAYED, 1, got);
+    run_steps(FLOAT8_DELAYED, 1, got);
     for (int t = 0; t < 5; t++)
         CHECK(got[t] == want_h1[t], "delayed, history 1, step %d: y = %g, want %g", t + 1, got[t], want_h1[t]);
-    run_steps(FP8_DELAYED, 2, got);
+    run_steps(FLOAT8_DELAYED, 2, got);
     for (int t = 0; t < 5; t++)
         CHECK(got[t] == want_h2[t], "delayed, history 2, step %d: y = %g, want %g", t + 1, got[t], want_h2[t]);
 
@@ -68,7 +68,7 @@ int main(int argc, char **argv) {
     llama_config c = llama_config_default();
     c.n_layers = 1;
     llama_plan plan = plan_single_device();
-    fp8_options o = {FP8_TENSORWISE, 16, 1, 1};
+    float8_options o = {FLOAT8_TENSORWISE, 16, 1, 1};
     float8_apply(&plan, &c, &o);
     float W[OUT * IN] = {0}, x[N * IN] = {0}, y[N * OUT];
     for (int i = 0; i < OUT; i++) W[i * IN + i] = 1.0f;

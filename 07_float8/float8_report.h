@@ -1,4 +1,4 @@
-/* fp8_report.h: chapter 07's measured figures beside their formulas and thresholds. Each
+/* float8_report.h: chapter 07's measured figures beside their formulas and thresholds. Each
  * report prints on rank 0 and returns the number of mismatches (the same on every rank). */
 #pragma once
 #include "mesh.h"
@@ -11,10 +11,10 @@
  * dp_shard's all-gathers (block weights 1 byte per element with the float8 all-gather), reduce-
  * scatters and amax all-reduces, beside their formulas. */
 int float8_report_traffic(const run_options *o, device_mesh *mesh, const llama_plan *plan, const llama_model *m,
-                          fp8_recipe r, bool fp8_gather);
+                          float8_recipe r, bool float8_gather);
 /* The lowest SQNR of each cast and product, in step 1 (judged against torchao's thresholds) and
  * over the run (shown), over every rank; with the float8 all-gather (gather != NULL), its casts. */
-int float8_report_accuracy(const llama_plan *plan, fp8_recipe r, const dp_gather_ops *gather);
+int float8_report_accuracy(const llama_plan *plan, float8_recipe r, const dp_gather_ops *gather);
 /* The exact test: the tp shards' float8 bytes of every block weight against one device's cast. */
 int float8_report_sharded_cast(const llama_plan *plan, llama_model *m);
 /* --cast-sample: layer 0's w1 scaled tensorwise into E4M3, before and after the cast, to `path`. */

@@ -1,4 +1,4 @@
-/* fp8_report.c: chapter 07's measured figures beside their formulas and thresholds (fp8_report.h). */
+/* float8_report.c: chapter 07's measured figures beside their formulas and thresholds (float8_report.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,16 +9,16 @@
 #include "parity.h"
 #include "report.h"
 #include "float8_all_gather.h"
-#include "fp8_report.h"
+#include "float8_report.h"
 
 /* torchao's thresholds (its float8 tests): an E4M3 cast at least 25 dB, a linear's output 18 dB,
  * its weight gradient 17 dB. An E5M2 cast has one mantissa bit less, 6.02 dB less signal to
  * rounding noise: 25 - 6.02. The input gradient is held to the output's 18 dB. */
-static double threshold_db(fp8_recipe r, int role) {
+static double threshold_db(float8_recipe r, int role) {
     switch (role) {
-    case FP8_CAST_X: case FP8_CAST_W: case FP8_CAST_DY:
-        return fp8_role_format(r, role) == FLOAT8_E4M3 ? 25.0 : 25.0 - 20 * log10(2.0);
-    case FP8_OUT_DW: return 17.0;
+    case FLOAT8_CAST_X: case FLOAT8_CAST_W: case FLOAT8_CAST_DY:
+        return float8_role_format(r, role) == FLOAT8_E4M3 ? 25.0 : 25.0 - 20 * log10(2.0);
+    case FLOAT8_OUT_DW: return 17.0;
     default: return 18.0;
     }
 }
@@ -31,34 +31,34 @@ static const char *kind_name(param_kind k) {
 
 /* The worst SQNR of each cast and product in step 1 (judged, as torchao's single-step tests) and
  * over the whole run (shown: a delayed scale that lags a growing amax clips), over every rank. */
-int float8_report_accuracy(const llama_plan *plan, fp8_recipe r, const dp_gather_ops *gather) {
-    double first[FP8_NROLES], worst[FP8_NROLES];
-    linear_site at[FP8_NROLES];
+int float8_report_accuracy(const llama_plan *plan, float8_recipe r, const dp_gather_ops *gather) {
+    double first[FLOAT8_NROLES], worst[FLOAT8_NROLES];
+    linear_site at[FLOAT8_NROLES];
     float8_worst_sqnr(plan, first, worst, at);
     int bad = 0;
     log0("float8 against fp32: the lowest SQNR = 20 log10(|fp32| / |fp32 - float8|) over every linear (this rank's "
          "part of each tensor), in step 1 (judged) and over the run (shown):\n");
     log0("  %-12s %-9s %9s  %-14s %9s  %s\n", "", "format", "step 1", "threshold", "the run", "where");
-    for (int role = 0; role < FP8_NROLES; role++) {
+    for (int role = 0; role < FLOAT8_NROLES; role++) {
         double one = -comm_host_max(comm_world(), -first[role]);
         double mine = worst[role], all = -comm_host_max(comm_world(), -mine);
         bool ok = one >= threshold_db(r, role);
         bad += !ok;
-        const char *fmt = role <= FP8_CAST_DY ? (fp8_role_format(r, role) == FLOAT8_E4M3 ? "E4M3" : "E5M2") : "fp32 acc.";
+        const char *fmt = role <= FLOAT8_CAST_DY ? (float8_role_format(r, role) == FLOAT8_E4M3 ? "E4M3" : "E5M2") : "fp32 acc.";
         char where[64] = "";
-        if (role == FP8_CAST_W && gather)
+        if (role == FLOAT8_CAST_W && gather)
             snprintf(where, sizeof where, "(already float8: cast in the all-gather, below)");
         else if (mine == all && isfinite(mine))
             snprintf(where, sizeof where, "layers.%d.%s", at[role].layer, kind_name(at[role].kind));
-        log0("  %-12s %-9s %6.2f dB  >= %5.2f dB %s %6.2f dB  %s\n", fp8_role_name(role), fmt, one,
+        log0("  %-12s %-9s %6.2f dB  >= %5.2f dB %s %6.2f dB  %s\n", float8_role_name(role), fmt, one,
              threshold_db(r, role), ok ? "ok   " : "BELOW", all, where);
     }
     if (gather) {   /* the weights' cast, done on the shards before the all-gather */
         double db = -comm_host_max(comm_world(), -float8_all_gather_worst_sqnr(gather));
-        bool ok = db >= threshold_db(r, FP8_CAST_W);
+        bool ok = db >= threshold_db(r, FLOAT8_CAST_W);
         bad += !ok;
         log0("  %-12s %-9s %6.2f dB  >= %5.2f dB %s (each shard with the tensor's scale, over the run)\n",
-             "cast W, gather", "E4M3", db, threshold_db(r, FP8_CAST_W), ok ? "ok   " : "BELOW");
+             "cast W, gather", "E4M3", db, threshold_db(r, FLOAT8_CAST_W), ok ? "ok   " : "BELOW");
     }
     if (bad) parity_fail("a float8 cast or product is further from fp32 than torchao's threshold (above)");
     return bad;
@@ -78,9 +78,9 @@ int float8_report_sharded_cast(const llama_plan *plan, llama_model *m) {
  * gradient reduce-scattered): with --fp8-all-gather the 7 L block weights move 1 byte per element
  * instead of 4, after one amax all-reduce each (over dp_shard, and over tp). */
 int float8_report_traffic(const run_options *o, device_mesh *mesh, const llama_plan *plan, const llama_model *m,
-                          fp8_recipe r, bool fp8_gather) {
+                          float8_recipe r, bool float8_gather) {
     double L = o->model.n_layers, N = m->d.N, D = m->d.D;
-    bool rowwise = r == FP8_ROWWISE, fp8 = r != FP8_OFF;
+    bool rowwise = r == FLOAT8_ROWWISE, fp8 = r != FLOAT8_OFF;
     comm_group *groups[2];
     comm_expectation e[4];
     int n_groups = 0, n = 0;
@@ -93,13 +93,13 @@ int float8_report_traffic(const run_options *o, device_mesh *mesh, const llama_p
             fp32 += 4 * elems;
             if (float8_gathers(t->t[i].spec.kind)) blocks += elems;
         }
-        double gathered = fp8_gather ? fp32 - 3 * blocks : fp32;   /* a block weight: 1 byte, not 4 */
+        double gathered = float8_gather ? fp32 - 3 * blocks : fp32;   /* a block weight: 1 byte, not 4 */
         groups[n_groups++] = shard;
         e[n++] = (comm_expectation){shard, COLL_ALL_GATHER, 2.0 * t->n, 2 * gathered,
-                                    fp8_gather ? "2 x (S Psi_S x 4 - 3 S Psi_blocks)" : "2 x S Psi_S x 4"};
+                                    float8_gather ? "2 x (S Psi_S x 4 - 3 S Psi_blocks)" : "2 x S Psi_S x 4"};
         e[n++] = (comm_expectation){shard, COLL_REDUCE_SCATTER, t->n, fp32, "S Psi_S x 4"};
-        if (fp8_gather) e[n++] = (comm_expectation){shard, COLL_ALL_REDUCE, 2 * 7 * L, 2 * 7 * L * 4, "2 x 7 L amaxes of 4 bytes"};
-        if (fp8_gather)
+        if (float8_gather) e[n++] = (comm_expectation){shard, COLL_ALL_REDUCE, 2 * 7 * L, 2 * 7 * L * 4, "2 x 7 L amaxes of 4 bytes"};
+        if (float8_gather)
             log0("float8 all-gather: the block weights (S Psi_blocks = %.0f elements with the padding) move %s per "
                  "gather instead of %s, a quarter\n", blocks, fmt_bytes(blocks), fmt_bytes(4 * blocks));
     }
@@ -114,13 +114,13 @@ int float8_report_traffic(const run_options *o, device_mesh *mesh, const llama_p
         }
         /* END ASSIGNMENT */
         /* (--fp8-all-gather: 14 L more, one float each: each block weight's amax, agreed before its gathers) */
-        double calls = 4 * L + amax_calls + (fp8_gather ? 14 * L : 0);
-        double bytes = 4 * L * N * D * 4 + 4 * amax_floats + (fp8_gather ? 14 * L * 4 : 0);
+        double calls = 4 * L + amax_calls + (float8_gather ? 14 * L : 0);
+        double bytes = 4 * L * N * D * 4 + 4 * amax_floats + (float8_gather ? 14 * L * 4 : 0);
         const char *formula = fp8 ? "4 L x N D x 4 + the amaxes" : "4 L x N D x 4";
         /* BEGIN SOLUTION 07: the amax agreements */
         formula = !fp8 ? "4 L x N D x 4"
                 : rowwise ? "4 L x N D x 4 + 14 L amaxes: 7 L (N + D) x 4"
-                : fp8_gather ? "4 L x N D x 4 + 28 L amaxes of 4 bytes"
+                : float8_gather ? "4 L x N D x 4 + 28 L amaxes of 4 bytes"
                              : "4 L x N D x 4 + 14 L amaxes of 4 bytes";
         /* END SOLUTION */
         groups[n_groups++] = plan->groups.tp;
