@@ -264,6 +264,9 @@ void run_clock_report(const run_clock *k, int steps) {
     log0("time per step: %.1f ms (compute %.1f ms, communication %.1f ms, %.0f%%)\n",
          1e3 * k->seconds / steps, 1e3 * (k->seconds - k->comm_seconds) / steps,
          1e3 * k->comm_seconds / steps, k->seconds > 0 ? 100.0 * k->comm_seconds / k->seconds : 0.0);
+    if (k->beside_baseline)
+        log0("  (timings beside --check's baseline are not the technique's: rank 0 trains the baseline between "
+             "steps while the others wait in their next collective; make bench-NN measures without it)\n");
 }
 
 /* ---- the comparison with the baseline ---- */
@@ -481,6 +484,7 @@ run_loop run_loop_begin(const run_options *o, llama_model *model, baseline_check
     const llama_config *c = &o->model;
     int N = o->batch * c->seq_len, accum = o->accum > 0 ? o->accum : 1;
     run_loop l = {.o = o, .model = model, .check = check, .label = label};
+    l.clock.beside_baseline = o->check;
     mem_reset_peaks();   /* the largest allocation seen from here on is the parallel run's own */
     l.dev_tokens = device_alloc_ints(N, MEM_BUFFERS);
     l.dev_targets = device_alloc_ints(N, MEM_BUFFERS);

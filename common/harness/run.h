@@ -142,11 +142,14 @@ void run_baseline_unjudged(baseline_check *b, const char *why);
 
 /* The parallel model's own time: wall seconds between start and stop (synchronised with the
  * device), and the part of them spent inside counted collectives. The baseline and the checks
- * run outside the started segments, so they do not count. */
-typedef struct { double t0, c0, seconds, comm_seconds; } run_clock;
+ * run outside the started segments, so they do not count; but while world rank 0 trains the
+ * baseline the other ranks wait for it in their next collective, so under --check the split
+ * between compute and communication is not the technique's (beside_baseline: the report says so). */
+typedef struct { double t0, c0, seconds, comm_seconds; bool beside_baseline; } run_clock;
 void run_clock_start(run_clock *k);
 double run_clock_stop(run_clock *k);                 /* returns this segment's seconds */
-/* Rank 0: "time per step: X ms (compute Y ms, communication Z ms, P%)". */
+/* Rank 0: "time per step: X ms (compute Y ms, communication Z ms, P%)", and under --check a line
+ * saying that these timings are not a measurement of the technique (make bench-NN measures it). */
 void run_clock_report(const run_clock *k, int steps);
 
 typedef struct {
