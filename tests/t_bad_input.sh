@@ -33,6 +33,10 @@ for f in [0-9][0-9]_*/bad_inputs.txt; do
         (cd "$tmp/cwd" && timeout 60 $mpirun_base -np "$np" "$bin_dir/$nn" $flags </dev/null >"$tmp/out" 2>"$tmp/err")
         rc=$?
         left=$(ls -A "$tmp/cwd")
+        # mpirun's own libevent may warn "[warn] Epoll MOD(1) on fd N failed ... Bad file descriptor"
+        # when, with the sigkill timeout of 0 above, it tears down the socket of a rank that has
+        # already exited (seen once in about 200 cases under load): mpirun's line, not the chapter's
+        sed -i '/^\[warn\] Epoll [A-Z]*([0-9]*) on fd [0-9]* failed/d' "$tmp/err"
         lines=$(grep -c . "$tmp/err"); n=$((n+1))
         if [ $rc -ne 2 ] || [ "$lines" -ne 1 ] || [ -s "$tmp/out" ] || [ -n "$left" ] || ! grep -qF -- "$want" "$tmp/err"; then
             echo "chapter $nn NP=$np '$flags': exit $rc, $lines stderr line(s), left '$left', expected exit 2, nothing left and one line with: $want"
