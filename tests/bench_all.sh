@@ -38,7 +38,9 @@ build=$1
 here=$(cd "$(dirname "$0")" && pwd)
 mpirun=${MPIRUN_BASE:-$here/mpirun_base.sh}
 [ -x "$mpirun" ] && mpirun=$($mpirun)
-. "$here/bench_lib.sh"   # median, steady_step_ms
+. "$here/bench_lib.sh"   # median, steady_step_ms, with_single_copy
+# Open MPI's single-copy CMA where it works (tests/bench_lib.sh, with_single_copy)
+mpirun=$(with_single_copy "$mpirun" "$build/01" 2>/tmp/bench_transport); transport=$(cat /tmp/bench_transport)
 reps=${REPS:-3}; steps=${STEPS:-3}; only=${ONLY:-01,03,04,05,06,08}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 mkdir -p out/bench
@@ -104,6 +106,7 @@ end_load=$(cut -d' ' -f1-3 /proc/loadavg)
 
 {
 echo "make bench, $started: $reps interleaved runs of each case, $steps steps each, timed on the steps after the first; medians"
+echo "$transport; waits: ${COMM_WAIT:-MPI's own where ranks <= cores, asleep between polls where they outnumber them} (COMM_WAIT)"
 echo "machine: $(nproc) cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)); load average (1, 5, 15 min) at the start $start_load, at the end $end_load"
 printf '%-40s %5s %11s %11s %9s %7s %9s %-8s %s\n' case ranks "ms/step" "one rank" speed-up bound "of bound" goal verdict
 for c in "${cases[@]}"; do
