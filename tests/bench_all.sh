@@ -106,9 +106,9 @@ end_load=$(cut -d' ' -f1-3 /proc/loadavg)
 
 {
 echo "make bench, $started: $reps interleaved runs of each case, $steps steps each, timed on the steps after the first; medians"
-echo "$transport; waits: ${COMM_WAIT:-MPI's own where ranks <= cores, asleep between polls where they outnumber them} (COMM_WAIT)"
+echo "$transport"
 echo "machine: $(nproc) cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)); load average (1, 5, 15 min) at the start $start_load, at the end $end_load"
-printf '%-40s %5s %11s %11s %9s %7s %9s %-8s %s\n' case ranks "ms/step" "one rank" speed-up bound "of bound" goal verdict
+printf '%-40s %5s %11s %11s %9s %7s %9s %-8s %s\n' case ranks "ms/step" reference speed-up bound "of bound" goal verdict
 for c in "${cases[@]}"; do
     IFS='|' read -r key ch np flags base bound goal label <<<"$c"
     m=$(median ${ms[$key]})
@@ -128,7 +128,8 @@ for c in "${cases[@]}"; do
         else { x = substr(goal, 3) + 0; g = ">=" x "x"; v = (s >= x) ? "met" : "NOT MET" }
         printf "%-40s %5s %11.1f %11.1f %8.2fx %6.2fx %8.0f%% %-8s %s\n", label, np, m, b, s, bound, 100 * of, g, v }'
 done
-echo "speed-up = one rank's ms/step / the case's (same binary, same global batch); of bound = speed-up / bound."
+echo "reference: the one-rank run of the same binary and global batch (03: blocking SP); speed-up = reference / ms/step;"
+echo "of bound = speed-up / bound."
 echo "bounds: 2 ranks (8 for 08) on $(nproc) cores: 2; pp: P (1 - bubble) with the formula's bubble (gpipe, 1f1b"
 echo "(P-1)/(M+P-1); interleaved (P-1)/(VM+P-1); zb-h1 (P-1)/(3M+P-1)); 03: blocking step / (blocking step - its"
 echo "communication), every transfer hidden, against blocking SP instead of one rank."

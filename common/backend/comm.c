@@ -347,7 +347,7 @@ void comm_wait_all(comm_request *reqs, int n) {
 /* Waits for a host-side MPI request. Under the NCCL emulation the device's queues keep moving
  * meanwhile, as a GPU's streams would while the host waits here (comm_nccl_sim.c, rule 4). */
 static void host_wait(MPI_Request *req) {
-    if (!be->poll) { comm_mpi_wait_requests(1, req); return; }   /* asleep between polls */
+    if (!be->poll) { MPI_Wait(req, MPI_STATUS_IGNORE); return; }
     int done = 0;
     for (MPI_Test(req, &done, MPI_STATUS_IGNORE); !done; MPI_Test(req, &done, MPI_STATUS_IGNORE)) {
         be->poll();
@@ -358,12 +358,7 @@ static void host_wait(MPI_Request *req) {
 static double host_reduce(comm_group *g, double x, MPI_Op op, const char *what) {
     double y;
     guard_begin(what, g->name);
-    if (!be->poll) {   /* every rank there first, waited asleep; then MPI's own all-reduce */
-        MPI_Request arrived;
-        MPI_Ibarrier(mpi_of(g), &arrived);
-        host_wait(&arrived);
-        MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, op, mpi_of(g));
-    }
+    if (!be->poll) MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, op, mpi_of(g));
     else {
         MPI_Request req;
         MPI_Iallreduce(&x, &y, 1, MPI_DOUBLE, op, mpi_of(g), &req);

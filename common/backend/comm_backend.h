@@ -71,10 +71,6 @@ typedef struct comm_backend {
     void (*progress)(void *handle);
 } comm_backend;
 
-/* comm_mpi.c: completes n MPI requests (an MPI_Request array): MPI_Waitall, or polls with sleeps
- * between them where ranks outnumber cores (COMM_WAIT); comm.c's host-side waits use it too. */
-void comm_mpi_wait_requests(int n, void *mpi_requests);
-
 extern const comm_backend comm_mpi_backend;        /* comm_mpi.c                          */
 extern const comm_backend comm_nccl_sim_backend;   /* comm_nccl_sim.c                     */
 /* comm_nccl.cu on the CUDA build; NULL on the CPU build (comm_nccl_cpu.c). */

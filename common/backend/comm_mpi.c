@@ -18,8 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 #include "comm_backend.h"
 #include "device.h"
 
@@ -57,56 +55,17 @@ static void stage_out(stage_buf *s, bool result) {
     s->host = NULL;
 }
 
-/* ---- waiting asleep where ranks outnumber cores ----
- * Open MPI waits by polling: a rank blocked in MPI_Wait or a blocking collective keeps its core
- * busy until the data arrives (with mpi_yield_when_idle, which mpirun sets when ranks outnumber
- * cores, it polls and yields in turn, but stays runnable). When this node runs more ranks than it
- * has cores (chapter 08's 8 ranks on 2 cores), a waiting rank then takes turns on the core with
- * the rank it waits for. So there every wait here polls and, between polls, sleeps: 20 us the
- * first time, twice as long each time after, up to 256 us. A waiting rank leaves the run queue,
- * and a wait ends at most one sleep (and the wake-up) later than a spin would have ended it.
- * With no more ranks than cores nobody needs the waiting rank's core, and MPI's own waits stay
- * (a message larger than a fragment, without single copy, moves only while both ranks poll).
- * COMM_WAIT=sleep or COMM_WAIT=spin chooses either way; README.md, "Performance of the parallel
- * techniques", has the measurement that chose this. MPI moves a message only inside MPI calls:
- * the polls are those calls. */
-static bool g_sleep_waits;   /* mpi_init: COMM_WAIT, else whether this node has more ranks than cores */
-
-static void wait_asleep(int n, MPI_Request *req) {
-    int done = 0;
-    MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
-    for (long ns = 20000; !done; ns = ns < 256000 ? 2 * ns : ns) {
-        nanosleep(&(struct timespec){0, ns}, NULL);
-        MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
-    }
-}
-void comm_mpi_wait_requests(int n, void *mpi_requests) {
-    if (g_sleep_waits) wait_asleep(n, mpi_requests);
-    else MPI_Waitall(n, mpi_requests, MPI_STATUSES_IGNORE);
-}
-/* Before a blocking collective of g: every rank of g arrives (a barrier waited asleep), so the
- * collective, MPI's own algorithm and order of summation unchanged, starts with all its ranks
- * there and polls only while the data moves. One barrier message more per collective. */
-static void arrive(comm_group *g) {
-    if (!g_sleep_waits) return;
-    MPI_Request r;
-    MPI_Ibarrier(mpi_of(g), &r);
-    wait_asleep(1, &r);
-}
-
 /* ---- blocking ---- */
 
 static void mpi_all_reduce(comm_group *g, float *buf, size_t count, comm_op op) {
     stage_buf b;
     float *h = stage_in(&b, buf, count * 4, true);
-    arrive(g);
     MPI_Allreduce(MPI_IN_PLACE, h, (int)count, MPI_FLOAT, mpi_op(op), mpi_of(g));
     stage_out(&b, true);
 }
 static void mpi_all_gather(comm_group *g, const float *send, float *recv, size_t count) {
     stage_buf s, r;
     float *hs = stage_in(&s, send, count * 4, true), *hr = stage_in(&r, recv, count * 4 * g->size, false);
-    arrive(g);
     MPI_Allgather(hs, (int)count, MPI_FLOAT, hr, (int)count, MPI_FLOAT, mpi_of(g));
     stage_out(&s, false);
     stage_out(&r, true);
@@ -114,7 +73,6 @@ static void mpi_all_gather(comm_group *g, const float *send, float *recv, size_t
 static void mpi_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
     stage_buf s, r;
     float *hs = stage_in(&s, send, count * 4 * g->size, true), *hr = stage_in(&r, recv, count * 4, false);
-    arrive(g);
     MPI_Reduce_scatter_block(hs, hr, (int)count, MPI_FLOAT, MPI_SUM, mpi_of(g));
     stage_out(&s, false);
     stage_out(&r, true);
@@ -122,7 +80,6 @@ static void mpi_reduce_scatter(comm_group *g, const float *send, float *recv, si
 static void mpi_broadcast(comm_group *g, float *buf, size_t count, int root) {
     stage_buf b;
     float *h = stage_in(&b, buf, count * 4, g->rank == root);
-    arrive(g);
     MPI_Bcast(h, (int)count, MPI_FLOAT, root, mpi_of(g));
     stage_out(&b, true);
 }
@@ -130,23 +87,19 @@ static void mpi_all_to_all(comm_group *g, const float *send, float *recv, size_t
     stage_buf s, r;
     size_t bytes = count * 4 * g->size;
     float *hs = stage_in(&s, send, bytes, true), *hr = stage_in(&r, recv, bytes, false);
-    arrive(g);
     MPI_Alltoall(hs, (int)count, MPI_FLOAT, hr, (int)count, MPI_FLOAT, mpi_of(g));
     stage_out(&s, false);
     stage_out(&r, true);
 }
 static void mpi_send(comm_group *g, const float *buf, size_t count, int peer) {
     stage_buf s;
-    MPI_Request r;
-    MPI_Isend(stage_in(&s, buf, count * 4, true), (int)count, MPI_FLOAT, peer, 0, mpi_of(g), &r);
-    comm_mpi_wait_requests(1, &r);
+    MPI_Send(stage_in(&s, buf, count * 4, true), (int)count, MPI_FLOAT, peer, 0, mpi_of(g));
     stage_out(&s, false);
 }
 static void mpi_recv(comm_group *g, float *buf, size_t count, int peer) {
     stage_buf r;
-    MPI_Request q;
-    MPI_Irecv(stage_in(&r, buf, count * 4, false), (int)count, MPI_FLOAT, peer, 0, mpi_of(g), &q);
-    comm_mpi_wait_requests(1, &q);
+    MPI_Recv(stage_in(&r, buf, count * 4, false), (int)count, MPI_FLOAT, peer, 0, mpi_of(g),
+             MPI_STATUS_IGNORE);
     stage_out(&r, true);
 }
 /* Both at once, so a ring shift (everyone sends right and receives from the left) cannot
@@ -155,10 +108,8 @@ static void mpi_sendrecv(comm_group *g, const float *sendbuf, size_t send_count,
                          float *recvbuf, size_t recv_count, int source) {
     stage_buf s, r;
     float *hs = stage_in(&s, sendbuf, send_count * 4, true), *hr = stage_in(&r, recvbuf, recv_count * 4, false);
-    MPI_Request q[2];
-    MPI_Irecv(hr, (int)recv_count, MPI_FLOAT, source, 0, mpi_of(g), &q[0]);
-    MPI_Isend(hs, (int)send_count, MPI_FLOAT, dest, 0, mpi_of(g), &q[1]);
-    comm_mpi_wait_requests(2, q);
+    MPI_Sendrecv(hs, (int)send_count, MPI_FLOAT, dest, 0, hr, (int)recv_count, MPI_FLOAT, source, 0,
+                 mpi_of(g), MPI_STATUS_IGNORE);
     stage_out(&s, false);
     stage_out(&r, true);
 }
@@ -235,7 +186,7 @@ static void *mpi_ireduce_scatter(comm_group *g, const float *send, float *recv, 
 static double mpi_wait(void *handle) {
     mpi_request *r = handle;
     double t0 = MPI_Wtime();
-    comm_mpi_wait_requests(r->n, r->req);
+    MPI_Waitall(r->n, r->req, MPI_STATUSES_IGNORE);
     double dt = MPI_Wtime() - t0;
     stage_out(&r->send, false);
     stage_out(&r->recv, r->has_result);
@@ -251,13 +202,7 @@ static void mpi_progress(void *handle) {
 }
 
 static void mpi_init(comm_group *world, int node_ranks) {
-    (void)world;
-    const char *wait = getenv("COMM_WAIT");
-    if (wait && *wait && strcmp(wait, "spin") != 0 && strcmp(wait, "sleep") != 0)
-        comm_exit_usage("COMM_WAIT=%s is not valid: use COMM_WAIT=sleep (sleep between polls) or "
-                        "COMM_WAIT=spin (MPI's own waits); unset, ranks sleep when they outnumber "
-                        "the cores", wait);
-    g_sleep_waits = wait && *wait ? strcmp(wait, "sleep") == 0 : node_ranks > sysconf(_SC_NPROCESSORS_ONLN);
+    (void)world; (void)node_ranks;
     const char *force = getenv("COMM_STAGE");
     g_staged = strcmp(device_backend_name(), "cpu") != 0 || (force && strcmp(force, "1") == 0);
 }
