@@ -3,9 +3,9 @@
 # ranks and on one rank, STEPS steps each (default 12) without evaluation; the medians of the
 # steps after the first 2 are printed. The model is larger than the trainer's default (dim 256,
 # 4 layers, 4 heads, 2 kv heads, ffn 704, 16 sequences of 128 bytes a step, make bench's size):
-# at 8 ranks a rank's share of a step is tens of milliseconds of compute, against tens of
-# microseconds for a collective on shared memory (at the default dim 96 and 64 tokens it was a
-# few milliseconds, and each collective's wait for ranks sharing the cores weighed as much).
+# at 8 ranks a rank's share of a step, 2 sequences, took about 51 ms on one rank alone (at the
+# default dim 96 and 64 tokens, about 6 ms: the meshes then measured their collectives' latency
+# more than their parallelism; 08_full_trainer/README.md, "Throughput").
 # MFU is against the peak a GEMM probe measures at the start of each run (all ranks at once);
 # speed-up is the tokens/s over the one-rank row's. Open MPI's single-copy CMA where it works
 # (tests/bench_lib.sh, with_single_copy). make bench runs the same meshes interleaved. A benchmark, not a test: on a 2-core machine 8 ranks share the cores, and the

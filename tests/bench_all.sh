@@ -27,8 +27,8 @@
 # a step; an all-reduce of one layer's B T D floats takes about 1 ms); 06 at dim 256, 4 layers,
 # seq 512, batch 2 (as make bench-06); 05 at make bench-05's size (a microbatch's forward through 4
 # layers: milliseconds; a message of 30 KiB: tens of microseconds); 08 at dim 256, 4 layers, ffn
-# 704, seq 128, batch 16 (2048 tokens a step; at 8 ranks a rank's share of a step is tens of ms,
-# against tens of microseconds for a collective of 8 ranks on shared memory).
+# 704, seq 128, batch 16 (2048 tokens a step; at 8 ranks a rank's share, 2 sequences, took about
+# 51 ms a step on one rank alone: tens of ms of compute between a step's collectives).
 # Every case runs REPS times (default 3) in turn: rep 1 runs every case once, then rep 2, so a slow
 # minute of the machine falls on all the cases, not on one; each run is timed by the mean of its
 # steps after the first (STEPS, default 3: step 1 warms up) and the table shows the medians.
