@@ -7,6 +7,7 @@
 #   make test            every unit test and every chapter check; last line "N passed, N failed"
 #   make cuda            compile and link every CUDA source with nvcc (sm_75, sm_80, sm_90 + PTX), warnings as errors
 #   make sanitize        the unit tests and chapter layouts under ASan + UBSan + LeakSanitizer
+#   make bench           every technique against one rank, beside its bound (never part of `make test`)
 #   make bench-01        a benchmark (never part of `make test`)
 
 SHELL := /bin/bash
@@ -203,7 +204,7 @@ $(foreach t,$(basename $(notdir $(TESTS_C))),$(eval $(call test_rule,$(t),cuda))
 CHAPTER_BINS = $(foreach c,$(CHAPTERS),$(BUILD_ROOT)/$(1)/$(call chapter_num,$(c)))
 TEST_BINS    = $(foreach t,$(basename $(notdir $(TESTS_C))),$(BUILD_ROOT)/$(1)/tests/$(t))
 
-.PHONY: bench-baseline all cuda banner deps deps-check deps-check-test test sanitize clean help
+.PHONY: bench bench-baseline all cuda banner deps deps-check deps-check-test test sanitize clean help
 all: banner deps-check $(call CHAPTER_BINS,$(BACKEND)) $(call TEST_BINS,$(BACKEND))
 
 # `make cuda`: every .cu through nvcc for sm_75, sm_80 and sm_90 (plus compute_90 PTX, CUDA_ARCHS)
@@ -280,6 +281,11 @@ bench-%: chapter-exists-% all
 	@d=$(call chapter_dir,$*); [ -x $$d/bench.sh ] || { echo "chapter $* has no benchmark"; exit 2; }
 	@$(call chapter_dir,$*)/bench.sh $(BUILD)/$*
 
+# make bench: every technique at 2 ranks (chapter 08's meshes at 8) against one rank, each speed-up
+# beside its bound and judged against issue 26's goals (tests/bench_all.sh; REPS, STEPS, ONLY=01,04).
+bench: all
+	@./tests/bench_all.sh $(BUILD)
+
 # make bench-baseline: the single-device step beside PyTorch's (issue: performance), never in make test.
 bench-baseline: all
 	@./tests/bench_baseline.sh $(BUILD)/01
@@ -332,6 +338,7 @@ help:
 	@echo "make run-NN           build chapter NN and run it under mpirun on NP ranks (default 2), baseline beside it"
 	@echo "make check-NN         the chapter's parity check on each of its standard layouts (NN_*/checks.txt)"
 	@echo "make plot-NN          gnuplot PNGs of what the chapter measured, in out/NN/"
+	@echo "make bench            every technique against one rank and its bound (REPS, STEPS, ONLY=01,04,...)"
 	@echo "make bench-NN         the chapter's benchmark, if it has one (never part of make test)"
 	@echo "make bench-baseline   the single-device step beside the same model in PyTorch (ms, GFLOP/s, ratio)"
 	@echo "make readme-outputs   rewrite the READMEs' output blocks (<!-- output: ... -->) from real runs"

@@ -10,8 +10,9 @@ bin=$1
 here=$(dirname "$0")
 mpirun=${MPIRUN_BASE:-$here/../tests/mpirun_base.sh}
 [ -x "$mpirun" ] && mpirun=$($mpirun)
+. "$(dirname "$0")/../tests/bench_lib.sh"   # median, steady_step_ms, with_single_copy
+mpirun=$(with_single_copy "$mpirun" "$bin")   # Open MPI's single-copy CMA where it works
 args="--dim 512 --n-layers 4 --n-heads 8 --n-kv-heads 8 --ffn-dim 1408 --seq-len 256 --batch 8 --steps ${STEPS:-4} --out /tmp/bench01"
-. "$here/../tests/bench_lib.sh"   # median, steady_step_ms
 ms1=(); ms2=(); share=()
 for rep in $(seq ${REPS:-3}); do
     ms1+=("$($mpirun -np 1 "$bin" $args | steady_step_ms)")

@@ -11,24 +11,18 @@ set -eu
 bin=$1
 mpirun=${MPIRUN_BASE:-$(dirname "$0")/../tests/mpirun_base.sh}
 [ -x "$mpirun" ] && mpirun=$($mpirun)
-# Open MPI's shared-memory transport copies a large message through shared buffers, a piece at a
-# time, only while both processes are inside MPI calls: a prefetched all-gather then moves only
-# at the progress calls, and the peer's compute stalls it. With the single-copy mechanism CMA
-# (process_vm_readv) the receiving rank reads the sender's buffer itself. The tests run without
-# it (some containers forbid it); the bench uses it where a probe run shows it works.
-if [ "${SINGLE_COPY:-cma}" = cma ] && $(echo "$mpirun" | sed 's/single_copy_mechanism none/single_copy_mechanism cma/') \
-        -np 2 "$bin" --dim 64 --n-layers 1 --steps 1 --out /tmp/bench04 >/dev/null 2>&1; then
-    mpirun=$(echo "$mpirun" | sed 's/single_copy_mechanism none/single_copy_mechanism cma/')
-    echo "Open MPI's shared-memory transport with single-copy CMA (SINGLE_COPY=none for the tests' setting)"
-else
-    echo "Open MPI's shared-memory transport without single copy (CMA unavailable or SINGLE_COPY=none)"
-fi
+# Open MPI's single-copy mechanism where it works (with_single_copy in tests/bench_lib.sh): without
+# it a prefetched all-gather moves only at the progress calls, and the peer's compute stalls it.
+. "$(dirname "$0")/../tests/bench_lib.sh"   # median, with_single_copy
+mpirun=$(with_single_copy "$mpirun" "$bin")   # says which on standard error
 args="--dim 512 --n-layers 4 --n-heads 8 --ffn-dim 1408 --seq-len 256 --batch 8 --steps ${STEPS:-4} --out /tmp/bench04"
-cases=("--dp-mode ddp" "--dp-mode fsdp" "--dp-mode fsdp --no-prefetch" "--dp-mode zero2")
+# the first case is the same model on one rank (no data parallelism): the speed-ups' reference
+cases=("--dp-mode ddp" "--dp-mode ddp" "--dp-mode fsdp" "--dp-mode fsdp --no-prefetch" "--dp-mode zero2")
 declare -A step exposed data peer gather
 for rep in $(seq ${REPS:-3}); do
     for k in "${!cases[@]}"; do
-        out=$($mpirun -np 2 "$bin" $args ${cases[$k]})
+        np=2; [ "$k" = 0 ] && np=1
+        out=$($mpirun -np $np "$bin" $args ${cases[$k]})
         step[$k]+="$(echo "$out" | sed -nE 's/^time per step: ([0-9.]+) ms.*/\1/p') "
         exposed[$k]+="$(echo "$out" | sed -nE 's/^exposed communication.*: ([0-9.]+) ms per step.*/\1/p') "
         data[$k]+="$(echo "$out" | sed -nE 's/^  of which waiting for the data[^:]*: ([0-9.]+) ms.*/\1/p') "
@@ -36,14 +30,16 @@ for rep in $(seq ${REPS:-3}); do
         gather[$k]+="$(echo "$out" | sed -nE 's/^  of which .*\(all-gathers ([0-9.]+) ms\).*/\1/p') "
     done
 done
-. "$(dirname "$0")/../tests/bench_lib.sh"   # median
-printf '%-30s %12s %13s %13s %13s %16s\n' "2 ranks, ${REPS:-3} runs each, medians" "step" "exposed comm" "= data wait" "+ late rank" "(gathers' data)"
+printf '%-30s %12s %9s %13s %13s %13s %16s\n' "2 ranks, ${REPS:-3} runs each, medians" "step" speed-up "exposed comm" "= data wait" "+ late rank" "(gathers' data)"
+one=$(echo ${step[0]} | median)
 for k in "${!cases[@]}"; do
-    printf '%-30s %9.1f ms %10.2f ms %10.2f ms %10.2f ms %13.2f ms\n' "${cases[$k]}" "$(echo ${step[$k]} | median)" \
+    label="${cases[$k]}"; [ "$k" = 0 ] && label="one rank"
+    printf '%-30s %9.1f ms %8.2fx %10.2f ms %10.2f ms %10.2f ms %13.2f ms\n' "$label" "$(echo ${step[$k]} | median)" \
+        "$(awk -v a="$one" -v b="$(echo ${step[$k]} | median)" 'BEGIN { print a / b }')" \
         "$(echo ${exposed[$k]} | median)" "$(echo ${data[$k]} | median)" "$(echo ${peer[$k]} | median)" \
         "$(echo ${gather[$k]} | median)"
 done
-with=$(echo ${gather[1]} | median); without=$(echo ${gather[2]} | median)
+with=$(echo ${gather[2]} | median); without=$(echo ${gather[3]} | median)
 awk -v a="$with" -v b="$without" 'BEGIN {
     printf "prefetch: fsdp waits for the data of its all-gathers %.2f ms per step with, %.2f ms without: %s\n", a, b,
            (a < b) ? "lower with prefetch (PASS)" : "not lower with prefetch (FAIL)" }'

@@ -11,6 +11,8 @@ set -eu
 bin=$1
 mpirun=${MPIRUN_BASE:-$(dirname "$0")/../tests/mpirun_base.sh}
 [ -x "$mpirun" ] && mpirun=$($mpirun)
+. "$(dirname "$0")/../tests/bench_lib.sh"   # median, steady_step_ms, with_single_copy
+mpirun=$(with_single_copy "$mpirun" "$bin")   # Open MPI's single-copy CMA where it works
 reps=${REPS:-3}
 args="--dim 256 --n-layers 4 --seq-len 512 --batch 2 --steps ${STEPS:-4} --out /tmp/bench06"
 cases=("--cp-method ring --cp-balance zigzag" "--cp-method allgather --cp-balance zigzag"
@@ -26,7 +28,6 @@ for rep in $(seq "$reps"); do
         sent[$k]=$(echo "$out" | awk '$1 == "cp" { u = $7; x = $6; f = (u == "KiB") ? 1 / 1024 : (u == "MiB") ? 1 : (u == "GiB") ? 1024 : 1 / 1048576; s += x * f } END { printf "%.2f", s }')
     done
 done
-. "$(dirname "$0")/../tests/bench_lib.sh"   # median
 printf '%-48s %14s %14s %16s\n' "$reps runs each" "step (median)" "comm (median)" "sent over cp"
 for k in "${!cases[@]}"; do
     label="cp 2: ${cases[$k]}"; [ "${cases[$k]}" = "--cp 1" ] && label="cp 1: one rank, the whole sequence"

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# bench_all.sh BUILD_DIR: make bench. Every technique at 2 ranks (chapter 08's meshes at 8) against
+# one rank of the same binary at the same global size, each speed-up beside its bound and judged
+# against the goal of issue 26. A benchmark, never a test: its numbers depend on the machine and its
+# load, which it prints at the start and the end.
+#
+# Cases (each run is one binary on NP ranks; the one-rank run of the same binary and size is its
+# baseline; `speed-up` = one rank's step time / this case's):
+#   01 tp 2                       bound 2 (two ranks on two cores)         goal >= 1.8x
+#   04 ddp, zero1, zero2, fsdp, fsdp --no-prefetch                  bound 2  goal >= 1.8x (ddp, fsdp)
+#   05 gpipe, 1f1b, interleaved (V = 2), zb-h1 at P = 2, M = 8: bound P (1 - bubble), the bubble
+#      of the published formula at unit costs (F = 1, B = 2; zb-h1: I = W = 1), which the run prints:
+#        gpipe, 1f1b    bubble (P-1)/(M+P-1)    -> bound P M / (M+P-1)        = 2M/(M+1)   = 1.78
+#        interleaved    bubble (P-1)/(VM+P-1)   -> bound P V M / (V M + P-1)  = 32/17      = 1.88
+#        zb-h1          bubble (P-1)/(3M+P-1)   -> bound 3 P M / (3M + P-1)   = 48/25      = 1.92
+#      (zb-h1: a microbatch costs F + I + W = 3 units per stage, and only F + I - W = 1 unit of
+#      each of the P-1 warm-up slots stays idle.) goal: speed-up within 10% of the bound. The one-
+#      rank run is pp 1 with the same M microbatches: the same GEMM shapes, so the bound is about
+#      the bubble alone.
+#   06 ring, all-gather, all-to-all (zigzag) and ring (contiguous) at cp 2       bound 2
+#      goal >= 1.7x ring and all-gather zigzag, >= 1.6x all-to-all
+#   08 the meshes of make bench-08 on 8 ranks (2 cores: bound 2)   goal >= 1.7x --dp-shard 8, >= 1.2x the others
+#   03 --async-tp against blocking sequence parallelism at tp 2: speed-up of async over blocking,
+#      bound = blocking step / (blocking step - its time in communication calls): every transfer
+#      hidden. No goal (informative).
+# Sizes: chapters 01 and 04 at dim 512, 4 layers, ffn 1408, seq 256, batch 8 (one rank: about 1.5 s
+# a step; an all-reduce of one layer's B T D floats takes about 1 ms); 06 at dim 256, 4 layers,
+# seq 512, batch 2 (as make bench-06); 05 at make bench-05's size (a microbatch's forward through 4
+# layers: milliseconds; a message of 30 KiB: tens of microseconds); 08 at dim 256, 4 layers, ffn
+# 704, seq 128, batch 16 (2048 tokens a step; at 8 ranks a rank's share, 2 sequences, took about
+# 51 ms a step on one rank alone: tens of ms of compute between a step's collectives).
+# Every case runs REPS times (default 3) in turn: rep 1 runs every case once, then rep 2, so a slow
+# minute of the machine falls on all the cases, not on one; each run is timed by the mean of its
+# steps after the first (STEPS, default 3: step 1 warms up) and the table shows the medians.
+# ONLY=01,04 runs those chapters alone. The table is also written to out/bench/bench.md.
+set -eu
+build=$1
+here=$(cd "$(dirname "$0")" && pwd)
+mpirun=${MPIRUN_BASE:-$here/mpirun_base.sh}
+[ -x "$mpirun" ] && mpirun=$($mpirun)
+. "$here/bench_lib.sh"   # median, steady_step_ms, with_single_copy
+# Open MPI's single-copy CMA where it works (tests/bench_lib.sh, with_single_copy)
+mpirun=$(with_single_copy "$mpirun" "$build/01" 2>/tmp/bench_transport); transport=$(cat /tmp/bench_transport)
+reps=${REPS:-3}; steps=${STEPS:-3}; only=${ONLY:-01,03,04,05,06,08}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+mkdir -p out/bench
+
+big="--dim 512 --n-layers 4 --n-heads 8 --n-kv-heads 8 --ffn-dim 1408 --seq-len 256 --batch 8"
+pp="--dim 256 --n-layers 8 --ffn-dim 704 --seq-len 30 --batch 8 --microbatches 8"
+cp="--dim 256 --n-layers 4 --seq-len 512 --batch 2"
+sp="--dim 256 --n-layers 4 --seq-len 512 --batch 2"
+trainer="--dim 256 --n-layers 4 --n-heads 4 --n-kv-heads 2 --ffn-dim 704 --seq-len 128 --batch 16 --eval-every 0"
+
+# One case per line: key|chapter|ranks|flags|baseline key (the case it is compared with)|bound|goal|label
+# bound: a number, or "pp" (P (1 - the run's theory bubble)), or "hide" (03's, from the baseline's
+# communication time). goal: ">=X" (speed-up), "bound90" (within 10% of the bound), or "-".
+cases=()
+add() { case ",$only," in *",$2,"*) cases+=("$1|$2|$3|$4|$5|$6|$7|$8");; esac; }
+add tp1   01 1 "$big"                                    -     -    -      "01 one rank"
+add tp2   01 2 "$big"                                    tp1   2    ">=1.8" "01 tp 2"
+add sp    03 2 "$sp"                                     -     -    -      "03 tp 2, blocking SP"
+add async 03 2 "$sp --async-tp"                          sp    hide -      "03 tp 2, --async-tp"
+add dp1   04 1 "$big --dp-mode ddp"                      -     -    -      "04 one rank"
+add ddp   04 2 "$big --dp-mode ddp"                      dp1   2    ">=1.8" "04 ddp"
+add zero1 04 2 "$big --dp-mode zero1"                    dp1   2    -      "04 zero1"
+add zero2 04 2 "$big --dp-mode zero2"                    dp1   2    -      "04 zero2"
+add fsdp  04 2 "$big --dp-mode fsdp"                     dp1   2    ">=1.8" "04 fsdp"
+add fsdpn 04 2 "$big --dp-mode fsdp --no-prefetch"       dp1   2    -      "04 fsdp --no-prefetch"
+add pp1   05 1 "$pp --schedule 1f1b"                     -     -    -      "05 one rank (pp 1, M = 8)"
+add gpipe 05 2 "$pp --schedule gpipe"                    pp1   pp   bound90 "05 gpipe"
+add 1f1b  05 2 "$pp --schedule 1f1b"                     pp1   pp   bound90 "05 1f1b"
+add inter 05 2 "$pp --schedule interleaved --virtual-stages 2" pp1 pp bound90 "05 interleaved V=2"
+add zbh1  05 2 "$pp --schedule zb-h1"                    pp1   pp   bound90 "05 zb-h1"
+add cp1   06 1 "$cp --cp 1"                              -     -    -      "06 one rank"
+add ring  06 2 "$cp --cp-method ring --cp-balance zigzag"       cp1 2 ">=1.7" "06 ring zigzag"
+add ag    06 2 "$cp --cp-method allgather --cp-balance zigzag"  cp1 2 ">=1.7" "06 all-gather zigzag"
+add a2a   06 2 "$cp --cp-method alltoall --cp-balance zigzag"   cp1 2 ">=1.6" "06 all-to-all zigzag"
+add ringc 06 2 "$cp --cp-method ring --cp-balance contiguous"   cp1 2 -      "06 ring contiguous"
+add t1    08 1 "$trainer --dp-shard 1"                   -     -    -      "08 one rank"
+add t8    08 8 "$trainer --dp-shard 8"                   t1    2    ">=1.7" "08 --dp-shard 8"
+add t42   08 8 "$trainer --dp-shard 4 --tp 2"            t1    2    ">=1.2" "08 --dp-shard 4 --tp 2"
+add t222  08 8 "$trainer --pp 2 --dp-shard 2 --tp 2"     t1    2    ">=1.2" "08 --pp 2 --dp-shard 2 --tp 2"
+add tcp   08 8 "$trainer --dp-shard 2 --cp 2 --tp 2"     t1    2    ">=1.2" "08 --dp-shard 2 --cp 2 --tp 2"
+add tpcp  08 8 "$trainer --pp 2 --cp 2 --tp 2"           t1    2    ">=1.2" "08 --pp 2 --cp 2 --tp 2"
+add thsdp 08 8 "$trainer --dp-replicate 2 --dp-shard 2 --tp 2" t1 2 ">=1.2" "08 --dp-replicate 2 --dp-shard 2 --tp 2"
+
+start_load=$(cut -d' ' -f1-3 /proc/loadavg); started=$(date '+%Y-%m-%d %H:%M')
+
+declare -A ms comm theory
+for rep in $(seq "$reps"); do
+    for c in "${cases[@]}"; do
+        IFS='|' read -r key ch np flags base bound goal label <<<"$c"
+        out=$($mpirun -np "$np" "$build/$ch" $flags --steps "$steps" --out "$tmp/$key" 2>&1) ||
+            { echo "bench: $label failed:"; echo "$out" | tail -3; exit 1; }
+        if [ "$ch" = 08 ]; then
+            t=$(awk -F, 'NR > 2 { s += $7; n++ } END { if (n) printf "%.1f", s / n }' "$tmp/$key/metrics.csv")
+        else
+            t=$(echo "$out" | steady_step_ms)
+        fi
+        ms[$key]+="$t "
+        comm[$key]+="$(echo "$out" | sed -nE 's/^time per step: .*communication ([0-9.]+) ms.*/\1/p') "
+        theory[$key]=$(echo "$out" | sed -nE 's/^bubble of the last step.*theory ([0-9.]+)%.*/\1/p')
+    done
+done
+end_load=$(cut -d' ' -f1-3 /proc/loadavg)
+
+{
+echo "make bench, $started: $reps interleaved runs of each case, $steps steps each, timed on the steps after the first; medians"
+echo "$transport"
+echo "machine: $(nproc) cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)); load average (1, 5, 15 min) at the start $start_load, at the end $end_load"
+printf '%-40s %5s %11s %11s %9s %7s %9s %-8s %s\n' case ranks "ms/step" reference speed-up bound "of bound" goal verdict
+for c in "${cases[@]}"; do
+    IFS='|' read -r key ch np flags base bound goal label <<<"$c"
+    m=$(median ${ms[$key]})
+    if [ "$base" = - ]; then
+        printf '%-40s %5s %11.1f %11s %9s %7s %9s %-8s %s\n' "$label" "$np" "$m" - - - - - -
+        continue
+    fi
+    b=$(median ${ms[$base]})
+    case "$bound" in
+        pp)   bound=$(awk -v t="${theory[$key]}" -v p="$np" 'BEGIN { printf "%.3f", p * (1 - t / 100) }');;
+        hide) bc=$(median ${comm[$base]}); bound=$(awk -v s="$b" -v c="$bc" 'BEGIN { printf "%.3f", s / (s - c) }');;
+    esac
+    awk -v m="$m" -v b="$b" -v bound="$bound" -v goal="$goal" -v label="$label" -v np="$np" 'BEGIN {
+        s = b / m; of = s / bound
+        if (goal == "-") { g = "-"; v = "-" }
+        else if (goal == "bound90") { g = ">=0.9 bd"; v = (of >= 0.9) ? "met" : "NOT MET" }
+        else { x = substr(goal, 3) + 0; g = ">=" x "x"; v = (s >= x) ? "met" : "NOT MET" }
+        printf "%-40s %5s %11.1f %11.1f %8.2fx %6.2fx %8.0f%% %-8s %s\n", label, np, m, b, s, bound, 100 * of, g, v }'
+done
+echo "reference: the one-rank run of the same binary and global batch (03: blocking SP); speed-up = reference / ms/step;"
+echo "of bound = speed-up / bound."
+echo "bounds: 2 ranks (8 for 08) on $(nproc) cores: 2; pp: P (1 - bubble) with the formula's bubble (gpipe, 1f1b"
+echo "(P-1)/(M+P-1); interleaved (P-1)/(VM+P-1); zb-h1 (P-1)/(3M+P-1)); 03: blocking step / (blocking step - its"
+echo "communication), every transfer hidden, against blocking SP instead of one rank."
+} | tee out/bench/bench.md
