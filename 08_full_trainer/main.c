@@ -120,7 +120,7 @@ int main(int argc, char **argv) {
     llama_model *model = run_model_paths(&o, &plan, paths, (int)(sizeof paths / sizeof *paths));
 
     /* ---- where the run starts: step 1, or a checkpoint (saved on any mesh) ---- */
-    trainer t = {&o, co.ckpt_dir, "", 0, 0, NULL, NAN, 0};
+    trainer t = {&o, co.ckpt_dir, "", 0, 0, NULL, NAN, text_unigram_loss(&corpus), 0};
     trainer_settings(&o, &co, &corpus, &lr, t.trainer_json, sizeof t.trainer_json);
     int first_step = 1;
     if (co.resume) {
@@ -180,7 +180,7 @@ int main(int argc, char **argv) {
     char path[512];
     snprintf(path, sizeof path, "%s/metrics.csv", o.out_dir);
     if (comm_world()->rank == 0 && !o.check)
-        t.csv = csv_open(path, "step,loss,val_loss,lr,grad_norm,tokens_per_s,step_ms,mfu,mem_bytes");
+        t.csv = csv_open(path, "step,loss,val_loss,lr,grad_norm,tokens_per_s,step_ms,mfu,mem_bytes,unigram_loss");
     run_loop loop = run_loop_begin(&o, model, run_baseline_create(&o, fp8 ? &baseline : NULL, fp8), "4-D", NULL);
     loop.own_metrics = true;   /* the metrics line; the step line of run.h beside the baseline only */
     for (int step = first_step; step <= o.steps; step++) {
@@ -218,7 +218,7 @@ int main(int argc, char **argv) {
     }
     if (!isnan(t.last_val_loss))
         log0("validation loss %.4f; the unigram baseline's (byte frequencies, no context) %.4f\n", t.last_val_loss,
-             text_unigram_loss(&corpus));
+             t.unigram_loss);
     if (co.sample) sample_text(model, co.prompt, co.sample, co.temperature, o.seed);
 
     llama_free(model);

@@ -190,8 +190,8 @@ void trainer_log_step(trainer *t, const run_step_result *r, bool evaluated, doub
     if (evaluated) snprintf(val_text, sizeof val_text, " | val %.4f", val_loss);
     log0("step %4d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f ms | MFU %.1f%% | mem %.2f MiB%s\n",
          r->step, r->loss, r->lr, r->grad_norm, tokens_per_s, 1e3 * r->seconds, 100 * mfu, mem / (1 << 20), val_text);
-    csv_row(t->csv, "%d,%.9g,%.9g,%.6g,%.6g,%.6g,%.6g,%.6g,%.0f", r->step, r->loss, val_loss, r->lr, r->grad_norm,
-            tokens_per_s, 1e3 * r->seconds, mfu, mem);
+    csv_row(t->csv, "%d,%.9g,%.9g,%.6g,%.6g,%.6g,%.6g,%.6g,%.0f,%.6g", r->step, r->loss, val_loss, r->lr,
+            r->grad_norm, tokens_per_s, 1e3 * r->seconds, mfu, mem, t->unigram_loss);
     if (t->csv) fflush(t->csv);
 }
 

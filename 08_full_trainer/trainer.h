@@ -44,6 +44,7 @@ typedef struct {
     double peak_flops, flops_per_token;
     FILE *csv;                      /* OUT/metrics.csv, rank 0                                    */
     double last_val_loss;           /* NAN until the first evaluation                             */
+    double unigram_loss;            /* the corpus's unigram model (byte frequencies): the line to beat */
     int last_ckpt_step;             /* the newest checkpoint this run saved or resumed from; 0: none */
 } trainer;
 
