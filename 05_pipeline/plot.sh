@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # plot.sh BINARY OUTDIR: make plot-05. One figure per schedule, from real runs on 2 ranks:
 #   pipeline_<schedule>.png   the Gantt chart of the last of 3 steps, twice: with Open MPI's
-#                             defaults (as make run-05 runs) and with the two run-time settings
-#                             of make bench-05 (glibc keeps freed memory; messages of up to 32 KiB
-#                             sent eagerly). One row per rank, a box per action (F, B, I, W) from
+#                             defaults (as make run-05 runs) and with make bench-05's run-time
+#                             setting (messages of up to 32 KiB sent eagerly). One row per rank, a box per action (F, B, I, W) from
 #                             its start to its end, labelled with its microbatch ("3.1":
 #                             microbatch 3 on the rank's chunk 1); each panel's title has the
 #                             bubble the run measured beside the theory.
@@ -17,7 +16,7 @@ here=$(dirname "$0")
 mkdir -p "$out/defaults" "$out/tuned"
 P=2; M=4
 size="--dim 256 --n-layers 8 --ffn-dim 704 --seq-len 30 --batch 4 --microbatches $M --steps 3"
-tuned="-x MALLOC_MMAP_THRESHOLD_=2147483647 -x MALLOC_TRIM_THRESHOLD_=2147483647 --mca btl_vader_eager_limit 32768"
+tuned="--mca btl_vader_eager_limit 32768"   # make bench-05's (05_pipeline/bench.sh)
 
 # the run's bubble line, "... measured idle share X% (mean over its 2 ranks) | theory Y% = F   (timing ...)",
 # as "measured idle share X% (mean of the ranks) | theory Y% = F"
@@ -33,5 +32,5 @@ for sched in gpipe 1f1b interleaved zb-h1; do
             -e "P=$P; V=$V; zb=$zb" \
             -e "head='Chapter 05: $sched, P = $P ranks, M = $M microbatches, V = $V chunk(s) per rank, the last of 3 steps'" \
             -e "sub1='Open MPI defaults: $b1'" \
-            -e "sub2='eager messages, freed memory kept: $b2'" "$here/plot.gp"
+            -e "sub2='messages of up to 32 KiB sent eagerly: $b2'" "$here/plot.gp"
 done
