@@ -18,8 +18,8 @@ set xlabel 'cp rank'
 set yrange [0:*]
 set grid y
 set key top left
-plot outdir.'/attention_work.csv' skip 1 using 2:xtic(1) title 'contiguous: rank r holds chunks 2r, 2r+1   (4r + 3) Tc^2' lc rgb 0xcc6677, \
-     '' skip 1 using 4 title 'zigzag: rank r holds chunks r, 2C-1-r   (2C + 1) Tc^2' lc rgb 0x4477aa, \
+plot outdir.'/attention_work.csv' skip 1 using 2:xtic(1) title 'contiguous: rank r holds chunks 2r, 2r+1' lc rgb 0xcc6677, \
+     '' skip 1 using 4 title 'zigzag: rank r holds chunks r, 2C-1-r' lc rgb 0x4477aa, \
      '' skip 1 using ($0 - 0.18):2:(sprintf("%d", $2)) with labels offset 0,0.7 notitle, \
      '' skip 1 using ($0 + 0.18):4:(sprintf("%d", $4)) with labels offset 0,0.7 notitle
 
