@@ -120,7 +120,7 @@ int main(int argc, char **argv) {
     llama_model *model = run_model_paths(&o, &plan, paths, (int)(sizeof paths / sizeof *paths));
 
     /* ---- where the run starts: step 1, or a checkpoint (saved on any mesh) ---- */
-    trainer t = {&o, co.ckpt_dir, "", 0, 0, NULL, NAN, text_unigram_loss(&corpus), 0};
+    trainer t = {.run = &o, .ckpt_dir = co.ckpt_dir, .last_val_loss = NAN, .unigram_loss = text_unigram_loss(&corpus)};
     trainer_settings(&o, &co, &corpus, &lr, t.trainer_json, sizeof t.trainer_json);
     int first_step = 1;
     if (co.resume) {

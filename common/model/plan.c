@@ -99,21 +99,23 @@ void *plan_push(llama_plan *p, const plan_technique *technique, void *state, dou
     return state;
 }
 
-void *plan_state(const llama_plan *p, const plan_technique *technique) {
+/* Where `technique` sits on the plan's stack, or -1 when it was not applied. */
+static int stack_index(const llama_plan *p, const plan_technique *technique) {
     for (int i = 0; i < p->applied.n; i++)
-        if (p->applied.layer[i].technique == technique) return p->applied.layer[i].state;
-    return NULL;
+        if (p->applied.layer[i].technique == technique) return i;
+    return -1;
 }
 
-bool plan_has(const llama_plan *p, const plan_technique *technique) {
-    for (int i = 0; i < p->applied.n; i++)
-        if (p->applied.layer[i].technique == technique) return true;
-    return false;
+void *plan_state(const llama_plan *p, const plan_technique *technique) {
+    int i = stack_index(p, technique);
+    return i < 0 ? NULL : p->applied.layer[i].state;
 }
+
+bool plan_has(const llama_plan *p, const plan_technique *technique) { return stack_index(p, technique) >= 0; }
 
 void plan_add_buffer_bytes(llama_plan *p, const plan_technique *technique, double bytes) {
-    for (int i = 0; i < p->applied.n; i++)
-        if (p->applied.layer[i].technique == technique) p->applied.layer[i].buffer_bytes += bytes;
+    int i = stack_index(p, technique);
+    if (i >= 0) p->applied.layer[i].buffer_bytes += bytes;
 }
 
 double plan_buffer_bytes(const llama_plan *p) {
