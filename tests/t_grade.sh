@@ -42,6 +42,29 @@ for dir in [0-9][0-9]_*/; do
     fi
 done
 
+# (1b) docs/course.md's points table names each chapter's exercises with exercises.txt's points and total
+if out=$(python3 - <<'PY' 2>&1
+import glob, re
+rows = {}
+for line in open('docs/course.md'):
+    m = re.match(r'\| (\d\d) \| (.*) \| (\d+) \| \d+ \|$', line.strip())
+    if m: rows[m.group(1)] = (dict((n, int(p)) for n, p in re.findall(r'([a-z0-9][a-z0-9-]*[a-z0-9]) \((\d+)', m.group(2))), int(m.group(3)))
+bad = 0
+for f in sorted(glob.glob('[0-9][0-9]_*/exercises.txt')):
+    nn = f[:2]
+    want = {}
+    for line in open(f):
+        if line.strip() and not line.startswith('#'):
+            name, pts = [x.strip() for x in line.split('|')[:2]]
+            want[name] = int(pts)
+    got = rows.get(nn)
+    if got is None: print(f'docs/course.md has no row for chapter {nn}'); bad += 1
+    elif got != (want, sum(want.values())): print(f'docs/course.md, chapter {nn}: {got} but exercises.txt says {want}, total {sum(want.values())}'); bad += 1
+exit(1 if bad else 0)
+PY
+); then echo "ok    docs/course.md's points table agrees with every exercises.txt"
+else echo "FAIL  docs/course.md's points table:"; echo "$out" | sed 's/^/      | /'; bad=$((bad+1)); fi
+
 # (2) two submissions of chapter 03, graded by make grade
 nn=03; dir=$(ls -d ${nn}_*/ | head -1); file=${dir}sequence_parallel.c
 partial_task='recompute what selective AC dropped'
