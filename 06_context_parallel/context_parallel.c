@@ -86,9 +86,12 @@ static size_t lse_piece(const cp_shape *z, int b, int i) { return ((size_t)b * 2
 static size_t kv_floats(const cp_shape *z) { return (size_t)z->B * z->Tl * z->Hkv * z->hd; }
 static bool pair_visible(int qchunk, int kchunk) { return kchunk <= qchunk; }
 
-/* Forward of this rank's queries against one block, merged into (out, lse). */
+/* Forward of this rank's queries against one block, merged into (out, lse). `exchange`: the ring's
+ * transfer in flight (or NULL), given a chance to move between the pieces: on the CPU, Open MPI
+ * moves a message's bytes only inside MPI calls (comm_progress), so without these calls the
+ * transfer would wait for ring_wait, after the compute it was meant to hide behind. */
 static void block_forward(cp_state *s, const cp_shape *z, float *out, float *lse, const float *q,
-                          const float *kv, const int kchunks[2]) {
+                          const float *kv, const int kchunks[2], comm_request *exchange) {
     const float *k = kv, *v = kv + kv_floats(z);
     float *out_b = device_alloc_floats((size_t)z->Tc * z->H * z->hd, MEM_BUFFERS);
     float *lse_b = device_alloc_floats((size_t)z->H * z->Tc, MEM_BUFFERS);
@@ -114,15 +117,17 @@ static void block_forward(cp_state *s, const cp_shape *z, float *out, float *lse
                     /* END ASSIGNMENT */
                 }
                 if (b == 0) s->work += (double)z->Tc * z->Tc;
+                if (exchange) comm_progress(exchange);
             }
     device_free(out_b);
     device_free(lse_b);
 }
 
-/* Backward of this rank's queries against one block: dq (+=), and the block's dkv (+=). */
+/* Backward of this rank's queries against one block: dq (+=), and the block's dkv (+=); `exchange`
+ * as in block_forward. */
 static void block_backward(cp_state *s, const cp_shape *z, float *dq, float *dkv, const float *dout,
                            const float *out, const float *lse, const float *q, const float *kv,
-                           const int kchunks[2]) {
+                           const int kchunks[2], comm_request *exchange) {
     const float *k = kv, *v = kv + kv_floats(z);
     float *dk = dkv, *dv = dkv + kv_floats(z);
     for (int b = 0; b < z->B; b++)
@@ -133,6 +138,7 @@ static void block_backward(cp_state *s, const cp_shape *z, float *dq, float *dkv
                                          dout + q_piece(z, b, i), out + q_piece(z, b, i), lse + lse_piece(z, b, i),
                                          q + q_piece(z, b, i), k + k_piece(z, b, j), v + k_piece(z, b, j), 1, z->Tc,
                                          z->Tc, z->H, z->Hkv, z->hd, s->chunks[i] * z->Tc, kchunks[j] * z->Tc);
+                if (exchange) comm_progress(exchange);
             }
 }
 
@@ -161,13 +167,15 @@ static void record(cp_state *s, int step, bool wait, double t0, double t1) {
         s->events[s->n_events++] = (cp_event){step, (s->r - step + s->C) % s->C, wait, t0, t1};
 }
 
-/* Ring step t's compute: this rank's queries against the block in hand, which rank r - t owns. */
+/* Ring step t's compute: this rank's queries against the block in hand, which rank r - t owns,
+ * moving the exchange in flight (`exchange`: the next block's; none at the last step) between
+ * the pieces. */
 static void ring_compute_step(cp_state *s, const cp_shape *z, float *out, float *lse, const float *q,
-                              const float *kv, int t) {
+                              const float *kv, int t, comm_request *exchange) {
     int chunks[2];
     double t0 = stamp(s);
     owner_chunks(s, (s->r - t + s->C) % s->C, chunks);
-    block_forward(s, z, out, lse, q, kv, chunks);
+    block_forward(s, z, out, lse, q, kv, chunks, exchange);
     record(s, t, false, t0, stamp(s));
 }
 /* Ring step t's end: wait for the next block (what the compute did not hide). */
@@ -187,10 +195,10 @@ static void kv_forward(cp_state *s, const cp_shape *z, float *out, float *lse, c
         float *incoming = device_alloc_floats(n, MEM_BUFFERS);
         s->n_events = 0;
         for (int t = 0; t < s->C; t++) {
-            /* BEGIN ASSIGNMENT: ring step t: post the exchange (kv to next, incoming from prev) unless this is the last step, compute on the block in hand (ring_compute_step), then wait (ring_wait) and swap kv and incoming */
+            /* BEGIN ASSIGNMENT: ring step t: post the exchange (kv to next, incoming from prev) unless this is the last step, compute on the block in hand (ring_compute_step, which moves the exchange along), then wait (ring_wait) and swap kv and incoming */
             comm_request req = {0};
             if (t < s->C - 1) req = comm_isendrecv(s->cp, kv, n, next, incoming, n, prev);
-            ring_compute_step(s, z, out, lse, q, kv, t);
+            ring_compute_step(s, z, out, lse, q, kv, t, &req);
             if (t < s->C - 1) {
                 ring_wait(s, &req, t);
                 float *x = kv; kv = incoming; incoming = x;
@@ -204,7 +212,7 @@ static void kv_forward(cp_state *s, const cp_shape *z, float *out, float *lse, c
         comm_all_gather(s->cp, kv, all, n);
         for (int j = 0; j < s->C; j++) {
             owner_chunks(s, j, chunks);
-            block_forward(s, z, out, lse, q, all + (size_t)j * n, chunks);
+            block_forward(s, z, out, lse, q, all + (size_t)j * n, chunks, NULL);
         }
         device_free(all);
     }
@@ -229,7 +237,7 @@ static void kv_backward(cp_state *s, const cp_shape *z, float *dq, float *dk, fl
             comm_request req = {0};
             if (t < s->C - 1) req = comm_isendrecv(s->cp, kv, n, next, incoming, n, prev);
             owner_chunks(s, (s->r - t + s->C) % s->C, chunks);
-            block_backward(s, z, dq, dkv, dout, out, lse, q, kv, chunks);
+            block_backward(s, z, dq, dkv, dout, out, lse, q, kv, chunks, &req);
             if (s->C > 1) {   /* (on one rank the block and its gradient never leave) */
                 comm_sendrecv(s->cp, dkv, n, next, dkv_in, n, prev);
                 float *x = dkv; dkv = dkv_in; dkv_in = x;
@@ -248,7 +256,7 @@ static void kv_backward(cp_state *s, const cp_shape *z, float *dq, float *dk, fl
         device_zero(dall, n * s->C * sizeof(float));
         for (int j = 0; j < s->C; j++) {
             owner_chunks(s, j, chunks);
-            block_backward(s, z, dq, dall + (size_t)j * n, dout, out, lse, q, all + (size_t)j * n, chunks);
+            block_backward(s, z, dq, dall + (size_t)j * n, dout, out, lse, q, all + (size_t)j * n, chunks, NULL);
         }
         comm_reduce_scatter(s->cp, dall, dkv, n);   /* every rank's share of my block's gradient */
         device_free(all);

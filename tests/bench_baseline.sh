@@ -53,3 +53,5 @@ awk -v c="$c" -v p="$p" -v k="$k" -v g="$g" -v f="$flops" -v n="${REPS:-3}" 'BEG
     printf row, "PyTorch eager, malloc keeps memory", k, f / k / 1e6, 100 * f / k / 1e6 / g
     printf "  ratio C / PyTorch: %.2f (goal <= 0.8); C / PyTorch keeping its memory: %.2f\n", c / p, c / k
     printf "  GEMM probe %.1f GFLOP/s (512^3, one core); model FLOPs 6 N + 6 L T D a token\n", g }'
+# QKV and W1/W3 as single GEMMs, measured on the same BLAS (tests/bench_projections.c)
+$mpirun -np 1 "$(dirname "$bin")/tests/bench_projections" $((B * T)) $D $D $D $F ${REPS:-3}

@@ -10,6 +10,7 @@
 #include "llama_kernels.h"
 #include "llama_math.h"
 #include "gemm.h"
+#include "vector_math_cpu.h"
 
 /* ---- token embedding ---------------------------------------------------------------------- */
 
@@ -154,30 +155,52 @@ void rope_backward(float *dx, const float *cos_sin, int B, int T, int H, int hd)
  * (b, g) they form one strided batch: query stride hd, key/value stride 0 (the same head is
  * read by every entry of the batch).                                                          */
 
+/* The softmax of a row's visible keys p[0, n) (causal masks leave a prefix visible), in two
+ * passes where the GPU's online softmax takes one: the maximum M first, then e^(x - M) written in
+ * place and summed into S. The exponentials then no longer wait on a running maximum, so the
+ * compiler calls the vector expf four at a time (vector_math_cpu.h); (M, S) is the online
+ * state's up to rounding. n = 0 gives the empty state. */
+static softmax_state softmax_prefix_exp(float *p, int n) {
+    if (n <= 0) return softmax_state_empty();
+    float max = p[0];
+#pragma omp simd reduction(max : max)
+    for (int j = 1; j < n; j++) max = p[j] > max ? p[j] : max;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < n; j++) {
+        p[j] = softmax_exp(p[j], max);
+        sum += p[j];
+    }
+    softmax_state st = {max, sum};
+    return st;
+}
+
+/* dot = sum_j p_j dp_j over the visible prefix [0, n), then dS_j = p_j (dp_j - dot) there and 0
+ * beyond (T columns in the row). */
+static void softmax_prefix_backward(float *dp, const float *p, int n, int T) {
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int j = 0; j < n; j++) dot += softmax_dot_term(p[j], dp[j]);
+    for (int j = 0; j < n; j++) dp[j] = softmax_grad(p[j], dp[j], dot);
+    if (n < T) memset(dp + n, 0, (size_t)(T - n) * sizeof(float));
+}
+
 /* probs[rows, T]: row r is query i = r % T of its (b, h). Softmax over keys j <= i, 0 beyond. */
 void causal_softmax_forward(float *probs, int rows, int T) {
     for (int r = 0; r < rows; r++) {
         float *p = probs + (size_t)r * T;
-        int i = r % T;
-        softmax_state st = softmax_state_empty();
-        for (int j = 0; j < T; j++)
-            if (attention_visible(i, j)) st = softmax_state_add(st, p[j]);
-        for (int j = 0; j < T; j++) p[j] = attention_visible(i, j) ? softmax_prob(p[j], st) : 0.0f;
+        int n = attention_visible_keys(r % T, T);
+        softmax_state st = softmax_prefix_exp(p, n);
+        for (int j = 0; j < n; j++) p[j] /= st.sum;      /* softmax_prob, on e^(x - M) */
+        if (n < T) memset(p + n, 0, (size_t)(T - n) * sizeof(float));
     }
 }
 
 /* dprobs[rows, T] := dS = P * (dP - rowsum(P * dP)), zero above the causal diagonal. */
 void causal_softmax_backward(float *dprobs, const float *probs, int rows, int T) {
-    for (int r = 0; r < rows; r++) {
-        const float *p = probs + (size_t)r * T;
-        float *dp = dprobs + (size_t)r * T;
-        int i = r % T;
-        float dot = 0.0f;
-        for (int j = 0; j < T; j++)
-            if (attention_visible(i, j)) dot += softmax_dot_term(p[j], dp[j]);
-        for (int j = 0; j < T; j++)
-            dp[j] = attention_visible(i, j) ? softmax_grad(p[j], dp[j], dot) : 0.0f;
-    }
+    for (int r = 0; r < rows; r++)
+        softmax_prefix_backward(dprobs + (size_t)r * T, probs + (size_t)r * T,
+                                attention_visible_keys(r % T, T), T);
 }
 
 /* ---- a block of attention (ring attention) ---------------------------------------------------
@@ -191,12 +214,10 @@ void attention_block_softmax_forward(float *scores, float *lse, int B, int H, in
     size_t rows = (size_t)B * H * Tq;
     for (size_t r = 0; r < rows; r++) {
         float *p = scores + r * Tk;
-        int i = (int)(r % Tq);
-        softmax_state st = softmax_state_empty();
-        for (int j = 0; j < Tk; j++)
-            if (attention_block_visible(q_offset, i, k_offset, j)) st = softmax_state_add(st, p[j]);
-        for (int j = 0; j < Tk; j++)
-            p[j] = attention_block_visible(q_offset, i, k_offset, j) ? softmax_prob(p[j], st) : 0.0f;
+        int n = attention_block_visible_keys(q_offset, (int)(r % Tq), k_offset, Tk);
+        softmax_state st = softmax_prefix_exp(p, n);
+        for (int j = 0; j < n; j++) p[j] /= st.sum;
+        if (n < Tk) memset(p + n, 0, (size_t)(Tk - n) * sizeof(float));
         lse[r] = attention_lse(st);
     }
 }
@@ -216,10 +237,15 @@ void attention_block_softmax_backward(float *scores, float *dscores, const float
         size_t o = ((b * Tq + i) * H + h) * hd;
         float D = 0.0f;
         for (int d = 0; d < hd; d++) D += attention_delta_term(dout[o + d], out[o + d]);
-        for (int j = 0; j < Tk; j++) {
-            int visible = attention_block_visible(q_offset, i, k_offset, j);
-            p[j] = visible ? attention_block_prob(p[j], lse[r]) : 0.0f;
-            dp[j] = visible ? softmax_grad(p[j], dp[j], D) : 0.0f;
+        int n = attention_block_visible_keys(q_offset, i, k_offset, Tk);
+        float l = lse[r];
+        for (int j = 0; j < n; j++) {
+            p[j] = attention_block_prob(p[j], l);
+            dp[j] = softmax_grad(p[j], dp[j], D);
+        }
+        if (n < Tk) {
+            memset(p + n, 0, (size_t)(Tk - n) * sizeof(float));
+            memset(dp + n, 0, (size_t)(Tk - n) * sizeof(float));
         }
     }
 }

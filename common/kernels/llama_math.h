@@ -143,7 +143,9 @@ HD static inline softmax_state softmax_state_merge(softmax_state a, softmax_stat
     a.sum += b.sum * expf(b.max - a.max);
     return a;
 }
-HD static inline float softmax_prob(float x, softmax_state st) { return expf(x - st.max) / st.sum; }
+/* e^(x - M): one element's unnormalised weight, and the probability it becomes. */
+HD static inline float softmax_exp(float x, float max) { return expf(x - max); }
+HD static inline float softmax_prob(float x, softmax_state st) { return softmax_exp(x, st.max) / st.sum; }
 /* log sum_i e^(x_i) = M + log S */
 HD static inline float softmax_logsumexp(softmax_state st) { return st.max + logf(st.sum); }
 /* Softmax backward. With p = softmax(s) and dp = dL/dp:
@@ -156,6 +158,8 @@ HD static inline float softmax_grad(float p, float dp, float dot) { return p * (
  * (Vaswani et al. 2017). Causal: query i sees keys j <= i (local positions of one sequence).   */
 HD static inline float attention_scale(int hd) { return 1.0f / sqrtf((float)hd); }
 HD static inline int attention_visible(int query, int key) { return key <= query; }
+/* The keys query i sees among T form a prefix: j = 0 .. i. */
+HD static inline int attention_visible_keys(int query, int T) { return query + 1 < T ? query + 1 : T; }
 
 /* ---- a block of attention, and the merge of two blocks (ring attention) ----------------------
  * Context parallelism splits the sequence: a rank holds a block of Tq queries at global
@@ -164,6 +168,12 @@ HD static inline int attention_visible(int query, int key) { return key <= query
  * earlier), cut by the diagonal, or fully masked (keys all later).                             */
 HD static inline int attention_block_visible(int q_offset, int i, int k_offset, int j) {
     return attention_visible(q_offset + i, k_offset + j);
+}
+/* The keys of a block that query i sees form a prefix too: the j with k_offset + j <= q_offset +
+ * i, none when the block starts after the query (a fully masked block). */
+HD static inline int attention_block_visible_keys(int q_offset, int i, int k_offset, int Tk) {
+    int n = q_offset + i - k_offset + 1;
+    return n < 0 ? 0 : n < Tk ? n : Tk;
 }
 /* What a block of keys gives a query row: its normalised output and the log of its softmax
  * denominator, lse = log sum_{visible j} e^(s_j) = M + log S (the online state above). A row
