@@ -160,6 +160,10 @@ while IFS= read -r -d '' f; do
     [ -s "$f.count" ] && stripped=$((stripped + $(cat "$f.count")))
     rm -f "$f.count"
 done < <(grep -rlZ --include='*.md' --include='*.c' --include='*.h' --include='*.cu' -E '(BEGIN|END) SOLUTION' "$dest" || true)
+# what the solved program printed from a removed passage (a formula of the exercise, in a README's
+# output block) replaced in the copy's markdown (tests/student_copy_leaks.py --scrub)
+python3 "$src/tests/student_copy_leaks.py" --scrub "$src" "$dest" "$nn" ||
+    { echo "make assignment-$nn: could not scrub the copy's READMEs; nothing written" >&2; rm -rf "$dest"; exit 2; }
 echo "wrote $dest: $n exercise(s) in $dir, marked TODO (assignment); $stripped solution passage(s) removed from the text and the tests. Grade with: cd $dest && make check-$nn"
 [ -d "$src/${dir}hints" ] && echo "hints for the instructor: $src/${dir}hints/ (not in the student copy)"
 exit 0

@@ -10,6 +10,12 @@ for in every text file of the copy, normalised the same way; a line the copy hol
 COMMON_FILES files or more is an idiom (a loop header over the batch), not an answer, and skipped. A hit names the file and line of the
 copy, and the original file and line it repeats.
 
+The removed lines' string literals are looked for too (at least MIN_LITERAL characters, with a
+blank and some letters: a formula the code prints, as chapter 08's traffic table prints rank 0's
+ring sends): a README's output block shows what the solved program printed, and that line would
+give the exercise away. `--scrub` (make_assignment.sh) replaces each such literal in the copy's markdown
+by SCRUBBED instead of reporting it, so the copy's READMEs keep their blocks without the answer.
+
 Also a hit: a marker line left in the copy's sources or markdown (BEGIN/END ASSIGNMENT, BEGIN/END
 SOLUTION), a chapter folder after NN, a hints/ folder, docs/instructor/.
 
@@ -17,6 +23,7 @@ A hit that is the course so far (an earlier chapter's solved code that an exerci
 on purpose) is declared in tests/student_copy_allow.txt, one line each:
     NN | path of the copy (fnmatch pattern) | a substring of the normalised line | why
 Exit status: 0 when nothing leaks, 1 when something does (listed), 2 on bad arguments.
+    student_copy_leaks.py --scrub SRC DEST NN     rewrite DEST's markdown instead (exit 0)
 """
 import difflib
 import fnmatch
@@ -25,6 +32,9 @@ import re
 import sys
 
 MIN_LEN = 20
+MIN_LITERAL = 12
+SCRUBBED = "(an exercise's answer: removed from this copy)"
+LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"')
 COMMON = {
     "return 0;", "return NULL;", "return;", "} else {", "break;", "continue;",
 }
@@ -95,6 +105,11 @@ def telling(n):
     return sum(ch.isalnum() for ch in n) >= 10   # a table rule | --- | says nothing
 
 
+def telling_literal(text):
+    """A string literal worth looking for: long, with a blank and letters (a formula, a sentence)."""
+    return len(text) >= MIN_LITERAL and " " in text and sum(ch.isalpha() for ch in text) >= 6 and "%" not in text
+
+
 def walk(root):
     for d, dirs, files in os.walk(root):
         dirs[:] = [x for x in dirs if x not in (".git", "build", "out")]
@@ -113,10 +128,14 @@ def read(path):
 
 
 def main():
-    if len(sys.argv) != 4:
+    args = sys.argv[1:]
+    scrub = bool(args) and args[0] == "--scrub"
+    if scrub:
+        args = args[1:]
+    if len(args) != 3:
         print(__doc__)
         return 2
-    src, dest, nn = sys.argv[1], sys.argv[2], sys.argv[3]
+    src, dest, nn = args
     allow = []
     allow_file = os.path.join(src, "tests", "student_copy_allow.txt")
     for line in read(allow_file) or []:
@@ -139,6 +158,7 @@ def main():
 
     # the removed lines, by comparing every file of the copy with its original
     needles = {}  # normalised line -> "file:line" of the original
+    literals = {}  # a telling string literal of a removed line, whitespace collapsed -> "file:line"
     copy_files = list(walk(dest))
     for rel in copy_files:
         a = read(os.path.join(src, rel))
@@ -152,6 +172,32 @@ def main():
                 for i in range(i1, i2):
                     if telling(na[i]):
                         needles.setdefault(na[i], f"{rel}:{i + 1}")
+                    for lit in LITERAL.findall(a[i]):
+                        lit = " ".join(lit.split())
+                        if telling_literal(lit):
+                            literals.setdefault(lit, f"{rel}:{i + 1}")
+
+    if scrub:   # the copy's markdown: each literal replaced, in place
+        for rel in copy_files:
+            if not rel.endswith(".md"):
+                continue
+            path = os.path.join(dest, rel)
+            lines = read(path)
+            new = []
+            for line in lines:
+                for lit in literals:
+                    flat = " ".join(line.split())
+                    if lit in flat and not any(fnmatch.fnmatch(rel, pat) and sub in flat for pat, sub in allow):
+                        # the literal as the line spells it (its blanks may be runs)
+                        pattern = r"\s+".join(re.escape(w) for w in lit.split())
+                        line = re.sub(pattern, SCRUBBED, line)
+                new.append(line)
+            if new != lines:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write("\n".join(new))
+        return 0
+    for lit, origin in literals.items():
+        needles.setdefault(lit, origin)
 
     # every text file of the copy: markers, and the removed lines
     found = {}  # needle -> [(file, line, normalised line)]

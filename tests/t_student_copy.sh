@@ -3,8 +3,10 @@
 # assignment-NN` writes a copy, and tests/student_copy_leaks.py looks through it for each line
 # the copy lost (normalised: comments stripped, whitespace collapsed; short lines and idioms
 # skipped), for BEGIN/END ASSIGNMENT and SOLUTION marker lines, for a chapter after NN, hints/
-# and docs/instructor/; any hit fails, named file:line. Then it shows it can fail: a line of an
-# exercise's answer and a marker planted in a copy are both found.
+# and docs/instructor/; any hit fails, named file:line. The removed lines' string literals count
+# too: a formula the solved program prints, shown in a README's output block, gives the exercise
+# away (make_assignment.sh scrubs them from the copy's markdown). Then it shows it can fail: a line
+# of an exercise's answer, a marker and a printed formula planted in a copy are all found.
 set -u
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 src=$(pwd)
@@ -37,6 +39,22 @@ if [ -n "$last" ]; then
         echo "ok    a planted answer line and a planted marker are found (common/planted_leak.c:2, ${dir}planted_marker.h:1)"
     else
         echo "FAIL  the planted leak was not reported (exit $rc):"; sed 's/^/      | /' "$tmp/p.txt"; bad=$((bad+1))
+    fi
+    # and a formula the solved program prints (a string literal of a removed passage), planted in
+    # a README's output block as a run of the solved program would show it
+    lit=$(awk '/BEGIN (SOLUTION|ASSIGNMENT)/ {t=1; next} /END (SOLUTION|ASSIGNMENT)/ {t=0}
+               t && match($0, /"[^"%]*[a-zA-Z][^"%]* [^"%]*"/) && RLENGTH > 14 {print substr($0, RSTART + 1, RLENGTH - 2); exit}' "$dir"*.c)
+    rm -f "$dest/common/planted_leak.c" "$dest/${dir}planted_marker.h"
+    if [ -n "$lit" ]; then
+        printf '```\n  rank 0  %s\n```\n' "$lit" >> "$dest/${dir}README.md"
+        python3 tests/student_copy_leaks.py "$src" "$dest" "$last" >"$tmp/p.txt" 2>&1; rc=$?
+        if [ $rc -eq 1 ] && grep -q "^${dir}README.md:[0-9]*: repeats the removed line" "$tmp/p.txt"; then
+            echo "ok    a planted printed formula is found (${dir}README.md: $lit)"
+        else
+            echo "FAIL  the planted printed formula '$lit' was not reported (exit $rc):"; sed 's/^/      | /' "$tmp/p.txt"; bad=$((bad+1))
+        fi
+    else
+        echo "FAIL  no string literal in chapter $last's removed passages to plant"; bad=$((bad+1))
     fi
 fi
 echo "$((n-bad)) of $n chapters' student copies hold no answer"
