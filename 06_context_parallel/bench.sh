@@ -35,6 +35,6 @@ for k in "${!cases[@]}"; do
 done
 echo "comm: rank 0's time inside communication calls per step, waiting for the other rank included."
 echo "On the CPU backend Open MPI moves a message only inside MPI calls: the ring's non-blocking"
-echo "exchange of the next K/V block, posted before the block's compute, mostly moves at its wait,"
-echo "after the compute; the two ranks also share the machine's cores with whatever else runs."
-echo "On GPUs NCCL moves it on a second stream during the compute."
+echo "exchange of the next K/V block, posted before the block's compute, moves during it because the"
+echo "compute calls comm_progress between its pieces; the two ranks also share the machine's cores"
+echo "with whatever else runs. On GPUs NCCL moves it on a second stream during the compute."
