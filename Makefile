@@ -343,7 +343,7 @@ help:
 	@echo "make plot-NN          gnuplot PNGs of what the chapter measured, in out/NN/"
 	@echo "make bench            every technique against one rank and its bound (REPS, STEPS, ONLY=01,04,...)"
 	@echo "make bench-NN         the chapter's benchmark, if it has one (never part of make test)"
-	@echo "make bench-baseline   the single-device step beside the same model in PyTorch (ms, GFLOP/s, ratio)"
+	@echo "make bench-baseline   the single-device step beside the same model in PyTorch (ms, GFLOP/s, ratio), and QKV / W1-W3 as one GEMM or several"
 	@echo "make readme-outputs   rewrite the READMEs' output blocks (<!-- output: ... -->) from real runs"
 	@echo "make check-readme     compare the READMEs' output blocks with real runs; check their links and file names"
 	@echo "make assignment-NN    a student copy in ../student-NN (beside the repository) with the chapter's exercises removed"
