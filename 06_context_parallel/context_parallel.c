@@ -87,7 +87,8 @@ static size_t kv_floats(const cp_shape *z) { return (size_t)z->B * z->Tl * z->Hk
 static bool pair_visible(int qchunk, int kchunk) { return kchunk <= qchunk; }
 
 /* Forward of this rank's queries against one block, merged into (out, lse). `exchange`: the ring's
- * transfer in flight (or NULL), given a chance to move between the pieces: on the CPU, Open MPI
+ * transfer in flight (or NULL), given a chance to move between the pieces (comm_progress: an
+ * MPI_Test, not counted as traffic; nothing on NCCL, whose stream moves it): on the CPU, Open MPI
  * moves a message's bytes only inside MPI calls (comm_progress), so without these calls the
  * transfer would wait for ring_wait, after the compute it was meant to hide behind. */
 static void block_forward(cp_state *s, const cp_shape *z, float *out, float *lse, const float *q,

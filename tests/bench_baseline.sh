@@ -11,7 +11,9 @@
 # MALLOC_TRIM_THRESHOLD_ 4 GiB). By default glibc hands every freed block over its mmap threshold
 # back to the kernel, and the next step's tensors take page faults on fresh memory; this project's
 # allocator keeps its blocks (common/backend/memory.c), so the second row compares the two
-# programs' arithmetic alone. A benchmark, not a test: the numbers depend on the machine and its load.
+# programs' arithmetic alone. Last, tests/bench_projections.c times a layer's projections of one
+# input (wq, wk, wv; w1, w3) as separate GEMMs and as one GEMM on the stacked weights, at the same
+# size and through the same gemm.h. A benchmark, not a test: the numbers depend on the machine and its load.
 set -eu
 bin=$1
 . "$(dirname "$0")/bench_lib.sh"   # median, steady_step_ms

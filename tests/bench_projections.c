@@ -84,12 +84,11 @@ static void separate_arg(group *g, int unused) { (void)unused; separate(g); }
 
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
-    if (argc < 6) {
-        fprintf(stderr, "usage: bench_projections N D Dq Dkv F [REPS]\n");
-        return 2;
-    }
-    int N = atoi(argv[1]), D = atoi(argv[2]), Dq = atoi(argv[3]), Dkv = atoi(argv[4]), F = atoi(argv[5]);
+    int N = argc > 5 ? atoi(argv[1]) : 0, D = argc > 5 ? atoi(argv[2]) : 0, Dq = argc > 5 ? atoi(argv[3]) : 0;
+    int Dkv = argc > 5 ? atoi(argv[4]) : 0, F = argc > 5 ? atoi(argv[5]) : 0;
     int reps = argc > 6 ? atoi(argv[6]) : 5;
+    if (N < 1 || D < 1 || Dq < 1 || Dkv < 1 || F < 1 || reps < 1)
+        comm_exit_usage("usage: bench_projections N D Dq Dkv F [REPS], every size and REPS at least 1");
     int cpu = strcmp(device_backend_name(), "cpu") == 0;
     group groups[2] = {{.n = 3, .out = {Dq, Dkv, Dkv}}, {.n = 2, .out = {F, F}}};
     const char *names[2] = {"wq, wk, wv", "w1, w3"};

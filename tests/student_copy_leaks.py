@@ -10,7 +10,7 @@ for in every text file of the copy, normalised the same way; a line the copy hol
 COMMON_FILES files or more is an idiom (a loop header over the batch), not an answer, and skipped. A hit names the file and line of the
 copy, and the original file and line it repeats.
 
-The removed lines' string literals are looked for too (at least MIN_LITERAL characters, with a
+The string literals of the removed C and CUDA lines are looked for too (at least MIN_LITERAL characters, with a
 blank and some letters: a formula the code prints, as chapter 08's traffic table prints rank 0's
 ring sends): a README's output block shows what the solved program printed, and that line would
 give the exercise away. `--scrub` (make_assignment.sh) replaces each such literal in the copy's markdown
@@ -172,6 +172,8 @@ def main():
                 for i in range(i1, i2):
                     if telling(na[i]):
                         needles.setdefault(na[i], f"{rel}:{i + 1}")
+                    if os.path.splitext(rel)[1] not in (".c", ".h", ".cu"):
+                        continue   # a string the code prints: not a README's quoted flag
                     for lit in LITERAL.findall(a[i]):
                         lit = " ".join(lit.split())
                         if telling_literal(lit):
@@ -188,8 +190,9 @@ def main():
                 for lit in literals:
                     flat = " ".join(line.split())
                     if lit in flat and not any(fnmatch.fnmatch(rel, pat) and sub in flat for pat, sub in allow):
-                        # the literal as the line spells it (its blanks may be runs)
-                        pattern = r"\s+".join(re.escape(w) for w in lit.split())
+                        # the literal as the line spells it (its blanks may be runs), as whole
+                        # words: "4 L x N D x 4" is not inside "14 L x N D x 40"
+                        pattern = r"(?<![\w.])" + r"\s+".join(re.escape(w) for w in lit.split()) + r"(?![\w.])"
                         line = re.sub(pattern, SCRUBBED, line)
                 new.append(line)
             if new != lines:

@@ -17,6 +17,10 @@ for dir in [0-9][0-9]_*/; do
     if ! make --no-print-directory assignment-$nn DEST="$dest" >"$tmp/a.txt" 2>&1; then
         echo "FAIL  make assignment-$nn"; cat "$tmp/a.txt"; bad=$((bad+1)); continue
     fi
+    # the scrub replaced printed formulas only: never a command a student runs or a README's check runs
+    if grep -rn --include='*.md' -E "(make |mpirun|<!-- output).*an exercise's answer: removed" "$dest" > "$tmp/s.txt"; then
+        echo "FAIL  the scrub of copy $nn rewrote commands:"; sed 's/^/      | /' "$tmp/s.txt" | head -5; bad=$((bad+1))
+    fi
     if python3 tests/student_copy_leaks.py "$src" "$dest" "$nn" >"$tmp/l.txt" 2>&1; then
         echo "ok    $(tail -1 "$tmp/l.txt")"
     else

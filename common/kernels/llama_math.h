@@ -159,7 +159,9 @@ HD static inline float softmax_grad(float p, float dp, float dot) { return p * (
 HD static inline float attention_scale(int hd) { return 1.0f / sqrtf((float)hd); }
 HD static inline int attention_visible(int query, int key) { return key <= query; }
 /* The keys query i sees among T form a prefix: j = 0 .. i. */
-HD static inline int attention_visible_keys(int query, int T) { return query + 1 < T ? query + 1 : T; }
+HD static inline int attention_visible_keys(int query, int T) {
+    return query < 0 ? 0 : query + 1 < T ? query + 1 : T;
+}
 
 /* ---- a block of attention, and the merge of two blocks (ring attention) ----------------------
  * Context parallelism splits the sequence: a rank holds a block of Tq queries at global
