@@ -74,9 +74,7 @@ int main(int argc, char **argv) {
         comm_exit_usage("--data: %s", err);
     /* one token per byte: the vocabulary must hold every byte of the text (256 holds any; a smaller
      * one, padded over tp or not, one that covers this text's bytes) */
-    int largest_byte = 0;
-    for (size_t k = 0; k < corpus.n; k++) largest_byte = corpus.bytes[k] > largest_byte ? corpus.bytes[k] : largest_byte;
-    for (const char *b = co.sample ? co.prompt : ""; *b; b++) largest_byte = (unsigned char)*b > largest_byte ? (unsigned char)*b : largest_byte;
+    int largest_byte = text_largest_byte(&corpus, co.sample ? co.prompt : NULL);
     if (largest_byte >= c->vocab_size)
         comm_exit_usage("--vocab %d is not valid for %s%s: the text is read one byte per token and holds byte %d; use "
                         "--vocab %d or more (256 holds every byte)", c->vocab_size, co.data, co.sample ? " and --prompt" : "",

@@ -40,9 +40,9 @@ mpirun=${MPIRUN_BASE:-$here/mpirun_base.sh}
 [ -x "$mpirun" ] && mpirun=$($mpirun)
 . "$here/bench_lib.sh"   # median, steady_step_ms, with_single_copy
 # Open MPI's single-copy CMA where it works (tests/bench_lib.sh, with_single_copy)
-mpirun=$(with_single_copy "$mpirun" "$build/01" 2>/tmp/bench_transport); transport=$(cat /tmp/bench_transport)
-reps=${REPS:-3}; steps=${STEPS:-3}; only=${ONLY:-01,03,04,05,06,08}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+mpirun=$(with_single_copy "$mpirun" "$build/01" 2>"$tmp/transport"); transport=$(cat "$tmp/transport")
+reps=${REPS:-3}; steps=${STEPS:-3}; only=${ONLY:-01,03,04,05,06,08}
 mkdir -p out/bench
 
 big="--dim 512 --n-layers 4 --n-heads 8 --n-kv-heads 8 --ffn-dim 1408 --seq-len 256 --batch 8"

@@ -17,16 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "comm.h"
 #include "device.h"
 #include "gemm.h"
-
-static double seconds(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
+#include "log.h"
 
 static float *filled(size_t n) {
     float *h = malloc(n * sizeof(float)), *d = device_alloc_floats(n, MEM_BUFFERS);
@@ -75,10 +69,10 @@ static void one_gemm(group *g, int with_copies) {
 
 static double timed(void (*f)(group *, int), group *g, int arg) {
     device_synchronize();
-    double t = seconds();
+    double t = wall_seconds();
     f(g, arg);
     device_synchronize();
-    return seconds() - t;
+    return wall_seconds() - t;
 }
 static void separate_arg(group *g, int unused) { (void)unused; separate(g); }
 

@@ -165,6 +165,15 @@ double text_unigram_loss(const text_corpus *c) {
     return loss / (double)(c->n - c->n_train - 1);
 }
 
+int text_largest_byte(const text_corpus *c, const char *also) {
+    int largest = 0;
+    for (size_t k = 0; k < c->n; k++)
+        if (c->bytes[k] > largest) largest = c->bytes[k];
+    for (const char *b = also ? also : ""; *b; b++)
+        if ((unsigned char)*b > largest) largest = (unsigned char)*b;
+    return largest;
+}
+
 double data_uniform(uint64_t seed, int step, int index) {
     return (double)(batch_hash(seed, step, index, 0, STREAM_UNIFORM) >> 11) * 0x1.0p-53;   /* 53 random bits */
 }

@@ -53,6 +53,10 @@ void text_val_batch(const text_corpus *c, int *tokens, int *targets, int B, int 
  * context does no better. */
 double text_unigram_loss(const text_corpus *c);
 
+/* The largest byte value in the corpus and in `also` (a prompt; NULL: none): the token a
+ * vocabulary of one token per byte must hold (it needs largest + 1 entries). */
+int text_largest_byte(const text_corpus *c, const char *also);
+
 /* A uniform number in [0, 1) keyed by (seed, step, index), from the same counter-based hash
  * (for sampling text from a trained model: the same draw on every run). */
 double data_uniform(uint64_t seed, int step, int index);

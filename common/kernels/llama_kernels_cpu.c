@@ -161,23 +161,30 @@ void rope_backward(float *dx, const float *cos_sin, int B, int T, int H, int hd)
  * (b, g) they form one strided batch: query stride hd, key/value stride 0 (the same head is
  * read by every entry of the batch).                                                          */
 
-/* The softmax of a row's visible keys p[0, n) (causal masks leave a prefix visible), in two
- * passes where the GPU's online softmax takes one: the maximum M first, then e^(x - M) written in
- * place and summed into S. The exponentials then no longer wait on a running maximum, so the
- * compiler calls the vector expf four or eight at a time (vector_math_cpu.h); (M, S) is the online
- * state's up to rounding. n = 0 gives the empty state. */
-static softmax_state softmax_prefix_exp(float *p, int n) {
-    if (n <= 0) return softmax_state_empty();
-    float max = p[0];
+/* A row p[0, T) of scores whose visible keys are the prefix [0, n) (causal masks leave a prefix
+ * visible) := its softmax over that prefix, 0 beyond; returns (M, S) for the row's lse. Two passes
+ * where the GPU's online softmax takes one: the maximum M first, then e^(x - M) written in place
+ * and summed into S, then the division (softmax_prob). The exponentials then no longer wait on a
+ * running maximum, so the compiler calls the vector expf four or eight at a time
+ * (vector_math_cpu.h); (M, S) is the online state's up to rounding. n = 0: the empty state, a row
+ * of zeros. */
+static softmax_state softmax_prefix(float *p, int n, int T) {
+    softmax_state st = softmax_state_empty();
+    if (n > 0) {
+        float max = p[0];
 #pragma omp simd reduction(max : max)
-    for (int j = 1; j < n; j++) max = p[j] > max ? p[j] : max;
-    float sum = 0.0f;
+        for (int j = 1; j < n; j++) max = p[j] > max ? p[j] : max;
+        float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < n; j++) {
-        p[j] = softmax_exp(p[j], max);
-        sum += p[j];
+        for (int j = 0; j < n; j++) {
+            p[j] = softmax_exp(p[j], max);
+            sum += p[j];
+        }
+        st.max = max;
+        st.sum = sum;
+        for (int j = 0; j < n; j++) p[j] /= sum;
     }
-    softmax_state st = {max, sum};
+    if (n < T) memset(p + n, 0, (size_t)(T - n) * sizeof(float));
     return st;
 }
 
@@ -193,13 +200,7 @@ static void softmax_prefix_backward(float *dp, const float *p, int n, int T) {
 
 /* probs[rows, T]: row r is query i = r % T of its (b, h). Softmax over keys j <= i, 0 beyond. */
 void causal_softmax_forward(float *probs, int rows, int T) {
-    for (int r = 0; r < rows; r++) {
-        float *p = probs + (size_t)r * T;
-        int n = attention_visible_keys(r % T, T);
-        softmax_state st = softmax_prefix_exp(p, n);
-        for (int j = 0; j < n; j++) p[j] /= st.sum;      /* softmax_prob, on e^(x - M) */
-        if (n < T) memset(p + n, 0, (size_t)(T - n) * sizeof(float));
-    }
+    for (int r = 0; r < rows; r++) softmax_prefix(probs + (size_t)r * T, attention_visible_keys(r % T, T), T);
 }
 
 /* dprobs[rows, T] := dS = P * (dP - rowsum(P * dP)), zero above the causal diagonal. */
@@ -219,12 +220,8 @@ void attention_block_softmax_forward(float *scores, float *lse, int B, int H, in
                                      int q_offset, int k_offset) {
     size_t rows = (size_t)B * H * Tq;
     for (size_t r = 0; r < rows; r++) {
-        float *p = scores + r * Tk;
         int n = attention_block_visible_keys(q_offset, (int)(r % Tq), k_offset, Tk);
-        softmax_state st = softmax_prefix_exp(p, n);
-        for (int j = 0; j < n; j++) p[j] /= st.sum;
-        if (n < Tk) memset(p + n, 0, (size_t)(Tk - n) * sizeof(float));
-        lse[r] = attention_lse(st);
+        lse[r] = attention_lse(softmax_prefix(scores + r * Tk, n, Tk));
     }
 }
 

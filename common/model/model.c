@@ -149,8 +149,8 @@ double llama_head_act_bytes(const llama_dims *d, int loss_saved_per_row) {
 double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, double *state_bytes,
                          double *act_bytes, double *largest_numel) {
     double p = plan->groups.tp ? plan->groups.tp->size : 1, largest = 0, state = 0;
-    unsigned shard_dims = plan->groups.shard_dims ? plan->groups.shard_dims : MESH_BIT(MESH_DP_SHARD);
-    double S = plan->groups.mesh ? mesh_size_over(&plan->groups.mesh->shape, shard_dims) : 1;   /* the shard group */
+    double S = plan->groups.mesh ? mesh_size_over(&plan->groups.mesh->shape, param_shard_dims(plan->groups.shard_dims))
+                                 : 1;   /* the shard group */
     for (int i = 0; i < llama_num_params(c); i++) {           /* every tensor's local slice */
         param_spec s = llama_param_spec(c, i);
         if (!plan_holds(plan, c->n_layers, s.kind, s.layer)) continue;

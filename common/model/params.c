@@ -23,7 +23,7 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
     t->c = *c;
     t->mesh = mesh;
     t->tp = mesh ? mesh->group[MESH_TP] : NULL;
-    t->shard_dims = shard_dims ? shard_dims : MESH_BIT(MESH_DP_SHARD);
+    t->shard_dims = param_shard_dims(shard_dims);
     t->shard_ranks = mesh ? mesh_size_over(&mesh->shape, t->shard_dims) : 1;
     t->shard_rank = mesh ? mesh_rank_over(&mesh->shape, mesh->coord, t->shard_dims) : 0;
     for (int b = 0; b < PARAM_NBLOCKS; b++) t->storage[b] = storage ? storage[b] : STORE_WHOLE;

@@ -98,6 +98,10 @@ typedef struct {
  * (llama_padded_vocab), rows [vocab_size, padded) being zero padding on the last ranks. */
 int param_split_rows(const llama_config *c, param_spec s, shard_layout layout, int tp);
 
+/* The mesh dimensions a sharded block is split over, from a plan's shard_dims: those (MESH_BIT),
+ * or dp_shard alone when 0 (a plan that does not say: chapter 04's FSDP). */
+static inline unsigned param_shard_dims(unsigned dims) { return dims ? dims : MESH_BIT(MESH_DP_SHARD); }
+
 /* Allocates this rank's slices (layout[kind] over the mesh's tp group; mesh NULL: whole
  * tensors; storage[block] whole or sharded, NULL: all whole; a sharded block split over the mesh
  * dimensions shard_dims, MESH_BIT(MESH_DP_SHARD) | MESH_BIT(MESH_CP) for FSDP over dp_shard x cp,
