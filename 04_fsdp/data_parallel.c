@@ -9,9 +9,11 @@
  *   reduce_grads                ddp: wait for the buckets; zero1: reduce-scatter every gradient
  *   optimizer_step              zero1, zero2: AdamW on the own shard, then all-gather the values
  *
- * Every collective moves one tensor (shards of S chunks, rank-major = row order), so a gathered
- * tensor lands as itself, followed by its padding. The S ranks are the shard group: dp_shard, or
- * dp_shard x cp (shard_over_cp, chapter 08).
+ * Every collective moves one unit (a layer, or the model's ends): each tensor is S chunks (rows,
+ * rank-major), and a unit's collective moves every rank's chunks of all its tensors at once, laid
+ * out by rank (unit_copy below). One call per unit instead of one per tensor: on 8 ranks of 2
+ * cores each call costs far more than its bytes (README, "One collective per unit"). The S ranks
+ * are the shard group: dp_shard, or dp_shard x cp (shard_over_cp, chapter 08).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,10 +30,15 @@
 #define MAX_REQUESTS 256
 
 /* A unit's gathered values (fsdp): one padded full tensor after the other. */
+enum { SLOT_FREE = -1, SLOT_REDUCING = -2 };
 typedef struct {
     float *data;
-    int unit;                          /* the unit held, -1 when free                  */
-    comm_request req[PARAM_UNIT_MAX];  /* its all-gathers while in flight              */
+    int unit;                          /* the unit held; SLOT_FREE; or SLOT_REDUCING: data
+                                        * is the send buffer of the reduce-scatter in flight */
+    bool landing;                      /* its all-gather lands by rank in stage_in, to be
+                                        * copied out into data after the wait          */
+    comm_request req[PARAM_UNIT_MAX];  /* its all-gather in flight (a gather hook's: one
+                                        * per tensor)                                   */
     int idx[PARAM_UNIT_MAX];           /* the tensors (table indices) of the unit      */
     void *pending[PARAM_UNIT_MAX];     /* a dp_gather_ops's state per gather, or NULL  */
     double issued;                     /* when they were issued (timeline)             */
@@ -47,15 +54,26 @@ struct dp_state {
     int n_slots;
     size_t unit_padded_max, ends_padded;   /* floats of a gathered layer / the ends     */
     float *grad_full[2];               /* zero2, fsdp: a unit's full gradients [0] ends, [1] a layer */
-    float *stage_in, *stage_out;       /* [S * max shard], [max shard]: collectives' staging */
-    size_t max_shard;
+    float *stage_in, *stage_out;       /* [S * U], [U] for the largest unit's U floats of shards:
+                                        * a unit by rank (what its collective moves), and this
+                                        * rank's shards of it                                   */
+    size_t unit_by_rank_max;           /* S * U of the largest unit                          */
+    /* zero2, fsdp: the reduce-scatter in flight, at most one: issued after a unit's backward and
+     * waited for after the next one's (or when its buffers or the gradients are needed), so it
+     * overlaps that backward. Its send buffer, the unit by rank (a slot under fsdp, stage_in
+     * under zero2), and stage_out stay busy until then. */
+    comm_request rs_req;
+    int rs_unit;                       /* its unit, -1: none in flight                         */
+    unit_slot *rs_slot;                /* fsdp: the slot it sends from                         */
+    double rs_issued;
+    unit_slot *landing;                /* fsdp: the slot whose all-gather is in stage_in     */
     /* ddp: the open bucket (a range of the whole gradient block) and the issued all-reduces */
     size_t bucket_off, bucket_count;
     comm_request reqs[MAX_REQUESTS];
     double req_issued[MAX_REQUESTS];
     int n_reqs;
     /* the gradient reductions, which a fault may replace */
-    void (*reduce_scatter)(comm_group *g, const float *send, float *recv, size_t count);
+    comm_request (*reduce_scatter)(comm_group *g, const float *send, float *recv, size_t count);
     comm_request (*all_reduce)(comm_group *g, float *buf, size_t count, comm_op op);
     linear_ops below_linear;           /* the linear operator this plan wraps with progress calls */
     /* what the plan underneath owes after backward (chapter 03's norm gradients over tp, chapter
@@ -85,40 +103,103 @@ static void event(dp_state *s, const char *lane, double t0, const char *fmt, int
 }
 
 static void ensure_buffers(dp_state *s);
+static void finish_unit_reduce(dp_state *s);
 
 /* A tensor's padded size: S shards of shard_units rows (elements) of `width`. */
 static size_t padded(const dp_state *s, const param_tensor *x) { return (size_t)s->S * x->shard_units * x->width; }
 static size_t shard_of(const param_tensor *x) { return (size_t)x->shard_units * x->width; }
 
 /* ==============================================================================================
- * The two collectives of sharded data parallelism, on one tensor.
+ * A unit in the two layouts (FSDP2's copy-in and copy-out). Each tensor x is S chunks of
+ * shard_of(x) floats; U is the sum of them over the unit's tensors, a rank's share of the unit.
+ *
+ *   by tensor  [ wq: chunk 0 | chunk 1 | ... | chunk S-1 ][ wk: chunk 0 | ... ] ...   what the
+ *              model computes with: each tensor whole (padded), one after the other
+ *   by rank    [ rank 0: wq's chunk 0, wk's chunk 0, ... ][ rank 1: wq's chunk 1, ... ] ...   [S, U]
+ *
+ * Rank r's row of the by-rank layout is exactly what the sharded blocks store (params.h: a unit's
+ * tensors lie one after the other), so the unit's all-gather sends the stored shards as they are,
+ * and its reduce-scatter hands each rank the gradients of its stored shards. Copying between the
+ * layouts costs one strided copy per tensor (device_copy_2d).
  * ============================================================================================== */
 
-/* The whole tensor from every rank's shard: full [S * shard] (padded) from shard [shard].
- * Issues: 1 all-gather of S * shard floats over dp_shard, non-blocking: wait on the request. */
-static comm_request gather_tensor(dp_state *s, const float *shard, float *full, size_t count) {
+/* U: the floats of this rank's shards of unit u (0 when none is stored here: another stage's). */
+static size_t unit_shard_floats(const dp_state *s, int u) {
+    int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, u, idx);
+    size_t U = 0;
+    for (int k = 0; k < n; k++) U += shard_of(&s->t->t[idx[k]]);
+    return U;
+}
+
+/* Unit u between by_rank [S, U] and its tensors by tensor: padded one after the other from `padded`,
+ * or, when padded is NULL, each at its place in the whole block `whole` (its real units only: the
+ * padding is dropped on the way out and zeroed on the way in). to_ranks: tensors -> by_rank (copy-in);
+ * else by_rank -> tensors (copy-out). */
+static void unit_copy(dp_state *s, int u, float *by_rank, float *padded, float *whole, bool to_ranks) {
+    int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, u, idx);
+    size_t U = unit_shard_floats(s, u), at = 0, f = sizeof(float);
+    for (int k = 0; k < n; k++) {
+        const param_tensor *x = &s->t->t[idx[k]];
+        size_t c = shard_of(x);
+        if (!c) continue;   /* another stage's tensor */
+        float *t = padded ? padded + (size_t)s->S * at : param_in(s->t, whole, idx[k]);
+        size_t real = padded ? (size_t)s->S * c : (size_t)x->units * x->width;
+        size_t chunks = real / c, rest = real % c;   /* whole chunks, then part of one */
+        float *r = by_rank + at;
+        if (to_ranks) {
+            device_copy_2d(r, U * f, t, c * f, c * f, chunks);
+            if (rest) device_copy(r + chunks * U, t + chunks * c, rest * f);
+            for (size_t j = chunks; j < (size_t)s->S; j++) {   /* padding: zeros */
+                size_t from = j == chunks ? rest : 0;
+                device_zero(r + j * U + from, (c - from) * f);
+            }
+        } else {
+            device_copy_2d(t, c * f, r, U * f, c * f, chunks);
+            if (rest) device_copy(t + chunks * c, r + chunks * U, rest * f);
+        }
+        at += c;
+    }
+}
+
+/* ==============================================================================================
+ * The two collectives of sharded data parallelism, on one unit.
+ * ============================================================================================== */
+
+/* Every rank's shards: by_rank [S, count] from shards [count] (this rank's row).
+ * Issues: 1 all-gather of S * count floats over dp_shard, non-blocking: wait on the request. */
+static comm_request gather_shards(dp_state *s, const float *shards, float *by_rank, size_t count) {
     comm_request req = {0};   /* a request with nothing in flight */
-    /* BEGIN ASSIGNMENT: start the all-gather of the S shards of one tensor into its full (padded) buffer */
-    req = comm_iall_gather(s->shard, shard, full, count);
+    /* BEGIN ASSIGNMENT: start the all-gather of every rank's shards of one unit into the by-rank buffer */
+    req = comm_iall_gather(s->shard, shards, by_rank, count);
     /* END ASSIGNMENT */
     return req;
 }
 
-/* The gradient of this rank's shard: the sum over the shard group of their full gradients' chunk
- * s (under shard_over_cp, over the cp ranks too: chapter 06's sum rides in it). full [S * shard] -> grad_shard [keep] (+=, the first keep <= shard floats of the chunk: all
- * of it into a padded shard (zero2, fsdp), only the tensor's own rows into a whole gradient
- * (zero1)). Issues: 1 reduce-scatter of S * shard floats over dp_shard, and under HSDP 1
- * all-reduce of shard floats over dp_replicate. */
-static void reduce_tensor_grad(dp_state *s, const float *full, float *grad_shard, size_t count, size_t keep) {
-    /* BEGIN ASSIGNMENT: reduce-scatter the full gradient over dp_shard, then all-reduce the shard over dp_replicate */
-    s->reduce_scatter(s->shard, full, s->stage_out, count);
-    if (s->R > 1) comm_all_reduce(s->replicate, s->stage_out, count, COMM_SUM);
+/* The gradients of this rank's shards, summed over the shard group (under shard_over_cp, over the
+ * cp ranks too: chapter 06's sum rides in it), in two parts around the overlapped backward.
+ * start: by_rank [S, count], every rank's full gradients of one unit by rank -> s->stage_out
+ * [count], the sum of the S ranks' row r (this rank's), in flight. Issues: 1 reduce-scatter of
+ * S * count floats over dp_shard, non-blocking: finish_grad_reduce waits on it. */
+static comm_request start_grad_reduce(dp_state *s, const float *by_rank, size_t count) {
+    comm_request req = {0};
+    /* BEGIN ASSIGNMENT: start the reduce-scatter of the unit's full gradients over dp_shard into s->stage_out */
+    req = s->reduce_scatter(s->shard, by_rank, s->stage_out, count);
     /* END ASSIGNMENT */
-    add_inplace(grad_shard, s->stage_out, keep);
+    return req;
 }
 
-static void real_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
-    comm_reduce_scatter(g, send, recv, count);
+/* finish: waits for the reduce-scatter; under HSDP the sums are then summed over the replicas
+ * too, in place in s->stage_out [count]. Issues: under HSDP 1 all-reduce of count floats over
+ * dp_replicate. */
+static void finish_grad_reduce(dp_state *s, comm_request *req, size_t count) {
+    comm_wait(req);
+    /* BEGIN ASSIGNMENT: all-reduce this rank's summed shards over dp_replicate (HSDP) */
+    if (s->R > 1) comm_all_reduce(s->replicate, s->stage_out, count, COMM_SUM);
+    /* END ASSIGNMENT */
+}
+
+static comm_request real_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
+    return comm_ireduce_scatter(g, send, recv, count);
 }
 static comm_request real_all_reduce(comm_group *g, float *buf, size_t count, comm_op op) {
     return comm_iall_reduce(g, buf, count, op);
@@ -134,43 +215,72 @@ static unit_slot *slot_holding(dp_state *s, int u) {
     return NULL;
 }
 
-/* Issues the all-gathers of unit u's values into a free slot (the ends have slot 0). */
+/* Waits for slot's gathers and leaves its values by tensor in slot->data: copied out of the
+ * landing buffer (the fp32 gather of the whole unit), or decoded by the gather hook (e.g. float8
+ * bytes back to values, tensor by tensor). */
+static void land_slot(dp_state *s, unit_slot *slot) {
+    if (!slot->n_req) return;
+    comm_wait_all(slot->req, slot->n_req);
+    if (slot->landing) {
+        unit_copy(s, slot->unit, s->stage_in, slot->data, NULL, false);
+        slot->landing = false;
+        s->landing = NULL;
+    }
+    float *full = slot->data;
+    for (int k = 0; s->o.gather && k < slot->n_req; k++) {
+        const param_tensor *x = &s->t->t[slot->idx[k]];
+        s->o.gather->finish(s->o.gather->ctx, x, full, shard_of(x), slot->pending[k]);
+        slot->pending[k] = NULL;
+        full += padded(s, x);
+    }
+    slot->n_req = 0;
+    event(s, "comm", slot->issued, slot->unit == s->L ? "all_gather ends" : "all_gather %d", slot->unit);
+}
+
+/* Issues the all-gather of unit u's values for a free slot (the ends have slot 0): one of the
+ * whole unit by rank into the landing buffer stage_in, or, with a gather hook, one per tensor
+ * straight into the slot. The landing buffer holds one unit at a time: a gather still landing
+ * there is waited for and copied out first (prefetch keeps at most one in flight, so this
+ * happens only when a unit is asked for out of the expected order). */
 static void gather_unit(dp_state *s, int u) {
     if (u < 0 || u > s->L || slot_holding(s, u)) return;
     unit_slot *slot = NULL;
-    for (int k = u == s->L ? 0 : 1; k < (u == s->L ? 1 : s->n_slots) && !slot; k++)
-        if (s->slots[k].unit < 0) slot = &s->slots[k];
+    for (int pass = 0; pass < 2 && !slot; pass++) {   /* a free slot; else the one reducing, once finished */
+        if (pass) finish_unit_reduce(s);
+        for (int k = u == s->L ? 0 : 1; k < (u == s->L ? 1 : s->n_slots) && !slot; k++)
+            if (s->slots[k].unit == SLOT_FREE) slot = &s->slots[k];
+    }
     if (!slot) { fprintf(stderr, "fsdp: no free slot for unit %d\n", u); exit(1); }
     int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, u, idx);
-    float *dst = slot->data;
     slot->unit = u;
-    slot->n_req = n;
     slot->issued = wall_seconds();
+    if (!s->o.gather) {
+        size_t U = unit_shard_floats(s, u), off, count;
+        slot->n_req = 0;
+        if (!U) return;   /* nothing of it is stored here */
+        if (s->landing) land_slot(s, s->landing);
+        param_unit_range(s->t, s->t->params, u, &off, &count);   /* this rank's shards: count == U */
+        slot->req[0] = gather_shards(s, s->t->params + off, s->stage_in, U);
+        slot->n_req = 1;
+        slot->landing = true;
+        s->landing = slot;
+        return;
+    }
+    float *dst = slot->data;
+    slot->n_req = n;
     for (int k = 0; k < n; k++) {
         const param_tensor *x = &s->t->t[idx[k]];
         const float *shard = param_in(s->t, s->t->params, idx[k]);
         slot->idx[k] = idx[k];
         slot->pending[k] = NULL;
-        if (s->o.gather) slot->req[k] = s->o.gather->start(s->o.gather->ctx, s->shard, x, shard, dst, shard_of(x), &slot->pending[k]);
-        else slot->req[k] = gather_tensor(s, shard, dst, shard_of(x));
+        slot->req[k] = s->o.gather->start(s->o.gather->ctx, s->shard, x, shard, dst, shard_of(x), &slot->pending[k]);
         dst += padded(s, x);
     }
 }
 
 /* Waits for slot's gathers; its tensors as views. */
 static unit_weights slot_views(dp_state *s, unit_slot *slot) {
-    if (slot->n_req) {
-        comm_wait_all(slot->req, slot->n_req);
-        float *full = slot->data;
-        for (int k = 0; s->o.gather && k < slot->n_req; k++) {   /* e.g. float8 bytes back to values */
-            const param_tensor *x = &s->t->t[slot->idx[k]];
-            s->o.gather->finish(s->o.gather->ctx, x, full, shard_of(x), slot->pending[k]);
-            slot->pending[k] = NULL;
-            full += padded(s, x);
-        }
-        slot->n_req = 0;
-        event(s, "comm", slot->issued, slot->unit == s->L ? "all_gather ends" : "all_gather %d", slot->unit);
-    }
+    land_slot(s, slot);
     unit_weights w = {0};
     int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, slot->unit, idx);
     float *p = slot->data;
@@ -180,6 +290,17 @@ static unit_weights slot_views(dp_state *s, unit_slot *slot) {
         p += padded(s, x);
     }
     return w;
+}
+
+/* fsdp: every slot that holds a unit's values freed (a gather still landing waited for first):
+ * the values gathered so far are not to be used again. */
+static void drop_gathered(dp_state *s) {
+    for (int k = 0; s->slots && k < s->n_slots; k++) {
+        unit_slot *slot = &s->slots[k];
+        if (slot->unit < 0) continue;   /* free, or sending a reduce-scatter */
+        land_slot(s, slot);
+        slot->unit = SLOT_FREE;
+    }
 }
 
 /* The next unit a pass will ask for: forward runs the ends, 0, 1, ..., L-1; backward the ends,
@@ -203,17 +324,37 @@ static unit_weights full_grads(dp_state *s, int u) {
     return w;
 }
 
-/* After unit u's backward: its full gradients reduce-scattered into the shards (zero2, fsdp). */
+/* The reduce-scatter in flight, finished: its sums added into unit rs_unit's gradient shards,
+ * its send buffer free again (zero2, fsdp). */
+static void finish_unit_reduce(dp_state *s) {
+    if (s->rs_unit < 0) return;
+    size_t U = unit_shard_floats(s, s->rs_unit), off, count;
+    finish_grad_reduce(s, &s->rs_req, U);
+    param_unit_range(s->t, s->t->grads, s->rs_unit, &off, &count);   /* the shards' gradients: count == U */
+    add_inplace(s->t->grads + off, s->stage_out, U);
+    if (s->rs_slot) s->rs_slot->unit = SLOT_FREE;
+    event(s, "comm", s->rs_issued, s->rs_unit == s->L ? "reduce_scatter ends" : "reduce_scatter %d", s->rs_unit);
+    s->rs_unit = -1;
+    s->rs_slot = NULL;
+}
+
+/* After unit u's backward (zero2, fsdp): the previous unit's reduce-scatter finished, then u's full
+ * gradients (by tensor) copied in by rank and their reduce-scatter started. The by-rank copy goes
+ * into the unit's slot under fsdp (its values are no longer needed; stage_in may be landing the
+ * next unit's prefetched gather), which stays taken until the reduce-scatter is finished; into
+ * stage_in under zero2. */
 static void reduce_unit_grads(dp_state *s, int u) {
-    double t0 = wall_seconds();
-    int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, u, idx);
-    const float *g = s->grad_full[u == s->L ? 0 : 1];
-    for (int k = 0; k < n; k++) {
-        const param_tensor *x = &s->t->t[idx[k]];
-        reduce_tensor_grad(s, g, param_in(s->t, s->t->grads, idx[k]), shard_of(x), shard_of(x));
-        g += padded(s, x);
-    }
-    event(s, "comm", t0, u == s->L ? "reduce_scatter ends" : "reduce_scatter %d", u);
+    finish_unit_reduce(s);
+    size_t U = unit_shard_floats(s, u);
+    if (!U) return;
+    unit_slot *slot = s->o.mode == DP_FSDP ? slot_holding(s, u) : NULL;
+    float *by_rank = slot ? slot->data : s->stage_in;
+    unit_copy(s, u, by_rank, s->grad_full[u == s->L ? 0 : 1], NULL, true);
+    s->rs_issued = wall_seconds();
+    s->rs_req = start_grad_reduce(s, by_rank, U);
+    s->rs_unit = u;
+    s->rs_slot = slot;
+    if (slot) slot->unit = SLOT_REDUCING;
 }
 
 /* ==============================================================================================
@@ -250,6 +391,7 @@ static void progress(dp_state *s) {
     for (int k = 0; k < s->n_slots; k++)
         for (int j = 0; j < s->slots[k].n_req; j++) comm_progress(&s->slots[k].req[j]);
     for (int k = 0; k < s->n_reqs; k++) comm_progress(&s->reqs[k]);
+    comm_progress(&s->rs_req);
 }
 static void linear_forward_progress(void *state, const llama_plan *p, linear_site site, float *y, const float *x,
                                     const float *W, int N, int in, int out) {
@@ -280,6 +422,9 @@ static void dp_acquire(void *state, const llama_plan *p, llama_model *m, int u, 
     }
     *w = param_unit(m->params, m->params->params, u);
     *g = param_unit(m->params, m->params->grads, u);
+    /* A whole-model forward begins: what an earlier forward kept gathered for its backward (the
+     * ends and the last layer, see dp_release) is dropped, e.g. after an evaluation's forward. */
+    if (s->o.mode == DP_FSDP && s->o.prefetch && u == s->L && !backward) drop_gathered(s);
     if (s->o.mode == DP_FSDP) {
         unit_slot *slot = slot_holding(s, u);
         if (!slot) { gather_unit(s, u); slot = slot_holding(s, u); }
@@ -295,14 +440,19 @@ static void dp_release(void *state, const llama_plan *p, llama_model *m, int u, 
     if (u != s->L) event(s, "compute", s->t_acquired, backward ? "bwd %d" : "fwd %d", u);
     if (backward && (s->o.mode == DP_ZERO2 || s->o.mode == DP_FSDP)) reduce_unit_grads(s, u);
     if (backward && s->o.mode == DP_DDP) bucket_unit(s, u);
-    if (s->o.mode == DP_FSDP && (backward || s->o.reshard_after_forward)) {
-        unit_slot *slot = slot_holding(s, u);
-        if (slot) slot->unit = -1;       /* freed: the next unit may use the slot */
+    /* After forward, the units backward asks for first stay gathered when units run in order
+     * (prefetch's assumption): the ends and the last layer (FSDP2 leaves its root module gathered
+     * after forward, torchtitan its last block). A pipeline interleaves microbatches: there,
+     * every unit is resharded. */
+    bool backward_next = s->o.prefetch && (u == s->L || u == s->L - 1);
+    if (s->o.mode == DP_FSDP && (backward || (s->o.reshard_after_forward && !backward_next))) {
+        unit_slot *slot = slot_holding(s, u);   /* (none after backward: reducing) */
+        if (slot) slot->unit = SLOT_FREE;       /* freed: the next unit may use the slot */
     }
 }
 
-/* ddp: wait for the buckets. zero1: every gradient reduce-scattered now, whole buffers kept
- * (only the own shard is reduced). */
+/* ddp: wait for the buckets. zero1: every unit's gradients reduce-scattered now, whole buffers
+ * kept (only the own shard of each tensor is replaced by its sum). */
 static void dp_reduce_own_grads(dp_state *s, llama_model *m) {
     param_table *t = m->params;
     ensure_buffers(s);
@@ -313,17 +463,22 @@ static void dp_reduce_own_grads(dp_state *s, llama_model *m) {
         }
         s->n_reqs = 0;
     }
+    finish_unit_reduce(s);   /* zero2, fsdp: the last unit's */
     if (s->o.mode != DP_ZERO1) return;
     double t0 = wall_seconds();
-    for (int i = 0; i < t->n; i++) {
-        const param_tensor *x = &t->t[i];
-        float *g = param_in(t, t->grads, i);
-        /* the whole gradient, padded to S shards, in; this rank's shard of the sum, back in place */
-        device_zero(s->stage_in, padded(s, x) * sizeof(float));
-        device_copy(s->stage_in, g, (size_t)x->units * x->width * sizeof(float));
-        device_zero(g + (size_t)x->own_first * x->width, (size_t)x->own_units * x->width * sizeof(float));
-        reduce_tensor_grad(s, s->stage_in, g + (size_t)x->own_first * x->width, shard_of(x),
-                           (size_t)x->own_units * x->width);
+    for (int u = s->L; u >= 0; u--) {   /* the ends first, then the layers down, as backward ends */
+        size_t U = unit_shard_floats(s, u), at = 0;
+        if (!U) continue;
+        unit_copy(s, u, s->stage_in, NULL, t->grads, true);
+        comm_request r = start_grad_reduce(s, s->stage_in, U);
+        finish_grad_reduce(s, &r, U);
+        int idx[PARAM_UNIT_MAX], n = param_unit_tensors(t, u, idx);
+        for (int k = 0; k < n; k++) {   /* each tensor's own rows := their sum */
+            const param_tensor *x = &t->t[idx[k]];
+            float *own = param_in(t, t->grads, idx[k]) + (size_t)x->own_first * x->width;
+            device_copy(own, s->stage_out + at, (size_t)x->own_units * x->width * sizeof(float));
+            at += shard_of(x);
+        }
     }
     event(s, "comm", t0, "reduce_scatter all", 0);
 }
@@ -336,26 +491,34 @@ static void dp_reduce_grads(void *state, const llama_plan *p, llama_model *m) {
     if (s->below_reduce.reduce) s->below_reduce.reduce(s->below_reduce.state, p, m);
 }
 
-/* zero1, zero2: AdamW on the own shard of each tensor (m and v exist only for it), then the
- * updated values all-gathered so every rank holds them whole again. */
+/* zero1, zero2: AdamW on the own shard of each tensor (m and v exist only for it), then each
+ * unit's updated shards all-gathered and copied out, so every rank holds the values whole again. */
 static void dp_optimizer_step(void *state, const llama_plan *p, llama_model *m, const adamw_config *o, int step) {
     dp_state *s = state;
     param_table *t = m->params;
+    if (s->o.mode == DP_FSDP) drop_gathered(s);   /* the shards change: nothing gathered stays valid */
     if (s->o.mode == DP_DDP || s->o.mode == DP_FSDP) { param_adamw_step(t, o, step); return; }
     ensure_buffers(s);
-    for (int i = 0; i < t->n; i++) {
-        const param_tensor *x = &t->t[i];
-        size_t own = (size_t)x->own_first * x->width, n = (size_t)x->own_units * x->width;
-        float *value = param_in(t, t->params, i) + own;
-        float *grad = param_in(t, t->grads, i) + (s->o.mode == DP_ZERO1 ? own : 0);
-        adamw_step(value, grad, param_in(t, t->adam_m, i), param_in(t, t->adam_v, i), n, o->lr,
-                   o->beta1, o->beta2, o->eps, o->weight_decay, step);
-        /* the own shard, padded, out; every shard back into the whole tensor */
-        device_zero(s->stage_out, shard_of(x) * sizeof(float));
-        device_copy(s->stage_out, value, n * sizeof(float));
-        comm_request r = gather_tensor(s, s->stage_out, s->stage_in, shard_of(x));
+    for (int u = 0; u <= s->L; u++) {
+        size_t U = unit_shard_floats(s, u), at = 0;
+        if (!U) continue;
+        int idx[PARAM_UNIT_MAX], n = param_unit_tensors(t, u, idx);
+        for (int k = 0; k < n; k++) {
+            const param_tensor *x = &t->t[idx[k]];
+            int i = idx[k];
+            size_t own = (size_t)x->own_first * x->width, count = (size_t)x->own_units * x->width;
+            float *value = param_in(t, t->params, i) + own;
+            float *grad = param_in(t, t->grads, i) + (s->o.mode == DP_ZERO1 ? own : 0);
+            adamw_step(value, grad, param_in(t, t->adam_m, i), param_in(t, t->adam_v, i), count, o->lr,
+                       o->beta1, o->beta2, o->eps, o->weight_decay, step);
+            /* this rank's row of the unit by rank: the own shard, padded */
+            device_zero(s->stage_out + at, shard_of(x) * sizeof(float));
+            device_copy(s->stage_out + at, value, count * sizeof(float));
+            at += shard_of(x);
+        }
+        comm_request r = gather_shards(s, s->stage_out, s->stage_in, U);
         comm_wait(&r);
-        device_copy(param_in(t, t->params, i), s->stage_in, (size_t)x->units * x->width * sizeof(float));
+        unit_copy(s, u, s->stage_in, NULL, t->params, false);
     }
 }
 
@@ -388,6 +551,7 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
     static const int batch_dims[] = {MESH_DP_REPLICATE, MESH_DP_SHARD};
     s->batch = mesh_group_over(mesh, batch_dims, 2, "dp");
     s->reduce_scatter = real_reduce_scatter;
+    s->rs_unit = -1;
     s->all_reduce = real_all_reduce;
     plan->name = "data parallel";
     plan->groups.mesh = mesh;
@@ -411,7 +575,7 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
      * own bytes before anything is allocated, and ensure_buffers allocates them at first use. */
     comm_group *tp = mesh->group[MESH_TP];
     int p = tp ? tp->size : 1, r = tp ? tp->rank : 0;
-    size_t *unit_sum = calloc((size_t)s->L + 1, sizeof *unit_sum);
+    size_t *unit_sum = calloc((size_t)s->L + 1, sizeof *unit_sum);   /* S * U of each unit */
     for (int i = 0; i < llama_num_params(c); i++) {
         param_spec sp = llama_param_spec(c, i);
         int r0, nr, c0, nc;
@@ -420,20 +584,21 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
         size_t units = sp.is_vector ? (size_t)nc : (size_t)nr, width = sp.is_vector ? 1 : (size_t)nc;
         size_t shard = (units + s->S - 1) / s->S * width;
         unit_sum[sp.layer < 0 ? s->L : sp.layer] += (size_t)s->S * shard;
-        if (shard > s->max_shard) s->max_shard = shard;
     }
     size_t layer_max = 0;
     for (int u = 0; u < s->L; u++) if (unit_sum[u] > layer_max) layer_max = unit_sum[u];
     s->unit_padded_max = layer_max;
     s->ends_padded = unit_sum[s->L];
+    s->unit_by_rank_max = layer_max > s->ends_padded ? layer_max : s->ends_padded;
     free(unit_sum);
-    /* fsdp: the ends, and the layers in flight: one, a prefetched one, or every layer when they
-     * stay gathered from forward to backward */
-    if (o->mode == DP_FSDP) s->n_slots = 1 + (!o->reshard_after_forward ? s->L : o->prefetch ? 2 : 1);
+    /* fsdp: the ends, and the layers: every one when they stay gathered from forward to backward
+     * (a unit's slot then sends its reduce-scatter too); else one computing, one prefetched, and
+     * one sending the reduce-scatter that overlaps the next unit's backward */
+    if (o->mode == DP_FSDP) s->n_slots = 1 + (!o->reshard_after_forward ? s->L : o->prefetch ? 3 : 2);
     double floats = 0;
     if (o->mode == DP_FSDP) floats += (double)s->ends_padded + (double)(s->n_slots - 1) * layer_max;
     if (o->mode == DP_ZERO2 || o->mode == DP_FSDP) floats += (double)s->ends_padded + layer_max;
-    if (o->mode != DP_DDP) floats += (double)(s->S + 1) * s->max_shard;
+    if (o->mode != DP_DDP) floats += (double)s->unit_by_rank_max * (s->S + 1) / s->S;   /* stage_in, stage_out */
     s->planned_bytes = 4 * floats;
     plan_add_buffer_bytes(plan, &data_parallel_technique, s->planned_bytes);
 }
@@ -447,7 +612,7 @@ static void ensure_buffers(dp_state *s) {
         s->slots = calloc(s->n_slots, sizeof *s->slots);
         for (int k = 0; k < s->n_slots; k++) {
             s->slots[k].data = device_alloc_floats(k == 0 ? ends : layer_max, MEM_BUFFERS);
-            s->slots[k].unit = -1;
+            s->slots[k].unit = SLOT_FREE;
         }
     }
     if (s->o.mode == DP_ZERO2 || s->o.mode == DP_FSDP) {
@@ -455,8 +620,8 @@ static void ensure_buffers(dp_state *s) {
         s->grad_full[1] = device_alloc_floats(layer_max, MEM_BUFFERS);
     }
     if (s->o.mode != DP_DDP) {
-        s->stage_in = device_alloc_floats(s->S * s->max_shard, MEM_BUFFERS);
-        s->stage_out = device_alloc_floats(s->max_shard, MEM_BUFFERS);
+        s->stage_in = device_alloc_floats(s->unit_by_rank_max, MEM_BUFFERS);
+        s->stage_out = device_alloc_floats(s->unit_by_rank_max / s->S, MEM_BUFFERS);
     }
     s->measured_bytes = (double)(mem_current(MEM_BUFFERS) - before);
 }
@@ -474,8 +639,9 @@ const dp_event *dp_timeline(const llama_plan *plan, int *n) {
 
 /* --fault skip-grad-reduce: the gradient reduction is left out. ddp keeps each rank's own
  * gradient; the sharded modes keep their own chunk of it instead of the sum over ranks. */
-static void keep_own_chunk(comm_group *g, const float *send, float *recv, size_t count) {
+static comm_request keep_own_chunk(comm_group *g, const float *send, float *recv, size_t count) {
     device_copy(recv, send + (size_t)g->rank * count, count * sizeof(float));
+    return (comm_request){0};   /* complete: nothing was sent */
 }
 static comm_request keep_own_gradient(comm_group *g, float *buf, size_t count, comm_op op) {
     return (comm_request){0};   /* a request that is already complete: nothing was sent */

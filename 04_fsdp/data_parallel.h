@@ -65,8 +65,11 @@ typedef struct {
 
 typedef struct {
     dp_mode mode;
-    bool reshard_after_forward;   /* fsdp: free a layer's gathered values after its forward     */
-    bool prefetch;                /* fsdp: gather the next unit while this one computes          */
+    bool reshard_after_forward;   /* fsdp: free a layer's gathered values after its forward (with
+                                   * prefetch, not the last layer's nor the ends': backward needs
+                                   * them first)                                                  */
+    bool prefetch;                /* fsdp: gather the next unit while this one computes (units in
+                                   * order: no pipeline)                                          */
     size_t bucket_floats;         /* ddp: issue an all-reduce once a bucket holds this many floats */
     const dp_gather_ops *gather;  /* fsdp: NULL, the fp32 all-gather of each tensor's shards     */
     bool shard_over_cp;           /* shard over dp_shard x cp (chapter 08, torchtitan's), not

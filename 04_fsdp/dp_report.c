@@ -13,7 +13,7 @@
 #include "dp_report.h"
 
 /* The sizes the formulas use, read off the model's table. */
-typedef struct { double psi, psi_s, n, layer_pad, ends_pad, max_shard, layer_whole; int S, R, L; } dp_sizes;
+typedef struct { double psi, psi_s, n, layer_pad, ends_pad, layer_whole; int S, R, L; } dp_sizes;
 static dp_sizes sizes_of(const llama_plan *plan, const llama_model *m) {
     const param_table *t = m->params;
     dp_sizes z = {0};
@@ -33,8 +33,6 @@ static dp_sizes sizes_of(const llama_plan *plan, const llama_model *m) {
         }
         if (u == z.L) z.ends_pad = pad; else { z.layer_pad = pad; z.layer_whole = whole; }
     }
-    for (int i = 0; i < t->n; i++)
-        z.max_shard = fmax(z.max_shard, (double)t->t[i].shard_units * t->t[i].width);
     return z;
 }
 
@@ -58,13 +56,18 @@ int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, c
         buckets = ceil(z.L / per) + 1;
         bucket_bytes = 4 * z.psi;
     } else {
-        double full = 4 * z.S * z.psi_s;   /* an all-gather or reduce-scatter of every tensor */
+        /* one collective per unit: the L layers and the ends */
+        double full = 4 * z.S * z.psi_s, units = z.L + 1;   /* every unit's all-gather or reduce-scatter */
         bool twice = dp->mode == DP_FSDP && dp->reshard_after_forward;
-        gathers = z.n * (twice ? 2 : 1);
+        gathers = units * (twice ? 2 : 1);
         gather_bytes = full * (twice ? 2 : 1);
-        scatters = z.n;
+        if (twice && dp->prefetch) {   /* the ends and the last layer stay gathered for backward */
+            gathers -= 2;
+            gather_bytes -= 4 * (z.ends_pad + z.layer_pad);
+        }
+        scatters = units;
         scatter_bytes = full;
-        if (z.R > 1) { replica_reduces = z.n; replica_bytes = 4 * z.psi_s; }
+        if (z.R > 1) { replica_reduces = units; replica_bytes = 4 * z.psi_s; }
     }
     /* END ASSIGNMENT */
     char buckets_formula[64];
@@ -75,7 +78,8 @@ int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, c
         expect[n_expect++] = (comm_expectation){plan->groups.batch, COLL_ALL_REDUCE, buckets, bucket_bytes, buckets_formula};
     } else {
         const char *when = !fsdp ? "S Psi_S x 4 (after the step)"
-                         : dp->reshard_after_forward ? "2 x S Psi_S x 4 (fwd + bwd)" : "S Psi_S x 4 (fwd)";
+                         : !dp->reshard_after_forward ? "S Psi_S x 4 (fwd)"
+                         : dp->prefetch ? "(2 S Psi_S - ends - layer) x 4" : "2 x S Psi_S x 4 (fwd + bwd)";
         expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_ALL_GATHER, gathers, gather_bytes, when};
         expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_REDUCE_SCATTER, scatters, scatter_bytes,
                                                 "S Psi_S x 4"};
@@ -111,14 +115,14 @@ int report_data_parallel_memory(const llama_plan *plan, const llama_model *m, co
     g = 4 * (shard_grads ? z.psi_s : z.psi);
     a = 8 * (shard_optim ? z.psi_s : z.psi);
     /* the transient buffers: gathered layers in flight (fsdp), a unit's full gradients (zero2,
-     * fsdp), the collectives' staging (S + 1 shards of the largest tensor) */
-    double in_flight = !dp->reshard_after_forward ? z.L : dp->prefetch ? 2 : 1;
-    buffers = dp->mode == DP_DDP ? 0 : 4 * (z.S + 1) * z.max_shard;
+     * fsdp), the collectives' staging (the largest unit by rank, and this rank's 1/S of it) */
+    double in_flight = !dp->reshard_after_forward ? z.L : dp->prefetch ? 3 : 2;
+    buffers = dp->mode == DP_DDP ? 0 : 4 * fmax(z.ends_pad, z.layer_pad) * (z.S + 1) / z.S;
     if (shard_grads) buffers += 4 * (z.ends_pad + z.layer_pad);
     if (shard_values) buffers += 4 * (z.ends_pad + in_flight * z.layer_pad);
     if (dp->mode != DP_DDP)
-        snprintf(buffer_formula, sizeof buffer_formula, "%s%s4(S+1) max shard",
-                 shard_values ? (in_flight == 2 ? "4(ends + 2 layers) + " : in_flight == 1 ? "4(ends + 1 layer) + "
+        snprintf(buffer_formula, sizeof buffer_formula, "%s%s4(S+1)/S largest unit",
+                 shard_values ? (in_flight == 3 ? "4(ends + 3 layers) + " : in_flight == 2 ? "4(ends + 2 layers) + "
                                                                             : "4(ends + L layers) + ") : "",
                  shard_grads ? "4(ends + layer) grads + " : "");
     /* END ASSIGNMENT */

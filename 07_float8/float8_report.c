@@ -87,18 +87,27 @@ int float8_report_traffic(const run_options *o, device_mesh *mesh, const llama_p
     comm_group *shard = mesh->group[MESH_DP_SHARD];
     if (shard->size > 1) {   /* the tensors' shards: S x ceil(units / S) x width, padded */
         const param_table *t = m->params;
-        double fp32 = 0, blocks = 0;
+        /* 04 gathers each unit before its forward and its backward, but for the ends and the last
+         * layer, which stay gathered from forward to backward; the float8 all-gather moves tensor
+         * by tensor, chapter 04's fp32 one unit by unit */
+        double fp32 = 0, blocks = 0, kept_fp32 = 0, kept_blocks = 0, kept_tensors = 0;
         for (int i = 0; i < t->n; i++) {
             double elems = (double)shard->size * t->t[i].shard_units * t->t[i].width;
+            bool kept = t->t[i].spec.layer < 0 || t->t[i].spec.layer == L - 1, block = float8_gathers(t->t[i].spec.kind);
             fp32 += 4 * elems;
-            if (float8_gathers(t->t[i].spec.kind)) blocks += elems;
+            if (block) blocks += elems;
+            if (kept) { kept_fp32 += 4 * elems; kept_tensors++; }
+            if (kept && block) kept_blocks += elems;
         }
         double gathered = float8_gather ? fp32 - 3 * blocks : fp32;   /* a block weight: 1 byte, not 4 */
+        double kept = float8_gather ? kept_fp32 - 3 * kept_blocks : kept_fp32;
+        double calls = float8_gather ? 2.0 * t->n - kept_tensors : 2 * (L + 1) - 2;
         groups[n_groups++] = shard;
-        e[n++] = (comm_expectation){shard, COLL_ALL_GATHER, 2.0 * t->n, 2 * gathered,
-                                    float8_gather ? "2 x (S Psi_S x 4 - 3 S Psi_blocks)" : "2 x S Psi_S x 4"};
-        e[n++] = (comm_expectation){shard, COLL_REDUCE_SCATTER, t->n, fp32, "S Psi_S x 4"};
-        if (float8_gather) e[n++] = (comm_expectation){shard, COLL_ALL_REDUCE, 2 * 7 * L, 2 * 7 * L * 4, "2 x 7 L amaxes of 4 bytes"};
+        e[n++] = (comm_expectation){shard, COLL_ALL_GATHER, calls, 2 * gathered - kept,
+                                    float8_gather ? "(2 S Psi_S - ends - last layer) x 4 - 3 x blocks'"
+                                                  : "(2 S Psi_S - ends - last layer) x 4"};
+        e[n++] = (comm_expectation){shard, COLL_REDUCE_SCATTER, L + 1, fp32, "S Psi_S x 4"};
+        if (float8_gather) e[n++] = (comm_expectation){shard, COLL_ALL_REDUCE, 7 * (2 * L - 1), 7 * (2 * L - 1) * 4, "(2L - 1) x 7 amaxes of 4 bytes"};
         if (float8_gather)
             log0("float8 all-gather: the block weights (S Psi_blocks = %.0f elements with the padding) move %s per "
                  "gather instead of %s, a quarter\n", blocks, fmt_bytes(blocks), fmt_bytes(4 * blocks));
@@ -113,14 +122,16 @@ int float8_report_traffic(const run_options *o, device_mesh *mesh, const llama_p
             amax_floats = rowwise ? 7 * L * (N + D) : 14 * L;
         }
         /* END ASSIGNMENT */
-        /* (--fp8-all-gather: 14 L more, one float each: each block weight's amax, agreed before its gathers) */
-        double calls = 4 * L + amax_calls + (float8_gather ? 14 * L : 0);
-        double bytes = 4 * L * N * D * 4 + 4 * amax_floats + (float8_gather ? 14 * L * 4 : 0);
+        /* (--fp8-all-gather: 7 (2L - 1) more, one float each: each block weight's amax, agreed before
+         * each of its gathers; the last layer's are gathered once, 04) */
+        double gather_amaxes = float8_gather ? 7 * (2 * L - 1) : 0;
+        double calls = 4 * L + amax_calls + gather_amaxes;
+        double bytes = 4 * L * N * D * 4 + 4 * amax_floats + 4 * gather_amaxes;
         const char *formula = fp8 ? "4 L x N D x 4 + the amaxes" : "4 L x N D x 4";
         /* BEGIN SOLUTION 07: the amax agreements */
         formula = !fp8 ? "4 L x N D x 4"
                 : rowwise ? "4 L x N D x 4 + 14 L amaxes: 7 L (N + D) x 4"
-                : float8_gather ? "4 L x N D x 4 + 28 L amaxes of 4 bytes"
+                : float8_gather ? "4 L x N D x 4 + (28 L - 7) amaxes of 4 bytes"
                              : "4 L x N D x 4 + 14 L amaxes of 4 bytes";
         /* END SOLUTION */
         groups[n_groups++] = plan->groups.tp;

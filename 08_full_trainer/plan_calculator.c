@@ -210,9 +210,8 @@ static tensor_floats floats_of(const llama_config *c, param_kind kind, shard_lay
 
 /* The unit figures every stage is made of: one layer, and each of the three ends. */
 typedef struct {
-    double layer, layer_blocks, layer_gathered, layer_max;      /* a layer's shard floats, of which its
-                                                                 * seven block weights', gathered, the
-                                                                 * largest tensor's shard              */
+    double layer, layer_blocks, layer_gathered;   /* a layer's shard floats, of which its seven block
+                                                   * weights', and gathered                            */
     tensor_floats embedding, norm, output;
 } unit_floats;
 static unit_floats unit_floats_of(const llama_config *c, int tp, int S) {
@@ -228,7 +227,6 @@ static unit_floats unit_floats_of(const llama_config *c, int tp, int S) {
         u.layer += f.shard;
         u.layer_gathered += f.gathered;
         if (kind != P_ATTENTION_NORM && kind != P_FFN_NORM) u.layer_blocks += f.shard;
-        u.layer_max = fmax(u.layer_max, f.shard);
     }
     u.embedding = floats_of(c, P_TOK_EMBEDDINGS, layout[P_TOK_EMBEDDINGS], tp, S);
     u.norm = floats_of(c, P_NORM, layout[P_NORM], tp, S);
@@ -241,7 +239,7 @@ static unit_floats unit_floats_of(const llama_config *c, int tp, int S) {
 typedef struct {
     int layers;
     bool first, last;
-    double floats, block_floats, gathered, ends_gathered, max_shard;
+    double floats, block_floats, gathered, ends_gathered, unit_max;   /* unit_max: its largest unit gathered */
 } stage_floats;
 static stage_floats stage_floats_of(const unit_floats *u, int L, int P, int V, int stage) {
     stage_floats s = {0};
@@ -250,18 +248,16 @@ static stage_floats stage_floats_of(const unit_floats *u, int L, int P, int V, i
     s.last = stage == P - 1;
     s.floats = s.layers * u->layer;
     s.block_floats = s.layers * u->layer_blocks;
-    s.max_shard = u->layer_max;
     if (s.first) {
         s.floats += u->embedding.shard;
         s.ends_gathered += u->embedding.gathered;
-        s.max_shard = fmax(s.max_shard, u->embedding.shard);
     }
     if (s.last) {
         s.floats += u->norm.shard + u->output.shard;
         s.ends_gathered += u->norm.gathered + u->output.gathered;
-        s.max_shard = fmax(s.max_shard, u->output.shard);
     }
     s.gathered = s.layers * u->layer_gathered + s.ends_gathered;
+    s.unit_max = fmax(s.layers ? u->layer_gathered : 0, s.ends_gathered);
     return s;
 }
 
@@ -431,7 +427,7 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
         if (st.last) act += (V == 1 ? sets : (sets + V - 1) / V) * r->act_head_bytes;
         double fsdp = 0;
         if (S > 1) {
-            double staging = e_grad * (S + 1) * st.max_shard;   /* 04: S shards in, one out */
+            double staging = e_grad * st.unit_max * (S + 1) / S;   /* 04: a unit by rank, and 1/S of it */
             if (P == 1)   /* 04: the gathered ends and two layers (one prefetched), a unit's full gradients */
                 fsdp = e_act * (st.ends_gathered + 2 * u.layer_gathered) + e_grad * (st.ends_gathered + u.layer_gathered);
             else          /* under a pipeline the stage stays gathered, its gradients whole, for the step */
@@ -608,7 +604,7 @@ static void print_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], c
          r->act_set_layers > 1 ? "s" : "", fmt_bytes(r->act_layer_bytes), ac_mode_name(o->ac),
          r->worst_stage == P - 1 ? " + the head's" : "");
     if (r->shard_ranks > 1)
-        log0("    FSDP buffers           %12s   %s + 4(S+1) max shard (04)\n", fmt_bytes(r->fsdp_buffer_bytes),
+        log0("    FSDP buffers           %12s   %s + 4(S+1)/S largest unit (04)\n", fmt_bytes(r->fsdp_buffer_bytes),
              P == 1 ? "gathered ends + 2 layers, full grads of ends + 1 layer"
                     : "the stage gathered and its full gradients, kept for the step");
     log0("    attention working set  %12s   the ring's scratch, one layer (06)\n", fmt_bytes(r->attn_buffer_bytes));

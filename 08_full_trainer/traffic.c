@@ -39,10 +39,14 @@ int report_traffic(const parallel_options *o, device_mesh *mesh, const llama_mod
     for (int l = 0; l < L; l++) Lr += plan_holds(m->plan, L, P_WQ, l);
     bool out = t->t[param_index(t, P_OUTPUT, -1)].here;
     double shard_floats = 0, norm_floats = 0;   /* its dp shard of every tensor it holds; of the norms */
-    int tensors = 9 * Lr + 3;                   /* its layers' nine and the ends' three (gathered as a unit) */
+    int units = Lr + 1;                         /* its layers and the ends (rank 0's stage holds the embedding):
+                                                 * one FSDP collective moves a unit */
+    double kept_floats = 0;   /* without a pipeline (prefetch on): the ends' and the last layer's
+                               * shards, whose units stay gathered from forward to backward (04) */
     for (int i = 0; i < t->n; i++) {
         const param_tensor *x = &t->t[i];
         shard_floats += (double)x->shard_units * x->width;
+        if (P == 1 && (x->spec.layer < 0 || x->spec.layer == L - 1)) kept_floats += (double)x->shard_units * x->width;
         param_kind k = x->spec.kind;
         if (k == P_ATTENTION_NORM || k == P_FFN_NORM || k == P_NORM) norm_floats += (double)param_stored_numel(t, t->grads, i);
     }
@@ -113,18 +117,20 @@ int report_traffic(const parallel_options *o, device_mesh *mesh, const llama_mod
         e[n++] = (comm_expectation){q, COLL_RECV, msgs, msgs * bytes, f};
         groups[ng++] = q;
     }
-    if (R * S > 1) {   /* chapter 04: each tensor gathered before its unit's forward and backward, its
-                        * gradient reduce-scattered after (and all-reduced over the replicas), over
+    if (R * S > 1) {   /* chapter 04: each unit gathered before its forward and backward, its
+                        * gradients reduce-scattered after (and all-reduced over the replicas), over
                         * the shard group (dp_shard x cp, or dp_shard) */
         comm_group *q = m->plan->groups.shard;
-        e[n++] = (comm_expectation){q, COLL_ALL_GATHER, passes * 2 * tensors, passes * 2 * S * 4 * shard_floats,
-                                    "n x 2 x S Psi_S x 4"};
-        e[n++] = (comm_expectation){q, COLL_REDUCE_SCATTER, passes * tensors, passes * S * 4 * shard_floats,
+        double kept_units = P == 1 ? 2 : 0;
+        e[n++] = (comm_expectation){q, COLL_ALL_GATHER, passes * (2 * units - kept_units),
+                                    passes * S * 4 * (2 * shard_floats - kept_floats),
+                                    P == 1 ? "n x (2 S Psi_S - ends - last layer) x 4" : "n x 2 x S Psi_S x 4"};
+        e[n++] = (comm_expectation){q, COLL_REDUCE_SCATTER, passes * units, passes * S * 4 * shard_floats,
                                     "n x S Psi_S x 4"};
         groups[ng++] = q;
         if (R > 1) {
             comm_group *r = mesh->group[MESH_DP_REPLICATE];
-            e[n++] = (comm_expectation){r, COLL_ALL_REDUCE, passes * tensors, passes * 4 * shard_floats,
+            e[n++] = (comm_expectation){r, COLL_ALL_REDUCE, passes * units, passes * 4 * shard_floats,
                                         "n x Psi_S x 4"};
             groups[ng++] = r;
         }

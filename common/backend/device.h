@@ -42,6 +42,11 @@ void device_free(void *p);
 void device_copy_to_device(void *dst, const void *src_host, size_t bytes);
 void device_copy_to_host(void *dst_host, const void *src, size_t bytes);
 void device_copy(void *dst, const void *src, size_t bytes);  /* device to device; may overlap */
+/* `rows` rows of `width` bytes, device to device: row r from src + r * src_pitch to
+ * dst + r * dst_pitch (pitches >= width; the two regions must not overlap). One strided copy
+ * where a loop would issue `rows` (cudaMemcpy2DAsync on the compute stream): FSDP's copy of a
+ * unit between the layout its collective moves and the one its tensors are used in (04). */
+void device_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width, size_t rows);
 void device_zero(void *p, size_t bytes);
 void device_synchronize(void);
 

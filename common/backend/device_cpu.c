@@ -50,5 +50,8 @@ void device_free(void *p) {
 void device_copy_to_device(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 void device_copy_to_host(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 void device_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
+void device_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width, size_t rows) {
+    for (size_t r = 0; r < rows; r++) memcpy((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, width);
+}
 void device_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 void device_synchronize(void) {}
