@@ -428,8 +428,9 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
         double fsdp = 0;
         if (S > 1) {
             double staging = e_grad * st.unit_max * (S + 1) / S;   /* 04: a unit by rank, and 1/S of it */
-            if (P == 1)   /* 04: the gathered ends and two layers (one prefetched), a unit's full gradients */
-                fsdp = e_act * (st.ends_gathered + 2 * u.layer_gathered) + e_grad * (st.ends_gathered + u.layer_gathered);
+            if (P == 1)   /* 04: the gathered ends and three layers (computing, prefetched, sending its
+                           * reduce-scatter), a unit's full gradients */
+                fsdp = e_act * (st.ends_gathered + 3 * u.layer_gathered) + e_grad * (st.ends_gathered + u.layer_gathered);
             else          /* under a pipeline the stage stays gathered, its gradients whole, for the step */
                 fsdp = (e_act + e_grad) * st.gathered;
             fsdp += staging;
@@ -468,7 +469,9 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
         if (S > 1) {   /* 04: FSDP; 07: the block weights gathered as float8 bytes */
             double gather = e_act * S * st.floats - (o->fp8 ? (e_act - 1) * S * st.block_floats : 0);
             double scatter = e_grad * S * st.floats;
-            dpb = (P == 1 ? M * (2 * gather + scatter) : gather + scatter) * ring(S);
+            /* without a pipeline the ends and the last layer are gathered once a pass, not twice */
+            double kept = e_act * (st.ends_gathered + u.layer_gathered) - (o->fp8 ? (e_act - 1) * S * u.layer_blocks : 0);
+            dpb = (P == 1 ? M * (2 * gather - kept + scatter) : gather + scatter) * ring(S);
         }
         if (R > 1) dpr = 2 * ring(R) * e_grad * st.floats;   /* 04: HSDP's all-reduce of the shard */
         r->tp_bytes = fmax(r->tp_bytes, tp);
@@ -605,7 +608,7 @@ static void print_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], c
          r->worst_stage == P - 1 ? " + the head's" : "");
     if (r->shard_ranks > 1)
         log0("    FSDP buffers           %12s   %s + 4(S+1)/S largest unit (04)\n", fmt_bytes(r->fsdp_buffer_bytes),
-             P == 1 ? "gathered ends + 2 layers, full grads of ends + 1 layer"
+             P == 1 ? "gathered ends + 3 layers, full grads of ends + 1 layer"
                     : "the stage gathered and its full gradients, kept for the step");
     log0("    attention working set  %12s   the ring's scratch, one layer (06)\n", fmt_bytes(r->attn_buffer_bytes));
     log0("    total                  %12s   of %.0f GiB: %s\n", fmt_bytes(r->total_bytes), o->gpu_mem_gib,
