@@ -385,7 +385,8 @@ static void bucket_unit(dp_state *s, int u) {
 /* ==============================================================================================
  * Progress while computing. On the CPU, Open MPI moves a non-blocking collective's data only
  * inside MPI calls: after every GEMM of a layer the plan lets the in-flight gathers (fsdp's
- * prefetch) and all-reduces (ddp's buckets) move, so they run while the layer computes.
+ * prefetch), reduce-scatter (zero2, fsdp) and all-reduces (ddp's buckets) move, so they run while
+ * the layer computes.
  * ============================================================================================== */
 static void progress(dp_state *s) {
     for (int k = 0; k < s->n_slots; k++)

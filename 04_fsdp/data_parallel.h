@@ -17,12 +17,19 @@
  *                                          reduce-scatter its grads right after
  *   (* whole buffer, only the own shard is reduced)
  *
+ * Each collective moves a whole unit (a layer's tensors, or the ends'), laid out by rank: one
+ * all-gather or reduce-scatter per unit, as FSDP2 moves a module's parameters.
+ *
  * One layer's life under fsdp (reshard after forward, prefetch on):
  *
  *   forward   [all-gather l+1] ............                      (issued while l computes)
- *             wait l ─ compute l ─ free l
+ *             wait l ─ compute l ─ free l                        (the last layer is kept)
  *   backward  [all-gather l-1] ............
- *             wait l ─ compute l (grads full) ─ reduce-scatter grads ─ free l
+ *             wait l ─ compute l (grads full) ─ wait l+1's reduce-scatter ─ start l's
+ *             [reduce-scatter l] ............                    (moves while l-1 computes)
+ *
+ * With prefetch the ends and the last layer stay gathered from forward to backward, which starts
+ * with them (FSDP2's root module, torchtitan's last block).
  *
  * Shards follow FSDP2: every tensor's first dimension (a matrix's rows, a vector's elements) is
  * split in S chunks of ceil(units / S), the last padded with zeros (params.h). A unit is a
