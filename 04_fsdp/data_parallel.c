@@ -4,16 +4,19 @@
  *
  *   weights.acquire / release   fsdp: gather a unit's values before use, free them after;
  *                               zero2, fsdp: a full-size gradient buffer during a unit's backward,
- *                               reduce-scattered into the shard right after; ddp: the finished
- *                               unit's gradients join an all-reduce bucket
- *   reduce_grads                ddp: wait for the buckets; zero1: reduce-scatter every gradient
+ *                               whose reduce-scatter into the shards starts right after and is
+ *                               finished at the next unit's release; ddp: the finished unit's
+ *                               gradients join an all-reduce bucket
+ *   reduce_grads                ddp: wait for the buckets; zero2, fsdp: finish the last unit's
+ *                               reduce-scatter; zero1: reduce-scatter every unit's gradients
  *   optimizer_step              zero1, zero2: AdamW on the own shard, then all-gather the values
  *
  * Every collective moves one unit (a layer, or the model's ends): each tensor is S chunks (rows,
  * rank-major), and a unit's collective moves every rank's chunks of all its tensors at once, laid
- * out by rank (unit_copy below). One call per unit instead of one per tensor: on 8 ranks of 2
- * cores each call costs far more than its bytes (README, "One collective per unit"). The S ranks
- * are the shard group: dp_shard, or dp_shard x cp (shard_over_cp, chapter 08).
+ * out by rank (unit_copy below): one call per unit instead of one per tensor, as FSDP2 moves a
+ * module's parameters, so that the per-call costs (on a GPU a kernel launch and NCCL's
+ * synchronisation) are paid per unit (README, "One collective per unit"). The S ranks are the
+ * shard group: dp_shard, or dp_shard x cp (shard_over_cp, chapter 08).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,6 +98,7 @@ const char *dp_mode_name(dp_mode mode) {
 
 static void event(dp_state *s, const char *lane, double t0, const char *fmt, int arg) {
     if (s->n_events == MAX_EVENTS) return;
+    if (t0 < s->t_step0) t0 = s->t_step0;   /* issued in the previous pass (a reduce-scatter finished late) */
     dp_event *e = &s->events[s->n_events++];
     e->lane = lane;
     snprintf(e->what, sizeof e->what, fmt, arg);
@@ -177,8 +181,9 @@ static comm_request gather_shards(dp_state *s, const float *shards, float *by_ra
 
 /* The gradients of this rank's shards, summed over the shard group (under shard_over_cp, over the
  * cp ranks too: chapter 06's sum rides in it), in two parts around the overlapped backward.
- * start: by_rank [S, count], every rank's full gradients of one unit by rank -> s->stage_out
- * [count], the sum of the S ranks' row r (this rank's), in flight. Issues: 1 reduce-scatter of
+ * start: by_rank [S, count], this rank's full gradients of one unit laid out by rank (row r: the
+ * chunks rank r's shards cover) -> s->stage_out [count], row r of this rank summed over the S
+ * ranks, in flight. Issues: 1 reduce-scatter of
  * S * count floats over dp_shard, non-blocking: finish_grad_reduce waits on it. */
 static comm_request start_grad_reduce(dp_state *s, const float *by_rank, size_t count) {
     comm_request req = {0};
@@ -348,7 +353,8 @@ static void reduce_unit_grads(dp_state *s, int u) {
     size_t U = unit_shard_floats(s, u);
     if (!U) return;
     unit_slot *slot = s->o.mode == DP_FSDP ? slot_holding(s, u) : NULL;
-    float *by_rank = slot ? slot->data : s->stage_in;
+    if (s->o.mode == DP_FSDP && !slot) { fprintf(stderr, "fsdp: unit %d released without its slot\n", u); exit(1); }
+    float *by_rank = slot ? slot->data : s->stage_in;   /* (stage_in: zero2, which gathers nothing then) */
     unit_copy(s, u, by_rank, s->grad_full[u == s->L ? 0 : 1], NULL, true);
     s->rs_issued = wall_seconds();
     s->rs_req = start_grad_reduce(s, by_rank, U);

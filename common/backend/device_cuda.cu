@@ -169,11 +169,6 @@ void device_copy_to_host(void *dst_host, const void *src, size_t bytes) {
  * The CPU twin is memmove, which allows dst and src to overlap; cudaMemcpy does not. So an
  * overlapping copy goes through a temporary buffer (stream-ordered malloc/free: it exists only
  * between the two copies and is not counted in the memory tables). */
-void device_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width, size_t rows) {
-    if (width == 0 || rows == 0) return;
-    CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, g_stream));
-}
-
 void device_copy(void *dst, const void *src, size_t bytes) {
     if (bytes == 0 || dst == src) return;
     const char *d = (const char *)dst, *s = (const char *)src;
@@ -187,6 +182,13 @@ void device_copy(void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, g_stream));
     CUDA_CHECK(cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, g_stream));
     CUDA_CHECK(cudaFreeAsync(tmp, g_stream));
+}
+
+/* GPU -> GPU, `rows` rows of `width` bytes at their pitches, in one strided copy on the stream
+ * (no wait, as device_copy). The regions must not overlap (device.h), so no temporary. */
+void device_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width, size_t rows) {
+    if (width == 0 || rows == 0) return;
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, g_stream));
 }
 
 void device_zero(void *p, size_t bytes) {
