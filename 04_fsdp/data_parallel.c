@@ -38,8 +38,6 @@ typedef struct {
     float *data;
     int unit;                          /* the unit held; SLOT_FREE; or SLOT_REDUCING: data
                                         * is the send buffer of the reduce-scatter in flight */
-    bool landing;                      /* its all-gather lands by rank in stage_in, to be
-                                        * copied out into data after the wait          */
     comm_request req[PARAM_UNIT_MAX];  /* its all-gather in flight (a gather hook's: one
                                         * per tensor)                                   */
     int idx[PARAM_UNIT_MAX];           /* the tensors (table indices) of the unit      */
@@ -69,7 +67,8 @@ struct dp_state {
     int rs_unit;                       /* its unit, -1: none in flight                         */
     unit_slot *rs_slot;                /* fsdp: the slot it sends from                         */
     double rs_issued;
-    unit_slot *landing;                /* fsdp: the slot whose all-gather is in stage_in     */
+    unit_slot *landing;                /* fsdp: the slot whose all-gather lands (by rank) in
+                                        * stage_in, to be copied out into it after the wait */
     /* ddp: the open bucket (a range of the whole gradient block) and the issued all-reduces */
     size_t bucket_off, bucket_count;
     comm_request reqs[MAX_REQUESTS];
@@ -135,19 +134,19 @@ static size_t unit_shard_floats(const dp_state *s, int u) {
     return U;
 }
 
-/* Unit u between by_rank [S, U] and its tensors by tensor: padded one after the other from `padded`,
- * or, when padded is NULL, each at its place in the whole block `whole` (its real units only: the
- * padding is dropped on the way out and zeroed on the way in). to_ranks: tensors -> by_rank (copy-in);
- * else by_rank -> tensors (copy-out). */
-static void unit_copy(dp_state *s, int u, float *by_rank, float *padded, float *whole, bool to_ranks) {
+/* Unit u between by_rank [S, U] and its tensors by tensor: padded one after the other from
+ * `by_tensor`, or, when by_tensor is NULL, each at its place in the whole block `whole` (its real
+ * units only: the padding is dropped on the way out and zeroed on the way in). to_ranks: tensors ->
+ * by_rank (copy-in); else by_rank -> tensors (copy-out). */
+static void unit_copy(dp_state *s, int u, float *by_rank, float *by_tensor, float *whole, bool to_ranks) {
     int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, u, idx);
     size_t U = unit_shard_floats(s, u), at = 0, f = sizeof(float);
     for (int k = 0; k < n; k++) {
         const param_tensor *x = &s->t->t[idx[k]];
         size_t c = shard_of(x);
         if (!c) continue;   /* another stage's tensor */
-        float *t = padded ? padded + (size_t)s->S * at : param_in(s->t, whole, idx[k]);
-        size_t real = padded ? (size_t)s->S * c : (size_t)x->units * x->width;
+        float *t = by_tensor ? by_tensor + (size_t)s->S * at : param_in(s->t, whole, idx[k]);
+        size_t real = by_tensor ? padded(s, x) : (size_t)x->units * x->width;
         size_t chunks = real / c, rest = real % c;   /* whole chunks, then part of one */
         float *r = by_rank + at;
         if (to_ranks) {
@@ -226,9 +225,8 @@ static unit_slot *slot_holding(dp_state *s, int u) {
 static void land_slot(dp_state *s, unit_slot *slot) {
     if (!slot->n_req) return;
     comm_wait_all(slot->req, slot->n_req);
-    if (slot->landing) {
+    if (s->landing == slot) {
         unit_copy(s, slot->unit, s->stage_in, slot->data, NULL, false);
-        slot->landing = false;
         s->landing = NULL;
     }
     float *full = slot->data;
@@ -267,7 +265,6 @@ static void gather_unit(dp_state *s, int u) {
         param_unit_range(s->t, s->t->params, u, &off, &count);   /* this rank's shards: count == U */
         slot->req[0] = gather_shards(s, s->t->params + off, s->stage_in, U);
         slot->n_req = 1;
-        slot->landing = true;
         s->landing = slot;
         return;
     }
