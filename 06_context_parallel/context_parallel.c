@@ -48,6 +48,13 @@ double cp_work_formula(cp_balance balance, int r, int C, int T) {
     return pairs * Tc * Tc;
 }
 
+double cp_alltoall_work_formula(int C, int T) {
+    int nb = causal_query_blocks(T);
+    double squares = 0;   /* sum of s_i^2 over the query blocks of rows s_i */
+    for (int i = 0; i < nb; i++) squares += pow(causal_block_row(i + 1, nb, T) - causal_block_row(i, nb, T), 2);
+    return ((double)T * T + squares) / (2.0 * C);
+}
+
 void cp_working_set_formula(cp_method method, int C, int B, int Tl, int H, int Hkv, int hd,
                             double *forward, double *backward) {
     double Tc = Tl / 2.0, T = (double)C * Tl, K = (double)B * Tl * Hkv * hd, Q = (double)B * Tl * H * hd;
@@ -55,8 +62,9 @@ void cp_working_set_formula(cp_method method, int C, int B, int Tl, int H, int H
     switch (method) {
     case CP_RING: *forward = 4 * K + pair; *backward = 8 * K + 2 * H * Tc * Tc; break;
     case CP_ALLGATHER: *forward = 2 * K * (C + 1) + pair; *backward = 4 * K * (C + 1) + 2 * H * Tc * Tc; break;
-    default: {
-        double scores = (double)B * (H / C) * T * T;
+    default: {   /* the last causal query block's scores: the largest, [H/C, rows, T] */
+        int nb = causal_query_blocks((int)T);
+        double scores = (double)(H / C) * (T - causal_block_row(nb - 1, nb, (int)T)) * T;
         *forward = 2 * Q + 2 * K + fmax(2 * Q, scores);
         *backward = 4 * Q + 4 * K + fmax(2 * Q, 2 * scores);
     }
@@ -305,7 +313,12 @@ static void heads_to_rows(cp_state *s, float *x, const float *y, ulysses_shape u
 }
 
 /* Forward: q, k, v to heads (3 all-to-alls), attention over whole sequences, out back (1);
- * saved: lse [B, H/C, T] (B H Tl floats, the same count as the ring's). */
+ * saved: lse, B (H/C) T floats (B H Tl, the same count as the ring's), in attention_lse_forward's
+ * layout. The whole sequence is here, so the attention is the single device's, causal query
+ * blocks included: each block of queries against the keys it sees, the masked part beyond the
+ * blocks' diagonal never computed (computing every score of the T x T matrix would give each
+ * rank T^2 / C scores per head where one rank alone computes (T^2 + T^2 / nb) / 2:
+ * cp_alltoall_work_formula). */
 static void ulysses_forward(cp_state *s, const cp_shape *z, float *out, float *lse, const float *q,
                             const float *k, const float *v) {
     int T = z->Tl * s->C;
@@ -316,8 +329,8 @@ static void ulysses_forward(cp_state *s, const cp_shape *z, float *out, float *l
     rows_to_heads(s, qh, q, uq);
     rows_to_heads(s, kh, k, ukv);
     rows_to_heads(s, vh, v, ukv);
-    attention_block_forward(outh, lse, qh, kh, vh, z->B, T, T, uq.Hg, ukv.Hg, z->hd, 0, 0);
-    s->work += (double)T * T * uq.Hg / z->H;   /* every score of Hg of the H heads, per (sequence, head) */
+    double scores = attention_lse_forward(outh, lse, qh, kh, vh, z->B, T, uq.Hg, ukv.Hg, z->hd);
+    s->work += scores * uq.Hg / z->H;   /* the scores of Hg of the H heads, per (sequence, head) */
     heads_to_rows(s, out, outh, uq);
     device_free(qh); device_free(kh); device_free(vh); device_free(outh);
 }
@@ -341,7 +354,7 @@ static void ulysses_backward(cp_state *s, const cp_shape *z, float *dq, float *d
     device_zero(dqh, nq * sizeof(float));
     device_zero(dkh, nkv * sizeof(float));
     device_zero(dvh, nkv * sizeof(float));
-    attention_block_backward(dqh, dkh, dvh, douth, outh, lse, qh, kh, vh, z->B, T, T, uq.Hg, ukv.Hg, z->hd, 0, 0);
+    attention_lse_backward(dqh, dkh, dvh, douth, outh, lse, qh, kh, vh, z->B, T, uq.Hg, ukv.Hg, z->hd);
     heads_to_rows(s, dq, dqh, uq);
     heads_to_rows(s, dk, dkh, ukv);
     heads_to_rows(s, dv, dvh, ukv);

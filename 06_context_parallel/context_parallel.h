@@ -70,8 +70,15 @@ void context_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_con
 extern const plan_technique context_parallel_technique;
 
 /* Score elements this rank computed in its last attention forward (one layer), per (sequence,
- * head): what the balance is about. alltoall computes every score of its H / C heads, T^2 / C. */
+ * head): what the balance is about. alltoall computes its H / C heads of whole sequences as one
+ * device would, in causal query blocks: cp_alltoall_work_formula. */
 double context_parallel_work(const llama_plan *plan);
+/* The all-to-all's work per (sequence, head) on every rank: the whole sequence's T queries in the
+ * causal query blocks of rows s_1 .. s_nb (llama_kernels.h), block i against the keys it sees
+ * (s_1 + ... + s_i), for 1 / C of the heads: sum_i s_i (s_1 + ... + s_i) / C = (T^2 + sum_i
+ * s_i^2) / 2C, T^2 (nb + 1) / (2 nb C) when nb divides T. Every score of the T x T matrix would
+ * be T^2 / C. */
+double cp_alltoall_work_formula(int C, int T);
 
 /* The attention's scratch by formula, in floats, for one forward and one backward of a layer on a
  * rank holding Tl rows (Tc = Tl / 2) of B sequences, H heads and Hkv kv heads of hd, C ranks;
@@ -80,9 +87,11 @@ double context_parallel_work(const llama_plan *plan);
  *                                                      lse and scores)
  *              backward 8K + 2 H Tc^2                 (block, gradient, both incoming; P and dS)
  *   allgather  forward 2K (C + 1) + Tc H hd + H Tc + H Tc^2     backward 4K (C + 1) + 2 H Tc^2
- *   alltoall   forward 2Q + 2K + max(2Q, B (H/C) T^2)           (q, k, v, out by heads; the
- *                                                      all-to-all's send and receive, or the scores)
- *              backward 4Q + 4K + max(2Q, 2 B (H/C) T^2)
+ *   alltoall   forward 2Q + 2K + max(2Q, (H/C) s T)             (q, k, v, out by heads; the
+ *                                                      all-to-all's send and receive, or the
+ *                                                      scores of one sequence's last and largest
+ *                                                      causal query block, s rows by T keys)
+ *              backward 4Q + 4K + max(2Q, 2 (H/C) s T)
  * Against the single-device operator, whose softmax alone is B H T^2 per layer, saved.        */
 void cp_working_set_formula(cp_method method, int C, int B, int Tl, int H, int Hkv, int hd,
                             double *forward, double *backward);

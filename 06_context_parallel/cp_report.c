@@ -5,6 +5,7 @@
 #include "comm.h"
 #include "device.h"
 #include "files.h"
+#include "llama_kernels.h"
 #include "log.h"
 #include "parity.h"
 #include "report.h"
@@ -13,13 +14,17 @@
 /* Each rank's score elements per (sequence, head) in one layer's forward, beside the formula. */
 int cp_report_attention_work(const llama_plan *plan, const cp_options *o, int T) {
     int C = plan->groups.cp->size, r = plan->groups.cp->rank;
-    bool dense = o->method == CP_ALLTOALL;   /* every score of H / C heads: T^2 / C per head */
-    float mine[2] = {(float)context_parallel_work(plan), dense ? (float)((double)T * T / C) : (float)cp_work_formula(o->balance, r, C, T)};
+    bool dense = o->method == CP_ALLTOALL;   /* whole sequences, H / C heads */
+    float mine[2] = {(float)context_parallel_work(plan),
+                     (float)(dense ? cp_alltoall_work_formula(C, T) : cp_work_formula(o->balance, r, C, T))};
     comm_group *w = comm_world();
     float *all = w->rank == 0 ? malloc(2 * sizeof(float) * w->size) : NULL;
     comm_host_gather(w, mine, all, 2, 0);
     int bad = 0;
-    const char *formula = dense ? "T^2 / C (T x T for H / C heads)" : "pairs x Tc^2";
+    char blocks[96];
+    int nb = causal_query_blocks(T);
+    snprintf(blocks, sizeof blocks, "(T^2 + sum s_i^2) / 2C, %d causal query block%s s_i", nb, nb == 1 ? "" : "s");
+    const char *formula = dense ? blocks : "pairs x Tc^2";
     /* BEGIN SOLUTION 06: the attention work */
     if (!dense) formula = o->balance == CP_ZIGZAG ? "(2C + 1) Tc^2" : "(4 r + 3) Tc^2";
     /* END SOLUTION */
@@ -83,12 +88,17 @@ int cp_report_attention_memory(const llama_plan *plan, const llama_model *m, con
         {"saved: log-sum-exp", saved, 4.0 * d->B * d->Hl * d->T, "B H Tl x 4"},
         {"forward scratch, at most", (double)forward, 4 * f_forward,
          o->method == CP_RING ? "(4K + Tc H hd + H Tc + H Tc^2) x 4"
-         : o->method == CP_ALLGATHER ? "(2K (C+1) + Tc H hd + H Tc + H Tc^2) x 4" : "(2Q + 2K + max(2Q, B (H/C) T^2)) x 4"},
+         : o->method == CP_ALLGATHER ? "(2K (C+1) + Tc H hd + H Tc + H Tc^2) x 4" : "(2Q + 2K + max(2Q, (H/C) s T)) x 4"},
         {"backward scratch, at most", (double)backward, 4 * f_backward,
          o->method == CP_RING ? "(8K + 2 H Tc^2) x 4"
-         : o->method == CP_ALLGATHER ? "(4K (C+1) + 2 H Tc^2) x 4" : "(4Q + 4K + max(2Q, 2 B (H/C) T^2)) x 4"}};
+         : o->method == CP_ALLGATHER ? "(4K (C+1) + 2 H Tc^2) x 4" : "(4Q + 4K + max(2Q, 2 (H/C) s T)) x 4"}};
     int bad = report_memory(title, rows, 3);
-    log0("  (K = B Tl Hkv hd, Q = B Tl H hd: this rank's k and q; Tl = %d rows, Tc = %d)\n", d->T, d->T / 2);
+    log0("  (K = B Tl Hkv hd, Q = B Tl H hd: this rank's k and q; Tl = %d rows, Tc = %d", d->T, d->T / 2);
+    int nb = causal_query_blocks(T);
+    if (o->method == CP_ALLTOALL)
+        log0("; s = %d rows, the last of %d causal query block%s: one sequence and block at a time",
+             T - causal_block_row(nb - 1, nb, T), nb, nb == 1 ? "" : "s");
+    log0(")\n");
     return (int)comm_host_sum(comm_world(), bad);
 }
 

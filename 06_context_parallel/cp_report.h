@@ -6,7 +6,7 @@
 #include "context_parallel.h"
 
 /* Each rank's attention work (score elements per sequence and head in one layer's forward)
- * beside the balance's formula (alltoall: T^2 / C). */
+ * beside the balance's formula (alltoall: cp_alltoall_work_formula). */
 int cp_report_attention_work(const llama_plan *plan, const cp_options *o, int T);
 /* The cp group's traffic per step beside the method's formula, and tp's under CP x TP. */
 int cp_report_traffic(const run_options *o, const llama_plan *plan, const llama_model *m, const cp_options *cp);

@@ -15,11 +15,11 @@
  * log-sum-exp, which moves the results by a few fp32 roundings (about 1e-7 of the tensor's scale),
  * while a wrong block, mask or merge moves them by 1e-2 or more. Shapes: grouped-query heads (H = 4
  * with Hkv = 2 and Hkv = 1, and H = 8 with Hkv = 4 for alltoall at C = 4) and plain multi-head;
- * T = 24 gives chunks of 3 rows at C = 4.
+ * T = 24 gives chunks of 3 rows at C = 4, T = 200 uneven causal query blocks (66, 67, 67).
  *
  * Also: the positions of the ranks are the documented chunks (cp_chunks_of) and together cover
  * every position once; out, dq, dk, dv are written (=) over whatever the buffers held; the work
- * counter equals cp_work_formula on every rank (alltoall: T^2 / C, every score of its heads); and
+ * counter equals cp_work_formula on every rank (alltoall: cp_alltoall_work_formula); and
  * the comparison is not blind: the chapter's deliberate bug (--fault no-lse-rescale) is far off,
  * at every C, for the methods that merge blocks (alltoall, which merges none, refuses it).
  * Every tensor goes through device_alloc and device copies, so the same test runs on CUDA.
@@ -168,7 +168,7 @@ static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp
 
     /* the work of this forward, per (sequence, head), beside the closed form */
     double work = context_parallel_work(&plan);
-    double formula = method == CP_ALLTOALL ? (double)T * T / C : cp_work_formula(balance, r, C, T);
+    double formula = method == CP_ALLTOALL ? cp_alltoall_work_formula(C, T) : cp_work_formula(balance, r, C, T);
     CHECK(work == formula, "%s %s C=%d rank %d T=%d: work %.0f, formula %.0f", name, bal, C, r, T, work, formula);
 
     if (!fault) {
@@ -204,8 +204,10 @@ int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     int C = comm_world()->size;
     device_mesh *mesh = mesh_create((mesh_shape){.cp = C}, NULL);
-    /* B, T, H, Hkv, hd: T divisible by 2C for C = 1, 2, 4 (T = 24: chunks of 3 rows at C = 4) */
-    const int shapes[][5] = {{2, 32, 4, 2, 8}, {1, 24, 4, 1, 4}, {2, 16, 2, 2, 16}, {2, 16, 8, 4, 4}};
+    /* B, T, H, Hkv, hd: T divisible by 2C for C = 1, 2, 4 (T = 24: chunks of 3 rows at C = 4).
+     * T = 200: three causal query blocks of 66, 67 and 67 rows in the all-to-all's attention of
+     * whole sequences (below T = 128 it is one block) */
+    const int shapes[][5] = {{2, 32, 4, 2, 8}, {1, 24, 4, 1, 4}, {2, 16, 2, 2, 16}, {2, 16, 8, 4, 4}, {2, 200, 8, 4, 4}};
     uint64_t seed = 0x2545F4914F6CDD1Dull;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int *z = shapes[s];

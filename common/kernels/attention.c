@@ -12,7 +12,7 @@
  *
  * Causal blocks: query i sees keys j <= i only, so half of each [T, T] score matrix is masked.
  * Computing it and then zeroing it wastes half of the attention's GEMM work. The queries are cut
- * into nb blocks of rows [r0, r1) (causal_blocks below); a block's products stop at key r1 (its
+ * into nb blocks of rows [r0, r1) (causal_query_blocks); a block's products stop at key r1 (its
  * last row's last visible key), and in backward a key block's sums start at query r0 (the first
  * query that sees it). What is skipped is exactly the masked part: its probabilities and their
  * gradients are 0, the softmax kernels neither read nor keep what the GEMMs would have put there
@@ -28,17 +28,17 @@
 #include "llama_math.h"
 
 /* Blocks of at least 64 queries (smaller GEMMs run at a fraction of the rate), at most 8. */
-static int causal_blocks(int T) {
+int causal_query_blocks(int T) {
     int nb = T / 64;
     return nb < 1 ? 1 : nb > 8 ? 8 : nb;
 }
-/* Rows [r0, r1) of query block r of nb over T. */
-static int block_start(int r, int nb, int T) { return (int)((long long)r * T / nb); }
+/* Rows [r0, r1) of query block r of nb over T: r0 = causal_block_row(r), r1 = causal_block_row(r + 1). */
+int causal_block_row(int r, int nb, int T) { return (int)((long long)r * T / nb); }
 
 /* out[B, T, H, hd] = softmax(causal(q k^T / sqrt(hd))) v; probs[B, H, T, T] saved. */
 void attention_forward(float *out, float *probs, const float *q, const float *k, const float *v,
                        int B, int T, int H, int Hkv, int hd) {
-    int group = H / Hkv, nb = causal_blocks(T);
+    int group = H / Hkv, nb = causal_query_blocks(T);
     int ldq = H * hd, ldkv = Hkv * hd;     /* row strides of q/out and of k/v */
     long long TT = (long long)T * T;
     float scale = attention_scale(hd);
@@ -46,7 +46,7 @@ void attention_forward(float *out, float *probs, const float *q, const float *k,
     for (int b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++)
             for (int r = 0; r < nb; r++) {
-                int r0 = block_start(r, nb, T), r1 = block_start(r + 1, nb, T);
+                int r0 = causal_block_row(r, nb, T), r1 = causal_block_row(r + 1, nb, T);
                 const float *q_g = q + ((size_t)b * T + r0) * ldq + (size_t)g * group * hd;
                 const float *k_g = k + (size_t)b * T * ldkv + (size_t)g * hd;
                 float *scores_g = probs + ((size_t)b * H + (size_t)g * group) * TT + (size_t)r0 * T;
@@ -58,7 +58,7 @@ void attention_forward(float *out, float *probs, const float *q, const float *k,
     for (int b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++)
             for (int r = 0; r < nb; r++) {
-                int r0 = block_start(r, nb, T), r1 = block_start(r + 1, nb, T);
+                int r0 = causal_block_row(r, nb, T), r1 = causal_block_row(r + 1, nb, T);
                 const float *p_g = probs + ((size_t)b * H + (size_t)g * group) * TT + (size_t)r0 * T;
                 const float *v_g = v + (size_t)b * T * ldkv + (size_t)g * hd;
                 float *out_g = out + ((size_t)b * T + r0) * ldq + (size_t)g * group * hd;
@@ -78,14 +78,14 @@ void attention_forward(float *out, float *probs, const float *q, const float *k,
 void attention_backward(float *dq, float *dk, float *dv, float *dprobs,
                         const float *dout, const float *q, const float *k, const float *v,
                         const float *probs, int B, int T, int H, int Hkv, int hd) {
-    int group = H / Hkv, nb = causal_blocks(T);
+    int group = H / Hkv, nb = causal_query_blocks(T);
     int ldq = H * hd, ldkv = Hkv * hd;
     long long TT = (long long)T * T;
     float scale = attention_scale(hd);
     for (int b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++)
             for (int r = 0; r < nb; r++) {
-                int r0 = block_start(r, nb, T), r1 = block_start(r + 1, nb, T);
+                int r0 = causal_block_row(r, nb, T), r1 = causal_block_row(r + 1, nb, T);
                 const float *dout_g = dout + (size_t)b * T * ldq + (size_t)g * group * hd;
                 const float *v_g = v + (size_t)b * T * ldkv + (size_t)g * hd;
                 const float *p_g = probs + ((size_t)b * H + (size_t)g * group) * TT;
@@ -105,7 +105,7 @@ void attention_backward(float *dq, float *dk, float *dv, float *dprobs,
     for (int b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++)
             for (int r = 0; r < nb; r++) {
-                int r0 = block_start(r, nb, T), r1 = block_start(r + 1, nb, T);
+                int r0 = causal_block_row(r, nb, T), r1 = causal_block_row(r + 1, nb, T);
                 const float *q_g = q + (size_t)b * T * ldq + (size_t)g * group * hd;
                 const float *k_g = k + (size_t)b * T * ldkv + (size_t)g * hd;
                 const float *ds_g = dprobs + ((size_t)b * H + (size_t)g * group) * TT;

@@ -119,3 +119,39 @@ void attention_block_backward(float *dq, float *dk, float *dv, const float *dout
     device_free(probs);
     device_free(dprobs);
 }
+
+/* ---- whole sequences in causal query blocks (llama_kernels.h) ----
+ * Query block r of sequence b is a block of its own: rows [r0, r1) at offset r0, against keys
+ * [0, r1) at offset 0. It sees every key it will ever see, so its (out, lse) are final: nothing to
+ * merge. One call per (sequence, block), B = 1: a block's rows of q are not at one stride from
+ * sequence to sequence. lse of (b, r) starts at (b T + r0) H. */
+double attention_lse_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                             int B, int T, int H, int Hkv, int hd) {
+    int nb = causal_query_blocks(T);
+    size_t ldq = (size_t)H * hd, ldkv = (size_t)Hkv * hd;
+    double scores = 0;
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < nb; r++) {
+            int r0 = causal_block_row(r, nb, T), r1 = causal_block_row(r + 1, nb, T);
+            size_t rows = (size_t)b * T + r0, keys = (size_t)b * T;
+            attention_block_forward(out + rows * ldq, lse + rows * H, q + rows * ldq, k + keys * ldkv,
+                                    v + keys * ldkv, 1, r1 - r0, r1, H, Hkv, hd, r0, 0);
+            if (b == 0) scores += (double)(r1 - r0) * r1;
+        }
+    return scores;
+}
+
+void attention_lse_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                            const float *lse, const float *q, const float *k, const float *v,
+                            int B, int T, int H, int Hkv, int hd) {
+    int nb = causal_query_blocks(T);
+    size_t ldq = (size_t)H * hd, ldkv = (size_t)Hkv * hd;
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < nb; r++) {
+            int r0 = causal_block_row(r, nb, T), r1 = causal_block_row(r + 1, nb, T);
+            size_t rows = (size_t)b * T + r0, keys = (size_t)b * T;
+            attention_block_backward(dq + rows * ldq, dk + keys * ldkv, dv + keys * ldkv, dout + rows * ldq,
+                                     out + rows * ldq, lse + rows * H, q + rows * ldq, k + keys * ldkv,
+                                     v + keys * ldkv, 1, r1 - r0, r1, H, Hkv, hd, r0, 0);
+        }
+}

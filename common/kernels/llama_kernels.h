@@ -75,6 +75,11 @@ void attention_forward(float *out, float *probs, const float *q, const float *k,
 void attention_backward(float *dq, float *dk, float *dv, float *dprobs,
                         const float *dout, const float *q, const float *k, const float *v,
                         const float *probs, int B, int T, int H, int Hkv, int hd);
+/* The causal query blocks both attentions compute (attention.c): nb = causal_query_blocks(T)
+ * blocks of at least 64 rows (at most 8; one below T = 128), block r holding the queries
+ * [causal_block_row(r, nb, T), causal_block_row(r + 1, nb, T)), which see the keys [0, r1). */
+int causal_query_blocks(int T);
+int causal_block_row(int r, int nb, int T);
 /* The two backend kernels between attention's GEMMs (attention.c, shared by both backends,
  * does the GEMMs). probs holds `rows` rows of T scores; row r is query i = r % T.
  *   forward:  probs := softmax over keys j <= i of each row, 0 for j > i   (in place)
@@ -107,6 +112,22 @@ void attention_block_backward(float *dq, float *dk, float *dv, const float *dout
                               const float *out, const float *lse, const float *q, const float *k,
                               const float *v, int B, int Tq, int Tk, int H, int Hkv, int hd,
                               int q_offset, int k_offset);
+/* ---- whole sequences in causal query blocks, saving lse (chapter 06's all-to-all) ----------
+ * attention_forward's result without its [B, H, T, T] probabilities: each query block of
+ * causal_query_blocks against the keys it sees, [0, r1), with attention_block_forward (queries
+ * at offset r0, keys at 0), so the masked part beyond the blocks' diagonal is never computed and
+ * only lse is kept for backward. q, out, dq [B, T, H, hd]; k, v, dk, dv [B, T, Hkv, hd]; lse:
+ * B H T floats, for each sequence its query blocks in order, each [H, r1 - r0] as
+ * attention_block_forward writes it. Scratch: one block's scores, [H, r1 - r0, r1] (forward),
+ * twice that (backward), under MEM_BUFFERS.
+ *   forward:  out (=), lse (=); returns the score elements computed per (sequence, head):
+ *             the sum over the blocks of (r1 - r0) r1
+ *   backward: dq, dk, dv (+=: zero them first) from dout and the forward's out and lse       */
+double attention_lse_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                             int B, int T, int H, int Hkv, int hd);
+void attention_lse_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                            const float *lse, const float *q, const float *k, const float *v,
+                            int B, int T, int H, int Hkv, int hd);
 /* The backend kernels between the block's GEMMs. scores holds B*H*Tq rows of Tk scores; row
  * r = (b H + h) Tq + i is query i of (b, h), the same order as lse[B, H, Tq].
  *   forward:  scores := softmax over the visible keys of each row, 0 elsewhere (in place);
