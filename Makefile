@@ -286,7 +286,7 @@ bench-%: chapter-exists-% all
 	@$(call chapter_dir,$*)/bench.sh $(BUILD)/$*
 
 # make bench: every technique at 2 ranks (chapter 08's meshes at 8) against one rank, each speed-up
-# beside its bound and judged against issue 26's goals (tests/bench_all.sh; REPS, STEPS, ONLY=01,04).
+# beside its bound and judged against issue 26's goals (tests/bench_all.sh; REPS, STEPS, STEPS08, ONLY=01,04).
 bench: all
 	@./tests/bench_all.sh $(BUILD)
 
@@ -342,7 +342,7 @@ help:
 	@echo "make run-NN           build chapter NN and run it under mpirun on NP ranks (default 2), baseline beside it"
 	@echo "make check-NN         the chapter's parity check on each of its standard layouts (NN_*/checks.txt)"
 	@echo "make plot-NN          gnuplot PNGs of what the chapter measured, in out/NN/"
-	@echo "make bench            every technique against one rank and its bound (REPS, STEPS, ONLY=01,04,...)"
+	@echo "make bench            every technique against one rank and its bound (REPS, STEPS, STEPS08, ONLY=01,04,...)"
 	@echo "make bench-NN         the chapter's benchmark, if it has one (never part of make test)"
 	@echo "make bench-baseline   the single-device step beside the same model in PyTorch (ms, GFLOP/s, ratio), and QKV / W1-W3 as one GEMM or several"
 	@echo "make readme-outputs   rewrite the READMEs' output blocks (<!-- output: ... -->) from real runs"

@@ -316,9 +316,9 @@ static void heads_to_rows(cp_state *s, float *x, const float *y, ulysses_shape u
  * saved: lse, B (H/C) T floats (B H Tl, the same count as the ring's), in attention_lse_forward's
  * layout. The whole sequence is here, so the attention is the single device's, causal query
  * blocks included: each block of queries against the keys it sees, the masked part beyond the
- * blocks' diagonal never computed (computing every score of the T x T matrix would give each
- * rank T^2 / C scores per head where one rank alone computes (T^2 + T^2 / nb) / 2:
- * cp_alltoall_work_formula). */
+ * blocks' diagonal never computed: each rank computes 1 / C of what one device computes alone,
+ * (T^2 + T^2 / nb) / 2C scores per head (cp_alltoall_work_formula), where every score of the
+ * T x T matrix would be T^2 / C. */
 static void ulysses_forward(cp_state *s, const cp_shape *z, float *out, float *lse, const float *q,
                             const float *k, const float *v) {
     int T = z->Tl * s->C;

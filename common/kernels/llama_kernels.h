@@ -76,7 +76,7 @@ void attention_backward(float *dq, float *dk, float *dv, float *dprobs,
                         const float *dout, const float *q, const float *k, const float *v,
                         const float *probs, int B, int T, int H, int Hkv, int hd);
 /* The causal query blocks both attentions compute (attention.c): nb = causal_query_blocks(T)
- * blocks of at least 64 rows (at most 8; one below T = 128), block r holding the queries
+ * blocks of at least 64 rows (at most 8; below T = 128 one block, the whole T), block r holding the queries
  * [causal_block_row(r, nb, T), causal_block_row(r + 1, nb, T)), which see the keys [0, r1). */
 int causal_query_blocks(int T);
 int causal_block_row(int r, int nb, int T);
