@@ -51,7 +51,10 @@ double cp_work_formula(cp_balance balance, int r, int C, int T) {
 double cp_alltoall_work_formula(int C, int T) {
     int nb = causal_query_blocks(T);
     double squares = 0;   /* sum of s_i^2 over the query blocks of rows s_i */
-    for (int i = 0; i < nb; i++) squares += pow(causal_block_row(i + 1, nb, T) - causal_block_row(i, nb, T), 2);
+    for (int i = 0; i < nb; i++) {
+        double s = causal_block_row(i + 1, nb, T) - causal_block_row(i, nb, T);
+        squares += s * s;
+    }
     return ((double)T * T + squares) / (2.0 * C);
 }
 
@@ -62,9 +65,8 @@ void cp_working_set_formula(cp_method method, int C, int B, int Tl, int H, int H
     switch (method) {
     case CP_RING: *forward = 4 * K + pair; *backward = 8 * K + 2 * H * Tc * Tc; break;
     case CP_ALLGATHER: *forward = 2 * K * (C + 1) + pair; *backward = 4 * K * (C + 1) + 2 * H * Tc * Tc; break;
-    default: {   /* the last causal query block's scores: the largest, [H/C, rows, T] */
-        int nb = causal_query_blocks((int)T);
-        double scores = (double)(H / C) * (T - causal_block_row(nb - 1, nb, (int)T)) * T;
+    default: {   /* the largest causal query block's scores, [H/C, rows, T] */
+        double scores = (double)(H / C) * causal_largest_block((int)T) * T;
         *forward = 2 * Q + 2 * K + fmax(2 * Q, scores);
         *backward = 4 * Q + 4 * K + fmax(2 * Q, 2 * scores);
     }

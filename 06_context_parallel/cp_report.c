@@ -94,10 +94,11 @@ int cp_report_attention_memory(const llama_plan *plan, const llama_model *m, con
          : o->method == CP_ALLGATHER ? "(4K (C+1) + 2 H Tc^2) x 4" : "(4Q + 4K + max(2Q, 2 (H/C) s T)) x 4"}};
     int bad = report_memory(title, rows, 3);
     log0("  (K = B Tl Hkv hd, Q = B Tl H hd: this rank's k and q; Tl = %d rows, Tc = %d", d->T, d->T / 2);
-    int nb = causal_query_blocks(T);
-    if (o->method == CP_ALLTOALL)
+    if (o->method == CP_ALLTOALL) {
+        int nb = causal_query_blocks(T);
         log0("; s = %d rows, the last of %d causal query block%s: one sequence and block at a time",
-             T - causal_block_row(nb - 1, nb, T), nb, nb == 1 ? "" : "s");
+             causal_largest_block(T), nb, nb == 1 ? "" : "s");
+    }
     log0(")\n");
     return (int)comm_host_sum(comm_world(), bad);
 }

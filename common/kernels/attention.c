@@ -34,6 +34,11 @@ int causal_query_blocks(int T) {
 }
 /* Rows [r0, r1) of query block r of nb over T: r0 = causal_block_row(r), r1 = causal_block_row(r + 1). */
 int causal_block_row(int r, int nb, int T) { return (int)((long long)r * T / nb); }
+/* The rows of the last block, ceil(T / nb): the floor in causal_block_row gives no block more. */
+int causal_largest_block(int T) {
+    int nb = causal_query_blocks(T);
+    return T - causal_block_row(nb - 1, nb, T);
+}
 
 /* out[B, T, H, hd] = softmax(causal(q k^T / sqrt(hd))) v; probs[B, H, T, T] saved. */
 void attention_forward(float *out, float *probs, const float *q, const float *k, const float *v,

@@ -80,6 +80,7 @@ void attention_backward(float *dq, float *dk, float *dv, float *dprobs,
  * [causal_block_row(r, nb, T), causal_block_row(r + 1, nb, T)), which see the keys [0, r1). */
 int causal_query_blocks(int T);
 int causal_block_row(int r, int nb, int T);
+int causal_largest_block(int T);   /* the most rows of any block: the last one's, ceil(T / nb) */
 /* The two backend kernels between attention's GEMMs (attention.c, shared by both backends,
  * does the GEMMs). probs holds `rows` rows of T scores; row r is query i = r % T.
  *   forward:  probs := softmax over keys j <= i of each row, 0 for j > i   (in place)
