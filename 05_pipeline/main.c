@@ -34,23 +34,25 @@ static const char *usage =
     "  --virtual-stages V                        interleaved: chunks per rank (default 2 there, else 1)\n"
     "  --tp T                                    tensor parallelism inside each stage (default 1)\n"
     "  --print-schedule                          print each rank's actions as a rank x time table\n"
-    "  --p2p links|shared                        the messages' groups: one per neighbour and direction\n"
-    "                                            (default), or the one pp group, which deadlocks under\n"
-    "                                            NCCL's ordering (try it with COMM=nccl-sim)\n"
+    "  --p2p links|shared|lazy                   the messages' groups: one per neighbour and direction,\n"
+    "                                            connected at start (default); the one pp group, which\n"
+    "                                            deadlocks under NCCL's ordering; or links connected at\n"
+    "                                            their first message, which deadlock under NCCL's lazy\n"
+    "                                            connection (try both with COMM=nccl-sim)\n"
     "  (defaults of this chapter: --n-layers 8 --batch 8)\n";
 
 enum { OPT_SCHEDULE = 1, OPT_MICRO, OPT_PP, OPT_VIRTUAL, OPT_TP, OPT_PRINT, OPT_P2P };
 typedef struct { pp_options pp; int stages, tp; bool print; } chapter_options;
 static void chapter_flag(int code, const char *arg, void *ctx) {
     static const char *const schedules[] = {"gpipe", "1f1b", "interleaved", "zb-h1", NULL};
-    static const char *const p2p[] = {"links", "shared", NULL};
+    static const char *const p2p[] = {"links", "shared", "lazy", NULL};
     chapter_options *co = ctx;
     if (code == OPT_SCHEDULE) co->pp.schedule = (pp_schedule_kind)cli_choice("--schedule", arg, schedules);
     else if (code == OPT_MICRO) co->pp.microbatches = cli_int("--microbatches", arg, 1, 4096);
     else if (code == OPT_PP) co->stages = cli_int("--pp", arg, 1, 4096);
     else if (code == OPT_VIRTUAL) co->pp.virtual_stages = cli_int("--virtual-stages", arg, 1, 64);
     else if (code == OPT_TP) co->tp = cli_int("--tp", arg, 1, 4096);
-    else if (code == OPT_P2P) co->pp.shared_p2p = cli_choice("--p2p", arg, p2p) == 1;
+    else if (code == OPT_P2P) co->pp.p2p = (pp_p2p_kind)cli_choice("--p2p", arg, p2p);
     else co->print = true;
 }
 
@@ -62,7 +64,7 @@ int main(int argc, char **argv) {
     o.model.n_layers = 8;     /* enough layers for 4 stages of 2 chunks */
     o.batch = 8;              /* enough sequences for 8 microbatches */
     o.kv_heads_follow_heads = true;
-    chapter_options co = {{PP_1F1B, 4, 0, false}, 0, 1, false};
+    chapter_options co = {.pp = {.schedule = PP_1F1B, .microbatches = 4, .p2p = PP_P2P_LINKS}, .tp = 1};
     static const struct option flags[] = {
         {"schedule", required_argument, 0, OPT_SCHEDULE}, {"microbatches", required_argument, 0, OPT_MICRO},
         {"pp", required_argument, 0, OPT_PP}, {"virtual-stages", required_argument, 0, OPT_VIRTUAL},

@@ -362,7 +362,8 @@ void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, 
                         "gradient reduction wrap the whole schedule");
     pp_state *s = plan_push(plan, &pipeline_technique, calloc(1, sizeof(pp_state)), 0);
     s->pp = mesh->group[MESH_PP];
-    s->links = o->shared_p2p ? comm_shared_links(s->pp) : comm_ring_links(s->pp);
+    s->links = o->p2p == PP_P2P_SHARED ? comm_shared_links(s->pp)
+             : o->p2p == PP_P2P_LAZY ? comm_lazy_ring_links(s->pp) : comm_ring_links(s->pp);
     s->P = s->pp->size;
     s->M = o->microbatches;
     s->V = o->virtual_stages;

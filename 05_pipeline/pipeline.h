@@ -36,12 +36,21 @@
 #include "plan.h"
 #include "schedule.h"
 
+/* Which groups carry the pipeline's messages (--p2p), and when their connections are made. */
+typedef enum {
+    PP_P2P_LINKS = 0,             /* a link per neighbour and direction, connected when created     */
+    PP_P2P_SHARED,                /* the one pp group for every message: deadlocks under NCCL's order */
+    PP_P2P_LAZY,                  /* links connected at their first message, as NCCL does by itself:
+                                   * deadlocks under NCCL's lazy connection when a receive is posted
+                                   * one action early                                               */
+} pp_p2p_kind;
+
 typedef struct {
     pp_schedule_kind schedule;
     int microbatches;             /* M                                                             */
     int virtual_stages;           /* V: chunks per rank (interleaved)                              */
-    bool shared_p2p;              /* --p2p shared: every message on the one pp group, as MPI allows;
-                                   * under NCCL's rules (COMM=nccl-sim) the pipeline deadlocks    */
+    pp_p2p_kind p2p;              /* --p2p: links (default); shared and lazy, correct under MPI
+                                   * only, are kept for the lesson (README "Why links")           */
 } pp_options;
 
 /* One action of this rank's last step, for the Gantt chart and the bubble: when it computed

@@ -111,7 +111,7 @@ static setup *make(layout_kind kind, const llama_config *c, uint64_t seed) {
             B /= s.plan.groups.batch->size;
         }
         if (kind == K_PP_TP) {
-            pp_options o = {PP_1F1B, 2, 1, false};
+            pp_options o = {.schedule = PP_1F1B, .microbatches = 2, .virtual_stages = 1, .p2p = PP_P2P_LINKS};
             pipeline_validate(2, &o);
             pipeline_apply(&s.plan, mesh, c, &o);
             s.pp = true;

@@ -44,19 +44,31 @@ static comm_group *group_new(MPI_Comm c, const char *name) {
     return g;
 }
 
-/* COMM picks the backend (comm_backend.h). Pure, so that test_comm tests every answer. */
-const char *comm_choose(const char *want, int nccl_gpus, int node_ranks, char *msg, size_t msg_size) {
-    bool fits = nccl_gpus >= node_ranks;   /* one GPU per rank: NCCL refuses two ranks on one */
-    if (!want || !*want) return nccl_gpus >= 0 && fits ? "nccl" : "mpi";
+/* COMM picks the backend (comm_backend.h). Pure, so that test_comm tests every answer with
+ * device names of its own making. NCCL needs one GPU per rank, told by the names (PCI bus ids):
+ * counting the GPUs a rank sees would take a node whose launcher shows each rank only its own
+ * GPU (device 0 everywhere) for one with a single GPU. */
+const char *comm_choose(const char *want, bool nccl_built, const char *const *device_names, int node_ranks,
+                        char *msg, size_t msg_size) {
+    int a = -1, b = -1, distinct = 0;   /* two ranks of the node on one device, if any */
+    for (int i = 0; i < node_ranks; i++) {
+        int first = i;
+        for (int j = 0; j < i && first == i; j++)
+            if (strcmp(device_names[j], device_names[i]) == 0) first = j;
+        if (first == i) distinct++;
+        else if (a < 0) { a = first; b = i; }
+    }
+    bool fits = a < 0;   /* one GPU per rank: NCCL refuses two ranks on one */
+    if (!want || !*want) return nccl_built && fits ? "nccl" : "mpi";
     if (strcmp(want, "mpi") == 0 || strcmp(want, "nccl-sim") == 0) return want;
-    if (strcmp(want, "nccl") == 0 && nccl_gpus < 0)
+    if (strcmp(want, "nccl") == 0 && !nccl_built)
         snprintf(msg, msg_size, "COMM=nccl needs the CUDA build (BACKEND=cuda); the CPU build has COMM=mpi "
                  "and COMM=nccl-sim (NCCL's ordering rules emulated over MPI)");
     else if (strcmp(want, "nccl") == 0 && !fits)
-        snprintf(msg, msg_size, "COMM=nccl: %d ranks on this node and %d GPU%s; NCCL needs one GPU per rank "
-                 "(two ranks on one GPU: \"Duplicate GPU detected\"): run at most %d rank%s per node, or "
-                 "COMM=mpi to let ranks share a GPU", node_ranks, nccl_gpus, nccl_gpus == 1 ? "" : "s",
-                 nccl_gpus, nccl_gpus == 1 ? "" : "s");
+        snprintf(msg, msg_size, "COMM=nccl: ranks %d and %d of this node share the GPU %s (%d ranks on %d GPU%s); "
+                 "NCCL needs one GPU per rank (two ranks on one GPU: \"Duplicate GPU detected\"): run at most %d "
+                 "rank%s per node, or COMM=mpi to let ranks share a GPU", a, b, device_names[a], node_ranks,
+                 distinct, distinct == 1 ? "" : "s", distinct, distinct == 1 ? "" : "s");
     else if (strcmp(want, "nccl") == 0) return want;
     else
         snprintf(msg, msg_size, "COMM=%s is not valid: use COMM=mpi, COMM=nccl (CUDA build) or COMM=nccl-sim "
@@ -64,10 +76,28 @@ const char *comm_choose(const char *want, int nccl_gpus, int node_ranks, char *m
     return NULL;
 }
 
-/* Every rank reads the same environment (mpirun passes it), so a refusal is reached by all. */
-static const comm_backend *comm_select(void) {
+/* The ranks of this node that share this rank's device (itself included): comm_init counts them. */
+static int device_sharers = 1;
+int comm_device_sharers(void) { return device_sharers; }
+
+/* Every rank reads the same environment (mpirun passes it), so a refusal is reached by all. The
+ * node's ranks tell each other the names of their devices first. */
+static const comm_backend *comm_select(MPI_Comm node) {
+    enum { NAME = 64 };
+    char mine[NAME] = "", *all = calloc((size_t)node_ranks, NAME);
+    const char **names = calloc((size_t)node_ranks, sizeof *names);
+    if (!all || !names) { fprintf(stderr, "comm: out of host memory\n"); exit(1); }
+    device_identity(mine, NAME);
+    MPI_Allgather(mine, NAME, MPI_CHAR, all, NAME, MPI_CHAR, node);
+    device_sharers = 0;
+    for (int i = 0; i < node_ranks; i++) {
+        names[i] = all + (size_t)i * NAME;
+        device_sharers += strcmp(names[i], mine) == 0;
+    }
     char msg[512];
-    const char *name = comm_choose(getenv("COMM"), comm_nccl_gpus(), node_ranks, msg, sizeof msg);
+    const char *name = comm_choose(getenv("COMM"), comm_nccl_backend() != NULL, names, node_ranks, msg, sizeof msg);
+    free(names);
+    free(all);
     if (!name) comm_exit_usage("%s", msg);
     if (strcmp(name, "nccl") == 0) return comm_nccl_backend();
     return strcmp(name, "nccl-sim") == 0 ? &comm_nccl_sim_backend : &comm_mpi_backend;
@@ -81,11 +111,11 @@ comm_group *comm_init(int *argc, char ***argv) {
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
     MPI_Comm_rank(node, &local_rank);
     MPI_Comm_size(node, &node_ranks);
-    MPI_Comm_free(&node);
     world = group_new(MPI_COMM_WORLD, "world");
     log_set_rank(world->rank);
     device_init(local_rank);
-    be = comm_select();
+    be = comm_select(node);
+    MPI_Comm_free(&node);
     be->init(world, node_ranks);
     return world;
 }
@@ -137,11 +167,15 @@ comm_links *comm_shared_links(comm_group *g) {
     return l;
 }
 
-comm_links *comm_ring_links(comm_group *g) {
+/* Every ordered pair (a, b) of ring neighbours once, in the same order on every rank; inside a
+ * link the sender is rank 0 and the receiver rank 1. With `connect`, each link's connection is
+ * made right after the link is created: comm_split is collective over g, so every rank of g is at
+ * the same link then, and its two members connect it together (NCCL's first message on a link
+ * blocks the host until the peer's first message: comm_nccl_sim.c, rule 5). Links taken one
+ * after another in one order that every rank follows cannot wait on each other in a cycle. */
+static comm_links *ring_links(comm_group *g, bool connect) {
     int p = g->size, r = g->rank;
     comm_links *l = links_new(g);
-    /* Every ordered pair (a, b) of neighbours once, in the same order on every rank; inside a
-     * link the sender is rank 0 and the receiver rank 1. */
     for (int a = 0; a < p; a++)
         for (int step = 1; step >= -1; step -= 2) {
             int b = ((a + step) % p + p) % p;
@@ -154,9 +188,16 @@ comm_links *comm_ring_links(comm_group *g) {
             link->counted_as = g;
             if (r == a) l->to[b] = link;
             else l->from[a] = link;
+            if (connect && be->connect) {
+                guard_begin("connect", link->name);
+                be->connect(link, r == a ? 1 : 0, r == a);
+                guard_end();
+            }
         }
     return l;
 }
+comm_links *comm_ring_links(comm_group *g) { return ring_links(g, true); }
+comm_links *comm_lazy_ring_links(comm_group *g) { return ring_links(g, false); }
 
 static comm_group *link_of(comm_group **links, comm_links *l, int peer, const char *dir) {
     if (peer < 0 || peer >= l->parent->size || !links[peer]) {
@@ -190,13 +231,16 @@ void comm_log_waits(bool on) { logging_waits = on; }
 /* ---- the timelog of comm_wait_split: per group, one entry per counted collective ---- */
 
 struct comm_timelog {
-    double *issue, *wait0, *wait1;   /* when issued; when this rank started and stopped waiting */
+    double *issue, *issued, *wait0, *wait1;   /* when this rank issued it and when the issue returned
+                                               * (a connection may block the host there: NCCL's
+                                               * lazy connection); when it started and stopped
+                                               * waiting for it                                     */
     collective_kind *kind;
     int n, cap;
 };
 
 /* A new entry for a collective issued at `issue` on g; returns its index + 1 (0: not logged). */
-static int log_issue(comm_group *g, collective_kind k, double issue) {
+static int log_issue(comm_group *g, collective_kind k, double issue, double issue_end) {
     if (!logging_waits || !counting || g->size < 2) return 0;
     if (k == COLL_SEND || k == COLL_RECV) return 0;   /* p2p: no group-wide issue */
     struct comm_timelog *t = g->timelog;
@@ -204,14 +248,16 @@ static int log_issue(comm_group *g, collective_kind k, double issue) {
     if (t->n == t->cap) {
         t->cap = t->cap ? 2 * t->cap : 256;
         t->issue = realloc(t->issue, t->cap * sizeof(double));
+        t->issued = realloc(t->issued, t->cap * sizeof(double));
         t->wait0 = realloc(t->wait0, t->cap * sizeof(double));
         t->wait1 = realloc(t->wait1, t->cap * sizeof(double));
         t->kind = realloc(t->kind, t->cap * sizeof(collective_kind));
-        if (!t->issue || !t->wait0 || !t->wait1 || !t->kind) { fprintf(stderr, "comm: out of host memory\n"); exit(1); }
+        if (!t->issue || !t->issued || !t->wait0 || !t->wait1 || !t->kind) { fprintf(stderr, "comm: out of host memory\n"); exit(1); }
     }
     t->issue[t->n] = issue;
+    t->issued[t->n] = issue_end;
     t->kind[t->n] = k;
-    t->wait0[t->n] = t->wait1[t->n] = issue;   /* not waited yet: nothing blocked */
+    t->wait0[t->n] = t->wait1[t->n] = issue_end;   /* not waited yet: nothing blocked */
     return ++t->n;
 }
 static void log_wait(comm_group *g, int logged, double wait0, double wait1) {
@@ -235,6 +281,13 @@ void comm_add_seconds(comm_group *g, collective_kind k, double seconds) {
     counted(g)->stats[k].seconds += seconds;
 }
 
+/* A group of one rank moves nothing: an all-reduce leaves the buffer as it is, an all-gather,
+ * reduce-scatter or all-to-all copies its one chunk (as the libraries would; NCCL then needs
+ * no communicator at all: comm_nccl.cu creates none for one rank). */
+static void *one_rank_copy(void *recv, const void *send, size_t bytes) {
+    device_copy(recv, send, bytes);
+    return NULL;
+}
 /* Time a collective end to end: on a host-timed backend with a GPU (COMM=mpi staging device
  * buffers) that means waiting for the stream first, so the time is the collective's and not the
  * kernels queued before it. Under NCCL the host does not wait: the backend times the call on the
@@ -247,7 +300,7 @@ void comm_add_seconds(comm_group *g, collective_kind k, double seconds) {
     if (be->host_timed) be->sync();                      \
     double t1_ = be->host_timed ? wall_seconds() : t0_;  \
     count((g), (kind), (payload), t1_ - t0_);            \
-    log_wait((g), log_issue((g), (kind), t0_), t0_, t1_); \
+    log_wait((g), log_issue((g), (kind), t0_, t0_), t0_, t1_); \
     guard_end();                                         \
 } while (0)
 
@@ -255,16 +308,19 @@ void comm_all_reduce(comm_group *g, float *buf, size_t count_, comm_op op) {
     TIMED(g, COLL_ALL_REDUCE, count_ * 4.0, if (g->size > 1) be->all_reduce(g, buf, count_, op));
 }
 void comm_all_gather(comm_group *g, const float *send, float *recv, size_t count_) {
-    TIMED(g, COLL_ALL_GATHER, count_ * 4.0 * g->size, be->all_gather(g, send, recv, count_));
+    TIMED(g, COLL_ALL_GATHER, count_ * 4.0 * g->size,
+          if (g->size > 1) be->all_gather(g, send, recv, count_); else one_rank_copy(recv, send, count_ * 4));
 }
 void comm_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count_) {
-    TIMED(g, COLL_REDUCE_SCATTER, count_ * 4.0 * g->size, be->reduce_scatter(g, send, recv, count_));
+    TIMED(g, COLL_REDUCE_SCATTER, count_ * 4.0 * g->size,
+          if (g->size > 1) be->reduce_scatter(g, send, recv, count_); else one_rank_copy(recv, send, count_ * 4));
 }
 void comm_broadcast(comm_group *g, float *buf, size_t count_, int root) {
     TIMED(g, COLL_BROADCAST, count_ * 4.0, if (g->size > 1) be->broadcast(g, buf, count_, root));
 }
 void comm_all_to_all(comm_group *g, const float *send, float *recv, size_t count_) {
-    TIMED(g, COLL_ALL_TO_ALL, count_ * 4.0 * g->size, be->all_to_all(g, send, recv, count_));
+    TIMED(g, COLL_ALL_TO_ALL, count_ * 4.0 * g->size,
+          if (g->size > 1) be->all_to_all(g, send, recv, count_); else one_rank_copy(recv, send, count_ * 4));
 }
 void comm_send(comm_group *g, const float *buf, size_t count_, int peer) {
     TIMED(g, COLL_SEND, count_ * 4.0, be->send(g, buf, count_, peer));
@@ -288,41 +344,52 @@ void comm_sendrecv(comm_group *g, const float *sendbuf, size_t send_count, int d
 
 /* ---- non-blocking: counted at issue like the blocking twin, timed in comm_wait ---- */
 
-static comm_request issued(comm_group *g, collective_kind k, double payload, void *pending) {
-    count(g, k, payload, 0.0);
-    comm_request r = {g, k, pending, pending ? log_issue(g, k, wall_seconds()) : 0};
+/* A non-blocking call's issue: the backend's call is guarded (the watchdog names it) and timed,
+ * for issuing may block the host too (NCCL's lazy connection: comm_nccl_sim.c, rules 5 and 6):
+ * that time is counted as the call's seconds, like the time later blocked in comm_wait. */
+#define ISSUE(g, kind, payload, call) do {                                   \
+    guard_begin(collective_name(kind), (g)->name);                           \
+    double i0_ = wall_seconds();                                             \
+    void *h_ = (call);                                                       \
+    double i1_ = be->host_timed && (g)->size > 1 ? wall_seconds() : i0_;     \
+    guard_end();                                                             \
+    return issued((g), (kind), (payload), h_, i0_, i1_);                     \
+} while (0)
+
+static comm_request issued(comm_group *g, collective_kind k, double payload, void *pending, double i0, double i1) {
+    count(g, k, payload, i1 - i0);
+    comm_request r = {g, k, pending, pending ? log_issue(g, k, i0, i1) : 0};
     return r;
 }
 
 /* Inside a link the sender is rank 0 and the receiver rank 1; on shared links, the peer's own. */
 comm_request comm_link_isend(comm_links *l, const float *buf, size_t count_, int peer) {
     comm_group *link = link_of(l->to, l, peer, "to");
-    return issued(link, COLL_SEND, count_ * 4.0, be->isend(link, buf, count_, l->shared ? peer : 1));
+    ISSUE(link, COLL_SEND, count_ * 4.0, be->isend(link, buf, count_, l->shared ? peer : 1));
 }
 comm_request comm_link_irecv(comm_links *l, float *buf, size_t count_, int peer) {
     comm_group *link = link_of(l->from, l, peer, "from");
-    return issued(link, COLL_RECV, count_ * 4.0, be->irecv(link, buf, count_, l->shared ? peer : 0));
+    ISSUE(link, COLL_RECV, count_ * 4.0, be->irecv(link, buf, count_, l->shared ? peer : 0));
 }
 comm_request comm_isendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
                             float *recvbuf, size_t recv_count, int source) {
     count(g, COLL_SEND, send_count * 4.0, 0.0);
-    return issued(g, COLL_RECV, recv_count * 4.0,
-                  be->isendrecv(g, sendbuf, send_count, dest, recvbuf, recv_count, source));
+    ISSUE(g, COLL_RECV, recv_count * 4.0, be->isendrecv(g, sendbuf, send_count, dest, recvbuf, recv_count, source));
 }
 comm_request comm_iall_reduce(comm_group *g, float *buf, size_t count_, comm_op op) {
-    return issued(g, COLL_ALL_REDUCE, count_ * 4.0,
-                  g->size > 1 ? be->iall_reduce(g, buf, count_, op) : NULL);
+    ISSUE(g, COLL_ALL_REDUCE, count_ * 4.0, g->size > 1 ? be->iall_reduce(g, buf, count_, op) : NULL);
 }
 comm_request comm_iall_gather(comm_group *g, const float *send, float *recv, size_t count_) {
-    return issued(g, COLL_ALL_GATHER, count_ * 4.0 * g->size,
-                  be->iall_gather(g, send, recv, count_));
+    ISSUE(g, COLL_ALL_GATHER, count_ * 4.0 * g->size,
+          g->size > 1 ? be->iall_gather(g, send, recv, count_) : one_rank_copy(recv, send, count_ * 4));
 }
 comm_request comm_iall_gather_bytes(comm_group *g, const void *send, void *recv, size_t nbytes) {
-    return issued(g, COLL_ALL_GATHER, (double)nbytes * g->size, be->iall_gather_bytes(g, send, recv, nbytes));
+    ISSUE(g, COLL_ALL_GATHER, (double)nbytes * g->size,
+          g->size > 1 ? be->iall_gather_bytes(g, send, recv, nbytes) : one_rank_copy(recv, send, nbytes));
 }
 comm_request comm_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count_) {
-    return issued(g, COLL_REDUCE_SCATTER, count_ * 4.0 * g->size,
-                  be->ireduce_scatter(g, send, recv, count_));
+    ISSUE(g, COLL_REDUCE_SCATTER, count_ * 4.0 * g->size,
+          g->size > 1 ? be->ireduce_scatter(g, send, recv, count_) : one_rank_copy(recv, send, count_ * 4));
 }
 
 void comm_wait(comm_request *req) {
@@ -377,6 +444,39 @@ void comm_host_gather(comm_group *g, const float *send, float *recv, size_t coun
     guard_end();
 }
 
+/* ---- what NCCL holds (comm.h) ---- */
+
+#define NCCL_LL_BYTES (8.0 * 512 * 8 * 16)       /* lines per thread x threads x steps x line */
+#define NCCL_LL128_BYTES (120.0 * 640 * 8 * 8)   /* elements per thread x threads x steps x 8  */
+#define NCCL_SIMPLE_BYTES (4.0 * 1024 * 1024)
+#define NCCL_P2P_STEP_BYTES (8.0 * 512 * 1024)   /* NCCL_STEPS x the NVLink p2p chunk         */
+
+double comm_nccl_memory_formula(int groups, int p2p_connections, int channels, int p2p_channels) {
+    double per_channel = 2 * (NCCL_LL_BYTES + NCCL_LL128_BYTES + NCCL_SIMPLE_BYTES);   /* ring and tree */
+    return groups * channels * per_channel + (double)p2p_connections * p2p_channels * NCCL_P2P_STEP_BYTES;
+}
+
+comm_library_memory comm_library_memory_now(bool *held) {
+    comm_library_memory m = {0, 0, 0, COMM_NCCL_COLL_CHANNELS, COMM_NCCL_P2P_CHANNELS, 0};
+    const char *cap = getenv("NCCL_MAX_NCHANNELS");   /* NCCL's own cap on its channels */
+    if (cap && atoi(cap) > 0) {
+        if (atoi(cap) < m.channels) m.channels = atoi(cap);
+        if (atoi(cap) < m.p2p_channels) m.p2p_channels = atoi(cap);
+    }
+    for (int i = 0; i < n_groups; i++) {
+        const comm_group *g = groups[i];
+        if (g->size < 2) continue;   /* no communicator: comm_nccl.cu creates none for one rank */
+        if (g->counted_as) { m.links++; m.p2p_connections++; continue; }
+        m.groups++;
+        m.p2p_connections += 2 * (g->size - 1);
+    }
+    m.bytes = comm_nccl_memory_formula(m.groups, m.p2p_connections, m.channels, m.p2p_channels);
+    if (held) *held = be->nccl_buffers;
+    return m;
+}
+
+bool comm_library_on_device(void) { return be->nccl_buffers && be->on_device; }
+
 /* ---- statistics ---- */
 
 static const char *kind_names[COLL_NKINDS] = {
@@ -404,7 +504,8 @@ void comm_wait_split(int kind, double *data_seconds, double *peer_seconds) {
         const struct comm_timelog *t = g->timelog;
         if (most[0] != -most[1]) {   /* the ranks did not log the same collectives: no common moment */
             for (int k = 0; k < n; k++)
-                if (kind < 0 || t->kind[k] == (collective_kind)kind) data += t->wait1[k] - t->wait0[k];
+                if (kind < 0 || t->kind[k] == (collective_kind)kind)
+                    data += t->wait1[k] - t->wait0[k] + t->issued[k] - t->issue[k];
             continue;
         }
         double *all = malloc((size_t)n * g->size * sizeof(double));
@@ -413,8 +514,9 @@ void comm_wait_split(int kind, double *data_seconds, double *peer_seconds) {
             if (kind >= 0 && t->kind[k] != (collective_kind)kind) continue;
             double last = all[k];   /* when the group's last rank issued collective k */
             for (int r = 1; r < g->size; r++) last = fmax(last, all[(size_t)r * n + k]);
-            double blocked = t->wait1[k] - t->wait0[k];
-            double after = fmax(0.0, t->wait1[k] - fmax(t->wait0[k], last));
+            double blocked = t->wait1[k] - t->wait0[k] + t->issued[k] - t->issue[k];
+            double after = fmax(0.0, t->wait1[k] - fmax(t->wait0[k], last))
+                         + fmax(0.0, t->issued[k] - fmax(t->issue[k], last));
             data += fmin(after, blocked);
             peer += blocked - fmin(after, blocked);
         }

@@ -37,8 +37,10 @@
  *                  all-to-all: (p-1)/p * payload (its own chunk stays).
  *   seconds:       blocking calls: wall time of the call, after the device has finished the
  *                  work queued before it (so a kernel's time is never counted as communication).
- *                  Non-blocking calls (comm_i*): only the time the caller stayed blocked in
- *                  comm_wait, i.e. the communication the overlapping work did not hide. Under
+ *                  Non-blocking calls (comm_i*): only the time the caller stayed blocked, in
+ *                  comm_wait (the communication the overlapping work did not hide) and in
+ *                  the issue itself where that blocks (NCCL's lazy connection: the first
+ *                  message to a peer waits for the peer's first; comm_nccl_sim.c). Under
  *                  NCCL the host does not wait for a collective: both are the time the compute
  *                  stream stalled waiting for the transfer (CUDA events), added when the
  *                  statistics are read (comm_settle).
@@ -83,6 +85,10 @@ typedef struct comm_group {
 comm_group *comm_init(int *argc, char ***argv);
 void comm_finalize(void);
 comm_group *comm_world(void);
+/* How many ranks of this node use this rank's device, itself included (by device_identity: 1
+ * on a node with a GPU per rank, 4 for 4 ranks sharing one GPU; every rank of the node on the
+ * CPU build). The memory a rank may plan for is the device's divided by this. */
+int comm_device_sharers(void);
 
 /* New group of the ranks of `parent` with the same colour, ordered by key. Collective on parent:
  * every rank of it calls; a rank that passes COMM_NO_COLOR joins no group and gets NULL. */
@@ -100,9 +106,18 @@ comm_group *comm_split(comm_group *parent, int color, int key, const char *name)
  * Calls over a link are counted as g's, under send and recv. */
 typedef struct comm_links comm_links;
 comm_links *comm_ring_links(comm_group *g);
-/* The anti-pattern, kept for the lesson and its test: every "link" is g itself, one queue for all
- * of a rank's point-to-point traffic (chapter 05's --p2p shared, the pipeline as it was). Correct
- * under MPI; under NCCL's rules (COMM=nccl-sim) a pipeline deadlocks on it. Not collective. */
+/* Each link is connected when it is created, in one order on every rank (comm_nccl_sim.c, rule
+ * 5: NCCL connects a peer at the first message, and that blocks the host until the peer's first
+ * message; a pipeline that posts a receive early would otherwise wait there for a peer that waits
+ * for this rank's send). */
+/* The first anti-pattern, kept for the lesson and its test: the same links, left to connect at
+ * their first message as NCCL does by itself (chapter 05's --p2p lazy). Correct under MPI; under
+ * NCCL's lazy connection (COMM=nccl-sim) a pipeline whose receive is posted one action early
+ * deadlocks on it. Collective over g. */
+comm_links *comm_lazy_ring_links(comm_group *g);
+/* The second anti-pattern: every "link" is g itself, one queue for all of a rank's
+ * point-to-point traffic (chapter 05's --p2p shared, the pipeline as it was). Correct under MPI;
+ * under NCCL's rules (COMM=nccl-sim) a pipeline deadlocks on it. Not collective. */
 comm_links *comm_shared_links(comm_group *g);
 /* Releases the table of links (the groups themselves live until comm_finalize, like every group). */
 void comm_links_free(comm_links *l);
@@ -216,6 +231,35 @@ double comm_host_sum(comm_group *g, double x);
 double comm_host_max(comm_group *g, double x);
 /* Gather `count` host floats from every rank to `root` (recv [size*count] on root). Not counted. */
 void comm_host_gather(comm_group *g, const float *send, float *recv, size_t count, int root);
+
+/* ---- what the collectives' library itself holds ----
+ *
+ * NCCL keeps buffers on the GPU for every connection of every communicator; a model that fits
+ * without them fails inside NCCL at step 1. Their size is set by NCCL's defaults (NCCL 2.28,
+ * src/init.cc computeBuffSizes, src/include/device.h): a connection of a collective's ring or
+ * tree holds one buffer per protocol, LL 8 x 512 x 8 x 16 B = 512 KiB, LL128 120 x 640 x 8 x 8 B
+ * = 4.69 MiB and Simple 4 MiB (18.4 MiB for the two: ring and tree); a point-to-point connection
+ * holds 8 steps x 512 KiB (the NVLink chunk) per channel. The channel counts depend on the
+ * machine; the estimate takes 32 channels for the collectives and 2 per point-to-point peer, and
+ * NCCL_MAX_NCHANNELS, when set, in their place: an estimate, not a measurement.
+ *   bytes = groups x channels x 18.4 MiB + p2p connections x p2p channels x 4 MiB
+ * groups: this rank's communicators of 2+ ranks that are not links; p2p connections: one per
+ * link, and 2 (n - 1) per group of n ranks (a ring exchange or an all-to-all may connect every
+ * peer both ways), a bound. */
+#define COMM_NCCL_COLL_CHANNELS 32
+#define COMM_NCCL_P2P_CHANNELS 2
+double comm_nccl_memory_formula(int groups, int p2p_connections, int channels, int p2p_channels);
+typedef struct {
+    int groups, links, p2p_connections;  /* this rank's communicators and connections      */
+    int channels, p2p_channels;          /* as the estimate takes them                      */
+    double bytes;                        /* comm_nccl_memory_formula of the above            */
+} comm_library_memory;
+/* This rank's communicators now, and NCCL's buffers for them. `held` is true where the
+ * collectives' library is NCCL (COMM=nccl) or emulates it (COMM=nccl-sim: what NCCL would
+ * hold); false under COMM=mpi, whose library holds nothing on the device. */
+comm_library_memory comm_library_memory_now(bool *held);
+/* Whether the bytes above are on this rank's device (COMM=nccl): the memory check counts them. */
+bool comm_library_on_device(void);
 
 /* Statistics. */
 /* Under NCCL the seconds of a call are known only once the device has run it: this waits for

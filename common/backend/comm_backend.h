@@ -29,12 +29,20 @@ typedef struct comm_backend {
      * call blocks the host); false: the backend times its calls on the device and adds the
      * seconds itself when `settle` runs (NCCL: the host does not wait for a collective). */
     bool host_timed;
+    /* true: the backend is NCCL or emulates it, and its communicators hold NCCL's buffers
+     * (comm_library_memory_now); `on_device`: those buffers take the rank's device memory. */
+    bool nccl_buffers, on_device;
     /* After MPI_Init, device_init and comm_choose, on every rank. `node_ranks`: the ranks of
      * this node. May refuse (comm_exit_usage): the emulation on the CUDA build. */
     void (*init)(comm_group *world, int node_ranks);
     /* The backend's twin of comm.c's MPI_Comm_split, collective over parent; child is NULL on
      * the ranks that passed COMM_NO_COLOR. */
     void (*split)(comm_group *parent, comm_group *child, int color, int key);
+    /* Makes the point-to-point connection this rank -> peer (send) or peer -> this rank (recv)
+     * of g now, blocking the host until the peer makes its side: NCCL connects lazily, at the
+     * first ncclSend/ncclRecv, and that connection blocks the host (comm_nccl_sim.c, rule 5), so
+     * comm_ring_links connects each link when it creates it. NULL: nothing to connect (MPI). */
+    void (*connect)(comm_group *g, int peer, bool send);
     void (*finalize)(void);
     /* Blocks until the work issued on the compute stream so far is done (CUDA: stream sync). */
     void (*sync)(void);
@@ -75,14 +83,15 @@ extern const comm_backend comm_mpi_backend;        /* comm_mpi.c                
 extern const comm_backend comm_nccl_sim_backend;   /* comm_nccl_sim.c                     */
 /* comm_nccl.cu on the CUDA build; NULL on the CPU build (comm_nccl_cpu.c). */
 const comm_backend *comm_nccl_backend(void);
-/* The GPUs NCCL can use on this node (one rank each); -1: this build has no NCCL (CPU). */
-int comm_nccl_gpus(void);
 
 /* The backend that COMM (`want`, NULL or "" when unset) names: "mpi", "nccl" or "nccl-sim";
- * unset: "nccl" where this build has NCCL and the node a GPU per rank, else "mpi". NULL when
- * refused, with the one-line reason in msg (COMM=nccl on the CPU build, or with more ranks on
- * the node than GPUs; an unknown name). Pure (comm.c; tested by test_comm). */
-const char *comm_choose(const char *want, int nccl_gpus, int node_ranks, char *msg, size_t msg_size);
+ * unset: "nccl" where this build has NCCL and the node's ranks have a GPU each, else "mpi".
+ * `device_names[node_ranks]`: each rank of this node's device (device_identity: the PCI bus
+ * id), equal where ranks share a GPU. NULL when refused, with the one-line reason in msg
+ * (COMM=nccl on the CPU build, or with two ranks of the node on one GPU; an unknown name).
+ * Pure (comm.c; tested by test_comm with made-up bus ids). */
+const char *comm_choose(const char *want, bool nccl_built, const char *const *device_names, int node_ranks,
+                        char *msg, size_t msg_size);
 
 /* For a backend that times on the device (comm.c): whether calls are being counted now
  * (comm_set_counting; remember it at the call), and the seconds of a call settled later, added

@@ -4,4 +4,3 @@
 
 const comm_backend *comm_nccl_backend(void) { return NULL; }
 
-int comm_nccl_gpus(void) { return -1; }

@@ -1,10 +1,11 @@
 /* comm_nccl_sim.c: COMM=nccl-sim, NCCL's ordering rules enforced on the CPU (comm_backend.h).
  *
  * MPI forgives orders of calls that NCCL does not: MPI progresses every operation on its own,
- * buffers small sends, and lets a receive posted early wait beside later operations. A program
- * that is correct only under those rules passes every CPU test and hangs on its first GPU run.
- * This backend moves the data with MPI but under NCCL's rules, so such a program hangs here, on
- * the CPU, in `make test`, where the watchdog ends it (exit 3) naming the call it waited in:
+ * buffers small sends, lets a receive posted early wait beside later operations, and has its
+ * connections ready before the first message. A program that is correct only under those rules
+ * passes every CPU test and hangs on its first GPU run. This backend moves the data with MPI but
+ * under NCCL's rules, so such a program hangs here, on the CPU, in `make test`, where the
+ * watchdog ends it (exit 3) naming the call it waited in and what that call waited for:
  *
  *   1. One queue per communicator. NCCL runs a communicator's operations one after another, in
  *      the order this rank issued them (whatever stream they were issued on). Here an
@@ -16,8 +17,30 @@
  *   3. A group completes as one: an exchange (sendrecv) or an all-to-all is one entry of the
  *      queue, ended when all of its sends and receives are.
  *   4. The queues move by themselves, as a GPU's streams do while the host does something else:
- *      whenever this rank waits (comm_wait, a blocking call, a host-side agreement), every
- *      queue starts what it can. The host blocks in a blocking call until it completes.
+ *      whenever this rank waits (comm_wait, a blocking call, a host-side agreement, a connection
+ *      below), every queue starts what it can. The host blocks in a blocking call until it
+ *      completes.
+ *   5. Point-to-point connections are made lazily, and making one blocks the host. NCCL 2.28
+ *      connects a (communicator, peer, direction) at the first ncclSend or ncclRecv that uses it:
+ *      ncclGroupEnd runs the pre-connect job and waits for it (src/enqueue.cc p2pTaskAppend,
+ *      src/group.cc, src/transport.cc ncclTransportP2pSetup), which exchanges the connection's
+ *      details with the peer over the bootstrap network and blocks in bootstrapRecv until the
+ *      peer's host makes its own first call on that connection. Here the same exchange runs at
+ *      the issue of the operation, before it joins its queue, in NCCL's order: for i = 1 .. n-1,
+ *      the peers r+i (this rank sends to it) and r-i (receives from it); a message to each, then
+ *      a blocking receive from each; then a closing round in the same order. Where r+i and r-i
+ *      are one peer (a group of two) NCCL sends one message holding both directions, and fails
+ *      its set-up when the two sides disagree on what they connect: so does this backend.
+ *   6. Collectives connect lazily too. With NCCL_RUNTIME_CONNECT=1 (NCCL's default since 2.22) a
+ *      communicator connects an algorithm's channels (ring, tree, ...) at the first collective that
+ *      uses it, in a host-blocking exchange among its ranks (src/enqueue.cc, src/group.cc
+ *      ncclCollPreconnect). Which algorithm NCCL picks depends on the collective and its size, so
+ *      any collective may be such a first one: here every collective on a group of two or more
+ *      ranks begins with a rendezvous of the group's ranks (the host blocks until each has issued
+ *      it), a stricter rule that holds whenever NCCL's does.
+ *
+ * Rules 5 and 6 are on by default. The connection messages travel on a communicator of their own
+ * (NCCL's bootstrap network), never matched with the data's.
  *
  * Only the CPU build: the buffers go to MPI as they are.
  */
@@ -28,6 +51,7 @@
 #include <string.h>
 #include "comm_backend.h"
 #include "device.h"
+#include "guard.h"
 
 typedef enum {
     OP_ALL_REDUCE, OP_ALL_GATHER, OP_ALL_GATHER_BYTES, OP_REDUCE_SCATTER, OP_BROADCAST,
@@ -49,12 +73,18 @@ typedef struct sim_op {
     struct sim_op *next;
 } sim_op;
 
+/* The point-to-point connections of rule 5, per peer: this rank -> peer, peer -> this rank. */
+enum { CONN_SEND = 1, CONN_RECV = 2 };
+
 /* A group's queue, on an MPI communicator of its own: duplicated from the group's, as NCCL's
  * communicator is separate from MPI's, so that an operation started late (rule 1) is never
- * matched with a host-side collective (comm_host_sum, comm_barrier) on the group's own. */
+ * matched with a host-side collective (comm_host_sum, comm_barrier) on the group's own. A second
+ * duplicate carries the connection handshakes of rules 5 and 6 (NCCL's bootstrap network). */
 typedef struct {
     sim_op *head, *tail;
-    MPI_Comm comm;
+    MPI_Comm comm, bootstrap;
+    comm_group *g;
+    unsigned char *connected;   /* [g->size]: CONN_SEND | CONN_RECV made so far (rule 5)   */
 } sim_queue;
 
 /* Every group's queue on this rank, for the polling of rule 4. */
@@ -70,8 +100,11 @@ static void add_queue(comm_group *g) {
         queues = realloc(queues, (size_t)cap_queues * sizeof *queues);
     }
     sim_queue *q = calloc(1, sizeof *q);
-    if (!queues || !q) { fprintf(stderr, "comm_nccl_sim: out of host memory\n"); exit(1); }
+    if (q) q->connected = calloc((size_t)g->size, 1);
+    if (!queues || !q || !q->connected) { fprintf(stderr, "comm_nccl_sim: out of host memory\n"); exit(1); }
     MPI_Comm_dup(mpi_of(g), &q->comm);   /* collective over g: every member adds its queue here */
+    MPI_Comm_dup(mpi_of(g), &q->bootstrap);
+    q->g = g;
     g->backend = q;
     queues[n_queues++] = q;
 }
@@ -119,15 +152,166 @@ static bool advance(sim_queue *q) {
     return moved;
 }
 
+/* The handshake messages of rules 5 and 6 in flight (sent without waiting, as NCCL's bootstrap
+ * sends are): each completed and released by a later poll. */
+typedef struct { MPI_Request req; int what; } hello;
+static hello **hellos;
+static int n_hellos, cap_hellos;
+
+static bool finish_hellos(void) {
+    bool moved = false;
+    for (int i = 0; i < n_hellos;) {
+        int done = 0;
+        MPI_Test(&hellos[i]->req, &done, MPI_STATUS_IGNORE);
+        if (!done) { i++; continue; }
+        free(hellos[i]);
+        hellos[i] = hellos[--n_hellos];
+        moved = true;
+    }
+    return moved;
+}
+
 /* Rule 4: every queue of this rank moves (one pass). */
 static bool poll_all(void) {
-    bool moved = false;
+    bool moved = finish_hellos();
     for (int i = 0; i < n_queues; i++) moved |= advance(queues[i]);
     return moved;
 }
 static void sim_poll(void) { poll_all(); }
 
-/* Appends an operation to its group's queue, started at once if the queue was empty. */
+
+/* An operation in words, for the watchdog's line: "recv from rank 0", "all_reduce". */
+static const char *op_name(const sim_op *o) {
+    static char name[48];
+    static const char *names[] = {"all_reduce", "all_gather", "all_gather", "reduce_scatter", "broadcast",
+                                  "all_to_all", "send", "recv", "sendrecv"};
+    if (o->kind == OP_SEND) snprintf(name, sizeof name, "send to rank %d", o->dest);
+    else if (o->kind == OP_RECV) snprintf(name, sizeof name, "recv from rank %d", o->source);
+    else snprintf(name, sizeof name, "%s", names[o->kind]);
+    return name;
+}
+
+/* ---- rules 5 and 6: connections made at the first use, blocking the host ---- */
+
+/* Blocks until req completes, the queues moving meanwhile (rule 4: the GPU runs what was queued
+ * while the host waits in NCCL's set-up). */
+static void host_blocks_on(MPI_Request *req) {
+    int done = 0;
+    for (MPI_Test(req, &done, MPI_STATUS_IGNORE); !done; MPI_Test(req, &done, MPI_STATUS_IGNORE))
+        if (!poll_all()) sched_yield();
+}
+
+static void hello_send(sim_queue *q, int peer, int tag, int what) {
+    if (n_hellos == cap_hellos) {
+        cap_hellos = cap_hellos ? 2 * cap_hellos : 16;
+        hellos = realloc(hellos, (size_t)cap_hellos * sizeof *hellos);
+    }
+    hello *h = malloc(sizeof *h);
+    if (!hellos || !h) { fprintf(stderr, "comm_nccl_sim: out of host memory\n"); exit(1); }
+    h->what = what;
+    MPI_Isend(&h->what, 1, MPI_INT, peer, tag, q->bootstrap, &h->req);
+    hellos[n_hellos++] = h;
+}
+
+static const char *dir_name(int what) {
+    return what == (CONN_SEND | CONN_RECV) ? "send and recv" : what == CONN_SEND ? "send" : what == CONN_RECV ? "recv" : "nothing";
+}
+
+/* What the peer tells us it connects with us at this distance; the watchdog's line says whom the
+ * host waits for, and for which of its first calls. */
+static int hello_recv(sim_queue *q, int peer, int tag, int mine) {
+    char note[160], who[64];
+    if (q->g->counted_as) snprintf(who, sizeof who, "the link's other rank");   /* a link: a two-rank group */
+    else snprintf(who, sizeof who, "rank %d of group %s", peer, q->g->name);
+    snprintf(note, sizeof note, "NCCL's lazy connection: waiting for %s to make its first %s %s this rank", who,
+             mine == CONN_SEND ? "recv" : mine == CONN_RECV ? "send" : "send/recv",
+             mine == CONN_SEND ? "from" : mine == CONN_RECV ? "to" : "with");
+    guard_note(note);
+    int what = 0;
+    MPI_Request req;
+    MPI_Irecv(&what, 1, MPI_INT, peer, tag, q->bootstrap, &req);
+    host_blocks_on(&req);
+    guard_note(NULL);
+    return what;
+}
+
+/* In a group of two, NCCL sends one message holding both directions' details, sized by what this
+ * side connects, and the peer receives into a buffer sized by what it connects: they must agree
+ * (this rank's send is the peer's recv and the other way round), else NCCL's set-up fails
+ * ("Message truncated") or reads garbage. The program is wrong: say so and end the job. */
+static void check_pairing(sim_queue *q, int peer, int mine, int theirs) {
+    int want = ((mine & CONN_SEND) ? CONN_RECV : 0) | ((mine & CONN_RECV) ? CONN_SEND : 0);
+    if (theirs == want) return;
+    if (guard_claim_line())
+        fprintf(stderr, "error: group %s: this rank's first point-to-point call with rank %d connects %s, the peer's "
+                "connects %s at the same time: NCCL's connection set-up fails on that (\"Message truncated\"); make "
+                "the first calls of the two ranks pair up (comm_nccl_sim.c, rule 5)\n", q->g->name, peer,
+                dir_name(mine), dir_name(theirs));
+    MPI_Abort(MPI_COMM_WORLD, GUARD_EXIT_STALLED);
+}
+
+/* Rule 5: the connections `want` ([size]: CONN_SEND to a peer, CONN_RECV from it) that this rank
+ * has not made yet on q's group, made now as ncclTransportP2pSetup makes them. */
+static void connect_p2p(sim_queue *q, const unsigned char *want) {
+    int n = q->g->size, r = q->g->rank;
+    unsigned char need[n];
+    bool any = false;
+    for (int p = 0; p < n; p++) {
+        need[p] = p == r ? 0 : (unsigned char)(want[p] & ~q->connected[p]);
+        any |= need[p] != 0;
+    }
+    if (!any) return;
+    for (int round = 0; round < 2; round++)   /* the exchange, then the closing round */
+        for (int i = 1; i < n; i++) {
+            int tag = i + round * 4096, sp = (r + i) % n, rp = (r - i + n) % n;
+            int ns = need[sp] & CONN_SEND, nr = need[rp] & CONN_RECV;
+            if (!ns && !nr) continue;
+            if (sp == rp) {
+                hello_send(q, sp, tag, ns | nr);
+                int theirs = hello_recv(q, sp, tag, ns | nr);
+                if (round == 0) check_pairing(q, sp, ns | nr, theirs);
+                continue;
+            }
+            if (nr) hello_send(q, rp, tag, CONN_RECV);
+            if (ns) hello_send(q, sp, tag, CONN_SEND);
+            if (ns) hello_recv(q, sp, tag, CONN_SEND);
+            if (nr) hello_recv(q, rp, tag, CONN_RECV);
+        }
+    for (int p = 0; p < n; p++) q->connected[p] |= need[p];
+}
+
+/* Rule 6: a collective's connection, a rendezvous of the group's ranks. */
+static void connect_collective(sim_queue *q, const char *what) {
+    if (q->g->size < 2) return;
+    char note[160];
+    snprintf(note, sizeof note, "NCCL's lazy connection of the %s: waiting for every rank of this group to issue it", what);
+    guard_note(note);
+    MPI_Request req;
+    MPI_Ibarrier(q->bootstrap, &req);
+    host_blocks_on(&req);
+    guard_note(NULL);
+}
+
+/* What an operation connects before it joins its queue (rules 5 and 6). */
+static void connect_for(sim_queue *q, op_kind kind, int dest, int source) {
+    int n = q->g->size;
+    unsigned char want[n];
+    memset(want, 0, (size_t)n);
+    switch (kind) {
+    case OP_SEND: want[dest] |= CONN_SEND; break;
+    case OP_RECV: want[source] |= CONN_RECV; break;
+    case OP_SENDRECV: want[dest] |= CONN_SEND; want[source] |= CONN_RECV; break;
+    case OP_ALL_TO_ALL: memset(want, CONN_SEND | CONN_RECV, (size_t)n); break;
+    case OP_ALL_REDUCE: connect_collective(q, "all_reduce"); return;
+    case OP_ALL_GATHER: case OP_ALL_GATHER_BYTES: connect_collective(q, "all_gather"); return;
+    case OP_REDUCE_SCATTER: connect_collective(q, "reduce_scatter"); return;
+    case OP_BROADCAST: connect_collective(q, "broadcast"); return;
+    }
+    connect_p2p(q, want);
+}
+
+/* Appends an operation to its group's queue, started at once if the queue was empty; first, what
+ * it connects (rules 5 and 6), as ncclGroupEnd does before the operation reaches the stream. */
 static sim_op *enqueue(comm_group *g, op_kind kind, const void *send, size_t send_count, int dest,
                        void *recv, size_t recv_count, int source, comm_op op) {
     sim_op *o = calloc(1, sizeof *o);
@@ -135,6 +319,7 @@ static sim_op *enqueue(comm_group *g, op_kind kind, const void *send, size_t sen
     *o = (sim_op){.kind = kind, .g = g, .send = send, .recv = recv, .send_count = send_count,
                   .recv_count = recv_count, .dest = dest, .source = source, .op = op};
     sim_queue *q = queue_of(g);
+    connect_for(q, kind, dest, source);
     if (q->tail) q->tail->next = o;
     else q->head = o;
     q->tail = o;
@@ -147,8 +332,18 @@ static sim_op *enqueue(comm_group *g, op_kind kind, const void *send, size_t sen
 static double sim_wait(void *handle) {
     sim_op *o = handle;
     double t0 = MPI_Wtime();
-    while (!o->done)
+    const sim_op *behind = NULL;   /* the entry at the head of o's queue, named for the watchdog */
+    while (!o->done) {
+        const sim_op *head = queue_of(o->g)->head;
+        if (head != o && head != behind && head) {
+            char note[160];
+            snprintf(note, sizeof note, "queued behind the %s this rank issued earlier on the group", op_name(head));
+            guard_note(note);
+        }
+        behind = head;
         if (!poll_all()) sched_yield();
+    }
+    guard_note(NULL);
     free(o);
     return MPI_Wtime() - t0;
 }
@@ -213,14 +408,28 @@ static void sim_init(comm_group *world, int node_ranks) {
 static void sim_split(comm_group *parent, comm_group *child, int color, int key) {
     if (child) add_queue(child);
 }
+/* The connection alone, as comm_ring_links makes each link's when it creates it (rule 5). */
+static void sim_connect(comm_group *g, int peer, bool send) {
+    unsigned char want[g->size];
+    memset(want, 0, sizeof want);
+    want[peer] = send ? CONN_SEND : CONN_RECV;
+    connect_p2p(queue_of(g), want);
+}
 /* What is still queued has to finish before MPI_Finalize, or the peers would wait for it. */
 static void sim_finalize(void) {
     for (int i = 0; i < n_queues; i++) {
         while (queues[i]->head)
             if (!advance(queues[i])) { poll_all(); sched_yield(); }
     }
+    while (n_hellos > 0)
+        if (!finish_hellos()) sched_yield();
+    free(hellos);
+    hellos = NULL;
+    cap_hellos = 0;
     for (int i = 0; i < n_queues; i++) {
         MPI_Comm_free(&queues[i]->comm);
+        MPI_Comm_free(&queues[i]->bootstrap);
+        free(queues[i]->connected);
         free(queues[i]);
     }
     free(queues);
@@ -230,8 +439,8 @@ static void sim_finalize(void) {
 static void sim_sync(void) {}
 
 const comm_backend comm_nccl_sim_backend = {
-    .name = "nccl-sim", .host_timed = true,
-    .init = sim_init, .split = sim_split, .finalize = sim_finalize, .sync = sim_sync,
+    .name = "nccl-sim", .host_timed = true, .nccl_buffers = true, .on_device = false,
+    .init = sim_init, .split = sim_split, .connect = sim_connect, .finalize = sim_finalize, .sync = sim_sync,
     .settle = NULL, .poll = sim_poll,
     .all_reduce = sim_all_reduce, .all_gather = sim_all_gather, .reduce_scatter = sim_reduce_scatter,
     .broadcast = sim_broadcast, .all_to_all = sim_all_to_all, .send = sim_send, .recv = sim_recv,

@@ -29,8 +29,14 @@ typedef enum {
 void device_init(int local_rank);
 void device_shutdown(void);
 const char *device_backend_name(void);          /* "cpu" or "cuda" */
-/* Bytes this rank can still allocate: CPU, the host's available memory (MemAvailable) shared by
- * `ranks_sharing` ranks; CUDA, the GPU's free memory (cudaMemGetInfo). 0 when unknown. */
+/* The name of this rank's device, the same for the ranks of a node that share it and different
+ * for those that do not: CUDA, its PCI bus id ("0000:1B:00.0", cudaDeviceGetPCIBusId); CPU,
+ * "host" (every rank of a node shares the host's memory). comm_init compares the names of a
+ * node's ranks to choose the collectives and to know how many ranks share this device. */
+void device_identity(char *name, size_t size);
+/* Bytes this rank can still allocate: the device's free memory (CPU: the host's MemAvailable;
+ * CUDA: cudaMemGetInfo) divided among the `ranks_sharing` ranks that use the same device
+ * (comm_device_sharers). 0 when unknown. */
 double device_memory_available(int ranks_sharing);
 
 /* Zero-initialised allocation counted under `cat`; device_free() un-counts it. */

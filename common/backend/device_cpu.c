@@ -12,6 +12,7 @@ void device_shutdown(void) {
     for (void *p = mem_cache_drain(); p != NULL; p = mem_cache_drain()) free(p);
 }
 const char *device_backend_name(void) { return "cpu"; }
+void device_identity(char *name, size_t size) { snprintf(name, size, "host"); }
 
 double device_memory_available(int ranks_sharing) {
     FILE *f = fopen("/proc/meminfo", "r");

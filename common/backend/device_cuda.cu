@@ -101,15 +101,21 @@ void device_shutdown(void) {
 
 const char *device_backend_name(void) { return "cuda"; }
 
-/* Each rank owns one GPU (or shares it round-robin), so the GPU's free memory is this rank's
- * unless several ranks share it. */
+/* The PCI bus id names a GPU whatever each rank may see of the node: with per-rank
+ * CUDA_VISIBLE_DEVICES (SLURM, some launchers) every rank's GPU is its device 0, yet the ids of
+ * two ranks on different GPUs differ. */
+void device_identity(char *name, size_t size) {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetPCIBusId(name, (int)size, dev));
+}
+
+/* The GPU's free memory, shared by the ranks on it (comm_device_sharers counted them by bus id:
+ * 8 ranks on 8 GPUs have a whole GPU each, 4 ranks on 1 GPU a quarter). */
 double device_memory_available(int ranks_sharing) {
     size_t free_bytes = 0, total_bytes = 0;
     if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 0;
-    int ndev = 1;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) ndev = 1;
-    int per_gpu = ranks_sharing > ndev ? (ranks_sharing + ndev - 1) / ndev : 1;
-    return (double)free_bytes / per_gpu;
+    return (double)free_bytes / (ranks_sharing > 0 ? ranks_sharing : 1);
 }
 
 /* `bytes` of zeroed GPU memory, counted under `cat`: a block the cache kept (memory.c), else

@@ -42,6 +42,7 @@ static double last_event;         /* when the rank last began or ended a call or
 static const char *in_what;       /* inside a call: its name and group; NULL outside       */
 static const char *in_group;
 static char last_what[96] = "the start";   /* outside a call: what happened last        */
+static char in_note[160];         /* inside a call: what it waits for (guard_note), or ""     */
 static int my_rank, world_size;
 
 /* Read by the signal handlers, hence atomics of integer type (lock-free, signal-safe). */
@@ -144,6 +145,7 @@ void guard_begin(const char *what, const char *group) {
     pthread_mutex_lock(&mu);
     in_what = what;
     in_group = group;
+    in_note[0] = '\0';
     last_event = now_s();
     pthread_mutex_unlock(&mu);
 }
@@ -152,7 +154,14 @@ void guard_end(void) {
     pthread_mutex_lock(&mu);
     if (in_what) snprintf(last_what, sizeof last_what, "%s on group %s", in_what, in_group);
     in_what = NULL;
+    in_note[0] = '\0';
     last_event = now_s();
+    pthread_mutex_unlock(&mu);
+}
+
+void guard_note(const char *note) {
+    pthread_mutex_lock(&mu);
+    snprintf(in_note, sizeof in_note, "%s", note ? note : "");
     pthread_mutex_unlock(&mu);
 }
 
@@ -179,7 +188,7 @@ static void fire(double waited, const char *what, int inside, double timeout) {
         MPI_Abort(MPI_COMM_WORLD, GUARD_EXIT_STALLED);
         _exit(GUARD_EXIT_STALLED);
     }
-    char line[400], who[32] = "";
+    char line[560], who[32] = "";
     if (my_rank != 0) snprintf(who, sizeof who, "rank %d: ", my_rank);
     snprintf(line, sizeof line,
              "error: %sno progress for %.0f s %s %s; a rank may have stopped or died (--timeout %g)\n",
@@ -211,9 +220,10 @@ static void *watchdog(void *arg) {
 
         double waited = now - last_event;
         if (timeout_s > 0 && waited > timeout_s + grace_s()) {
-            char what[160];
+            char what[360];
             int inside = in_what != NULL;
-            if (inside) snprintf(what, sizeof what, "%s on group %s", in_what, in_group);
+            if (inside) snprintf(what, sizeof what, "%s on group %s%s%s%s", in_what, in_group,
+                                 in_note[0] ? " (" : "", in_note, in_note[0] ? ")" : "");
             else snprintf(what, sizeof what, "%s", last_what);
             double t = timeout_s;
             pthread_mutex_unlock(&mu);

@@ -59,6 +59,11 @@ double guard_timeout(void);
  * valid until guard_end (they are the collective's and the group's names). */
 void guard_begin(const char *what, const char *group);
 void guard_end(void);
+/* Inside a call, what exactly it is waiting for, when the backend knows more than the call's name:
+ * "NCCL's lazy connection: waiting for rank 1 to make its first recv from this rank", "queued
+ * behind the recv this rank issued first on the group". The watchdog's line adds it after the
+ * group's name; guard_end forgets it. `note` is copied (at most 160 characters kept). */
+void guard_note(const char *note);
 
 /* A rank about to end the job on its own (an allocation that failed, exit 2) asks whether it is the
  * one to explain the end: 1 for the first to ask among the ranks of this node (and the watchdog's

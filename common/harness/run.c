@@ -180,6 +180,21 @@ void run_dump_describe(const run_options *o, const char *json) {
     if (o->dump_dir && dump_set_run_options(json) != 0) comm_exit_usage("--dump %s: %s", o->dump_dir, dump_error());
 }
 
+/* Under NCCL (or its emulation), the communicators this rank holds and NCCL's buffers for them:
+ * the bytes the memory check must count (those on the device: COMM=nccl, else 0), and with
+ * `print`, rank 0's line beside the formula (comm.h) in the run's closing report. */
+static double run_report_communicators(bool print) {
+    bool held = false;
+    comm_library_memory m = comm_library_memory_now(&held);
+    if (!held) return 0;
+    if (print) log0("NCCL communicators on rank 0: %d group%s of 2+ ranks and %d link%s; NCCL's buffers about %s = %d x %d "
+         "channels x 18.4 MiB (ring and tree: LL 0.5 + LL128 4.69 + Simple 4 MiB) + %d point-to-point connections "
+         "x %d channels x 4 MiB (NCCL 2.28's defaults; an estimate)%s\n", m.groups, m.groups == 1 ? "" : "s",
+         m.links, m.links == 1 ? "" : "s", fmt_bytes(m.bytes), m.groups, m.channels, m.p2p_connections,
+         m.p2p_channels, comm_library_on_device() ? "" : ": what NCCL would hold, not allocated here");
+    return comm_library_on_device() ? m.bytes : 0;
+}
+
 llama_model *run_model(const run_options *o, const llama_plan *plan) { return run_model_paths(o, plan, NULL, 0); }
 
 llama_model *run_model_paths(const run_options *o, const llama_plan *plan, const run_path *own_paths, int n_own) {
@@ -209,7 +224,9 @@ llama_model *run_model_paths(const run_options *o, const llama_plan *plan, const
     if (root && shared_host && o->dump_dir) harness += 4 * params;
     need += plan_buffer_bytes(plan) + harness;
     if (root) need += base;
-    double available = device_memory_available(comm_world()->size);
+    double nccl = run_report_communicators(false);   /* NCCL's own buffers, where they are on the device */
+    need += nccl;
+    double available = device_memory_available(comm_device_sharers());
     char sizes[160];
     snprintf(sizes, sizeof sizes, "--dim %d, --n-layers %d, --ffn-dim %d, --vocab %d, --batch %d x --seq-len %d%s",
              c->dim, c->n_layers, c->ffn_dim, c->vocab_size, o->batch, c->seq_len, accum > 1 ? " x --accum" : "");
@@ -219,6 +236,7 @@ llama_model *run_model_paths(const run_options *o, const llama_plan *plan, const
         snprintf(parts, sizeof parts, ", data-parallel buffers %s", fmt_bytes(plan_buffer_bytes(plan)));
     snprintf(parts + strlen(parts), sizeof parts - strlen(parts), ", batches%s %s", root && o->check ? " and checks" : "",
              fmt_bytes(harness));
+    if (nccl > 0) snprintf(parts + strlen(parts), sizeof parts - strlen(parts), ", NCCL's buffers %s", fmt_bytes(nccl));
     comm_require_all(available <= 0 || need <= available,
                      "%s: the run needs about %s on rank %d (parameters, gradients and AdamW state %s, activations "
                      "and scratch %s%s%s) but %s is available to it: make the model or the batch smaller, or "
@@ -264,6 +282,7 @@ void run_clock_report(const run_clock *k, int steps) {
     log0("time per step: %.1f ms (compute %.1f ms, communication %.1f ms, %.0f%%)\n",
          1e3 * k->seconds / steps, 1e3 * (k->seconds - k->comm_seconds) / steps,
          1e3 * k->comm_seconds / steps, k->seconds > 0 ? 100.0 * k->comm_seconds / k->seconds : 0.0);
+    run_report_communicators(true);
     if (k->beside_baseline)
         log0("  (timings beside --check's baseline are not the technique's: rank 0 trains the baseline between "
              "steps while the others wait in their next collective; make bench-NN measures without it)\n");
