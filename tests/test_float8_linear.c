@@ -1,15 +1,20 @@
 /* ranks: 1 */
 /* test_float8_linear.c: chapter 07's float8 linear operator (07_float8/float8_linear.h) on one
- * device, where its output can be predicted exactly. W is the identity (cast exactly: 1 x 448 is
- * E4M3's largest value), so y = x W^T is x's own cast, and x is zero but for x[0][0] = a_t at
- * step t. Then y[0][0] tells which scale the cast used:
- *   tensorwise  the step's own amax: y = a_t, always exact for these a_t
+ * device, where its output can be predicted exactly. W is 1.75 times the identity, and x is zero
+ * but for x[0][0] = a_t at step t, so y = x W^T is 1.75 x a's own cast, and y[0][0] tells which
+ * scale the cast used:
+ *   tensorwise  the step's own amax: y = 1.75 a_t, always exact for these a_t
  *   delayed     the largest of the last H amaxes (step 1: its own): when a_t is larger than that,
- *               a_t s saturates at 448 and y = 448 / s; the history's length decides which steps
- * (a = 1, 4, 2, 8, 1; H = 1 gives y = 1, 1, 2, 2, 1 and H = 2 gives 1, 1, 2, 4, 1). This grades
- * the delayed-scaling exercise of make assignment-07, which the chapter's parity checks cannot:
- * the parallel run and its baseline share the operator. Also: the output layer is not cast
- * (its y is x, rounding-free), and dx of a float8 linear is dy's cast times W. */
+ *               a_t s saturates at 448 and y = 1.75 x 448 / s; the history's length decides which
+ *               steps (a = 1.75 x (1, 4, 2, 8, 1); H = 1 gives y = 1.75^2 x (1, 1, 2, 2, 1) and
+ *               H = 2 gives 1.75^2 x (1, 1, 2, 4, 1)).
+ * Every amax here is 448 / 2^k (448 = 1.75 x 256), so every scale 448 / amax is a power of two:
+ * cuBLASLt multiplies the product by the reciprocal scales it is given, and 1 / s is exact only
+ * for a power of two (1 / 448 is not an fp32 number), so only with such scales can the CUDA
+ * build's GEMM be held to exact results, as the CPU's emulation (which divides) can.
+ * This grades the delayed-scaling exercise of make assignment-07, which the chapter's parity
+ * checks cannot: the parallel run and its baseline share the operator. Also: the output layer is
+ * not cast (its y is x W^T, unrounded), and a block linear casts x (0.3 -> 80/256). */
 #include <math.h>
 #include <stdlib.h>
 #include "comm.h"
@@ -20,7 +25,8 @@
 #include "../07_float8/float8_linear.h"
 
 enum { N = 16, IN = 16, OUT = 16 };
-static const float amax_of_step[] = {1, 4, 2, 8, 1};
+#define WD 1.75f   /* W's diagonal: amax 1.75, scale 256 */
+static const float amax_of_step[] = {1.75f, 7, 3.5f, 14, 1.75f};
 
 /* y[0][0] of each step's forward under the recipe. */
 static void run_steps(float8_recipe r, int history, float got[5]) {
@@ -30,7 +36,7 @@ static void run_steps(float8_recipe r, int history, float got[5]) {
     float8_options o = {r, history, 1, 1};
     float8_apply(&plan, &c, &o);
     float W[OUT * IN] = {0}, x[N * IN] = {0}, y[N * OUT];
-    for (int i = 0; i < OUT; i++) W[i * IN + i] = 1.0f;
+    for (int i = 0; i < OUT; i++) W[i * IN + i] = WD;
     float *dW = tu_upload(W, OUT * IN), *dy_out = device_alloc_floats(N * OUT, MEM_BUFFERS);
     for (int t = 0; t < 5; t++) {
         x[0] = amax_of_step[t];
@@ -54,35 +60,37 @@ int main(int argc, char **argv) {
     run_steps(FLOAT8_TENSORWISE, 16, got);
     size_t kept = mem_current_total();   /* (CUDA: the float8 GEMM's workspace stays, by design) */
     for (int t = 0; t < 5; t++)
-        CHECK(got[t] == amax_of_step[t], "tensorwise step %d: y = %g, want %g (the step's own scale)", t + 1, got[t],
-              amax_of_step[t]);
-    const float want_h1[5] = {1, 1, 2, 2, 1}, want_h2[5] = {1, 1, 2, 4, 1};
+        CHECK(got[t] == WD * amax_of_step[t], "tensorwise step %d: y = %g, want %g (the step's own scale)", t + 1,
+              got[t], WD * amax_of_step[t]);
+    const float h1[5] = {1, 1, 2, 2, 1}, h2[5] = {1, 1, 2, 4, 1};
     run_steps(FLOAT8_DELAYED, 1, got);
     for (int t = 0; t < 5; t++)
-        CHECK(got[t] == want_h1[t], "delayed, history 1, step %d: y = %g, want %g", t + 1, got[t], want_h1[t]);
+        CHECK(got[t] == WD * WD * h1[t], "delayed, history 1, step %d: y = %g, want %g", t + 1, got[t], WD * WD * h1[t]);
     run_steps(FLOAT8_DELAYED, 2, got);
     for (int t = 0; t < 5; t++)
-        CHECK(got[t] == want_h2[t], "delayed, history 2, step %d: y = %g, want %g", t + 1, got[t], want_h2[t]);
+        CHECK(got[t] == WD * WD * h2[t], "delayed, history 2, step %d: y = %g, want %g", t + 1, got[t], WD * WD * h2[t]);
 
-    /* the output layer stays fp32: 0.3 (no E4M3 value) passes through an identity W unrounded */
+    /* the output layer stays fp32: 0.3 (no E4M3 value) times 1.75, as an fp32 GEMM rounds it */
     llama_config c = llama_config_default();
     c.n_layers = 1;
     llama_plan plan = plan_single_device();
     float8_options o = {FLOAT8_TENSORWISE, 16, 1, 1};
     float8_apply(&plan, &c, &o);
     float W[OUT * IN] = {0}, x[N * IN] = {0}, y[N * OUT];
-    for (int i = 0; i < OUT; i++) W[i * IN + i] = 1.0f;
+    for (int i = 0; i < OUT; i++) W[i * IN + i] = WD;
     x[0] = 0.3f;
-    x[1] = 1.0f;
+    x[1] = WD;   /* x's amax 1.75: scale 256 */
     float *dW = tu_upload(W, OUT * IN), *dx = tu_upload(x, N * IN), *dy = device_alloc_floats(N * OUT, MEM_BUFFERS);
     plan.linear.forward(plan.linear.state, &plan, (linear_site){P_OUTPUT, -1}, dy, dx, dW, N, IN, OUT);
     device_copy_to_host(y, dy, sizeof y);
-    CHECK(y[0] == 0.3f, "the output layer: y = %.9g, want 0.3 uncast", y[0]);
-    /* a block linear casts it: 0.3 x (448 / 1) = 134.4 -> 128 (E4M3 steps of 16 there; 134.4 is nearer 128 than 144) */
+    volatile float uncast = 0.3f * WD;   /* one fp32 product, rounded once */
+    CHECK(y[0] == uncast, "the output layer: y = %.9g, want 0.3 x 1.75 = %.9g uncast", y[0], uncast);
+    /* a block linear casts it: 0.3 x 256 = 76.8 -> 80 (E4M3 steps of 8 in [64, 128); 76.8 is nearer 80 than 72),
+     * so y = 80 / 256 x 1.75 = 0.546875, exact */
     plan.linear.forward(plan.linear.state, &plan, (linear_site){P_W1, 0}, dy, dx, dW, N, IN, OUT);
     device_copy_to_host(y, dy, sizeof y);
-    CHECK(y[0] == 128.0f / 448.0f, "w1: y = %.9g, want 128/448 = %.9g (0.3 cast to E4M3 with scale 448)", y[0],
-          128.0 / 448.0);
+    CHECK(y[0] == 80.0f / 256.0f * WD, "w1: y = %.9g, want 80/256 x 1.75 = %.9g (0.3 cast to E4M3 with scale 256)",
+          y[0], 80.0 / 256.0 * WD);
     device_free(dW); device_free(dx); device_free(dy);
     plan_free(&plan);
 

@@ -46,7 +46,11 @@ typedef struct {
 } nccl_group;
 
 static MPI_Comm mpi_of(comm_group *g) { return *(MPI_Comm *)g->mpi_comm; }
-static nccl_group *ng(comm_group *g) { return (nccl_group *)g->backend; }
+/* A group of one rank has no communicator (comm.c moves nothing for it and never asks here). */
+static nccl_group *ng(comm_group *g) {
+    if (!g->backend) { fprintf(stderr, "comm_nccl: group %s (%d rank) has no NCCL communicator\n", g->name, g->size); exit(1); }
+    return (nccl_group *)g->backend;
+}
 
 /* Every group's NCCL side, released by nccl_finalize (newest first). */
 static nccl_group **g_groups;
@@ -305,34 +309,51 @@ static void nccl_sync(void) { CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); 
 
 /* ---- groups ---- */
 
-/* NCCL needs one GPU per rank of the node (it refuses two ranks of one communicator on one GPU);
- * comm.c's comm_choose compares. */
-int comm_nccl_gpus(void) {
-    int ndev = 0;
-    return cudaGetDeviceCount(&ndev) == cudaSuccess ? ndev : 0;
-}
+/* One byte of device memory for the connections' first messages (nccl_connect): NCCL's own,
+ * like its buffers, so not in the memory tables. */
+static unsigned char *g_connect_byte = NULL;
 
 /* The world communicator: rank 0 asks NCCL for a unique id (an address other ranks can reach),
  * MPI broadcasts those bytes, and every rank joins with its world rank. device_init() has bound
- * the rank to GPU local_rank (one each: comm_choose checked comm_nccl_gpus). */
+ * the rank to its GPU (one each: comm_choose compared the node's bus ids). One rank alone needs
+ * no communicator. NCCL_RUNTIME_CONNECT is left at NCCL's default (1): a communicator connects
+ * only what it uses, at first use (a link: one point-to-point direction), which the ordering of
+ * this program makes safe (comm_nccl_sim.c, rules 5 and 6, checked in make test). */
 static void nccl_init(comm_group *world, int node_ranks) {
     (void)node_ranks;
+    CUDA_CHECK(cudaEventCreateWithFlags(&g_ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaMalloc(&g_connect_byte, 1));
+    if (world->size < 2) return;
     ncclUniqueId id;
     if (world->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, mpi_of(world));
     ncclComm_t c;
     NCCL_CHECK(ncclCommInitRank(&c, world->size, id, world->rank));
     attach(world, c);
-    CUDA_CHECK(cudaEventCreateWithFlags(&g_ready, cudaEventDisableTiming));
 }
 
 /* A sub-group: the ranks of `parent` with the same colour, ordered by key (ties by parent
  * rank), exactly like the MPI_Comm_split comm.c just did. Collective over the parent; a rank
- * with no colour joins none. A NULL config makes the child inherit the parent's settings. */
+ * with no colour joins none, and neither does a rank whose group has one rank (no communicator:
+ * NCCL would hold buffers for it all the same). A NULL config makes the child inherit the
+ * parent's settings. A parent of one rank has no communicator, and its child is itself alone. */
 static void nccl_split(comm_group *parent, comm_group *child, int color, int key) {
+    if (parent->size < 2) return;
+    bool alone = !child || child->size < 2;
     ncclComm_t c = NULL;
-    NCCL_CHECK(ncclCommSplit(ng(parent)->comm, color == COMM_NO_COLOR ? NCCL_SPLIT_NOCOLOR : color, key, &c, NULL));
-    if (child) attach(child, c);
+    NCCL_CHECK(ncclCommSplit(ng(parent)->comm, alone ? NCCL_SPLIT_NOCOLOR : color, key, &c, NULL));
+    if (!alone) attach(child, c);
+}
+
+/* The connection this rank -> peer (send) or peer -> this rank (recv) of g, made now with a
+ * one-byte message: NCCL connects at a peer's first ncclSend/ncclRecv, and that blocks the host
+ * in ncclGroupEnd until the peer makes its first call (comm_nccl_sim.c, rule 5). comm_ring_links
+ * calls it for each link as it creates it, so no step ever meets a connection. */
+static void nccl_connect(comm_group *g, int peer, bool send) {
+    cudaStream_t s = ng(g)->stream;
+    if (send) NCCL_CHECK(ncclSend(g_connect_byte, 1, ncclUint8, peer, ng(g)->comm, s));
+    else NCCL_CHECK(ncclRecv(g_connect_byte, 1, ncclUint8, peer, ng(g)->comm, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 /* Wait for every group's last calls (a request never waited for still has to finish, or its
@@ -349,15 +370,19 @@ static void nccl_finalize(void) {
     }
     while (g_nfree > 0) CUDA_CHECK(cudaEventDestroy(g_free[--g_nfree]));
     CUDA_CHECK(cudaEventDestroy(g_ready));
+    CUDA_CHECK(cudaFree(g_connect_byte));
 }
 
 static const comm_backend nccl_backend = {
-    "nccl", false,
-    nccl_init, nccl_split, nccl_finalize, nccl_sync, nccl_settle, NULL,
-    nccl_all_reduce, nccl_all_gather, nccl_reduce_scatter, nccl_broadcast, nccl_all_to_all,
-    nccl_send, nccl_recv, nccl_sendrecv,
-    nccl_isend, nccl_irecv, nccl_isendrecv, nccl_iall_reduce, nccl_iall_gather, nccl_ireduce_scatter,
-    nccl_iall_gather_bytes, nccl_wait, nccl_progress,
+    .name = "nccl", .host_timed = false, .nccl_buffers = true, .on_device = true,
+    .init = nccl_init, .split = nccl_split, .connect = nccl_connect, .finalize = nccl_finalize,
+    .sync = nccl_sync, .settle = nccl_settle, .poll = NULL,
+    .all_reduce = nccl_all_reduce, .all_gather = nccl_all_gather, .reduce_scatter = nccl_reduce_scatter,
+    .broadcast = nccl_broadcast, .all_to_all = nccl_all_to_all, .send = nccl_send, .recv = nccl_recv,
+    .sendrecv = nccl_sendrecv,
+    .isend = nccl_isend, .irecv = nccl_irecv, .isendrecv = nccl_isendrecv, .iall_reduce = nccl_iall_reduce,
+    .iall_gather = nccl_iall_gather, .ireduce_scatter = nccl_ireduce_scatter,
+    .iall_gather_bytes = nccl_iall_gather_bytes, .wait = nccl_wait, .progress = nccl_progress,
 };
 
 const comm_backend *comm_nccl_backend(void) { return &nccl_backend; }

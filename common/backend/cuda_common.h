@@ -74,3 +74,16 @@ static inline unsigned cuda_blocks(size_t n) {
 #define GRID_STRIDE_LOOP(i, n)                                                   \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)(n); \
          i += (size_t)gridDim.x * blockDim.x)
+
+/* Column reductions of a row-major [rows, cols] matrix (a norm weight's gradient, an amax per
+ * column): one block per 32 columns, COL_REDUCE_ROWS threads down each column, each walking
+ * every COL_REDUCE_ROWS-th row, then one thread per column combines the COL_REDUCE_ROWS partial
+ * results from shared memory in a fixed order. A warp reads 32 neighbouring columns of one row
+ * (coalesced), the block keeps 512 threads busy where one thread per column would leave most of
+ * the GPU idle (4096 columns: 16 blocks of 256), and the order of the additions is the same on
+ * every run (no atomics). cub::BlockReduce reduces a whole block to one value: here each of the
+ * 32 columns needs its own. */
+#define COL_REDUCE_COLS 32
+#define COL_REDUCE_ROWS 16
+static inline dim3 col_reduce_grid(int cols) { return dim3((unsigned)((cols + COL_REDUCE_COLS - 1) / COL_REDUCE_COLS)); }
+static inline dim3 col_reduce_block(void) { return dim3(COL_REDUCE_COLS, COL_REDUCE_ROWS); }

@@ -1,11 +1,13 @@
 /* device_cuda.cu: the CUDA twin of device_cpu.c (see device.h).
  *
- * "Device memory" is GPU memory from cudaMalloc. The rank owns one GPU, one CUDA stream and one
+ * "Device memory" is GPU memory from the device's stream-ordered pool (cudaMallocAsync). The rank owns one GPU, one CUDA stream and one
  * cuBLAS handle (cuda_common.h explains why one stream is enough). Allocations are reported to
  * the same host-side bookkeeping as on CPU (memory.c), so the memory tables a chapter prints
  * mean the same thing on both backends.
  */
 #include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
 /* Only the C API of MPI is used; skip the (deprecated) C++ bindings nvcc would otherwise see. */
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -75,12 +77,35 @@ static int check_cuda_usable(void) {
     exit(2);
 }
 
-/* Bind this rank to GPU (local_rank % number of GPUs): with 8 ranks on a node of 8 GPUs each
- * rank gets its own; with more ranks than GPUs they share round-robin (slow, but it runs).
- * Then create the stream and the cuBLAS handle that every other .cu file uses. */
+/* Settings of the CUDA driver that must be made before its first call, unless the user made them:
+ *   CUDA_MODULE_LOADING=EAGER: every kernel is loaded when the context is created. CUDA's default
+ *     (LAZY) loads a kernel at its first launch, which waits for the GPU to be idle: inside a step,
+ *     with a collective's kernel waiting for a peer, that first launch could wait for it.
+ *   CUDA_DEVICE_MAX_CONNECTIONS=32: the hardware queues streams are spread over (8 by default).
+ *     A rank has the compute stream and one per NCCL communicator (up to a dozen here); with
+ *     fewer queues than streams two streams share one, and a collective's kernel waiting for its
+ *     peer holds up the other stream's work queued behind it: the links' separate queues
+ *     (comm.h, "Ordering") would be coupled again in hardware. */
+static void set_default(const char *name, const char *value) {
+    const char *v = getenv(name);
+    if (!v || !*v) setenv(name, value, 1);
+}
+
+/* Bind this rank to GPU (local_rank % number of GPUs it sees): with 8 ranks on a node of 8 GPUs
+ * each rank gets its own; with a launcher that shows each rank only its GPU, that GPU (device 0);
+ * with more ranks than GPUs they share round-robin (slow, but it runs: COMM=mpi).
+ * Then create the stream and the cuBLAS handle that every other .cu file uses, and make the
+ * device's memory pool keep what is freed (see device_alloc). */
 void device_init(int local_rank) {
+    set_default("CUDA_MODULE_LOADING", "EAGER");
+    set_default("CUDA_DEVICE_MAX_CONNECTIONS", "32");
     int ndev = check_cuda_usable();   /* exits 2 on every rank if some rank cannot run CUDA */
-    CUDA_CHECK(cudaSetDevice(local_rank % ndev));
+    int dev = local_rank % ndev;
+    CUDA_CHECK(cudaSetDevice(dev));
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+    uint64_t keep_all = UINT64_MAX;   /* never give freed memory back to the driver before exit */
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
     CUDA_CHECK(cudaStreamCreate(&g_stream));
     CUBLAS_CHECK(cublasCreate(&g_cublas));
     CUBLAS_CHECK(cublasSetStream(g_cublas, g_stream));
@@ -91,8 +116,8 @@ void device_init(int local_rank) {
 
 /* Release the kept blocks, the handle and the stream after the queued work has finished. */
 void device_shutdown(void) {
+    for (void *p = mem_cache_drain(); p != NULL; p = mem_cache_drain()) CUDA_CHECK(cudaFreeAsync(p, g_stream));
     if (g_stream) CUDA_CHECK(cudaStreamSynchronize(g_stream));
-    for (void *p = mem_cache_drain(); p != NULL; p = mem_cache_drain()) CUDA_CHECK(cudaFree(p));
     if (g_cublas) CUBLAS_CHECK(cublasDestroy(g_cublas));
     if (g_stream) CUDA_CHECK(cudaStreamDestroy(g_stream));
     g_cublas = NULL;
@@ -118,17 +143,28 @@ double device_memory_available(int ranks_sharing) {
     return (double)free_bytes / (ranks_sharing > 0 ? ranks_sharing : 1);
 }
 
-/* `bytes` of zeroed GPU memory, counted under `cat`: a block the cache kept (memory.c), else
- * a new one. The memset is queued on the stream, so any kernel issued afterwards sees zeros. */
+/* `bytes` of zeroed GPU memory, counted under `cat`: a block the cache kept (memory.c), else a
+ * new one, stream-ordered from the device's pool (cudaMallocAsync). cudaMalloc and cudaFree may
+ * synchronise the whole device, and a synchronisation while a collective's kernel waits for a
+ * peer that waits for this rank's next kernel never ends (the reason PyTorch has a caching
+ * allocator); the pool's allocations are ordered on the stream instead, and with its release
+ * threshold at the maximum (device_init) what is freed stays in the pool for the next
+ * allocation. The memset is queued on the stream, so any kernel issued afterwards sees zeros. */
 void *device_alloc(size_t bytes, mem_category cat) {
     void *p = mem_cache_take(bytes);
     if (!p) {
-        cudaError_t err = cudaMalloc(&p, bytes > 0 ? bytes : 1);   /* like calloc: valid for 0 */
+        cudaError_t err = cudaMallocAsync(&p, bytes > 0 ? bytes : 1, g_stream);   /* like calloc: valid for 0 */
         if (err == cudaErrorMemoryAllocation) {
             (void)cudaGetLastError();   /* clear it */
             mem_out_of_memory(bytes, cat);
         }
         CUDA_CHECK(err);
+        /* cuBLASLt's workspace and the kernels' scratch layouts (float8_cuda.cu, gemm_fp8_cuda.cu)
+         * take a block's start to be 256-byte aligned, as cudaMalloc's is */
+        if ((uintptr_t)p % 256 != 0) {
+            fprintf(stderr, "device_alloc: the memory pool returned %p, not 256-byte aligned\n", p);
+            exit(1);
+        }
     }
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g_stream));
     mem_track_alloc(p, bytes, cat);
@@ -143,15 +179,15 @@ int *device_alloc_ints(size_t n, mem_category cat) {
     return (int *)device_alloc(n * sizeof(int), cat);
 }
 
-/* Un-count p and keep it for the next allocation of its size; released (cudaFree, which waits
- * for the work that may still use it) only when the cache is full. Reuse without that wait is
- * safe because everything that touches device memory is ordered on g_stream: kernels and copies
- * run on it, and a collective on NCCL's stream is joined into it by comm_wait, which every
- * request gets before its buffers are freed (comm.h). */
+/* Un-count p and keep it for the next allocation of its size; when the cache is full, given back
+ * to the pool, ordered on the stream (cudaFreeAsync: no synchronisation; the pool keeps it).
+ * Reuse is safe without a wait because everything that touches device memory is ordered on
+ * g_stream: kernels and copies run on it, and a collective on NCCL's stream is joined into it by
+ * comm_wait, which every request gets before its buffers are freed (comm.h). */
 void device_free(void *p) {
     if (!p) return;
     size_t bytes = mem_track_free(p);
-    if (!mem_cache_keep(p, bytes)) CUDA_CHECK(cudaFree(p));
+    if (!mem_cache_keep(p, bytes)) CUDA_CHECK(cudaFreeAsync(p, g_stream));
 }
 
 /* Host -> GPU. Synchronous from the caller's point of view: when it returns, the host buffer

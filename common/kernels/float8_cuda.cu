@@ -36,7 +36,7 @@ struct Float8AmaxMerge {
 /* cub's device-wide reductions run in two phases (per-block partials, then one block over the
  * partials) and need scratch memory for the partials; a first call with no scratch asks how
  * much. The scratch comes from device_alloc (MEM_BUFFERS, counted) for the duration of the
- * call, with the result in its first bytes: cudaMalloc aligns to 256 bytes, and cub's scratch
+ * call, with the result in its first bytes: device_alloc returns 256-byte aligned blocks, and cub's scratch
  * starts 256 bytes on, so it keeps that alignment. */
 #define AMAX_RESULT_BYTES 256
 
@@ -73,19 +73,25 @@ void float8_amax_rows(float *amax, const float *x, int rows, int cols) {
     CUDA_CHECK_LAUNCH();
 }
 
-/* One thread per column, walking down the rows: neighbouring threads read neighbouring columns
- * of a row, so the reads coalesce, and no two threads write the same amax (no atomics). */
+/* A column reduction (cuda_common.h): COL_REDUCE_ROWS threads down each of a block's 32
+ * columns, their maxima combined by one thread per column (a max is exact in any order). */
 static __global__ void amax_cols_kernel(float *amax, const float *x, int rows, int cols) {
-    GRID_STRIDE_LOOP(c, cols) {
-        float m = 0.0f;
-        for (int r = 0; r < rows; r++) m = float8_amax_merge(m, fabsf(x[(size_t)r * cols + c]));
+    __shared__ float part[COL_REDUCE_ROWS][COL_REDUCE_COLS];
+    int c = blockIdx.x * COL_REDUCE_COLS + threadIdx.x;
+    float m = 0.0f;
+    if (c < cols)
+        for (int r = threadIdx.y; r < rows; r += COL_REDUCE_ROWS) m = float8_amax_merge(m, fabsf(x[(size_t)r * cols + c]));
+    part[threadIdx.y][threadIdx.x] = m;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+        for (int r = 1; r < COL_REDUCE_ROWS; r++) m = float8_amax_merge(m, part[r][threadIdx.x]);
         amax[c] = m;
     }
 }
 
 void float8_amax_cols(float *amax, const float *x, int rows, int cols) {
     if (cols == 0) return;
-    amax_cols_kernel<<<cuda_blocks(cols), CUDA_THREADS, 0, cuda_stream()>>>(amax, x, rows, cols);
+    amax_cols_kernel<<<col_reduce_grid(cols), col_reduce_block(), 0, cuda_stream()>>>(amax, x, rows, cols);
     CUDA_CHECK_LAUNCH();
 }
 

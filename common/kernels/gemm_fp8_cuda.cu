@@ -39,15 +39,25 @@
  * ...) builds for every fp32 linear layer, so we take it from there: test_gemm checks it, and
  * the CPU twin's fp32 GEMM uses the same one.
  *
- * Accumulation: with CUBLASLT_MATMUL_DESC_FAST_ACCUM left at 0 (the default), the kernel
- * periodically promotes its intermediate sums to higher precision (cublasLt.h: fast accumulation
- * skips that, "faster but at the cost of lower accuracy"; torchao's default config turns it on
- * for the forward output GEMM only). We keep the accurate default.
+ * Accumulation: CUBLASLT_MATMUL_DESC_FAST_ACCUM is set to 0, cuBLASLt's documented default, and
+ * set explicitly so that no library default decides it: Hopper's float8 tensor cores keep their
+ * running sums in reduced precision, and without fast accumulation the kernel promotes those
+ * sums to fp32 at intervals (cublasLt.h: fast accumulation skips that, "faster but at the cost
+ * of lower accuracy"; torchao's default config turns it on for the forward output GEMM only).
+ * Chapter 07's parity compares a tensor-parallel run, whose row-parallel GEMMs sum K in pieces,
+ * with a baseline that sums it whole: with fp32 promotion both sums are fp32 sums of the same
+ * exact products in another order, which the fp32 tolerances cover; with fast accumulation the
+ * difference would be the tensor cores' own rounding, which they do not.
+ *
+ * Descriptors: a call is described by a matmul descriptor (the same for every call: fp32 compute,
+ * TN, the two scale pointers), three layouts and an algorithm from cublasLtMatmulAlgoGetHeuristic.
+ * Building them costs host time on every call, so they are made once per shape (M, N, K and the
+ * two formats) and kept in a small table for the run; a training step meets a dozen shapes.
  *
  * State kept for the whole run, created on the first call: the cuBLASLt handle (cublasLtCreate
- * once, as cuBLAS's handle is created once in device_init), and one device block from
+ * once, as cuBLAS's handle is created once in device_init), the descriptors above, and one device block from
  * device_alloc (MEM_BUFFERS) holding the two scales in its first 256 bytes and the workspace
- * after them (cudaMalloc aligns to 256 bytes, and cuBLASLt wants a 256-byte aligned workspace).
+ * after them (device_alloc returns 256-byte aligned blocks, and cuBLASLt wants a 256-byte aligned workspace).
  * Everything is issued on the rank's one stream, cuda_stream(), so successive calls, and the
  * kernels around them, run in program order and can share the block.
  */
@@ -127,36 +137,53 @@ static cublasLtMatrixLayout_t operand_layout(cudaDataType_t type, char trans, in
 
 static cublasOperation_t to_op(char t) { return t == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
-void gemm_fp8(float *C, const uint8_t *A, float8_format fa, float a_scale, const uint8_t *B,
-              float8_format fb, float b_scale, int M, int N, int K) {
-    gemm_fp8_check(C, A, fa, B, fb, M, N, K);
-    gemm_fp8_init();
-    cudaStream_t stream = cuda_stream();
+/* One shape's descriptors and algorithm, made at its first call and kept (see the top). */
+typedef struct {
+    int M, N, K;
+    float8_format fa, fb;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+} fp8_plan;
+static fp8_plan *g_plans = NULL;
+static int g_nplans = 0, g_capplans = 0;
+static cublasLtMatmulDesc_t g_desc = NULL;   /* the one matmul descriptor: fp32, TN, the scales */
 
-    /* C = A B^T, row-major -> (first = B, 'T'; second = A, 'N'; m = N, n = M, k = K). */
-    gemm_args g = gemm_args_from_row_major(false, true, M, N, K, 0, 0, 0);
-    const void *first = B, *second = A;
-    float8_format f_first = fb, f_second = fa;
-    float s_first = 1.0f / b_scale, s_second = 1.0f / a_scale;
-
-    set_scales_kernel<<<1, 1, 0, stream>>>(g_scales, s_first, s_second);
-    CUDA_CHECK_LAUNCH();
+static void make_desc(void) {
+    gemm_args g = gemm_args_from_row_major(false, true, 1, 16, 16, 0, 0, 0);   /* transposes only */
     const float *scale_first = g_scales, *scale_second = g_scales + 1;
-
-    cublasLtMatmulDesc_t desc = NULL;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opa = to_op(g.transa), opb = to_op(g.transb);
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+    int8_t fast_accum = 0;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&g_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(g_desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(g_desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(g_desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum,
+                                                sizeof fast_accum));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(g_desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                                 &scale_first, sizeof scale_first));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(g_desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                                                 &scale_second, sizeof scale_second));
+}
 
-    /* cuBLASLt's A: op(A) [m, k]; its B: op(B) [k, n]; C and D: [m, n], the same layout. */
-    cublasLtMatrixLayout_t la = operand_layout(cuda_fp8_type(f_first), g.transa, g.m, g.k, g.lda);
-    cublasLtMatrixLayout_t lb = operand_layout(cuda_fp8_type(f_second), g.transb, g.k, g.n, g.ldb);
-    cublasLtMatrixLayout_t lc = operand_layout(CUDA_R_32F, 'N', g.m, g.n, g.ldc);
+/* The descriptors and algorithm of C[M, N] = A[M, K] B[N, K]^T: from the table, or made now. */
+static const fp8_plan *plan_for(int M, int N, int K, float8_format fa, float8_format fb) {
+    for (int i = 0; i < g_nplans; i++) {
+        const fp8_plan *p = &g_plans[i];
+        if (p->M == M && p->N == N && p->K == K && p->fa == fa && p->fb == fb) return p;
+    }
+    if (!g_desc) make_desc();
+    if (g_nplans == g_capplans) {
+        g_capplans = g_capplans ? 2 * g_capplans : 16;
+        g_plans = (fp8_plan *)realloc(g_plans, (size_t)g_capplans * sizeof *g_plans);
+        if (!g_plans) { fprintf(stderr, "gemm_fp8: out of host memory\n"); exit(1); }
+    }
+    fp8_plan *p = &g_plans[g_nplans];
+    *p = (fp8_plan){M, N, K, fa, fb, NULL, NULL, NULL, {}};
+    /* C = A B^T, row-major -> (first = B, 'T'; second = A, 'N'; m = N, n = M, k = K).
+     * cuBLASLt's A: op(A) [m, k]; its B: op(B) [k, n]; C and D: [m, n], the same layout. */
+    gemm_args g = gemm_args_from_row_major(false, true, M, N, K, 0, 0, 0);
+    p->la = operand_layout(cuda_fp8_type(fb), g.transa, g.m, g.k, g.lda);
+    p->lb = operand_layout(cuda_fp8_type(fa), g.transb, g.k, g.n, g.ldb);
+    p->lc = operand_layout(CUDA_R_32F, 'N', g.m, g.n, g.ldc);
 
     cublasLtMatmulPreference_t pref = NULL;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -167,8 +194,9 @@ void gemm_fp8(float *C, const uint8_t *A, float8_format fa, float a_scale, const
     int found = 0;
     /* No algorithm comes back either as a status (NOT_SUPPORTED) or as found = 0; either way
      * the line names the call, as CUBLAS_CHECK would not. */
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g_lt, desc, la, lb, lc, lc, pref, 1,
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g_lt, g_desc, p->la, p->lb, p->lc, p->lc, pref, 1,
                                                        &heuristic, &found);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
         fprintf(stderr, "gemm_fp8: cuBLASLt offers no float8 algorithm for M = %d, N = %d, K = %d "
                 "(%s x %s): %s\n", M, N, K, fa == FLOAT8_E4M3 ? "E4M3" : "E5M2",
@@ -176,17 +204,26 @@ void gemm_fp8(float *C, const uint8_t *A, float8_format fa, float a_scale, const
                 st != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(st) : "none found");
         exit(1);
     }
+    p->algo = heuristic.algo;
+    g_nplans++;
+    return p;
+}
+
+void gemm_fp8(float *C, const uint8_t *A, float8_format fa, float a_scale, const uint8_t *B,
+              float8_format fb, float b_scale, int M, int N, int K) {
+    gemm_fp8_check(C, A, fa, B, fb, M, N, K);
+    gemm_fp8_init();
+    cudaStream_t stream = cuda_stream();
+    const fp8_plan *p = plan_for(M, N, K, fa, fb);
+
+    /* cuBLASLt's first operand is our B, its second our A (see the top): their dequantization
+     * scales in that order. */
+    set_scales_kernel<<<1, 1, 0, stream>>>(g_scales, 1.0f / b_scale, 1.0f / a_scale);
+    CUDA_CHECK_LAUNCH();
 
     /* D = alpha scale_A scale_B op(A) op(B) with beta = 0; D is C, in place (C == D with one
      * layout, the form the documentation allows), so C is simply overwritten. */
     const float alpha = 1.0f, beta = 0.0f;
-    CUBLAS_CHECK(cublasLtMatmul(g_lt, desc, &alpha, first, la, second, lb, &beta, C, lc, C, lc,
-                                &heuristic.algo, g_workspace, g_workspace_bytes, stream));
-
-    /* The descriptors are host objects the enqueued work no longer needs. */
-    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lc));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
-    CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
+    CUBLAS_CHECK(cublasLtMatmul(g_lt, g_desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
+                                &p->algo, g_workspace, g_workspace_bytes, stream));
 }

@@ -201,16 +201,23 @@ static __global__ void rmsnorm_backward_dx_kernel(float *dx, const float *dout, 
         dx_n[c] += rmsnorm_dx(dout_n[c], x_n[c], w[c], rstd[n], dot, C);
 }
 
-/* dw: a sum over rows. The CPU loop adds row after row into dw; here one thread per column c
- * walks down the N rows (neighbouring threads read neighbouring columns, so the reads
- * coalesce), which needs no atomics and adds in the same order on every run. */
+/* dw: a sum over rows, as a column reduction (cuda_common.h): thread (tx, ty) of block b sums
+ * rows ty, ty + 16, ... of column 32 b + tx, and thread (tx, 0) adds the 16 partial sums in
+ * order. The CPU loop adds row after row; the order differs, the terms do not. */
 static __global__ void rmsnorm_backward_dw_kernel(float *dw, const float *dout, const float *x,
                                                   const float *rstd, int N, int C) {
-    GRID_STRIDE_LOOP(c, C) {
-        float acc = 0.0f;
-        for (int n = 0; n < N; n++)
+    __shared__ float part[COL_REDUCE_ROWS][COL_REDUCE_COLS];
+    int c = blockIdx.x * COL_REDUCE_COLS + threadIdx.x;
+    float acc = 0.0f;
+    if (c < C)
+        for (int n = threadIdx.y; n < N; n += COL_REDUCE_ROWS)
             acc += rmsnorm_dw_term(dout[(size_t)n * C + c], x[(size_t)n * C + c], rstd[n]);
-        dw[c] += acc;
+    part[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float sum = 0.0f;
+        for (int r = 0; r < COL_REDUCE_ROWS; r++) sum += part[r][threadIdx.x];
+        dw[c] += sum;
     }
 }
 
@@ -219,7 +226,7 @@ void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
     if (N == 0 || C == 0) return;
     rmsnorm_backward_dx_kernel<<<N, ROW_THREADS, 0, cuda_stream()>>>(dx, dout, x, w, rstd, C);
     CUDA_CHECK_LAUNCH();
-    rmsnorm_backward_dw_kernel<<<cuda_blocks(C), CUDA_THREADS, 0, cuda_stream()>>>(
+    rmsnorm_backward_dw_kernel<<<col_reduce_grid(C), col_reduce_block(), 0, cuda_stream()>>>(
         dw, dout, x, rstd, N, C);
     CUDA_CHECK_LAUNCH();
 }
