@@ -36,12 +36,18 @@ typedef struct {
  *   RS_BWD      column-parallel backwards whose summed dx the region's entry reduce-scatters */
 typedef enum { HOLD_NONE, HOLD_GATHER_FWD, HOLD_GATHER_BWD, HOLD_RS_FWD, HOLD_RS_BWD } hold_kind;
 
-/* One ring step: the ring's number since the start, its kind, step k, host times. */
+/* One ring step: the ring's number since the start, its kind, step k, and marks of the compute
+ * stream (device.h: on the GPU the host's clock says when work was queued, not when it ran):
+ * before a wait that precedes the GEMMs (a reduce-scatter's earlier send), when the GEMMs were
+ * posted and computed, and when the waits after them were over. read_event turns them into
+ * seconds (waiting for the device), adds them to the statistics and gives the marks back. */
 typedef struct {
     long long ring;
     int step;
     const char *kind;
-    double posted, computed, waited;
+    device_mark pre, posted, computed, waited;
+    bool read;
+    double t_posted, t_computed, t_waited;   /* read: seconds on the host's clock          */
 } ring_event;
 #define MAX_EVENTS 4096             /* the last ones kept (a circular log) */
 typedef struct {
@@ -69,11 +75,6 @@ typedef struct {
     ring_event events[MAX_EVENTS];
 } atp_state;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 int async_tp_chunk(int r, int p, int k, bool reduce_scatter) {
     /* BEGIN ASSIGNMENT: the chunk rank r of p computes at ring step k (all-gather: the one here, first its own; reduce-scatter: the one whose sum ends at r after p-1-k more hops) */
@@ -102,16 +103,39 @@ static void chunk_into_full(float *full, const float *chunk, int c, int p, int B
 static size_t block_row(int b, int c, int p, int Ts) { return (size_t)b * p * Ts + (size_t)c * Ts; }
 
 static void wait_counted(atp_state *s, comm_request *q) {
-    if (!q->pending) return;
-    double t = now();
-    comm_wait(q);
-    s->stats.wait_seconds += now() - t;
+    if (q->pending) comm_wait(q);
 }
 
-static void log_event(atp_state *s, const char *kind, int k, double posted, double computed, double waited) {
-    s->events[s->n_events++ % MAX_EVENTS] = (ring_event){s->stats.rings, k, kind, posted, computed, waited};
+/* A ring step's times: its GEMMs (posted to computed) and its waits (pre to posted, computed to
+ * waited), added to the statistics once, when read; then its marks go back. */
+static void read_event(atp_state *s, ring_event *e) {
+    if (e->read) return;
+    double pre = device_mark_seconds(&e->pre);
+    e->t_posted = device_mark_seconds(&e->posted);
+    e->t_computed = device_mark_seconds(&e->computed);
+    e->t_waited = device_mark_seconds(&e->waited);
+    s->stats.compute_seconds += e->t_computed - e->t_posted;
+    s->stats.wait_seconds += (e->t_posted - pre) + (e->t_waited - e->t_computed);
+    device_mark_release(&e->pre);
+    device_mark_release(&e->posted);
+    device_mark_release(&e->computed);
+    device_mark_release(&e->waited);
+    e->read = true;
 }
 
+/* The step's marks into the circular log; the entry it replaces is read first (a step 4096 steps
+ * back: the device is long past it, so reading it does not wait). */
+static void log_event(atp_state *s, const char *kind, int k, device_mark pre, device_mark posted,
+                      device_mark computed, device_mark waited) {
+    ring_event *e = &s->events[s->n_events++ % MAX_EVENTS];
+    if (s->n_events > MAX_EVENTS) read_event(s, e);
+    *e = (ring_event){s->stats.rings, k, kind, pre, posted, computed, waited, false, 0, 0, 0};
+}
+
+static void read_all_events(atp_state *s) {
+    for (long long i = s->n_events > MAX_EVENTS ? s->n_events - MAX_EVENTS : 0; i < s->n_events; i++)
+        read_event(s, &s->events[i % MAX_EVENTS]);
+}
 
 static void progress(comm_request **q, int nq) {
     for (int i = 0; i < nq; i++)
@@ -166,18 +190,17 @@ static void ring_all_gather(atp_state *s, const llama_plan *p, const char *kind)
     for (int k = 0; k < P; k++) {
         comm_request recvd = {0}, sent = {0};
         float *recv = s->buf[k % 2];
-        double posted = now();
+        device_mark pre = device_mark_now(), posted = device_mark_now();
         if (k < P - 1 && k != s->skip_step) {                       /* the next chunk travels ... */
             recvd = comm_link_irecv(s->links, recv, n, s->prev);
             sent = comm_link_isend(s->links, send, n, s->next);
         }
         comm_request *q[] = {&recvd, &sent};
         chunk_gemms(s, p, async_tp_chunk(r, P, k, false), B, Ts, NULL, q, 2);   /* ... while this one computes */
-        double t = now();
-        s->stats.compute_seconds += t - posted;
+        device_mark computed = device_mark_now();
         wait_counted(s, &sent);
         wait_counted(s, &recvd);
-        log_event(s, kind, k, posted, t, now());
+        log_event(s, kind, k, pre, posted, computed, device_mark_now());
         if (k < P - 1) {
             chunk_into_full(full, recv, async_tp_chunk(r, P, k + 1, false), P, B, Ts, C);
             send = recv;
@@ -202,21 +225,20 @@ static void ring_reduce_scatter(atp_state *s, const llama_plan *p, float *local,
     float *acc = s->buf[2];
     for (int k = 0; k < P; k++) {
         float *part = k == P - 1 ? local : s->buf[k % 2];
+        device_mark pre = device_mark_now();
         wait_counted(s, &sent[k % 2]);                 /* step k-2's send has left this buffer */
-        double posted = now();
+        device_mark posted = device_mark_now();
         comm_request *q[] = {&recvd, &sent[(k + 1) % 2]};
         chunk_gemms(s, p, async_tp_chunk(r, P, k, true), B, Ts, part, q, 2);
-        double t = now();
-        s->stats.compute_seconds += t - posted;
-        if (k > 0) {                                   /* + what r - 1 summed of this chunk */
-            wait_counted(s, &recvd);
-            add_inplace(part, acc, n);
-        }
+        device_mark computed = device_mark_now();
+        if (k > 0) wait_counted(s, &recvd);            /* what r - 1 summed of this chunk ...  */
+        device_mark waited = device_mark_now();
+        if (k > 0) add_inplace(part, acc, n);          /* ... added                            */
         if (k < P - 1) {
             sent[k % 2] = comm_link_isend(s->links, part, n, s->next);
             recvd = comm_link_irecv(s->links, acc, n, s->prev);
         }
-        log_event(s, kind, k, posted, t, now());
+        log_event(s, kind, k, pre, posted, computed, waited);
         s->stats.steps++;
     }
     wait_counted(s, &sent[0]);
@@ -363,6 +385,11 @@ static void atp_linear_backward(void *state, const llama_plan *p, linear_site si
 /* ---- the technique ----------------------------------------------------------------------------- */
 static void async_tp_free_state(void *state) {
     atp_state *s = state;
+    for (long long i = s->n_events > MAX_EVENTS ? s->n_events - MAX_EVENTS : 0; i < s->n_events; i++) {
+        ring_event *e = &s->events[i % MAX_EVENTS];
+        device_mark_release(&e->pre); device_mark_release(&e->posted);
+        device_mark_release(&e->computed); device_mark_release(&e->waited);
+    }
     for (int i = 0; i < 3; i++) device_free(s->buf[i]);
     comm_links_free(s->links);
     free(s);
@@ -373,11 +400,13 @@ static atp_state *state_of(const llama_plan *plan) { return plan_state(plan, &as
 
 async_tp_stats async_tp_get_stats(const llama_plan *plan) {
     atp_state *s = state_of(plan);
+    if (s) read_all_events(s);
     return s ? s->stats : (async_tp_stats){0};
 }
 int async_tp_report(const llama_plan *plan, const char *out_dir, int steps) {
     atp_state *s = state_of(plan);
     if (!s || steps < 1) return 0;
+    read_all_events(s);
     const async_tp_stats *t = &s->stats;
     log0("async TP (rank 0): %lld rings a step of %d steps each; their GEMMs %.2f ms, waited for transfers %.2f ms, per step\n",
          t->rings / steps, s->p, 1e3 * t->compute_seconds / steps, 1e3 * t->wait_seconds / steps);
@@ -390,9 +419,9 @@ int async_tp_report(const llama_plan *plan, const char *out_dir, int steps) {
     for (long long i = s->n_events > MAX_EVENTS ? s->n_events - MAX_EVENTS : 0; i < s->n_events; i++) {
         const ring_event *e = &s->events[i % MAX_EVENTS];
         if (e->ring < first || e->ring >= first + 4) continue;
-        if (t0 < 0) t0 = e->posted;
-        csv_row(f, "%lld,%s,%d,%.4f,%.4f,%.4f", e->ring - first, e->kind, e->step, 1e3 * (e->posted - t0),
-                1e3 * (e->computed - t0), 1e3 * (e->waited - t0));
+        if (t0 < 0) t0 = e->t_posted;
+        csv_row(f, "%lld,%s,%d,%.4f,%.4f,%.4f", e->ring - first, e->kind, e->step, 1e3 * (e->t_posted - t0),
+                1e3 * (e->t_computed - t0), 1e3 * (e->t_waited - t0));
     }
     return f && csv_close(f) ? 1 : 0;
 }

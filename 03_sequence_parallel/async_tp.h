@@ -43,8 +43,10 @@
  * product is computed, added to what came from r - 1 and sent on to r + 1. */
 int async_tp_chunk(int r, int p, int k, bool reduce_scatter);
 
-/* What the rings waited for, since the start (or async_tp_reset_stats): the seconds blocked in
- * comm_wait on the chunk transfers, and the seconds of the chunk GEMMs (with the copies). */
+/* What the rings waited for, since the start: the seconds the compute stream waited for the
+ * chunk transfers (comm_wait), and the seconds of the chunk GEMMs (with the copies), both read
+ * off marks of the compute stream (device.h), so on the GPU they are the device's times and not
+ * the host's time to queue the work. Reading them waits for the device. */
 typedef struct {
     double wait_seconds, compute_seconds;
     long long rings, steps;

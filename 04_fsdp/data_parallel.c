@@ -18,6 +18,7 @@
  * synchronisation) are paid per unit (README, "One collective per unit"). The S ranks are the
  * shard group: dp_shard, or dp_shard x cp (shard_over_cp, chapter 08).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +43,7 @@ typedef struct {
                                         * per tensor)                                   */
     int idx[PARAM_UNIT_MAX];           /* the tensors (table indices) of the unit      */
     void *pending[PARAM_UNIT_MAX];     /* a dp_gather_ops's state per gather, or NULL  */
-    double issued;                     /* when they were issued (timeline)             */
+    device_mark issued;                /* when they were issued (timeline)             */
     int n_req;
 } unit_slot;
 
@@ -66,13 +67,13 @@ struct dp_state {
     comm_request rs_req;
     int rs_unit;                       /* its unit, -1: none in flight                         */
     unit_slot *rs_slot;                /* fsdp: the slot it sends from                         */
-    double rs_issued;
+    device_mark rs_issued;
     unit_slot *landing;                /* fsdp: the slot whose all-gather lands (by rank) in
                                         * stage_in, to be copied out into it after the wait */
     /* ddp: the open bucket (a range of the whole gradient block) and the issued all-reduces */
     size_t bucket_off, bucket_count;
     comm_request reqs[MAX_REQUESTS];
-    double req_issued[MAX_REQUESTS];
+    device_mark req_issued[MAX_REQUESTS];
     int n_reqs;
     /* the gradient reductions, which a fault may replace */
     comm_request (*reduce_scatter)(comm_group *g, const float *send, float *recv, size_t count);
@@ -81,7 +82,8 @@ struct dp_state {
     /* what the plan underneath owes after backward (chapter 03's norm gradients over tp, chapter
      * 06's all-reduce over cp), run on the reduced (or sharded) gradients; NULL: nothing */
     grad_reduce_ops below_reduce;
-    double t_step0, t_acquired;
+    device_mark t_step0, t_acquired;   /* marks of the compute stream (device.h): on the GPU the
+                                        * host's clock says when work was queued, not when it ran */
     double planned_bytes;              /* the transient buffers' bytes, known before allocating  */
     double measured_bytes;             /* what allocating them added to MEM_BUFFERS              */
     bool allocated;                    /* ensure_buffers has run                                 */
@@ -95,14 +97,32 @@ const char *dp_mode_name(dp_mode mode) {
 }
 
 
-static void event(dp_state *s, const char *lane, double t0, const char *fmt, int arg) {
-    if (s->n_events == MAX_EVENTS) return;
-    if (t0 < s->t_step0) t0 = s->t_step0;   /* issued in the previous pass (a reduce-scatter finished late) */
+/* An event from the mark `*start` (moved into the event) to now; dp_timeline reads the times. */
+static void event(dp_state *s, const char *lane, device_mark *start, const char *fmt, int arg) {
+    if (s->n_events == MAX_EVENTS) { device_mark_release(start); return; }
     dp_event *e = &s->events[s->n_events++];
     e->lane = lane;
     snprintf(e->what, sizeof e->what, fmt, arg);
-    e->t0 = t0 - s->t_step0;
-    e->t1 = wall_seconds() - s->t_step0;
+    e->m0 = *start;
+    start->event = NULL;   /* the event owns it now */
+    e->m1 = device_mark_now();
+}
+
+/* A new step's timeline: the previous step's marks go back. */
+static void timeline_restart(dp_state *s) {
+    for (int i = 0; i < s->n_events; i++) {
+        device_mark_release(&s->events[i].m0);
+        device_mark_release(&s->events[i].m1);
+    }
+    s->n_events = 0;
+    device_mark_release(&s->t_step0);
+    s->t_step0 = device_mark_now();
+}
+
+/* A mark of now in *m, the one it held given back first. */
+static void mark_now(device_mark *m) {
+    device_mark_release(m);
+    *m = device_mark_now();
 }
 
 static void ensure_buffers(dp_state *s);
@@ -237,7 +257,7 @@ static void land_slot(dp_state *s, unit_slot *slot) {
         full += padded(s, x);
     }
     slot->n_req = 0;
-    event(s, "comm", slot->issued, slot->unit == s->L ? "all_gather ends" : "all_gather %d", slot->unit);
+    event(s, "comm", &slot->issued, slot->unit == s->L ? "all_gather ends" : "all_gather %d", slot->unit);
 }
 
 /* Issues the all-gather of unit u's values for a free slot (the ends have slot 0): one of the
@@ -256,7 +276,7 @@ static void gather_unit(dp_state *s, int u) {
     if (!slot) { fprintf(stderr, "fsdp: no free slot for unit %d\n", u); exit(1); }
     int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, u, idx);
     slot->unit = u;
-    slot->issued = wall_seconds();
+    mark_now(&slot->issued);
     if (!s->o.gather) {
         size_t U = unit_shard_floats(s, u), off, count;
         slot->n_req = 0;
@@ -335,7 +355,7 @@ static void finish_unit_reduce(dp_state *s) {
     param_unit_range(s->t, s->t->grads, s->rs_unit, &off, &count);   /* the shards' gradients: count == U */
     add_inplace(s->t->grads + off, s->stage_out, U);
     if (s->rs_slot) s->rs_slot->unit = SLOT_FREE;
-    event(s, "comm", s->rs_issued, s->rs_unit == s->L ? "reduce_scatter ends" : "reduce_scatter %d", s->rs_unit);
+    event(s, "comm", &s->rs_issued, s->rs_unit == s->L ? "reduce_scatter ends" : "reduce_scatter %d", s->rs_unit);
     s->rs_unit = -1;
     s->rs_slot = NULL;
 }
@@ -353,7 +373,7 @@ static void reduce_unit_grads(dp_state *s, int u) {
     if (s->o.mode == DP_FSDP && !slot) { fprintf(stderr, "fsdp: unit %d released without its slot\n", u); exit(1); }
     float *by_rank = slot ? slot->data : s->stage_in;   /* (stage_in: zero2, which gathers nothing then) */
     unit_copy(s, u, by_rank, s->grad_full[u == s->L ? 0 : 1], NULL, true);
-    s->rs_issued = wall_seconds();
+    mark_now(&s->rs_issued);
     s->rs_req = start_grad_reduce(s, by_rank, U);
     s->rs_unit = u;
     s->rs_slot = slot;
@@ -367,7 +387,7 @@ static void reduce_unit_grads(dp_state *s, int u) {
 static void flush_bucket(dp_state *s) {
     if (!s->bucket_count) return;
     if (s->n_reqs == MAX_REQUESTS) { fprintf(stderr, "ddp: more than %d buckets\n", MAX_REQUESTS); exit(1); }
-    s->req_issued[s->n_reqs] = wall_seconds();
+    mark_now(&s->req_issued[s->n_reqs]);
     /* BEGIN ASSIGNMENT: start the all-reduce (sum over the data ranks) of the bucket's gradients */
     s->reqs[s->n_reqs++] = s->all_reduce(s->batch, s->t->grads + s->bucket_off, s->bucket_count, COMM_SUM);
     /* END ASSIGNMENT */
@@ -420,10 +440,7 @@ static void dp_acquire(void *state, const llama_plan *p, llama_model *m, int u, 
     dp_state *s = state;
     ensure_buffers(s);
     s->t = m->params;
-    if (u == s->L && !backward) {        /* the first acquire of a step: a new timeline */
-        s->t_step0 = wall_seconds();
-        s->n_events = 0;
-    }
+    if (u == s->L && !backward) timeline_restart(s);   /* the first acquire of a step */
     *w = param_unit(m->params, m->params->params, u);
     *g = param_unit(m->params, m->params->grads, u);
     /* A whole-model forward begins: what an earlier forward kept gathered for its backward (the
@@ -436,12 +453,12 @@ static void dp_acquire(void *state, const llama_plan *p, llama_model *m, int u, 
         if (s->o.prefetch) gather_unit(s, next_unit(s, u, backward));   /* overlaps u's compute */
     }
     if (backward && (s->o.mode == DP_ZERO2 || s->o.mode == DP_FSDP)) *g = full_grads(s, u);
-    s->t_acquired = wall_seconds();
+    mark_now(&s->t_acquired);
 }
 
 static void dp_release(void *state, const llama_plan *p, llama_model *m, int u, bool backward) {
     dp_state *s = state;
-    if (u != s->L) event(s, "compute", s->t_acquired, backward ? "bwd %d" : "fwd %d", u);
+    if (u != s->L) event(s, "compute", &s->t_acquired, backward ? "bwd %d" : "fwd %d", u);
     if (backward && (s->o.mode == DP_ZERO2 || s->o.mode == DP_FSDP)) reduce_unit_grads(s, u);
     if (backward && s->o.mode == DP_DDP) bucket_unit(s, u);
     /* After forward, the units backward asks for first stay gathered when units run in order
@@ -463,13 +480,13 @@ static void dp_reduce_own_grads(dp_state *s, llama_model *m) {
     if (s->o.mode == DP_DDP) {
         for (int k = 0; k < s->n_reqs; k++) {
             comm_wait(&s->reqs[k]);
-            event(s, "comm", s->req_issued[k], "all_reduce %d", k);
+            event(s, "comm", &s->req_issued[k], "all_reduce %d", k);
         }
         s->n_reqs = 0;
     }
     finish_unit_reduce(s);   /* zero2, fsdp: the last unit's */
     if (s->o.mode != DP_ZERO1) return;
-    double t0 = wall_seconds();
+    device_mark t0 = device_mark_now();
     for (int u = s->L; u >= 0; u--) {   /* the ends first, then the layers down, as backward ends */
         size_t U = unit_shard_floats(s, u), at = 0;
         if (!U) continue;
@@ -484,7 +501,7 @@ static void dp_reduce_own_grads(dp_state *s, llama_model *m) {
             at += shard_of(x);
         }
     }
-    event(s, "comm", t0, "reduce_scatter all", 0);
+    event(s, "comm", &t0, "reduce_scatter all", 0);
 }
 
 /* The data ranks' reduction, then what the plan underneath owes (sums over other groups, which
@@ -528,6 +545,12 @@ static void dp_optimizer_step(void *state, const llama_plan *p, llama_model *m, 
 
 static void data_parallel_free_state(void *state) {
     dp_state *s = state;
+    timeline_restart(s);   /* (the marks' events back) */
+    device_mark_release(&s->t_step0);
+    device_mark_release(&s->t_acquired);
+    device_mark_release(&s->rs_issued);
+    for (int k = 0; k < MAX_REQUESTS; k++) device_mark_release(&s->req_issued[k]);
+    for (int k = 0; s->slots && k < s->n_slots; k++) device_mark_release(&s->slots[k].issued);
     for (int k = 0; s->slots && k < s->n_slots; k++) device_free(s->slots[k].data);
     free(s->slots);
     device_free(s->grad_full[0]); device_free(s->grad_full[1]);
@@ -635,8 +658,16 @@ double data_parallel_buffer_bytes(const llama_plan *plan) {
     return !s ? 0 : s->allocated ? s->measured_bytes : 0;
 }
 
+/* The marks read as seconds since the step began (waiting for the device to get there). A
+ * collective issued in the previous pass (a reduce-scatter finished late) starts at 0. */
 const dp_event *dp_timeline(const llama_plan *plan, int *n) {
     dp_state *s = plan_state(plan, &data_parallel_technique);
+    double t_step0 = device_mark_seconds(&s->t_step0);
+    for (int i = 0; i < s->n_events; i++) {
+        dp_event *e = &s->events[i];
+        e->t0 = fmax(device_mark_seconds(&e->m0), t_step0) - t_step0;
+        e->t1 = device_mark_seconds(&e->m1) - t_step0;
+    }
     *n = s->n_events;
     return s->events;
 }

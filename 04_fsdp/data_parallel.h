@@ -51,6 +51,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include "comm.h"
+#include "device.h"
 #include "llama.h"
 #include "mesh.h"
 #include "params.h"
@@ -89,7 +90,8 @@ typedef struct {
 typedef struct {
     const char *lane;             /* "compute" or "comm"                                          */
     char what[32];                /* "fwd 3", "bwd ends", "all_gather 4", ...                     */
-    double t0, t1;                /* seconds since the step began                                 */
+    double t0, t1;                /* seconds since the step began (dp_timeline reads the marks)   */
+    device_mark m0, m1;           /* the compute stream at its start and end (device.h)           */
 } dp_event;
 
 /* The plan's state. */

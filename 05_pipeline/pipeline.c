@@ -54,6 +54,7 @@ typedef struct {
     bool drop_last_microbatch;              /* --fault drop-last-microbatch-grad                   */
     /* measured */
     pp_event *events;
+    device_mark *marks;                     /* [2 actions]: each action's start and end, this step */
     int n_events;
     pp_measured meas;
 } pp_state;
@@ -293,29 +294,41 @@ static float pipeline_forward_backward(void *state, const llama_plan *p, llama_m
     s->meas.busy_seconds = 0;
     memset(s->posted, 0, (size_t)n * sizeof *s->posted);
     if (!s->dh0) s->dh0 = device_alloc_floats((size_t)s->M * act_floats(s), MEM_BUFFERS);
-    double t_step = (device_synchronize(), wall_seconds());
-
+    /* The Gantt chart's times are marks of the compute stream (device.h), read once the step is
+     * done: on the GPU the host queues action after action without waiting, and a mark placed
+     * after an action's input has arrived (its wait joins the compute stream to the transfer) and
+     * after its kernels is when the GPU did the action, however far ahead the host ran. */
+    device_synchronize();
+    device_mark step_start = device_mark_now();
     for (int k = 0; k < n; k++) {
         const pp_action *a = &s->sched->a[s->rank][k];
         s->k_now = k;
         post_receive(s, k);         /* this action's input, if not posted yet ...              */
         post_receive(s, k + 1);     /* ... and the next one's, so it arrives while this computes */
         float *input = receive_input(s, k);
-        double t0 = wall_seconds();
+        s->marks[2 * k] = device_mark_now();
         if (a->op == PP_F) forward_action(s, input, a->mb, a->chunk);
         else if (a->op == PP_W) weight_action(s, a->mb, a->chunk);
         else backward_action(s, input, a->mb, a->chunk, a->op == PP_I);
-        device_synchronize();
-        double t1 = wall_seconds();
-        s->events[s->n_events++] = (pp_event){*a, t0 - t_step, t1 - t_step};
-        s->meas.busy_seconds += t1 - t0;
+        s->marks[2 * k + 1] = device_mark_now();
     }
     for (int i = 0; i < s->n_sends; i++) {   /* every send done before its buffer goes */
         comm_wait(&s->sends[i].req);
         device_free(s->sends[i].buf);
     }
     if (p->reduce_grads.reduce && !m->accumulating) p->reduce_grads.reduce(p->reduce_grads.state, p, m);
-    s->meas.step_seconds = (device_synchronize(), wall_seconds()) - t_step;
+    device_mark step_end = device_mark_now();
+    double t_step = device_mark_seconds(&step_start);
+    for (int k = 0; k < n; k++) {
+        double t0 = device_mark_seconds(&s->marks[2 * k]), t1 = device_mark_seconds(&s->marks[2 * k + 1]);
+        s->events[s->n_events++] = (pp_event){s->sched->a[s->rank][k], t0 - t_step, t1 - t_step};
+        s->meas.busy_seconds += t1 - t0;
+        device_mark_release(&s->marks[2 * k]);
+        device_mark_release(&s->marks[2 * k + 1]);
+    }
+    s->meas.step_seconds = device_mark_seconds(&step_end) - t_step;
+    device_mark_release(&step_start);
+    device_mark_release(&step_end);
     *dh0 = s->dh0;
     /* the loss lives on the last chunk's rank: the sum over the pipeline gives it to every stage */
     return (float)comm_host_sum(s->pp, s->loss);
@@ -347,7 +360,7 @@ static void pipeline_free_state(void *state) {
     pp_schedule_free(s->sched);
     comm_links_free(s->links);
     free(s->sets); free(s->deferred); free(s->mailbox);
-    free(s->recv); free(s->posted); free(s->events); free(s->sends);
+    free(s->recv); free(s->posted); free(s->events); free(s->marks); free(s->sends);
     free(s);
 }
 const plan_technique pipeline_technique = {"pipeline", pipeline_free_state};
@@ -379,6 +392,7 @@ void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, 
     s->recv = calloc((size_t)n, sizeof *s->recv);
     s->posted = calloc((size_t)n, sizeof *s->posted);
     s->events = calloc((size_t)n, sizeof *s->events);
+    s->marks = calloc(2 * (size_t)n, sizeof *s->marks);
 
     plan->name = "pipeline";
     plan->groups.mesh = mesh;

@@ -27,7 +27,11 @@ typedef struct {
     bool no_lse_rescale;            /* --fault no-lse-rescale                                   */
 } cp_state;
 
-static void context_parallel_free_state(void *state) { free(state); }
+static void restart_timeline(cp_state *s);
+static void context_parallel_free_state(void *state) {
+    restart_timeline(state);   /* (the timeline's marks back) */
+    free(state);
+}
 const plan_technique context_parallel_technique = {"context parallel", context_parallel_free_state};
 static cp_state *state_of(const llama_plan *p) { return plan_state(p, &context_parallel_technique); }
 
@@ -167,15 +171,26 @@ static float *pack_kv(const cp_shape *z, const float *k, const float *v) {
  * q [B, Tl, H, hd], k, v [B, Tl, Hkv, hd] (this rank's rows) -> out [B, Tl, H, hd]; saved: the
  * final lse [B][2][H][Tc] (B H Tl floats). */
 
-/* A moment of the ring's timeline (CUDA: the device is synchronised first, so only when asked). */
-static double stamp(const cp_state *s) {
-    if (!s->record) return 0;
-    device_synchronize();
-    return wall_seconds();
+/* A moment of the ring's timeline: a mark of the compute stream (device.h), read when the
+ * timeline is (on the GPU the host queues the ring's work without waiting for it). */
+static device_mark stamp(const cp_state *s) {
+    return s->record ? device_mark_now() : (device_mark){0, NULL};
 }
-static void record(cp_state *s, int step, bool wait, double t0, double t1) {
-    if (s->record && s->n_events < 2 * CP_MAX_RANKS)
-        s->events[s->n_events++] = (cp_event){step, (s->r - step + s->C) % s->C, wait, t0, t1};
+static void record(cp_state *s, int step, bool wait, device_mark m0, device_mark m1) {
+    if (s->record && s->n_events < 2 * CP_MAX_RANKS) {
+        s->events[s->n_events++] = (cp_event){step, (s->r - step + s->C) % s->C, wait, 0, 0, m0, m1};
+        return;
+    }
+    device_mark_release(&m0);
+    device_mark_release(&m1);
+}
+/* A new ring forward's timeline: the last one's marks go back. */
+static void restart_timeline(cp_state *s) {
+    for (int i = 0; i < s->n_events; i++) {
+        device_mark_release(&s->events[i].m0);
+        device_mark_release(&s->events[i].m1);
+    }
+    s->n_events = 0;
 }
 
 /* Ring step t's compute: this rank's queries against the block in hand, which rank r - t owns,
@@ -184,14 +199,14 @@ static void record(cp_state *s, int step, bool wait, double t0, double t1) {
 static void ring_compute_step(cp_state *s, const cp_shape *z, float *out, float *lse, const float *q,
                               const float *kv, int t, comm_request *exchange) {
     int chunks[2];
-    double t0 = stamp(s);
+    device_mark t0 = stamp(s);
     owner_chunks(s, (s->r - t + s->C) % s->C, chunks);
     block_forward(s, z, out, lse, q, kv, chunks, exchange);
     record(s, t, false, t0, stamp(s));
 }
 /* Ring step t's end: wait for the next block (what the compute did not hide). */
 static void ring_wait(cp_state *s, comm_request *req, int t) {
-    double t0 = stamp(s);
+    device_mark t0 = stamp(s);
     comm_wait(req);
     record(s, t, true, t0, stamp(s));
 }
@@ -204,7 +219,7 @@ static void kv_forward(cp_state *s, const cp_shape *z, float *out, float *lse, c
     if (s->o.method == CP_RING) {
         /* step t: the block of rank r - t is in hand; send it on while computing on it */
         float *incoming = device_alloc_floats(n, MEM_BUFFERS);
-        s->n_events = 0;
+        restart_timeline(s);
         for (int t = 0; t < s->C; t++) {
             /* BEGIN ASSIGNMENT: ring step t: post the exchange (kv to next, incoming from prev) unless this is the last step, compute on the block in hand (ring_compute_step, which moves the exchange along), then wait (ring_wait) and swap kv and incoming */
             comm_request req = {0};
@@ -445,8 +460,13 @@ void context_parallel_working_sets(const llama_plan *plan, size_t *forward, size
 
 void context_parallel_record_timeline(llama_plan *plan, bool on) { state_of(plan)->record = on; }
 int context_parallel_timeline(const llama_plan *plan, const cp_event **events) {
-    *events = state_of(plan)->events;
-    return state_of(plan)->n_events;
+    cp_state *s = state_of(plan);
+    for (int i = 0; i < s->n_events; i++) {
+        s->events[i].t0 = device_mark_seconds(&s->events[i].m0);
+        s->events[i].t1 = device_mark_seconds(&s->events[i].m1);
+    }
+    *events = s->events;
+    return s->n_events;
 }
 
 /* ---- the deliberate bug ---------------------------------------------------------------------- */

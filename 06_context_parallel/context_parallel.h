@@ -32,6 +32,7 @@
  */
 #pragma once
 #include <stdbool.h>
+#include "device.h"
 #include "llama.h"
 #include "mesh.h"
 #include "plan.h"
@@ -100,14 +101,15 @@ void cp_working_set_formula(cp_method method, int C, int B, int Tl, int H, int H
  * backward held on this rank, above what was allocated before the call. */
 void context_parallel_working_sets(const llama_plan *plan, size_t *forward, size_t *backward);
 
-/* The ring's timeline: with recording on (the device is synchronised at every mark, so only when
- * asked), each ring forward keeps its steps' compute and wait intervals; the last one's are read
- * back with context_parallel_timeline. Times are wall_seconds(). */
+/* The ring's timeline: with recording on, each ring forward keeps its steps' compute and wait
+ * intervals as marks of the compute stream (device.h); the last one's are read back with
+ * context_parallel_timeline (which waits for the device), in seconds on wall_seconds()'s clock. */
 #define CP_MAX_RANKS 64
 typedef struct {
     int step, owner;    /* ring step t, and the rank whose K/V block was in hand (r - t)         */
     bool wait;          /* false: computing on the block; true: waiting for the next one         */
-    double t0, t1;
+    double t0, t1;      /* read by context_parallel_timeline                                     */
+    device_mark m0, m1;
 } cp_event;
 void context_parallel_record_timeline(llama_plan *plan, bool on);
 int context_parallel_timeline(const llama_plan *plan, const cp_event **events);

@@ -267,6 +267,16 @@ static void log_wait(comm_group *g, int logged, double wait0, double wait1) {
     }
 }
 
+/* The entry of the call the backend is inside (comm_backend.h), 0 when none is logged. */
+static int current_log = 0;
+int comm_current_log(void) { return current_log; }
+void comm_device_times(comm_group *g, int logged, double issue, double wait0, double wait1) {
+    if (logged > 0 && g->timelog && logged <= g->timelog->n) {
+        g->timelog->issue[logged - 1] = g->timelog->issued[logged - 1] = issue;
+        log_wait(g, logged, wait0, wait1);
+    }
+}
+
 static void count(comm_group *g, collective_kind k, double payload_bytes, double seconds) {
     if (!counting) return;
     collective_stats *s = &counted(g)->stats[k];
@@ -296,11 +306,13 @@ static void *one_rank_copy(void *recv, const void *send, size_t bytes) {
     guard_begin(collective_name(kind), (g)->name);       \
     if (be->host_timed) be->sync();                      \
     double t0_ = wall_seconds();                         \
+    current_log = log_issue((g), (kind), t0_, t0_);      \
     call;                                                \
     if (be->host_timed) be->sync();                      \
     double t1_ = be->host_timed ? wall_seconds() : t0_;  \
     count((g), (kind), (payload), t1_ - t0_);            \
-    log_wait((g), log_issue((g), (kind), t0_, t0_), t0_, t1_); \
+    log_wait((g), current_log, t0_, t1_);                \
+    current_log = 0;                                     \
     guard_end();                                         \
 } while (0)
 
@@ -396,7 +408,9 @@ void comm_wait(comm_request *req) {
     if (!req->pending) return;
     guard_begin(collective_name(req->kind), req->group->name);
     double w0 = wall_seconds();
+    current_log = req->logged;
     double waited = be->wait(req->pending);
+    current_log = 0;
     if (counting) counted(req->group)->stats[req->kind].seconds += waited;
     log_wait(req->group, req->logged, w0, w0 + waited);
     guard_end();

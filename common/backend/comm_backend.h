@@ -98,5 +98,12 @@ const char *comm_choose(const char *want, bool nccl_built, const char *const *de
  * to g's statistics of `kind` (its parent's for a link). */
 bool comm_is_counting(void);
 void comm_add_seconds(comm_group *g, collective_kind kind, double seconds);
+/* For a backend that times on the device: the timelog entry (comm_wait_split) of the call it is
+ * inside now, a blocking call or a request's wait (0: none is logged); and, once the device has
+ * run it, the entry's times on the host's clock (device_mark_seconds' scale): when its
+ * collective could start on the device, and when the compute stream began and ended waiting
+ * for it. */
+int comm_current_log(void);
+void comm_device_times(comm_group *g, int logged, double issue, double wait0, double wait1);
 
 C_END

@@ -109,18 +109,23 @@ static void event_give_back(cudaEvent_t e) {
     g_free[g_nfree++] = e;
 }
 
-/* ---- timing: (reached, done) pairs read at settle ---- */
+/* ---- timing: (started, reached, done) read at settle ---- */
 
 typedef struct {
     comm_group *g;
     collective_kind kind;
-    bool counted;               /* counting was on at the call          */
-    cudaEvent_t reached, done;  /* the compute stream got there; the call ended */
+    bool counted;               /* counting was on at the call                                  */
+    int logged;                 /* its timelog entry (comm_wait_split), 0: none                 */
+    cudaEvent_t started;        /* the group's stream got to the call: it could start there     */
+    cudaEvent_t reached, done;  /* the compute stream got to the wait; the call ended           */
 } pending_time;
 
 static pending_time *g_pending;
 static int g_npending, g_cappending;
 
+/* The compute stream stalled from `reached` to `done` (if done came later): that is the call's
+ * seconds; for comm_wait_split, the three moments on the host's clock, so that the stall can be
+ * cut where the group's last rank could start the collective (its `started`). */
 static void nccl_settle(void) {
     for (int i = 0; i < g_npending; i++) {
         pending_time *t = &g_pending[i];
@@ -130,6 +135,12 @@ static void nccl_settle(void) {
         CUDA_CHECK(cudaEventElapsedTime(&ms, t->reached, t->done));
         /* negative: the transfer was over before the compute stream got there (fully hidden) */
         if (t->counted && ms > 0.0f) comm_add_seconds(t->g, t->kind, ms / 1000.0);
+        if (t->logged) {
+            double reached = cuda_event_host_seconds(t->reached);
+            comm_device_times(t->g, t->logged, cuda_event_host_seconds(t->started), reached,
+                              ms > 0.0f ? reached + ms / 1000.0 : reached);
+        }
+        event_give_back(t->started);
         event_give_back(t->reached);
         event_give_back(t->done);
     }
@@ -138,7 +149,8 @@ static void nccl_settle(void) {
 
 /* The compute stream waits for `done` from here on; the stall is timed from `reached`. A long
  * run that never reads its statistics settles every 4096 calls, so the list stays bounded. */
-static void compute_waits(comm_group *g, collective_kind kind, cudaEvent_t reached, cudaEvent_t done) {
+static void compute_waits(comm_group *g, collective_kind kind, cudaEvent_t started, cudaEvent_t reached,
+                          cudaEvent_t done) {
     CUDA_CHECK(cudaStreamWaitEvent(cuda_stream(), done, 0));
     if (g_npending == 4096) nccl_settle();
     if (g_npending == g_cappending) g_pending = (pending_time *)grow(g_pending, &g_cappending, sizeof *g_pending);
@@ -146,82 +158,87 @@ static void compute_waits(comm_group *g, collective_kind kind, cudaEvent_t reach
     t->g = g;
     t->kind = kind;
     t->counted = comm_is_counting();
+    t->logged = comm_current_log();
+    t->started = started;
     t->reached = reached;
     t->done = done;
 }
 
 /* The start of every call: g's stream waits for the kernels issued so far (they write the
- * buffers about to be sent or reduced). Returns the stream to issue on. `reached`, if given, is a
- * timed event at that point of the compute stream. */
-static cudaStream_t begin(comm_group *g, cudaEvent_t *reached) {
+ * buffers about to be sent or reduced), then records *started (the call can start from here).
+ * Returns the stream to issue on. `reached`, if given, is a timed event at that point of the
+ * compute stream. */
+static cudaStream_t begin(comm_group *g, cudaEvent_t *reached, cudaEvent_t *started) {
     cudaEvent_t at = g_ready;
     if (reached) at = *reached = event_take();
     CUDA_CHECK(cudaEventRecord(at, cuda_stream()));
     CUDA_CHECK(cudaStreamWaitEvent(ng(g)->stream, at, 0));
+    *started = event_take();
+    CUDA_CHECK(cudaEventRecord(*started, ng(g)->stream));
     return ng(g)->stream;
 }
 
 /* The end of a blocking call: the compute stream waits for it (the host does not). */
-static void end_blocking(comm_group *g, collective_kind kind, cudaEvent_t reached) {
+static void end_blocking(comm_group *g, collective_kind kind, cudaEvent_t started, cudaEvent_t reached) {
     cudaEvent_t done = event_take();
     CUDA_CHECK(cudaEventRecord(done, ng(g)->stream));
-    compute_waits(g, kind, reached, done);
+    compute_waits(g, kind, started, reached, done);
 }
 
 /* ---- blocking calls ---- */
 
 static void nccl_all_reduce(comm_group *g, float *buf, size_t count, comm_op op) {
-    cudaEvent_t reached;
-    cudaStream_t s = begin(g, &reached);
+    cudaEvent_t reached, started;
+    cudaStream_t s = begin(g, &reached, &started);
     NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat, op == COMM_MAX ? ncclMax : ncclSum, ng(g)->comm, s));
-    end_blocking(g, COLL_ALL_REDUCE, reached);
+    end_blocking(g, COLL_ALL_REDUCE, started, reached);
 }
 /* send[count] from every rank -> recv[size * count], rank r's chunk at recv + r*count. */
 static void nccl_all_gather(comm_group *g, const float *send, float *recv, size_t count) {
-    cudaEvent_t reached;
-    cudaStream_t s = begin(g, &reached);
+    cudaEvent_t reached, started;
+    cudaStream_t s = begin(g, &reached, &started);
     NCCL_CHECK(ncclAllGather(send, recv, count, ncclFloat, ng(g)->comm, s));
-    end_blocking(g, COLL_ALL_GATHER, reached);
+    end_blocking(g, COLL_ALL_GATHER, started, reached);
 }
 /* send[size * count] -> recv[count] on rank r = sum over ranks of their chunk r. NCCL's count
  * is the per-rank (received) count, like MPI_Reduce_scatter_block's. */
 static void nccl_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
-    cudaEvent_t reached;
-    cudaStream_t s = begin(g, &reached);
+    cudaEvent_t reached, started;
+    cudaStream_t s = begin(g, &reached, &started);
     NCCL_CHECK(ncclReduceScatter(send, recv, count, ncclFloat, ncclSum, ng(g)->comm, s));
-    end_blocking(g, COLL_REDUCE_SCATTER, reached);
+    end_blocking(g, COLL_REDUCE_SCATTER, started, reached);
 }
 static void nccl_broadcast(comm_group *g, float *buf, size_t count, int root) {
-    cudaEvent_t reached;
-    cudaStream_t s = begin(g, &reached);
+    cudaEvent_t reached, started;
+    cudaStream_t s = begin(g, &reached, &started);
     NCCL_CHECK(ncclBroadcast(buf, buf, count, ncclFloat, root, ng(g)->comm, s));
-    end_blocking(g, COLL_BROADCAST, reached);
+    end_blocking(g, COLL_BROADCAST, started, reached);
 }
 /* NCCL has no all-to-all call of its own: one ncclSend and one ncclRecv per peer (itself
  * included), in one group so that they run together and cannot deadlock. */
 static void nccl_all_to_all(comm_group *g, const float *send, float *recv, size_t count) {
-    cudaEvent_t reached;
-    cudaStream_t s = begin(g, &reached);
+    cudaEvent_t reached, started;
+    cudaStream_t s = begin(g, &reached, &started);
     NCCL_CHECK(ncclGroupStart());
     for (int peer = 0; peer < g->size; peer++) {
         NCCL_CHECK(ncclSend(send + (size_t)peer * count, count, ncclFloat, peer, ng(g)->comm, s));
         NCCL_CHECK(ncclRecv(recv + (size_t)peer * count, count, ncclFloat, peer, ng(g)->comm, s));
     }
     NCCL_CHECK(ncclGroupEnd());
-    end_blocking(g, COLL_ALL_TO_ALL, reached);
+    end_blocking(g, COLL_ALL_TO_ALL, started, reached);
 }
 /* A send completes only when the peer's receive runs: the peers must pair them (comm.h). */
 static void nccl_send(comm_group *g, const float *buf, size_t count, int peer) {
-    cudaEvent_t reached;
-    cudaStream_t s = begin(g, &reached);
+    cudaEvent_t reached, started;
+    cudaStream_t s = begin(g, &reached, &started);
     NCCL_CHECK(ncclSend(buf, count, ncclFloat, peer, ng(g)->comm, s));
-    end_blocking(g, COLL_SEND, reached);
+    end_blocking(g, COLL_SEND, started, reached);
 }
 static void nccl_recv(comm_group *g, float *buf, size_t count, int peer) {
-    cudaEvent_t reached;
-    cudaStream_t s = begin(g, &reached);
+    cudaEvent_t reached, started;
+    cudaStream_t s = begin(g, &reached, &started);
     NCCL_CHECK(ncclRecv(buf, count, ncclFloat, peer, ng(g)->comm, s));
-    end_blocking(g, COLL_RECV, reached);
+    end_blocking(g, COLL_RECV, started, reached);
 }
 /* Send and receive fused in one NCCL group, so they progress together: a ring shift where every
  * rank sends right and receives from the left. */
@@ -234,10 +251,10 @@ static void issue_sendrecv(comm_group *g, cudaStream_t s, const float *sendbuf, 
 }
 static void nccl_sendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
                           float *recvbuf, size_t recv_count, int source) {
-    cudaEvent_t reached;
-    cudaStream_t s = begin(g, &reached);
+    cudaEvent_t reached, started;
+    cudaStream_t s = begin(g, &reached, &started);
     issue_sendrecv(g, s, sendbuf, send_count, dest, recvbuf, recv_count, source);
-    end_blocking(g, COLL_RECV, reached);
+    end_blocking(g, COLL_RECV, started, reached);
 }
 
 /* ---- non-blocking calls: the handle is the call's `done` event, its group and kind ---- */
@@ -245,14 +262,18 @@ static void nccl_sendrecv(comm_group *g, const float *sendbuf, size_t send_count
 typedef struct {
     comm_group *g;
     collective_kind kind;
-    cudaEvent_t done;
+    cudaEvent_t started, done;
 } nccl_request;
 
+/* The call just issued by begin_request's stream: its request. */
+static cudaEvent_t g_started_now;
+static cudaStream_t begin_request(comm_group *g) { return begin(g, NULL, &g_started_now); }
 static void *issued(comm_group *g, collective_kind kind) {
     nccl_request *r = (nccl_request *)malloc(sizeof *r);
     if (!r) { fprintf(stderr, "comm_nccl: out of host memory\n"); exit(1); }
     r->g = g;
     r->kind = kind;
+    r->started = g_started_now;
     r->done = event_take();
     CUDA_CHECK(cudaEventRecord(r->done, ng(g)->stream));
     return r;
@@ -261,32 +282,32 @@ static void *issued(comm_group *g, collective_kind kind) {
 /* Started at once on the group's stream: a link carries one direction, so a send never waits
  * behind a receive of the same queue (comm.h, "Ordering"). */
 static void *nccl_isend(comm_group *g, const float *buf, size_t count, int peer) {
-    NCCL_CHECK(ncclSend(buf, count, ncclFloat, peer, ng(g)->comm, begin(g, NULL)));
+    NCCL_CHECK(ncclSend(buf, count, ncclFloat, peer, ng(g)->comm, begin_request(g)));
     return issued(g, COLL_SEND);
 }
 static void *nccl_irecv(comm_group *g, float *buf, size_t count, int peer) {
-    NCCL_CHECK(ncclRecv(buf, count, ncclFloat, peer, ng(g)->comm, begin(g, NULL)));
+    NCCL_CHECK(ncclRecv(buf, count, ncclFloat, peer, ng(g)->comm, begin_request(g)));
     return issued(g, COLL_RECV);
 }
 static void *nccl_isendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
                             float *recvbuf, size_t recv_count, int source) {
-    issue_sendrecv(g, begin(g, NULL), sendbuf, send_count, dest, recvbuf, recv_count, source);
+    issue_sendrecv(g, begin_request(g), sendbuf, send_count, dest, recvbuf, recv_count, source);
     return issued(g, COLL_RECV);
 }
 static void *nccl_iall_reduce(comm_group *g, float *buf, size_t count, comm_op op) {
-    NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat, op == COMM_MAX ? ncclMax : ncclSum, ng(g)->comm, begin(g, NULL)));
+    NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat, op == COMM_MAX ? ncclMax : ncclSum, ng(g)->comm, begin_request(g)));
     return issued(g, COLL_ALL_REDUCE);
 }
 static void *nccl_iall_gather(comm_group *g, const float *send, float *recv, size_t count) {
-    NCCL_CHECK(ncclAllGather(send, recv, count, ncclFloat, ng(g)->comm, begin(g, NULL)));
+    NCCL_CHECK(ncclAllGather(send, recv, count, ncclFloat, ng(g)->comm, begin_request(g)));
     return issued(g, COLL_ALL_GATHER);
 }
 static void *nccl_iall_gather_bytes(comm_group *g, const void *send, void *recv, size_t nbytes) {
-    NCCL_CHECK(ncclAllGather(send, recv, nbytes, ncclUint8, ng(g)->comm, begin(g, NULL)));
+    NCCL_CHECK(ncclAllGather(send, recv, nbytes, ncclUint8, ng(g)->comm, begin_request(g)));
     return issued(g, COLL_ALL_GATHER);
 }
 static void *nccl_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
-    NCCL_CHECK(ncclReduceScatter(send, recv, count, ncclFloat, ncclSum, ng(g)->comm, begin(g, NULL)));
+    NCCL_CHECK(ncclReduceScatter(send, recv, count, ncclFloat, ncclSum, ng(g)->comm, begin_request(g)));
     return issued(g, COLL_REDUCE_SCATTER);
 }
 
@@ -296,7 +317,7 @@ static double nccl_wait(void *handle) {
     nccl_request *r = (nccl_request *)handle;
     cudaEvent_t reached = event_take();
     CUDA_CHECK(cudaEventRecord(reached, cuda_stream()));
-    compute_waits(r->g, r->kind, reached, r->done);
+    compute_waits(r->g, r->kind, r->started, reached, r->done);
     free(r);
     return 0.0;
 }

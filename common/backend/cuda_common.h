@@ -57,6 +57,9 @@
 /* The rank's stream and cuBLAS handle (device_cuda.cu). Valid after device_init(). */
 cudaStream_t cuda_stream(void);
 cublasHandle_t cuda_cublas(void);
+/* A timing event's moment on the host's clock (CLOCK_MONOTONIC), once the GPU has reached it
+ * (waits for it): device_cuda.cu's reference event plus the GPU's time since (device.h, marks). */
+double cuda_event_host_seconds(cudaEvent_t e);
 
 /* Launch geometry for element-wise kernels: CUDA_THREADS threads per block and enough blocks
  * to give every element its own thread, capped so the grid stays within limits; kernels use a

@@ -56,6 +56,22 @@ void device_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pit
 void device_zero(void *p, size_t bytes);
 void device_synchronize(void);
 
+/* ---- timing what the device does ----
+ * On the GPU the host does not wait for the work it queues, so the host's clock tells when work
+ * was queued, not when it ran (a pipeline action's kernels may run long after the host moved on).
+ * A mark is a moment of the compute stream: the point where everything queued before it has run.
+ *   CPU:  the host's clock when device_mark_now() is called (a CPU kernel has run when its call
+ *         returns), so marks cost nothing and read exactly as wall_seconds() would.
+ *   CUDA: a timing event recorded on the compute stream; no wait.
+ * device_mark_seconds() gives the mark's moment on the host's clock (CLOCK_MONOTONIC, the clock of
+ * wall_seconds(): marks of the ranks of one node compare), waiting for the GPU to get there
+ * (CUDA: the event's time after a reference event whose host time was read at a
+ * synchronisation). device_mark_release() gives a mark's event back for later marks. */
+typedef struct { double host; void *event; } device_mark;
+device_mark device_mark_now(void);
+double device_mark_seconds(device_mark *m);
+void device_mark_release(device_mark *m);
+
 /* ---- accounting (memory.c, shared by both backends) ---- */
 void mem_track_alloc(const void *p, size_t bytes, mem_category cat);
 size_t mem_track_free(const void *p);         /* returns the bytes p had */

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "device.h"
 
 void device_init(int local_rank) { (void)local_rank; openblas_set_num_threads(1); }
@@ -56,3 +57,12 @@ void device_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pit
 }
 void device_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 void device_synchronize(void) {}
+
+/* A mark is the host's clock: the work before it has run (device.h). */
+device_mark device_mark_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (device_mark){ts.tv_sec + 1e-9 * ts.tv_nsec, NULL};
+}
+double device_mark_seconds(device_mark *m) { return m->host; }
+void device_mark_release(device_mark *m) { (void)m; }

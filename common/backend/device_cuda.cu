@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 /* Only the C API of MPI is used; skip the (deprecated) C++ bindings nvcc would otherwise see. */
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -16,6 +17,10 @@
 #include "cuda_common.h"
 
 static cudaStream_t g_stream = NULL;      /* the one stream everything goes onto  */
+static cudaEvent_t g_origin = NULL;       /* device marks' reference (device_mark_seconds)  */
+static double g_origin_host = 0;          /* ... and its moment on the host's clock          */
+static cudaEvent_t *g_free_marks = NULL;  /* marks' events given back, for the next marks    */
+static int g_nfree_marks = 0, g_capfree_marks = 0;
 static cublasHandle_t g_cublas = NULL;    /* the one cuBLAS handle, bound to it   */
 
 cudaStream_t cuda_stream(void) { return g_stream; }
@@ -77,6 +82,12 @@ static int check_cuda_usable(void) {
     exit(2);
 }
 
+static double host_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
 /* Settings of the CUDA driver that must be made before its first call, unless the user made them:
  *   CUDA_MODULE_LOADING=EAGER: every kernel is loaded when the context is created. CUDA's default
  *     (LAZY) loads a kernel at its first launch, which waits for the GPU to be idle: inside a step,
@@ -107,6 +118,12 @@ void device_init(int local_rank) {
     uint64_t keep_all = UINT64_MAX;   /* never give freed memory back to the driver before exit */
     CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
     CUDA_CHECK(cudaStreamCreate(&g_stream));
+    /* The marks' reference: an event the GPU reaches at once (nothing is queued yet), and the
+     * host's clock read right after it has. */
+    CUDA_CHECK(cudaEventCreate(&g_origin));
+    CUDA_CHECK(cudaEventRecord(g_origin, g_stream));
+    CUDA_CHECK(cudaEventSynchronize(g_origin));
+    g_origin_host = host_seconds();
     CUBLAS_CHECK(cublasCreate(&g_cublas));
     CUBLAS_CHECK(cublasSetStream(g_cublas, g_stream));
     /* Plain fp32 GEMMs: no TF32 tensor-core shortcut, so a GEMM agrees with OpenBLAS to fp32
@@ -118,6 +135,9 @@ void device_init(int local_rank) {
 void device_shutdown(void) {
     for (void *p = mem_cache_drain(); p != NULL; p = mem_cache_drain()) CUDA_CHECK(cudaFreeAsync(p, g_stream));
     if (g_stream) CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    while (g_nfree_marks > 0) CUDA_CHECK(cudaEventDestroy(g_free_marks[--g_nfree_marks]));
+    if (g_origin) CUDA_CHECK(cudaEventDestroy(g_origin));
+    g_origin = NULL;
     if (g_cublas) CUBLAS_CHECK(cublasDestroy(g_cublas));
     if (g_stream) CUDA_CHECK(cudaStreamDestroy(g_stream));
     g_cublas = NULL;
@@ -241,4 +261,40 @@ void device_zero(void *p, size_t bytes) {
 /* Wait for everything queued so far (used before reading clocks and at the end of a step). */
 void device_synchronize(void) {
     CUDA_CHECK(cudaStreamSynchronize(g_stream));
+}
+
+/* ---- marks: timing events on the stream, kept on a free list (device.h) ---- */
+
+
+device_mark device_mark_now(void) {
+    cudaEvent_t e;
+    if (g_nfree_marks > 0) e = g_free_marks[--g_nfree_marks];
+    else CUDA_CHECK(cudaEventCreate(&e));
+    CUDA_CHECK(cudaEventRecord(e, g_stream));
+    return (device_mark){-1.0, (void *)e};
+}
+
+/* The event's moment: the reference's host time plus the GPU's time from the reference to it.
+ * (Read once, then kept in the mark.) */
+double cuda_event_host_seconds(cudaEvent_t e) {
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventSynchronize(e));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, g_origin, e));
+    return g_origin_host + ms / 1000.0;
+}
+
+double device_mark_seconds(device_mark *m) {
+    if (m->event && m->host < 0) m->host = cuda_event_host_seconds((cudaEvent_t)m->event);
+    return m->host;
+}
+
+void device_mark_release(device_mark *m) {
+    if (!m->event) return;
+    if (g_nfree_marks == g_capfree_marks) {
+        g_capfree_marks = g_capfree_marks ? 2 * g_capfree_marks : 64;
+        g_free_marks = (cudaEvent_t *)realloc(g_free_marks, (size_t)g_capfree_marks * sizeof *g_free_marks);
+        if (!g_free_marks) { fprintf(stderr, "device: out of host memory\n"); exit(1); }
+    }
+    g_free_marks[g_nfree_marks++] = (cudaEvent_t)m->event;
+    m->event = NULL;
 }
