@@ -7,7 +7,9 @@
 #
 #   download [DIR]      apt-get download the packages below into DIR/debs (default gpu-bundle/,
 #                       ignored by git), write DIR/MANIFEST (package versions, the glibc the
-#                       libraries need), print the size, then run verify
+#                       libraries need), print the size, then run verify: all of it in a new
+#                       folder beside DIR, which replaces DIR only once it has verified (an
+#                       existing bundle is never left half-replaced; a failure leaves no trace)
 #   verify [DIR]        unpack DIR into a temporary prefix and show that it works without the
 #                       system's copy: mpirun -np 2 hostname, and mpicc compiles and links a tiny
 #                       MPI + cJSON program that runs on 2 ranks and loads Open MPI's components
@@ -121,13 +123,37 @@ glibc_needed() {
         xargs -0 objdump -T 2>/dev/null | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1
 }
 
+# Into a new folder beside DIR, verified there, then put in DIR's place: an existing bundle stays
+# whole until the new one is complete (a download that fails, offline say, leaves it as it was),
+# and a failed attempt leaves nothing behind, so it can simply be run again.
 download() {
-    local dir=$1
+    local dir=${1%/} new
     command -v apt-get >/dev/null || { echo "gpu_bundle: apt-get not found: run make gpu-bundle on Debian 12 (bookworm)"; return 2; }
-    mkdir -p "$dir/debs" && rm -f "$dir"/debs/*.deb
+    new=$dir.new.$$
+    rm -rf "$new" && mkdir -p "$new/debs" || { echo "gpu_bundle: cannot create $new beside $dir"; return 2; }
+    trap 'rm -rf "$new"; echo "gpu_bundle: interrupted; $dir is as it was"; exit 130' INT TERM HUP
+    if ! fill "$new" || ! verify "$new"; then
+        rm -rf "$new"
+        echo "gpu_bundle: no new bundle made; $([ -d "$dir" ] && echo "$dir is as it was" || echo "nothing was written")"
+        return 1
+    fi
+    rm -rf "$new/root"   # (verify unpacks elsewhere; a stale root would only be unpacked again)
+    if [ -e "$dir" ]; then
+        mv "$dir" "$dir.old.$$" && mv "$new" "$dir" && rm -rf "$dir.old.$$" ||
+            { echo "gpu_bundle: could not put $new in place of $dir"; return 1; }
+    else
+        mv "$new" "$dir" || { echo "gpu_bundle: could not rename $new to $dir"; return 1; }
+    fi
+    trap - INT TERM HUP
+    echo "gpu-bundle: $dir ready"
+}
+
+# The packages and their MANIFEST into the empty folder DIR.
+fill() {
+    local dir=$1
     # apt-get download writes into the current directory; the _apt user may not read it
     if ! (cd "$dir/debs" && apt-get download $BUNDLE_PACKAGES) >"$dir/download.log" 2>&1; then
-        echo "gpu_bundle: apt-get download failed (run apt-get update first?):"
+        echo "gpu_bundle: apt-get download failed (no network, or run apt-get update first?):"
         grep -E '^(E|W):' "$dir/download.log" | grep -v unsandboxed | head -5
         return 1
     fi
@@ -142,8 +168,8 @@ download() {
     local n size
     n=$(ls "$dir"/debs/*.deb | wc -l)
     size=$(du -cb "$dir"/debs/*.deb | tail -1 | cut -f1)
-    printf 'gpu-bundle: %d packages, %.1f MiB in %s/debs (the libraries need glibc >= %s)\n' \
-        "$n" "$(awk -v s="$size" 'BEGIN {print s / 1048576}')" "$dir" "${glibc:-?}"
+    printf 'gpu-bundle: %d packages, %.1f MiB (the libraries need glibc >= %s)\n' \
+        "$n" "$(awk -v s="$size" 'BEGIN {print s / 1048576}')" "${glibc:-?}"
     echo "  $(sed -n '3,$p' "$dir/MANIFEST" | awk '{print $1}' | paste -sd' ')"
     [ "$size" -lt $((32 * 1048576)) ] || { echo "gpu_bundle: the bundle is over 32 MiB: too big to carry"; return 1; }
 }
@@ -261,7 +287,7 @@ EOF
 }
 
 case "${1:-}" in
-download) download "${2:-gpu-bundle}" && verify "${2:-gpu-bundle}" ;;
+download) download "${2:-gpu-bundle}" ;;
 verify) verify "${2:-gpu-bundle}" ;;
 unpack) [ $# -eq 3 ] || { echo "usage: gpu_bundle.sh unpack DIR ROOT"; exit 2; }; unpack "$2" "$3" ;;
 env) [ $# -eq 2 ] || { echo "usage: gpu_bundle.sh env ROOT"; exit 2; }; env_lines "$2" ;;

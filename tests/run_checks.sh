@@ -14,7 +14,9 @@
 # With STOP_AT_FIRST_FAILURE=1 it stops after the first layout that does not behave (t_assignment:
 # a student copy only has to fail, and each failing layout costs mpirun's seconds of clean-up).
 # With MAX_NP=N it skips the layouts of more than N ranks and says how many in its last line
-# (make gpu-check: MAX_NP=4, the ranks sharing one GPU).
+# (make gpu-check: MAX_NP=4, the ranks sharing one GPU). With CHECKS_DEADLINE=T (seconds since
+# the epoch, date +%s) it starts no layout after T, cuts every run's timeout to end by T, and says
+# how many it did not run (make gpu-check's time budget).
 # In a student copy (its .student-copy file, written by make assignment-NN), or with GRADE=1, a
 # chapter with an exercises.txt is then graded per exercise (tests/grade.py): a table of points
 # after the layouts, and grade.json (GRADE_JSON=FILE to put it elsewhere).
@@ -25,7 +27,11 @@ dir=$(ls -d "${nn}"_*/ 2>/dev/null | head -1)
 bin=$root/$backend/$nn
 tag=$nn${COMM:+ [COMM=$COMM]}   # the layout lines say which collectives ran them (README "Running on GPUs")
 mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
-passed=0; failed=0; stopped=""; skipped=0
+passed=0; failed=0; stopped=""; skipped=0; late=0
+# cut by CHECKS_DEADLINE (timeout's status 124 once it has passed): not run, not failed
+cut_short() { [ "$1" -eq 124 ] && [ -n "${CHECKS_DEADLINE:-}" ] && [ "$(date +%s)" -ge "$CHECKS_DEADLINE" ]; }
+# a run's timeout: N seconds, or until CHECKS_DEADLINE when that comes first
+limit() { local n=$1; [ -n "${CHECKS_DEADLINE:-}" ] && n=$(( CHECKS_DEADLINE - $(date +%s) < n ? CHECKS_DEADLINE - $(date +%s) : n )); echo $(( n > 1 ? n : 1 )); }
 log=$(mktemp -d)
 results=$log/results.tsv; : > "$results"; lineno=0   # one line per layout run, for tests/grade.py
 # What a failing run shows (at most about 40 lines): the error lines, step 1's gradient table
@@ -50,16 +56,18 @@ while read -r np expect flags; do
     case "$np" in ''|'#'*) continue;; esac
     [ -n "${MAX_NP:-}" ] && [ "$np" -gt "$MAX_NP" ] 2>/dev/null && { skipped=$((skipped+1)); continue; }
     [ "${STOP_AT_FIRST_FAILURE:-0}" = 1 ] && [ $failed -gt 0 ] && { stopped=", stopped at the first failure"; break; }
+    [ -n "${CHECKS_DEADLINE:-}" ] && [ "$(date +%s)" -ge "$CHECKS_DEADLINE" ] && { late=$((late+1)); continue; }
     out=$log/run.txt
     if [ "$expect" = unit ] || [ "$expect" = script ]; then
         if [ "$expect" = unit ]; then
-            timeout 300 $mpirun_base -np "$np" "$root/$backend/tests/$flags" </dev/null >"$out" 2>&1
+            timeout "$(limit 300)" $mpirun_base -np "$np" "$root/$backend/tests/$flags" </dev/null >"$out" 2>&1
         else
             script=${flags%% *}; args=""
             case "$flags" in *' '*) args=${flags#* };; esac
-            MPIRUN_BASE=$mpirun_base timeout 600 bash "$dir/$script" "$bin" "$np" $args </dev/null >"$out" 2>&1
+            MPIRUN_BASE=$mpirun_base timeout "$(limit 600)" bash "$dir/$script" "$bin" "$np" $args </dev/null >"$out" 2>&1
         fi
         rc=$?
+        cut_short $rc && { late=$((late+1)); continue; }
         printf '%s\t%s\t%s\t%s\t%s\t-\n' $lineno "$np" "$expect" "$flags" "$([ $rc -eq 0 ] && echo ok || echo FAIL)" >> "$results"
         if [ $rc -eq 0 ]; then
             printf 'ok    check-%s  NP=%-2s %-5s %s\n' "$tag" "$np" "$expect" "$(tail -1 "$out")"; passed=$((passed+1))
@@ -70,8 +78,9 @@ while read -r np expect flags; do
         fi
         continue
     fi
-    timeout 300 $mpirun_base -np "$np" "$bin" --check --out "$log/out" $flags </dev/null >"$out" 2>&1
+    timeout "$(limit 300)" $mpirun_base -np "$np" "$bin" --check --out "$log/out" $flags </dev/null >"$out" 2>&1
     rc=$?
+    cut_short $rc && { late=$((late+1)); continue; }
     # a "fail" layout must be caught by the parity check itself, not by anything else
     if { [ "$expect" = pass ] && [ $rc -eq 0 ] && grep -q '^PARITY OK' "$out"; } ||
        { [ "$expect" = fail ] && [ $rc -eq 1 ] && grep -q '^PARITY FAILED' "$out"; }; then
@@ -107,6 +116,7 @@ if [ -n "$todo" ] && [ -z "$graded" ]; then
     echo "unfinished exercises (make assignment-$nn removed these regions):"
     echo "$todo" | sed -E 's/^([^:]*:[0-9]+):[[:space:]]*/  \1  /'
 fi
+[ $late -gt 0 ] && stopped=", $late not run or cut short: CHECKS_DEADLINE passed$stopped"
 [ $skipped -gt 0 ] && stopped=", $skipped skipped: more than MAX_NP=$MAX_NP ranks$stopped"
 echo "check-$nn: $passed passed, $failed failed ($passed/$((passed + failed)) layouts$stopped)"
 [ $failed -eq 0 ]

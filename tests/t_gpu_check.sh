@@ -14,6 +14,10 @@
 #   4. gpu_check.sh itself unpacks a bundle (GPU_BUNDLE) and uses it: a fake bundle with mpicc
 #      but no mpirun is unpacked, its env applied, and the run stops with one line naming
 #      what is still missing
+#   5. make gpu-bundle without a network (apt-get failing) over an existing bundle: it fails,
+#      the old bundle's files are all unchanged, and no temporary folder is left
+#   6. the whole check on the CPU build (GPU_CHECK_BACKEND=cpu) with a 50 s budget: done in time,
+#      the summary in OUT, no part failed (about 50 s)
 set -u
 cd "$(dirname "$0")/.."
 . tests/check_lib.sh   # n, bad, $tmp and check
@@ -126,6 +130,37 @@ $nompi GPU_BUNDLE="$tmp/half" bash tests/gpu_check.sh >"$tmp/s.out" 2>&1; rc=$?
 check "gpu_check.sh unpacks GPU_BUNDLE into its root/ and applies it" test -x "$tmp/half/root/usr/bin/mpicc"
 check "... then names what is still missing: exit 2 (got $rc), one line ($(head -1 "$tmp/s.out" | cut -c1-90)...)" \
     bash -c "[ $rc -eq 2 ] && [ \$(grep -c '' $tmp/s.out) -eq 1 ] && grep -q 'still missing after unpacking' $tmp/s.out"
+
+# ---------------------------------------------------------------- 5. make gpu-bundle offline, over a bundle
+# apt-get fails as it does without a network: the bundle there stays whole, nothing is left beside it
+old=$tmp/kept; fake_deb "$old" fake-openmpi 1.0 with-mpirun; printf '# kept\nglibc >= 2.36\nfake-openmpi 1.0\n' >"$old/MANIFEST"
+before=$(cd "$old" && find . -type f | sort | xargs md5sum)
+mkdir -p "$tmp/offline"
+printf '#!/bin/sh\necho "E: Failed to fetch http://deb.debian.org/debian/pool/main/o/openmpi/openmpi-bin.deb  Temporary failure resolving deb.debian.org"\nexit 100\n' >"$tmp/offline/apt-get"
+chmod +x "$tmp/offline/apt-get"
+PATH=$tmp/offline:$PATH bash tests/gpu_bundle.sh download "$old" >"$tmp/s.out" 2>&1; rc=$?
+check "gpu-bundle offline over an existing bundle: exit 1 (got $rc), saying the bundle is as it was" \
+    bash -c "[ $rc -eq 1 ] && grep -q 'apt-get download failed' $tmp/s.out && grep -q 'is as it was' $tmp/s.out"
+check "... every file of the old bundle unchanged (debs, MANIFEST)" bash -c "[ \"\$(cd $old && find . -type f | sort | xargs md5sum)\" = '$before' ]"
+check "... and no new or old folder left beside it" bash -c "! ls -d $old.new.* $old.old.* 2>/dev/null | grep -q ."
+
+# ---------------------------------------------------------------- 6. the whole check within its budget
+# The plumbing of every part on the CPU build (GPU_CHECK_BACKEND=cpu) under the stand-in nvidia-smi,
+# with a 50 s budget: it ends in time, writes its summary where OUT says, every part passes or is
+# skipped for time, and the chapters' layouts stop being started when the budget is spent.
+if command -v mpirun >/dev/null && [ -x "${BUILD_ROOT:-build}/cpu/01" ]; then
+    t0=$(date +%s)
+    GPU_CHECK_BACKEND=cpu NVIDIA_SMI=$tmp/smi/one GPU_CHECK_SECONDS=50 OUT="$tmp/gc/summary.txt" \
+        bash tests/gpu_check.sh >"$tmp/s.out" 2>&1; rc=$?
+    secs=$(( $(date +%s) - t0 ))
+    check "gpu_check.sh with a 50 s budget: exit 0 (got $rc) in at most 55 s ($secs s)" [ $rc -eq 0 -a $secs -le 55 ]
+    check "... its summary in OUT, ending with the verdict" bash -c "tail -1 $tmp/gc/summary.txt | grep -q '^gpu-check: [0-9]* of 8 parts pass, 0 fail'"
+    check "... and every part's output beside it (OUT's .log)" test -s "$tmp/gc/summary.log"
+    check "... every part there: pass or skipped for time, none failed" \
+        bash -c "[ \$(grep -cE '^[a-h]  .* (pass|skip) ' $tmp/gc/summary.txt) -eq 8 ]"
+    check "... the NCCL part ran one rank under the emulation, no communicator" \
+        grep -q '^f  NCCL.*NP=1 01 PARITY OK (0 groups of 2+ ranks and 0 links)' "$tmp/gc/summary.txt"
+else echo "skip: the budgeted run (no mpirun or no CPU build)"; fi
 
 echo "$((n-bad)) of $n gpu-check checks pass (no GPU: one line and exit 2; the bundle unpacked from a fake .deb)"
 [ $bad -eq 0 ]

@@ -4,7 +4,11 @@
 #   1. chapter 05's pipeline with every message on the one pp group (--p2p shared, the design
 #      before links): correct under MPI (PARITY OK), deadlocked under NCCL's rules, where the
 #      watchdog ends it with status 3 and one line naming the receive it waited in;
-#   2. the same pipeline over links (the default) passes under the emulation, 1F1B and interleaved;
+#   1b. the same pipeline (GPipe) over links left to connect at their first message (--p2p lazy):
+#      correct under MPI, deadlocked under NCCL's lazy connection (rule 5 of the emulation), the
+#      watchdog's line naming the link and the connection it waited in;
+#   2. the same pipeline over links (the default: connected when created) passes under the
+#      emulation, 1F1B, interleaved and GPipe;
 #   3. COMM's refusals: an unknown value, and COMM=nccl on the CPU build: one line, status 2;
 #   4. COMM=mpi's staging through host memory (the CUDA build's path, so that ranks can share a
 #      GPU), forced on the CPU build with COMM_STAGE=1: the collectives' test and an interleaved pipeline.
@@ -39,9 +43,26 @@ if run "--p2p shared under COMM=nccl-sim (deadlock)" nccl-sim 3 --schedule 1f1b 
 fi
 secs=$(( $(date +%s) - t0 ))
 
-# 2. the design with links
+# 1b. links left to connect at their first message, as NCCL does by itself (--p2p lazy): under MPI
+#     the pipeline passes; under the emulation's lazy connection (rule 5) GPipe's receive, posted
+#     one action early, blocks the host of stage 0 in the connection of link 1>0 before it sends
+#     its last forward's output, which stage 1 waits for: the watchdog ends it (status 3), naming
+#     the connection
+run "--p2p lazy under MPI" mpi 0 --schedule gpipe --microbatches 4 --p2p lazy &&
+    { n=$((n+1)); grep -q '^PARITY OK' "$tmp/out.txt" || fail "--p2p lazy under MPI: no PARITY OK"; }
+t0=$(date +%s)
+if run "--p2p lazy under COMM=nccl-sim (deadlock in the lazy connection)" nccl-sim 3 --schedule gpipe --microbatches 4 --p2p lazy --timeout 5; then
+    n=$((n+1))
+    errs=$(grep -c '^error:' "$tmp/out.txt")
+    grep -q "^error: no progress for 5 s in recv on group pp 1>0 (NCCL's lazy connection: waiting for the link's other rank to make its first send to this rank)" "$tmp/out.txt" &&
+        [ "$errs" -eq 1 ] || fail "the lazy connection's watchdog line: want one naming link pp 1>0 and the lazy connection, got $errs error lines"
+fi
+lazy_secs=$(( $(date +%s) - t0 ))
+
+# 2. the design with links (connected when created)
 run "1f1b over links under COMM=nccl-sim" nccl-sim 0 --schedule 1f1b --microbatches 4 --timeout 60
 run "interleaved over links under COMM=nccl-sim" nccl-sim 0 --schedule interleaved --microbatches 4 --timeout 60
+run "gpipe over links under COMM=nccl-sim" nccl-sim 0 --schedule gpipe --microbatches 4 --timeout 60
 
 # 3. refusals
 run "COMM=gloo" gloo 2 && { n=$((n+1)); [ "$(grep -c . "$tmp/out.txt")" -eq 1 ] && grep -q '^error: COMM=gloo is not valid: use COMM=mpi' "$tmp/out.txt" || fail "COMM=gloo: want one line naming the valid values"; }
@@ -54,4 +75,4 @@ COMM_STAGE=1 run "a pipeline with COMM_STAGE=1" mpi 0 --schedule interleaved --m
     { n=$((n+1)); grep -q '^PARITY OK' "$tmp/out.txt" || fail "COMM_STAGE=1: no PARITY OK"; }
 
 [ $bad -eq 0 ] || { echo "$bad of $n checks failed"; exit 1; }
-echo "$n checks ok (the shared-group pipeline deadlocks under COMM=nccl-sim, caught in $secs s; over links it passes)"
+echo "$n checks ok (under COMM=nccl-sim the shared-group pipeline deadlocks, caught in $secs s, and the lazily connected links too, in $lazy_secs s; over links connected at creation it passes)"
