@@ -33,7 +33,7 @@ static const char *usage =
     "  --cp C                               ranks each sequence is split over (default: NP / tp)\n"
     "  --tp T                               tensor parallelism inside each cp rank (default 1)\n"
     "  --ring-timeline                      write each rank's ring steps (compute, wait) of the last\n"
-    "                                       forward to OUT/ring_timeline.csv (synchronises the device)\n"
+    "                                       forward to OUT/ring_timeline.csv\n"
     "  (defaults of this chapter: --seq-len 64)\n";
 
 enum { OPT_METHOD = 1, OPT_BALANCE, OPT_CP, OPT_TP, OPT_TIMELINE };

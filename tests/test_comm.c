@@ -510,6 +510,11 @@ static void check_choose(void) {
     }
     CHECK(strstr((comm_choose("nccl", true, one2, 2, msg, sizeof msg), msg), "COMM=mpi") != NULL,
           "the shared-GPU refusal suggests COMM=mpi: %s", msg);
+    /* the memory per device: each rank's share is its device's memory over the ranks on it */
+    CHECK(comm_count_sharers(own4, 4, 2) == 1, "4 ranks on 4 GPUs: %d on rank 2's", comm_count_sharers(own4, 4, 2));
+    CHECK(comm_count_sharers(one2, 2, 1) == 2, "2 ranks on 1 GPU: %d", comm_count_sharers(one2, 2, 1));
+    CHECK(comm_count_sharers(pairs4, 4, 3) == 2, "4 ranks on 2 GPUs: %d on rank 3's", comm_count_sharers(pairs4, 4, 3));
+    CHECK(comm_count_sharers(host4, 4, 0) == 4, "the CPU build: the host, shared by all 4: %d", comm_count_sharers(host4, 4, 0));
     /* this run's own count: every rank of a CPU build's node shares the host */
     CHECK(comm_device_sharers() >= 1 && comm_device_sharers() <= comm_world()->size,
           "comm_device_sharers %d on %d ranks", comm_device_sharers(), comm_world()->size);

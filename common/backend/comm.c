@@ -79,6 +79,11 @@ const char *comm_choose(const char *want, bool nccl_built, const char *const *de
 /* The ranks of this node that share this rank's device (itself included): comm_init counts them. */
 static int device_sharers = 1;
 int comm_device_sharers(void) { return device_sharers; }
+int comm_count_sharers(const char *const *device_names, int node_ranks, int me) {
+    int n = 0;
+    for (int i = 0; i < node_ranks; i++) n += strcmp(device_names[i], device_names[me]) == 0;
+    return n;
+}
 
 /* Every rank reads the same environment (mpirun passes it), so a refusal is reached by all. The
  * node's ranks tell each other the names of their devices first. */
@@ -89,11 +94,8 @@ static const comm_backend *comm_select(MPI_Comm node) {
     if (!all || !names) { fprintf(stderr, "comm: out of host memory\n"); exit(1); }
     device_identity(mine, NAME);
     MPI_Allgather(mine, NAME, MPI_CHAR, all, NAME, MPI_CHAR, node);
-    device_sharers = 0;
-    for (int i = 0; i < node_ranks; i++) {
-        names[i] = all + (size_t)i * NAME;
-        device_sharers += strcmp(names[i], mine) == 0;
-    }
+    for (int i = 0; i < node_ranks; i++) names[i] = all + (size_t)i * NAME;   /* by node rank: local_rank's is ours */
+    device_sharers = comm_count_sharers(names, node_ranks, local_rank);
     char msg[512];
     const char *name = comm_choose(getenv("COMM"), comm_nccl_backend() != NULL, names, node_ranks, msg, sizeof msg);
     free(names);

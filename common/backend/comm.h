@@ -8,10 +8,12 @@
  *                  id travels over MPI, sub-groups come from ncclCommSplit with the same
  *                  colour/key rule as MPI_Comm_split.
  *   COMM=nccl-sim  the CPU build's MPI, with NCCL's ordering rules enforced (one queue per
- *                  group, rendezvous sends, groups that complete as one): an order of calls
+ *                  group, rendezvous sends, groups that complete as one) and its lazy
+ *                  connection (the first message to a peer blocks the host until the peer's
+ *                  first message; a collective is a meeting of its group): an order of calls
  *                  that would deadlock under NCCL deadlocks here too, and the watchdog says so.
  *   unset          mpi on the CPU build; on the CUDA build nccl when every rank of the node has
- *                  a GPU of its own, else mpi.
+ *                  a GPU of its own (by PCI bus id), else mpi.
  *
  * Semantics and buffer layouts are identical under every backend:
  *   all-gather:     recv = [rank 0's chunk | rank 1's chunk | ...], each `count` floats.

@@ -92,6 +92,9 @@ const comm_backend *comm_nccl_backend(void);
  * Pure (comm.c; tested by test_comm with made-up bus ids). */
 const char *comm_choose(const char *want, bool nccl_built, const char *const *device_names, int node_ranks,
                         char *msg, size_t msg_size);
+/* How many of the node's ranks use the device of rank `me` of the node (itself included): the
+ * ranks its memory is divided among (comm_device_sharers). Pure, tested like comm_choose. */
+int comm_count_sharers(const char *const *device_names, int node_ranks, int me);
 
 /* For a backend that times on the device (comm.c): whether calls are being counted now
  * (comm_set_counting; remember it at the call), and the seconds of a call settled later, added
