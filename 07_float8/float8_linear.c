@@ -55,7 +55,12 @@ typedef struct float8_state_s {
     struct float8_state_s *peer;
     const llama_plan *peer_plan;    /* the parallel run's plan (its pipeline stage's layers)        */
     float8_cast_tally cmp;
+    long long rowwise_scaled_gemms; /* rowwise GEMMs run on the float8 GEMM with scale vectors      */
 } float8_state;
+
+/* Rowwise on the float8 GEMM: the backward casts' scales, kept for its GEMMs (device arrays; NULL
+ * when the emulation runs). */
+typedef struct { float *dy_rows, *w_cols, *x_cols, *dy_cols; } rowwise_kept;
 
 static const char *recipe_names[FLOAT8_NRECIPES] = {"off", "tensorwise", "rowwise", "delayed"};
 const char *float8_recipe_name(float8_recipe r) { return recipe_names[r]; }
@@ -291,11 +296,12 @@ static float *rowwise_scales(float8_state *s, const float *x, int rows, int cols
  * it when `reuse` (the backward takes the forward's). Rowwise: one power-of-two scale per row
  * (ALONG_ROWS) or per column (ALONG_COLS), the amaxes agreed over tp when tp cuts the contraction
  * dimension (`cut_along`). `cut`: tp cuts the tensor at all (a tensorwise amax is agreed).
+ * keep_scales (rowwise, may be NULL): the scales are copied there, group after group.
  * An activation (x, dy) is cast in s->groups row blocks, each with its own scales: the baseline
  * of a data-parallel run scales each dp rank's rows apart, as the ranks do (scale_io[group]). */
 static void cast_operand(float8_state *s, linear_site at, operand which, int cast, shard_layout layout, float *q,
                          const float *x, int rows, int cols, scale_axis axis, bool cut, bool cut_along,
-                         float8_format fmt, float *scale_io, bool reuse) {
+                         float8_format fmt, float *scale_io, bool reuse, float *keep_scales) {
     int G = which == OPERAND_W ? 1 : s->groups, rows_g = rows / G;
     size_t n = (size_t)rows_g * cols;
     for (int g = 0; g < G; g++) {
@@ -312,6 +318,10 @@ static void cast_operand(float8_state *s, linear_site at, operand which, int cas
         float8_scaling how = axis == ALONG_ROWS ? FLOAT8_PER_ROW : FLOAT8_PER_COL;
         float8_fake_quantize_scaled(qg, xg, n, cols, how, 0.0f, scales, fmt);
         keep_or_compare(s, at, cast, g, xg, 0, scales, how, rows_g, cols, layout, fmt);
+        if (keep_scales) {   /* group g's scales after the earlier groups': [G][rows_g or cols] */
+            int k = axis == ALONG_ROWS ? rows_g : cols;
+            device_copy(keep_scales + (size_t)g * k, scales, (size_t)k * sizeof(float));
+        }
         device_free(scales);
     }
 }
@@ -389,6 +399,85 @@ static void float8_bytes_backward(float8_state *s, float *dx, float *dW_here, co
     device_free(dyb);
 }
 
+/* ---- the float8 GEMMs of rowwise scaling ---------------------------------------------------------
+ * The same three GEMMs with a scale per row of each operand as gemm_fp8_rowwise takes them
+ * (cuBLASLt's per-row scale vectors on Hopper): the operands are cast with the scales the casts
+ * above computed (kept by cast_operand), along each GEMM's contraction, and laid out as above:
+ *   y  = x W^T     x's rows' scales [N],             W's rows' scales [out]
+ *   dx = dy W      dy's rows' scales [N],            W^T's rows = W's columns' scales [in]
+ *   dW = dy^T x    dy^T's rows = dy's columns' [out] and x^T's rows = x's columns' [in], per row
+ *                  block g of an activation (its own scales), the blocks' products summed
+ * Where the backend has no such GEMM, or its rules refuse a shape (K, N multiples of 16: dW's
+ * contraction is a block's tokens), the call returns false and the emulation runs instead. */
+static bool rowwise_scaled(const float8_state *s) {
+    return s->o.recipe == FLOAT8_ROWWISE && (s->o.rowwise_gemm == FLOAT8_ROWWISE_GEMM_SCALED ||
+                                            (s->o.rowwise_gemm == FLOAT8_ROWWISE_GEMM_AUTO && gemm_fp8_rowwise_native()));
+}
+
+/* x [rows, cols] cast along `how` with scales[], as float8 bytes; transposed to [cols, rows] when
+ * `transpose` (the GEMM's contraction is along x's rows). */
+static uint8_t *scaled_bytes(const float *x, int rows, int cols, float8_scaling how, const float *scales,
+                             float8_format fmt, bool transpose) {
+    size_t n = (size_t)rows * cols;
+    uint8_t *b = device_alloc(n, MEM_BUFFERS);
+    float8_quantize_scaled(b, x, n, cols, how, 0.0f, scales, fmt);
+    if (!transpose) return b;
+    uint8_t *t = device_alloc(n, MEM_BUFFERS);
+    float8_transpose(t, b, rows, cols);
+    device_free(b);
+    return t;
+}
+
+static bool rowwise_bytes_forward(float8_state *s, float *y, const float *x, const float *x_rows, const float *W,
+                                  const float *w_rows, int N, int in, int out) {
+    if (gemm_fp8_shape_error(N, out, in)) return false;
+    float8_format fx = float8_role_format(s->o.recipe, FLOAT8_CAST_X), fw = float8_role_format(s->o.recipe, FLOAT8_CAST_W);
+    uint8_t *xb = scaled_bytes(x, N, in, FLOAT8_PER_ROW, x_rows, fx, false);
+    uint8_t *Wb = scaled_bytes(W, out, in, FLOAT8_PER_ROW, w_rows, fw, false);
+    bool done = gemm_fp8_rowwise(y, xb, fx, x_rows, Wb, fw, w_rows, N, out, in);
+    device_free(xb);
+    device_free(Wb);
+    s->rowwise_scaled_gemms += done;
+    return done;
+}
+
+/* dx (=) and dW_here (=) where their GEMMs ran (*dx_done, *dW_done); each NULL: skipped. */
+static void rowwise_bytes_backward(float8_state *s, const rowwise_kept *k, float *dx, float *dW_here, const float *dy,
+                                   const float *x, const float *W, int N, int in, int out, bool *dx_done, bool *dW_done) {
+    int G = s->groups, rg = N / G;
+    float8_format fx = float8_role_format(s->o.recipe, FLOAT8_CAST_X), fw = float8_role_format(s->o.recipe, FLOAT8_CAST_W);
+    float8_format fdy = float8_role_format(s->o.recipe, FLOAT8_CAST_DY);
+    if (dx && !gemm_fp8_shape_error(N, in, out)) {
+        uint8_t *dyb = scaled_bytes(dy, N, out, FLOAT8_PER_ROW, k->dy_rows, fdy, false);
+        uint8_t *Wt = scaled_bytes(W, out, in, FLOAT8_PER_COL, k->w_cols, fw, true);   /* [in, out] */
+        *dx_done = gemm_fp8_rowwise(dx, dyb, fdy, k->dy_rows, Wt, fw, k->w_cols, N, in, out);
+        s->rowwise_scaled_gemms += *dx_done;
+        device_free(dyb);
+        device_free(Wt);
+    }
+    if (dW_here && !gemm_fp8_shape_error(out, in, rg)) {
+        float *part = G > 1 ? device_alloc_floats((size_t)out * in, MEM_BUFFERS) : dW_here;
+        bool done = true;
+        for (int g = 0; g < G && done; g++) {
+            uint8_t *dyt = scaled_bytes(dy + (size_t)g * rg * out, rg, out, FLOAT8_PER_COL, k->dy_cols + (size_t)g * out,
+                                        fdy, true);   /* [out, rg] */
+            uint8_t *xt = scaled_bytes(x + (size_t)g * rg * in, rg, in, FLOAT8_PER_COL, k->x_cols + (size_t)g * in,
+                                       fx, true);     /* [in, rg]  */
+            done = gemm_fp8_rowwise(part, dyt, fdy, k->dy_cols + (size_t)g * out, xt, fx, k->x_cols + (size_t)g * in,
+                                    out, in, rg);
+            if (done && G > 1) {
+                if (g == 0) device_copy(dW_here, part, (size_t)out * in * sizeof(float));
+                else add_inplace(dW_here, part, (size_t)out * in);
+            }
+            device_free(dyt);
+            device_free(xt);
+        }
+        if (G > 1) device_free(part);
+        *dW_done = done;
+        s->rowwise_scaled_gemms += done;
+    }
+}
+
 /* ---- the operator -----------------------------------------------------------------------------*/
 
 /* The microbatch a pipeline is running (chapter 05), 0 otherwise. */
@@ -424,12 +513,18 @@ static void float8_linear_forward(void *state, const llama_plan *p, linear_site 
     float *xq = device_alloc_floats((size_t)N * in, MEM_BUFFERS), *Wq = device_alloc_floats((size_t)out * in, MEM_BUFFERS);
     float *scale = forward_scales(s, at);   /* x's per group, then W's */
     shard_layout x_cut = row ? SHARD_COLS : SHARD_REPLICATED, w_cut = s->tp ? s->layout[at.kind] : SHARD_REPLICATED;
+    bool scaled = rowwise_scaled(s);   /* rowwise on the float8 GEMM: the casts' scales kept */
+    float *x_rows = scaled ? device_alloc_floats((size_t)N, MEM_BUFFERS) : NULL;
+    float *w_rows = scaled ? device_alloc_floats((size_t)out, MEM_BUFFERS) : NULL;
     cast_operand(s, at, OPERAND_X, 0, x_cut, xq, x, N, in, ALONG_ROWS, row, row, float8_role_format(s->o.recipe, FLOAT8_CAST_X),
-                 scale, false);
+                 scale, false, x_rows);
     cast_operand(s, at, OPERAND_W, 1, w_cut, Wq, W, out, in, ALONG_ROWS, row || col, row,
-                 float8_role_format(s->o.recipe, FLOAT8_CAST_W), scale + s->groups, false);
-    if (s->o.recipe == FLOAT8_ROWWISE) s->below.forward(s->below.state, p, at, y, xq, Wq, N, in, out);
-    else float8_bytes_forward(s, y, x, W, N, in, out, scale);
+                 float8_role_format(s->o.recipe, FLOAT8_CAST_W), scale + s->groups, false, w_rows);
+    if (s->o.recipe != FLOAT8_ROWWISE) float8_bytes_forward(s, y, x, W, N, in, out, scale);
+    else if (!scaled || !rowwise_bytes_forward(s, y, x, x_rows, W, w_rows, N, in, out))
+        s->below.forward(s->below.state, p, at, y, xq, Wq, N, in, out);
+    device_free(x_rows);
+    device_free(w_rows);
 
     /* against fp32: the casts, and the product */
     float *ref = device_alloc_floats((size_t)N * out, MEM_BUFFERS);
@@ -472,19 +567,33 @@ static void float8_linear_backward(void *state, const llama_plan *p, linear_site
     /* the operands */
     shard_layout dy_cut = col ? SHARD_COLS : SHARD_REPLICATED, w_cut = s->tp ? s->layout[at.kind] : SHARD_REPLICATED;
     shard_layout x_cut = row_parallel(s, at) ? SHARD_COLS : SHARD_REPLICATED;
-    cast_operand(s, at, OPERAND_DY, 2, dy_cut, dyq, dy, N, out, ALONG_ROWS, col, col, fdy, dy_scale, false);
-    cast_operand(s, at, OPERAND_W, 3, w_cut, Wq, W, out, in, ALONG_COLS, false, col, fw, scale + s->groups, true);
-    cast_operand(s, at, OPERAND_X, 4, x_cut, xq, x, N, in, ALONG_COLS, false, false, fx, scale, true);
-    if (rowwise) cast_operand(s, at, OPERAND_DY, 5, dy_cut, dy_cols, dy, N, out, ALONG_COLS, false, false, fdy, dy_scale, false);
+    rowwise_kept k = {NULL, NULL, NULL, NULL};   /* rowwise on the float8 GEMM: the casts' scales */
+    if (rowwise && rowwise_scaled(s)) {
+        int G = s->groups;
+        k.dy_rows = device_alloc_floats((size_t)N, MEM_BUFFERS);
+        k.w_cols = device_alloc_floats((size_t)in, MEM_BUFFERS);
+        k.x_cols = device_alloc_floats((size_t)G * in, MEM_BUFFERS);
+        k.dy_cols = device_alloc_floats((size_t)G * out, MEM_BUFFERS);
+    }
+    cast_operand(s, at, OPERAND_DY, 2, dy_cut, dyq, dy, N, out, ALONG_ROWS, col, col, fdy, dy_scale, false, k.dy_rows);
+    cast_operand(s, at, OPERAND_W, 3, w_cut, Wq, W, out, in, ALONG_COLS, false, col, fw, scale + s->groups, true, k.w_cols);
+    cast_operand(s, at, OPERAND_X, 4, x_cut, xq, x, N, in, ALONG_COLS, false, false, fx, scale, true, k.x_cols);
+    if (rowwise)
+        cast_operand(s, at, OPERAND_DY, 5, dy_cut, dy_cols, dy, N, out, ALONG_COLS, false, false, fdy, dy_scale, false,
+                     k.dy_cols);
 
-    /* the two GEMMs: rowwise with the operator below (the plan's before float8) on the dequantized operands, the
-     * per-tensor recipes on float8 bytes */
+    /* the two GEMMs: rowwise on the float8 GEMM with its scale vectors where the backend has one
+     * (rowwise_bytes_backward), else with the operator below (the plan's before float8) on the
+     * dequantized operands; the per-tensor recipes on float8 bytes */
     if (rowwise) {
-        if (dx) s->below.backward(s->below.state, p, at, dx_here, DX_SET, NULL, dyq, xq, Wq, N, in, out);
-        if (dW) {
+        bool dx_done = false, dW_done = false;
+        if (k.dy_rows) rowwise_bytes_backward(s, &k, dx ? dx_here : NULL, dW_here, dy, x, W, N, in, out, &dx_done, &dW_done);
+        if (dx && !dx_done) s->below.backward(s->below.state, p, at, dx_here, DX_SET, NULL, dyq, xq, Wq, N, in, out);
+        if (dW && !dW_done) {
             device_zero(dW_here, n_w * sizeof(float));
             s->below.backward(s->below.state, p, at, NULL, DX_SET, dW_here, dy_cols, xq, Wq, N, in, out);
         }
+        device_free(k.dy_rows); device_free(k.w_cols); device_free(k.x_cols); device_free(k.dy_cols);
     } else {
         float8_bytes_backward(s, dx_here, dW_here, dy, x, W, N, in, out, scale, dy_scale);
     }
@@ -684,9 +793,16 @@ long long float8_sharded_cast_mismatches(const llama_plan *plan, llama_model *m,
 
 /* ---- what a run says of itself -----------------------------------------------------------------*/
 
+long long float8_rowwise_scaled_gemms(const llama_plan *plan) {
+    const float8_state *s = plan_state(plan, &float8_technique);
+    return s ? s->rowwise_scaled_gemms : 0;
+}
+
 const char *float8_gemm_name(float8_recipe r) {
     bool on_gpu = strcmp(device_backend_name(), "cuda") == 0;
     if (r == FLOAT8_OFF) return "none, fp32";
+    if (r == FLOAT8_ROWWISE && gemm_fp8_rowwise_native())
+        return "cuBLASLt on float8 bytes with per-row scales (the emulation where it refuses a shape)";
     if (r == FLOAT8_ROWWISE) return "emulated, an fp32 GEMM of the dequantized operands";
     return on_gpu ? "cuBLASLt on float8 bytes" : "float8 bytes decoded into an fp32 GEMM, cuBLASLt's CPU twin";
 }

@@ -24,7 +24,10 @@
  * The GEMM itself. Tensorwise and delayed hand float8 bytes and their scales to gemm_fp8.h:
  * cuBLASLt's float8 GEMM on a GPU; on the CPU its twin decodes them into an fp32 GEMM, torchao's
  * emulation (q / s: exactly the products a float8 tensor core sums, in fp32). Rowwise, a scale per
- * row, runs that emulation on both backends through the linear operator it wraps (the plan's before it). Either way
+ * row, hands the bytes and their scale vectors to gemm_fp8_rowwise where the backend multiplies
+ * them itself (cuBLASLt's per-row scales on Hopper), and elsewhere (the CPU, older GPUs, a shape
+ * the float8 GEMM refuses) runs the emulation through the linear operator it wraps (the plan's
+ * before it). Either way
  * the operator composes with chapter 01's tensor parallelism and chapter 04's sharded data
  * parallelism (each operator carries its technique's state; this one's is float8_technique's).
  *
@@ -50,6 +53,12 @@
 typedef enum { FLOAT8_OFF = 0, FLOAT8_TENSORWISE, FLOAT8_ROWWISE, FLOAT8_DELAYED, FLOAT8_NRECIPES } float8_recipe;
 const char *float8_recipe_name(float8_recipe r);   /* "off", "tensorwise", "rowwise", "delayed" */
 
+/* Rowwise: where its GEMMs run. AUTO: on the float8 GEMM with per-row scales where the backend
+ * has one (gemm_fp8_rowwise_native: CUDA on Hopper), else the emulation; EMULATED: always the
+ * fp32 GEMM of dequantized operands; SCALED: always gemm_fp8_rowwise where its rules allow the
+ * shapes (on the CPU its twin: how test_float8_linear checks the path the GPU takes). */
+typedef enum { FLOAT8_ROWWISE_GEMM_AUTO = 0, FLOAT8_ROWWISE_GEMM_EMULATED, FLOAT8_ROWWISE_GEMM_SCALED } float8_rowwise_gemm;
+
 typedef struct {
     float8_recipe recipe;
     int amax_history;     /* delayed: amaxes kept per tensor (Transformer Engine: 1024; here 16) */
@@ -58,6 +67,7 @@ typedef struct {
                            * ranks, each of which scales only its own rows (0 or 1: whole)     */
     int microbatches;     /* a pipeline's microbatches in flight (chapter 08): each keeps its own
                            * forward scales (and delayed history) for its backward (0 or 1: one) */
+    float8_rowwise_gemm rowwise_gemm;   /* rowwise: where its GEMMs run (AUTO unless a test says) */
 } float8_options;
 
 /* The roles an operand plays, for the accuracy report: the three casts and the three products. */
@@ -120,6 +130,9 @@ float8_format float8_role_format(float8_recipe r, int role);
  * every rank), and the number compared in *compared. Collective over tp (and the world). */
 long long float8_sharded_cast_mismatches(const llama_plan *plan, llama_model *m, long long *compared);
 
+/* Rowwise: how many of its GEMMs (a forward's, a backward's dx or dW) ran on the float8 GEMM with
+ * per-row scale vectors (gemm_fp8_rowwise) since float8_apply; the rest ran the emulation. */
+long long float8_rowwise_scaled_gemms(const llama_plan *plan);
 /* Which float8 GEMM the recipe runs on this backend, in words, for the run's first line. */
 const char *float8_gemm_name(float8_recipe r);
 /* The recipe as the JSON object a --dump carries in its "run_options" metadata, for an outside

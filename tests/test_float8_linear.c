@@ -33,7 +33,7 @@ static void run_steps(float8_recipe r, int history, float got[5]) {
     llama_config c = llama_config_default();
     c.n_layers = 1;
     llama_plan plan = plan_single_device();
-    float8_options o = {r, history, 1, 1};
+    float8_options o = {.recipe = r, .amax_history = history, .activation_groups = 1, .microbatches = 1};
     float8_apply(&plan, &c, &o);
     float W[OUT * IN] = {0}, x[N * IN] = {0}, y[N * OUT];
     for (int i = 0; i < OUT; i++) W[i * IN + i] = WD;
@@ -54,8 +54,61 @@ static void run_steps(float8_recipe r, int history, float got[5]) {
     plan_free(&plan);
 }
 
+/* Rowwise on the float8 GEMM with per-row scale vectors (gemm_fp8_rowwise: cuBLASLt's
+ * OUTER_VEC scales on Hopper, its CPU twin here) against the emulation (dequantized operands,
+ * the fp32 linear): the forward's y, the backward's dx and dW of one linear, on row blocks of 1
+ * and 2 (a baseline's stand-ins for the data ranks, each block with its own scales in dW). The
+ * two paths multiply the same float8 values, so they agree to fp32 rounding; a scale vector given
+ * to the wrong operand, or a block's scales to another block, moves them by whole percent. Also:
+ * every one of the three GEMMs took the scaled path (counted), and the emulation took none. */
+enum { RN = 64, RIN = 32, ROUT = 48 };
+static void rowwise_pass(float8_rowwise_gemm how, int groups, float *y, float *dx, float *dW, long long *scaled) {
+    llama_config c = llama_config_default();
+    c.n_layers = 1;
+    llama_plan plan = plan_single_device();
+    float8_options o = {.recipe = FLOAT8_ROWWISE, .amax_history = 16, .activation_groups = groups, .microbatches = 1,
+                        .rowwise_gemm = how};
+    float8_apply(&plan, &c, &o);
+    static float x[RN * RIN], W[ROUT * RIN], g[RN * ROUT];
+    uint64_t seed = 7;
+    for (int i = 0; i < RN * RIN; i++) x[i] = tu_rand_uniform(&seed, -1, 1) * (i % RIN == 3 ? 20.0f : 1.0f);
+    for (int i = 0; i < ROUT * RIN; i++) W[i] = tu_rand_uniform(&seed, -0.2f, 0.2f) * (i / RIN == 5 ? 10.0f : 1.0f);
+    for (int i = 0; i < RN * ROUT; i++) g[i] = tu_rand_uniform(&seed, -1e-3f, 1e-3f);
+    float *dx_ = tu_upload(x, RN * RIN), *dW_ = tu_upload(W, ROUT * RIN), *dg = tu_upload(g, RN * ROUT);
+    float *dy = device_alloc_floats(RN * ROUT, MEM_BUFFERS), *ddx = device_alloc_floats(RN * RIN, MEM_BUFFERS);
+    float *ddW = device_alloc_floats(ROUT * RIN, MEM_BUFFERS);
+    linear_site at = {P_W1, 0};
+    plan.linear.forward(plan.linear.state, &plan, at, dy, dx_, dW_, RN, RIN, ROUT);
+    plan.linear.backward(plan.linear.state, &plan, at, ddx, DX_SET, ddW, dg, dx_, dW_, RN, RIN, ROUT);
+    device_copy_to_host(y, dy, sizeof(float) * RN * ROUT);
+    device_copy_to_host(dx, ddx, sizeof(float) * RN * RIN);
+    device_copy_to_host(dW, ddW, sizeof(float) * ROUT * RIN);
+    *scaled = float8_rowwise_scaled_gemms(&plan);
+    device_free(dx_); device_free(dW_); device_free(dg); device_free(dy); device_free(ddx); device_free(ddW);
+    plan_free(&plan);
+}
+static double max_rel(const float *a, const float *b, int n) {
+    double d = 0, m = 0;
+    for (int i = 0; i < n; i++) { d = fmax(d, fabs((double)a[i] - b[i])); m = fmax(m, fabs((double)b[i])); }
+    return m > 0 ? d / m : d;
+}
+static void check_rowwise_scaled(void) {
+    static float y[2][RN * ROUT], dx[2][RN * RIN], dW[2][ROUT * RIN];
+    for (int groups = 1; groups <= 2; groups++) {
+        long long scaled[2];
+        rowwise_pass(FLOAT8_ROWWISE_GEMM_EMULATED, groups, y[0], dx[0], dW[0], &scaled[0]);
+        rowwise_pass(FLOAT8_ROWWISE_GEMM_SCALED, groups, y[1], dx[1], dW[1], &scaled[1]);
+        CHECK(scaled[0] == 0 && scaled[1] == 3, "%d row block(s): GEMMs on the scaled path: emulated %lld (want 0), "
+              "scaled %lld (want 3: y, dx, dW)", groups, scaled[0], scaled[1]);
+        double ey = max_rel(y[1], y[0], RN * ROUT), ex = max_rel(dx[1], dx[0], RN * RIN), ew = max_rel(dW[1], dW[0], ROUT * RIN);
+        CHECK(ey < 1e-5 && ex < 1e-5 && ew < 1e-5, "%d row block(s): rowwise scaled GEMMs vs the emulation: y %.2g, "
+              "dx %.2g, dW %.2g of max (want < 1e-5)", groups, ey, ex, ew);
+    }
+}
+
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
+    check_rowwise_scaled();
     float got[5];
     run_steps(FLOAT8_TENSORWISE, 16, got);
     size_t kept = mem_current_total();   /* (CUDA: the float8 GEMM's workspace stays, by design) */
@@ -74,7 +127,7 @@ int main(int argc, char **argv) {
     llama_config c = llama_config_default();
     c.n_layers = 1;
     llama_plan plan = plan_single_device();
-    float8_options o = {FLOAT8_TENSORWISE, 16, 1, 1};
+    float8_options o = {.recipe = FLOAT8_TENSORWISE, .amax_history = 16, .activation_groups = 1, .microbatches = 1};
     float8_apply(&plan, &c, &o);
     float W[OUT * IN] = {0}, x[N * IN] = {0}, y[N * OUT];
     for (int i = 0; i < OUT; i++) W[i * IN + i] = WD;

@@ -7,6 +7,9 @@
  *             sum_k decode(A[i,k]) decode(B[j,k]) / (a_scale b_scale) in double, from the codes'
  *             values (float8_decode); C starts as a sentinel, so an entry left unwritten shows;
  *             calls after the first allocate nothing that stays (MEM_BUFFERS unchanged);
+ *   rowwise:  gemm_fp8_rowwise (a power-of-two scale per row of A and of B, one outlier row in
+ *             each) on the same shapes and pairs, against the same sum with each row's scale;
+ *             on a GPU without per-row scale vectors (before Hopper) it must refuse and leave C;
  *   rules:    gemm_fp8_shape_error accepts K, N multiples of 16 and any M >= 1, refuses K = 40,
  *             N = 8 and M = 0 with a line naming the dimension; gemm_fp8_formats_error refuses
  *             only E5M2 x E5M2; gemm_fp8_supported is true on the CPU.
@@ -19,12 +22,14 @@
  * inputs); 3e-3 on CUDA, torch's bound for _scaled_mm against the emulation (the float8 tensor
  * cores accumulate in an order and precision of their own).
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "comm.h"
 #include "device.h"
 #include "gemm_fp8.h"
 #include "test_util.h"
+#include "test_device.h"
 
 static const char *fmt_name(float8_format f) { return f == FLOAT8_E4M3 ? "E4M3" : "E5M2"; }
 
@@ -89,6 +94,51 @@ static double gemm_error(int M, int N, int K, float8_format fa, float8_format fb
     return err / ref_max;
 }
 
+/* Rowwise (gemm_fp8_rowwise): each row of A and of B cast with its own power-of-two scale, rows
+ * of very different magnitudes (one outlier row in each), against the double reference
+ * sum_k decode(A[i,k]) decode(B[j,k]) / (a_scales[i] b_scales[j]). Returns max |C - ref| / max
+ * |ref|, or -1 where the backend has no such GEMM (a GPU before Hopper: gemm_fp8_rowwise says
+ * false and leaves C as it was, which the sentinel checks). */
+static double rowwise_error(int M, int N, int K, float8_format fa, float8_format fb, uint64_t *rng) {
+    size_t na = (size_t)M * K, nb = (size_t)N * K, nc = (size_t)M * N;
+    float *x = malloc((na + nb) * sizeof(float)), *sa = malloc((M + N) * sizeof(float)), *sb = sa + M;
+    uint8_t *A = malloc(na), *B = malloc(nb);
+    for (int i = 0; i < M + N; i++) {   /* row i of A, then row i - M of B */
+        float amp = (i == 2 || i == M + 3) ? 300.0f : 0.5f, amax = 0.0f, *row = x + (size_t)i * K;
+        float8_format f = i < M ? fa : fb;
+        for (int k = 0; k < K; k++) { row[k] = tu_rand_uniform(rng, -amp, amp); amax = float8_amax_merge(amax, fabsf(row[k])); }
+        sa[i] = float8_scale_from_amax(amax, f, 1);
+        for (int k = 0; k < K; k++) (i < M ? A : B)[(size_t)(i < M ? i : i - M) * K + k] = float8_quantize_value(row[k], sa[i], f);
+    }
+    double *ref = malloc(nc * sizeof(double)), ref_max = 0.0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double d = 0.0;
+            for (int k = 0; k < K; k++)
+                d += (double)float8_decode(A[(size_t)i * K + k], fa) * (double)float8_decode(B[(size_t)j * K + k], fb);
+            ref[(size_t)i * N + j] = d / ((double)sa[i] * (double)sb[j]);
+            ref_max = fmax(ref_max, fabs(ref[(size_t)i * N + j]));
+        }
+    uint8_t *dA = device_alloc(na, MEM_BUFFERS), *dB = device_alloc(nb, MEM_BUFFERS);
+    float *dC = device_alloc_floats(nc, MEM_BUFFERS), *dsa = tu_upload(sa, M), *dsb = tu_upload(sb, N);
+    float *C = malloc(nc * sizeof(float));
+    device_copy_to_device(dA, A, na);
+    device_copy_to_device(dB, B, nb);
+    for (size_t i = 0; i < nc; i++) C[i] = 1e30f;
+    device_copy_to_device(dC, C, nc * sizeof(float));
+    bool done = gemm_fp8_rowwise(dC, dA, fa, dsa, dB, fb, dsb, M, N, K);
+    device_copy_to_host(C, dC, nc * sizeof(float));
+    double err = 0.0;
+    for (size_t i = 0; i < nc; i++) {
+        double d = done ? fabs((double)C[i] - ref[i]) : (C[i] == 1e30f ? 0.0 : INFINITY);
+        if (!(d <= err)) err = d;
+    }
+    if (!done) CHECK(err == 0.0, "gemm_fp8_rowwise said false but wrote C");
+    device_free(dA); device_free(dB); device_free(dC); device_free(dsa); device_free(dsb);
+    free(x); free(sa); free(A); free(B); free(C); free(ref);
+    return done ? err / ref_max : -1.0;
+}
+
 static void check_rules(void) {
     CHECK(gemm_fp8_shape_error(32, 48, 64) == NULL, "32x48x64 refused: %s", gemm_fp8_shape_error(32, 48, 64));
     CHECK(gemm_fp8_shape_error(16, 16, 16) == NULL, "16x16x16 refused: %s", gemm_fp8_shape_error(16, 16, 16));
@@ -132,7 +182,13 @@ int main(int argc, char **argv) {
                 double err = gemm_error(M, N, K, pairs[p][0], pairs[p][1], &rng);
                 CHECK(err <= tol, "%s x %s %dx%dx%d: error %.3g of max |C| (tolerance %.0e)",
                       fmt_name(pairs[p][0]), fmt_name(pairs[p][1]), M, N, K, err, tol);
+                double rerr = rowwise_error(M, N, K, pairs[p][0], pairs[p][1], &rng);
+                if (rerr < 0) CHECK(cuda && !gemm_fp8_rowwise_native(), "rowwise refused where the backend has it");
+                else CHECK(rerr <= tol, "rowwise %s x %s %dx%dx%d: error %.3g of max |C| (tolerance %.0e)",
+                           fmt_name(pairs[p][0]), fmt_name(pairs[p][1]), M, N, K, rerr, tol);
             }
+        if (cuda && !gemm_fp8_rowwise_native())
+            printf("test_gemm_fp8: rowwise scale vectors need cuBLAS 12.9 on Hopper: this GPU runs the emulation\n");
     }
     int rc = tu_finish("test_gemm_fp8");
     comm_finalize();

@@ -62,6 +62,23 @@ bool gemm_fp8_supported(char *why, size_t len);
 void gemm_fp8(float *C, const uint8_t *A, float8_format fa, float a_scale, const uint8_t *B,
               float8_format fb, float b_scale, int M, int N, int K);
 
+/* Rowwise scaling (torchao's ROWWISE recipe): one scale per row of each operand,
+ *     C[M, N] (=) = (A[i, :] / a_scales[i])_i (B[j, :] / b_scales[j])_j^T,   fp32, row-major,
+ * a_scales[M] and b_scales[N] on the device (the scales the casts multiplied in). The scales
+ * factor out of each dot product, so the GEMM multiplies the codes and scales C[i, j] by
+ * 1 / (a_scales[i] b_scales[j]) at the end.
+ *   CPU:  the emulation: each row decoded and divided by its scale, then the fp32 GEMM.
+ *   CUDA: one cublasLtMatmul with per-row scale vectors on A and B
+ *         (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, cuBLAS 12.9 and later, Hopper).
+ * The rules are gemm_fp8's. Returns false, leaving C as it was, where the backend has no such
+ * kernel for the call (a GPU before Hopper, an older cuBLAS, or no algorithm offered for the
+ * shape): the caller then runs the emulation itself. gemm_fp8_rowwise_native says whether the
+ * backend multiplies the codes itself (CUDA on Hopper and later), i.e. whether taking this path
+ * rather than the emulation gains anything. Memory: MEM_BUFFERS during the call only. */
+bool gemm_fp8_rowwise(float *C, const uint8_t *A, float8_format fa, const float *a_scales, const uint8_t *B,
+                      float8_format fb, const float *b_scales, int M, int N, int K);
+bool gemm_fp8_rowwise_native(void);
+
 /* ---- the rules, written once for both twins -------------------------------------------------
  * Shapes cuBLASLt accepts for float8: NULL, or one line saying what is wrong. The conditions
  * come from the documentation's "Tensor Core Usage" list, which float8 must satisfy: with the

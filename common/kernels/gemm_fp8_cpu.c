@@ -29,3 +29,20 @@ void gemm_fp8(float *C, const uint8_t *A, float8_format fa, float a_scale, const
     device_free(a);
     device_free(b);
 }
+
+/* Rowwise: each row divided by its own scale (float8_dequantize_scaled, FLOAT8_PER_ROW), then the
+ * same fp32 GEMM. The CPU has no float8 GEMM to hand the scales to: the path exists here so the
+ * call, its shapes and which scale goes with which operand are tested on the CPU. */
+bool gemm_fp8_rowwise(float *C, const uint8_t *A, float8_format fa, const float *a_scales, const uint8_t *B,
+                      float8_format fb, const float *b_scales, int M, int N, int K) {
+    gemm_fp8_check(C, A, fa, B, fb, M, N, K);
+    size_t na = (size_t)M * K, nb = (size_t)N * K;
+    float *a = device_alloc_floats(na, MEM_BUFFERS), *b = device_alloc_floats(nb, MEM_BUFFERS);
+    float8_dequantize_scaled(a, A, na, K, FLOAT8_PER_ROW, 0.0f, a_scales, fa);
+    float8_dequantize_scaled(b, B, nb, K, FLOAT8_PER_ROW, 0.0f, b_scales, fb);
+    matmul(C, a, b, M, N, K, false, true, 1.0f, 0.0f);
+    device_free(a);
+    device_free(b);
+    return true;
+}
+bool gemm_fp8_rowwise_native(void) { return false; }

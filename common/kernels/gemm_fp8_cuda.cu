@@ -141,43 +141,57 @@ static cublasOperation_t to_op(char t) { return t == 'T' ? CUBLAS_OP_T : CUBLAS_
 typedef struct {
     int M, N, K;
     float8_format fa, fb;
+    bool rowwise;                      /* per-row scale vectors (gemm_fp8_rowwise)              */
+    bool found;                        /* cuBLASLt offered an algorithm (rowwise may have none) */
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
 } fp8_plan;
 static fp8_plan *g_plans = NULL;
 static int g_nplans = 0, g_capplans = 0;
-static cublasLtMatmulDesc_t g_desc = NULL;   /* the one matmul descriptor: fp32, TN, the scales */
+/* The matmul descriptors: fp32, TN; tensorwise, its two scale pointers set once (g_scales);
+ * rowwise, per-row scale vectors (OUTER_VEC), their pointers set at each call. */
+static cublasLtMatmulDesc_t g_desc = NULL, g_desc_rowwise = NULL;
 
-static void make_desc(void) {
+static cublasLtMatmulDesc_t make_desc(bool rowwise) {
+    cublasLtMatmulDesc_t d = NULL;
     gemm_args g = gemm_args_from_row_major(false, true, 1, 16, 16, 0, 0, 0);   /* transposes only */
-    const float *scale_first = g_scales, *scale_second = g_scales + 1;
     cublasOperation_t opa = to_op(g.transa), opb = to_op(g.transb);
     int8_t fast_accum = 0;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&g_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(g_desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(g_desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(g_desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum,
-                                                sizeof fast_accum));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(g_desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                                &scale_first, sizeof scale_first));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(g_desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                                &scale_second, sizeof scale_second));
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum));
+    if (rowwise) {
+        int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode));
+    } else {
+        const float *scale_first = g_scales, *scale_second = g_scales + 1;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                    &scale_first, sizeof scale_first));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                    &scale_second, sizeof scale_second));
+    }
+    return d;
 }
 
-/* The descriptors and algorithm of C[M, N] = A[M, K] B[N, K]^T: from the table, or made now. */
-static const fp8_plan *plan_for(int M, int N, int K, float8_format fa, float8_format fb) {
+/* The descriptors and algorithm of C[M, N] = A[M, K] B[N, K]^T: from the table, or made now.
+ * A shape cuBLASLt offers no algorithm for: tensorwise, one line and exit (the rules checked
+ * before promise one); rowwise, remembered as such (found = false), and the caller emulates. */
+static const fp8_plan *plan_for(int M, int N, int K, float8_format fa, float8_format fb, bool rowwise) {
     for (int i = 0; i < g_nplans; i++) {
         const fp8_plan *p = &g_plans[i];
-        if (p->M == M && p->N == N && p->K == K && p->fa == fa && p->fb == fb) return p;
+        if (p->M == M && p->N == N && p->K == K && p->fa == fa && p->fb == fb && p->rowwise == rowwise) return p;
     }
-    if (!g_desc) make_desc();
+    if (!g_desc) g_desc = make_desc(false);
+    if (!g_desc_rowwise) g_desc_rowwise = make_desc(true);
     if (g_nplans == g_capplans) {
         g_capplans = g_capplans ? 2 * g_capplans : 16;
         g_plans = (fp8_plan *)realloc(g_plans, (size_t)g_capplans * sizeof *g_plans);
         if (!g_plans) { fprintf(stderr, "gemm_fp8: out of host memory\n"); exit(1); }
     }
     fp8_plan *p = &g_plans[g_nplans];
-    *p = (fp8_plan){M, N, K, fa, fb, NULL, NULL, NULL, {}};
+    *p = (fp8_plan){M, N, K, fa, fb, rowwise, true, NULL, NULL, NULL, {}};
     /* C = A B^T, row-major -> (first = B, 'T'; second = A, 'N'; m = N, n = M, k = K).
      * cuBLASLt's A: op(A) [m, k]; its B: op(B) [k, n]; C and D: [m, n], the same layout. */
     gemm_args g = gemm_args_from_row_major(false, true, M, N, K, 0, 0, 0);
@@ -194,9 +208,14 @@ static const fp8_plan *plan_for(int M, int N, int K, float8_format fa, float8_fo
     int found = 0;
     /* No algorithm comes back either as a status (NOT_SUPPORTED) or as found = 0; either way
      * the line names the call, as CUBLAS_CHECK would not. */
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g_lt, g_desc, p->la, p->lb, p->lc, p->lc, pref, 1,
-                                                       &heuristic, &found);
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g_lt, rowwise ? g_desc_rowwise : g_desc, p->la, p->lb, p->lc,
+                                                       p->lc, pref, 1, &heuristic, &found);
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    if ((st != CUBLAS_STATUS_SUCCESS || found == 0) && rowwise) {
+        p->found = false;
+        g_nplans++;
+        return p;
+    }
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
         fprintf(stderr, "gemm_fp8: cuBLASLt offers no float8 algorithm for M = %d, N = %d, K = %d "
                 "(%s x %s): %s\n", M, N, K, fa == FLOAT8_E4M3 ? "E4M3" : "E5M2",
@@ -214,7 +233,7 @@ void gemm_fp8(float *C, const uint8_t *A, float8_format fa, float a_scale, const
     gemm_fp8_check(C, A, fa, B, fb, M, N, K);
     gemm_fp8_init();
     cudaStream_t stream = cuda_stream();
-    const fp8_plan *p = plan_for(M, N, K, fa, fb);
+    const fp8_plan *p = plan_for(M, N, K, fa, fb, false);
 
     /* cuBLASLt's first operand is our B, its second our A (see the top): their dequantization
      * scales in that order. */
@@ -226,4 +245,45 @@ void gemm_fp8(float *C, const uint8_t *A, float8_format fa, float a_scale, const
     const float alpha = 1.0f, beta = 0.0f;
     CUBLAS_CHECK(cublasLtMatmul(g_lt, g_desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
                                 &p->algo, g_workspace, g_workspace_bytes, stream));
+}
+
+/* ---- rowwise: per-row scale vectors (gemm_fp8.h) ---- */
+
+/* cuBLASLt's per-row scales on Hopper and later with cuBLAS 12.9 or newer (the version that
+ * brought CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F). */
+bool gemm_fp8_rowwise_native(void) {
+    int dev = 0, major = 0, minor = 0;
+    compute_capability(&dev, &major, &minor);
+    return major >= 9 && cublasLtGetVersion() >= 120900;
+}
+
+/* 1 / s of each scale: cuBLASLt's vectors dequantize (they multiply), ours were multiplied in.
+ * The rowwise recipe's scales are powers of two, whose reciprocals are exact. */
+static __global__ void reciprocals_kernel(float *inv, const float *s, int n) {
+    GRID_STRIDE_LOOP(i, n) inv[i] = 1.0f / s[i];
+}
+
+bool gemm_fp8_rowwise(float *C, const uint8_t *A, float8_format fa, const float *a_scales, const uint8_t *B,
+                      float8_format fb, const float *b_scales, int M, int N, int K) {
+    gemm_fp8_check(C, A, fa, B, fb, M, N, K);
+    if (!gemm_fp8_rowwise_native()) return false;
+    gemm_fp8_init();
+    const fp8_plan *p = plan_for(M, N, K, fa, fb, true);
+    if (!p->found) return false;
+    cudaStream_t stream = cuda_stream();
+    /* cuBLASLt's first operand is our B (its m = N rows: b's scales), its second our A (n = M) */
+    float *inv = device_alloc_floats((size_t)M + N, MEM_BUFFERS), *inv_first = inv, *inv_second = inv + N;
+    reciprocals_kernel<<<cuda_blocks(N), CUDA_THREADS, 0, stream>>>(inv_first, b_scales, N);
+    CUDA_CHECK_LAUNCH();
+    reciprocals_kernel<<<cuda_blocks(M), CUDA_THREADS, 0, stream>>>(inv_second, a_scales, M);
+    CUDA_CHECK_LAUNCH();
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(g_desc_rowwise, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                &inv_first, sizeof inv_first));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(g_desc_rowwise, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                &inv_second, sizeof inv_second));
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(cublasLtMatmul(g_lt, g_desc_rowwise, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
+                                &p->algo, g_workspace, g_workspace_bytes, stream));
+    device_free(inv);   /* (stream-ordered: the GEMM has read it before a later kernel reuses it) */
+    return true;
 }
