@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # t_rank_failures.sh: a job whose ranks disagree, stop or die ends with one line on stderr and
 # the exit status the README documents (common/backend/guard.h), never with a hang:
-#   a. ranks started with different arguments: exit 2 and one line, within 30 s;
+#   a. ranks started with different arguments: exit 2 and one line, within 30 s; or with different
+#      settings that must agree (COMM, NCCL's algorithm settings): exit 2 and one line naming the
+#      variable and both values, within 10 s;
 #   b. a rank stopped with SIGSTOP: the others' watchdog ends the job with exit 3 and one line
 #      ("no progress for ... s in ...") within 20 s of the stop, at --timeout 5; once with
 #      rank 1 stopped (rank 0 reports) and once with rank 0 stopped (rank 1 reports);
@@ -70,6 +72,15 @@ verdict "different arguments (2 ranks)" $? 2 "$(since "$t0")" 30 \
 t0=$(now)
 timeout 30 $mpirun_base -np 2 "$bin" --steps 2 : -np 1 "$bin" --steps 3 </dev/null >"$tmp/out" 2>"$tmp/err"
 verdict "different arguments (rank 2 of 3)" $? 2 "$(since "$t0")" 30 "(rank 2 differs from rank 0)"
+# ... and different settings of what the ranks do together: COMM (issue: such a job hung until the
+# watchdog, then blamed a dead rank), and one of NCCL's
+t0=$(now)
+timeout 30 $mpirun_base -np 1 -x COMM=mpi "$bin" --steps 1 : -np 1 -x COMM=nccl-sim "$bin" --steps 1 </dev/null >"$tmp/out" 2>"$tmp/err"
+verdict "different COMM (2 ranks)" $? 2 "$(since "$t0")" 10 \
+    "error: the ranks were started with different settings: COMM is 'nccl-sim' on rank 1 and 'mpi' on rank 0; every rank must get the same (mpirun -x COMM=...)"
+t0=$(now)
+timeout 30 $mpirun_base -np 2 "$bin" --steps 1 : -np 1 -x NCCL_PROTO=LL "$bin" --steps 1 </dev/null >"$tmp/out" 2>"$tmp/err"
+verdict "different NCCL_PROTO (rank 2 of 3)" $? 2 "$(since "$t0")" 10 "NCCL_PROTO is 'LL' on rank 2 and '' on rank 0"
 
 # b, c. start a long run on 2 ranks, wait for its first steps, signal one rank, time the end
 signal_rank() {   # signal_rank SIG RANK|mpirun MAX_SECONDS: leaves rc and secs

@@ -407,6 +407,36 @@ static uint64_t hash_args(int argc, char **argv) {
     return h;
 }
 
+/* The environment variables every rank must agree on: what carries the collectives, and NCCL's
+ * settings that change which algorithm, protocol or channels a collective uses (ranks of one
+ * communicator that disagree wait for each other in different kernels). A rank started with
+ * another value, as in `mpirun -np 1 -x COMM=mpi 08 : -np 1 -x COMM=nccl-sim 08`, would wait
+ * for the others forever; instead the lowest such rank names the variable and both values, and
+ * every rank exits with status 2. Unset and set to "" are the same. Per-node settings (NCCL's
+ * network interfaces and adapters, its debug output) may differ and are not compared. */
+static const char *const agreed_settings[] = {
+    "COMM", "NCCL_ALGO", "NCCL_PROTO", "NCCL_RUNTIME_CONNECT", "NCCL_BUFFSIZE", "NCCL_MAX_NCHANNELS",
+    "NCCL_MIN_NCHANNELS", NULL};
+enum { SETTING_CHARS = 128 };
+
+static void agree_on_settings(void) {
+    int n = 0;
+    while (agreed_settings[n]) n++;
+    char rank0[n][SETTING_CHARS], mine[n][SETTING_CHARS];
+    for (int i = 0; i < n; i++) {
+        const char *v = getenv(agreed_settings[i]);
+        snprintf(mine[i], SETTING_CHARS, "%s", v ? v : "");
+    }
+    memcpy(rank0, mine, sizeof rank0);
+    MPI_Bcast(rank0, (int)sizeof rank0, MPI_CHAR, 0, MPI_COMM_WORLD);
+    int bad = -1;
+    for (int i = 0; i < n && bad < 0; i++)
+        if (strcmp(mine[i], rank0[i]) != 0) bad = i;
+    comm_require_all(bad < 0, "the ranks were started with different settings: %s is '%s' on rank %d and '%s' on "
+                     "rank 0; every rank must get the same (mpirun -x %s=...)", bad >= 0 ? agreed_settings[bad] : "",
+                     bad >= 0 ? mine[bad] : "", my_rank, bad >= 0 ? rank0[bad] : "", bad >= 0 ? agreed_settings[bad] : "");
+}
+
 void guard_init(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
@@ -419,6 +449,9 @@ void guard_init(int argc, char **argv) {
     if (first < world_size)
         comm_exit_usage("the ranks were started with different arguments (rank %d differs from "
                         "rank 0); every rank must get the same flags", first);
+
+    /* 1b. ... and the same settings of what the ranks do together */
+    agree_on_settings();
 
     /* 2. GUARD_TIMEOUT from the environment (mpirun -x GUARD_TIMEOUT=...) */
     const char *env = getenv("GUARD_TIMEOUT");
