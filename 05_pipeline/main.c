@@ -42,7 +42,7 @@ static const char *usage =
     "  (defaults of this chapter: --n-layers 8 --batch 8)\n";
 
 enum { OPT_SCHEDULE = 1, OPT_MICRO, OPT_PP, OPT_VIRTUAL, OPT_TP, OPT_PRINT, OPT_P2P };
-typedef struct { pp_options pp; int stages, tp; bool print; } chapter_options;
+typedef struct { pp_options pp; int stages, tp; bool print, p2p_given; } chapter_options;
 static void chapter_flag(int code, const char *arg, void *ctx) {
     static const char *const schedules[] = {"gpipe", "1f1b", "interleaved", "zb-h1", NULL};
     static const char *const p2p[] = {"links", "shared", "lazy", NULL};
@@ -52,7 +52,7 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     else if (code == OPT_PP) co->stages = cli_int("--pp", arg, 1, 4096);
     else if (code == OPT_VIRTUAL) co->pp.virtual_stages = cli_int("--virtual-stages", arg, 1, 64);
     else if (code == OPT_TP) co->tp = cli_int("--tp", arg, 1, 4096);
-    else if (code == OPT_P2P) co->pp.p2p = (pp_p2p_kind)cli_choice("--p2p", arg, p2p);
+    else if (code == OPT_P2P) { co->pp.p2p = (pp_p2p_kind)cli_choice("--p2p", arg, p2p); co->p2p_given = true; }
     else co->print = true;
 }
 
@@ -80,6 +80,9 @@ int main(int argc, char **argv) {
     needs.virtual_stages = co.pp.virtual_stages;
     device_mesh *mesh = mesh_create((mesh_shape){.pp = co.stages ? co.stages : MESH_REST, .tp = co.tp}, &needs);
     int P = mesh->shape.pp, T = mesh->shape.tp;
+    if (P == 1 && co.p2p_given)   /* one stage sends nothing: the flag would change nothing */
+        comm_exit_usage("--p2p %s: with one pipeline stage (pp 1) there are no messages between stages; "
+                        "use --pp 2 or more", (const char *[]){"links", "shared", "lazy"}[co.pp.p2p]);
     pipeline_validate(P, &co.pp);
 
     /* ---- the plan: chapter 01's inside each stage (when tp > 1), the pipeline around it ---- */

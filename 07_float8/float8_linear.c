@@ -38,7 +38,8 @@ typedef struct float8_state_s {
     float *history;                 /* delayed: [M][sites][NOPERANDS][groups][H] amaxes, newest first */
     int *seen;                      /* delayed: [M][sites][NOPERANDS][groups] amaxes recorded (<= H) */
     float *scalar;                  /* one device float, for an amax's all-reduce                  */
-    int step;                       /* forward passes begun (layer 0's wq): the training step      */
+    int pass;                       /* forward passes begun (the first held layer's wq, microbatch 0) */
+    int step;                       /* the training step they belong to: o.passes passes a step    */
     double worst[FLOAT8_NROLES], first[FLOAT8_NROLES];   /* lowest SQNR: over the run, in step 1      */
     linear_site worst_at[FLOAT8_NROLES];
     /* Step 1's casts, code by code (float8_compare_casts): the parallel run keeps each cast's
@@ -508,7 +509,10 @@ static void float8_linear_forward(void *state, const llama_plan *p, linear_site 
         return;
     }
     s->mb = microbatch_now(p);
-    if (at.kind == P_WQ && at.layer == first_held_layer(p) && s->mb == 0) s->step++;   /* a new training step */
+    if (at.kind == P_WQ && at.layer == first_held_layer(p) && s->mb == 0) {   /* a new forward pass ... */
+        s->pass++;
+        s->step = (s->pass - 1) / (s->o.passes > 1 ? s->o.passes : 1) + 1;    /* ... of this training step */
+    }
     bool col = column_parallel(s, at), row = row_parallel(s, at);
     float *xq = device_alloc_floats((size_t)N * in, MEM_BUFFERS), *Wq = device_alloc_floats((size_t)out * in, MEM_BUFFERS);
     float *scale = forward_scales(s, at);   /* x's per group, then W's */

@@ -4,7 +4,7 @@
 # expected text; stdout must be empty; and it must leave nothing behind: each case runs in an
 # empty scratch directory (its default --out is relative to it) that must still be empty.
 # @FIX@ in a case stands for a folder of fixtures made below (a text, links to it, a FIFO, a
-# directory locked by another "run").
+# directory locked by another "run"); @SP@ for a space inside an argument (--seed @SP@-1: " -1").
 set -u
 root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
 # Every rank of a refused input ends by itself (comm_exit_usage: a barrier, MPI_Finalize, exit 2),
@@ -30,7 +30,8 @@ for f in [0-9][0-9]_*/bad_inputs.txt; do
         np=$(echo $np); want=$(echo "$want" | sed 's/^ *//; s/ *$//')
         flags=${flags//@FIX@/$fix}; want=${want//@FIX@/$fix}
         rm -rf "$tmp/cwd"; mkdir "$tmp/cwd"
-        (cd "$tmp/cwd" && timeout 60 $mpirun_base -np "$np" "$bin_dir/$nn" $flags </dev/null >"$tmp/out" 2>"$tmp/err")
+        read -ra words <<<"$flags"; words=("${words[@]//@SP@/ }")   # @SP@: a space inside an argument
+        (cd "$tmp/cwd" && timeout 60 $mpirun_base -np "$np" "$bin_dir/$nn" "${words[@]}" </dev/null >"$tmp/out" 2>"$tmp/err")
         rc=$?
         left=$(ls -A "$tmp/cwd")
         # mpirun's own libevent may warn "[warn] Epoll MOD(1) on fd N failed ... Bad file descriptor"

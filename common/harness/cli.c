@@ -13,11 +13,19 @@
 #include "log.h"
 #include "outputs.h"
 
+/* A number as the user wrote it starts with a digit (or, where negatives are valid, a minus):
+ * strtol and its kin would skip leading spaces and take a sign, so that ' -1' read as an unsigned
+ * number became 2^64 - 1. */
+static int starts_as_number(const char *value, int sign_ok) {
+    return (value[0] >= '0' && value[0] <= '9') || (sign_ok && value[0] == '-' && value[1] >= '0' && value[1] <= '9') ||
+           (sign_ok && value[0] == '-' && value[1] == '.') || value[0] == '.';
+}
+
 int cli_int(const char *flag, const char *value, int min, int max) {
     char *end;
     errno = 0;
     long v = strtol(value, &end, 10);
-    if (errno || end == value || *end || v < min || v > max)
+    if (errno || end == value || *end || !starts_as_number(value, min < 0) || v < min || v > max)
         comm_exit_usage("%s '%s' is not valid: expected an integer from %d to %d", flag, value, min, max);
     return (int)v;
 }
@@ -26,7 +34,7 @@ float cli_float(const char *flag, const char *value, float min, float max) {
     char *end;
     errno = 0;
     double v = strtod(value, &end);
-    if (errno || end == value || *end || !isfinite(v) || v < min || v > max)
+    if (errno || end == value || *end || !starts_as_number(value, min < 0) || !isfinite(v) || v < min || v > max)
         comm_exit_usage("%s '%s' is not valid: expected a number from %g to %g", flag, value, min, max);
     return (float)v;
 }
@@ -35,7 +43,7 @@ uint64_t cli_u64(const char *flag, const char *value) {
     char *end;
     errno = 0;
     unsigned long long v = strtoull(value, &end, 10);
-    if (errno || end == value || *end || value[0] == '-')
+    if (errno || end == value || *end || !starts_as_number(value, 0))
         comm_exit_usage("%s '%s' is not valid: expected a non-negative integer", flag, value);
     return (uint64_t)v;
 }
