@@ -1,5 +1,6 @@
 /* float8_linear.c: the float8 linear operator (float8_linear.h). */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,9 @@ typedef struct float8_state_s {
     comm_group *dp;                 /* the data ranks (plan->groups.batch): their codes gathered to data
                                      * rank 0 (NULL: none)                                          */
     int stash_dp;                   /* data ranks (1: none)                                         */
+    int *stash_pass;                /* [slots] the forward pass whose codes the slot holds (0: none)  */
+    comm_group *casts;              /* the world, for a pipeline's later stages to send their casts to
+                                     * world rank 0 (comm_host_post; NULL: no comparison)           */
     struct float8_state_s *peer;
     const llama_plan *peer_plan;    /* the parallel run's plan (its pipeline stage's layers)        */
     float8_cast_tally cmp;
@@ -170,6 +174,49 @@ static size_t stash_slot(const float8_state *s, int d, int mb, linear_site at, i
  * scale, for every data rank and microbatch: each data rank's tp rank 0 sends them to data
  * rank 0 (the data ranks of one tp coordinate are all tp rank 0 or none), so world rank 0, where
  * the baseline runs, holds every row block's casts. Collective over tp, then over the data ranks. */
+/* A slot's codes and scales into the stash, stamped with the pass that cast them. */
+static void stash_put(float8_state *s, size_t slot, const float *codes, const float *scales, size_t n, int pass) {
+    int T = s->stash_ranks;
+    free(s->stash[slot]);
+    s->stash[slot] = malloc(n * sizeof(float));
+    memcpy(s->stash[slot], codes, n * sizeof(float));
+    memcpy(s->stash_scale + slot * T, scales, (size_t)T * sizeof(float));
+    s->stash_pass[slot] = pass;
+}
+
+/* A pipeline's later stage runs on other ranks than world rank 0, where the baseline compares:
+ * its keeper (data rank 0, tp rank 0 of the stage) posts each slot to world rank 0 as one message
+ * (slot, pass, n, T, codes, scales), which the baseline takes when it reaches that cast
+ * (stash_fetch). The stage has posted all of a pass's casts before world rank 0 has finished the
+ * pass (its last backward needs the stage's), so the baseline, which runs after it, never waits for
+ * a cast still to come. */
+typedef struct { uint64_t slot; int32_t pass, n, T, pad; } cast_header;
+static void stash_post(float8_state *s, size_t slot, const float *codes, const float *scales, size_t n) {
+    int T = s->stash_ranks;
+    size_t bytes = sizeof(cast_header) + (n + (size_t)T) * sizeof(float);
+    char *msg = malloc(bytes);
+    *(cast_header *)msg = (cast_header){slot, s->pass, (int32_t)n, T, 0};
+    memcpy(msg + sizeof(cast_header), codes, n * sizeof(float));
+    memcpy(msg + sizeof(cast_header) + n * sizeof(float), scales, (size_t)T * sizeof(float));
+    comm_host_post(s->casts, msg, bytes, 0);
+    free(msg);
+}
+/* On world rank 0: the later stages' messages taken into the stash until `slot` holds `pass`'s. */
+static void stash_fetch(float8_state *p, size_t slot, int pass) {
+    while (p->stash_pass[slot] != pass) {
+        size_t bytes = 0;
+        char *msg = comm_host_take(p->casts, &bytes);
+        cast_header h = *(const cast_header *)msg;
+        const float *codes = (const float *)(msg + sizeof(cast_header));
+        if (bytes != sizeof h + ((size_t)h.n + (size_t)h.T) * sizeof(float) || h.T != p->stash_ranks) {
+            fprintf(stderr, "float8: a cast message of %zu bytes that does not match its header\n", bytes);
+            exit(1);
+        }
+        stash_put(p, (size_t)h.slot, codes, codes + h.n, (size_t)h.n, h.pass);
+        free(msg);
+    }
+}
+
 static void keep_codes(float8_state *s, linear_site at, int cast, float *codes, float scale, size_t n) {
     int T = s->stash_ranks, D = s->stash_dp;
     float *scales = malloc((size_t)T * sizeof(float));
@@ -188,12 +235,11 @@ static void keep_codes(float8_state *s, linear_site at, int cast, float *codes, 
         scales = all_scales;
         keeper = root;
     }
+    bool here = comm_world()->rank == 0;   /* else a pipeline's later stage: to world rank 0 */
     for (int d = 0; keeper && d < D; d++) {
         size_t slot = stash_slot(s, d, s->mb, at, cast);
-        free(s->stash[slot]);
-        s->stash[slot] = malloc(n * sizeof(float));
-        memcpy(s->stash[slot], codes + (size_t)d * n, n * sizeof(float));
-        memcpy(s->stash_scale + slot * T, scales + (size_t)d * T, (size_t)T * sizeof(float));
+        if (here) stash_put(s, slot, codes + (size_t)d * n, scales + (size_t)d * T, n, s->pass);
+        else stash_post(s, slot, codes + (size_t)d * n, scales + (size_t)d * T, n);
     }
     free(codes);
     free(scales);
@@ -207,18 +253,18 @@ static void keep_or_compare(float8_state *s, linear_site at, int cast, int group
                             const float *scales, float8_scaling how, int rows, int cols, shard_layout layout,
                             float8_format fmt) {
     if (s->step != 1 || (!s->stash && !s->peer)) return;
-    /* (a pipeline: the layers of other stages are not on this process to compare) */
-    if (s->peer && !plan_holds(s->peer_plan, at.layer + 1, at.kind, at.layer)) return;
     int R, Cn;
     float *codes = gather_codes(s, x, scale, scales, how, rows, cols, layout, fmt, &R, &Cn);
     if (s->stash) {
         keep_codes(s, at, cast, codes, scale, (size_t)R * Cn);
         return;
     }
-    const float8_state *p = s->peer;
+    float8_state *p = s->peer;   /* (its stash takes the later stages' messages) */
     int d = group / p->M, mb = group % p->M;
     size_t slot = d < p->stash_dp ? stash_slot(p, d, mb, at, cast) : 0;
-    float *theirs = p->stash && d < p->stash_dp ? p->stash[slot] : NULL;
+    /* a pipeline's later stage ran this layer on other ranks: its casts come as messages */
+    if (p->stash && d < p->stash_dp && !plan_holds(s->peer_plan, at.layer + 1, at.kind, at.layer)) stash_fetch(p, slot, s->pass);
+    float *theirs = p->stash && d < p->stash_dp && p->stash_pass[slot] == s->pass ? p->stash[slot] : NULL;
     /* A tensorwise scale comes from an amax, which a last-bit difference of the tensor moves by
      * a last bit at most: a scale further than 1e-5 away, on any tp rank, is a wrong scale,
      * whatever the codes show. */
@@ -681,6 +727,7 @@ static void float8_free_state(void *state) {
         for (size_t i = 0; i < (size_t)s->stash_dp * s->M * s->sites * CASTS; i++) free(s->stash[i]);
     free(s->stash);
     free(s->stash_scale);
+    free(s->stash_pass);
     device_free(s->scalar);
     free(s);
 }
@@ -704,6 +751,8 @@ void float8_compare_casts(llama_plan *parallel, llama_plan *baseline) {
     p->stash = calloc(slots, sizeof *p->stash);
     p->stash_ranks = p->tp ? p->tp->size : 1;
     p->stash_scale = calloc(slots * p->stash_ranks, sizeof *p->stash_scale);
+    p->stash_pass = calloc(slots, sizeof *p->stash_pass);
+    p->casts = comm_split(comm_world(), 0, comm_world()->rank, "float8 casts");   /* (collective) */
     b->peer = p;
     b->peer_plan = parallel;
 }

@@ -5,6 +5,7 @@
  * (comm_backend.h: comm_mpi.c, comm_nccl.cu, comm_nccl_sim.c); every call passes through here
  * first to be counted and timed.
  */
+#include <limits.h>
 #include <mpi.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -24,6 +25,11 @@ static int n_groups = 0;
 static comm_group *world = NULL;
 static int local_rank = 0, node_ranks = 1;
 static const comm_backend *be = &comm_mpi_backend;
+/* comm_host_post's messages in flight (below) */
+#define HOST_MESSAGE_TAG 7
+typedef struct { MPI_Request req; void *copy; } posted_message;
+static posted_message *posted;
+static int n_posted, cap_posted;
 
 static MPI_Comm mpi_of(comm_group *g) { return *(MPI_Comm *)g->mpi_comm; }
 
@@ -123,6 +129,13 @@ comm_group *comm_init(int *argc, char ***argv) {
 }
 
 void comm_finalize(void) {
+    for (int i = 0; i < n_posted; i++) {   /* what comm_host_post left: its receiver takes it */
+        MPI_Wait(&posted[i].req, MPI_STATUS_IGNORE);
+        free(posted[i].copy);
+    }
+    free(posted);
+    posted = NULL;
+    n_posted = cap_posted = 0;
     be->finalize();
     device_shutdown();
     MPI_Finalize();
@@ -492,6 +505,53 @@ comm_library_memory comm_library_memory_now(bool *held) {
 }
 
 bool comm_library_on_device(void) { return be->nccl_buffers && be->on_device; }
+
+/* ---- host-side messages (comm_host_post / comm_host_take) ---- */
+
+
+/* The posted messages that have left, released (MPI_Test: a completed request ends). */
+static void release_posted(void) {
+    for (int i = 0; i < n_posted;) {
+        int done = 0;
+        MPI_Test(&posted[i].req, &done, MPI_STATUS_IGNORE);
+        if (!done) { i++; continue; }
+        free(posted[i].copy);
+        posted[i] = posted[--n_posted];
+    }
+}
+
+void comm_host_post(comm_group *g, const void *buf, size_t bytes, int dest) {
+    release_posted();
+    if (n_posted == cap_posted) {
+        cap_posted = cap_posted ? 2 * cap_posted : 16;
+        posted = realloc(posted, (size_t)cap_posted * sizeof *posted);
+    }
+    void *copy = malloc(bytes ? bytes : 1);
+    if (!posted || !copy || bytes > (size_t)INT_MAX) { fprintf(stderr, "comm_host_post: %zu bytes: out of host memory or too large\n", bytes); exit(1); }
+    memcpy(copy, buf, bytes);
+    posted[n_posted].copy = copy;
+    MPI_Isend(copy, (int)bytes, MPI_BYTE, dest, HOST_MESSAGE_TAG, mpi_of(g), &posted[n_posted].req);
+    n_posted++;
+}
+
+void *comm_host_take(comm_group *g, size_t *bytes) {
+    guard_begin("host_take", g->name);
+    MPI_Status st;
+    int found = 0;
+    for (MPI_Iprobe(MPI_ANY_SOURCE, HOST_MESSAGE_TAG, mpi_of(g), &found, &st); !found;
+         MPI_Iprobe(MPI_ANY_SOURCE, HOST_MESSAGE_TAG, mpi_of(g), &found, &st)) {
+        if (be->poll) be->poll();   /* (the emulation's queues move meanwhile, as a GPU's would) */
+        sched_yield();
+    }
+    int count = 0;
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    void *buf = malloc(count ? (size_t)count : 1);
+    if (!buf) { fprintf(stderr, "comm_host_take: out of host memory for %d bytes\n", count); exit(1); }
+    MPI_Recv(buf, count, MPI_BYTE, st.MPI_SOURCE, HOST_MESSAGE_TAG, mpi_of(g), MPI_STATUS_IGNORE);
+    guard_end();
+    *bytes = (size_t)count;
+    return buf;
+}
 
 /* ---- statistics ---- */
 

@@ -233,6 +233,15 @@ double comm_host_sum(comm_group *g, double x);
 double comm_host_max(comm_group *g, double x);
 /* Gather `count` host floats from every rank to `root` (recv [size*count] on root). Not counted. */
 void comm_host_gather(comm_group *g, const float *send, float *recv, size_t count, int root);
+/* Host-side messages between two ranks of g, not counted: an instrument's data sent to the rank
+ * that reads it (chapter 07: the casts of a pipeline's later stages, to the rank that compares
+ * them with the baseline's). comm_host_post copies buf[bytes] and returns at once; the copy
+ * leaves while the ranks go on (any later MPI call moves it; comm_finalize waits for what is
+ * left, so every posted message must be taken). comm_host_take blocks for the next message from
+ * any rank of g and returns it (malloc'd: the caller frees it) with its size; messages from one
+ * rank arrive in the order they were posted. */
+void comm_host_post(comm_group *g, const void *buf, size_t bytes, int dest);
+void *comm_host_take(comm_group *g, size_t *bytes);
 
 /* ---- what the collectives' library itself holds ----
  *
