@@ -115,6 +115,9 @@ typedef struct {
     long long equal_after, differ_after;   /* the casts after the first neighbour, whose inputs
                            * already carry a whole float8 step's difference: not judged       */
 } float8_cast_tally;
+/* Call it only when the baseline runs (--check): a later pipeline stage's casts are sent to
+ * world rank 0 for the baseline to take, and messages nobody takes would keep the ranks from
+ * ending (comm_host_post). Collective over the world. */
 void float8_compare_casts(llama_plan *parallel, llama_plan *baseline);
 float8_cast_tally float8_cast_comparison(const llama_plan *baseline);
 /* After step 1's forward and backward, for run_baseline_unjudged: why step 1's gradients are not

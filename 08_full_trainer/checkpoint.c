@@ -1,7 +1,7 @@
 /* checkpoint.c: see checkpoint.h; the layout and the index are described in README.md ("Checkpoints").
  *
  * Save, on every rank:  the pieces this rank holds (param_held_slice) -> rank_<r>.safetensors
- *                       in DIR/step_N.tmp.<pid>; rank 0 gathers every rank's list of pieces and
+ *                       in DIR/step_N.tmp.<pid>.<random>; rank 0 gathers every rank's list of pieces and
  *                       writes index.json; once all have finished, rank 0 renames the directory
  *                       to DIR/step_N and replaces DIR/latest.
  * Load, on every rank:  the index -> for each block and tensor, the rectangle of the global tensor
@@ -136,11 +136,16 @@ static int sync_path(const char *path) {
     return rc;
 }
 
-/* Writes text to path.tmp, syncs it, renames it to path. 0, or -1 with err. */
+/* Writes text to a new temporary beside path (files.h: temp_name, never an existing file or a
+ * link), syncs it, renames it to path. 0, or -1 with err. */
 static int write_text_atomic(const char *path, const char *text, char *err, size_t errlen) {
-    char *tmp = NULL;
-    if (asprintf(&tmp, "%s.tmp", path) < 0) return fail(err, errlen, "out of memory");
-    FILE *f = fopen(tmp, "w");
+    char *tmp = temp_name(path);
+    if (!tmp) return fail(err, errlen, "out of memory");
+    if (path_is_link(path)) {
+        free(tmp);
+        return fail(err, errlen, "%s is a symbolic link: a checkpoint's file is never replaced through a link", path);
+    }
+    FILE *f = create_new_file(tmp, "w");
     int rc = 0;
     if (!f) rc = fail(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
     else {
@@ -158,8 +163,7 @@ static int write_text_atomic(const char *path, const char *text, char *err, size
 /* The names a checkpoint directory holds: index.json, rank_<r>.safetensors (and the writers'
  * "<name>.tmp" while they write). */
 static bool is_checkpoint_file(const char *name) {
-    size_t n = strlen(name);
-    if (n > 4 && strcmp(name + n - 4, ".tmp") == 0) n -= 4;
+    size_t n = name_without_temp(name);
     if (n == 10 && strncmp(name, "index.json", 10) == 0) return true;
     if (n <= 17 || strncmp(name, "rank_", 5) != 0 || strncmp(name + n - 12, ".safetensors", 12) != 0) return false;
     for (size_t k = 5; k < n - 12; k++)
@@ -168,23 +172,16 @@ static bool is_checkpoint_file(const char *name) {
 }
 
 /* Removes a checkpoint directory: its checkpoint files, then the directory (which stays, with
- * anything else in it, when something else is there). */
-static void remove_checkpoint_dir(const char *path) {
-    DIR *d = opendir(path);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (!is_checkpoint_file(e->d_name)) continue;
-        char *p = join(path, e->d_name);
-        if (p) unlink(p);
-        free(p);
-    }
-    closedir(d);
-    rmdir(path);
-}
+ * anything else in it, when something else is there). Never through a link (files.h): a link in
+ * its place is left alone. */
+static void remove_checkpoint_dir(const char *path) { remove_owned_dir(path, is_checkpoint_file); }
+
+static bool is_latest_temp(const char *name) { return strncmp(name, "latest.tmp", 10) == 0; }
 
 /* The leftovers of saves that never finished (a crash before their rename): DIR/step_*.tmp.*
- * directories and DIR/latest.tmp files. One run writes into a DIR at a time. */
+ * directories and DIR/latest.tmp* files. One run writes into a DIR at a time. A link among them
+ * is never followed (checkpoint_dir_problem refused the run before its first step if there was
+ * one): remove_checkpoint_dir leaves a link alone, and unlinkat on a link removes the link. */
 static void remove_leftovers(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return;
@@ -192,9 +189,9 @@ static void remove_leftovers(const char *dir) {
     while ((e = readdir(d)) != NULL) {
         char *p = NULL;
         if (strncmp(e->d_name, "step_", 5) == 0 && strstr(e->d_name, ".tmp.")) {
-            if ((p = join(dir, e->d_name))) remove_checkpoint_dir(p);
-        } else if (strcmp(e->d_name, "latest.tmp") == 0) {
-            if ((p = join(dir, e->d_name))) unlink(p);
+            if ((p = join(dir, e->d_name)) && !path_is_link(p)) remove_checkpoint_dir(p);
+        } else if (is_latest_temp(e->d_name)) {
+            if ((p = join(dir, e->d_name)) && !path_is_link(p)) unlink(p);
         }
         free(p);
     }
@@ -485,9 +482,12 @@ static int write_rank_file(const char *tmp_dir, const param_table *t, const chec
 /* Rank 0: publishes tmp as final (replacing an older final of the same name), then DIR/latest. */
 static int commit(const char *dir, const char *tmp, const char *final, const char *name, char *err, size_t errlen) {
     if (sync_path(tmp) != 0) return fail(err, errlen, "cannot sync %s: %s", tmp, strerror(errno));
+    if (path_is_link(final))   /* (checkpoint_dir_problem refused one at start: one made since) */
+        return fail(err, errlen, "%s is a symbolic link: a checkpoint is never written over a link (it would "
+                    "replace, then delete, what the link points to); move it away", final);
     struct stat st;
     int rc;
-    if (stat(final, &st) != 0) {
+    if (lstat(final, &st) != 0) {
         rc = rename(tmp, final);
     } else {   /* swap the two in one step, then remove the old one (now under the tmp name) */
         rc = renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE);
@@ -523,12 +523,12 @@ int checkpoint_save(const char *dir, const llama_model *m, const checkpoint_meta
     int finite = check_finite(t, meta->step, err, errlen);
     if (agree(finite, err, errlen) != 0) return -2;
 
-    /* ---- rank 0 prepares DIR/step_N.tmp.<pid> (its pid, known to all) ---- */
+    /* ---- rank 0 prepares DIR/step_N.tmp.<pid>.<random> (its pid and draw, known to all) ---- */
     long pid = (long)comm_host_max(w, root ? (double)getpid() : 0.0);
+    unsigned int r = (unsigned int)comm_host_max(w, root ? (double)temp_random() : 0.0);
     char name[32];
     snprintf(name, sizeof name, "step_%08d", meta->step);
-    char *d = trimmed_dir(dir), *final = join(d, name), *tmp = NULL;
-    if (!final || asprintf(&tmp, "%s.tmp.%ld", final, pid) < 0) tmp = NULL;
+    char *d = trimmed_dir(dir), *final = join(d, name), *tmp = final ? temp_name_of(final, pid, r) : NULL;
     int rc = 0;
     if (!d || !final || !tmp) rc = fail(err, errlen, "out of memory");
     if (rc == 0 && root) {
@@ -975,6 +975,54 @@ bool checkpoint_exists(const char *dir) {
         free(d); free(latest); free(index);
     }
     return comm_host_max(w, found ? 1.0 : 0.0) > 0;
+}
+
+static bool owned_name(const char *name) {
+    int step;
+    char base[64];
+    size_t n = name_without_temp(name);
+    if (n >= sizeof base) return false;
+    memcpy(base, name, n);
+    base[n] = 0;
+    return strcmp(base, "latest") == 0 || is_latest_temp(name) || parse_step_name(base, &step) ||
+           (strncmp(name, "step_", 5) == 0 && strstr(name, ".tmp."));
+}
+
+const char *checkpoint_dir_problem(const char *dir, bool will_save, char *why, size_t len) {
+    comm_group *w = comm_world();
+    int bad = 0;
+    if (w->rank == 0 && dir && dir[0]) {
+        char *d = trimmed_dir(dir), *index = d ? join(d, "index.json") : NULL;
+        const char *base = d ? strrchr(d, '/') : NULL;
+        base = base ? base + 1 : d;
+        int step;
+        struct stat st;
+        if (d && will_save && (parse_step_name(base, &step) || (index && stat(index, &st) == 0))) {
+            char *slash = strrchr(d, '/');
+            snprintf(why, len, "--ckpt-dir %s is a checkpoint's own folder (%s): the saves would go inside it and the "
+                     "next --resume would load it again; give the folder that holds the step folders%s%.*s",
+                     d, parse_step_name(base, &step) ? base : "it holds index.json", slash ? ", " : "",
+                     slash ? (int)(slash - d) : 0, d);
+            bad = 1;
+        }
+        DIR *dd = !bad && d ? opendir(d) : NULL;
+        struct dirent *e;
+        while (dd && !bad && (e = readdir(dd)) != NULL) {
+            if (!owned_name(e->d_name)) continue;
+            char *p = join(d, e->d_name);
+            if (p && path_is_link(p)) {
+                snprintf(why, len, "--ckpt-dir %s: %s is a symbolic link where the run writes and replaces its "
+                         "checkpoints (and sweeps unfinished ones); it never does that through a link, whose target "
+                         "may be another run's checkpoint or an archive: move the link out of %s", d, p, d);
+                bad = 1;
+            }
+            free(p);
+        }
+        if (dd) closedir(dd);
+        free(d);
+        free(index);
+    }
+    return comm_host_max(w, bad) > 0 ? why : NULL;
 }
 
 /* ---------------------------------------------------------------- export */

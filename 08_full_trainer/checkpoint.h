@@ -21,7 +21,7 @@
  * in its own layout (another tp, dp_shard, pp, or one device), so a run can be resumed on a
  * different number of ranks ("resharding").
  *
- * A save is atomic: everything is written under DIR/step_N.tmp.<pid>, renamed to DIR/step_N once
+ * A save is atomic: everything is written under DIR/step_N.tmp.<pid>.<random>, renamed to DIR/step_N once
  * every rank has finished, then DIR/latest is replaced (written aside and renamed). A run killed
  * at any point leaves the previous checkpoint as DIR/latest names it.
  *
@@ -66,6 +66,16 @@ int checkpoint_load(const char *dir, llama_model *m, checkpoint_meta *meta, char
  * looks and every rank gets its answer, so that a refusal built on it is the same everywhere.
  * Collective; checks nothing inside (checkpoint_load does). */
 bool checkpoint_exists(const char *dir);
+
+/* What would keep a run from using DIR as its --ckpt-dir, or NULL (rank 0 looks; collective:
+ * every rank gets the one line, written into why[len]):
+ *   - an entry the checkpoints own (latest, step_N, and the temporaries latest.tmp*,
+ *     step_N.tmp.*) that is a symbolic link: the run writes, replaces and sweeps those names, and
+ *     never does so through a link (its target may be another run's checkpoint or an archive);
+ *   - with `will_save`, DIR being a checkpoint's own step folder (its name step_N, or holding an
+ *     index.json): the saves would go inside it, and the next --resume would load it again.
+ * DIR itself may be a link to a directory (a scratch folder): what lies inside it is checked. */
+const char *checkpoint_dir_problem(const char *dir, bool will_save, char *why, size_t len);
 
 /* zlib's crc32 of n bytes (any n): the checksum of the index, also the trainer's of its data file. */
 uint32_t checkpoint_crc32(const void *data, size_t n);

@@ -156,6 +156,12 @@ void trainer_validate(run_options *o, trainer_options *t) {
     parallelize_validate(&t->par, c, o->batch);
     if (t->resume && !t->ckpt_dir) comm_exit_usage("--resume needs --ckpt-dir DIR: the checkpoints to continue from");
     if (t->ckpt_every && !t->ckpt_dir) comm_exit_usage("--ckpt-every %d needs --ckpt-dir DIR: where to write them", t->ckpt_every);
+    if (t->ckpt_dir && !t->ckpt_every && !t->resume)
+        comm_exit_usage("--ckpt-dir %s alone does nothing: add --ckpt-every N to save checkpoints there, or --resume "
+                        "to continue from its latest", t->ckpt_dir);
+    char why[1400] = "";
+    if (t->ckpt_dir && checkpoint_dir_problem(t->ckpt_dir, t->ckpt_every > 0, why, sizeof why))
+        comm_require_all(0, "%s", why);   /* (rank 0's line: it looked) */
     if (t->resume && !checkpoint_exists(t->ckpt_dir))
         comm_exit_usage("--resume: --ckpt-dir %s holds no checkpoint (neither DIR/latest nor DIR/index.json)", t->ckpt_dir);
     if (t->resume && t->par.fp8.recipe == FLOAT8_DELAYED)

@@ -98,7 +98,7 @@ int main(int argc, char **argv) {
         one_device.activation_groups = co.par.degree[MESH_DP_REPLICATE] * co.par.degree[MESH_DP_SHARD] *
                                        co.par.pp.microbatches;   /* (per micro-batch of --accum) */
         float8_apply(&baseline, c, &one_device);
-        float8_compare_casts(&plan, &baseline);
+        if (o.check) float8_compare_casts(&plan, &baseline);   /* (the baseline runs with --check only) */
         /* --dump: the recipe and its row blocks per pass, as chapter 07 writes them */
         char float8_json[320];
         run_dump_describe(&o, float8_run_options_json(&co.par.fp8, one_device.activation_groups, co.accum, float8_json,
@@ -112,10 +112,11 @@ int main(int argc, char **argv) {
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.csv", o.out_dir);
     run_path paths[] = {
         {"--data", co.data, RUN_PATH_INPUT, NULL, false, false},
-        {"--ckpt-dir", co.ckpt_dir, RUN_PATH_OUTPUT_DIR, "whose files the checkpoints own (DIR/latest, DIR/step_N)",
-         true, true},
+        /* (a run that only resumes reads it: no writer's lock, so two such runs may share it) */
+        {"--ckpt-dir", co.ckpt_dir, co.ckpt_every > 0 ? RUN_PATH_OUTPUT_DIR : RUN_PATH_INPUT,
+         "whose files the checkpoints own (DIR/latest, DIR/step_N)", co.ckpt_every > 0, co.ckpt_every > 0},
         {"--out", o.check ? NULL : metrics_path, RUN_PATH_OUTPUT_FILE, NULL, false, false},
-        {"--export", co.export_path, RUN_PATH_OUTPUT_FILE, NULL, false, false}};
+        {"--export", co.export_path, RUN_PATH_OUTPUT_FILE, NULL, false, true}};   /* (locked: one writer) */
     llama_model *model = run_model_paths(&o, &plan, paths, (int)(sizeof paths / sizeof *paths));
 
     /* ---- where the run starts: step 1, or a checkpoint (saved on any mesh) ---- */

@@ -112,7 +112,9 @@ double evaluate(llama_model *m, const text_corpus *corpus, int rows, int n_batch
 static char *setting_text(const cJSON *x) {
     if (!cJSON_IsNumber(x)) return cJSON_PrintUnformatted(x);
     char buf[40];
-    for (int digits = 1; digits <= 17; digits++) {
+    double v = x->valuedouble;
+    if (v == (double)(long long)v && fabs(v) < 1e15) snprintf(buf, sizeof buf, "%lld", (long long)v);   /* 60, not 6e+01 */
+    else for (int digits = 1; digits <= 17; digits++) {
         snprintf(buf, sizeof buf, "%.*g", digits, x->valuedouble);
         if ((float)strtod(buf, NULL) == (float)x->valuedouble) break;
     }

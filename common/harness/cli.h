@@ -17,7 +17,7 @@ int cli_choice(const char *flag, const char *value, const char *const *choices);
 void cli_unknown(int argc, char **argv, int optind_after) __attribute__((noreturn));
 
 /* The longest path an output flag (--out, --dump, --ckpt-dir, --export) accepts: the run adds file names
- * (and --dump a ".tmp.<pid>" sibling) to it. */
+ * (and --dump a ".tmp.<pid>.<random>" sibling) to it. */
 #define CLI_MAX_DIR_PATH 400
 /* An output directory, checked on world rank 0 and created there (mkdir -p). Collective over
  * the world: every rank calls it with the same flag. Refuses, with one line naming the flag and

@@ -13,7 +13,7 @@
  * The caller (rank 0) passes full host tensors; these functions only format and write them.
  * Every failure returns -1 and leaves its one-line reason for dump_error().
  *
- * A dump started with dump_begin(DIR) is written into DIR.tmp.<pid> and renamed into place by
+ * A dump started with dump_begin(DIR) is written into DIR.tmp.<pid>.<random> and renamed into place by
  * dump_commit() (see dump.h), so DIR never holds half a dump.
  */
 #include "dump.h"
@@ -37,7 +37,7 @@ _Static_assert(sizeof(int) == 4, "dump_batch writes int buffers as I32");
 
 static char *last_error;      /* dump_error() */
 static char *final_dir;       /* dump_begin's DIR (trailing '/' removed), NULL when none */
-static char *tmp_dir;         /* where the writes go meanwhile: DIR.tmp.<pid>           */
+static char *tmp_dir;         /* where the writes go meanwhile: DIR.tmp.<pid>.<random>           */
 static char *run_options;     /* dump_set_run_options: the "run_options" metadata, or NULL */
 
 const char *dump_error(void) { return last_error ? last_error : ""; }
@@ -56,8 +56,8 @@ static int fail(const char *fmt, ...) {
 /* The files a dump writes: init.safetensors, grads_1.safetensors, batch_<K>.safetensors,
  * losses.txt (and the writer's "<name>.tmp" while it writes one). */
 static int is_dump_file(const char *name) {
-    size_t n = strlen(name);
-    if (n > 4 && strcmp(name + n - 4, ".tmp") == 0) n -= 4;
+    if (strcmp(name, ".lock") == 0) return 1;   /* the run that writes the dump holds it (outputs.h) */
+    size_t n = name_without_temp(name);
     if ((n == 16 && strncmp(name, "init.safetensors", n) == 0) ||
         (n == 19 && strncmp(name, "grads_1.safetensors", n) == 0) ||
         (n == 10 && strncmp(name, "losses.txt", n) == 0))
@@ -68,6 +68,8 @@ static int is_dump_file(const char *name) {
         if (name[i] < '0' || name[i] > '9') return 0;
     return 1;
 }
+
+static bool is_dump_file_bool(const char *name) { return is_dump_file(name) != 0; }
 
 /* A directory that holds nothing but dump files? 1 yes, 0 no (*other = a name that is not,
  * to free), -1 it cannot be read. */
@@ -85,19 +87,10 @@ static int holds_only_dump_files(const char *dir, char **other) {
 }
 
 /* Removes a directory holding dump files only: never anything else (a directory with other
- * files stays, and 0 is returned with errno ENOTEMPTY from rmdir). Returns rmdir's result. */
+ * files stays, and -1 is returned with errno ENOTEMPTY from rmdir), never through a link
+ * (files.h: remove_owned_dir). */
 static int remove_dump_dir(const char *dir) {
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL) {
-            if (!is_dump_file(e->d_name)) continue;
-            char *p = NULL;
-            if (asprintf(&p, "%s/%s", dir, e->d_name) >= 0) { unlink(p); free(p); }
-        }
-        closedir(d);
-    }
-    return rmdir(dir);
+    return remove_owned_dir(dir, is_dump_file_bool);
 }
 
 static void end_dump(void) {
@@ -129,7 +122,7 @@ int dump_begin(const char *dir) {
             return -1;
         }
     } else {
-        /* the parent must exist for the sibling DIR.tmp.<pid> */
+        /* the parent must exist for the sibling DIR.tmp.<pid>.<random> */
         char *parent = strdup(d), *slash = parent ? strrchr(parent, '/') : NULL;
         int rc = 0;
         if (slash && slash != parent) { *slash = 0; rc = make_dirs(parent); }
@@ -138,9 +131,14 @@ int dump_begin(const char *dir) {
         if (rc != 0) { free(d); return -1; }
     }
 
-    char *t = NULL;
-    if (asprintf(&t, "%s.tmp.%ld", d, (long)getpid()) < 0) { free(d); return fail("out of memory"); }
-    if (stat(t, &st) == 0) remove_dump_dir(t);   /* a stale one of an earlier run with our pid */
+    if (path_is_link(d)) {   /* the commit replaces DIR: a link would be replaced, not its target */
+        fail("%s is a symbolic link: a dump replaces its directory whole when it ends, which would replace "
+             "the link; give the directory itself", d);
+        free(d);
+        return -1;
+    }
+    char *t = temp_name(d);   /* (this run's own name: mkdir never takes another run's) */
+    if (!t) { free(d); return fail("out of memory"); }
     if (mkdir(t, 0755) != 0) {
         fail("cannot create the directory %s: %s", t, strerror(errno));
         free(t);
@@ -156,7 +154,13 @@ int dump_commit(void) {
     if (!final_dir) return fail("dump_commit without dump_begin");
     struct stat st;
     int rc;
-    if (stat(final_dir, &st) != 0) {
+    if (path_is_link(final_dir)) {
+        fail("%s became a symbolic link while the run wrote the dump: not replaced; the dump is left in %s",
+             final_dir, tmp_dir);
+        end_dump();   /* (the finished dump kept under its temporary name, as the line says) */
+        return -1;
+    }
+    if (lstat(final_dir, &st) != 0) {
         rc = rename(tmp_dir, final_dir);   /* nothing there: a plain rename */
     } else {
         /* Swap the two directories in one step, then remove the old dump (now under the

@@ -13,11 +13,11 @@
  * failure it is).
  *
  * Atomic dumps: between dump_begin(DIR) and dump_commit() every write to DIR goes to a fresh
- * sibling directory DIR.tmp.<pid>; dump_commit() puts it in DIR's place in one rename (an
+ * sibling directory DIR.tmp.<pid>.<random>; dump_commit() puts it in DIR's place in one rename (an
  * earlier dump in DIR, with its batch_K files of a longer run, is replaced whole), and
  * dump_abort() removes it. So DIR holds a complete dump or what it held before, never half of
  * one, whatever fails (a full disk, a refused input, a killed run: a killed run leaves only the
- * DIR.tmp.<pid> sibling). Without dump_begin the functions write straight into DIR.
+ * DIR.tmp.<pid>.<random> sibling). Without dump_begin the functions write straight into DIR.
  *
  * The harness (rank 0 only; each step's comm_require_all tells every rank):
  *   dump_begin(dir)                   after the flags are checked, before step 1

@@ -7,7 +7,10 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 #include "files.h"
 #include "log.h"
@@ -80,9 +83,9 @@ FILE *out_open(const char *path, const char *header, bool append) {
     char *slash = dir ? strrchr(dir, '/') : NULL;
     if (slash && slash != dir) { *slash = 0; make_dirs(dir); }
     free(dir);
-    char *tmp = NULL;
-    if (asprintf(&tmp, "%s.tmp.%ld", path, (long)getpid()) < 0) { note_write_error(path, ENOMEM); return NULL; }
-    FILE *f = fopen(tmp, "w");
+    char *tmp = temp_name(path);   /* (unique to this run: never a file another run writes) */
+    if (!tmp) { note_write_error(path, ENOMEM); return NULL; }
+    FILE *f = create_new_file(tmp, "w");
     if (!f) { note_write_error(path, errno); free(tmp); return NULL; }
     *o = (out_file){f, strdup(path), tmp};
     bool empty = true;
@@ -127,7 +130,8 @@ int csv_close(FILE *f) {
     if (fflush(f) != 0 || ferror(f)) err = errno ? errno : EIO;
     if (fclose(f) != 0 && !err) err = errno ? errno : EIO;
     if (!o) return err ? -1 : 0;
-    if (!err && write_error[0] == 0 && rename(o->tmp, o->path) != 0) err = errno;
+    if (!err && write_error[0] == 0 && path_is_link(o->path)) err = ELOOP;   /* never renamed over a link */
+    else if (!err && write_error[0] == 0 && rename(o->tmp, o->path) != 0) err = errno;
     else if (!err && write_error[0]) err = EIO;   /* an earlier row failed: keep the old file */
     if (err) note_write_error(o->path, err);
     forget_out(o, err != 0);
@@ -187,4 +191,68 @@ int read_file(const char *path, unsigned char **buf, size_t *size, char *err, si
     *buf = b;
     *size = n;
     return 0;
+}
+
+/* ---- never through a link (files.h) ---- */
+
+bool path_is_link(const char *path) {
+    struct stat st;
+    return path && lstat(path, &st) == 0 && S_ISLNK(st.st_mode);
+}
+
+unsigned int temp_random(void) {
+    unsigned int r = 0;
+    if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {   /* (no entropy yet: the clock) */
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        r = (unsigned)ts.tv_nsec ^ (unsigned)ts.tv_sec * 2654435761u;
+    }
+    static unsigned int calls;
+    return r ^ ++calls * 0x9E3779B9u;   /* two calls of one process in one clock tick still differ */
+}
+
+char *temp_name_of(const char *path, long pid, unsigned int r) {
+    char *t = NULL;
+    if (asprintf(&t, "%s.tmp.%ld.%08x", path, pid, r) < 0) return NULL;
+    return t;
+}
+
+char *temp_name(const char *path) { return temp_name_of(path, (long)getpid(), temp_random()); }
+
+size_t name_without_temp(const char *name) {
+    size_t n = strlen(name);
+    const char *t = strstr(name, ".tmp");
+    if (!t) return n;
+    size_t at = (size_t)(t - name);
+    if (at + 4 == n) return at;   /* NAME.tmp */
+    /* NAME.tmp.<digits>.<8 hex> */
+    const char *c = t + 4;
+    if (*c++ != '.') return n;
+    if (*c < '0' || *c > '9') return n;
+    while (*c >= '0' && *c <= '9') c++;
+    if (*c++ != '.') return n;
+    int hex = 0;
+    for (; (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f'); c++) hex++;
+    return hex == 8 && *c == 0 ? at : n;
+}
+
+FILE *create_new_file(const char *path, const char *mode) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) return NULL;
+    FILE *f = fdopen(fd, mode);
+    if (!f) { int e = errno; close(fd); unlink(path); errno = e; }
+    return f;
+}
+
+int remove_owned_dir(const char *path, bool (*owned)(const char *name)) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return -1;   /* ELOOP for a link: nothing touched */
+    DIR *d = fdopendir(fd);
+    if (!d) { int e = errno; close(fd); errno = e; return -1; }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 && owned(e->d_name))
+            unlinkat(dirfd(d), e->d_name, 0);   /* an entry that is a link: the link itself */
+    closedir(d);
+    return rmdir(path);   /* (rmdir never follows a link either: ENOTDIR) */
 }

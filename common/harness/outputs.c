@@ -282,26 +282,27 @@ static void release(bool undo) {
 static void release_at_exit(void) { release(false); }
 static void release_on_refusal(void) { release(true); }
 
-/* Takes DIR/.lock for this process. NULL, or the reason it cannot. */
-static const char *take_lock(made *m, char *why, size_t len) {
-    if (asprintf(&m->lock_path, "%s/%s", m->dir, LOCK_NAME) < 0) { m->lock_path = NULL; return "out of memory"; }
+/* Takes the lock file `lock` (DIR/.lock for a directory, DIR/.NAME.lock beside a file) for this
+ * process, its pid and host written inside. NULL, or the reason it cannot. */
+static const char *take_lock(made *m, const char *lock, char *why, size_t len) {
+    if (!(m->lock_path = strdup(lock))) return "out of memory";
     for (int attempt = 0; attempt < 5; attempt++) {
         int fd = open(m->lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
-        if (fd < 0) { snprintf(why, len, "cannot create its lock file %s (%s)", LOCK_NAME, strerror(errno)); return why; }
+        if (fd < 0) { snprintf(why, len, "cannot create its lock file %s (%s)", m->lock_path, strerror(errno)); return why; }
         if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
             int err = errno;
             char other[128] = "";
             ssize_t got = read(fd, other, sizeof other - 1);
             close(fd);
             if (err != EWOULDBLOCK) {
-                snprintf(why, len, "cannot lock %s/%s (%s)", m->dir, LOCK_NAME, strerror(err));
+                snprintf(why, len, "cannot lock %s (%s)", m->lock_path, strerror(err));
                 return why;
             }
             other[got > 0 ? got : 0] = 0;
             other[strcspn(other, "\n")] = 0;
-            snprintf(why, len, "another run is writing there (%s%s, holding %s/%s): one run per directory at a "
-                     "time; wait for it to end or choose another directory", other[0] ? "" : "its pid unknown", other,
-                     m->dir, LOCK_NAME);
+            snprintf(why, len, "another run is writing there (%s%s, holding %s): one run per output at a "
+                     "time; wait for it to end or choose another path", other[0] ? "" : "its pid unknown", other,
+                     m->lock_path);
             return why;
         }
         /* the file may have been removed by the run that held it, between our open and flock */
@@ -319,7 +320,7 @@ static const char *take_lock(made *m, char *why, size_t len) {
         }
         close(fd);
     }
-    snprintf(why, len, "cannot lock %s/%s: it keeps being replaced", m->dir, LOCK_NAME);
+    snprintf(why, len, "cannot lock %s: it keeps being replaced", m->lock_path);
     return why;
 }
 
@@ -334,6 +335,23 @@ void run_paths_create(const run_path *paths, int n) {
         }
         for (int i = 0; i < n && !bad; i++) {
             const run_path *p = &paths[i];
+            if (p->path && p->kind == RUN_PATH_OUTPUT_FILE && p->lock) {   /* a file: DIR/.NAME.lock beside it */
+                if (n_made == (int)(sizeof made_list / sizeof *made_list)) break;
+                made *m = &made_list[n_made++];
+                *m = (made){trimmed(p->path), NULL, NULL, -1, 0, 0};
+                char *slash = m->dir ? strrchr(m->dir, '/') : NULL, *lock = NULL;
+                if (m->dir && asprintf(&lock, "%.*s%s.%s.lock", slash ? (int)(slash - m->dir + 1) : 0, m->dir,
+                                       "", slash ? slash + 1 : m->dir) < 0) lock = NULL;
+                const char *problem = lock ? take_lock(m, lock, why, sizeof why) : "out of memory";
+                free(lock);
+                if (problem) {
+                    char shown[4 * CLI_MAX_DIR_PATH + 80];
+                    show_path(shown, sizeof shown, p->path);
+                    snprintf(msg, sizeof msg, "%s %s is not valid: %s", p->flag, shown, problem);
+                    bad = true;
+                }
+                continue;
+            }
             if (!p->path || p->kind != RUN_PATH_OUTPUT_DIR || !p->create) continue;
             if (n_made == (int)(sizeof made_list / sizeof *made_list)) break;
             char shown[4 * CLI_MAX_DIR_PATH + 80];
@@ -349,7 +367,10 @@ void run_paths_create(const run_path *paths, int n) {
                 int err = probe_write(p->path);
                 if (err) { snprintf(why, sizeof why, "cannot write in that directory (%s)", strerror(err)); problem = why; }
             }
-            if (!problem && p->lock) problem = take_lock(m, why, sizeof why);
+            char *lock = NULL;
+            if (!problem && p->lock && asprintf(&lock, "%s/%s", m->dir, LOCK_NAME) < 0) problem = "out of memory";
+            if (!problem && p->lock) problem = take_lock(m, lock, why, sizeof why);
+            free(lock);
             if (problem) {
                 snprintf(msg, sizeof msg, "%s %s is not valid: %s", p->flag, shown, problem);
                 bad = true;

@@ -15,8 +15,10 @@
  *
  * run_paths_create: the directories marked `create` are made (mkdir -p) and probed, and those
  * marked `lock` are locked: rank 0 takes flock(DIR/.lock) (its pid and host written inside) and
- * holds it until the process ends (the file is removed then). A directory another run holds is
- * refused with one line naming it and the other run's pid, exit 2. On any refusal, and on any
+ * holds it until the process ends (the file is removed then); a file marked `lock` (an export)
+ * is locked the same way through DIR/.NAME.lock beside it. An output another run holds is
+ * refused with one line naming it and the other run's pid, exit 2: one writer per output,
+ * whatever the flags (--out, --dump, --ckpt-dir with saves, --export). On any refusal, and on any
  * later exit through comm_exit_usage, the directories this call created are removed again when
  * they are still empty, so a refused run leaves nothing behind. Collective.
  */

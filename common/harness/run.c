@@ -245,8 +245,10 @@ llama_model *run_model_paths(const run_options *o, const llama_plan *plan, const
     /* Every path the run writes, checked together (outputs.h): usable, not an input, not each
      * other, nothing inside a directory the run owns whole. Nothing is created yet. */
     run_path paths[12] = {{"--out", o->out_dir, RUN_PATH_OUTPUT_DIR, NULL, true, true},
+                          /* (made and locked now, so that no other run writes there while the dump is
+                           * written aside: the commit replaces it whole) */
                           {"--dump", o->dump_dir, RUN_PATH_OUTPUT_DIR, "which the dump replaces whole when it ends",
-                           false, false}};
+                           true, true}};
     int n_paths = 2;
     for (int i = 0; i < n_own && n_paths < 12; i++) paths[n_paths++] = own_paths[i];
     run_paths_check(paths, n_paths);

@@ -583,16 +583,19 @@ int st_writer_save(st_writer *w, const char *path, char *err, size_t errlen) {
     unsigned char lenbytes[8];
     for (int i = 0; i < 8; i++) lenbytes[i] = (unsigned char)((uint64_t)padded >> (8 * i));
 
-    /* Write to "<path>.tmp" and rename at the end: a run killed mid-write leaves the previous
-     * file (or none), never a half-written one under the real name. */
-    size_t plen = strlen(path) + 5;
-    char *tmp = malloc(plen);
+    /* Write to a new temporary beside it, then rename: a run killed mid-write leaves the previous
+     * file (or none), never a half-written one under the real name. The temporary's name is this
+     * run's own (files.h: temp_name, created with O_EXCL), so two runs writing the same path at
+     * once never write into one file; and the file is never replaced through a link. */
+    char *tmp = temp_name(path);
     FILE *fp = NULL;
     int rc = 0;
     if (!tmp) rc = st_fail(err, errlen, path, "out of memory");
+    if (rc == 0 && path_is_link(path))
+        rc = st_fail(err, errlen, path, "it is a symbolic link: the file is written aside and renamed into its place, "
+                     "which would replace the link, not write where it points");
     if (rc == 0) {
-        snprintf(tmp, plen, "%s.tmp", path);
-        fp = fopen(tmp, "wb");
+        fp = create_new_file(tmp, "wb");
         if (!fp) rc = st_fail(err, errlen, path, "cannot create %s: %s", tmp, strerror(errno));
     }
     if (rc == 0) {
