@@ -234,8 +234,9 @@ deps-check-test:
 # make run-NN [NP=2] [ARGS="..."]: one mpirun of chapter NN with its parity check on.
 # A failed run ends with one line saying what its exit status means (tests/exit_status.sh; the
 # README's "Exit statuses"): make itself then says "Error N" with the run's status N. mpirun runs
-# under tests/signal_status.sh, so an interrupted run ends with 130 (SIGINT) or 143 (SIGTERM)
-# where Open MPI's mpirun alone exits 1.
+# under tests/signal_status.sh, so an interrupted run ends with 128 + the signal (130 SIGINT, 143
+# SIGTERM, 129 SIGHUP, 131 SIGQUIT) where Open MPI's mpirun alone exits 1; and make's own pid is
+# watched (WATCH_PID: the recipe shell's parent), so that killing make alone ends the ranks too.
 # A chapter number that does not exist is answered before anything is built.
 CHAPTER_NUMS = $(foreach c,$(CHAPTERS),$(call chapter_num,$(c)))
 chapter-exists-%:
@@ -249,7 +250,7 @@ run_cmd  = $(if $(RUN_NP_$(1)),$(MPIRUN_BASE) -np $(call run_np,$(1)),$(MPIRUN))
 run-%: chapter-exists-% all
 	@d=$(call chapter_dir,$*); [ -n "$$d" ] || { echo "no chapter $* (have: $(CHAPTERS))"; exit 2; }
 	@echo "$(strip $(call run_cmd,$*))"
-	@tests/signal_status.sh $(call run_cmd,$*) || { st=$$?; tests/exit_status.sh $$st run-$* >&2; exit $$st; }
+	@WATCH_PID=$$PPID tests/signal_status.sh $(call run_cmd,$*) || { st=$$?; tests/exit_status.sh $$st run-$* >&2; exit $$st; }
 
 # make check-NN: the chapter's standard layouts (its checks.txt), non-zero exit on failure.
 check-%: chapter-exists-% all

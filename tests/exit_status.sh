@@ -12,7 +12,9 @@ case "$st" in
 124) echo "$what: exit status 124: stopped by timeout(1)" ;;
 126|127) echo "$what: exit status $st: mpirun could not be run (not executable or not found)" ;;
 130) echo "$what: exit status 130: interrupted by SIGINT (Ctrl-C)" ;;
-143) echo "$what: exit status 143: ended by SIGTERM" ;;
+143) echo "$what: exit status 143: ended by SIGTERM (or make, which ran it, was killed)" ;;
+129) echo "$what: exit status 129: ended by SIGHUP (the terminal closed)" ;;
+131) echo "$what: exit status 131: ended by SIGQUIT (Ctrl-\\)" ;;
 132) echo "$what: exit status 132: mpirun could not start the program (or a rank was killed by SIGILL)" ;;
 *)   if [ "$st" -gt 128 ] 2>/dev/null; then
          sig=$((st - 128)); name=$(kill -l "$sig" 2>/dev/null)

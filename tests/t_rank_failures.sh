@@ -18,6 +18,10 @@
 #      does: SIGINT 130, SIGTERM 143. Under tests/signal_status.sh (how `make run-NN` runs its
 #      mpirun) the job ends with 130 or 143 and the same one line, whether the signal reaches the
 #      whole process group (Ctrl-C) or the wrapper alone (a scheduler's kill).
+#   g. SIGHUP to mpirun, SIGQUIT to the whole group and to signal_status.sh: one line, 129-style
+#      statuses (mpirun's 1 for SIGHUP, 131 for SIGQUIT), the interrupted run's metrics.csv
+#      holding its own rows, nothing left in --out, no rank left running;
+#   h. make killed alone: its ranks end too, with one line;
 #   f. an allocation that fails past the memory check (a rank's ulimit -v below what the host
 #      reports): exit 2 and one line, from the first rank that failed (chapter 04, FSDP at 2 ranks).
 # Chapter 01 is the victim: it runs long enough (--steps 100000) to be caught mid-step.
@@ -137,7 +141,7 @@ verdict "rank 1 crashed (SIGSEGV)" "$rc" 139 "$secs" 10 \
 for sig in INT TERM; do
     signal_rank $sig mpirun 10
     verdict "SIG$sig to mpirun (Open MPI's mpirun exits 1)" "$rc" 1 "$secs" 10 \
-        "error: the job was interrupted: mpirun received SIGINT (Ctrl-C) or SIGTERM"
+        "error: the job was interrupted: mpirun received SIGINT (Ctrl-C), SIGTERM or SIGHUP"
 done
 
 # a run without mpirun ends with 128 + the signal (set -m: a background job keeps SIGINT)
@@ -167,9 +171,71 @@ for how in group alone; do
         wait "$p"; rc=$?
         want=130; [ $sig = TERM ] && want=143
         verdict "SIG$sig to the job under signal_status.sh ($how)" "$rc" $want "$(since "$t0")" 10 \
-            "error: the job was interrupted: mpirun received SIGINT (Ctrl-C) or SIGTERM"
+            "error: the job was interrupted: mpirun received SIGINT (Ctrl-C), SIGTERM or SIGHUP"
     done
 done
+
+# g. the other stop signals, and what an interrupted run leaves. SIGHUP (a closed terminal) to
+# mpirun: handled as SIGTERM; SIGQUIT (Ctrl-\) to the whole group: every rank gets it, one says
+# so, 131; to signal_status.sh alone (mpirun ignores SIGQUIT): passed on, 131. Each time the run's
+# metrics.csv holds its own rows up to its last step (not a .tmp beside the previous file's), no
+# .lock or temporary is left in --out, and no rank outlives the job.
+stop_and_look() {   # stop_and_look NAME HOW SIG WANT_RC 'TEXT': HOW mpirun | group | wrapper
+    local name=$1 how=$2 sig=$3 want=$4 text=$5 out=$tmp/o_stop_$2$3
+    cp "$tmp/previous_metrics.csv" "$out.prev" 2>/dev/null
+    mkdir -p "$out"; printf 'step,previous run\n1,0\n' >"$out/metrics.csv"
+    set -m
+    if [ "$how" = mpirun ]; then
+        $mpirun_base -np 2 "$root/$backend/08" --steps 100000 --out "$out" --dim 64 --n-layers 2 --seq-len 32 \
+            --batch 8 --eval-every 0 </dev/null >"$tmp/out" 2>"$tmp/err" &
+    else
+        tests/signal_status.sh $mpirun_base -np 2 "$root/$backend/08" --steps 100000 --out "$out" --dim 64 \
+            --n-layers 2 --seq-len 32 --batch 8 --eval-every 0 </dev/null >"$tmp/out" 2>"$tmp/err" &
+    fi
+    local p=$!
+    set +m
+    pids+=("$p")
+    for i in $(seq 150); do [ "$(ls "$out"/metrics.csv.tmp.* 2>/dev/null | head -1)" ] && grep -q '^step *5 ' "$tmp/out" && break; sleep 0.1; done
+    t0=$(now)
+    if [ "$how" = group ]; then kill -$sig -- -"$p"; else kill -$sig "$p"; fi
+    wait "$p"; rc=$?
+    verdict "$name" "$rc" "$want" "$(since "$t0")" 10 "$text"
+    n=$((n+1))
+    local rows last
+    rows=$(grep -c '^[0-9]' "$out/metrics.csv" 2>/dev/null); last=$(tail -1 "$out/metrics.csv" | cut -d, -f1)
+    if grep -q 'previous run' "$out/metrics.csv" || [ "${rows:-0}" -lt 5 ] || ls -A "$out" | grep -q -e '\.tmp' -e '^\.lock$'; then
+        echo "FAIL  ... what it left in --out: $(ls -A "$out" | paste -sd' '), metrics.csv $rows rows"; bad=$((bad+1))
+    else echo "ok    ... metrics.csv holds the interrupted run's $rows rows (its last step $last); nothing else left in --out"; fi
+    sleep 1
+    if pgrep -f -- "--out $out " >/dev/null; then echo "FAIL  ... a rank outlived the job"; bad=$((bad+1)); pkill -f -- "--out $out "; fi
+}
+stop_and_look "SIGHUP to mpirun (as SIGTERM; Open MPI's mpirun exits 1)" mpirun HUP 1 \
+    "error: the job was interrupted: mpirun received SIGINT (Ctrl-C), SIGTERM or SIGHUP"
+stop_and_look "SIGQUIT to the wrapper's group (Ctrl-\\; Open MPI puts each rank in a group of its own)" group QUIT 131 \
+    "error: the job was interrupted: mpirun received SIGINT (Ctrl-C), SIGTERM or SIGHUP"
+stop_and_look "SIGQUIT to signal_status.sh alone (mpirun ignores it: passed on)" wrapper QUIT 131 \
+    "error: the job was interrupted: mpirun received SIGINT (Ctrl-C), SIGTERM or SIGHUP"
+set -m
+"$bin" --steps 1000000 </dev/null >"$tmp/out" 2>"$tmp/err" &
+p=$!
+set +m
+for i in $(seq 100); do grep -q '^step' "$tmp/out" && break; sleep 0.1; done
+t0=$(now); kill -QUIT $p; wait $p; rc=$?
+verdict "SIGQUIT to a run without mpirun" "$rc" 131 "$(since "$t0")" 5 "error: interrupted by SIGQUIT from pid "
+
+# h. make killed alone (kill -TERM of make's pid): its run ends too, with one line, and no rank
+# trains on unseen (WATCH_PID: signal_status.sh watches make)
+out=$tmp/o_make; set -m
+make --no-print-directory run-08 NP=2 ARGS="--steps 100000 --out $out --dim 64 --n-layers 2 --seq-len 32 --batch 8 --eval-every 0" \
+    </dev/null >"$tmp/out" 2>"$tmp/err" &
+mk=$!; set +m; pids+=("$mk")
+for i in $(seq 300); do grep -q '^step *5 ' "$tmp/out" && break; sleep 0.1; done
+t0=$(now); kill -TERM "$mk"; wait "$mk" 2>/dev/null
+for i in $(seq 100); do pgrep -f -- "--out $out " >/dev/null || break; sleep 0.1; done
+n=$((n+1)); secs=$(since "$t0")
+if pgrep -f -- "--out $out " >/dev/null; then echo "FAIL  make killed alone: its ranks still run $secs s later"; bad=$((bad+1)); pkill -f -- "--out $out "
+elif [ "$(grep -c '^error: the job was interrupted' "$tmp/err")" -ne 1 ]; then echo "FAIL  make killed alone: want one 'error: the job was interrupted' line"; sed 's/^/  | /' "$tmp/err"; bad=$((bad+1))
+else echo "ok    make killed alone: its ranks ended within $secs s, one line; metrics.csv holds $(grep -c '^[0-9]' "$out/metrics.csv") rows"; fi
 
 # f. out of memory past the check: every rank's address space capped at 1.5 GB, the model's
 # state needing more; the first rank to fail speaks (guard_claim_line), the job exits 2

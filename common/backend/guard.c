@@ -111,6 +111,8 @@ static const char *signal_name(int sig) {
     case SIGKILL: return "SIGKILL";
     case SIGTERM: return "SIGTERM";
     case SIGINT:  return "SIGINT";
+    case SIGHUP:  return "SIGHUP";
+    case SIGQUIT: return "SIGQUIT";
     default:      return "";
     }
 }
@@ -278,7 +280,19 @@ static void mark(int from, int to) {   /* this rank's state in the table: from -
                                 __ATOMIC_SEQ_CST);
 }
 
-/* SIGTERM or SIGINT. From mpirun (the parent) it is ending the job: a rank died or exited early,
+/* guard_on_stop's functions, run once by the first stop signal */
+static void (*stop_fns[8])(void);
+static atomic_int n_stop_fns, stop_fns_ran;
+void guard_on_stop(void (*fn)(void)) {
+    int i = atomic_load(&n_stop_fns);
+    if (i < 8) { stop_fns[i] = fn; atomic_store(&n_stop_fns, i + 1); }
+}
+static void run_stop_fns(void) {
+    if (atomic_exchange(&stop_fns_ran, 1)) return;
+    for (int i = 0; i < atomic_load(&n_stop_fns); i++) stop_fns[i]();
+}
+
+/* SIGTERM, SIGINT, SIGHUP or SIGQUIT. From mpirun (the parent) it is ending the job: a rank died or exited early,
  * another rank's watchdog called MPI_Abort, or mpirun itself was interrupted (it sends SIGTERM to
  * the ranks for a SIGINT too). From anyone else it is this rank that was interrupted. */
 static void report_stop(int sig, const siginfo_t *info) {
@@ -288,7 +302,7 @@ static void report_stop(int sig, const siginfo_t *info) {
         if (!claim(1)) return;
         if (world_size > 1) { add(&l, "error: rank "); add_int(&l, my_rank); add(&l, " received "); }
         else add(&l, "error: interrupted by ");
-        add(&l, sig == SIGINT ? "SIGINT" : "SIGTERM");
+        add(&l, signal_name(sig));
         if (info && info->si_code == SI_USER && info->si_pid > 0) {
             add(&l, " from pid "); add_int(&l, info->si_pid);
         }
@@ -317,8 +331,8 @@ static void report_stop(int sig, const siginfo_t *info) {
         add(&l, "; mpirun ended the job");
     } else if (t && world_here) {
         if (!claim(my_rank == 0)) return;
-        add(&l, "error: the job was interrupted: mpirun received SIGINT (Ctrl-C) or SIGTERM and "
-                "ended the ranks (mpirun alone then exits with status 1; make run-NN with 130 or 143)");
+        add(&l, "error: the job was interrupted: mpirun received SIGINT (Ctrl-C), SIGTERM or SIGHUP and "
+                "ended the ranks (mpirun alone then exits with status 1; make run-NN with 128 + the signal)");
     } else {   /* ranks on other nodes: the cause may be there; rank 0 alone speaks, as before */
         if (my_rank != 0 || !claim(1)) return;
         add(&l, "error: mpirun ended the job: another rank died or exited early (an exit status "
@@ -332,6 +346,7 @@ static void on_stop_signal(int sig, siginfo_t *info, void *ctx) {
     int saved = errno;
     mark(ST_RUNNING, ST_TERMINATED);   /* first: no other rank may take this exit for a cause */
     if (atomic_load(&armed) && !atomic_load(&aborting)) report_stop(sig, info);
+    run_stop_fns();   /* the harness's files into place, its locks removed (guard_on_stop) */
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
@@ -504,7 +519,9 @@ void guard_init(int argc, char **argv) {
     sa.sa_sigaction = on_stop_signal;
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
-    for (int sig = SIGINT; sig; sig = sig == SIGINT ? SIGTERM : 0) {
+    static const int stop_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+    for (size_t k = 0; k < sizeof stop_signals / sizeof *stop_signals; k++) {
+        int sig = stop_signals[k];
         struct sigaction before;   /* a signal ignored by whoever started us stays ignored */
         if (sigaction(sig, NULL, &before) == 0 && !(before.sa_flags & SA_SIGINFO) &&
             before.sa_handler == SIG_IGN)

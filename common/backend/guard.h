@@ -23,10 +23,13 @@
  *   the others and exits with 128 + the signal; the first of them to get it names the dead rank
  *   in one line (rank 0's death is reported by rank 1). A rank that crashes (SIGSEGV, SIGBUS,
  *   SIGFPE, SIGILL, SIGABRT) prints its own line first, then the handler that was there before
- *   runs (Open MPI's backtrace, a sanitizer's report). SIGINT or SIGTERM to mpirun: mpirun sends
- *   SIGTERM to the ranks (for either), one rank says the job was interrupted, and the ranks end
- *   with 128 + the signal; mpirun itself (Open MPI 4.1) exits with 1 whatever the ranks' statuses.
- *   A run without mpirun, or a rank signalled directly, ends with 130 (SIGINT) or 143 (SIGTERM).
+ *   runs (Open MPI's backtrace, a sanitizer's report). SIGINT, SIGTERM or SIGHUP to mpirun:
+ *   mpirun sends SIGTERM to the ranks (for each of them), one rank says the job was interrupted,
+ *   and the ranks end with 128 + the signal; mpirun itself (Open MPI 4.1) exits with 1 whatever
+ *   the ranks' statuses (SIGQUIT it ignores: `make run-NN` passes that one on). A rank signalled
+ *   directly (a terminal's Ctrl-C or Ctrl-\ reaches every process of the group) says which
+ *   signal, and ends with 128 + it: 130 SIGINT, 143 SIGTERM, 129 SIGHUP, 131 SIGQUIT. Before it
+ *   ends, the functions of guard_on_stop run (the files being written renamed into place).
  *   One line in every case: the ranks of a node share a table (pid, state, and a token taken by
  *   the rank that explains), so the report depends on no timing.
  *
@@ -64,6 +67,12 @@ void guard_end(void);
  * behind the recv this rank issued first on the group". The watchdog's line adds it after the
  * group's name; guard_end forgets it. `note` is copied (at most 160 characters kept). */
 void guard_note(const char *note);
+
+/* Work a stop signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) must do before the rank ends, in the
+ * signal handler: async-signal-safe calls only (rename, unlink, stat). The harness renames the
+ * files it is writing into place (an interrupted run's metrics.csv holds its rows up to its last
+ * finished step) and removes its lock files. Each runs once, in the order registered; at most 8. */
+void guard_on_stop(void (*fn)(void));
 
 /* A rank about to end the job on its own (an allocation that failed, exit 2) asks whether it is the
  * one to explain the end: 1 for the first to ask among the ranks of this node (and the watchdog's

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "files.h"
+#include "guard.h"
 #include "log.h"
 
 /* mkdir -p. The path is copied whole (no fixed buffer to truncate it into); an empty path, or
@@ -75,7 +76,17 @@ static void forget_out(out_file *o, bool remove_tmp) {
     *o = (out_file){0};
 }
 
+/* A stop signal (guard.h: guard_on_stop, in the handler: rename only): each file being written
+ * goes into its place as it is, every row so far flushed (csv_row), so an interrupted run's
+ * metrics.csv holds its own rows up to its last finished step, not the previous run's. */
+static void keep_rows_on_stop(void) {
+    for (size_t i = 0; i < sizeof outs / sizeof *outs; i++)
+        if (outs[i].f && outs[i].tmp && outs[i].path) rename(outs[i].tmp, outs[i].path);
+}
+
 FILE *out_open(const char *path, const char *header, bool append) {
+    static bool registered;
+    if (!registered) { guard_on_stop(keep_rows_on_stop); registered = true; }
     out_file *o = find_out(NULL);
     for (size_t i = 0; !o && i < sizeof outs / sizeof *outs; i++) if (!outs[i].f) o = &outs[i];
     if (!o) { note_write_error(path, EMFILE); return NULL; }

@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "comm.h"
 #include "files.h"
+#include "guard.h"
 #include "outputs.h"
 
 #define LOCK_NAME ".lock"
@@ -280,6 +281,16 @@ static void release(bool undo) {
     n_made = 0;
 }
 static void release_at_exit(void) { release(false); }
+/* A stop signal (guard_on_stop: in the handler, stat and unlink only): the lock files removed,
+ * as at exit; the kernel drops the locks themselves with the process. */
+static void unlock_on_stop(void) {
+    for (int i = 0; i < n_made; i++) {
+        made *m = &made_list[i];
+        struct stat st;
+        if (m->fd >= 0 && m->lock_path && stat(m->lock_path, &st) == 0 && st.st_dev == m->dev && st.st_ino == m->ino)
+            unlink(m->lock_path);
+    }
+}
 static void release_on_refusal(void) { release(true); }
 
 /* Takes the lock file `lock` (DIR/.lock for a directory, DIR/.NAME.lock beside a file) for this
@@ -331,6 +342,7 @@ void run_paths_create(const run_path *paths, int n) {
         if (!hooks_set) {
             atexit(release_at_exit);
             comm_on_usage_exit(release_on_refusal);
+            guard_on_stop(unlock_on_stop);
             hooks_set = true;
         }
         for (int i = 0; i < n && !bad; i++) {
