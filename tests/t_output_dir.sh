@@ -61,5 +61,18 @@ else
     echo "ok   a 3000-byte message from rank 1 arrives whole"
 fi
 
+# a 6,000-byte --data path (an input: no length rule): the line shows the path's ends and keeps
+# the reason at its end (issue: it was cut at 1,038 bytes inside the path)
+deep=/tmp/$(printf 'a%.0s' $(seq 200)); for i in $(seq 29); do deep=$deep/$(printf 'b%.0s' $(seq 200)); done; deep=$deep/x.txt
+timeout 30 $mpirun_base -np 1 "$root/$backend/08" --data "$deep" --steps 1 </dev/null >"$tmp/out" 2>"$tmp/err"
+rc=$?; n=$((n+1))
+if [ $rc -ne 2 ] || [ "$(grep -c . "$tmp/err")" -ne 1 ] ||
+   ! grep -q "(a path of ${#deep} bytes, shown shortened): cannot open: File name too long$" "$tmp/err"; then
+    echo "FAIL a ${#deep}-byte --data path: exit $rc, want one line ending with its reason"; sed 's/^/  | /' "$tmp/err" | cut -c1-300
+    bad=$((bad+1))
+else
+    echo "ok   a ${#deep}-byte --data path: one line of $(head -1 "$tmp/err" | wc -c) bytes, ending with the reason"
+fi
+
 echo "$((n-bad)) of $n unusable output directories and long messages refused with one whole line and exit 2"
 [ $bad -eq 0 ]

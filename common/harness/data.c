@@ -101,9 +101,10 @@ size_t text_corpus_min_bytes(int T, size_t val_bytes) {
 int text_corpus_load_for(text_corpus *c, const char *path, int T, size_t val_bytes, const char *val_what,
                          char *err, size_t errlen) {
     *c = (text_corpus){0};
-    char why[256];
+    char why[256], shown[400];
+    path_for_message(path, shown, sizeof shown);
     if (read_file(path, &c->bytes, &c->n, why, sizeof why) != 0) {
-        snprintf(err, errlen, "cannot read %s: %s", path, why);
+        snprintf(err, errlen, "cannot read %s: %s", shown, why);
         return -1;
     }
     c->n_train = c->n / 10 * 9;
@@ -112,7 +113,7 @@ int text_corpus_load_for(text_corpus *c, const char *path, int T, size_t val_byt
         char what[160];
         snprintf(what, sizeof what, "a window of --seq-len %d + 1 bytes", T);
         snprintf(err, errlen, "%s has %zu bytes: too few for a window of --seq-len %d + 1 bytes in its training part "
-                 "(90%%) and %s in its validation part (10%%); use a file of at least %zu bytes", path, c->n, T,
+                 "(90%%) and %s in its validation part (10%%); use a file of at least %zu bytes", shown, c->n, T,
                  val_what ? val_what : what, text_corpus_min_bytes(T, val_bytes));
         text_corpus_free(c);
         return -1;

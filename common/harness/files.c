@@ -267,3 +267,10 @@ int remove_owned_dir(const char *path, bool (*owned)(const char *name)) {
     closedir(d);
     return rmdir(path);   /* (rmdir never follows a link either: ENOTDIR) */
 }
+
+const char *path_for_message(const char *path, char *buf, size_t len) {
+    size_t n = path ? strlen(path) : 0;
+    if (n <= 300) snprintf(buf, len, "%s", path ? path : "");
+    else snprintf(buf, len, "%.120s...%s (a path of %zu bytes, shown shortened)", path, path + n - 120, n);
+    return buf;
+}

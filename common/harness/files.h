@@ -53,6 +53,11 @@ size_t name_without_temp(const char *name);
 FILE *create_new_file(const char *path, const char *mode);
 int remove_owned_dir(const char *path, bool (*owned)(const char *name));
 
+/* `path` as a message shows it: whole up to 300 bytes, else its first and last 120 bytes around
+ * "...", with its length, so that a line naming a very long path still ends with the reason.
+ * Written into buf[len]; returns buf. */
+const char *path_for_message(const char *path, char *buf, size_t len);
+
 /* mkdir -p; 0 on success, -1 with errno set (ENOENT for an empty path, ENOTDIR when it exists
  * but is not a directory); on failure it removes the directories it created. */
 int make_dirs(const char *path);
