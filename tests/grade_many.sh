@@ -12,8 +12,16 @@ set -u
 dir=${1:-}; csv=${2:-}; backend=${3:-cpu}
 [ -n "$dir" ] && [ -d "$dir" ] || { echo "make grade: DIR=$dir is not a folder of student copies (make grade DIR=submissions/)" >&2; exit 2; }
 [ -n "$csv" ] || csv=$dir/grades.csv
+# The CSV, checked before anything is graded: a new file beside it, written at the end and renamed
+# into place (a failure leaves the previous CSV, or none, and says so in one line).
+[ -d "$csv" ] && { echo "make grade: CSV=$csv is a directory: give a file name" >&2; exit 2; }
+[ -L "$csv" ] && { echo "make grade: CSV=$csv is a symbolic link: the CSV is written aside and renamed into its place, which would replace the link; give the file itself" >&2; exit 2; }
+csv_tmp=$(mktemp "$csv.tmp.$$.XXXXXXXX" 2>/dev/null) || {
+    echo "make grade: CSV=$csv cannot be written: cannot create a file in $(dirname "$csv") ($( (: >"$csv.probe.$$") 2>&1 | sed 's/.*: //' | head -1))" >&2
+    rm -f "$csv.probe.$$"; exit 2; }
 src=$(cd "$(dirname "$0")/.." && pwd)
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"; rm -f "$csv_tmp"' EXIT
+shopt -s nullglob   # an empty DIR: no folder, no false "skip *" line
 rows=$tmp/rows.jsonl; : > "$rows"
 n=0
 for sub in "$dir"/*/; do
@@ -56,7 +64,7 @@ PY
     echo "graded $student (chapter $nn): $(python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readlines()[-1]); print(sum(e[1] for e in r["exercises"]), "of", sum(e[2] for e in r["exercises"]), "points", ("(" + r["note"] + ")") if r["note"] else "")' "$rows")"
 done
 [ $n -gt 0 ] || { echo "make grade: no student copy in $dir (a folder with a .student-copy file, as make assignment-NN writes it)" >&2; exit 2; }
-python3 - "$rows" "$csv" <<'PY'
+python3 - "$rows" "$csv_tmp" <<'PY'
 import csv, json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 cols = []
@@ -65,7 +73,7 @@ for r in rows:
         c = f"{r['chapter']}:{name}"
         if c not in cols:
             cols.append(c)
-with open(sys.argv[2], "w", newline="") as f:
+with open(sys.argv[2], "w", newline="") as f:   # (the temporary beside the CSV)
     w = csv.writer(f)
     w.writerow(["student", "chapter"] + cols + ["total", "possible", "note"])
     for r in rows:
@@ -74,4 +82,5 @@ with open(sys.argv[2], "w", newline="") as f:
                    + ["%g" % round(sum(p for _, p, _ in r["exercises"]), 2),
                       "%g" % sum(q for _, _, q in r["exercises"]), r["note"]])
 PY
+[ $? -eq 0 ] && mv -f "$csv_tmp" "$csv" || { echo "make grade: could not write $csv; the previous file, if any, is as it was" >&2; exit 2; }
 echo "wrote $csv: $n student(s)"

@@ -108,5 +108,17 @@ sys.exit(1 if bad else 0)
 PY
 if [ $? -eq 0 ]; then echo "ok    make grade on two submissions of $nn: $(tail -1 "$tmp/v.txt")"
 else echo "FAIL  make grade on two submissions of $nn:"; sed 's/^/      | /' "$tmp/v.txt" "$tmp/grade.txt" "$tmp/subs/partial/grade.log" | tail -60; bad=$((bad+1)); fi
+# make grade's refusals: one line on stderr, exit 2, nothing else (issue: an empty DIR printed a
+# false "skip *" line; CSV=/proc/x.csv a Python traceback, then "wrote", exit 0)
+mkdir -p "$tmp/empty_subs"
+grade_refusal() {   # grade_refusal WHAT DIR CSV 'TEXT'
+    make --no-print-directory grade DIR="$2" ${3:+CSV="$3"} >"$tmp/gr.out" 2>"$tmp/gr.err"; local rc=$?
+    if [ $rc -eq 2 ] && [ ! -s "$tmp/gr.out" ] && [ "$(grep -v 'Error 2' "$tmp/gr.err" | grep -c .)" -eq 1 ] &&
+       grep -q -- "$4" "$tmp/gr.err" && ! grep -q Traceback "$tmp/gr.err"; then echo "ok    make grade $1: one line, exit 2"
+    else echo "FAIL  make grade $1: exit $rc, want one line with: $4"; sed 's/^/      | /' "$tmp/gr.out" "$tmp/gr.err"; bad=$((bad+1)); fi
+}
+grade_refusal "DIR=<empty folder>" "$tmp/empty_subs" "" "make grade: no student copy in"
+grade_refusal "CSV=/proc/x.csv" "$tmp/empty_subs" /proc/x.csv "make grade: CSV=/proc/x.csv cannot be written"
+grade_refusal "CSV=<a directory>" "$tmp/empty_subs" "$tmp" "is a directory: give a file name"
 echo "grading by exercise: $bad failure(s)"
 [ $bad -eq 0 ]
