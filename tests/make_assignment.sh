@@ -43,7 +43,24 @@ case "$abs/" in "$src"/*)
     exit 2;;
 esac
 [ -e "$dest" ] && { echo "make assignment-$nn: $dest exists; remove it or pick another DEST=" >&2; exit 2; }
-mkdir -p "$dest"
+# The copy is made in a folder of its own beside DEST and renamed into place once whole: a failure
+# (a full disk, a malformed marker) leaves nothing behind, says what in one line (the tools'
+# own messages go to a log whose last line the one line quotes), and a retry starts afresh.
+final=$dest
+parent=$(dirname "$abs")
+mkdir -p "$parent" 2>/dev/null || { echo "make assignment-$nn: cannot create $(dirname "$dest")" >&2; exit 2; }
+dest=$(mktemp -d "$abs.tmp.$$.XXXXXXXX" 2>/dev/null) ||
+    { echo "make assignment-$nn: cannot create a folder in $(dirname "$final") for the copy" >&2; exit 2; }
+errlog=$(mktemp 2>/dev/null) || errlog=/dev/null
+exec 3>&2 2>>"$errlog"
+fail() {
+    local last; last=$(grep . "$errlog" 2>/dev/null | head -1 | sed 's/^tar: //' | cut -c1-200)
+    echo "make assignment-$nn: $1${last:+ ($last)}; nothing written (DEST=$final is left as it was)" >&3
+    exit 2
+}
+trap 'rm -rf "$dest"; [ "$errlog" = /dev/null ] || rm -f "$errlog"' EXIT
+trap 'fail "could not write the copy into $final"' ERR
+set -o pipefail
 # every file of the tutorial but builds, outputs and earlier student copies
 # and the instructors' hints (they are handed out, not shipped)
 # and the chapters after NN (see the top)
@@ -97,7 +114,7 @@ for f in "$dest/$dir"*.c; do
     ' "$f" > "$f.tmp" && mv "$f.tmp" "$f"
     n=$((n + $(grep -c 'TODO (assignment)' "$f")))
 done
-[ $n -gt 0 ] || { echo "make assignment-$nn: chapter $nn has no assignment regions" >&2; exit 2; }
+[ $n -gt 0 ] || fail "chapter $nn has no assignment regions"
 # solution passages (see the top): markdown anywhere in the copy, C and CUDA sources and headers
 stripped=0
 while IFS= read -r -d '' f; do
@@ -155,15 +172,18 @@ while IFS= read -r -d '' f; do
             if (open) { printf "%s:%d: BEGIN SOLUTION never ends\n", file, open_at > "/dev/stderr"; exit 3 }
             if (removed) print removed > countfile
         }
-    ' "$f" > "$f.tmp" || { echo "make assignment-$nn: a solution marker in $rel is malformed (above); nothing written" >&2; rm -rf "$dest"; exit 2; }
+    ' "$f" > "$f.tmp" || fail "a solution marker in $rel is malformed"
     mv "$f.tmp" "$f"
     [ -s "$f.count" ] && stripped=$((stripped + $(cat "$f.count")))
     rm -f "$f.count"
 done < <(grep -rlZ --include='*.md' --include='*.c' --include='*.h' --include='*.cu' -E '(BEGIN|END) SOLUTION' "$dest" || true)
 # what the solved program printed from a removed passage (a formula of the exercise, in a README's
 # output block) replaced in the copy's markdown (tests/student_copy_leaks.py --scrub)
-python3 "$src/tests/student_copy_leaks.py" --scrub "$src" "$dest" "$nn" ||
-    { echo "make assignment-$nn: could not scrub the copy's READMEs; nothing written" >&2; rm -rf "$dest"; exit 2; }
+python3 "$src/tests/student_copy_leaks.py" --scrub "$src" "$dest" "$nn" || fail "could not scrub the copy's READMEs"
+trap - ERR
+mv -T "$dest" "$abs" 2>/dev/null || fail "could not rename the finished copy to $final"
+trap '[ "$errlog" = /dev/null ] || rm -f "$errlog"' EXIT   # (the copy is in place: kept)
+dest=$final
 echo "wrote $dest: $n exercise(s) in $dir, marked TODO (assignment); $stripped solution passage(s) removed from the text and the tests. Grade with: cd $dest && make check-$nn"
 [ -d "$src/${dir}hints" ] && echo "hints for the instructor: $src/${dir}hints/ (not in the student copy)"
 exit 0

@@ -4,7 +4,8 @@
 # written aside and renamed into place: common/harness/files.h). On a 64 KiB tmpfs, filled up:
 #   chapter 08 (2 ranks): OUT/metrics.csv, a row each step: the run stops at the first failing
 #     step, not after the last one, and the old metrics.csv is unchanged;
-#   chapter 04 (2 ranks): the loss CSV and the reports written after training.
+#   chapter 04 (2 ranks): the loss CSV and the reports written after training;
+#   make assignment-03 into a 1 MiB tmpfs: one line, exit 2, nothing left; then a retry with room.
 # Needs mount (root): skipped, saying so, where tmpfs cannot be mounted.
 set -u
 root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
@@ -42,5 +43,22 @@ expect "08: metrics.csv on a full disk" 08 "cannot write $disk/o8/metrics.csv: N
     --data "$tmp/text.txt" --dim 32 --n-layers 1 --seq-len 16 --batch 4 --steps 2000 --eval-every 0 --out "$disk/o8"
 if grep -q "^step 2000 " "$tmp/out"; then echo "FAIL 08: the run trained to the end before it stopped"; bad=$((bad+1)); fi
 expect "04: its CSVs on a full disk" 04 "No space left on device" "$disk/o4/memory_modes.csv" --steps 2 --out "$disk/o4"
+# make assignment-NN on a disk too small for the copy (issue: 16 lines of tar and make errors, a
+# partial copy left, a retry refused with "DEST exists"): one line, exit 2, nothing left, and the
+# retry with room succeeds
+umount "$disk" && mount -t tmpfs -o size=1m tmpfs "$disk"
+n=$((n+1))
+bash tests/make_assignment.sh 03 "$disk/student-03" >"$tmp/out" 2>"$tmp/err"; rc=$?
+if [ $rc -ne 2 ] || [ "$(grep -c . "$tmp/err")" -ne 1 ] || [ -s "$tmp/out" ] || [ -n "$(ls -A "$disk")" ] ||
+   ! grep -q '^make assignment-03: could not write the copy into .*nothing written' "$tmp/err"; then
+    echo "FAIL make assignment-03 on a full disk: exit $rc, $(grep -c . "$tmp/err") line(s), left: $(ls -A "$disk" | paste -sd' ')"
+    sed 's/^/  | /' "$tmp/err" | head -5; bad=$((bad+1))
+else echo "ok   make assignment-03 on a full disk: $(cat "$tmp/err")"; fi
+umount "$disk" && mount -t tmpfs -o size=64m tmpfs "$disk"
+n=$((n+1))
+if bash tests/make_assignment.sh 03 "$disk/student-03" >"$tmp/out" 2>"$tmp/err" && [ -f "$disk/student-03/.student-copy" ] &&
+   [ "$(ls -A "$disk")" = student-03 ]; then echo "ok   ... and the retry with room writes the copy"
+else echo "FAIL make assignment-03's retry with room: $(cat "$tmp/err")"; bad=$((bad+1)); fi
+
 echo "$((n-bad)) of $n runs on a full disk stopped with one line, exit 2 and the previous file kept"
 [ $bad -eq 0 ]
