@@ -1,0 +1,42 @@
+"""tamper_dump.py DIR grad|loss: make a correct dump wrong by a little, in place, so that
+t_dump_torch.sh can show that reference_torch.py fails it (its rounding-tie search must not
+explain a real difference away).
+  grad  every step-1 gradient of the first feed_forward.w2.weight scaled by 1.003 (3e-3 > 1e-4)
+  loss  step 1's loss in losses.txt scaled by 1 + 3e-4 (beyond the 1e-5 tolerance)"""
+import json
+import os
+import struct
+import sys
+
+
+def tamper_gradient(directory):
+    path = os.path.join(directory, "grads_1.safetensors")
+    with open(path, "rb") as f:
+        raw = bytearray(f.read())
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    name = sorted(k for k in header if k.endswith("feed_forward.w2.weight"))[0]
+    if header[name]["dtype"] != "F32":
+        raise SystemExit(f"tamper_dump: {name} is {header[name]['dtype']}, not F32")
+    begin, end = (8 + n + o for o in header[name]["data_offsets"])
+    values = struct.unpack(f"<{(end - begin) // 4}f", raw[begin:end])
+    raw[begin:end] = struct.pack(f"<{len(values)}f", *(v * 1.003 for v in values))
+    with open(path, "wb") as f:
+        f.write(raw)
+
+
+def tamper_loss(directory):
+    path = os.path.join(directory, "losses.txt")
+    with open(path) as f:
+        lines = f.read().split("\n")
+    fields = lines[0].split()
+    fields[1] = repr(float(fields[1]) * (1 + 3e-4))
+    lines[0] = " ".join(fields)
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[2] not in ("grad", "loss"):
+        raise SystemExit("usage: tamper_dump.py DIR grad|loss")
+    (tamper_gradient if sys.argv[2] == "grad" else tamper_loss)(sys.argv[1])
