@@ -51,6 +51,7 @@ void sample_text(llama_model *m, const char *prompt, int n_bytes, double tempera
     int *tokens_dev = device_alloc_ints(T, MEM_BUFFERS), *targets_dev = device_alloc_ints(T, MEM_BUFFERS);
     float *logits = malloc((size_t)V * sizeof(float));
     for (int t = 0; t < T; t++) targets[t] = IGNORE_INDEX;   /* no loss: only the logits are read */
+    log0("sample (%d bytes after the prompt, temperature %g):\n", n_bytes, temperature);   /* (before the wait) */
     device_copy_to_device(targets_dev, targets, (size_t)T * sizeof(int));
     for (int k = 0; k < n_bytes; k++) {
         /* the last T bytes (or all of them) at positions 0 ..; the rest of the window is padding
@@ -64,7 +65,6 @@ void sample_text(llama_model *m, const char *prompt, int n_bytes, double tempera
         text[len++] = (unsigned char)draw_byte(logits, V < 256 ? V : 256, temperature, data_uniform(seed, -1, k));
     }
     text[len] = 0;
-    log0("sample (%d bytes after the prompt, temperature %g):\n", n_bytes, temperature);
     log0("----\n%s\n----\n", (const char *)text);
     free(text); free(tokens); free(targets); free(logits);
     device_free(tokens_dev); device_free(targets_dev);

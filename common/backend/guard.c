@@ -341,11 +341,24 @@ static void report_stop(int sig, const siginfo_t *info) {
     emit(&l);
 }
 
+/* A stop signal after the watchdog stopped (MPI_Finalize: the run's results are all printed and
+ * written): one line all the same, from rank 0 alone, so that no signal ends a run silently. */
+static void report_late_stop(int sig) {
+    if (!claim(my_rank == 0)) return;
+    guard_line l = {.n = 0};
+    add(&l, "error: interrupted by ");
+    add(&l, signal_name(sig));
+    add(&l, " as the run ended (what it printed and wrote above is complete); exit status ");
+    add_int(&l, 128 + sig);
+    emit(&l);
+}
+
 static void on_stop_signal(int sig, siginfo_t *info, void *ctx) {
     (void)ctx;
     int saved = errno;
     mark(ST_RUNNING, ST_TERMINATED);   /* first: no other rank may take this exit for a cause */
     if (atomic_load(&armed) && !atomic_load(&aborting)) report_stop(sig, info);
+    else if (!atomic_load(&aborting)) report_late_stop(sig);
     run_stop_fns();   /* the harness's files into place, its locks removed (guard_on_stop) */
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);

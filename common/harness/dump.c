@@ -21,6 +21,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -30,6 +31,7 @@
 #include <unistd.h>
 
 #include "files.h"
+#include "guard.h"
 #include "safetensors.h"
 
 /* Tokens are written as I32 straight from int buffers. */
@@ -93,7 +95,21 @@ static int remove_dump_dir(const char *dir) {
     return remove_owned_dir(dir, is_dump_file_bool);
 }
 
+/* A stop signal while the dump is written (guard_on_stop): the unfinished DIR.tmp.<pid>.<random>
+ * removed, so an interrupted run leaves DIR as it was and nothing half-made beside it. The handler
+ * reads only these two, set before it can need them. */
+static volatile sig_atomic_t stop_fd = -1;   /* the unfinished directory, open; -1: none */
+static char stop_path[4096];
+static void remove_unfinished_on_stop(void) {
+    int fd = stop_fd;
+    stop_fd = -1;
+    if (fd >= 0) remove_own_dir_in_handler(fd, stop_path);
+}
+
 static void end_dump(void) {
+    int fd = stop_fd;
+    stop_fd = -1;   /* (first: a stop from here on leaves what end_dump's caller decided) */
+    if (fd >= 0) close(fd);
     free(final_dir);
     free(tmp_dir);
     final_dir = tmp_dir = NULL;
@@ -147,11 +163,20 @@ int dump_begin(const char *dir) {
     }
     final_dir = d;
     tmp_dir = t;
+    static bool hooked;
+    if (!hooked) { guard_on_stop(remove_unfinished_on_stop); hooked = true; }
+    if (strlen(t) < sizeof stop_path) {
+        memcpy(stop_path, t, strlen(t) + 1);
+        stop_fd = open(t, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    }
     return 0;
 }
 
 int dump_commit(void) {
     if (!final_dir) return fail("dump_commit without dump_begin");
+    int unfinished_fd = stop_fd;
+    stop_fd = -1;   /* from here a stop leaves the directories as they are: the rename may be done */
+    if (unfinished_fd >= 0) close(unfinished_fd);
     struct stat st;
     int rc;
     if (path_is_link(final_dir)) {

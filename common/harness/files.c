@@ -9,6 +9,7 @@
 #include <string.h>
 #include <dirent.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -94,6 +95,12 @@ FILE *out_open(const char *path, const char *header, bool append) {
     char *slash = dir ? strrchr(dir, '/') : NULL;
     if (slash && slash != dir) { *slash = 0; make_dirs(dir); }
     free(dir);
+    if (path_is_link(path)) {   /* (checked before the first step for --out: one made since) */
+        if (!write_error[0])
+            snprintf(write_error, sizeof write_error, "cannot write %s: it is a symbolic link, which a run never "
+                     "writes through or renames over", path);
+        return NULL;
+    }
     char *tmp = temp_name(path);   /* (unique to this run: never a file another run writes) */
     if (!tmp) { note_write_error(path, ENOMEM); return NULL; }
     FILE *f = create_new_file(tmp, "w");
@@ -273,4 +280,24 @@ const char *path_for_message(const char *path, char *buf, size_t len) {
     if (n <= 300) snprintf(buf, len, "%s", path ? path : "");
     else snprintf(buf, len, "%.120s...%s (a path of %zu bytes, shown shortened)", path, path + n - 120, n);
     return buf;
+}
+
+/* getdents64 through syscall(): the libc directory functions allocate, which a signal handler
+ * must not. Entries are removed while listed, so the listing restarts until nothing is left. */
+void remove_own_dir_in_handler(int dir_fd, const char *path) {
+    static char buf[4096] __attribute__((aligned(8)));
+    for (int round = 0; dir_fd >= 0 && round < 64; round++) {
+        if (lseek(dir_fd, 0, SEEK_SET) != 0) break;
+        long got = syscall(SYS_getdents64, dir_fd, buf, sizeof buf);
+        bool removed = false;
+        for (long off = 0; got > 0 && off < got;) {
+            struct { unsigned long long ino; long long off; unsigned short reclen; unsigned char type; char name[]; }
+                *e = (void *)(buf + off);
+            if (strcmp(e->name, ".") != 0 && strcmp(e->name, "..") != 0 && unlinkat(dir_fd, e->name, 0) == 0)
+                removed = true;
+            off += e->reclen;
+        }
+        if (!removed) break;
+    }
+    if (path) rmdir(path);
 }

@@ -52,6 +52,11 @@ size_t name_without_temp(const char *name);
  * never through a link. NULL with errno on failure. */
 FILE *create_new_file(const char *path, const char *mode);
 int remove_owned_dir(const char *path, bool (*owned)(const char *name));
+/* For a stop signal's handler (guard_on_stop), where only system calls are safe: unlinks every
+ * entry of the open directory `dir_fd` (files and links themselves, never what a link points to;
+ * a subdirectory stays), then rmdir(path) if it is empty. For a directory this run made under a
+ * name of its own (a dump being written), whose half is worth nothing. */
+void remove_own_dir_in_handler(int dir_fd, const char *path);
 
 /* `path` as a message shows it: whole up to 300 bytes, else its first and last 120 bytes around
  * "...", with its length, so that a line naming a very long path still ends with the reason.

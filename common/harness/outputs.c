@@ -1,4 +1,5 @@
 /* outputs.c: see outputs.h. Rank 0 decides; comm_require_all tells every rank. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -134,6 +135,27 @@ static size_t long_name(const char *path) {
 }
 
 /* Rank 0: the reason `p` alone cannot be used, or NULL. Creates nothing. */
+/* Is one of the CSV files a run writes into a directory (NAME.csv, each written aside and renamed
+ * into place) a symbolic link there? Says which in `why`. */
+static bool csv_link_inside(const char *dir, char *why, size_t len) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    bool found = false;
+    while (d && !found && (e = readdir(d)) != NULL) {
+        size_t n = strlen(e->d_name);
+        if (n < 5 || strcmp(e->d_name + n - 4, ".csv") != 0) continue;
+        char *p = NULL;
+        if (asprintf(&p, "%s/%s", dir, e->d_name) >= 0 && path_is_link(p)) {
+            snprintf(why, len, "%s is a symbolic link: the run writes its CSV files aside and renames them into "
+                     "place, never through or over a link; move the link out", e->d_name);
+            found = true;
+        }
+        free(p);
+    }
+    if (d) closedir(d);
+    return found;
+}
+
 static const char *own_problem(const run_path *p, char *why, size_t len) {
     const char *path = p->path;
     bool dir = p->kind == RUN_PATH_OUTPUT_DIR;
@@ -153,7 +175,11 @@ static const char *own_problem(const run_path *p, char *why, size_t len) {
     }
     struct stat st;
     bool exists = stat(path, &st) == 0;
+    if (!dir && path_is_link(path))
+        return "it is a symbolic link: the file is written aside and renamed into its place, which would replace "
+               "the link (a run never writes through or over one): remove the link or name another file";
     if (dir && exists && !S_ISDIR(st.st_mode)) return "it exists and is not a directory";
+    if (dir && exists && csv_link_inside(path, why, len)) return why;
     if (!dir && path[n - 1] == '/') return "it ends with '/': expected a file, not a directory";
     if (!dir && exists && S_ISDIR(st.st_mode)) return "it is a directory: expected a file";
     if (!dir && exists && !S_ISREG(st.st_mode))
@@ -281,14 +307,16 @@ static void release(bool undo) {
     n_made = 0;
 }
 static void release_at_exit(void) { release(false); }
-/* A stop signal (guard_on_stop: in the handler, stat and unlink only): the lock files removed,
- * as at exit; the kernel drops the locks themselves with the process. */
+/* A stop signal (guard_on_stop: in the handler, stat, unlink and rmdir only): the lock files
+ * removed, as at exit (the kernel drops the locks themselves with the process), and a directory
+ * this run created removed again when nothing else is in it. */
 static void unlock_on_stop(void) {
     for (int i = 0; i < n_made; i++) {
         made *m = &made_list[i];
         struct stat st;
         if (m->fd >= 0 && m->lock_path && stat(m->lock_path, &st) == 0 && st.st_dev == m->dev && st.st_ino == m->ino)
             unlink(m->lock_path);
+        if (m->top && m->dir) rmdir(m->dir);   /* (fails, harmlessly, unless it is empty) */
     }
 }
 static void release_on_refusal(void) { release(true); }

@@ -252,14 +252,16 @@ llama_model *run_model_paths(const run_options *o, const llama_plan *plan, const
     int n_paths = 2;
     for (int i = 0; i < n_own && n_paths < 12; i++) paths[n_paths++] = own_paths[i];
     run_paths_check(paths, n_paths);
-    /* Every refusal is behind us: only now may the run create its outputs. The dump first: it
-     * is written aside and, should anything end the run before dump_commit, removed at exit. */
+    /* Every refusal of the paths themselves is behind us: only now may the run create its
+     * outputs, each locked first (a folder another run writes is refused for that, before its
+     * contents are looked at). Then the dump: written aside and, should anything end the run
+     * before dump_commit, removed at exit; a refusal of its folder releases the locks too. */
+    run_paths_create(paths, n_paths);   /* --out, --dump (and the chapter's directories), locked */
     if (o->dump_dir) {
         dump_require(o, comm_world()->rank == 0 ? dump_begin(o->dump_dir) : 0);
         comm_on_usage_exit(dump_abort);   /* a refusal: removed before any rank exits */
         atexit(dump_abort);               /* any other exit of this process */
     }
-    run_paths_create(paths, n_paths);   /* --out (and the chapter's directories), locked */
     comm_on_usage_exit(csv_abort_all);  /* a refusal from here on: no temporary CSV left */
     return llama_create(c, plan, B / pieces, o->seed);
 }
