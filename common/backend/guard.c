@@ -342,8 +342,11 @@ static void report_stop(int sig, const siginfo_t *info) {
 }
 
 /* A stop signal after the watchdog stopped (MPI_Finalize: the run's results are all printed and
- * written): one line all the same, from rank 0 alone, so that no signal ends a run silently. */
-static void report_late_stop(int sig) {
+ * written): one line all the same, from rank 0 alone, so that no signal ends a run silently. Not
+ * for mpirun's own SIGTERM then: it is ending the job because a rank has exited (a refusal whose
+ * line is already out, say), and that rank spoke. */
+static void report_late_stop(int sig, const siginfo_t *info) {
+    if (info && info->si_code == SI_USER && info->si_pid == getppid() && launched) return;
     if (!claim(my_rank == 0)) return;
     guard_line l = {.n = 0};
     add(&l, "error: interrupted by ");
@@ -358,7 +361,7 @@ static void on_stop_signal(int sig, siginfo_t *info, void *ctx) {
     int saved = errno;
     mark(ST_RUNNING, ST_TERMINATED);   /* first: no other rank may take this exit for a cause */
     if (atomic_load(&armed) && !atomic_load(&aborting)) report_stop(sig, info);
-    else if (!atomic_load(&aborting)) report_late_stop(sig);
+    else if (!atomic_load(&aborting)) report_late_stop(sig, info);
     run_stop_fns();   /* the harness's files into place, its locks removed (guard_on_stop) */
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
