@@ -18,6 +18,7 @@
  * Everything happens in a fresh directory under /tmp that is removed at the end.
  * TEST_VERBOSE=1 prints each rejection message, i.e. what a user with a bad file would see.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <ftw.h>
@@ -387,6 +388,26 @@ static int count_entries(const char *dir) {
     return exists(dir) ? n : -1;
 }
 
+/* The temporaries beside `path` (PATH.tmp.<pid>.<random>, files.h: temp_name) made by this
+ * process: how many there are, and the last one's full name in found[len] ("" if none). */
+static int temps_of(const char *path, char *found, size_t len) {
+    char parent[400], prefix[200];
+    const char *slash = strrchr(path, '/');
+    snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    snprintf(prefix, sizeof prefix, "%s.tmp.%ld.", slash ? slash + 1 : path, (long)getpid());
+    if (found && len) found[0] = 0;
+    int n = 0;
+    DIR *d = opendir(parent);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
+            n++;
+            if (found && strlen(parent) + strlen(e->d_name) + 2 <= len) { strcpy(found, parent); strcat(found, "/"); strcat(found, e->d_name); }
+        }
+    if (d) closedir(d);
+    return n;
+}
+
 /* The whole text of a small file ("" if missing) in a static buffer. */
 static const char *slurp(const char *path) {
     static char text[256];
@@ -406,20 +427,21 @@ static void write_text(const char *path, const char *text) {
 }
 
 static void test_dump_atomic(void) {
-    char dir[300], tmp[340], p[400];
+    char dir[300], tmp[400], p[600];
     snprintf(dir, sizeof dir, "%s", tpath("atomic"));
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
     int tok[4] = {1, 2, 3, 4}, tgt[4] = {2, 3, 4, -100};
 
-    /* a. nothing at DIR until the commit; everything there after it, and no temporary left */
+    /* a. nothing at DIR until the commit (the dump is written in DIR.tmp.<pid>.<random>);
+     *    everything there after it, and no temporary left */
     CHECK(dump_begin(dir) == 0, "begin: %s", dump_error());
-    CHECK(exists(tmp) && !exists(dir), "before the commit: tmp %d, dir %d", exists(tmp), exists(dir));
+    CHECK(temps_of(dir, tmp, sizeof tmp) == 1 && exists(tmp) && !exists(dir), "before the commit: %d temporaries, dir %d",
+          temps_of(dir, NULL, 0), exists(dir));
     for (int k = 1; k <= 3; k++) CHECK(dump_batch(dir, k, tok, tgt, 2, 2) == 0, "batch %d", k);
     CHECK(dump_loss(dir, 1, 5.0, NAN) == 0 && dump_loss(dir, 2, 4.0, NAN) == 0 && dump_loss(dir, 3, 3.0, NAN) == 0, "losses");
     CHECK(!exists(dir), "DIR appeared before dump_commit");
     CHECK(dump_commit() == 0, "commit: %s", dump_error());
-    CHECK(count_entries(dir) == 4 && !exists(tmp), "after the commit: %d entries, tmp %d",
-          count_entries(dir), exists(tmp));
+    CHECK(count_entries(dir) == 4 && temps_of(dir, NULL, 0) == 0, "after the commit: %d entries, %d temporaries",
+          count_entries(dir), temps_of(dir, NULL, 0));
 
     /* b. a shorter second dump replaces the first whole: no stale batch_2, batch_3 */
     snprintf(p, sizeof p, "%s/", dir);   /* a trailing '/' names the same directory */
@@ -433,14 +455,15 @@ static void test_dump_atomic(void) {
     snprintf(p, sizeof p, "%s/losses.txt", dir);
     CHECK(count_entries(dir) == 2 && strcmp(slurp(p), "1 7\n") == 0, "second dump: %d entries, losses '%s'",
           count_entries(dir), slurp(p));
-    CHECK(!exists(tmp), "the old dump was not removed");
+    CHECK(temps_of(dir, NULL, 0) == 0, "the old dump was not removed");
 
     /* c. dump_abort leaves DIR as it was */
     CHECK(dump_begin(dir) == 0, "begin 3: %s", dump_error());
     CHECK(dump_loss(dir, 1, 99.0, NAN) == 0 && dump_batch(dir, 5, tok, tgt, 2, 2) == 0, "dump 3");
     dump_abort();
-    CHECK(!exists(tmp) && count_entries(dir) == 2 && strcmp(slurp(p), "1 7\n") == 0,
-          "after dump_abort: tmp %d, %d entries, losses '%s'", exists(tmp), count_entries(dir), slurp(p));
+    CHECK(temps_of(dir, NULL, 0) == 0 && count_entries(dir) == 2 && strcmp(slurp(p), "1 7\n") == 0,
+          "after dump_abort: %d temporaries, %d entries, losses '%s'", temps_of(dir, NULL, 0), count_entries(dir),
+          slurp(p));
     dump_abort();   /* twice is harmless */
 
     /* d. a write that fails half-way (a file size limit: EFBIG, as a full disk gives ENOSPC)
@@ -454,6 +477,7 @@ static void test_dump_atomic(void) {
         params[i] = calloc((size_t)s.rows * s.cols, sizeof(float));
     }
     CHECK(dump_begin(dir) == 0, "begin 4: %s", dump_error());
+    CHECK(temps_of(dir, tmp, sizeof tmp) == 1, "begin 4: %d temporaries", temps_of(dir, NULL, 0));
     CHECK(dump_batch(dir, 1, tok, tgt, 2, 2) == 0, "batch before the failure");
     struct rlimit old, small = {4096, 4096};
     getrlimit(RLIMIT_FSIZE, &old);
@@ -465,12 +489,12 @@ static void test_dump_atomic(void) {
     signal(SIGXFSZ, prev);
     CHECK(rc == -1 && strstr(dump_error(), "File too large") && !strchr(dump_error(), '\n'),
           "a failed write: rc %d, error '%s'", rc, dump_error());
-    snprintf(p, sizeof p, "%s/init.safetensors.tmp", tmp);
-    CHECK(!exists(p), "the failed write left %s", p);
+    snprintf(p, sizeof p, "%s/init.safetensors", tmp);
+    CHECK(exists(tmp) && !exists(p) && temps_of(p, NULL, 0) == 0, "the failed write left %s or its temporary", p);
     dump_abort();
     snprintf(p, sizeof p, "%s/losses.txt", dir);
-    CHECK(!exists(tmp) && count_entries(dir) == 2 && strcmp(slurp(p), "1 7\n") == 0,
-          "after a failed write and dump_abort: tmp %d, %d entries", exists(tmp), count_entries(dir));
+    CHECK(!exists(tmp) && temps_of(dir, NULL, 0) == 0 && count_entries(dir) == 2 && strcmp(slurp(p), "1 7\n") == 0,
+          "after a failed write and dump_abort: %d temporaries, %d entries", temps_of(dir, NULL, 0), count_entries(dir));
     for (int i = 0; i < n; i++) free(params[i]);
     free(params);
 
