@@ -9,7 +9,7 @@ root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
 mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
 py=/usr/bin/python3
 $py -c "import torch" 2>/dev/null || { echo "PyTorch is missing for $py: run make deps"; exit 1; }
-n=0; bad=0; float8_dump=
+n=0; bad=0; float8_dump=; any_float8_dump=
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for f in [0-9][0-9]_*/dump_runs.txt; do
     [ -f "$f" ] || continue
@@ -24,18 +24,22 @@ for f in [0-9][0-9]_*/dump_runs.txt; do
         if ! $py tests/reference_torch.py "$dir" >"$tmp/ref.txt" 2>&1; then
             echo "chapter $nn NP=$np '$flags': PyTorch disagrees"; tail -30 "$tmp/ref.txt"; bad=$((bad+1))
         elif grep -q "explained by rounding ties" "$tmp/ref.txt"; then
-            float8_dump=${float8_dump:-$dir}     # a float8 dump whose ties were searched
+            float8_dump=$dir                     # a float8 dump whose ties were searched (the last)
+        elif grep -q "^  float8: " "$tmp/ref.txt"; then
+            any_float8_dump=${any_float8_dump:-$dir}
         fi
     done < "$f"
 done
-echo "$((n-bad)) of $n dumps reproduced by PyTorch (losses 1e-5, step-1 gradients 1e-4)"
+ok_dumps=$((n-bad))
 
 # The check can fail, and its search for rounding ties explains no real difference away: a float8
-# dump that passed only through that search, with one gradient 3e-3 off, then with step 1's loss
+# dump that passed only through that search (any float8 dump where none needed it, as a machine
+# whose BLAS sums in another order may have), with one gradient 3e-3 off, then with step 1's loss
 # 3e-4 off (tests/tamper_dump.py), must each FAIL.
 tampered=0
+float8_dump=${float8_dump:-$any_float8_dump}
 if [ -z "$float8_dump" ]; then
-    echo "no float8 dump needed the rounding-tie search: the tamper check has nothing to tamper"; bad=$((bad+1))
+    echo "no float8 dump was reproduced: the tamper check has nothing to tamper"; bad=$((bad+1))
 fi
 for what in grad loss; do
     [ -n "$float8_dump" ] || break
@@ -47,5 +51,5 @@ for what in grad loss; do
         tampered=$((tampered+1))
     fi
 done
-echo "$tampered of 2 tampered float8 dumps failed, as they must"
+echo "$ok_dumps of $n dumps reproduced by PyTorch (losses 1e-5, step-1 gradients 1e-4); $tampered of 2 tampered float8 dumps failed, as they must"
 [ $bad -eq 0 ] && [ $n -gt 0 ]
