@@ -197,7 +197,9 @@ check_closure() {
 verify() {
     local dir=$1 tmp root ok=0
     tmp=$(mktemp -d) || return 1
-    trap 'rm -rf "$tmp"' RETURN
+    # (a RETURN trap outlives the function in bash: it removes itself, or it would fire again
+    # when download() returns, with tmp out of scope)
+    trap 'rm -rf "$tmp"; trap - RETURN' RETURN
     root=$tmp/root
     unpack "$dir" "$root" || return 1
     echo "gpu-bundle verify: unpacked into a temporary prefix, $(du -sm "$root" | cut -f1) MiB"
