@@ -162,7 +162,7 @@ section() { printf '\n==== %s\n' "$1" >>"$log"; }
 # pool FILE: the lines "ID<TAB>COMMAND" of FILE, GPU_CHECK_JOBS at a time; COMMAND's output goes to
 # $tmp/pool/ID.out and its status to ID.rc. Each run has Open MPI session directories of its own
 # (mpiruns ending at once would remove the shared one under another's feet). "@T@" in COMMAND is
-# its timeout (cap 300, when it starts); once less than 30 s of the budget is left no more are
+# its timeout (cap 300, when it starts), "@LEFT@" what is left of the budget; once less than 30 s of the budget is left no more are
 # started, and those left get the status "skip".
 pool() {
     local id cmd
@@ -171,6 +171,7 @@ pool() {
         while [ "$(jobs -rp | wc -l)" -ge "$njobs" ]; do wait -n; done
         if [ "$(left)" -lt 30 ]; then echo skip >"$tmp/pool/$id.rc"; : >"$tmp/pool/$id.out"; continue; fi
         cmd=${cmd//@T@/$(cap 300)}
+        cmd=${cmd//@LEFT@/$(cap 100000)}
         (
             export OMPI_MCA_orte_tmpdir_base=$tmp/ompi/$id
             mkdir -p "$OMPI_MCA_orte_tmpdir_base"
@@ -440,7 +441,7 @@ if [ -n "$built" ] && ! out_of_time "e chapter checks (COMM=mpi, <= $max_np rank
             skipped_ch="chapter 07 skipped: float8 needs compute capability 8.9, this GPU has $cc"
             echo "  $skipped_ch"; continue
         fi
-        printf '%s\t%s\n' "check-$nn" "COMM=mpi MAX_NP=$max_np CHECKS_DEADLINE=$((deadline - 10)) MPIRUN_BASE='$mpirun_base' timeout @T@ tests/run_checks.sh $backend $nn $root" >>"$tmp/e.list"
+        printf '%s\t%s\n' "check-$nn" "COMM=mpi MAX_NP=$max_np CHECKS_DEADLINE=$((deadline - 10)) MPIRUN_BASE='$mpirun_base' timeout @LEFT@ tests/run_checks.sh $backend $nn $root" >>"$tmp/e.list"
     done
     pool "$tmp/e.list"
     cp_=0; cf=0; cs=0; cl=0; bad=""
@@ -455,7 +456,12 @@ if [ -n "$built" ] && ! out_of_time "e chapter checks (COMM=mpi, <= $max_np rank
         f=$(echo "$s" | sed -n 's/.*: \([0-9]*\) passed, \([0-9]*\) failed.*/\2/p')
         k=$(echo "$s" | sed -n 's/.*, \([0-9]*\) skipped.*/\1/p')
         l=$(echo "$s" | sed -n 's/.*, \([0-9]*\) not run or cut short.*/\1/p')
-        if [ -z "$p" ]; then cf=$((cf + 1)); bad="$bad $id"; echo "  FAIL  $id did not finish (exit $rc)"; tail -5 "$o" | sed 's/^/      | /'; continue; fi
+        if [ -z "$p" ]; then   # killed before its summary: its layouts' own lines still count
+            p=$(grep -c '^ok ' "$o"); f=$(grep -c '^FAIL ' "$o")
+            cp_=$((cp_ + p)); cf=$((cf + f)); cl=$((cl + 1)); bad="$bad $id"
+            echo "  FAIL  $id did not finish (exit $rc) after $p layouts passed and $f failed"
+            grep -A6 '^FAIL' "$o" | head -20; continue
+        fi
         cp_=$((cp_ + p)); cf=$((cf + f)); cs=$((cs + ${k:-0})); cl=$((cl + ${l:-0}))
         if [ "$f" != 0 ] || [ "$rc" != 0 ]; then bad="$bad $id"; grep -A12 '^FAIL' "$o" | head -40; fi
     done <"$tmp/e.list"

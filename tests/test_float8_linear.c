@@ -20,6 +20,7 @@
 #include "comm.h"
 #include "device.h"
 #include "float8_math.h"
+#include "gemm_fp8.h"
 #include "test_util.h"
 #include "test_device.h"
 #include "../07_float8/float8_linear.h"
@@ -58,10 +59,19 @@ static void run_steps(float8_recipe r, int history, float got[5]) {
  * OUTER_VEC scales on Hopper, its CPU twin here) against the emulation (dequantized operands,
  * the fp32 linear): the forward's y, the backward's dx and dW of one linear, on row blocks of 1
  * and 2 (a baseline's stand-ins for the data ranks, each block with its own scales in dW). The
- * two paths multiply the same float8 values, so they agree to fp32 rounding; a scale vector given
- * to the wrong operand, or a block's scales to another block, moves them by whole percent. Also:
- * every one of the three GEMMs took the scaled path (counted), and the emulation took none. */
+ * two paths multiply the same float8 values (every product is exact in fp32); a scale vector
+ * given to the wrong operand, or a block's scales to another block, moves them by whole percent.
+ * How closely they agree depends on who adds the products:
+ *   - the CPU twin adds in fp32, as the emulation does: fp32 rounding, 1e-5 of the largest output;
+ *   - Hopper's float8 tensor cores keep about 14 bits in their accumulator between promotions to
+ *     fp32 (DeepSeek-V3 technical report, section 3.3.2, measured on H800), so each addition may
+ *     round at 2^-14 of the running sum: over K additions a random walk of about sqrt(K) 2^-14 of
+ *     the sum's scale. The bound is 4 sqrt(K) 2^-14 of the largest output (1.4e-3 to 2e-3 for
+ *     K = 32 to 64); an H100 measured 6.5e-5 (y), 2e-4 (dx) and 5.4e-5 (dW), make gpu-check,
+ *     2026-11-28: well inside it, and a whole percent (a misplaced scale) well outside.
+ * Also: every one of the three GEMMs took the scaled path (counted), and the emulation took none. */
 enum { RN = 64, RIN = 32, ROUT = 48 };
+static double rowwise_bound(int K) { return gemm_fp8_rowwise_native() ? 4.0 * sqrt((double)K) * 0x1p-14 : 1e-5; }
 static void rowwise_pass(float8_rowwise_gemm how, int groups, float *y, float *dx, float *dW, long long *scaled) {
     llama_config c = llama_config_default();
     c.n_layers = 1;
@@ -101,8 +111,11 @@ static void check_rowwise_scaled(void) {
         CHECK(scaled[0] == 0 && scaled[1] == 3, "%d row block(s): GEMMs on the scaled path: emulated %lld (want 0), "
               "scaled %lld (want 3: y, dx, dW)", groups, scaled[0], scaled[1]);
         double ey = max_rel(y[1], y[0], RN * ROUT), ex = max_rel(dx[1], dx[0], RN * RIN), ew = max_rel(dW[1], dW[0], ROUT * RIN);
-        CHECK(ey < 1e-5 && ex < 1e-5 && ew < 1e-5, "%d row block(s): rowwise scaled GEMMs vs the emulation: y %.2g, "
-              "dx %.2g, dW %.2g of max (want < 1e-5)", groups, ey, ex, ew);
+        /* the contractions: y over RIN, dx over ROUT, dW over the RN token rows */
+        double by = rowwise_bound(RIN), bx = rowwise_bound(ROUT), bw = rowwise_bound(RN);
+        CHECK(ey < by && ex < bx && ew < bw, "%d row block(s): rowwise scaled GEMMs vs the emulation: y %.2g, dx %.2g, "
+              "dW %.2g of max (want below %.2g, %.2g, %.2g: %s)", groups, ey, ex, ew, by, bx, bw,
+              gemm_fp8_rowwise_native() ? "the tensor cores' accumulator" : "fp32 rounding");
     }
 }
 

@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 /* Only the C API of MPI is used; skip the (deprecated) C++ bindings nvcc would otherwise see. */
 #define OMPI_SKIP_MPICXX 1
@@ -91,7 +92,11 @@ static double host_seconds(void) {
 /* Settings of the CUDA driver that must be made before its first call, unless the user made them:
  *   CUDA_MODULE_LOADING=EAGER: every kernel is loaded when the context is created. CUDA's default
  *     (LAZY) loads a kernel at its first launch, which waits for the GPU to be idle: inside a step,
- *     with a collective's kernel waiting for a peer, that first launch could wait for it.
+ *     with a collective's kernel waiting for a peer, that first launch could wait for it. Not under
+ *     COMM=mpi, where no kernel ever waits for a peer (the collectives are staged through the
+ *     host): loading every kernel, cuBLAS's included, costs each process 2.4 to 2.8 s at start
+ *     (an H100, make gpu-check, 2026-11-28: chapter 01 --check on 1 rank 4.19 s EAGER, 1.75 s
+ *     LAZY; chapter 03 --check on 2 ranks 5.62 s and 2.85 s).
  *   CUDA_DEVICE_MAX_CONNECTIONS=32: the hardware queues streams are spread over (8 by default).
  *     A rank has the compute stream and one per NCCL communicator (up to a dozen here); with
  *     fewer queues than streams two streams share one, and a collective's kernel waiting for its
@@ -108,7 +113,8 @@ static void set_default(const char *name, const char *value) {
  * Then create the stream and the cuBLAS handle that every other .cu file uses, and make the
  * device's memory pool keep what is freed (see device_alloc). */
 void device_init(int local_rank) {
-    set_default("CUDA_MODULE_LOADING", "EAGER");
+    const char *comm = getenv("COMM");
+    if (!comm || strcmp(comm, "mpi") != 0) set_default("CUDA_MODULE_LOADING", "EAGER");
     set_default("CUDA_DEVICE_MAX_CONNECTIONS", "32");
     int ndev = check_cuda_usable();   /* exits 2 on every rank if some rank cannot run CUDA */
     int dev = local_rank % ndev;

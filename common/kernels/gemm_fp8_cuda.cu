@@ -68,6 +68,7 @@
 #include "cuda_common.h"
 
 static cublasLtHandle_t g_lt = NULL;  /* the cuBLASLt handle                                  */
+#define SCALE_SLOT 256              /* bytes: each scale at its own 256-byte boundary */
 static float *g_scales = NULL;        /* device: cuBLASLt's scale_A, scale_B (dequantization) */
 static void *g_workspace = NULL;      /* device: cuBLASLt's scratch for split-K and the like  */
 static size_t g_workspace_bytes = 0;
@@ -105,9 +106,12 @@ static void gemm_fp8_init(void) {
     int dev = 0, major = 0, minor = 0;
     compute_capability(&dev, &major, &minor);
     g_workspace_bytes = (size_t)(major >= 9 ? 32 : 4) << 20;
-    char *block = (char *)device_alloc(256 + g_workspace_bytes, MEM_BUFFERS);
+    /* [scale_first | scale_second | workspace], each at a 256-byte boundary: a device pointer
+     * that cuBLASLt reads is given the alignment cudaMalloc's blocks have (two floats side by
+     * side would leave the second 4-byte aligned). */
+    char *block = (char *)device_alloc(2 * SCALE_SLOT + g_workspace_bytes, MEM_BUFFERS);
     g_scales = (float *)block;
-    g_workspace = block + 256;
+    g_workspace = block + 2 * SCALE_SLOT;
     CUBLAS_CHECK(cublasLtCreate(&g_lt));
 }
 
@@ -117,7 +121,7 @@ static void gemm_fp8_init(void) {
  * values before these land. */
 static __global__ void set_scales_kernel(float *scales, float first, float second) {
     scales[0] = first;
-    scales[1] = second;
+    scales[SCALE_SLOT / sizeof(float)] = second;
 }
 
 static cudaDataType_t cuda_fp8_type(float8_format fmt) {
@@ -166,7 +170,7 @@ static cublasLtMatmulDesc_t make_desc(bool rowwise) {
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode));
     } else {
-        const float *scale_first = g_scales, *scale_second = g_scales + 1;
+        const float *scale_first = g_scales, *scale_second = g_scales + SCALE_SLOT / sizeof(float);
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                                     &scale_first, sizeof scale_first));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
@@ -268,19 +272,26 @@ bool gemm_fp8_rowwise(float *C, const uint8_t *A, float8_format fa, const float 
     gemm_fp8_check(C, A, fa, B, fb, M, N, K);
     if (!gemm_fp8_rowwise_native()) return false;
     gemm_fp8_init();
-    const fp8_plan *p = plan_for(M, N, K, fa, fb, true);
-    if (!p->found) return false;
+    if (!g_desc_rowwise) g_desc_rowwise = make_desc(true);
     cudaStream_t stream = cuda_stream();
-    /* cuBLASLt's first operand is our B (its m = N rows: b's scales), its second our A (n = M) */
-    float *inv = device_alloc_floats((size_t)M + N, MEM_BUFFERS), *inv_first = inv, *inv_second = inv + N;
-    reciprocals_kernel<<<cuda_blocks(N), CUDA_THREADS, 0, stream>>>(inv_first, b_scales, N);
-    CUDA_CHECK_LAUNCH();
-    reciprocals_kernel<<<cuda_blocks(M), CUDA_THREADS, 0, stream>>>(inv_second, a_scales, M);
-    CUDA_CHECK_LAUNCH();
+    /* cuBLASLt's first operand is our B (its m = N rows: b's scales), its second our A (n = M);
+     * the two vectors in one block, the second at a 256-byte boundary. */
+    size_t second_at = ((size_t)N * sizeof(float) + SCALE_SLOT - 1) / SCALE_SLOT * SCALE_SLOT;
+    char *inv = (char *)device_alloc(second_at + (size_t)M * sizeof(float), MEM_BUFFERS);
+    float *inv_first = (float *)inv, *inv_second = (float *)(inv + second_at);
+    /* The pointers go into the descriptor BEFORE plan_for asks for an algorithm: cuBLASLt's
+     * heuristic refuses a vector scale mode whose pointers are unset (NOT_SUPPORTED), which
+     * on an H100 sent every rowwise GEMM to the emulation (make gpu-check, 2026-11-28). */
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(g_desc_rowwise, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                                 &inv_first, sizeof inv_first));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(g_desc_rowwise, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                                                 &inv_second, sizeof inv_second));
+    const fp8_plan *p = plan_for(M, N, K, fa, fb, true);
+    if (!p->found) { device_free(inv); return false; }
+    reciprocals_kernel<<<cuda_blocks(N), CUDA_THREADS, 0, stream>>>(inv_first, b_scales, N);
+    CUDA_CHECK_LAUNCH();
+    reciprocals_kernel<<<cuda_blocks(M), CUDA_THREADS, 0, stream>>>(inv_second, a_scales, M);
+    CUDA_CHECK_LAUNCH();
     const float alpha = 1.0f, beta = 0.0f;
     CUBLAS_CHECK(cublasLtMatmul(g_lt, g_desc_rowwise, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
                                 &p->algo, g_workspace, g_workspace_bytes, stream));
