@@ -146,12 +146,15 @@ static float *gather_codes(float8_state *s, const float *x, float scale, const f
 /* One cast's codes against the parallel run's. Until a cast has had a neighbour, every code must
  * be equal or a neighbour; the casts after it are computed from values that already moved by a
  * whole float8 step, so they are counted apart (differ_after), not judged. */
+static int code_on_the_line(int code) { return code & 0x80 ? -(code & 0x7F) : code; }   /* +0, -0: one point */
 static void compare_codes(float8_state *s, const float *mine, const float *theirs, size_t n) {
     long long equal = 0, neighbour = 0, other = 0;
     for (size_t i = 0; i < n; i++) {
-        int a = (int)mine[i], b = (int)theirs[i];
-        if (a == b) equal++;
-        else if ((a & 0x80) == (b & 0x80) && abs(a - b) == 1) neighbour++;   /* same sign, next code */
+        /* neighbours on the number line: the next code of the same sign, or across zero (a value
+         * of a few ulps whose sign the last bits decided: -0 is +0, -min next to +0) */
+        int d = abs(code_on_the_line((int)mine[i]) - code_on_the_line((int)theirs[i]));
+        if (d == 0) equal++;
+        else if (d == 1) neighbour++;
         else other++;
     }
     float8_cast_tally *k = &s->cmp;
@@ -389,6 +392,62 @@ static bool in_blocks(linear_site at) { return at.kind != P_OUTPUT; }
  *   dW = dy^T x    A = dy^T [out, N],     B = x^T [in, N]          both transposed
  * Rowwise scaling (a scale per row of each operand) keeps the emulation on both backends. */
 
+/* ---- a contraction cut as the parallel run cuts it ----------------------------------------------
+ * On a tensor-parallel site the ranks split one GEMM's contraction: a row-parallel forward (y = x
+ * W^T, over `in`) and a column-parallel backward (dx = dy W, over `out`). Each rank's float8 GEMM
+ * adds its share of the products, and the all-reduce adds the shares in fp32. On the CPU every
+ * sum is fp32, so one long sum on the baseline and tp short ones differ by fp32 rounding. Hopper's
+ * float8 tensor cores keep about 14 bits in their accumulator (DeepSeek-V3 technical report, 3.3.2;
+ * test_float8_linear measured 2e-4 of the largest output on an H100): there the two differ by
+ * 2^-14 of the sums, casts downstream land on other codes, and a correct tp layout failed its parity
+ * check on an H100 (make gpu-check, 2026-11-28: loss and gradients 2 to 8% apart, dp layouts
+ * exact). So the baseline cuts that contraction as the parallel run does: tp slices, each a GEMM of
+ * one rank's shape (the same kernel, the same products, the same accumulator), their results added
+ * in rank order in fp32. The single device still computes the whole product; only the grouping of
+ * its additions follows the layout, as its row blocks already follow the data ranks' scales. */
+static int contraction_cuts(const float8_state *s, linear_site at, bool backward) {
+    const float8_state *p = s->peer;   /* the parallel run's state, on the baseline (--check) */
+    if (!p || !p->tp || p->tp->size < 2) return 1;
+    return (backward ? column_parallel(p, at) : row_parallel(p, at)) ? p->tp->size : 1;
+}
+
+/* One float8 GEMM's operands besides their bytes: formats and scales, one per tensor (rowwise:
+ * a vector per row of each operand, which a cut along the contraction leaves as they are). */
+typedef struct {
+    float8_format fa, fb;
+    float a_scale, b_scale;              /* tensorwise, delayed                               */
+    const float *a_rows, *b_rows;        /* rowwise: [M], [N] on the device; NULL otherwise   */
+} fp8_gemm_args;
+
+static bool gemm_fp8_one(float *C, const uint8_t *A, const uint8_t *B, int M, int N, int K, const fp8_gemm_args *g) {
+    if (!g->a_rows) {
+        gemm_fp8(C, A, g->fa, g->a_scale, B, g->fb, g->b_scale, M, N, K);
+        return true;
+    }
+    return gemm_fp8_rowwise(C, A, g->fa, g->a_rows, B, g->fb, g->b_rows, M, N, K);
+}
+
+/* C [M, N] (=) A [M, K] B [N, K]^T as `cuts` GEMMs over consecutive K / cuts slices of the
+ * contraction, added in order (cuts = 1: one GEMM). False where the float8 GEMM refused (rowwise
+ * on a backend or shape without it): C is then unspecified and the caller emulates. */
+static bool gemm_fp8_cut(float *C, const uint8_t *A, const uint8_t *B, int M, int N, int K, int cuts,
+                         const fp8_gemm_args *g) {
+    if (cuts == 1) return gemm_fp8_one(C, A, B, M, N, K, g);
+    int Kc = K / cuts;
+    if (g->a_rows && gemm_fp8_shape_error(M, N, Kc)) return false;
+    uint8_t *Ac = device_alloc((size_t)M * Kc, MEM_BUFFERS), *Bc = device_alloc((size_t)N * Kc, MEM_BUFFERS);
+    float *part = device_alloc_floats((size_t)M * N, MEM_BUFFERS);
+    bool done = true;
+    for (int r = 0; r < cuts && done; r++) {
+        device_copy_2d(Ac, (size_t)Kc, A + (size_t)r * Kc, (size_t)K, (size_t)Kc, (size_t)M);
+        device_copy_2d(Bc, (size_t)Kc, B + (size_t)r * Kc, (size_t)K, (size_t)Kc, (size_t)N);
+        done = gemm_fp8_one(r == 0 ? C : part, Ac, Bc, M, N, Kc, g);
+        if (done && r > 0) add_inplace(C, part, (size_t)M * N);
+    }
+    device_free(Ac); device_free(Bc); device_free(part);
+    return done;
+}
+
 /* x [rows, cols] as float8 bytes, row block g (of G) with scale[g]. */
 static uint8_t *to_bytes(const float *x, int rows, int cols, const float *scale, int G, float8_format fmt) {
     size_t n = (size_t)(rows / G) * cols;
@@ -397,27 +456,31 @@ static uint8_t *to_bytes(const float *x, int rows, int cols, const float *scale,
     return b;
 }
 
-/* C [rows, N] (=) A [rows, K] B [N, K]^T, A's row block g with a_scale[g]. */
+/* C [rows, N] (=) A [rows, K] B [N, K]^T, A's row block g with a_scale[g], the contraction in
+ * `cuts` slices. */
 static void gemm_blocks(float *C, const uint8_t *A, float8_format fa, const float *a_scale, int G, const uint8_t *B,
-                        float8_format fb, float b_scale, int rows, int N, int K) {
+                        float8_format fb, float b_scale, int rows, int N, int K, int cuts) {
     int rg = rows / G;
-    for (int g = 0; g < G; g++)
-        gemm_fp8(C + (size_t)g * rg * N, A + (size_t)g * rg * K, fa, a_scale[g], B, fb, b_scale, rg, N, K);
+    for (int g = 0; g < G; g++) {
+        fp8_gemm_args args = {fa, fb, a_scale[g], b_scale, NULL, NULL};
+        gemm_fp8_cut(C + (size_t)g * rg * N, A + (size_t)g * rg * K, B, rg, N, K, cuts, &args);
+    }
 }
 
-static void float8_bytes_forward(float8_state *s, float *y, const float *x, const float *W, int N, int in, int out,
-                              const float *scale) {
+static void float8_bytes_forward(float8_state *s, linear_site at, float *y, const float *x, const float *W, int N,
+                                 int in, int out, const float *scale) {
     int G = s->groups;
     float8_format fx = float8_role_format(s->o.recipe, FLOAT8_CAST_X), fw = float8_role_format(s->o.recipe, FLOAT8_CAST_W);
     uint8_t *xb = to_bytes(x, N, in, scale, G, fx), *Wb = to_bytes(W, out, in, scale + G, 1, fw);
-    gemm_blocks(y, xb, fx, scale, G, Wb, fw, scale[G], N, out, in);
+    gemm_blocks(y, xb, fx, scale, G, Wb, fw, scale[G], N, out, in, contraction_cuts(s, at, false));
     device_free(xb);
     device_free(Wb);
 }
 
 /* dx (=) and dW_here (=); each NULL: skipped. */
-static void float8_bytes_backward(float8_state *s, float *dx, float *dW_here, const float *dy, const float *x,
-                               const float *W, int N, int in, int out, const float *scale, const float *dy_scale) {
+static void float8_bytes_backward(float8_state *s, linear_site at, float *dx, float *dW_here, const float *dy,
+                                  const float *x, const float *W, int N, int in, int out, const float *scale,
+                                  const float *dy_scale) {
     int G = s->groups, rg = N / G;
     float8_format fx = float8_role_format(s->o.recipe, FLOAT8_CAST_X), fw = float8_role_format(s->o.recipe, FLOAT8_CAST_W);
     float8_format fdy = float8_role_format(s->o.recipe, FLOAT8_CAST_DY);
@@ -425,7 +488,7 @@ static void float8_bytes_backward(float8_state *s, float *dx, float *dW_here, co
     if (dx) {
         uint8_t *Wb = to_bytes(W, out, in, scale + G, 1, fw), *Wt = device_alloc((size_t)out * in, MEM_BUFFERS);
         float8_transpose(Wt, Wb, out, in);                                    /* [in, out] */
-        gemm_blocks(dx, dyb, fdy, dy_scale, G, Wt, fw, scale[G], N, in, out);
+        gemm_blocks(dx, dyb, fdy, dy_scale, G, Wt, fw, scale[G], N, in, out, contraction_cuts(s, at, true));
         device_free(Wb);
         device_free(Wt);
     }
@@ -475,13 +538,14 @@ static uint8_t *scaled_bytes(const float *x, int rows, int cols, float8_scaling 
     return t;
 }
 
-static bool rowwise_bytes_forward(float8_state *s, float *y, const float *x, const float *x_rows, const float *W,
-                                  const float *w_rows, int N, int in, int out) {
+static bool rowwise_bytes_forward(float8_state *s, linear_site at, float *y, const float *x, const float *x_rows,
+                                  const float *W, const float *w_rows, int N, int in, int out) {
     if (gemm_fp8_shape_error(N, out, in)) return false;
     float8_format fx = float8_role_format(s->o.recipe, FLOAT8_CAST_X), fw = float8_role_format(s->o.recipe, FLOAT8_CAST_W);
     uint8_t *xb = scaled_bytes(x, N, in, FLOAT8_PER_ROW, x_rows, fx, false);
     uint8_t *Wb = scaled_bytes(W, out, in, FLOAT8_PER_ROW, w_rows, fw, false);
-    bool done = gemm_fp8_rowwise(y, xb, fx, x_rows, Wb, fw, w_rows, N, out, in);
+    fp8_gemm_args args = {fx, fw, 0.0f, 0.0f, x_rows, w_rows};
+    bool done = gemm_fp8_cut(y, xb, Wb, N, out, in, contraction_cuts(s, at, false), &args);
     device_free(xb);
     device_free(Wb);
     s->rowwise_scaled_gemms += done;
@@ -489,15 +553,17 @@ static bool rowwise_bytes_forward(float8_state *s, float *y, const float *x, con
 }
 
 /* dx (=) and dW_here (=) where their GEMMs ran (*dx_done, *dW_done); each NULL: skipped. */
-static void rowwise_bytes_backward(float8_state *s, const rowwise_kept *k, float *dx, float *dW_here, const float *dy,
-                                   const float *x, const float *W, int N, int in, int out, bool *dx_done, bool *dW_done) {
+static void rowwise_bytes_backward(float8_state *s, linear_site at, const rowwise_kept *k, float *dx, float *dW_here,
+                                   const float *dy, const float *x, const float *W, int N, int in, int out,
+                                   bool *dx_done, bool *dW_done) {
     int G = s->groups, rg = N / G;
     float8_format fx = float8_role_format(s->o.recipe, FLOAT8_CAST_X), fw = float8_role_format(s->o.recipe, FLOAT8_CAST_W);
     float8_format fdy = float8_role_format(s->o.recipe, FLOAT8_CAST_DY);
     if (dx && !gemm_fp8_shape_error(N, in, out)) {
         uint8_t *dyb = scaled_bytes(dy, N, out, FLOAT8_PER_ROW, k->dy_rows, fdy, false);
         uint8_t *Wt = scaled_bytes(W, out, in, FLOAT8_PER_COL, k->w_cols, fw, true);   /* [in, out] */
-        *dx_done = gemm_fp8_rowwise(dx, dyb, fdy, k->dy_rows, Wt, fw, k->w_cols, N, in, out);
+        fp8_gemm_args args = {fdy, fw, 0.0f, 0.0f, k->dy_rows, k->w_cols};
+        *dx_done = gemm_fp8_cut(dx, dyb, Wt, N, in, out, contraction_cuts(s, at, true), &args);
         s->rowwise_scaled_gemms += *dx_done;
         device_free(dyb);
         device_free(Wt);
@@ -570,8 +636,8 @@ static void float8_linear_forward(void *state, const llama_plan *p, linear_site 
                  scale, false, x_rows);
     cast_operand(s, at, OPERAND_W, 1, w_cut, Wq, W, out, in, ALONG_ROWS, row || col, row,
                  float8_role_format(s->o.recipe, FLOAT8_CAST_W), scale + s->groups, false, w_rows);
-    if (s->o.recipe != FLOAT8_ROWWISE) float8_bytes_forward(s, y, x, W, N, in, out, scale);
-    else if (!scaled || !rowwise_bytes_forward(s, y, x, x_rows, W, w_rows, N, in, out))
+    if (s->o.recipe != FLOAT8_ROWWISE) float8_bytes_forward(s, at, y, x, W, N, in, out, scale);
+    else if (!scaled || !rowwise_bytes_forward(s, at, y, x, x_rows, W, w_rows, N, in, out))
         s->below.forward(s->below.state, p, at, y, xq, Wq, N, in, out);
     device_free(x_rows);
     device_free(w_rows);
@@ -637,7 +703,8 @@ static void float8_linear_backward(void *state, const llama_plan *p, linear_site
      * dequantized operands; the per-tensor recipes on float8 bytes */
     if (rowwise) {
         bool dx_done = false, dW_done = false;
-        if (k.dy_rows) rowwise_bytes_backward(s, &k, dx ? dx_here : NULL, dW_here, dy, x, W, N, in, out, &dx_done, &dW_done);
+        if (k.dy_rows)
+            rowwise_bytes_backward(s, at, &k, dx ? dx_here : NULL, dW_here, dy, x, W, N, in, out, &dx_done, &dW_done);
         if (dx && !dx_done) s->below.backward(s->below.state, p, at, dx_here, DX_SET, NULL, dyq, xq, Wq, N, in, out);
         if (dW && !dW_done) {
             device_zero(dW_here, n_w * sizeof(float));
@@ -645,7 +712,7 @@ static void float8_linear_backward(void *state, const llama_plan *p, linear_site
         }
         device_free(k.dy_rows); device_free(k.w_cols); device_free(k.x_cols); device_free(k.dy_cols);
     } else {
-        float8_bytes_backward(s, dx_here, dW_here, dy, x, W, N, in, out, scale, dy_scale);
+        float8_bytes_backward(s, at, dx_here, dW_here, dy, x, W, N, in, out, scale, dy_scale);
     }
 
     /* against fp32: the gradient's cast, and the products */
