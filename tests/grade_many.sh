@@ -5,9 +5,12 @@
 # (the folder's name), a column per exercise (the points earned), the total and what it was out
 # of, and a note (did not build, ...). Each student's grade.json and the check's output
 # (grade.log) are left in the student's folder.
-# The grading runs on a scratch copy of each folder with the grader's own files put back from
-# this tutorial (tests/run_checks.sh, tests/grade.py, tests/mpirun_base.sh, the chapter's
-# checks.txt and exercises.txt): what a student changed there does not change the grade.
+# Each submission is graded in a sandbox (tests/grade_sandbox.py): a fresh student copy of this
+# tutorial (make assignment-NN, made once per chapter and built once) into which only the
+# student's answers are put, the lines between each exercise's two ANSWER lines. What the student
+# changed anywhere else (common/, the tests, the scripts, the graders, the rest of the chapter) is
+# not used and is listed in grade.json as "ignored"; an answer whose ANSWER lines were removed
+# cannot be taken, and grade.json lists it under "markers_missing".
 set -u
 dir=${1:-}; csv=${2:-}; backend=${3:-cpu}
 [ -n "$dir" ] && [ -d "$dir" ] || { echo "make grade: DIR=$dir is not a folder of student copies (make grade DIR=submissions/)" >&2; exit 2; }
@@ -31,14 +34,16 @@ for sub in "$dir"/*/; do
     chapter=$(cd "$src" && ls -d "${nn}"_*/ 2>/dev/null | head -1)
     [ -n "$chapter" ] || { echo "skip  $student: chapter $nn is not in this tutorial"; continue; }
     n=$((n+1))
+    # the reference copy of chapter nn, made and built once: every sandbox starts from it, and
+    # make rebuilds there only what the answers touch
+    ref=$tmp/ref_$nn
+    if [ ! -d "$ref" ]; then
+        "$src/tests/make_assignment.sh" "$nn" "$ref" >"$tmp/ref_$nn.log" 2>&1 || {
+            echo "make grade: could not make the reference copy of chapter $nn: $(tail -1 "$tmp/ref_$nn.log")" >&2; exit 2; }
+        make --no-print-directory -C "$ref" -j"${JOBS:-2}" BACKEND="$backend" all >"$tmp/ref_$nn.build" 2>&1 || true
+    fi
     work=$tmp/$student
-    # the build from scratch (GRADE_KEEP_BUILD=1 keeps the folder's build/: tests/t_grade.sh)
-    keep=--exclude=./build; [ "${GRADE_KEEP_BUILD:-0}" = 1 ] && keep=
-    (cd "$sub" && tar cf - $keep --exclude=./out .) | (mkdir -p "$work" && cd "$work" && tar xf -)
-    for f in tests/run_checks.sh tests/grade.py tests/mpirun_base.sh "${chapter}checks.txt" "${chapter}exercises.txt"; do
-        cp "$src/$f" "$work/$f"
-    done
-    rm -f "$work/grade.json"
+    python3 "$src/tests/grade_sandbox.py" "$ref" "$sub" "$work" || { echo "make grade: the sandbox of $student failed" >&2; exit 2; }
     note=""
     if ! make --no-print-directory -C "$work" -j"${JOBS:-2}" BACKEND="$backend" all >"$work/build.log" 2>&1; then
         note="did not build"; cp "$work/build.log" "$sub/grade.log"
@@ -46,8 +51,19 @@ for sub in "$dir"/*/; do
         make --no-print-directory -C "$work" BACKEND="$backend" "check-$nn" >"$sub/grade.log" 2>&1
         [ -f "$work/grade.json" ] || note="no grade.json (see grade.log)"
     fi
-    if [ -f "$work/grade.json" ]; then cp "$work/grade.json" "$sub/grade.json"; else rm -f "$sub/grade.json"; fi
-    python3 - "$student" "$nn" "$work/grade.json" "$note" "$src/${chapter}exercises.txt" >>"$rows" <<'PY'
+    if [ -f "$work/grade.json" ]; then   # with what the sandbox took and what it ignored
+        python3 - "$work/grade.json" "$work/.sandbox.json" "$sub/grade.json" <<'PY'
+import json, sys
+g = json.load(open(sys.argv[1])); box = json.load(open(sys.argv[2]))
+g["ignored"] = box["ignored"]; g["markers_missing"] = box["markers_missing"]
+json.dump(g, open(sys.argv[3], "w"), indent=1)
+PY
+    else rm -f "$sub/grade.json"; fi
+    counts=$(python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); print(len(b["ignored"]), len(b["markers_missing"]))' "$work/.sandbox.json")
+    [ "${counts%% *}" != 0 ] && note="${note:+$note; }${counts%% *} file(s) changed outside the answers, ignored (grade.json)"
+    [ "${counts##* }" != 0 ] && note="${note:+$note; }${counts##* } answer(s) without their ANSWER lines, not taken"
+    rm -rf "$work"
+    python3 - "$student" "$nn" "$sub/grade.json" "$note" "$src/${chapter}exercises.txt" >>"$rows" <<'PY'
 import json, os, re, sys
 student, nn, path, note, exfile = sys.argv[1:]
 if os.path.exists(path):

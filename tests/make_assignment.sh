@@ -29,6 +29,10 @@
 #     the chapter whose folder holds the file, and from every copy when the file lies outside the
 #     chapter folders (tests/, docs/, the root README).
 # No BEGIN/END ASSIGNMENT or SOLUTION marker line is left in the copy's sources and markdown.
+# Each region becomes three lines: "ANSWER BEGIN (assignment): <task>", the TODO, and "ANSWER END
+# (assignment): <task>". The student writes the answer between the two ANSWER lines and keeps
+# them: make grade takes exactly those lines from a submission, and everything else from a fresh
+# copy of this tutorial (tests/grade_sandbox.py).
 # The copy's .student-copy file names the chapter: `make check-NN` there prints the grade per
 # exercise (NN_*/exercises.txt, tests/grade.py) and writes grade.json.
 set -eu
@@ -106,7 +110,9 @@ for f in "$dest/$dir"*.c; do
         /BEGIN ASSIGNMENT/ {
             task = $0; sub(/.*BEGIN ASSIGNMENT: */, "", task); sub(/ *\*\/.*/, "", task)
             indent = $0; sub(/[^ ].*/, "", indent)
+            print indent "/* ANSWER BEGIN (assignment): " task " */"
             print indent "/* TODO (assignment): " task " */"
+            print indent "/* ANSWER END (assignment): " task " */"
             skipping = 1; next
         }
         /END ASSIGNMENT/ { skipping = 0; next }

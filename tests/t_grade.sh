@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # t_grade.sh: grading by exercise. (1) Every chapter's exercises.txt is well formed against its
 # checks.txt (every check matches a layout, every unit is one), gives full marks when every
-# layout behaves, and names every TODO its student copy holds. (2) Two sample submissions of
-# chapter 03, made by make assignment-03: one complete (the regions put back), one partial
-# (exercise selective-recompute left as its TODO), graded by `make grade`: the complete one has
-# full marks in grade.json and the CSV, the partial one loses exactly that exercise's points.
+# layout behaves, and names every TODO its student copy holds. (2) Three sample submissions of
+# chapter 03, made by make assignment-03: one complete (the answers written between their ANSWER
+# lines), one partial (exercise selective-recompute left as its TODO), one that writes nothing and
+# deletes the TODOs, and the same with common/harness/parity.c edited to report every run as OK;
+# graded by `make grade` in its sandboxes: the complete one has full marks in grade.json and the
+# CSV, the partial one loses exactly that exercise's points, the edit of common/ changes nothing
+# (the same points as without it) and is listed as ignored.
 set -u
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 src=$(pwd); bad=0
@@ -65,28 +68,41 @@ PY
 ); then echo "ok    docs/course.md's points table agrees with every exercises.txt"
 else echo "FAIL  docs/course.md's points table:"; echo "$out" | sed 's/^/      | /'; bad=$((bad+1)); fi
 
-# (2) two submissions of chapter 03, graded by make grade
-nn=03; dir=$(ls -d ${nn}_*/ | head -1); file=${dir}sequence_parallel.c
+# (2) four submissions of chapter 03, graded by make grade in its sandboxes
+nn=03; dir=$(ls -d ${nn}_*/ | head -1)
 partial_task='recompute what selective AC dropped'
 lost=$(awk -F'|' -v t=selective-recompute '$1 ~ "^"t" " {gsub(/ /, "", $2); print $2}' "$dir/exercises.txt")
 base=$tmp/base
 make --no-print-directory assignment-$nn DEST="$base" >/dev/null || { echo "FAIL  make assignment-$nn"; exit 1; }
-# one build shared by both (grade_many.sh keeps it with GRADE_KEEP_BUILD=1): only the edited file recompiles
-if ! make --no-print-directory -C "$base" -j2 BACKEND=cpu all >"$tmp/build.txt" 2>&1; then
-    echo "FAIL  the student copy of $nn does not build"; tail -20 "$tmp/build.txt"; exit 1
-fi
 mkdir -p "$tmp/subs"
-cp -a "$base" "$tmp/subs/complete"; cp -a "$base" "$tmp/subs/partial"
-# every file of the chapter with exercises put back whole in both; then the partial one loses one
-for f in $(grep -l 'BEGIN ASSIGNMENT' "$dir"*.c); do
-    cp "$f" "$tmp/subs/complete/$f"; cp "$f" "$tmp/subs/partial/$f"; touch "$tmp/subs/complete/$f" "$tmp/subs/partial/$f"
-done
-awk -v t="$partial_task" '
-    /BEGIN ASSIGNMENT/ && index($0, t) { print "    /* TODO (assignment): " t " */"; skip = 1; next }
-    skip && /END ASSIGNMENT/ { skip = 0; next }
-    !skip' "$file" > "$tmp/subs/partial/$file"
-touch "$tmp/subs/complete/$file" "$tmp/subs/partial/$file"
-if ! GRADE_KEEP_BUILD=1 make --no-print-directory grade DIR="$tmp/subs" >"$tmp/grade.txt" 2>&1; then
+for s in complete partial empty cheat; do cp -a "$base" "$tmp/subs/$s"; done
+# answer SUB [TASK_LEFT]: every region of the chapter's solution written between its ANSWER lines
+# in SUB's copy (the TODO replaced), except TASK_LEFT's, whose TODO stays
+answer() {
+    python3 - "$dir" "$1" "${2:-}" <<'PY'
+import glob, os, re, sys
+chapter, sub, left = sys.argv[1:]
+for src in glob.glob(os.path.join(chapter, "*.c")):
+    text = open(src).read()
+    regions = dict(re.findall(r"BEGIN ASSIGNMENT: *(.*?) *\*/[^\n]*\n(.*?)\n[^\n]*END ASSIGNMENT", text, re.S))
+    if not regions: continue
+    dst = os.path.join(sub, src); lines = open(dst).read().split("\n"); out = []; i = 0
+    while i < len(lines):
+        m = re.match(r"\s*/\* ANSWER BEGIN \(assignment\): (.*?) \*/", lines[i])
+        out.append(lines[i]); i += 1
+        if m and not (left and left in m.group(1)):
+            while "ANSWER END (assignment)" not in lines[i]: i += 1   # the TODO goes
+            out.append(regions[m.group(1)])
+    open(dst, "w").write("\n".join(out))
+PY
+}
+answer "$tmp/subs/complete"; answer "$tmp/subs/partial" "$partial_task"
+# the cheat: no answer written, the TODOs deleted, and parity always reported OK by an edit of
+# common/ (which the old grader, restoring only its own files, let through with full marks)
+sed -i '/TODO (assignment)/d' "$tmp/subs/cheat/$dir"*.c "$tmp/subs/empty/$dir"*.c   # (empty: the same, honestly)
+sed -i 's/return failures ? 1 : 0;/return 0;/; s/if (failures == 0)/if (1)/' "$tmp/subs/cheat/common/harness/parity.c"
+grep -q 'return 0;' "$tmp/subs/cheat/common/harness/parity.c" || echo "FAIL  the cheat's edit of parity.c did not apply"
+if ! make --no-print-directory grade DIR="$tmp/subs" >"$tmp/grade.txt" 2>&1; then
     echo "FAIL  make grade DIR=... failed:"; sed 's/^/      | /' "$tmp/grade.txt"; exit 1
 fi
 python3 - "$tmp/subs" "$lost" >"$tmp/v.txt" 2>&1 <<'PY'
@@ -103,11 +119,18 @@ if any(e["points"] != e["possible"] for e in p["exercises"] if e["name"] != "sel
 rows = {r["student"]: r for r in csv.DictReader(open(f"{subs}/grades.csv"))}
 if float(rows["complete"]["total"]) != c["possible"] or float(rows["partial"]["total"]) != p["possible"] - lost: print(f"CSV totals: {rows}"); bad += 1
 if float(rows["partial"]["03:selective-recompute"]) != 0 or float(rows["complete"]["03:selective-recompute"]) != lost: print("CSV's exercise column"); bad += 1
-print(f"complete {c['points']:g}/{c['possible']:g}, partial {p['points']:g}/{p['possible']:g} (selective-recompute: 0 of {lost:g})")
+x = json.load(open(f"{subs}/cheat/grade.json"))
+y = json.load(open(f"{subs}/empty/grade.json"))
+if x["points"] != y["points"] or x["points"] >= x["possible"]:
+    print(f"cheat: {x['points']} of {x['possible']}, want what the same copy without the edit of common/ has, {y['points']}"); bad += 1
+if "common/harness/parity.c (changed)" not in x.get("ignored", []): print(f"cheat: ignored = {x.get('ignored')}"); bad += 1
+if c.get("ignored") or p.get("ignored"): print(f"complete/partial changed nothing else, yet ignored: {c.get('ignored')} {p.get('ignored')}"); bad += 1
+print(f"complete {c['points']:g}/{c['possible']:g}, partial {p['points']:g}/{p['possible']:g} (selective-recompute: 0 of {lost:g}), "
+      f"no answer {y['points']:g}/{y['possible']:g}, and with an edit of common/ {x['points']:g} (ignored: {len(x['ignored'])} file)")
 sys.exit(1 if bad else 0)
 PY
-if [ $? -eq 0 ]; then echo "ok    make grade on two submissions of $nn: $(tail -1 "$tmp/v.txt")"
-else echo "FAIL  make grade on two submissions of $nn:"; sed 's/^/      | /' "$tmp/v.txt" "$tmp/grade.txt" "$tmp/subs/partial/grade.log" | tail -60; bad=$((bad+1)); fi
+if [ $? -eq 0 ]; then echo "ok    make grade on four submissions of $nn: $(tail -1 "$tmp/v.txt")"
+else echo "FAIL  make grade on four submissions of $nn:"; sed 's/^/      | /' "$tmp/v.txt" "$tmp/grade.txt" "$tmp/subs/partial/grade.log" | tail -60; bad=$((bad+1)); fi
 # make grade's refusals: one line on stderr, exit 2, nothing else (issue: an empty DIR printed a
 # false "skip *" line; CSV=/proc/x.csv a Python traceback, then "wrote", exit 0)
 mkdir -p "$tmp/empty_subs"
