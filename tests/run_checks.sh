@@ -16,7 +16,9 @@
 # With MAX_NP=N it skips the layouts of more than N ranks and says how many in its last line
 # (make gpu-check: MAX_NP=4, the ranks sharing one GPU). With CHECKS_DEADLINE=T (seconds since
 # the epoch, date +%s) it starts no layout after T, cuts every run's timeout to end by T, and says
-# how many it did not run (make gpu-check's time budget).
+# how many it did not run (make gpu-check's time budget). With CHECKS_LINES="L1 L2 ..." it runs
+# only the layouts on those lines of checks.txt (make gpu-check takes the chapters' layouts in
+# turns, one line at a time, so that a budget that runs out leaves no chapter untried).
 # In a student copy (its .student-copy file, written by make assignment-NN), or with GRADE=1, a
 # chapter with an exercises.txt is then graded per exercise (tests/grade.py): a table of points
 # after the layouts, and grade.json (GRADE_JSON=FILE to put it elsewhere).
@@ -54,6 +56,7 @@ explain() {
 while read -r np expect flags; do
     lineno=$((lineno+1))
     case "$np" in ''|'#'*) continue;; esac
+    [ -n "${CHECKS_LINES:-}" ] && [[ " $CHECKS_LINES " != *" $lineno "* ]] && continue
     [ -n "${MAX_NP:-}" ] && [ "$np" -gt "$MAX_NP" ] 2>/dev/null && { skipped=$((skipped+1)); continue; }
     [ "${STOP_AT_FIRST_FAILURE:-0}" = 1 ] && [ $failed -gt 0 ] && { stopped=", stopped at the first failure"; break; }
     [ -n "${CHECKS_DEADLINE:-}" ] && [ "$(date +%s)" -ge "$CHECKS_DEADLINE" ] && { late=$((late+1)); continue; }
