@@ -73,9 +73,27 @@ for d in "$src"/[0-9][0-9]_*/; do
     d=$(basename "$d"); [ "${d:0:2}" \> "$nn" ] || continue
     later+=("--exclude=./$d"); later_nn+=("${d:0:2}")
 done
-(cd "$src" && tar cf - --exclude=./build --exclude=./out --exclude=./student --exclude=./.git \
-    --exclude='./[0-9][0-9]_*/hints' --exclude=./docs/instructor --exclude=./tests/student_copy_allow.txt --exclude=./grade.json \
-    --exclude=./local.mk "${later[@]}" .) | (cd "$dest" && tar xf -)
+# From a git checkout: the files git tracks, and nothing else (no build output, editor backups,
+# a stray build-cuda/ or patch leftovers); a file git does not track and does not ignore is
+# refused, named, unless UNTRACKED=ok leaves it out knowingly. From an exported tree (no git):
+# every file, less the build, outputs and the usual backups.
+if git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    untracked=$(cd "$src" && git ls-files --others --exclude-standard | { grep -vE '^(student|build|out)/' || true; } | head -6)
+    if [ -n "$untracked" ] && [ "${UNTRACKED:-}" != ok ]; then
+        echo "make assignment-$nn: the tree has files git does not track: $(echo "$untracked" | head -5 | paste -sd' ')$([ "$(echo "$untracked" | wc -l)" -gt 5 ] && echo ' ...'); a copy is made of tracked files only: commit or remove them, or run with UNTRACKED=ok to leave them out; nothing written" >&3
+        exit 2
+    fi
+    later_re=""; for d in "${later[@]}"; do later_re="$later_re|^${d#--exclude=./}/"; done
+    (cd "$src" && git ls-files -z --cached |
+        grep -zvE "^[0-9][0-9]_[^/]*/hints/|^docs/instructor/|^tests/student_copy_allow\.txt\$|^grade\.json\$|^local\.mk\$$later_re" |
+        while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
+        tar cf - --null --no-recursion -T -) | (cd "$dest" && tar xf -)
+else
+    (cd "$src" && tar cf - --exclude=./build --exclude=./out --exclude=./student --exclude=./.git \
+        --exclude='./[0-9][0-9]_*/hints' --exclude=./docs/instructor --exclude=./tests/student_copy_allow.txt --exclude=./grade.json \
+        --exclude=./local.mk --exclude='*~' --exclude='*.orig' --exclude='*.rej' --exclude='*.bak' --exclude='./build-*' \
+        "${later[@]}" .) | (cd "$dest" && tar xf -)
+fi
 # the unit tests of a later chapter's code, and the scripted tests naming a later chapter
 dropped=()
 for mm in "${later_nn[@]}"; do
