@@ -224,6 +224,24 @@ static void wrong_rank(pp_schedule *s) { s->a[0][0].chunk = 1; }
 static void w_before_i(pp_schedule *s) { swap(s, 1, 1, 4); }
 static void b_in_zb(pp_schedule *s) { s->a[0][s->n[0] - 1].op = PP_B; }
 
+/* What 1F1B-family schedules are for: bounding the activations a rank holds. With at least 2P
+ * microbatches, every rank of 1F1B, interleaved 1F1B and ZB-H1 runs its first backward before its
+ * last forward; a schedule that runs all its forwards first (GPipe's order, which keeps every
+ * activation set) fails this, even where its bubble and its parity are right. */
+static void check_memory_bound(const pp_schedule *s) {
+    if (s->kind == PP_GPIPE || s->M < 2 * s->P) return;
+    for (int r = 0; r < s->P; r++) {
+        int first_back = -1, last_fwd = -1;
+        for (int k = 0; k < s->n[r]; k++) {
+            if (s->a[r][k].op == PP_F) last_fwd = k;
+            else if (first_back < 0) first_back = k;
+        }
+        CHECK(first_back >= 0 && first_back < last_fwd, "%s P=%d M=%d V=%d rank %d: its first backward (action %d) "
+              "comes after its last forward (action %d): every forward first holds every activation set, which 1F1B "
+              "exists to avoid", pp_schedule_name(s->kind), s->P, s->M, s->V, r, first_back, last_fwd);
+    }
+}
+
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     char why[512];
@@ -248,6 +266,7 @@ int main(int argc, char **argv) {
                     CHECK(!flag, "%s P=%d M=%d V=%d admitted; the rule refuses it (%s)", pp_schedule_name(k), P,
                           M, V, flag);
                     check_schedule(s);
+                    check_memory_bound(s);
                     pp_schedule_free(s);
                 }
         /* the rule admits what each schedule must take: P = 1, and M = 1 for gpipe and 1f1b */
