@@ -433,6 +433,10 @@ static bool gemm_fp8_one(float *C, const uint8_t *A, const uint8_t *B, int M, in
 static bool gemm_fp8_cut(float *C, const uint8_t *A, const uint8_t *B, int M, int N, int K, int cuts,
                          const fp8_gemm_args *g) {
     if (cuts == 1) return gemm_fp8_one(C, A, B, M, N, K, g);
+    if (K % cuts) {   /* (a tp rank's share is whole: the mesh rules divide every cut dimension by tp) */
+        fprintf(stderr, "gemm_fp8_cut: the contraction %d is not cut in %d equal slices\n", K, cuts);
+        abort();
+    }
     int Kc = K / cuts;
     if (g->a_rows && gemm_fp8_shape_error(M, N, Kc)) return false;
     uint8_t *Ac = device_alloc((size_t)M * Kc, MEM_BUFFERS), *Bc = device_alloc((size_t)N * Kc, MEM_BUFFERS);
@@ -544,8 +548,15 @@ static bool rowwise_bytes_forward(float8_state *s, linear_site at, float *y, con
     float8_format fx = float8_role_format(s->o.recipe, FLOAT8_CAST_X), fw = float8_role_format(s->o.recipe, FLOAT8_CAST_W);
     uint8_t *xb = scaled_bytes(x, N, in, FLOAT8_PER_ROW, x_rows, fx, false);
     uint8_t *Wb = scaled_bytes(W, out, in, FLOAT8_PER_ROW, w_rows, fw, false);
-    fp8_gemm_args args = {fx, fw, 0.0f, 0.0f, x_rows, w_rows};
-    bool done = gemm_fp8_cut(y, xb, Wb, N, out, in, contraction_cuts(s, at, false), &args);
+    /* per row block, as each data rank's GEMM has its block's rows (the same kernel for the same
+     * shape); the rows' scales go with their rows */
+    int G = s->groups, rg = N / G;
+    bool done = true;
+    for (int g = 0; g < G && done; g++) {
+        fp8_gemm_args args = {fx, fw, 0.0f, 0.0f, x_rows + (size_t)g * rg, w_rows};
+        done = gemm_fp8_cut(y + (size_t)g * rg * out, xb + (size_t)g * rg * in, Wb, rg, out, in,
+                            contraction_cuts(s, at, false), &args);
+    }
     device_free(xb);
     device_free(Wb);
     s->rowwise_scaled_gemms += done;
@@ -562,8 +573,13 @@ static void rowwise_bytes_backward(float8_state *s, linear_site at, const rowwis
     if (dx && !gemm_fp8_shape_error(N, in, out)) {
         uint8_t *dyb = scaled_bytes(dy, N, out, FLOAT8_PER_ROW, k->dy_rows, fdy, false);
         uint8_t *Wt = scaled_bytes(W, out, in, FLOAT8_PER_COL, k->w_cols, fw, true);   /* [in, out] */
-        fp8_gemm_args args = {fdy, fw, 0.0f, 0.0f, k->dy_rows, k->w_cols};
-        *dx_done = gemm_fp8_cut(dx, dyb, Wt, N, in, out, contraction_cuts(s, at, true), &args);
+        bool done = true;
+        for (int g = 0; g < G && done; g++) {   /* per row block, as in the forward */
+            fp8_gemm_args args = {fdy, fw, 0.0f, 0.0f, k->dy_rows + (size_t)g * rg, k->w_cols};
+            done = gemm_fp8_cut(dx + (size_t)g * rg * in, dyb + (size_t)g * rg * out, Wt, rg, in, out,
+                                contraction_cuts(s, at, true), &args);
+        }
+        *dx_done = done;
         s->rowwise_scaled_gemms += *dx_done;
         device_free(dyb);
         device_free(Wt);

@@ -42,8 +42,11 @@ for sub in "$dir"/*/; do
             echo "make grade: could not make the reference copy of chapter $nn: $(tail -1 "$tmp/ref_$nn.log")" >&2; exit 2; }
         make --no-print-directory -C "$ref" -j"${JOBS:-2}" BACKEND="$backend" all >"$tmp/ref_$nn.build" 2>&1 || true
     fi
-    work=$tmp/$student
-    python3 "$src/tests/grade_sandbox.py" "$ref" "$sub" "$work" || { echo "make grade: the sandbox of $student failed" >&2; exit 2; }
+    work=$tmp/subs/$student; mkdir -p "$tmp/subs"
+    rm -f "$sub/grade.json"   # (a grade.json the student left would otherwise be counted if this one fails)
+    if ! python3 "$src/tests/grade_sandbox.py" "$ref" "$sub" "$work" 2>"$tmp/sandbox.err"; then
+        echo "skip  $student: no sandbox could be made ($(tail -1 "$tmp/sandbox.err"))"; rm -rf "$work"; n=$((n-1)); continue
+    fi
     note=""
     if ! make --no-print-directory -C "$work" -j"${JOBS:-2}" BACKEND="$backend" all >"$work/build.log" 2>&1; then
         note="did not build"; cp "$work/build.log" "$sub/grade.log"

@@ -4,7 +4,8 @@
 WORK becomes a copy of REF, a fresh student copy made by make assignment-NN from this tutorial,
 into which only the student's answers are put: in every source file of the chapter, the lines
 between each "ANSWER BEGIN (assignment): TASK" line and its "ANSWER END (assignment): TASK" line
-are taken from the same file of SUB, the student's folder, matched by TASK. Everything else comes
+are taken from the same file of SUB, the student's folder, matched by TASK (and, for a task named
+twice in a file, by its order), read only from a plain file (not through a link). Everything else comes
 from REF: an edit of common/, of a test, of a script or of the graders cannot change the grade.
 What the student changed outside the answers is listed, as ignored.
 
@@ -21,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 
 BEGIN = re.compile(r"^\s*/\*\s*ANSWER BEGIN \(assignment\):\s*(.*?)\s*\*/\s*$")
@@ -31,39 +33,56 @@ NOT_COMPARED = {"build", "out", "grade.json", "grade.log", ".sandbox.json"}
 
 
 def answers(lines):
-    """{task: (index of the ANSWER BEGIN line, index of its ANSWER END line)} of a file's lines."""
-    found, open_at, open_task = {}, None, None
+    """{(task, n): (index of the ANSWER BEGIN line, index of its ANSWER END line)} of a file's
+    lines, n counting the regions of the same task in the file (0 for the first)."""
+    found, seen, open_at, open_task = {}, {}, None, None
     for i, line in enumerate(lines):
         b, e = BEGIN.match(line), END.match(line)
         if b:
             open_at, open_task = i, b.group(1)
         elif e and open_at is not None and e.group(1) == open_task:
-            found.setdefault(open_task, (open_at, i))
+            n = seen.get(open_task, 0)
+            seen[open_task] = n + 1
+            found[(open_task, n)] = (open_at, i)
             open_at, open_task = None, None
     return found
 
 
+def regular(path):
+    """True for a plain file that is not a symbolic link (a link's target is not the student's to name)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def read_lines(path):
+    with open(path, errors="surrogateescape") as f:
+        return f.read().split("\n")
+
+
 def splice(ref_file, sub_file, work_file, rel, taken, missing):
-    with open(ref_file, errors="surrogateescape") as f:
-        ref = f.read().split("\n")
+    ref = read_lines(ref_file)
     slots = answers(ref)
     if not slots:
         return False
     theirs = []
-    if os.path.isfile(sub_file):
-        with open(sub_file, errors="surrogateescape") as f:
-            theirs = f.read().split("\n")
+    if regular(sub_file):
+        try:
+            theirs = read_lines(sub_file)
+        except OSError:
+            theirs = []
     given = answers(theirs)
     out, i = [], 0
-    for task, (b, e) in sorted(slots.items(), key=lambda kv: kv[1][0]):
+    for key, (b, e) in sorted(slots.items(), key=lambda kv: kv[1][0]):
         out += ref[i:b + 1]
-        if task in given:
-            sb, se = given[task]
+        if key in given:
+            sb, se = given[key]
             out += theirs[sb + 1:se]
-            taken.append([rel, task])
+            taken.append([rel, key[0]])
         else:
             out += ref[b + 1:e]
-            missing.append([rel, task])
+            missing.append([rel, key[0]])
         i = e
     out += ref[i:]
     with open(work_file, "w", errors="surrogateescape") as f:
@@ -97,17 +116,24 @@ def main():
     def walk(top):
         for root, dirs, files in os.walk(top):
             if root == top:
-                dirs[:] = [d for d in dirs if d not in NOT_COMPARED]
+                dirs[:] = [d for d in dirs if d not in NOT_COMPARED and d != ".git"]
                 files = [f for f in files if f not in NOT_COMPARED]
             for name in files:
                 yield os.path.relpath(os.path.join(root, name), top)
     theirs = set(walk(sub))
     for rel in sorted(theirs):
-        w = os.path.join(work, rel)
-        if not os.path.lexists(w):
+        w, mine = os.path.join(work, rel), os.path.join(sub, rel)
+        if not regular(mine):
+            ignored.append(f"{rel} (not a plain file: a link or other, not used)")
+        elif not os.path.lexists(w):
             ignored.append(f"{rel} (added)")
-        elif not filecmp.cmp(os.path.join(sub, rel), w, shallow=False):
-            ignored.append(f"{rel} (changed)")
+        else:
+            try:
+                same = filecmp.cmp(mine, w, shallow=False)
+            except OSError:
+                same = False
+            if not same:
+                ignored.append(f"{rel} (changed)")
     for rel in sorted(set(walk(ref)) - theirs):
         ignored.append(f"{rel} (deleted)")
     with open(os.path.join(work, ".sandbox.json"), "w") as f:

@@ -78,7 +78,7 @@ done
 # refused, named, unless UNTRACKED=ok leaves it out knowingly. From an exported tree (no git):
 # every file, less the build, outputs and the usual backups.
 if git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-    untracked=$(cd "$src" && git ls-files --others --exclude-standard | { grep -vE '^(student|build|out)/' || true; } | head -6)
+    untracked=$(set +o pipefail; cd "$src" && git ls-files --others --exclude-standard | { grep -vE '^(student|build|out)/' || true; } | head -6)
     if [ -n "$untracked" ] && [ "${UNTRACKED:-}" != ok ]; then
         echo "make assignment-$nn: the tree has files git does not track: $(echo "$untracked" | head -5 | paste -sd' ')$([ "$(echo "$untracked" | wc -l)" -gt 5 ] && echo ' ...'); a copy is made of tracked files only: commit or remove them, or run with UNTRACKED=ok to leave them out; nothing written" >&3
         exit 2
@@ -86,7 +86,7 @@ if git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
     later_re=""; for d in "${later[@]}"; do later_re="$later_re|^${d#--exclude=./}/"; done
     (cd "$src" && git ls-files -z --cached |
         grep -zvE "^[0-9][0-9]_[^/]*/hints/|^docs/instructor/|^tests/student_copy_allow\.txt\$|^grade\.json\$|^local\.mk\$$later_re" |
-        while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
+        while IFS= read -r -d '' f; do if [ -e "$f" ]; then printf '%s\0' "$f"; fi; done |
         tar cf - --null --no-recursion -T -) | (cd "$dest" && tar xf -)
 else
     (cd "$src" && tar cf - --exclude=./build --exclude=./out --exclude=./student --exclude=./.git \

@@ -3,11 +3,11 @@
 # checks.txt (every check matches a layout, every unit is one), gives full marks when every
 # layout behaves, and names every TODO its student copy holds. (2) Three sample submissions of
 # chapter 03, made by make assignment-03: one complete (the answers written between their ANSWER
-# lines), one partial (exercise selective-recompute left as its TODO), one that writes nothing and
-# deletes the TODOs, and the same with common/harness/parity.c edited to report every run as OK;
-# graded by `make grade` in its sandboxes: the complete one has full marks in grade.json and the
-# CSV, the partial one loses exactly that exercise's points, the edit of common/ changes nothing
-# (the same points as without it) and is listed as ignored.
+# lines), one partial (exercise selective-recompute left as its TODO), one that writes nothing,
+# deletes the TODOs, edits common/harness/parity.c to report every run as OK and links a grader
+# away; graded by `make grade` in its sandboxes: the complete one has full marks in grade.json and
+# the CSV, the partial one loses exactly that exercise's points, the cheat's edits are listed as
+# ignored, and its sandbox is file for file that of the same copy without them.
 set -u
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 src=$(pwd); bad=0
@@ -68,14 +68,14 @@ PY
 ); then echo "ok    docs/course.md's points table agrees with every exercises.txt"
 else echo "FAIL  docs/course.md's points table:"; echo "$out" | sed 's/^/      | /'; bad=$((bad+1)); fi
 
-# (2) four submissions of chapter 03, graded by make grade in its sandboxes
+# (2) three submissions of chapter 03, graded by make grade in its sandboxes
 nn=03; dir=$(ls -d ${nn}_*/ | head -1)
 partial_task='recompute what selective AC dropped'
 lost=$(awk -F'|' -v t=selective-recompute '$1 ~ "^"t" " {gsub(/ /, "", $2); print $2}' "$dir/exercises.txt")
 base=$tmp/base
 make --no-print-directory assignment-$nn DEST="$base" >/dev/null || { echo "FAIL  make assignment-$nn"; exit 1; }
 mkdir -p "$tmp/subs"
-for s in complete partial empty cheat; do cp -a "$base" "$tmp/subs/$s"; done
+for s in complete partial cheat; do cp -a "$base" "$tmp/subs/$s"; done
 # answer SUB [TASK_LEFT]: every region of the chapter's solution written between its ANSWER lines
 # in SUB's copy (the TODO replaced), except TASK_LEFT's, whose TODO stays
 answer() {
@@ -99,9 +99,17 @@ PY
 answer "$tmp/subs/complete"; answer "$tmp/subs/partial" "$partial_task"
 # the cheat: no answer written, the TODOs deleted, and parity always reported OK by an edit of
 # common/ (which the old grader, restoring only its own files, let through with full marks)
-sed -i '/TODO (assignment)/d' "$tmp/subs/cheat/$dir"*.c "$tmp/subs/empty/$dir"*.c   # (empty: the same, honestly)
+# (and a grader replaced by a link that leads nowhere: listed, not followed, not fatal); "empty" is
+# the same copy with only the TODOs deleted, not graded: its sandbox must be the cheat's, file for file
+cp -a "$base" "$tmp/empty"
+sed -i '/TODO (assignment)/d' "$tmp/subs/cheat/$dir"*.c "$tmp/empty/$dir"*.c
 sed -i 's/return failures ? 1 : 0;/return 0;/; s/if (failures == 0)/if (1)/' "$tmp/subs/cheat/common/harness/parity.c"
 grep -q 'return 0;' "$tmp/subs/cheat/common/harness/parity.c" || echo "FAIL  the cheat's edit of parity.c did not apply"
+rm "$tmp/subs/cheat/tests/grade.py" && ln -s /nonexistent/grade.py "$tmp/subs/cheat/tests/grade.py"
+python3 tests/grade_sandbox.py "$base" "$tmp/subs/cheat" "$tmp/box_cheat" && python3 tests/grade_sandbox.py "$base" "$tmp/empty" "$tmp/box_empty" &&
+    diff -r -x .sandbox.json "$tmp/box_cheat" "$tmp/box_empty" >"$tmp/box.diff" 2>&1
+if [ $? -eq 0 ]; then echo "ok    the sandbox of a copy that edits common/ and links a grader away is the same copy's without those edits, file for file"
+else echo "FAIL  the sandboxes of the cheat and of the same copy without its edits differ:"; head -20 "$tmp/box.diff" | sed 's/^/      | /'; bad=$((bad+1)); fi
 if ! make --no-print-directory grade DIR="$tmp/subs" >"$tmp/grade.txt" 2>&1; then
     echo "FAIL  make grade DIR=... failed:"; sed 's/^/      | /' "$tmp/grade.txt"; exit 1
 fi
@@ -120,17 +128,16 @@ rows = {r["student"]: r for r in csv.DictReader(open(f"{subs}/grades.csv"))}
 if float(rows["complete"]["total"]) != c["possible"] or float(rows["partial"]["total"]) != p["possible"] - lost: print(f"CSV totals: {rows}"); bad += 1
 if float(rows["partial"]["03:selective-recompute"]) != 0 or float(rows["complete"]["03:selective-recompute"]) != lost: print("CSV's exercise column"); bad += 1
 x = json.load(open(f"{subs}/cheat/grade.json"))
-y = json.load(open(f"{subs}/empty/grade.json"))
-if x["points"] != y["points"] or x["points"] >= x["possible"]:
-    print(f"cheat: {x['points']} of {x['possible']}, want what the same copy without the edit of common/ has, {y['points']}"); bad += 1
-if "common/harness/parity.c (changed)" not in x.get("ignored", []): print(f"cheat: ignored = {x.get('ignored')}"); bad += 1
+if x["points"] >= x["possible"]: print(f"cheat: {x['points']} of {x['possible']}"); bad += 1
+if "common/harness/parity.c (changed)" not in x.get("ignored", []) or not any(i.startswith("tests/grade.py (not a plain file") for i in x.get("ignored", [])):
+    print(f"cheat: ignored = {x.get('ignored')}"); bad += 1
 if c.get("ignored") or p.get("ignored"): print(f"complete/partial changed nothing else, yet ignored: {c.get('ignored')} {p.get('ignored')}"); bad += 1
 print(f"complete {c['points']:g}/{c['possible']:g}, partial {p['points']:g}/{p['possible']:g} (selective-recompute: 0 of {lost:g}), "
-      f"no answer {y['points']:g}/{y['possible']:g}, and with an edit of common/ {x['points']:g} (ignored: {len(x['ignored'])} file)")
+      f"no answer but an edit of common/ {x['points']:g}/{x['possible']:g} (ignored: {len(x['ignored'])} files)")
 sys.exit(1 if bad else 0)
 PY
-if [ $? -eq 0 ]; then echo "ok    make grade on four submissions of $nn: $(tail -1 "$tmp/v.txt")"
-else echo "FAIL  make grade on four submissions of $nn:"; sed 's/^/      | /' "$tmp/v.txt" "$tmp/grade.txt" "$tmp/subs/partial/grade.log" | tail -60; bad=$((bad+1)); fi
+if [ $? -eq 0 ]; then echo "ok    make grade on three submissions of $nn: $(tail -1 "$tmp/v.txt")"
+else echo "FAIL  make grade on three submissions of $nn:"; sed 's/^/      | /' "$tmp/v.txt" "$tmp/grade.txt" "$tmp/subs/partial/grade.log" | tail -60; bad=$((bad+1)); fi
 # make grade's refusals: one line on stderr, exit 2, nothing else (issue: an empty DIR printed a
 # false "skip *" line; CSV=/proc/x.csv a Python traceback, then "wrote", exit 0)
 mkdir -p "$tmp/empty_subs"

@@ -44,10 +44,11 @@
  * running sums in reduced precision, and without fast accumulation the kernel promotes those
  * sums to fp32 at intervals (cublasLt.h: fast accumulation skips that, "faster but at the cost
  * of lower accuracy"; torchao's default config turns it on for the forward output GEMM only).
- * Chapter 07's parity compares a tensor-parallel run, whose row-parallel GEMMs sum K in pieces,
- * with a baseline that sums it whole: with fp32 promotion both sums are fp32 sums of the same
- * exact products in another order, which the fp32 tolerances cover; with fast accumulation the
- * difference would be the tensor cores' own rounding, which they do not.
+ * Promotion is not the whole story: between promotions the tensor cores keep about 14 bits
+ * (DeepSeek-V3 technical report, 3.3.2; an H100 showed 2e-4 of the largest output against an
+ * fp32 sum, test_float8_linear). So chapter 07's baseline cuts a tensor-parallel contraction into
+ * the ranks' slices, each a GEMM of one rank's shape (float8_linear.c, contraction_cuts): the same
+ * products in the same accumulators on both sides.
  *
  * Descriptors: a call is described by a matmul descriptor (the same for every call: fp32 compute,
  * TN, the two scale pointers), three layouts and an algorithm from cublasLtMatmulAlgoGetHeuristic.
@@ -56,8 +57,9 @@
  *
  * State kept for the whole run, created on the first call: the cuBLASLt handle (cublasLtCreate
  * once, as cuBLAS's handle is created once in device_init), the descriptors above, and one device block from
- * device_alloc (MEM_BUFFERS) holding the two scales in its first 256 bytes and the workspace
- * after them (device_alloc returns 256-byte aligned blocks, and cuBLASLt wants a 256-byte aligned workspace).
+ * device_alloc (MEM_BUFFERS) holding the two scales, each in its own 256-byte slot, and the
+ * workspace after them (device_alloc returns 256-byte aligned blocks; cuBLASLt wants its workspace
+ * 256-byte aligned, and refused a scale pointer 4 bytes from the other on an H100).
  * Everything is issued on the rank's one stream, cuda_stream(), so successive calls, and the
  * kernels around them, run in program order and can share the block.
  */
