@@ -191,7 +191,7 @@ def main():
                   f"/{len(free)} layouts behave")
         if unclaimed:
             print(f"  TODO left that no exercise names: {', '.join(unclaimed)}")
-        print(f"grade-{nn}: {total:g} of {possible:g} points")
+        print(f"grade-{nn}: {round(total, 2):g} of {round(possible, 2):g} points")
 
     if json_out:
         doc = {
@@ -201,7 +201,9 @@ def main():
             "exercises": [{k: ex[k] for k in ("name", "points", "possible", "status", "passed", "total", "todo")}
                           | {"layouts": [lay["line"] for lay in ex["layouts"]]} for ex in exercises],
             "layouts": [{"line": lay["line"], "layout": lay["text"], "expect": lay["expect"],
-                         "result": "pass" if lay["passed"] else "fail",
+                         # a deliberate bug's layout reads as what happened to the bug
+                         "result": ("caught" if lay["passed"] else "not caught") if lay["expect"] == "fail"
+                                   else ("pass" if lay["passed"] else "fail"),
                          **({"detail": lay["detail"]} if lay["detail"] != "-" else {}),
                          "exercises": lay["exercises"]} for lay in layouts],
         }
