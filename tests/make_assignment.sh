@@ -204,6 +204,15 @@ done < <(grep -rlZ --include='*.md' --include='*.c' --include='*.h' --include='*
 # what the solved program printed from a removed passage (a formula of the exercise, in a README's
 # output block) replaced in the copy's markdown (tests/student_copy_leaks.py --scrub)
 python3 "$src/tests/student_copy_leaks.py" --scrub "$src" "$dest" "$nn" || fail "could not scrub the copy's READMEs"
+# and the copy looked through for what it still gives away, every file of it (the same checker as
+# tests/t_student_copy.sh): a leak, an answer's line repeated anywhere or a marker left, and no copy
+leaks=$(mktemp) || fail "could not create a temporary file"
+if ! python3 "$src/tests/student_copy_leaks.py" "$src" "$dest" "$nn" >"$leaks" 2>&1; then
+    first=$(grep -m1 -E '^[^ ].*:[0-9]+: ' "$leaks" || tail -1 "$leaks"); rm -f "$leaks"
+    echo "make assignment-$nn: the copy would give an answer away: ${first:-see tests/student_copy_leaks.py}; nothing written (mark the passage as a solution, or allow it in tests/student_copy_allow.txt)" >&3
+    exit 2
+fi
+rm -f "$leaks"
 trap - ERR
 mv -T "$dest" "$abs" 2>/dev/null || fail "could not rename the finished copy to $final"
 trap '[ "$errlog" = /dev/null ] || rm -f "$errlog"' EXIT   # (the copy is in place: kept)

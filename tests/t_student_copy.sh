@@ -61,5 +61,22 @@ if [ -n "$last" ]; then
         echo "FAIL  no string literal in chapter $last's removed passages to plant"; bad=$((bad+1))
     fi
 fi
+# make assignment runs the checker itself: a tracked file that repeats an answer's line gives no copy
+# (one line naming it, exit 2, nothing written); the file is restored from a copy, whatever happens
+if [ -n "$last" ]; then
+    dir=$(ls -d "$last"_*/ | head -1)
+    line=$(awk '/BEGIN ASSIGNMENT/ {t=1; next} /END ASSIGNMENT/ {t=0} t && length($0) > 30 {print; exit}' "$dir"*.c)
+    cp -p docs/course.md "$tmp/course.md.orig"
+    trap 'cp -p "$tmp/course.md.orig" "$src/docs/course.md"; rm -rf "$tmp"' EXIT
+    printf '\n    %s\n' "$line" >> docs/course.md
+    make --no-print-directory assignment-$last DEST="$tmp/leaky" >"$tmp/k.out" 2>"$tmp/k.err"; rc=$?
+    cp -p "$tmp/course.md.orig" docs/course.md
+    if [ $rc -eq 2 ] && [ ! -e "$tmp/leaky" ] && grep -q "would give an answer away: docs/course.md:[0-9]*:" "$tmp/k.err" &&
+       [ "$(grep -vc 'Error 2' "$tmp/k.err")" -eq 1 ]; then
+        echo "ok    make assignment-$last refuses a tree whose docs/course.md repeats an answer's line (one line, exit 2, nothing written)"
+    else
+        echo "FAIL  make assignment-$last with an answer's line in docs/course.md: exit $rc"; sed 's/^/      | /' "$tmp/k.out" "$tmp/k.err"; bad=$((bad+1))
+    fi
+fi
 echo "$((n-bad)) of $n chapters' student copies hold no answer"
 [ $bad -eq 0 ] && [ $n -gt 0 ]
