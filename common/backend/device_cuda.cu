@@ -95,8 +95,8 @@ static double host_seconds(void) {
  *     with a collective's kernel waiting for a peer, that first launch could wait for it. Not under
  *     COMM=mpi, where no kernel ever waits for a peer (the collectives are staged through the
  *     host): loading every kernel, cuBLAS's included, costs each process 2.4 to 2.8 s at start
- *     (an H100, make gpu-check, 2026-11-28: chapter 01 --check on 1 rank 4.19 s EAGER, 1.75 s
- *     LAZY; chapter 03 --check on 2 ranks 5.62 s and 2.85 s).
+ *     (an H100, 2026-11-28: a small --check run on 1 rank 4.19 s EAGER, 1.75 s LAZY; one on 2
+ *     ranks 5.62 s and 2.85 s; the root README's "Measured on a GPU").
  *   CUDA_DEVICE_MAX_CONNECTIONS=32: the hardware queues streams are spread over (8 by default).
  *     A rank has the compute stream and one per NCCL communicator (up to a dozen here); with
  *     fewer queues than streams two streams share one, and a collective's kernel waiting for its

@@ -46,9 +46,9 @@
  * of lower accuracy"; torchao's default config turns it on for the forward output GEMM only).
  * Promotion is not the whole story: between promotions the tensor cores keep about 14 bits
  * (DeepSeek-V3 technical report, 3.3.2; an H100 showed 2e-4 of the largest output against an
- * fp32 sum, test_float8_linear). So chapter 07's baseline cuts a tensor-parallel contraction into
- * the ranks' slices, each a GEMM of one rank's shape (float8_linear.c, contraction_cuts): the same
- * products in the same accumulators on both sides.
+ * fp32 sum, test_float8_linear). So a single-device parity baseline must cut a tensor-parallel
+ * contraction into the ranks' slices, each a GEMM of one rank's shape, to add the same products in
+ * the same accumulators as the ranks (docs/design.md, "Parity").
  *
  * Descriptors: a call is described by a matmul descriptor (the same for every call: fp32 compute,
  * TN, the two scale pointers), three layouts and an algorithm from cublasLtMatmulAlgoGetHeuristic.
