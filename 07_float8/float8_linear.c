@@ -460,15 +460,21 @@ static uint8_t *to_bytes(const float *x, int rows, int cols, const float *scale,
     return b;
 }
 
-/* C [rows, N] (=) A [rows, K] B [N, K]^T, A's row block g with a_scale[g], the contraction in
- * `cuts` slices. */
-static void gemm_blocks(float *C, const uint8_t *A, float8_format fa, const float *a_scale, int G, const uint8_t *B,
-                        float8_format fb, float b_scale, int rows, int N, int K, int cuts) {
+/* C [rows, N] (=) A [rows, K] B [N, K]^T in G row blocks, as each data rank multiplies its own rows
+ * (a baseline's stand-ins for them; G = 1 otherwise), the contraction in `cuts` slices. Block g
+ * takes a_block_scale[g] (tensorwise, delayed) or its rows of g->a_rows (rowwise); the rest of g
+ * is the same for every block. False where a float8 GEMM refused (rowwise): the caller emulates. */
+static bool gemm_blocks(float *C, const uint8_t *A, const uint8_t *B, int G, int rows, int N, int K, int cuts,
+                        const fp8_gemm_args *g, const float *a_block_scale) {
     int rg = rows / G;
-    for (int g = 0; g < G; g++) {
-        fp8_gemm_args args = {fa, fb, a_scale[g], b_scale, NULL, NULL};
-        gemm_fp8_cut(C + (size_t)g * rg * N, A + (size_t)g * rg * K, B, rg, N, K, cuts, &args);
+    bool done = true;
+    for (int b = 0; b < G && done; b++) {
+        fp8_gemm_args block = *g;
+        if (g->a_rows) block.a_rows = g->a_rows + (size_t)b * rg;
+        else block.a_scale = a_block_scale[b];
+        done = gemm_fp8_cut(C + (size_t)b * rg * N, A + (size_t)b * rg * K, B, rg, N, K, cuts, &block);
     }
+    return done;
 }
 
 static void float8_bytes_forward(float8_state *s, linear_site at, float *y, const float *x, const float *W, int N,
@@ -476,7 +482,8 @@ static void float8_bytes_forward(float8_state *s, linear_site at, float *y, cons
     int G = s->groups;
     float8_format fx = float8_role_format(s->o.recipe, FLOAT8_CAST_X), fw = float8_role_format(s->o.recipe, FLOAT8_CAST_W);
     uint8_t *xb = to_bytes(x, N, in, scale, G, fx), *Wb = to_bytes(W, out, in, scale + G, 1, fw);
-    gemm_blocks(y, xb, fx, scale, G, Wb, fw, scale[G], N, out, in, contraction_cuts(s, at, false));
+    fp8_gemm_args args = {fx, fw, 0.0f, scale[G], NULL, NULL};
+    gemm_blocks(y, xb, Wb, G, N, out, in, contraction_cuts(s, at, false), &args, scale);
     device_free(xb);
     device_free(Wb);
 }
@@ -492,7 +499,8 @@ static void float8_bytes_backward(float8_state *s, linear_site at, float *dx, fl
     if (dx) {
         uint8_t *Wb = to_bytes(W, out, in, scale + G, 1, fw), *Wt = device_alloc((size_t)out * in, MEM_BUFFERS);
         float8_transpose(Wt, Wb, out, in);                                    /* [in, out] */
-        gemm_blocks(dx, dyb, fdy, dy_scale, G, Wt, fw, scale[G], N, in, out, contraction_cuts(s, at, true));
+        fp8_gemm_args args = {fdy, fw, 0.0f, scale[G], NULL, NULL};
+        gemm_blocks(dx, dyb, Wt, G, N, in, out, contraction_cuts(s, at, true), &args, dy_scale);
         device_free(Wb);
         device_free(Wt);
     }
@@ -548,15 +556,8 @@ static bool rowwise_bytes_forward(float8_state *s, linear_site at, float *y, con
     float8_format fx = float8_role_format(s->o.recipe, FLOAT8_CAST_X), fw = float8_role_format(s->o.recipe, FLOAT8_CAST_W);
     uint8_t *xb = scaled_bytes(x, N, in, FLOAT8_PER_ROW, x_rows, fx, false);
     uint8_t *Wb = scaled_bytes(W, out, in, FLOAT8_PER_ROW, w_rows, fw, false);
-    /* per row block, as each data rank's GEMM has its block's rows (the same kernel for the same
-     * shape); the rows' scales go with their rows */
-    int G = s->groups, rg = N / G;
-    bool done = true;
-    for (int g = 0; g < G && done; g++) {
-        fp8_gemm_args args = {fx, fw, 0.0f, 0.0f, x_rows + (size_t)g * rg, w_rows};
-        done = gemm_fp8_cut(y + (size_t)g * rg * out, xb + (size_t)g * rg * in, Wb, rg, out, in,
-                            contraction_cuts(s, at, false), &args);
-    }
+    fp8_gemm_args args = {fx, fw, 0.0f, 0.0f, x_rows, w_rows};
+    bool done = gemm_blocks(y, xb, Wb, s->groups, N, out, in, contraction_cuts(s, at, false), &args, NULL);
     device_free(xb);
     device_free(Wb);
     s->rowwise_scaled_gemms += done;
@@ -573,13 +574,8 @@ static void rowwise_bytes_backward(float8_state *s, linear_site at, const rowwis
     if (dx && !gemm_fp8_shape_error(N, in, out)) {
         uint8_t *dyb = scaled_bytes(dy, N, out, FLOAT8_PER_ROW, k->dy_rows, fdy, false);
         uint8_t *Wt = scaled_bytes(W, out, in, FLOAT8_PER_COL, k->w_cols, fw, true);   /* [in, out] */
-        bool done = true;
-        for (int g = 0; g < G && done; g++) {   /* per row block, as in the forward */
-            fp8_gemm_args args = {fdy, fw, 0.0f, 0.0f, k->dy_rows + (size_t)g * rg, k->w_cols};
-            done = gemm_fp8_cut(dx + (size_t)g * rg * in, dyb + (size_t)g * rg * out, Wt, rg, in, out,
-                                contraction_cuts(s, at, true), &args);
-        }
-        *dx_done = done;
+        fp8_gemm_args args = {fdy, fw, 0.0f, 0.0f, k->dy_rows, k->w_cols};
+        *dx_done = gemm_blocks(dx, dyb, Wt, G, N, in, out, contraction_cuts(s, at, true), &args, NULL);
         s->rowwise_scaled_gemms += *dx_done;
         device_free(dyb);
         device_free(Wt);
