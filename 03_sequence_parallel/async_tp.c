@@ -17,24 +17,22 @@
 #include "model.h"
 #include "async_tp.h"
 
-/* A linear whose GEMMs wait for a ring: its arguments, as the model passed them. */
+/* One ring's GEMMs: a projection group's linears (projection_ops, plan.h) on the rows of one chunk.
+ *   GATHER_FWD  proj_in's forward: y_i = x W_i^T on the input the ring gathers
+ *   GATHER_BWD  proj_out's backward: dx = dy W, dW += dy^T x on the dy the ring gathers
+ *   RS_FWD      proj_out's forward: the partial x W^T that the ring reduce-scatters
+ *   RS_BWD      proj_in's backward: the partial sum_i dy_i W_i that the ring reduce-scatters (and
+ *               dW_i += dy_i^T x) */
+typedef enum { RING_GATHER_FWD, RING_GATHER_BWD, RING_RS_FWD, RING_RS_BWD } ring_kind;
 typedef struct {
-    linear_site site;
-    float *dst;              /* forward: y [N, n_out]; backward: dx [N, n_in] (NULL: none)      */
-    dx_write how;
-    float *dW;
-    const float *src;        /* forward: x [N, n_in]; backward: dy [N, n_out]                   */
-    const float *x;          /* backward: x [N, n_in]                                            */
-    const float *W;
-    int N, n_in, n_out;
-} held_linear;
-
-/* What the held linears wait for:
- *   GATHER_FWD  column-parallel forwards, on the input the pending gather brings (y = x W^T)
- *   GATHER_BWD  a row-parallel backward, on the dy the pending gather brings (dx, dW)
- *   RS_FWD      a row-parallel forward whose partial output the region's exit reduce-scatters
- *   RS_BWD      column-parallel backwards whose summed dx the region's entry reduce-scatters */
-typedef enum { HOLD_NONE, HOLD_GATHER_FWD, HOLD_GATHER_BWD, HOLD_RS_FWD, HOLD_RS_BWD } hold_kind;
+    ring_kind kind;
+    const proj_linear *lin;
+    int n;
+    const float *x;          /* the linears' input: proj_in's x_full [N, C], proj_out's x [N, width] */
+    float *dx;               /* GATHER_BWD: dx [N, width] (NULL: none)                             */
+    const float *dy;         /* GATHER_BWD: dy_full [N, C], filled by the ring                     */
+    int C;
+} ring_gemms;
 
 /* One ring step: the ring's number since the start, its kind, step k, and marks of the compute
  * stream (device.h: on the GPU the host's clock says when work was queued, not when it ran):
@@ -54,27 +52,14 @@ typedef struct {
     comm_group *tp;
     comm_links *links;
     int p, r, next, prev;
-    region_ops below_region, below_vocab;
-    linear_ops below_linear;
+    projection_ops below;        /* the groups done the plain way, for a chunk too large       */
     float *buf[3];               /* [B, Ts, D] each: chunks in flight                          */
     size_t chunk_floats;
-    /* a gather kept until its consumers come: enter's forward, or exit's backward */
-    struct {
-        bool on, backward;
-        const region_ops *below;
-        float *full;
-        const float *local;
-        int B, Ts, C;
-    } gather;
-    hold_kind hold;
-    int n_held;
-    held_linear held[3];
     int skip_step;               /* --fault async-tp-skip-chunk: the all-gathers' step to skip, -1 */
     async_tp_stats stats;
     long long n_events;
     ring_event events[MAX_EVENTS];
 } atp_state;
-
 
 int async_tp_chunk(int r, int p, int k, bool reduce_scatter) {
     /* BEGIN ASSIGNMENT: the chunk rank r of p computes at ring step k (all-gather: the one here, first its own; reduce-scatter: the one whose sum ends at r after p-1-k more hops) */
@@ -83,16 +68,6 @@ int async_tp_chunk(int r, int p, int k, bool reduce_scatter) {
     /* END ASSIGNMENT */
     return 0;
 }
-
-/* ---- the sites: which linears consume a gather, which feed a reduce-scatter ------------------- */
-/* Column-parallel: their input is the region's gathered entry (forward), their dx goes to enter's
- * reduce-scatter (backward). The last of each group is the one after which the model reads the
- * outputs (rope after wv, swiglu after w3, the loss after output). */
-static bool column_parallel(param_kind k) {
-    return k == P_WQ || k == P_WK || k == P_WV || k == P_W1 || k == P_W3 || k == P_OUTPUT;
-}
-static bool last_of_group(param_kind k) { return k == P_WV || k == P_W3 || k == P_OUTPUT; }
-static bool row_parallel(param_kind k) { return k == P_WO || k == P_W2; }
 
 /* ---- chunk moves between [B, T, C] and [B, Ts, C] ------------------------------------------- */
 static void chunk_into_full(float *full, const float *chunk, int c, int p, int B, int Ts, int C) {
@@ -143,33 +118,34 @@ static void progress(comm_request **q, int nq) {
 }
 
 /* ---- the GEMMs of one chunk ------------------------------------------------------------------ */
-/* The held linears on the rows of chunk c, one GEMM per sequence (B blocks of Ts rows), by the
- * linear operator below. A gather's consumers read and write the [B, T, .] tensors in place; a
+/* The group's linears on the rows of chunk c, one GEMM per sequence (B blocks of Ts rows), by the
+ * plan's linear operator. A gather's consumers read and write the [B, T, .] tensors in place; a
  * reduce-scatter's producers write the chunk's partial, packed, into part [B, Ts, C]. Between the
  * GEMMs the transfers in flight are given a chance to move (comm_progress). */
-static void chunk_gemms(atp_state *s, const llama_plan *p, int c, int B, int Ts, float *part,
+static void chunk_gemms(atp_state *s, const llama_plan *p, const ring_gemms *g, int c, int B, int Ts, float *part,
                         comm_request **q, int nq) {
-    const linear_ops *L = &s->below_linear;
-    for (int i = 0; i < s->n_held; i++) {
-        const held_linear *h = &s->held[i];
+    const linear_ops *L = &p->linear;
+    int C = g->C;
+    for (int i = 0; i < g->n; i++) {
+        const proj_linear *h = &g->lin[i];
+        int w = h->width;
         for (int b = 0; b < B; b++) {
             size_t row = block_row(b, c, s->p, Ts), packed = (size_t)b * Ts;
-            switch (s->hold) {
-            case HOLD_GATHER_FWD:   /* y[rows] = x[rows] W^T */
-                L->forward(L->state, p, h->site, h->dst + row * h->n_out, h->src + row * h->n_in, h->W, Ts, h->n_in, h->n_out);
+            switch (g->kind) {
+            case RING_GATHER_FWD:   /* y_i[rows] = x[rows] W_i^T */
+                L->forward(L->state, p, h->site, h->y + row * w, g->x + row * C, h->W, Ts, C, w);
                 break;
-            case HOLD_GATHER_BWD:   /* dx[rows] = dy[rows] W;  dW += dy[rows]^T x[rows] */
-                L->backward(L->state, p, h->site, h->dst ? h->dst + row * h->n_in : NULL, h->how, h->dW,
-                            h->src + row * h->n_out, h->x + row * h->n_in, h->W, Ts, h->n_in, h->n_out);
+            case RING_GATHER_BWD:   /* dx[rows] = dy[rows] W;  dW += dy[rows]^T x[rows] */
+                L->backward(L->state, p, h->site, g->dx ? g->dx + row * w : NULL, DX_SET, h->dW, g->dy + row * C,
+                            g->x + row * w, h->W, Ts, w, C);
                 break;
-            case HOLD_RS_FWD:       /* part[b] = x[rows] W^T */
-                L->forward(L->state, p, h->site, part + packed * h->n_out, h->src + row * h->n_in, h->W, Ts, h->n_in, h->n_out);
+            case RING_RS_FWD:       /* part[b] = x[rows] W^T */
+                L->forward(L->state, p, h->site, part + packed * C, g->x + row * w, h->W, Ts, w, C);
                 break;
-            case HOLD_RS_BWD:       /* part[b] (=, then +=) dy_i[rows] W_i;  dW_i += dy_i[rows]^T x[rows] */
-                L->backward(L->state, p, h->site, part + packed * h->n_in, i == 0 ? DX_SET : DX_ADD, h->dW,
-                            h->src + row * h->n_out, h->x + row * h->n_in, h->W, Ts, h->n_in, h->n_out);
+            case RING_RS_BWD:       /* part[b] (=, then +=) dy_i[rows] W_i;  dW_i += dy_i[rows]^T x[rows] */
+                L->backward(L->state, p, h->site, part + packed * C, i == 0 ? DX_SET : DX_ADD, h->dW, h->dy + row * w,
+                            g->x + row * C, h->W, Ts, C, w);
                 break;
-            default: break;
             }
             progress(q, nq);
         }
@@ -177,16 +153,15 @@ static void chunk_gemms(atp_state *s, const llama_plan *p, int c, int B, int Ts,
 }
 
 /* ---- the rings ------------------------------------------------------------------------------- */
-/* The pending gather, decomposed: p steps; at step k the GEMMs of the chunk here run while the
- * next chunk arrives from r - 1 and the one just received goes on to r + 1 (p - 1 transfers of
- * B*Ts*C floats: the bytes a ring all-gather sends). */
-static void ring_all_gather(atp_state *s, const llama_plan *p, const char *kind) {
-    int P = s->p, r = s->r, B = s->gather.B, Ts = s->gather.Ts, C = s->gather.C;
+/* The region's gather, local [B, Ts, C] -> full [B, T, C], decomposed: p steps; at step k the
+ * GEMMs of the chunk here run while the next chunk arrives from r - 1 and the one just received
+ * goes on to r + 1 (p - 1 transfers of B*Ts*C floats: the bytes a ring all-gather sends). */
+static void ring_all_gather(atp_state *s, const llama_plan *p, const ring_gemms *g, float *full, const float *local,
+                            int B, int Ts, int C, const char *kind) {
+    int P = s->p, r = s->r;
     size_t n = (size_t)B * Ts * C;
-    float *full = s->gather.full;
-    s->gather.on = false;
-    chunk_into_full(full, s->gather.local, r, P, B, Ts, C);      /* this rank's own rows */
-    const float *send = s->gather.local;
+    chunk_into_full(full, local, r, P, B, Ts, C);      /* this rank's own rows */
+    const float *send = local;
     for (int k = 0; k < P; k++) {
         comm_request recvd = {0}, sent = {0};
         float *recv = s->buf[k % 2];
@@ -196,7 +171,7 @@ static void ring_all_gather(atp_state *s, const llama_plan *p, const char *kind)
             sent = comm_link_isend(s->links, send, n, s->next);
         }
         comm_request *q[] = {&recvd, &sent};
-        chunk_gemms(s, p, async_tp_chunk(r, P, k, false), B, Ts, NULL, q, 2);   /* ... while this one computes */
+        chunk_gemms(s, p, g, async_tp_chunk(r, P, k, false), B, Ts, NULL, q, 2);   /* ... while this one computes */
         device_mark computed = device_mark_now();
         wait_counted(s, &sent);
         wait_counted(s, &recvd);
@@ -208,17 +183,15 @@ static void ring_all_gather(atp_state *s, const llama_plan *p, const char *kind)
         s->stats.steps++;
     }
     s->stats.rings++;
-    s->n_held = 0;
-    s->hold = HOLD_NONE;
 }
 
-/* The held producers' reduce-scatter, decomposed: at step k the partial of chunk
+/* The group's reduce-scatter, decomposed: at step k the partial of chunk
  * async_tp_chunk(r, p, k, true) is computed, the accumulator of the same chunk from r - 1 added,
  * and the sum sent on to r + 1 while the next partial is computed; at step p - 1 the chunk is
  * r's own and its sum lands in `local` [B, Ts, C] (p - 1 transfers of B*Ts*C floats: the bytes a
  * ring reduce-scatter sends). */
-static void ring_reduce_scatter(atp_state *s, const llama_plan *p, float *local, int B, int Ts, int C,
-                                const char *kind) {
+static void ring_reduce_scatter(atp_state *s, const llama_plan *p, const ring_gemms *g, float *local, int B, int Ts,
+                                int C, const char *kind) {
     int P = s->p, r = s->r;
     size_t n = (size_t)B * Ts * C;
     comm_request sent[2] = {{0}}, recvd = {0};
@@ -229,7 +202,7 @@ static void ring_reduce_scatter(atp_state *s, const llama_plan *p, float *local,
         wait_counted(s, &sent[k % 2]);                 /* step k-2's send has left this buffer */
         device_mark posted = device_mark_now();
         comm_request *q[] = {&recvd, &sent[(k + 1) % 2]};
-        chunk_gemms(s, p, async_tp_chunk(r, P, k, true), B, Ts, part, q, 2);
+        chunk_gemms(s, p, g, async_tp_chunk(r, P, k, true), B, Ts, part, q, 2);
         device_mark computed = device_mark_now();
         if (k > 0) wait_counted(s, &recvd);            /* what r - 1 summed of this chunk ...  */
         device_mark waited = device_mark_now();
@@ -244,142 +217,56 @@ static void ring_reduce_scatter(atp_state *s, const llama_plan *p, float *local,
     wait_counted(s, &sent[0]);
     wait_counted(s, &sent[1]);
     s->stats.rings++;
-    s->n_held = 0;
-    s->hold = HOLD_NONE;
 }
 
-/* Whatever is pending, done the plain way (the operators below): a call came that is not the
- * one it waited for. */
-static void flush(atp_state *s, const llama_plan *p) {
-    if (s->gather.on) {
-        const region_ops *g = s->gather.below;
-        if (s->gather.backward) g->exit_backward(g->state, p, s->gather.full, s->gather.local, s->gather.B, s->gather.Ts, s->gather.C);
-        else g->enter_forward(g->state, p, s->gather.full, s->gather.local, s->gather.B, s->gather.Ts, s->gather.C);
-        s->gather.on = false;
-    }
-    const linear_ops *L = &s->below_linear;
-    for (int i = 0; i < s->n_held; i++) {
-        const held_linear *h = &s->held[i];
-        if (s->hold == HOLD_GATHER_FWD || s->hold == HOLD_RS_FWD)
-            L->forward(L->state, p, h->site, h->dst, h->src, h->W, h->N, h->n_in, h->n_out);
-        else
-            L->backward(L->state, p, h->site, h->dst, h->how, h->dW, h->src, h->x, h->W, h->N, h->n_in, h->n_out);
-    }
-    s->n_held = 0;
-    s->hold = HOLD_NONE;
-}
+/* ---- the plan's projection groups ------------------------------------------------------------ */
+/* A group whose chunk does not fit the ring's buffers (sized for the layers' [B, Ts, D]) runs the
+ * plain way, by the operators below. */
+static bool fits(const atp_state *s, proj_rows r) { return (size_t)r.B * r.Ts * r.C <= s->chunk_floats; }
 
-/* ---- the plan's operators ---------------------------------------------------------------------- */
-static bool fits(const atp_state *s, int B, int Ts, int C) { return (size_t)B * Ts * C <= s->chunk_floats; }
-
-static void hold_gather(atp_state *s, const llama_plan *p, const region_ops *below, bool backward, float *full,
-                        const float *local, int B, int Ts, int C) {
-    flush(s, p);
-    s->gather.on = true;
-    s->gather.backward = backward;
-    s->gather.below = below;
-    s->gather.full = full;
-    s->gather.local = local;
-    s->gather.B = B; s->gather.Ts = Ts; s->gather.C = C;
-    if (!fits(s, B, Ts, C)) flush(s, p);
-}
-
-/* The layers' region. */
-static void enter_forward(void *state, const llama_plan *p, float *x_full, const float *x_local, int B, int Ts, int C) {
+/* proj_in forward: the entry's all-gather, each chunk's GEMMs of the group as it arrives. */
+static void atp_in_forward(void *state, const llama_plan *p, const region_ops *region, float *x_full,
+                           const float *x_local, const proj_linear *lin, int n, proj_rows r) {
     atp_state *s = state;
-    hold_gather(s, p, &s->below_region, false, x_full, x_local, B, Ts, C);
-}
-static void exit_backward(void *state, const llama_plan *p, float *dy_full, const float *dy_local, int B, int Ts, int C) {
-    atp_state *s = state;
-    hold_gather(s, p, &s->below_region, true, dy_full, dy_local, B, Ts, C);
-}
-static void reduce_scatter_or_below(atp_state *s, const llama_plan *p, hold_kind kind, float *local, float *full,
-                                    int B, int Ts, int C, const char *name,
-                                    void (*below)(void *, const llama_plan *, float *, float *, int, int, int),
-                                    void *below_state) {
-    if (s->hold == kind && s->n_held > 0 && s->held[0].dst == full && !s->gather.on && fits(s, B, Ts, C)) {
-        ring_reduce_scatter(s, p, local, B, Ts, C, name);
+    if (!fits(s, r)) {
+        s->below.in_forward(s->below.state, p, region, x_full, x_local, lin, n, r);
         return;
     }
-    flush(s, p);
-    below(below_state, p, local, full, B, Ts, C);
+    ring_gemms g = {.kind = RING_GATHER_FWD, .lin = lin, .n = n, .x = x_full, .C = r.C};
+    ring_all_gather(s, p, &g, x_full, x_local, r.B, r.Ts, r.C, "ag-fwd");
 }
-static void exit_forward(void *state, const llama_plan *p, float *y_local, float *y_partial, int B, int Ts, int C) {
+/* proj_in backward: each chunk's dx summed over the group, reduce-scattered as computed. */
+static void atp_in_backward(void *state, const llama_plan *p, const region_ops *region, float *dx_local,
+                            float *dx_full, const float *x_full, const proj_linear *lin, int n, proj_rows r) {
     atp_state *s = state;
-    reduce_scatter_or_below(s, p, HOLD_RS_FWD, y_local, y_partial, B, Ts, C, "rs-fwd", s->below_region.exit_forward,
-                            s->below_region.state);
-}
-static void enter_backward(void *state, const llama_plan *p, float *dx_local, float *dx_full, int B, int Ts, int C) {
-    atp_state *s = state;
-    reduce_scatter_or_below(s, p, HOLD_RS_BWD, dx_local, dx_full, B, Ts, C, "rs-bwd", s->below_region.enter_backward,
-                            s->below_region.state);
-}
-
-/* The vocabulary's ends: the output layer's entry is decomposed like a layer's (its consumer is
- * the output linear); the embedding's exit has no GEMM to overlap and stays the one below. */
-static void vocab_enter_forward(void *state, const llama_plan *p, float *x_full, const float *x_local, int B, int Ts, int C) {
-    atp_state *s = state;
-    hold_gather(s, p, &s->below_vocab, false, x_full, x_local, B, Ts, C);
-}
-static void vocab_enter_backward(void *state, const llama_plan *p, float *dx_local, float *dx_full, int B, int Ts, int C) {
-    atp_state *s = state;
-    reduce_scatter_or_below(s, p, HOLD_RS_BWD, dx_local, dx_full, B, Ts, C, "rs-bwd", s->below_vocab.enter_backward,
-                            s->below_vocab.state);
-}
-static void vocab_exit_forward(void *state, const llama_plan *p, float *y_local, float *y_partial, int B, int Ts, int C) {
-    atp_state *s = state;
-    flush(s, p);
-    s->below_vocab.exit_forward(s->below_vocab.state, p, y_local, y_partial, B, Ts, C);
-}
-static void vocab_exit_backward(void *state, const llama_plan *p, float *dy_full, const float *dy_local, int B, int Ts, int C) {
-    atp_state *s = state;
-    flush(s, p);
-    s->below_vocab.exit_backward(s->below_vocab.state, p, dy_full, dy_local, B, Ts, C);
-}
-
-/* The linears. */
-static void atp_linear_forward(void *state, const llama_plan *p, linear_site site, float *y, const float *x,
-                               const float *W, int N, int in, int out) {
-    atp_state *s = state;
-    held_linear h = {site, y, DX_SET, NULL, x, NULL, W, N, in, out};
-    if (s->gather.on && !s->gather.backward && x == s->gather.full && column_parallel(site.kind) &&
-        (s->hold == HOLD_NONE || s->hold == HOLD_GATHER_FWD) && s->n_held < 3) {
-        s->hold = HOLD_GATHER_FWD;                     /* wq, wk: wait for wv, then one ring for the three */
-        s->held[s->n_held++] = h;
-        if (last_of_group(site.kind)) ring_all_gather(s, p, "ag-fwd");
+    if (!fits(s, r)) {
+        s->below.in_backward(s->below.state, p, region, dx_local, dx_full, x_full, lin, n, r);
         return;
     }
-    flush(s, p);
-    if (row_parallel(site.kind)) {                     /* wo, w2: wait for the region's exit */
-        s->hold = HOLD_RS_FWD;
-        s->held[s->n_held++] = h;
-        return;
-    }
-    s->below_linear.forward(s->below_linear.state, p, site, y, x, W, N, in, out);
+    ring_gemms g = {.kind = RING_RS_BWD, .lin = lin, .n = n, .x = x_full, .C = r.C};
+    ring_reduce_scatter(s, p, &g, dx_local, r.B, r.Ts, r.C, "rs-bwd");
 }
-
-static void atp_linear_backward(void *state, const llama_plan *p, linear_site site, float *dx, dx_write how,
-                                float *dW, const float *dy, const float *x, const float *W, int N, int in, int out) {
+/* proj_out forward: each chunk's partial product, reduce-scattered as computed. */
+static void atp_out_forward(void *state, const llama_plan *p, const region_ops *region, float *y_local,
+                            float *y_partial, const float *x, const proj_linear *lin, proj_rows r) {
     atp_state *s = state;
-    held_linear h = {site, dx, how, dW, dy, x, W, N, in, out};
-    if (s->gather.on && s->gather.backward && dy == s->gather.full && row_parallel(site.kind) && s->hold == HOLD_NONE) {
-        s->hold = HOLD_GATHER_BWD;                     /* wo, w2 on the gathered dy */
-        s->held[s->n_held++] = h;
-        ring_all_gather(s, p, "ag-bwd");
+    if (!fits(s, r)) {
+        s->below.out_forward(s->below.state, p, region, y_local, y_partial, x, lin, r);
         return;
     }
-    if (s->hold == HOLD_RS_BWD && !s->gather.on && column_parallel(site.kind) && dx == s->held[0].dst &&
-        how == DX_ADD && s->n_held < 3) {
-        s->held[s->n_held++] = h;                      /* wk, wv after wq; w3 after w1 */
+    ring_gemms g = {.kind = RING_RS_FWD, .lin = lin, .n = 1, .x = x, .C = r.C};
+    ring_reduce_scatter(s, p, &g, y_local, r.B, r.Ts, r.C, "rs-fwd");
+}
+/* proj_out backward: the exit's all-gather of dy, each chunk's dx and dW as it arrives. */
+static void atp_out_backward(void *state, const llama_plan *p, const region_ops *region, float *dx, float *dy_full,
+                             const float *dy_local, const float *x, const proj_linear *lin, proj_rows r) {
+    atp_state *s = state;
+    if (!fits(s, r)) {
+        s->below.out_backward(s->below.state, p, region, dx, dy_full, dy_local, x, lin, r);
         return;
     }
-    flush(s, p);                                       /* (the re-gather of x, if pending) */
-    if (column_parallel(site.kind) && dx && how == DX_SET) {   /* wait for the region's entry */
-        s->hold = HOLD_RS_BWD;
-        s->held[s->n_held++] = h;
-        return;
-    }
-    s->below_linear.backward(s->below_linear.state, p, site, dx, how, dW, dy, x, W, N, in, out);
+    ring_gemms g = {.kind = RING_GATHER_BWD, .lin = lin, .n = 1, .x = x, .dx = dx, .dy = dy_full, .C = r.C};
+    ring_all_gather(s, p, &g, dy_full, dy_local, r.B, r.Ts, r.C, "ag-bwd");
 }
 
 /* ---- the technique ----------------------------------------------------------------------------- */
@@ -442,10 +329,11 @@ void async_tp_apply(llama_plan *plan, const llama_config *c, int B) {
     s->chunk_floats = (size_t)B * (T / s->p) * c->dim;
     for (int i = 0; i < 3; i++) s->buf[i] = device_alloc_floats(s->chunk_floats, MEM_BUFFERS);
     s->skip_step = -1;
-    plan_wrap(plan->region, s->below_region, ((region_ops){s, enter_forward, enter_backward, exit_forward, exit_backward}));
-    plan_wrap(plan->vocab, s->below_vocab,
-              ((region_ops){s, vocab_enter_forward, vocab_enter_backward, vocab_exit_forward, vocab_exit_backward}));
-    plan_wrap(plan->linear, s->below_linear, ((linear_ops){s, atp_linear_forward, atp_linear_backward}));
+    /* the projection groups replaced whole: the regions stay sequence parallelism's (the
+     * embedding's exit, and the re-gathers before a layer's backward, run them as they are) */
+    plan_wrap(plan->proj, s->below, ((projection_ops){.state = s, .splits_rows = true, .in_forward = atp_in_forward,
+                                                      .in_backward = atp_in_backward, .out_forward = atp_out_forward,
+                                                      .out_backward = atp_out_backward}));
 }
 
 /* --fault async-tp-skip-chunk */

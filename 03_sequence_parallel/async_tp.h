@@ -22,15 +22,17 @@
  * backward (the weight gradient's input; with --ac full these are the recomputed forward's
  * gathers, which are decomposed).
  *
- * How it sits on the plan: it wraps the region (the layers' and the output layer's entry) and
- * the linear operator. A region's gather is not run at once: it is kept pending, and the linears
- * that consume it (wq wk wv; w1 w3; output; or in backward wo's and w2's dy) run the ring with
- * their GEMMs on row blocks of the [B, T, C] tensors. A row-parallel linear's forward, and a
- * column-parallel linear's backward, are kept until the region's exit (enter's backward) that
- * reduce-scatters their output, which then runs the ring. Anything else flushes what is pending
- * through the operators below, so a plan without the expected order still computes the same.
- * The GEMMs are the linear operator below's, per sequence of the batch and chunk (B blocks of Ts
- * rows: the sequence is dimension 1 of [B, T, C]).
+ * How it sits on the plan: it replaces the projection groups (projection_ops, plan.h) whole. A
+ * proj_in group (the region's entry, then wq wk wv; w1 w3; the output layer) runs the entry's
+ * all-gather as a ring with the group's GEMMs on each chunk as it arrives; its backward computes
+ * each chunk's summed dx and reduce-scatters it on the ring. A proj_out group (wo; w2, then the
+ * exit) computes each chunk's partial product and reduce-scatters it on the ring; its backward
+ * all-gathers dy on the ring with dx and dW on each chunk. The GEMMs are the plan's linear
+ * operator, per sequence of the batch and chunk (B blocks of Ts rows: the sequence is dimension 1
+ * of [B, T, C]). A group whose chunk would not fit the ring's buffers runs the plain way (the
+ * groups below). The regions stay sequence parallelism's: the embedding's exit and the re-gathers
+ * before a layer's backward are its blocking collectives. The groups declare splits_rows, on
+ * which float8 (which scales a GEMM's whole input) refuses.
  */
 #pragma once
 #include <stdbool.h>

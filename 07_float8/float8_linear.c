@@ -755,6 +755,11 @@ static void float8_linear_backward(void *state, const llama_plan *p, linear_site
 
 void float8_apply(llama_plan *plan, const llama_config *c, const float8_options *o) {
     if (o->recipe == FLOAT8_OFF) return;
+    /* float8 scales each linear's whole input (agreed over tp): a projection group that runs its
+     * linears on pieces of the rows (async TP's ring, proj.splits_rows) would scale piece by piece */
+    if (plan->proj.splits_rows)
+        comm_exit_usage("--async-tp with --fp8: not supported (float8 scales each linear's whole input, agreed over tp; "
+                        "the ring's per-chunk GEMMs would scale chunk by chunk)");
     float8_state *s = plan_push(plan, &float8_technique, calloc(1, sizeof(float8_state)), 0);
     s->o = *o;
     s->tp = plan->groups.tp && plan->groups.tp->size > 1 ? plan->groups.tp : NULL;

@@ -141,8 +141,6 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
         comm_exit_usage("--vocab-multiple %d pads the vocabulary split over tp: it needs --tp 2 or more", t->vocab_multiple);
     if (t->par.async_tp && (g[MESH_TP] == 1 || !t->par.sp))
         comm_exit_usage("--async-tp decomposes sequence parallelism's all-gathers and reduce-scatters over the tp ring: it needs --tp 2 or more, without --no-sp");
-    if (t->par.async_tp && t->par.fp8.recipe != FLOAT8_OFF)
-        comm_exit_usage("--async-tp with --fp8: not supported (float8 scales each linear's whole input, agreed over tp; the ring's per-chunk GEMMs would scale chunk by chunk)");
     if ((t->prompt_given || t->temperature_given) && !t->sample)
         comm_exit_usage("%s shapes the text sampled after training: it needs --sample N", t->prompt_given ? "--prompt" : "--temperature");
     if (t->lr_min > o->opt.lr)

@@ -337,8 +337,9 @@ static void layer_forward(llama_model *m, int l, float *h_out, const unit_weight
     const llama_dims *d = &m->d;
     const unit_weights w = *wp;
     llama_layer_acts *a = &m->saved->layers[l];
-    int B = d->B, T = d->T, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, hd = d->hd;
+    int B = d->B, T = d->T, N = d->N, Ns = d->Ns, D = d->D, hd = d->hd;
     int Hl = d->Hl, Hkvl = d->Hkvl, Fl = d->Fl;
+    proj_rows rows = {B, T, d->Ts, D};
     float eps = m->c.norm_eps;
     float *attn_in = whole(m, m->attn_in, a->attn_xn);     /* [N, D] */
     float *ffn_in = whole(m, m->ffn_in, a->ffn_xn);        /* [N, D] */
@@ -346,36 +347,35 @@ static void layer_forward(llama_model *m, int l, float *h_out, const unit_weight
     /* ---- attention block: h_mid = h_in + wo(attention(rope(wq n), rope(wk n), wv n)) ---- */
     /* attn_xn[Ns, D] = rmsnorm(h_in) * attention_norm */
     rmsnorm_forward(a->attn_xn, a->attn_rstd, a->h_in, w.attention_norm, Ns, D, eps);
-    /* the region's entry: attn_in[N, D], every token of the sequence */
-    p->region.enter_forward(p->region.state, p, attn_in, a->attn_xn, B, Ts, D);
-    /* q[N, Hl*hd], k and v [N, Hkvl*hd]: three projections of the same normed input */
-    p->linear.forward(p->linear.state, p, (linear_site){P_WQ, l}, a->q, attn_in, w.wq, N, D, Hl * hd);
-    p->linear.forward(p->linear.state, p, (linear_site){P_WK, l}, a->k, attn_in, w.wk, N, D, Hkvl * hd);
-    p->linear.forward(p->linear.state, p, (linear_site){P_WV, l}, a->v, attn_in, w.wv, N, D, Hkvl * hd);
+    /* the region's entry, attn_in[N, D] (every token of the sequence), then q[N, Hl*hd], k and v
+     * [N, Hkvl*hd]: three projections of the same normed input (one proj_in group) */
+    proj_linear qkv[3] = {{.site = {P_WQ, l}, .W = w.wq, .y = a->q, .width = Hl * hd},
+                          {.site = {P_WK, l}, .W = w.wk, .y = a->k, .width = Hkvl * hd},
+                          {.site = {P_WV, l}, .W = w.wv, .y = a->v, .width = Hkvl * hd}};
+    p->proj.in_forward(p->proj.state, p, &p->region, attn_in, a->attn_xn, qkv, 3, rows);
     /* positions enter through RoPE only: rotate q and k (not v) in place */
     rope_forward(a->q, m->rope_cos_sin, B, T, Hl, hd);
     rope_forward(a->k, m->rope_cos_sin, B, T, Hkvl, hd);
     /* attn_out[N, Hl*hd] = softmax(q k^T / sqrt(hd), causal) v; probs[B, Hl, T, T] saved */
     p->attention.forward(p->attention.state, p, a->attn_out, a->probs, a->q, a->k, a->v, B, T, Hl, Hkvl, hd);
-    /* partial[N, D] = attn_out wo^T (this rank's heads' share), then the region's exit */
-    float *partial = whole(m, m->y_partial, a->h_mid);
-    p->linear.forward(p->linear.state, p, (linear_site){P_WO, l}, partial, a->attn_out, w.wo, N, Hl * hd, D);
-    p->region.exit_forward(p->region.state, p, a->h_mid, partial, B, Ts, D);
+    /* partial[N, D] = attn_out wo^T (this rank's heads' share), then the region's exit: h_mid [Ns, D] */
+    proj_linear wo = {.site = {P_WO, l}, .W = w.wo, .width = Hl * hd};
+    p->proj.out_forward(p->proj.state, p, &p->region, a->h_mid, whole(m, m->y_partial, a->h_mid), a->attn_out, &wo, rows);
 
     /* ---- feed-forward block: h_out = h_mid + w2(silu(w1 m) * w3 m) ---- */
     /* h_mid[Ns, D] += h_in (the residual), then ffn_xn[Ns, D] = rmsnorm(h_mid) * ffn_norm, in one
      * pass over each row */
     residual_rmsnorm_forward(a->h_mid, a->ffn_xn, a->ffn_rstd, a->h_in, w.ffn_norm, Ns, D, eps);
-    p->region.enter_forward(p->region.state, p, ffn_in, a->ffn_xn, B, Ts, D);
-    /* ffn_a, ffn_b [N, Fl]: the gate and the up projection */
-    p->linear.forward(p->linear.state, p, (linear_site){P_W1, l}, a->ffn_a, ffn_in, w.w1, N, D, Fl);
-    p->linear.forward(p->linear.state, p, (linear_site){P_W3, l}, a->ffn_b, ffn_in, w.w3, N, D, Fl);
+    /* the region's entry, ffn_in [N, D], then ffn_a, ffn_b [N, Fl]: the gate and the up projection */
+    proj_linear w13[2] = {{.site = {P_W1, l}, .W = w.w1, .y = a->ffn_a, .width = Fl},
+                          {.site = {P_W3, l}, .W = w.w3, .y = a->ffn_b, .width = Fl}};
+    p->proj.in_forward(p->proj.state, p, &p->region, ffn_in, a->ffn_xn, w13, 2, rows);
     /* ffn_g[N, Fl] = silu(ffn_a) * ffn_b, element-wise */
     swiglu_forward(a->ffn_g, a->ffn_a, a->ffn_b, (size_t)N * Fl);
     if (!h_out) return;     /* a recomputation: backward needs w2's input, not its output */
-    partial = whole(m, m->y_partial, h_out);
-    p->linear.forward(p->linear.state, p, (linear_site){P_W2, l}, partial, a->ffn_g, w.w2, N, Fl, D);          /* [N, D] */
-    p->region.exit_forward(p->region.state, p, h_out, partial, B, Ts, D);
+    /* partial [N, D] = ffn_g w2^T, then the region's exit: h_out [Ns, D] */
+    proj_linear w2 = {.site = {P_W2, l}, .W = w.w2, .width = Fl};
+    p->proj.out_forward(p->proj.state, p, &p->region, h_out, whole(m, m->y_partial, h_out), a->ffn_g, &w2, rows);
     add_inplace(h_out, a->h_mid, (size_t)Ns * D);                     /* residual */
 }
 
@@ -409,8 +409,9 @@ void llama_layer_backward(llama_model *m, int l, float *dh) {
     unit_weights w, g;
     p->weights.acquire(p->weights.state, p, m, l, true, &w, &g);
     llama_layer_acts *a = &m->saved->layers[l];
-    int B = d->B, T = d->T, Ts = d->Ts, N = d->N, Ns = d->Ns, D = d->D, hd = d->hd;
+    int B = d->B, T = d->T, N = d->N, Ns = d->Ns, D = d->D, hd = d->hd;
     int Hl = d->Hl, Hkvl = d->Hkvl, Fl = d->Fl;
+    proj_rows rows = {B, T, d->Ts, D};
 
     layer_restore(m, l, &w);
     float *attn_in = whole(m, m->attn_in, a->attn_xn);     /* [N, D] */
@@ -420,34 +421,37 @@ void llama_layer_backward(llama_model *m, int l, float *dh) {
 
     /* ---- feed-forward block. h_out = h_mid + w2(g): the residual path passes dh through
      * unchanged, the branch adds its part below. ---- */
-    p->region.exit_backward(p->region.state, p, dy, dh, B, Ts, D);           /* dy[N, D] = d/d (w2's output) */
-    /* dffn_g[N, Fl] = dy w2;  d w2 += dy^T ffn_g */
-    p->linear.backward(p->linear.state, p, (linear_site){P_W2, l}, m->dffn_g, DX_SET, g.w2, dy, a->ffn_g, w.w2, N, Fl, D);
+    /* the region's exit backward, dy[N, D] = d/d (w2's output); then dffn_g[N, Fl] = dy w2 and
+     * d w2 += dy^T ffn_g */
+    proj_linear w2 = {.site = {P_W2, l}, .W = w.w2, .dW = g.w2, .width = Fl};
+    p->proj.out_backward(p->proj.state, p, &p->region, m->dffn_g, dy, dh, a->ffn_g, &w2, rows);
     /* dffn_a, dffn_b [N, Fl] through silu(a) * b */
     swiglu_backward(m->dffn_a, m->dffn_b, m->dffn_g, a->ffn_a, a->ffn_b, (size_t)N * Fl);
     /* dxn_full[N, D] = dffn_a w1 + dffn_b w3 (this rank's units' share): ffn_in feeds both, so
-     * the second GEMM adds onto the first's output */
-    p->linear.backward(p->linear.state, p, (linear_site){P_W1, l}, m->dxn_full, DX_SET, g.w1, m->dffn_a, ffn_in, w.w1, N, D, Fl);
-    p->linear.backward(p->linear.state, p, (linear_site){P_W3, l}, m->dxn_full, DX_ADD, g.w3, m->dffn_b, ffn_in, w.w3, N, D, Fl);
-    p->region.enter_backward(p->region.state, p, dxn, m->dxn_full, B, Ts, D);   /* dxn[Ns, D]: summed over ranks */
+     * the second GEMM adds onto the first's output; then the region's entry backward, dxn[Ns, D]
+     * summed over ranks */
+    proj_linear w13[2] = {{.site = {P_W1, l}, .W = w.w1, .dW = g.w1, .dy = m->dffn_a, .width = Fl},
+                          {.site = {P_W3, l}, .W = w.w3, .dW = g.w3, .dy = m->dffn_b, .width = Fl}};
+    p->proj.in_backward(p->proj.state, p, &p->region, dxn, m->dxn_full, ffn_in, w13, 2, rows);
     /* dh += d/d h_mid through ffn_norm: dh now holds d loss / d h_mid */
     rmsnorm_backward(dh, g.ffn_norm, dxn, a->h_mid, w.ffn_norm, a->ffn_rstd, Ns, D);
 
     /* ---- attention block: h_mid = h_in + wo(attn_out), the same pattern ---- */
-    p->region.exit_backward(p->region.state, p, dy, dh, B, Ts, D);
-    /* dattn_out[N, Hl*hd] = dy wo;  d wo += dy^T attn_out */
-    p->linear.backward(p->linear.state, p, (linear_site){P_WO, l}, m->dattn_out, DX_SET, g.wo, dy, a->attn_out, w.wo, N, Hl * hd, D);
+    /* dy[N, D] through the exit; dattn_out[N, Hl*hd] = dy wo;  d wo += dy^T attn_out */
+    proj_linear wo = {.site = {P_WO, l}, .W = w.wo, .dW = g.wo, .width = Hl * hd};
+    p->proj.out_backward(p->proj.state, p, &p->region, m->dattn_out, dy, dh, a->attn_out, &wo, rows);
     /* dq, dk, dv: gradients of the rotated q and k and of v */
     p->attention.backward(p->attention.state, p, m->dq, m->dk, m->dv, m->dprobs, m->dattn_out, a->attn_out, a->q, a->k,
                           a->v, a->probs, B, T, Hl, Hkvl, hd);
     /* undo RoPE's rotation on the gradients: now d/d (wq n) and d/d (wk n) */
     rope_backward(m->dq, m->rope_cos_sin, B, T, Hl, hd);
     rope_backward(m->dk, m->rope_cos_sin, B, T, Hkvl, hd);
-    /* dxn_full[N, D] = dq wq + dk wk + dv wv: attn_in feeds three projections (summed in the GEMMs) */
-    p->linear.backward(p->linear.state, p, (linear_site){P_WQ, l}, m->dxn_full, DX_SET, g.wq, m->dq, attn_in, w.wq, N, D, Hl * hd);
-    p->linear.backward(p->linear.state, p, (linear_site){P_WK, l}, m->dxn_full, DX_ADD, g.wk, m->dk, attn_in, w.wk, N, D, Hkvl * hd);
-    p->linear.backward(p->linear.state, p, (linear_site){P_WV, l}, m->dxn_full, DX_ADD, g.wv, m->dv, attn_in, w.wv, N, D, Hkvl * hd);
-    p->region.enter_backward(p->region.state, p, dxn, m->dxn_full, B, Ts, D);
+    /* dxn_full[N, D] = dq wq + dk wk + dv wv: attn_in feeds three projections (summed in the
+     * GEMMs); then the region's entry backward, dxn[Ns, D] */
+    proj_linear qkv[3] = {{.site = {P_WQ, l}, .W = w.wq, .dW = g.wq, .dy = m->dq, .width = Hl * hd},
+                          {.site = {P_WK, l}, .W = w.wk, .dW = g.wk, .dy = m->dk, .width = Hkvl * hd},
+                          {.site = {P_WV, l}, .W = w.wv, .dW = g.wv, .dy = m->dv, .width = Hkvl * hd}};
+    p->proj.in_backward(p->proj.state, p, &p->region, dxn, m->dxn_full, attn_in, qkv, 3, rows);
     /* dh += d/d h_in through attention_norm: dh now holds d loss / d h_in */
     rmsnorm_backward(dh, g.attention_norm, dxn, a->h_in, w.attention_norm, a->attn_rstd, Ns, D);
     p->weights.release(p->weights.state, p, m, l, true);
@@ -481,10 +485,11 @@ static float head_forward(llama_model *m, const int *targets, float loss_scale, 
     s->loss_scale = loss_scale;
     /* final_xn[Ns, D] = rmsnorm(h_final) * norm, entering the vocabulary's region */
     rmsnorm_forward(s->final_xn, s->final_rstd, s->h_final, w->norm, d->Ns, d->D, m->c.norm_eps);
-    float *xn = whole(m, m->attn_in, s->final_xn);      /* [N, D] (attn_in is free here) */
-    p->vocab.enter_forward(p->vocab.state, p, xn, s->final_xn, d->B, d->Ts, d->D);
-    /* logits[N, Vl] = xn output^T: this rank's vocabulary rows */
-    p->linear.forward(p->linear.state, p, (linear_site){P_OUTPUT, -1}, s->logits, xn, w->output, N, d->D, Vl);
+    /* the vocabulary's entry, xn [N, D] (attn_in is free here), then logits[N, Vl] = xn output^T:
+     * this rank's vocabulary rows (a proj_in group of one) */
+    proj_linear output = {.site = {P_OUTPUT, -1}, .W = w->output, .y = s->logits, .width = Vl};
+    p->proj.in_forward(p->proj.state, p, &p->vocab, whole(m, m->attn_in, s->final_xn), s->final_xn, &output, 1,
+                       (proj_rows){d->B, d->T, d->Ts, d->D});
     /* the sum over valid targets of -log softmax(logits)[target] */
     float loss_sum = p->loss.forward(p->loss.state, p, s->logits, s->targets, N, Vl, v0, m->c.vocab_size, s->loss_stats,
                                      m->loss_scratch);
@@ -503,10 +508,11 @@ static void head_backward(llama_model *m, float *dh, const unit_weights *w, cons
     /* the output layer's input again (a split sequence kept only this rank's shard of it) */
     float *xn = whole(m, m->attn_in, s->final_xn);
     p->vocab.enter_forward(p->vocab.state, p, xn, s->final_xn, B, Ts, D);
-    /* dxn_full[N, D] = dlogits output (this rank's vocabulary rows' share);  d output += dlogits^T xn */
-    p->linear.backward(p->linear.state, p, (linear_site){P_OUTPUT, -1}, m->dxn_full, DX_SET, g->output, s->logits, xn, w->output, N, D, Vl);
+    /* dxn_full[N, D] = dlogits output (this rank's vocabulary rows' share);  d output += dlogits^T xn;
+     * then the vocabulary's entry backward, dxn [Ns, D] */
     float *dxn = whole(m, m->dxn, m->dxn_full);
-    p->vocab.enter_backward(p->vocab.state, p, dxn, m->dxn_full, B, Ts, D);
+    proj_linear output = {.site = {P_OUTPUT, -1}, .W = w->output, .dW = g->output, .dy = s->logits, .width = Vl};
+    p->proj.in_backward(p->proj.state, p, &p->vocab, dxn, m->dxn_full, xn, &output, 1, (proj_rows){B, d->T, Ts, D});
     /* dh[Ns, D] = d loss / d h_final (through the final norm); d norm += ... */
     device_zero(dh, (size_t)Ns * D * sizeof(float));
     rmsnorm_backward(dh, g->norm, dxn, s->h_final, w->norm, s->final_rstd, Ns, D);

@@ -54,6 +54,34 @@ static void fp32_linear_backward(void *state, const llama_plan *p, linear_site s
 }
 const linear_ops linear_fp32 = {NULL, fp32_linear_forward, fp32_linear_backward};
 
+/* The projection groups, as the model reads without a technique on them: the region's operator
+ * and each linear of the group by the plan's linear operator, in order. */
+static void local_in_forward(void *state, const llama_plan *p, const region_ops *region, float *x_full,
+                             const float *x_local, const proj_linear *lin, int n, proj_rows r) {
+    region->enter_forward(region->state, p, x_full, x_local, r.B, r.Ts, r.C);
+    for (int i = 0; i < n; i++)
+        p->linear.forward(p->linear.state, p, lin[i].site, lin[i].y, x_full, lin[i].W, r.B * r.T, r.C, lin[i].width);
+}
+static void local_in_backward(void *state, const llama_plan *p, const region_ops *region, float *dx_local,
+                              float *dx_full, const float *x_full, const proj_linear *lin, int n, proj_rows r) {
+    for (int i = 0; i < n; i++)   /* x_full feeds every linear: the first writes dx, the others add */
+        p->linear.backward(p->linear.state, p, lin[i].site, dx_full, i == 0 ? DX_SET : DX_ADD, lin[i].dW, lin[i].dy,
+                           x_full, lin[i].W, r.B * r.T, r.C, lin[i].width);
+    region->enter_backward(region->state, p, dx_local, dx_full, r.B, r.Ts, r.C);
+}
+static void local_out_forward(void *state, const llama_plan *p, const region_ops *region, float *y_local,
+                              float *y_partial, const float *x, const proj_linear *lin, proj_rows r) {
+    p->linear.forward(p->linear.state, p, lin->site, y_partial, x, lin->W, r.B * r.T, lin->width, r.C);
+    region->exit_forward(region->state, p, y_local, y_partial, r.B, r.Ts, r.C);
+}
+static void local_out_backward(void *state, const llama_plan *p, const region_ops *region, float *dx, float *dy_full,
+                               const float *dy_local, const float *x, const proj_linear *lin, proj_rows r) {
+    region->exit_backward(region->state, p, dy_full, dy_local, r.B, r.Ts, r.C);
+    p->linear.backward(p->linear.state, p, lin->site, dx, DX_SET, lin->dW, dy_full, x, lin->W, r.B * r.T, lin->width, r.C);
+}
+const projection_ops proj_local = {.in_forward = local_in_forward, .in_backward = local_in_backward,
+                                   .out_forward = local_out_forward, .out_backward = local_out_backward};
+
 /* Every rank holds its slices for good: the tensors are the table's, nothing to gather or free. */
 static void resident_acquire(void *state, const llama_plan *p, llama_model *m, int unit, bool backward,
                              unit_weights *w, unit_weights *g) {
@@ -80,6 +108,7 @@ llama_plan plan_single_device(void) {
     p.loss = loss_local;
     p.attention = attention_local;
     p.linear = linear_fp32;
+    p.proj = proj_local;
     p.weights = weights_resident;
     p.checkpoint.keep = ACT_KEEP_ALL;
     p.schedule.microbatches = 1;

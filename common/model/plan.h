@@ -9,6 +9,10 @@
  *
  *   tokens ─ lookup of the rows held ─ EXIT(vocab) ─ h0 ... hL ─ rmsnorm ─ ENTER(vocab) ─ [output] ─ LOSS
  *
+ * An ENTER with the linears behind it is a projection group proj_in (ENTER [wq wk wv], ENTER
+ * [w1 w3], ENTER(vocab) [output]), a linear with the EXIT behind it a proj_out ([wo] EXIT, [w2]
+ * EXIT): projection_ops below, which a technique may replace whole.
+ *
  * ENTER and EXIT are the boundaries of the tensor-parallel region (region_ops below):
  *                       enter: forward / backward          exit: forward / backward
  *   single device       identity / identity                identity / identity
@@ -110,6 +114,47 @@ typedef struct {
     void (*backward)(void *state, const llama_plan *p, linear_site site, float *dx, dx_write how, float *dW,
                      const float *dy, const float *x, const float *W, int N, int in, int out);
 } linear_ops;
+
+/* A projection group (Megatron's): the linears on one side of the tensor-parallel region, with
+ * the region's boundary they sit behind. proj_in is the column-parallel group that reads the
+ * region's entry (wq wk wv; w1 w3; the output layer behind the vocabulary's entry), proj_out the
+ * row-parallel linear whose partial sums the region's exit reduces (wo; w2). A call passes the
+ * region (&p->region, or &p->vocab for the output layer) and the group's linears; by default
+ * (proj_local) the group is the region's operator and then each linear's, in order, and a
+ * technique may replace the whole group (03's async TP: a ring whose chunk GEMMs overlap the
+ * chunk transfers). The GEMMs inside are the plan's linear operator, whatever wraps it.
+ *
+ * Rows: the region's tensors are [B, T, C] (N = B*T rows, C the residual width D), the residual
+ * stream's [B, Ts, C]. One linear of a group: */
+typedef struct {
+    linear_site site;
+    const float *W;     /* [out, in]                                                              */
+    float *dW;          /* backward: += dy^T x (NULL: skipped)                                    */
+    float *y;           /* forward: [N, out] (=)                                                  */
+    const float *dy;    /* backward: [N, out]                                                     */
+    int width;          /* the side away from the region: proj_in's output width (its input is
+                         * C), proj_out's input width (its output is C)                          */
+} proj_linear;
+typedef struct { int B, T, Ts, C; } proj_rows;
+/*   in_forward    x_local [B, Ts, C] -> region enter -> x_full [N, C];  y_i = x_full W_i^T, i < n
+ *   in_backward   dx_full [N, C] = sum_i dy_i W_i (the first sets, the others add: DX_SET, DX_ADD),
+ *                 dW_i += dy_i^T x_full; then enter's backward: dx_full -> dx_local [B, Ts, C]
+ *   out_forward   y_partial [N, C] = x W^T (x [N, lin.width]), then exit: -> y_local [B, Ts, C]
+ *   out_backward  exit's backward: dy_local [B, Ts, C] -> dy_full [N, C]; dx [N, lin.width] = dy_full W
+ *                 (NULL: skipped), dW += dy_full^T x                                              */
+typedef struct {
+    void *state;
+    bool splits_rows;   /* the linears run on pieces of the rows (async TP's chunks): an operator
+                         * that needs a GEMM's whole input (float8's scales) cannot sit inside  */
+    void (*in_forward)(void *state, const llama_plan *p, const region_ops *region, float *x_full,
+                       const float *x_local, const proj_linear *lin, int n, proj_rows r);
+    void (*in_backward)(void *state, const llama_plan *p, const region_ops *region, float *dx_local,
+                        float *dx_full, const float *x_full, const proj_linear *lin, int n, proj_rows r);
+    void (*out_forward)(void *state, const llama_plan *p, const region_ops *region, float *y_local,
+                        float *y_partial, const float *x, const proj_linear *lin, proj_rows r);
+    void (*out_backward)(void *state, const llama_plan *p, const region_ops *region, float *dx, float *dy_full,
+                         const float *dy_local, const float *x, const proj_linear *lin, proj_rows r);
+} projection_ops;
 
 /* Weight access. Before a unit's forward (backward = false) or backward, acquire gives the
  * tensors' values (w) and where their gradients accumulate (g); release follows the unit's pass.
@@ -232,6 +277,7 @@ struct llama_plan {
     loss_ops loss;
     attention_ops attention;
     linear_ops linear;
+    projection_ops proj;           /* the projection groups: the region's boundary and its linears */
     weight_ops weights;
     checkpoint_ops checkpoint;
     grad_reduce_ops reduce_grads;
@@ -271,6 +317,7 @@ extern const region_ops region_identity;
 extern const loss_ops loss_local;           /* cross_entropy_forward / backward (llama_kernels.h) */
 extern const attention_ops attention_local; /* attention_forward / backward                         */
 extern const linear_ops linear_fp32;        /* linear_forward / backward                            */
+extern const projection_ops proj_local;     /* the region's operator, then the plan's linears        */
 extern const weight_ops weights_resident;   /* views of the parameter table                          */
 
 /* One deliberate bug, for the checks that prove the parity check catches it: --fault NAME
