@@ -52,6 +52,7 @@ int main(int argc, char **argv) {
     double param_bytes = mem_current(MEM_PARAMS), act_bytes = mem_current(MEM_ACTIVATIONS);
 
     log0("chapter 01: Megatron tensor parallelism, tp = %d, backend %s\n", tp_degree, device_backend_name());
+    plan_describe(&plan);   /* which technique installed which operator; the groups */
     log0("model: dim %d, %d layers, %d heads (%d kv), head dim %d, ffn %d, vocab %d; batch %d x %d tokens\n",
          d->D, c->n_layers, c->n_heads, c->n_kv_heads, d->hd, c->ffn_dim, c->vocab_size, d->B, d->T);
     log0("per rank: %d of %d heads, %d of %d kv heads, %d of %d ffn units\n", d->Hl, c->n_heads,

@@ -41,12 +41,11 @@ const plan_technique megatron_technique = {"megatron tp", NULL};
 llama_plan megatron_plan(device_mesh *mesh, const llama_config *c) {
     /* (whole heads and whole ffn units per rank, or the split does not exist: mesh_check) */
     llama_plan plan = plan_single_device();
-    plan.name = "megatron tp";
+    plan_push(&plan, &megatron_technique, NULL, 0);
     plan.groups.mesh = mesh;
     plan.groups.tp = mesh->group[MESH_TP];
     megatron_layouts(plan.layout);
     plan.region = megatron_region;
-    plan_push(&plan, &megatron_technique, NULL, 0);
     return plan;
 }
 

@@ -82,6 +82,7 @@ int main(int argc, char **argv) {
 
     log0("chapter 02: loss parallelism, tp = %d, loss parallel %s, backend %s\n", p,
          co.loss_parallel ? "on" : "off (--no-loss-parallel: chapter 01's replicated logits)", device_backend_name());
+    plan_describe(&plan);   /* which technique installed which operator; the groups */
     log0("model: dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d; batch %d x %d tokens\n",
          d->D, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size, d->B, d->T);
     int Vp = co.loss_parallel ? llama_padded_vocab(c, p) : c->vocab_size;   /* the rows the split holds */

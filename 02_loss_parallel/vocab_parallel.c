@@ -79,11 +79,10 @@ void loss_parallel_apply(llama_plan *plan, const llama_config *c) {
     /* (whole vocabulary rows per rank: the vocabulary padded to a multiple of tp, mesh_check with
      * the vocabulary among its requirements; the padding rows are the parameter table's,
      * param_split_rows) */
-    plan->name = "megatron tp + loss parallel";
+    plan_push(plan, &loss_parallel_technique, NULL, 0);
     vocab_parallel_layouts(plan->layout);
     plan->vocab = megatron_region;   /* g after the embedding's lookup, f before the output layer */
     plan->loss = vocab_parallel_loss;
-    plan_push(plan, &loss_parallel_technique, NULL, 0);
 }
 
 void vocab_multiple_flag(llama_config *c, const char *arg) { c->vocab_multiple = cli_int("--vocab-multiple", arg, 1, 1 << 20); }

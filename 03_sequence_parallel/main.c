@@ -92,6 +92,7 @@ int main(int argc, char **argv) {
     log0("chapter 03: %s, tp = %d, activation checkpointing %s, backend %s\n",
          co.sp ? "sequence parallelism on the tensor-parallel group" : "tensor parallelism without sequence parallelism (--no-sp)",
          p, ac_mode_name(co.ac), device_backend_name());
+    plan_describe(&plan);   /* which technique installed which operator; the groups */
     log0("model: dim %d, %d layers, %d heads (%d kv), head dim %d, ffn %d, vocab %d; batch %d x %d tokens\n",
          d->D, c->n_layers, c->n_heads, c->n_kv_heads, d->hd, c->ffn_dim, c->vocab_size, d->B, d->T);
     log0("per rank: residual stream [%d, %d, %d] (tokens [r*%d, (r+1)*%d) of each sequence), "

@@ -184,7 +184,6 @@ void sequence_parallel_apply(llama_plan *plan, const llama_config *c, int B, boo
     if (ac == AC_SELECTIVE)
         s->attn_out_scratch = device_alloc_floats((size_t)B * T * (c->n_heads / p) * llama_head_dim(c), MEM_BUFFERS);
     if (!sp) return;
-    plan->name = "megatron tp + loss parallel + sequence parallel";
     plan->sequence.shards = p;
     plan->region = sequence_parallel_region(s);
     plan->vocab = sequence_parallel_region(s);   /* the embedding's exit and the output's entry too */

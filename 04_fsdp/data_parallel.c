@@ -580,7 +580,6 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
     s->reduce_scatter = real_reduce_scatter;
     s->rs_unit = -1;
     s->all_reduce = real_all_reduce;
-    plan->name = "data parallel";
     plan->groups.mesh = mesh;
     plan->groups.batch = s->batch;
     plan->groups.shard = s->shard;

@@ -87,6 +87,7 @@ int main(int argc, char **argv) {
 
     log0("chapter 04: data parallelism, %s, dp_replicate %d x dp_shard %d x tp %d, backend %s\n",
          dp_mode_name(co.dp.mode), R, S, T, device_backend_name());
+    plan_describe(&plan);   /* which technique installed which operator; the groups */
     log0("model: dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d; global batch %d x %d tokens, %d per data rank\n",
          c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size, o.batch, c->seq_len,
          model->d.B);

@@ -94,6 +94,7 @@ int main(int argc, char **argv) {
     const pp_schedule *sched = pipeline_schedule(&plan);
     log0("chapter 05: pipeline parallelism, %s, pp %d x tp %d, %d microbatches, %d chunk%s per rank, backend %s\n",
          pp_schedule_name(sched->kind), P, T, sched->M, sched->V, sched->V > 1 ? "s" : "", device_backend_name());
+    plan_describe(&plan);   /* which technique installed which operator; the groups */
     log0("model: dim %d, %d layers (%d per chunk), %d heads (%d kv), ffn %d, vocab %d; batch %d x %d tokens, "
          "microbatches of %d\n", c->dim, c->n_layers, c->n_layers / (P * sched->V), c->n_heads, c->n_kv_heads,
          c->ffn_dim, c->vocab_size, o.batch, c->seq_len, model->d.B);

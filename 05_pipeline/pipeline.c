@@ -394,7 +394,6 @@ void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, 
     s->events = calloc((size_t)n, sizeof *s->events);
     s->marks = calloc(2 * (size_t)n, sizeof *s->marks);
 
-    plan->name = "pipeline";
     plan->groups.mesh = mesh;
     plan->schedule = (schedule_ops){s, s->M, pp_holds_layer, pp_microbatch_now, pipeline_forward_backward};
     plan_wrap(plan->linear, s->below_linear, ((linear_ops){s, pipeline_linear_forward, pipeline_linear_backward}));

@@ -442,7 +442,6 @@ void context_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_con
     s->C = s->cp->size;
     s->r = s->cp->rank;
     cp_chunks_of(o->balance, s->r, s->C, s->chunks);
-    plan->name = "context parallel";
     plan->groups.mesh = mesh;
     plan->groups.cp = s->cp;
     plan->sequence.state = s;

@@ -83,6 +83,7 @@ int main(int argc, char **argv) {
 
     log0("chapter 06: context parallelism, %s, %s, cp %d x tp %d, backend %s\n", cp_method_name(co.cp.method),
          cp_balance_name(co.cp.balance), C, T, device_backend_name());
+    plan_describe(&plan);   /* which technique installed which operator; the groups */
     log0("model: dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d; batch %d x %d tokens, %d rows of each "
          "sequence per rank\n", c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size,
          o.batch, c->seq_len, model->d.T);

@@ -116,6 +116,7 @@ int main(int argc, char **argv) {
     log0("chapter 07: float8 training, %s scaling%s, %s%stp %d, backend %s (the float8 GEMMs: %s)\n",
          float8_recipe_name(co.fp8.recipe), co.fp8.recipe == FLOAT8_DELAYED ? " (history)" : "", S > 1 ? "fsdp x " : "",
          co.gather_in_float8 ? "(float8 all-gather) " : "", tp, device_backend_name(), float8_gemm_name(co.fp8.recipe));
+    plan_describe(&plan);   /* which technique installed which operator; the groups */
     if (S > 1) log0("fsdp: dp-shard %d; every dp rank scales its own rows' activations (x, dy), and so does the "
                     "baseline, row block by row block\n", S);
     log0("model: dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d; batch %d x %d tokens; float8: wq wk wv wo "

@@ -160,6 +160,7 @@ int main(int argc, char **argv) {
     log0("plan: %s, ac %s, %s, %s, %s, float8 %s\n",
          g[MESH_TP] == 1 ? "no tp" : co.par.sp ? "tp + loss parallel + sp" : "tp + loss parallel", ac_mode_name(co.par.ac),
          cp_text, pp_text, dp_text, float8_recipe_name(co.par.fp8.recipe));
+    plan_describe(&plan);   /* which technique installed which operator; the groups */
     log0("model: dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d (bytes), %.2f M parameters\n", c->dim, c->n_layers,
          c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size, llama_parameter_count(c, true) / 1e6);
     if (g[MESH_TP] > 1) vocab_padding_describe(c, g[MESH_TP]);   /* 02: split over tp, padded */

@@ -85,6 +85,5 @@ llama_plan parallelize_llama(device_mesh *mesh, const llama_config *c, int batch
                             o->fsdp_over_cp && g[MESH_CP] > 1 ? " x cp" : "");
     }
     plan.groups.mesh = mesh;
-    plan.name = "4-D parallel";
     return plan;
 }

@@ -532,6 +532,35 @@ static void test_step_allocates_nothing(void) {
     llama_free(m);
 }
 
+/* plan_describe: each technique's line names what it installed, "over" the earlier one on the same
+ * operator; what none touched stays the single device's; the groups are world rank 0's. */
+static void test_plan_describe(void) {
+    static const plan_technique first = {"first", NULL}, second = {"second", NULL}, third = {"third", NULL};
+    static int a_state, b_state;
+    char text[2048];
+    llama_plan p = plan_single_device();
+    plan_describe_text(&p, text, sizeof text);
+    CHECK(strstr(text, "techniques: none"), "single device: %s", text);
+    plan_push(&p, &first, NULL, 0);
+    p.linear.state = &a_state;                      /* installs linear */
+    p.layout[P_WQ] = SHARD_ROWS;                    /* and a placement */
+    plan_push(&p, &second, NULL, 0);
+    p.linear.state = &b_state;                      /* over first's */
+    p.checkpoint.keep = 0;
+    plan_push(&p, &third, NULL, 0);                 /* installs nothing */
+    device_mesh mesh = {.shape = {.pp = 1, .dp_replicate = 1, .dp_shard = 2, .cp = 2, .tp = 2}};
+    p.groups.mesh = &mesh;
+    plan_describe_text(&p, text, sizeof text);
+    CHECK(strstr(text, "techniques: 3,"), "the count: %s", text);
+    CHECK(strstr(text, "  first              layout linear\n"), "first's line: %s", text);
+    CHECK(strstr(text, "  second             linear (over first) checkpoint\n"), "second's line: %s", text);
+    CHECK(strstr(text, "  third              (state only)\n"), "third's line: %s", text);
+    CHECK(strstr(text, "  single device      storage sequence region vocab loss attention proj weights reduce_grads "
+                       "optimizer schedule\n"), "the rest: %s", text);
+    CHECK(strstr(text, "groups of world rank 0: tp {0,1} cp {0,2} batch {0,4}\n"), "the groups: %s", text);
+    p.applied.n = 0;                                 /* (nothing to free: no state was allocated) */
+}
+
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     test_param_table();
@@ -541,6 +570,7 @@ int main(int argc, char **argv) {
     test_accumulate_zero_and_padding();
     test_adamw_step();
     test_step_allocates_nothing();
+    test_plan_describe();
     comm_finalize();
     return tu_finish("test_llama_model");
 }

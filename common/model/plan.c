@@ -1,9 +1,13 @@
 /* plan.c: the single-device plan and the local operators every plan starts from (plan.h). */
+#include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "comm.h"
 #include "device.h"
 #include "llama_kernels.h"
+#include "log.h"
 #include "model.h"
 #include "plan.h"
 
@@ -100,7 +104,6 @@ bool plan_holds(const llama_plan *p, int n_layers, param_kind kind, int layer) {
 
 llama_plan plan_single_device(void) {
     llama_plan p = {0};
-    p.name = "single device";
     p.sequence.shards = 1;
     for (int k = 0; k < P_NKINDS; k++) p.layout[k] = SHARD_REPLICATED;
     p.region = region_identity;
@@ -117,10 +120,29 @@ llama_plan plan_single_device(void) {
 
 /* ---- the stack of techniques ------------------------------------------------------------------ */
 
+/* The plan's slots a technique installs into: its placements and its operators (not the groups,
+ * which name ranks, not owners). */
+typedef struct { const char *name; size_t offset, size; } plan_slot;
+#define SLOT(member) {#member, offsetof(llama_plan, member), sizeof(((llama_plan *)0)->member)}
+static const plan_slot slots[] = {
+    SLOT(layout), SLOT(storage), SLOT(sequence), SLOT(region), SLOT(vocab), SLOT(loss), SLOT(attention),
+    SLOT(linear), SLOT(proj), SLOT(weights), SLOT(checkpoint), SLOT(reduce_grads), SLOT(optimizer), SLOT(schedule)};
+_Static_assert(sizeof slots / sizeof *slots == PLAN_NSLOTS, "plan.h's PLAN_NSLOTS counts plan.c's slots");
+
+/* A slot's fingerprint: FNV-1a over its bytes (an installed operator changes its functions or
+ * its state, a placement its values). */
+static unsigned long long slot_fingerprint(const llama_plan *p, int k) {
+    const unsigned char *b = (const unsigned char *)p + slots[k].offset;
+    unsigned long long h = 1469598103934665603ULL;
+    for (size_t i = 0; i < slots[k].size; i++) h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}
+
 void *plan_push(llama_plan *p, const plan_technique *technique, void *state, double buffer_bytes) {
     plan_stack *a = &p->applied;
     if (a->n == PLAN_MAX_TECHNIQUES)
         comm_exit_usage("plan_push: more than %d techniques on one plan (%s)", PLAN_MAX_TECHNIQUES, technique->name);
+    for (int k = 0; k < PLAN_NSLOTS; k++) a->layer[a->n].slots_before[k] = slot_fingerprint(p, k);
     a->layer[a->n].technique = technique;
     a->layer[a->n].state = state;
     a->layer[a->n].buffer_bytes = buffer_bytes;
@@ -159,4 +181,99 @@ void plan_free(llama_plan *p) {
         if (t->free_state) t->free_state(p->applied.layer[i].state);
     }
     *p = plan_single_device();
+}
+
+/* ---- the composition, described --------------------------------------------------------------- */
+
+/* Did technique i change slot k (between its push and the next one's, or now)? */
+static bool installed(const llama_plan *p, int i, int k) {
+    const plan_stack *a = &p->applied;
+    unsigned long long after = i + 1 < a->n ? a->layer[i + 1].slots_before[k] : slot_fingerprint(p, k);
+    return after != a->layer[i].slots_before[k];
+}
+
+/* The world ranks of world rank 0's group over the mesh dimensions `dims` (MESH_BIT): those whose
+ * other coordinates are 0, as "{0,2,4,6}". */
+static void group_ranks(const mesh_shape *s, unsigned dims, char *out, size_t len) {
+    int world = 1, coord[MESH_NDIMS], n = 0;
+    for (int d = 0; d < MESH_NDIMS; d++) world *= s->degree[d];
+    size_t used = (size_t)snprintf(out, len, "{");
+    for (int r = 0; r < world && used < len; r++) {
+        mesh_coords_of(s, r, coord);
+        bool in = true;
+        for (int d = 0; d < MESH_NDIMS; d++) in &= (dims & MESH_BIT(d)) || coord[d] == 0;
+        if (in) used += (size_t)snprintf(out + used, len - used, "%s%d", n++ ? "," : "", r);
+    }
+    if (used < len) snprintf(out + used, len - used, "}");
+}
+
+/* Appends to a text of `len` bytes (truncating at its end). */
+typedef struct { char *s; size_t len, used; } text;
+static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(text *t, const char *fmt, ...) {
+    if (t->used + 1 >= t->len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(t->s + t->used, t->len - t->used, fmt, ap);
+    va_end(ap);
+    if (n > 0) t->used = t->used + (size_t)n < t->len ? t->used + (size_t)n : t->len - 1;
+}
+
+void plan_describe_text(const llama_plan *p, char *out, size_t len) {
+    const plan_stack *a = &p->applied;
+    text t = {out, len, 0};
+    out[0] = '\0';
+    if (a->n == 0) {
+        put(&t, "techniques: none (every operator the single device's)\n");
+        return;
+    }
+    put(&t, "techniques: %d, in the order applied, each with what it installed (over: on top of an earlier one's)\n", a->n);
+    bool touched[PLAN_NSLOTS] = {0};
+    for (int i = 0; i < a->n; i++) {
+        put(&t, "  %-18s", a->layer[i].technique->name);
+        bool any = false;
+        for (int k = 0; k < PLAN_NSLOTS; k++) {
+            if (!installed(p, i, k)) continue;
+            int below = -1;
+            for (int j = 0; j < i; j++)
+                if (installed(p, j, k)) below = j;
+            put(&t, " %s", slots[k].name);
+            if (below >= 0) put(&t, " (over %s)", a->layer[below].technique->name);
+            touched[k] = any = true;
+        }
+        put(&t, "%s\n", any ? "" : " (state only)");
+    }
+    bool rest = false;
+    for (int k = 0; k < PLAN_NSLOTS; k++)
+        if (!touched[k]) {
+            if (!rest) put(&t, "  %-18s", "single device");
+            put(&t, " %s", slots[k].name);
+            rest = true;
+        }
+    if (rest) put(&t, "\n");
+    const device_mesh *mesh = p->groups.mesh;
+    if (!mesh) return;
+    static const struct { const char *name; unsigned dims; } kinds[] = {
+        {"tp", MESH_BIT(MESH_TP)}, {"cp", MESH_BIT(MESH_CP)}, {"pp", MESH_BIT(MESH_PP)},
+        {"batch", MESH_BIT(MESH_DP_REPLICATE) | MESH_BIT(MESH_DP_SHARD)}};
+    char ranks[256];
+    bool grouped = false;
+    put(&t, "  groups of world rank 0:");
+    for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++)
+        if (mesh_size_over(&mesh->shape, kinds[i].dims) > 1) {
+            group_ranks(&mesh->shape, kinds[i].dims, ranks, sizeof ranks);
+            put(&t, " %s %s", kinds[i].name, ranks);
+            grouped = true;
+        }
+    if (p->groups.shard && p->groups.shard->size > 1) {
+        group_ranks(&mesh->shape, param_shard_dims(p->groups.shard_dims), ranks, sizeof ranks);
+        put(&t, " shard %s", ranks);
+    }
+    put(&t, "%s\n", grouped ? "" : " none (one rank)");
+}
+
+void plan_describe(const llama_plan *p) {
+    char out[2048];
+    plan_describe_text(p, out, sizeof out);
+    log0("%s", out);
 }

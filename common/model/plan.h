@@ -251,14 +251,19 @@ typedef struct {
 /* The techniques applied to a plan, in the order they were applied, each with its state and the
  * bytes of the buffers it allocates on this rank at their first use, beyond the model's own
  * (chapter 04's gathered layers, full gradients and staging): run_model counts them in its memory
- * check before anything is allocated. plan_free frees them in reverse order. */
+ * check before anything is allocated. plan_free frees them in reverse order. Each layer also
+ * keeps a fingerprint of the plan's operators and placements as they were when it was pushed, so
+ * plan_describe can say which technique installed what (a technique pushes itself first, then
+ * installs: design.md). */
 #define PLAN_MAX_TECHNIQUES 8
+#define PLAN_NSLOTS 14   /* layout, storage and the twelve operators (plan.c's slot table) */
 typedef struct {
     int n;
     struct {
         const plan_technique *technique;
         void *state;
         double buffer_bytes;
+        unsigned long long slots_before[PLAN_NSLOTS];
     } layer[PLAN_MAX_TECHNIQUES];
 } plan_stack;
 
@@ -266,7 +271,6 @@ typedef struct {
  * apply function installs its operators (with its own state), wrapping the ones it replaces, and
  * pushes itself on `applied`. */
 struct llama_plan {
-    const char *name;              /* "single device", "megatron tp", ...                         */
     plan_groups groups;
     shard_layout layout[P_NKINDS]; /* how each kind of tensor is split over tp (params.h)         */
     block_storage storage[PARAM_NBLOCKS]; /* values, gradients, optimizer state: whole, or this
@@ -299,6 +303,14 @@ void plan_add_buffer_bytes(llama_plan *p, const plan_technique *technique, doubl
 double plan_buffer_bytes(const llama_plan *p);
 /* Frees every technique's state, the last applied first; the plan is the single device's after. */
 void plan_free(llama_plan *p);
+/* The composition, printed by world rank 0 (the C counterpart of torchtitan's print(model)): the
+ * techniques in the order applied, each with the operators and placements it installed (and,
+ * where it sits over an earlier technique's on the same operator, which); the operators still the
+ * single device's; and the ranks of world rank 0's groups. Every chapter prints it at the start
+ * of its run. */
+void plan_describe(const llama_plan *p);
+/* The same text, into out[len] (truncated to fit): for the tests. */
+void plan_describe_text(const llama_plan *p, char *out, size_t len);
 
 /* plan_wrap(slot, below, replacement): the one way a technique replaces an operator that it
  * then calls: the operator in the plan's `slot` is kept in the technique's `below`, and
