@@ -72,7 +72,7 @@ int main(int argc, char **argv) {
         {mesh->group[MESH_TP], COLL_ALL_REDUCE, 4 * L, 4 * L * N * D * 4, "4 x L x B*T*D*4"}};
     double replicated = 2 * V * D + (2 * L + 1) * D;
     double sharded = L * (2 * H * hd * D + 2 * Hkv * hd * D + 3 * F * D) / p;
-    /* a layer keeps every activation (model.c's table); the head its norm and the logits */
+    /* a layer keeps every activation (its blocks' table); the head its norm and the logits */
     double saved = L * llama_layer_act_bytes(d, ACT_KEEP_ALL) + llama_head_act_bytes(d, 0);
     memory_row mem[] = {
         {"parameters", param_bytes, 4 * (replicated + sharded), "4 (2VD + (2L+1)D + L(2H hd D + 2Hkv hd D + 3FD)/tp)"},

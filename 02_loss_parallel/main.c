@@ -107,7 +107,7 @@ int main(int argc, char **argv) {
         ? (comm_expectation){tp, COLL_ALL_REDUCE, 4 * L + 5, (4 * L + 2) * N * D * 4 + 3 * N * 4, "(4L+2) x B*T*D*4 + 3 x B*T*4"}
         : (comm_expectation){tp, COLL_ALL_REDUCE, 4 * L, 4 * L * N * D * 4, "4 x L x B*T*D*4"}};
     int mismatches = report_communication(&tp, 1, o.steps, expect, 1);
-    /* a layer keeps every activation (model.c's table); the head its norm, the logits and, under
+    /* a layer keeps every activation (its blocks' table); the head its norm, the logits and, under
      * loss parallelism, the loss's row max and sum of exponentials */
     double saved = L * llama_layer_act_bytes(d, ACT_KEEP_ALL) + llama_head_act_bytes(d, 2 * (int)lp);
     double others[] = {N * D, N * (F / p), B * (H / p) * T * T}, largest_other = 0;

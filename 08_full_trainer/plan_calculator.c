@@ -215,18 +215,18 @@ typedef struct {
     tensor_floats embedding, norm, output;
 } unit_floats;
 static unit_floats unit_floats_of(const llama_config *c, int tp, int S) {
-    static const param_kind layer_kinds[] = {P_ATTENTION_NORM, P_WQ, P_WK, P_WV, P_WO, P_FFN_NORM, P_W1, P_W2, P_W3};
     shard_layout layout[P_NKINDS];
     megatron_layouts(layout);           /* 01: column-parallel wq wk wv w1 w3, row-parallel wo w2   */
     if (tp > 1) vocab_parallel_layouts(layout);   /* 02: the embedding and the output split by
                                                    * vocabulary (padded), as the trainer does at tp > 1 */
     unit_floats u = {0};
-    for (int k = 0; k < 9; k++) {
-        param_kind kind = layer_kinds[k];
-        tensor_floats f = floats_of(c, kind, layout[kind], tp, S);
+    int idx[LLAMA_UNIT_MAX_TENSORS], n = llama_unit_tensors(c, 0, idx);   /* a layer's, as its blocks declare them */
+    for (int k = 0; k < n; k++) {
+        param_spec s = llama_param_spec(c, idx[k]);
+        tensor_floats f = floats_of(c, s.kind, layout[s.kind], tp, S);
         u.layer += f.shard;
         u.layer_gathered += f.gathered;
-        if (kind != P_ATTENTION_NORM && kind != P_FFN_NORM) u.layer_blocks += f.shard;
+        if (!s.is_vector) u.layer_blocks += f.shard;   /* the linears' weights, not the norms' */
     }
     u.embedding = floats_of(c, P_TOK_EMBEDDINGS, layout[P_TOK_EMBEDDINGS], tp, S);
     u.norm = floats_of(c, P_NORM, layout[P_NORM], tp, S);
@@ -383,7 +383,8 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
     d.B = mb; d.T = Tl; d.Ts = Tl / t; d.N = mb * Tl; d.Ns = mb * d.Ts;
     d.D = c.dim; d.hd = hd; d.Hl = c.n_heads / t; d.Hkvl = c.n_kv_heads / t; d.Fl = c.ffn_dim / t;
     d.Vl = (int)Vocab / t; d.v0 = 0;
-    /* what 03's checkpointing mode keeps of model.c's table; without checkpointing the attention
+    d.layer = llama_layer_of(&c);                        /* the blocks whose activations these are */
+    /* what 03's checkpointing mode keeps of the blocks' activations; without checkpointing the attention
      * saves, instead of the softmax B Hl T^2 of the single-device operator, 06's log-sum-exp (the
      * operator planned: blockwise, it never holds the whole softmax) */
     d.probs = (size_t)mb * d.Hl * Tl;                    /* 06: the log-sum-exp, B H Tl */

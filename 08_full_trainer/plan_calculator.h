@@ -10,7 +10,7 @@
  *                                          params.c pads them) on 01/02's tp slices and 05's
  *                                          pipeline stages
  *   activations of a layer                 03 (Megatron + SP, the checkpointing mode's tensors of
- *                                          model.c's table: llama_layer_act_bytes), with 06's
+ *                                          the layer's blocks: llama_layer_act_bytes), with 06's
  *                                          log-sum-exp in place of the softmax; the head's by
  *                                          llama_head_act_bytes
  *   microbatches in flight, bubble         05 (pp_peak_in_flight_formula, pp_bubble_formula)

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "layer.h"
 #include "llama.h"
 
 llama_config llama_config_default(void) {
@@ -23,6 +24,7 @@ llama_config llama_config_default(void) {
     c.norm_eps = 1e-5f;
     c.rope_theta = 10000.0f;
     c.vocab_multiple = 0;   /* the default rule (mesh.h) */
+    c.layer = NULL;         /* Llama's layer (layer.h) */
     return c;
 }
 
@@ -38,20 +40,16 @@ adamw_config adamw_config_default(void) {
 }
 
 /* ------------------------------------------------------------------------------------------
- * The parameter table, described once (as llm.c's fill_in_parameter_sizes): a layer's tensors
- * and the model's ends', each with its name, its shape in the configuration's dimensions and its
- * initialisation. Everything else is derived from these two arrays: the count, the names, the
- * shapes, the initialisation (params.c), a unit's tensors (params.h), the checkpoint and dump
- * names. Table indices: the embedding first, then the layers' tensors, then the head:
+ * The parameter table, described once (as llm.c's fill_in_parameter_sizes): a layer's tensors are
+ * its blocks' (layer.h), in block order; the model's ends are below. Everything else is derived:
+ * the count, the names, the shapes, the initialisation (params.c), a unit's tensors (params.h),
+ * the checkpoint and dump names. Table indices, with K = llama_layer_tensors (Llama's: 9):
  *   0                     tok_embeddings.weight
- *   1 + 9*l + 0 .. 8      layer l: attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3
- *   1 + 9*L, 2 + 9*L      norm.weight, output.weight
+ *   1 + K*l + 0 .. K-1    layer l's (Llama's: attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3)
+ *   1 + K*L, 2 + K*L      norm.weight, output.weight
  * ------------------------------------------------------------------------------------------ */
 
-/* The configuration's dimensions that the shapes are written in. */
-typedef enum { DIM_1, DIM_D, DIM_Q, DIM_KV, DIM_F, DIM_V } model_dim;
-
-static int dim_size(const llama_config *c, model_dim x) {
+int model_dim_size(const llama_config *c, model_dim x) {
     switch (x) {
     case DIM_1: return 1;
     case DIM_D: return c->dim;
@@ -66,36 +64,31 @@ static int dim_size(const llama_config *c, model_dim x) {
 #define NORMAL_STD 0.02f
 #define ONES 0.0f
 
-typedef struct {
-    param_kind kind;
-    const char *name;        /* torchtitan's; a layer's follows "layers.{l}." */
-    model_dim rows, cols;    /* a vector [D] is [1, D] */
-    float init_std;          /* normal(0, init_std); ONES: every element 1 */
-} tensor_desc;
-
-/* One layer's tensors, in the order a unit stores them (params.h). */
-static const tensor_desc layer_tensors[LLAMA_LAYER_TENSORS] = {
-    {P_ATTENTION_NORM, "attention_norm.weight",  DIM_1,  DIM_D, ONES},
-    {P_WQ,             "attention.wq.weight",    DIM_Q,  DIM_D, NORMAL_STD},
-    {P_WK,             "attention.wk.weight",    DIM_KV, DIM_D, NORMAL_STD},
-    {P_WV,             "attention.wv.weight",    DIM_KV, DIM_D, NORMAL_STD},
-    {P_WO,             "attention.wo.weight",    DIM_D,  DIM_Q, NORMAL_STD},
-    {P_FFN_NORM,       "ffn_norm.weight",        DIM_1,  DIM_D, ONES},
-    {P_W1,             "feed_forward.w1.weight", DIM_F,  DIM_D, NORMAL_STD},
-    {P_W2,             "feed_forward.w2.weight", DIM_D,  DIM_F, NORMAL_STD},
-    {P_W3,             "feed_forward.w3.weight", DIM_F,  DIM_D, NORMAL_STD},
-};
-
 /* The model's ends, in the order their unit stores them: the embedding (table index 0), the final
  * norm and the output projection (the table's last two; not tied to the embedding). */
-static const tensor_desc end_tensors[LLAMA_END_TENSORS] = {
-    {P_TOK_EMBEDDINGS, "tok_embeddings.weight",  DIM_V,  DIM_D, NORMAL_STD},
-    {P_NORM,           "norm.weight",            DIM_1,  DIM_D, ONES},
-    {P_OUTPUT,         "output.weight",          DIM_V,  DIM_D, NORMAL_STD},
+static const block_tensor end_tensors[LLAMA_END_TENSORS] = {
+    {.kind = P_TOK_EMBEDDINGS, .name = "tok_embeddings.weight", .rows = DIM_V, .cols = DIM_D, .init_std = NORMAL_STD},
+    {.kind = P_NORM, .name = "norm.weight", .rows = DIM_1, .cols = DIM_D, .init_std = ONES},
+    {.kind = P_OUTPUT, .name = "output.weight", .rows = DIM_V, .cols = DIM_D, .init_std = NORMAL_STD},
 };
 
+/* Layer tensor k (0 .. llama_layer_tensors - 1): the blocks' tensors, in block order. */
+static const block_tensor *layer_tensor(const llama_config *c, int k) {
+    const llama_layer *layer = llama_layer_of(c);
+    for (int b = 0; b < layer->n; k -= layer->block[b]->n_tensors, b++)
+        if (k < layer->block[b]->n_tensors) return &layer->block[b]->tensor[k];
+    return NULL;
+}
+
+int llama_layer_tensors(const llama_config *c) {
+    const llama_layer *layer = llama_layer_of(c);
+    int n = 0;
+    for (int b = 0; b < layer->n; b++) n += layer->block[b]->n_tensors;
+    return n;
+}
+
 int llama_num_params(const llama_config *c) {
-    return LLAMA_END_TENSORS + LLAMA_LAYER_TENSORS * c->n_layers;
+    return LLAMA_END_TENSORS + llama_layer_tensors(c) * c->n_layers;
 }
 
 double llama_parameter_count(const llama_config *c, bool with_embedding) {
@@ -112,24 +105,24 @@ double llama_flops_per_token(const llama_config *c) {
 }
 
 param_spec llama_param_spec(const llama_config *c, int index) {
-    int n = llama_num_params(c), head = 1 + LLAMA_LAYER_TENSORS * c->n_layers;
+    int n = llama_num_params(c), K = llama_layer_tensors(c), head = 1 + K * c->n_layers;
     if (index < 0 || index >= n) {
         fprintf(stderr, "llama_param_spec: index %d is not in [0, %d)\n", index, n);
         exit(2);
     }
     bool in_layer = index > 0 && index < head;
-    int layer = in_layer ? (index - 1) / LLAMA_LAYER_TENSORS : -1;
-    const tensor_desc *x = in_layer    ? &layer_tensors[(index - 1) % LLAMA_LAYER_TENSORS]
-                           : index == 0 ? &end_tensors[0]
-                                        : &end_tensors[1 + index - head];
+    int layer = in_layer ? (index - 1) / K : -1;
+    const block_tensor *x = in_layer    ? layer_tensor(c, (index - 1) % K)
+                            : index == 0 ? &end_tensors[0]
+                                         : &end_tensors[1 + index - head];
     param_spec s;
     memset(&s, 0, sizeof s);
     if (in_layer) snprintf(s.name, sizeof s.name, "layers.%d.%s", layer, x->name);
     else snprintf(s.name, sizeof s.name, "%s", x->name);
     s.kind = x->kind;
     s.layer = layer;
-    s.rows = dim_size(c, x->rows);
-    s.cols = dim_size(c, x->cols);
+    s.rows = model_dim_size(c, x->rows) * (x->rows_times > 0 ? x->rows_times : 1);
+    s.cols = model_dim_size(c, x->cols) * (x->cols_times > 0 ? x->cols_times : 1);
     s.is_vector = x->rows == DIM_1;
     s.init_std = x->init_std;
     return s;
@@ -144,21 +137,21 @@ int llama_param_index(const llama_config *c, const char *name) {
 }
 
 int llama_param_index_of(const llama_config *c, param_kind kind, int layer) {
-    int head = 1 + LLAMA_LAYER_TENSORS * c->n_layers;
+    int K = llama_layer_tensors(c), head = 1 + K * c->n_layers;
     if (kind == P_TOK_EMBEDDINGS) return 0;
     for (int k = 1; k < LLAMA_END_TENSORS; k++)
         if (end_tensors[k].kind == kind) return head + k - 1;
-    for (int k = 0; k < LLAMA_LAYER_TENSORS; k++)
-        if (layer_tensors[k].kind == kind) return 1 + LLAMA_LAYER_TENSORS * layer + k;
-    fprintf(stderr, "llama_param_index_of: %d is not a kind of tensor\n", (int)kind);
+    for (int k = 0; k < K; k++)
+        if (layer_tensor(c, k)->kind == kind) return 1 + K * layer + k;
+    fprintf(stderr, "llama_param_index_of: %d is not a kind of tensor of this model\n", (int)kind);
     exit(2);
 }
 
 int llama_unit_tensors(const llama_config *c, int u, int idx[LLAMA_UNIT_MAX_TENSORS]) {
     bool ends = u == c->n_layers;
-    int n = ends ? LLAMA_END_TENSORS : LLAMA_LAYER_TENSORS;
+    int n = ends ? LLAMA_END_TENSORS : llama_layer_tensors(c);
     for (int k = 0; k < n; k++)
-        idx[k] = llama_param_index_of(c, ends ? end_tensors[k].kind : layer_tensors[k].kind, ends ? -1 : u);
+        idx[k] = llama_param_index_of(c, ends ? end_tensors[k].kind : layer_tensor(c, k)->kind, ends ? -1 : u);
     return n;
 }
 

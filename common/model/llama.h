@@ -31,12 +31,15 @@
 
 C_BEGIN
 
+typedef struct llama_layer llama_layer;   /* the layer's blocks (layer.h) */
+
 typedef struct {
     int dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, seq_len;
     float norm_eps, rope_theta;
     int vocab_multiple;   /* where the vocabulary is split over tp (02): pad it to a multiple of this
                            * (--vocab-multiple; 0: mesh.h's default rule). Not part of the model: the
                            * padding rows are zero, never read, and exports hold vocab_size rows. */
+    const llama_layer *layer;   /* what a layer is, as blocks (layer.h); NULL: Llama's */
 } llama_config;
 
 typedef struct {
@@ -60,7 +63,8 @@ mesh_requirements llama_mesh_requirements(const llama_config *c, long long batch
 int llama_padded_vocab(const llama_config *c, int tp);
 
 /* ---- the parameter table: every tensor's name, kind, full shape and initialisation ----
- * Described once, in llama.c: one layer's nine tensors and the model's three ends. */
+ * Read off the layer's blocks (layer.h: Llama's has nine tensors) and the model's three ends
+ * (llama.c). */
 typedef enum {
     P_TOK_EMBEDDINGS = 0, P_ATTENTION_NORM, P_WQ, P_WK, P_WV, P_WO,
     P_FFN_NORM, P_W1, P_W2, P_W3, P_NORM, P_OUTPUT, P_NKINDS
@@ -76,11 +80,11 @@ typedef struct {
                          * 1 (the norm weights) */
 } param_spec;
 
-/* A layer's tensors (attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3) and the ends'
- * (tok_embeddings, norm, output): the two kinds of unit (params.h). */
-#define LLAMA_LAYER_TENSORS 9
+/* A layer's tensors (Llama's: attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3; each kind at
+ * most once) and the ends' (tok_embeddings, norm, output): the two kinds of unit (params.h). */
+int llama_layer_tensors(const llama_config *c);
 #define LLAMA_END_TENSORS 3
-#define LLAMA_UNIT_MAX_TENSORS LLAMA_LAYER_TENSORS   /* the larger: an array for any unit's */
+#define LLAMA_UNIT_MAX_TENSORS P_NKINDS   /* an array for any unit's */
 
 /* Number of parameter tensors and their specs: tok_embeddings, the layers' in layer order, norm,
  * output. */

@@ -47,6 +47,7 @@ static llama_dims plan_dims(const llama_config *c, const llama_plan *plan, int B
     d.v0 = split_vocab > 1 ? r * d.Vl : 0;
     d.probs = plan->attention.saved_numel ? plan->attention.saved_numel(plan->attention.state, plan, B, d.T, d.Hl)
                                           : (size_t)B * d.Hl * d.T * d.T;
+    d.layer = llama_layer_of(c);
     return d;
 }
 
@@ -58,41 +59,35 @@ llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * What the forward saves for backward, described once: every tensor's shape in the dims this
- * rank holds. The model allocates from these tables (layer_acts_alloc, llama_saved_alloc) and
- * every activation formula is their sum: llama_layer_act_bytes and llama_head_act_bytes (which
- * chapters 01, 02, 03 and 08's --plan print beside the allocator's count) and llama_model_bytes.
+ * What the forward saves for backward, described once: a layer's activations are its blocks'
+ * (layer.h), each with its shape in the dims this rank holds; the head's are below. The model
+ * allocates from these (layer_acts_alloc, llama_saved_alloc), sizes the backward's scratch from
+ * them (each activation's gradient has its shape), and every activation formula is their sum:
+ * llama_layer_act_bytes and llama_head_act_bytes (which chapters 01, 02, 03 and 08's --plan print
+ * beside the allocator's count) and llama_model_bytes.
  * --------------------------------------------------------------------------------------------- */
-typedef enum { ROWS_STREAM, ROWS_REGION, ROWS_1, N_ROWS } act_rows;   /* Ns, N, 1 */
-typedef enum { COLS_D, COLS_1, COLS_Q, COLS_KV, COLS_F, COLS_V, COLS_PROBS, COLS_LOSS, N_COLS } act_cols;
-typedef struct { act_rows rows; act_cols cols; } act_shape;
+typedef struct { act_rows rows; act_cols cols; int times; } act_shape;
 
-/* One layer's, by ACT_* (model.h's llama_layer_acts names them). */
-static const act_shape layer_act_shape[ACT_NLAYER] = {
-    [ACT_H_IN]      = {ROWS_STREAM, COLS_D},      /* [Ns, D]                                  */
-    [ACT_ATTN_XN]   = {ROWS_STREAM, COLS_D},      /* [Ns, D]                                  */
-    [ACT_ATTN_RSTD] = {ROWS_STREAM, COLS_1},      /* [Ns]                                     */
-    [ACT_Q]         = {ROWS_REGION, COLS_Q},      /* [N, Hl*hd]                               */
-    [ACT_K]         = {ROWS_REGION, COLS_KV},     /* [N, Hkvl*hd]                             */
-    [ACT_V]         = {ROWS_REGION, COLS_KV},     /* [N, Hkvl*hd]                             */
-    [ACT_PROBS]     = {ROWS_1,      COLS_PROBS},  /* the attention's: [B, Hl, T, T] locally   */
-    [ACT_ATTN_OUT]  = {ROWS_REGION, COLS_Q},      /* [N, Hl*hd]                               */
-    [ACT_H_MID]     = {ROWS_STREAM, COLS_D},      /* [Ns, D]                                  */
-    [ACT_FFN_XN]    = {ROWS_STREAM, COLS_D},      /* [Ns, D]                                  */
-    [ACT_FFN_RSTD]  = {ROWS_STREAM, COLS_1},      /* [Ns]                                     */
-    [ACT_FFN_A]     = {ROWS_REGION, COLS_F},      /* [N, Fl]                                  */
-    [ACT_FFN_B]     = {ROWS_REGION, COLS_F},      /* [N, Fl]                                  */
-    [ACT_FFN_G]     = {ROWS_REGION, COLS_F},      /* [N, Fl]                                  */
-};
+/* Layer activation `act`'s shape, as the block that saves it declares it (times 0, no elements,
+ * for a slot no block uses). A llama_dims made by hand (layer NULL) has Llama's layer. */
+static act_shape layer_act_shape(const llama_layer *layer, int act) {
+    if (!layer) layer = &llama_layer_default;
+    for (int b = 0; b < layer->n; b++)
+        for (int i = 0; i < layer->block[b]->n_acts; i++) {
+            const block_act *x = &layer->block[b]->act[i];
+            if (x->act == act) return (act_shape){x->rows, x->cols, x->times > 0 ? x->times : 1};
+        }
+    return (act_shape){ROWS_1, COLS_1, 0};
+}
 
 /* The head's, kept in every mode, in llama_saved's order. */
 enum { HEAD_H_FINAL, HEAD_FINAL_XN, HEAD_FINAL_RSTD, HEAD_LOGITS, HEAD_LOSS_STATS, HEAD_NACTS };
 static const act_shape head_act_shape[HEAD_NACTS] = {
-    [HEAD_H_FINAL]    = {ROWS_STREAM, COLS_D},    /* [Ns, D]                                  */
-    [HEAD_FINAL_XN]   = {ROWS_STREAM, COLS_D},    /* [Ns, D]                                  */
-    [HEAD_FINAL_RSTD] = {ROWS_STREAM, COLS_1},    /* [Ns]                                     */
-    [HEAD_LOGITS]     = {ROWS_REGION, COLS_V},    /* [N, Vl]                                  */
-    [HEAD_LOSS_STATS] = {ROWS_REGION, COLS_LOSS}, /* [N, the loss's saved_per_row]            */
+    [HEAD_H_FINAL]    = {ROWS_STREAM, COLS_D, 1},    /* [Ns, D]                               */
+    [HEAD_FINAL_XN]   = {ROWS_STREAM, COLS_D, 1},    /* [Ns, D]                               */
+    [HEAD_FINAL_RSTD] = {ROWS_STREAM, COLS_1, 1},    /* [Ns]                                  */
+    [HEAD_LOGITS]     = {ROWS_REGION, COLS_V, 1},    /* [N, Vl]                               */
+    [HEAD_LOSS_STATS] = {ROWS_REGION, COLS_LOSS, 1}, /* [N, the loss's saved_per_row]         */
 };
 
 /* The sizes the shapes are written in, as doubles: exact, and the rows are B*T and B*Ts, never an
@@ -115,13 +110,13 @@ static act_sizes act_sizes_of(const llama_dims *d, int loss_saved_per_row) {
     return z;
 }
 
-static double act_elems(const act_sizes *z, act_shape s) { return z->rows[s.rows] * z->cols[s.cols]; }
+static double act_elems(const act_sizes *z, act_shape s) { return z->rows[s.rows] * (s.times * z->cols[s.cols]); }
 
 /* Elements of the layer activations `keep` names (ACT_* bits). */
-static double layer_elems(const act_sizes *z, unsigned keep) {
+static double layer_elems(const llama_dims *d, const act_sizes *z, unsigned keep) {
     double n = 0;
     for (int i = 0; i < ACT_NLAYER; i++)
-        if (keep & (1u << i)) n += act_elems(z, layer_act_shape[i]);
+        if (keep & (1u << i)) n += act_elems(z, layer_act_shape(d->layer, i));
     return n;
 }
 
@@ -133,18 +128,22 @@ static double head_elems(const act_sizes *z) {
 
 size_t llama_act_numel(const llama_dims *d, int act) {
     act_sizes z = act_sizes_of(d, 0);
-    return (size_t)act_elems(&z, layer_act_shape[act]);
+    return (size_t)act_elems(&z, layer_act_shape(d->layer, act));
 }
 
 double llama_layer_act_bytes(const llama_dims *d, unsigned keep) {
     act_sizes z = act_sizes_of(d, 0);
-    return 4 * layer_elems(&z, keep);
+    return 4 * layer_elems(d, &z, keep);
 }
 
 double llama_head_act_bytes(const llama_dims *d, int loss_saved_per_row) {
     act_sizes z = act_sizes_of(d, loss_saved_per_row);
     return 4 * head_elems(&z);
 }
+
+/* The activations whose gradients the backward keeps in scratch (one buffer each, reused by every
+ * layer): dattn_out, dq, dk, dv, dprobs, dffn_g, dffn_a, dffn_b. */
+static const int grad_scratch[] = {ACT_ATTN_OUT, ACT_Q, ACT_K, ACT_V, ACT_PROBS, ACT_FFN_G, ACT_FFN_A, ACT_FFN_B};
 
 double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, double *state_bytes,
                          double *act_bytes, double *largest_numel) {
@@ -161,14 +160,20 @@ double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, d
     }
     llama_dims d = plan_dims(c, plan, B);
     act_sizes z = act_sizes_of(&d, plan->loss.saved_per_row);
-    double N = z.rows[ROWS_REGION], Ns = z.rows[ROWS_STREAM], D = z.cols[COLS_D], q = z.cols[COLS_Q];
-    double kv = z.cols[COLS_KV], F = z.cols[COLS_F], V = z.cols[COLS_V], probs = z.cols[COLS_PROBS];
+    double N = z.rows[ROWS_REGION], Ns = z.rows[ROWS_STREAM], D = z.cols[COLS_D], V = z.cols[COLS_V];
     int held_layers = 0;
     for (int l = 0; l < c->n_layers; l++) held_layers += plan_holds(plan, c->n_layers, P_WQ, l);
-    double acts = 4 * (held_layers * layer_elems(&z, ACT_KEEP_ALL)   /* an upper bound: every tensor kept */
-                       + head_elems(&z) + N                          /* the head's, the loss's scratch */
-                       + 5 * N * D + 2 * Ns * D + 2 * N * q + 2 * N * kv + probs + 3 * N * F + 3 * N); /* scratch */
-    double tensors[] = {N * V, N * D, N * q, N * F, probs};
+    /* the backward's scratch: each of these activations' gradient (llama_create) */
+    double grads = 0, widest = 0;
+    for (size_t i = 0; i < sizeof grad_scratch / sizeof *grad_scratch; i++) {
+        double n = act_elems(&z, layer_act_shape(d.layer, grad_scratch[i]));
+        grads += n;
+        widest = fmax(widest, n);
+    }
+    double acts = 4 * (held_layers * layer_elems(&d, &z, ACT_KEEP_ALL)   /* an upper bound: every tensor kept */
+                       + head_elems(&z) + N                             /* the head's, the loss's scratch */
+                       + 5 * N * D + 2 * Ns * D + grads + 3 * N);       /* scratch */
+    double tensors[] = {N * V, N * D, widest};
     for (size_t i = 0; i < sizeof tensors / sizeof *tensors; i++) largest = fmax(largest, tensors[i]);
     if (state_bytes) *state_bytes = state;
     if (act_bytes) *act_bytes = acts;
@@ -202,8 +207,7 @@ size_t llama_layer_act_bytes_measured(const llama_dims *d, unsigned keep) {
     return bytes;
 }
 
-/* The buffer of the whole sequence when the plan splits it, else the local tensor itself. */
-static float *whole(const llama_model *m, float *full_buffer, float *local) {
+float *llama_whole(const llama_model *m, float *full_buffer, float *local) {
     return m->plan->sequence.shards > 1 ? full_buffer : local;
 }
 
@@ -259,7 +263,6 @@ llama_model *llama_create(const llama_config *c, const llama_plan *plan, int B, 
     m->d = llama_dims_make(c, plan, B);
     const llama_dims *d = &m->d;
     size_t N = d->N, Ns = d->Ns, D = d->D, T = d->T, L = c->n_layers;
-    size_t q_dim = (size_t)d->Hl * d->hd, kv_dim = (size_t)d->Hkvl * d->hd, Fl = d->Fl;
     bool split = plan->sequence.shards > 1;
 
     /* What the layers keep, measured layer by layer by the allocator: the model's own set, unless
@@ -295,14 +298,10 @@ llama_model *llama_create(const llama_config *c, const llama_plan *plan, int B, 
     }
     m->dxn_full = device_alloc_floats(N * D, MEM_BUFFERS);
     m->dh = device_alloc_floats(Ns * D, MEM_BUFFERS);
-    m->dattn_out = device_alloc_floats(N * q_dim, MEM_BUFFERS);
-    m->dq = device_alloc_floats(N * q_dim, MEM_BUFFERS);
-    m->dk = device_alloc_floats(N * kv_dim, MEM_BUFFERS);
-    m->dv = device_alloc_floats(N * kv_dim, MEM_BUFFERS);
-    m->dprobs = device_alloc_floats(llama_act_numel(d, ACT_PROBS), MEM_BUFFERS);
-    m->dffn_g = device_alloc_floats(N * Fl, MEM_BUFFERS);
-    m->dffn_a = device_alloc_floats(N * Fl, MEM_BUFFERS);
-    m->dffn_b = device_alloc_floats(N * Fl, MEM_BUFFERS);
+    /* each activation's gradient, of its shape (grad_scratch's order) */
+    float **grad[] = {&m->dattn_out, &m->dq, &m->dk, &m->dv, &m->dprobs, &m->dffn_g, &m->dffn_a, &m->dffn_b};
+    for (size_t i = 0; i < sizeof grad / sizeof *grad; i++)
+        *grad[i] = device_alloc_floats(llama_act_numel(d, grad_scratch[i]), MEM_BUFFERS);
     return m;
 }
 
@@ -330,53 +329,13 @@ void llama_free(llama_model *m) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * One layer, forward: h_in [Ns, D] -> h_out [Ns, D], from the layer's weights w.
+ * One layer: its blocks (layer.h; Llama's are blocks.c) in order forward, in reverse backward.
  * --------------------------------------------------------------------------------------------- */
-static void layer_forward(llama_model *m, int l, float *h_out, const unit_weights *wp) {
-    const llama_plan *p = m->plan;
-    const llama_dims *d = &m->d;
-    const unit_weights w = *wp;
-    llama_layer_acts *a = &m->saved->layers[l];
-    int B = d->B, T = d->T, N = d->N, Ns = d->Ns, D = d->D, hd = d->hd;
-    int Hl = d->Hl, Hkvl = d->Hkvl, Fl = d->Fl;
-    proj_rows rows = {B, T, d->Ts, D};
-    float eps = m->c.norm_eps;
-    float *attn_in = whole(m, m->attn_in, a->attn_xn);     /* [N, D] */
-    float *ffn_in = whole(m, m->ffn_in, a->ffn_xn);        /* [N, D] */
-
-    /* ---- attention block: h_mid = h_in + wo(attention(rope(wq n), rope(wk n), wv n)) ---- */
-    /* attn_xn[Ns, D] = rmsnorm(h_in) * attention_norm */
-    rmsnorm_forward(a->attn_xn, a->attn_rstd, a->h_in, w.attention_norm, Ns, D, eps);
-    /* the region's entry, attn_in[N, D] (every token of the sequence), then q[N, Hl*hd], k and v
-     * [N, Hkvl*hd]: three projections of the same normed input (one proj_in group) */
-    proj_linear qkv[3] = {{.site = {P_WQ, l}, .W = w.wq, .y = a->q, .width = Hl * hd},
-                          {.site = {P_WK, l}, .W = w.wk, .y = a->k, .width = Hkvl * hd},
-                          {.site = {P_WV, l}, .W = w.wv, .y = a->v, .width = Hkvl * hd}};
-    p->proj.in_forward(p->proj.state, p, &p->region, attn_in, a->attn_xn, qkv, 3, rows);
-    /* positions enter through RoPE only: rotate q and k (not v) in place */
-    rope_forward(a->q, m->rope_cos_sin, B, T, Hl, hd);
-    rope_forward(a->k, m->rope_cos_sin, B, T, Hkvl, hd);
-    /* attn_out[N, Hl*hd] = softmax(q k^T / sqrt(hd), causal) v; probs[B, Hl, T, T] saved */
-    p->attention.forward(p->attention.state, p, a->attn_out, a->probs, a->q, a->k, a->v, B, T, Hl, Hkvl, hd);
-    /* partial[N, D] = attn_out wo^T (this rank's heads' share), then the region's exit: h_mid [Ns, D] */
-    proj_linear wo = {.site = {P_WO, l}, .W = w.wo, .width = Hl * hd};
-    p->proj.out_forward(p->proj.state, p, &p->region, a->h_mid, whole(m, m->y_partial, a->h_mid), a->attn_out, &wo, rows);
-
-    /* ---- feed-forward block: h_out = h_mid + w2(silu(w1 m) * w3 m) ---- */
-    /* h_mid[Ns, D] += h_in (the residual), then ffn_xn[Ns, D] = rmsnorm(h_mid) * ffn_norm, in one
-     * pass over each row */
-    residual_rmsnorm_forward(a->h_mid, a->ffn_xn, a->ffn_rstd, a->h_in, w.ffn_norm, Ns, D, eps);
-    /* the region's entry, ffn_in [N, D], then ffn_a, ffn_b [N, Fl]: the gate and the up projection */
-    proj_linear w13[2] = {{.site = {P_W1, l}, .W = w.w1, .y = a->ffn_a, .width = Fl},
-                          {.site = {P_W3, l}, .W = w.w3, .y = a->ffn_b, .width = Fl}};
-    p->proj.in_forward(p->proj.state, p, &p->region, ffn_in, a->ffn_xn, w13, 2, rows);
-    /* ffn_g[N, Fl] = silu(ffn_a) * ffn_b, element-wise */
-    swiglu_forward(a->ffn_g, a->ffn_a, a->ffn_b, (size_t)N * Fl);
-    if (!h_out) return;     /* a recomputation: backward needs w2's input, not its output */
-    /* partial [N, D] = ffn_g w2^T, then the region's exit: h_out [Ns, D] */
-    proj_linear w2 = {.site = {P_W2, l}, .W = w.w2, .width = Fl};
-    p->proj.out_forward(p->proj.state, p, &p->region, h_out, whole(m, m->y_partial, h_out), a->ffn_g, &w2, rows);
-    add_inplace(h_out, a->h_mid, (size_t)Ns * D);                     /* residual */
+/* h_in = saved->layers[l].h_in [Ns, D] -> h_out [Ns, D] (NULL: a recomputation), from weights w. */
+static void layer_forward(llama_model *m, int l, float *h_out, const unit_weights *w) {
+    const llama_layer *layer = m->d.layer;
+    layer_pass x = {.m = m, .l = l, .w = w, .a = &m->saved->layers[l], .h_out = h_out};
+    for (int b = 0; b < layer->n; b++) layer->block[b]->forward(&x);
 }
 
 void llama_layer_forward(llama_model *m, int l, float *h_out) {
@@ -395,9 +354,11 @@ void llama_layer_recompute(llama_model *m, int l, const unit_weights *w) { layer
 static void layer_restore(llama_model *m, int l, const unit_weights *w) {
     const llama_plan *p = m->plan;
     llama_layer_acts *a = &m->saved->layers[l];
-    if (p->checkpoint.recompute && p->checkpoint.recompute(p->checkpoint.state, m, l, w)) return;   /* a full recomputation re-entered already */
-    p->region.enter_forward(p->region.state, p, whole(m, m->attn_in, a->attn_xn), a->attn_xn, m->d.B, m->d.Ts, m->d.D);
-    p->region.enter_forward(p->region.state, p, whole(m, m->ffn_in, a->ffn_xn), a->ffn_xn, m->d.B, m->d.Ts, m->d.D);
+    /* (a full recomputation has re-entered the region already) */
+    if (p->checkpoint.recompute && p->checkpoint.recompute(p->checkpoint.state, m, l, w)) return;
+    const llama_dims *d = &m->d;
+    p->region.enter_forward(p->region.state, p, llama_whole(m, m->attn_in, a->attn_xn), a->attn_xn, d->B, d->Ts, d->D);
+    p->region.enter_forward(p->region.state, p, llama_whole(m, m->ffn_in, a->ffn_xn), a->ffn_xn, d->B, d->Ts, d->D);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -405,55 +366,12 @@ static void layer_restore(llama_model *m, int l, const unit_weights *w) {
  * --------------------------------------------------------------------------------------------- */
 void llama_layer_backward(llama_model *m, int l, float *dh) {
     const llama_plan *p = m->plan;
-    const llama_dims *d = &m->d;
+    const llama_layer *layer = m->d.layer;
     unit_weights w, g;
     p->weights.acquire(p->weights.state, p, m, l, true, &w, &g);
-    llama_layer_acts *a = &m->saved->layers[l];
-    int B = d->B, T = d->T, N = d->N, Ns = d->Ns, D = d->D, hd = d->hd;
-    int Hl = d->Hl, Hkvl = d->Hkvl, Fl = d->Fl;
-    proj_rows rows = {B, T, d->Ts, D};
-
     layer_restore(m, l, &w);
-    float *attn_in = whole(m, m->attn_in, a->attn_xn);     /* [N, D] */
-    float *ffn_in = whole(m, m->ffn_in, a->ffn_xn);        /* [N, D] */
-    float *dy = whole(m, m->dy_full, dh);                   /* [N, D] */
-    float *dxn = whole(m, m->dxn, m->dxn_full);             /* [Ns, D] */
-
-    /* ---- feed-forward block. h_out = h_mid + w2(g): the residual path passes dh through
-     * unchanged, the branch adds its part below. ---- */
-    /* the region's exit backward, dy[N, D] = d/d (w2's output); then dffn_g[N, Fl] = dy w2 and
-     * d w2 += dy^T ffn_g */
-    proj_linear w2 = {.site = {P_W2, l}, .W = w.w2, .dW = g.w2, .width = Fl};
-    p->proj.out_backward(p->proj.state, p, &p->region, m->dffn_g, dy, dh, a->ffn_g, &w2, rows);
-    /* dffn_a, dffn_b [N, Fl] through silu(a) * b */
-    swiglu_backward(m->dffn_a, m->dffn_b, m->dffn_g, a->ffn_a, a->ffn_b, (size_t)N * Fl);
-    /* dxn_full[N, D] = dffn_a w1 + dffn_b w3 (this rank's units' share): ffn_in feeds both, so
-     * the second GEMM adds onto the first's output; then the region's entry backward, dxn[Ns, D]
-     * summed over ranks */
-    proj_linear w13[2] = {{.site = {P_W1, l}, .W = w.w1, .dW = g.w1, .dy = m->dffn_a, .width = Fl},
-                          {.site = {P_W3, l}, .W = w.w3, .dW = g.w3, .dy = m->dffn_b, .width = Fl}};
-    p->proj.in_backward(p->proj.state, p, &p->region, dxn, m->dxn_full, ffn_in, w13, 2, rows);
-    /* dh += d/d h_mid through ffn_norm: dh now holds d loss / d h_mid */
-    rmsnorm_backward(dh, g.ffn_norm, dxn, a->h_mid, w.ffn_norm, a->ffn_rstd, Ns, D);
-
-    /* ---- attention block: h_mid = h_in + wo(attn_out), the same pattern ---- */
-    /* dy[N, D] through the exit; dattn_out[N, Hl*hd] = dy wo;  d wo += dy^T attn_out */
-    proj_linear wo = {.site = {P_WO, l}, .W = w.wo, .dW = g.wo, .width = Hl * hd};
-    p->proj.out_backward(p->proj.state, p, &p->region, m->dattn_out, dy, dh, a->attn_out, &wo, rows);
-    /* dq, dk, dv: gradients of the rotated q and k and of v */
-    p->attention.backward(p->attention.state, p, m->dq, m->dk, m->dv, m->dprobs, m->dattn_out, a->attn_out, a->q, a->k,
-                          a->v, a->probs, B, T, Hl, Hkvl, hd);
-    /* undo RoPE's rotation on the gradients: now d/d (wq n) and d/d (wk n) */
-    rope_backward(m->dq, m->rope_cos_sin, B, T, Hl, hd);
-    rope_backward(m->dk, m->rope_cos_sin, B, T, Hkvl, hd);
-    /* dxn_full[N, D] = dq wq + dk wk + dv wv: attn_in feeds three projections (summed in the
-     * GEMMs); then the region's entry backward, dxn[Ns, D] */
-    proj_linear qkv[3] = {{.site = {P_WQ, l}, .W = w.wq, .dW = g.wq, .dy = m->dq, .width = Hl * hd},
-                          {.site = {P_WK, l}, .W = w.wk, .dW = g.wk, .dy = m->dk, .width = Hkvl * hd},
-                          {.site = {P_WV, l}, .W = w.wv, .dW = g.wv, .dy = m->dv, .width = Hkvl * hd}};
-    p->proj.in_backward(p->proj.state, p, &p->region, dxn, m->dxn_full, attn_in, qkv, 3, rows);
-    /* dh += d/d h_in through attention_norm: dh now holds d loss / d h_in */
-    rmsnorm_backward(dh, g.attention_norm, dxn, a->h_in, w.attention_norm, a->attn_rstd, Ns, D);
+    layer_pass x = {.m = m, .l = l, .w = &w, .g = &g, .a = &m->saved->layers[l], .dh = dh};
+    for (int b = layer->n - 1; b >= 0; b--) layer->block[b]->backward(&x);
     p->weights.release(p->weights.state, p, m, l, true);
 }
 
@@ -470,7 +388,7 @@ static void embed_forward(llama_model *m, const int *tokens, const unit_weights 
     const llama_dims *d = &m->d;
     llama_saved *s = m->saved;
     device_copy(s->tokens, tokens, (size_t)d->N * sizeof(int));   /* the backward needs them */
-    float *h0 = s->layers[0].h_in, *looked_up = whole(m, m->y_partial, h0);   /* [N, D] */
+    float *h0 = s->layers[0].h_in, *looked_up = llama_whole(m, m->y_partial, h0);   /* [N, D] */
     embedding_forward(looked_up, s->tokens, w->tok_embeddings, d->N, d->D, d->v0, d->Vl);
     p->vocab.exit_forward(p->vocab.state, p, h0, looked_up, d->B, d->Ts, d->D);
 }
@@ -488,7 +406,7 @@ static float head_forward(llama_model *m, const int *targets, float loss_scale, 
     /* the vocabulary's entry, xn [N, D] (attn_in is free here), then logits[N, Vl] = xn output^T:
      * this rank's vocabulary rows (a proj_in group of one) */
     proj_linear output = {.site = {P_OUTPUT, -1}, .W = w->output, .y = s->logits, .width = Vl};
-    p->proj.in_forward(p->proj.state, p, &p->vocab, whole(m, m->attn_in, s->final_xn), s->final_xn, &output, 1,
+    p->proj.in_forward(p->proj.state, p, &p->vocab, llama_whole(m, m->attn_in, s->final_xn), s->final_xn, &output, 1,
                        (proj_rows){d->B, d->T, d->Ts, d->D});
     /* the sum over valid targets of -log softmax(logits)[target] */
     float loss_sum = p->loss.forward(p->loss.state, p, s->logits, s->targets, N, Vl, v0, m->c.vocab_size, s->loss_stats,
@@ -506,11 +424,11 @@ static void head_backward(llama_model *m, float *dh, const unit_weights *w, cons
     p->loss.backward(p->loss.state, p, s->logits, s->logits, s->targets, s->loss_stats, N, Vl, v0, m->c.vocab_size,
                      s->loss_scale);
     /* the output layer's input again (a split sequence kept only this rank's shard of it) */
-    float *xn = whole(m, m->attn_in, s->final_xn);
+    float *xn = llama_whole(m, m->attn_in, s->final_xn);
     p->vocab.enter_forward(p->vocab.state, p, xn, s->final_xn, B, Ts, D);
     /* dxn_full[N, D] = dlogits output (this rank's vocabulary rows' share);  d output += dlogits^T xn;
      * then the vocabulary's entry backward, dxn [Ns, D] */
-    float *dxn = whole(m, m->dxn, m->dxn_full);
+    float *dxn = llama_whole(m, m->dxn, m->dxn_full);
     proj_linear output = {.site = {P_OUTPUT, -1}, .W = w->output, .dW = g->output, .dy = s->logits, .width = Vl};
     p->proj.in_backward(p->proj.state, p, &p->vocab, dxn, m->dxn_full, xn, &output, 1, (proj_rows){B, d->T, Ts, D});
     /* dh[Ns, D] = d loss / d h_final (through the final norm); d norm += ... */
@@ -523,7 +441,7 @@ static void head_backward(llama_model *m, float *dh, const unit_weights *w, cons
 static void embed_backward(llama_model *m, const float *dh, const unit_weights *g) {
     const llama_plan *p = m->plan;
     const llama_dims *d = &m->d;
-    float *dh0 = whole(m, m->dy_full, (float *)dh);     /* [N, D] */
+    float *dh0 = llama_whole(m, m->dy_full, (float *)dh);     /* [N, D] */
     p->vocab.exit_backward(p->vocab.state, p, dh0, dh, d->B, d->Ts, d->D);
     embedding_backward(g->tok_embeddings, dh0, m->saved->tokens, d->N, d->D, d->v0, d->Vl);
 }

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "cdefs.h"
+#include "layer.h"
 #include "llama.h"
 #include "params.h"
 #include "plan.h"
@@ -30,6 +31,8 @@ typedef struct {
     int D, hd, Hl, Hkvl, Fl;
     int Vl, v0;
     size_t probs;                   /* floats attention saves per layer (the plan's saved_numel) */
+    const llama_layer *layer;       /* the layer's blocks (layer.h), whose activations these shape
+                                     * (NULL: Llama's)                                              */
 } llama_dims;
 
 /* What one layer saves for backward, by name or by ACT_* index (plan.h). A tensor the plan's
@@ -102,6 +105,23 @@ struct llama_model {
      * the micro-batches already summed once more); the last one reduces their sum. */
     bool accumulating;
 };
+
+/* What a layer block's forward and backward work on (layer.h): the model, the layer, the weights
+ * the plan's weight access gave and the layer's saved activations. forward: h_out is the layer's
+ * output [Ns, D] (NULL: a recomputation, which stops once w2's input exists); backward: dh [Ns, D]
+ * holds d loss / d (the block's output) on entry and d loss / d (its input) on return, for the
+ * norm blocks; attention and feed_forward leave the gradient of their input (the norm output) in
+ * the model's dxn (the region's entry backward writes it). */
+struct layer_pass {
+    llama_model *m;
+    int l;
+    const unit_weights *w, *g;      /* values; gradients (backward, +=)                          */
+    llama_layer_acts *a;            /* m->saved->layers[l]                                       */
+    float *h_out;                   /* forward                                                   */
+    float *dh;                      /* backward                                                  */
+};
+/* The buffer of the whole sequence when the plan splits it, else the local tensor itself. */
+float *llama_whole(const llama_model *m, float *full_buffer, float *local);
 
 /* The shapes a plan gives this rank for a [B, c->seq_len] batch. */
 llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B);
