@@ -252,6 +252,11 @@ run-%: chapter-exists-% all
 	@echo "$(strip $(call run_cmd,$*))"
 	@WATCH_PID=$$PPID tests/signal_status.sh $(call run_cmd,$*) || { st=$$?; tests/exit_status.sh $$st run-$* >&2; exit $$st; }
 
+# make test-NN: one chapter's tests, quickly: its unit tests (TESTS_NN) on their rank counts and
+# its layouts under MPI and under the NCCL emulation (make test runs everything, the scripts too).
+test-%: chapter-exists-% all
+	@TEST_CHAPTER=$* UNIT_TESTS="$(TESTS_$*)" ./tests/run_tests.sh $(BACKEND) ""
+
 # make check-NN: the chapter's standard layouts (its checks.txt), non-zero exit on failure.
 check-%: chapter-exists-% all
 	@./tests/run_checks.sh $(BACKEND) $* $(BUILD_ROOT)
@@ -342,6 +347,7 @@ help:
 	@echo "make deps             install what is missing (Debian/Ubuntu: Open MPI, OpenBLAS, cJSON, gnuplot, PyTorch for the dump check)"
 	@echo "make run-NN           build chapter NN and run it under mpirun on NP ranks (default 2), baseline beside it"
 	@echo "make check-NN         the chapter's parity check on each of its standard layouts (NN_*/checks.txt)"
+	@echo "make test-NN          one chapter's tests quickly: its unit tests and its layouts under MPI and the NCCL emulation"
 	@echo "make plot-NN          gnuplot PNGs of what the chapter measured, in out/NN/"
 	@echo "make bench            every technique against one rank and its bound (REPS, STEPS, STEPS08, ONLY=01,04,...)"
 	@echo "make bench-NN         the chapter's benchmark, if it has one (never part of make test)"

@@ -8,6 +8,8 @@
 #   - every scripted test tests/t_*.sh (bad input, dumps checked by PyTorch, ...)
 # The line before the last gives the seconds of each part (the budget: 20 minutes on 2 cores), the
 # last line is "N passed, N failed".
+# TEST_CHAPTER=NN (make test-NN): that chapter only: the unit tests UNIT_TESTS names (its
+# TESTS_NN) and its layouts under both collectives; no CUDA build, no scripted tests.
 set -u
 backend=$1; have_nvcc=${2:-}
 root=${BUILD_ROOT:-build}
@@ -23,7 +25,9 @@ part() { local now; now=$(date +%s); parts="$parts, $1 $((now - t_part))"; t_par
 
 # 1. the CUDA build: every .cu through nvcc (sm_75, sm_80, sm_90 + compute_90 PTX, warnings as
 #    errors), every binary linked
-if [ -n "$have_nvcc" ]; then
+if [ -n "${TEST_CHAPTER:-}" ]; then
+    :   # one chapter: its own tests only
+elif [ -n "$have_nvcc" ]; then
     if make --no-print-directory cuda >"$tmp/cuda.txt" 2>&1; then pass "make cuda (nvcc, sm_75 + sm_80 + sm_90 + PTX, -Werror, linked)"
     else fail "make cuda" "$tmp/cuda.txt"; fi
 else
@@ -32,8 +36,10 @@ fi
 part "make cuda"
 
 # 2. unit tests
+only=${TEST_CHAPTER:-}
 for src in tests/test_*.c; do
     name=$(basename "$src" .c)
+    if [ -n "$only" ]; then case " ${UNIT_TESTS:-} " in *" $name "*) ;; *) continue;; esac; fi
     ranks=$(head -1 "$src" | sed -n 's#.*ranks:\([0-9 ]*\).*#\1#p')
     for np in ${ranks:-1}; do
         if timeout 300 $mpirun_base -np "$np" "$root/$backend/tests/$name" >"$tmp/u.txt" 2>&1; then
@@ -44,6 +50,7 @@ done
 # the collectives' own tests once more under the NCCL emulation (the CPU build's)
 if [ "$backend" = cpu ]; then
     for name in ${SIM_UNIT_TESTS:-test_comm}; do
+        [ -z "$only" ] || [ -n "${SIM_UNIT_TESTS:-}" ] || break
         ranks=$(head -1 "tests/$name.c" | sed -n 's#.*ranks:\([0-9 ]*\).*#\1#p')
         for np in ${ranks:-1}; do
             if COMM=nccl-sim timeout 300 $mpirun_base -np "$np" "$root/$backend/tests/$name" >"$tmp/u.txt" 2>&1; then
@@ -60,6 +67,7 @@ chapter_checks() {
     for checks in [0-9][0-9]_*/checks.txt; do
         [ -f "$checks" ] || continue
         nn=$(basename "$(dirname "$checks")" | cut -c1-2)
+        [ -z "$only" ] || [ "$nn" = "$only" ] || continue
         ./tests/run_checks.sh "$backend" "$nn" "$root" >"$tmp/c.txt" 2>&1
         grep -v "^check-$nn:" "$tmp/c.txt"
         p=$(sed -n "s/^check-$nn: \([0-9]*\) passed, \([0-9]*\) failed.*/\1/p" "$tmp/c.txt")
@@ -78,6 +86,7 @@ fi
 # 4. scripted tests
 for t in tests/t_*.sh; do
     [ -f "$t" ] || continue
+    [ -z "$only" ] || { echo "skip  the scripted tests (tests/t_*.sh): make test runs them"; break; }
     t0=$(date +%s)
     timeout 600 bash "$t" >"$tmp/s.txt" 2>&1; rc=$?
     secs=$(( $(date +%s) - t0 ))

@@ -551,6 +551,74 @@ static void check_library_memory(comm_group *world) {
     comm_links_free(links);
 }
 
+/* bf16 (dtype.h): the rounding to nearest even, and the typed collectives on 16-bit elements: a
+ * sum and a max (MPI: fp32-accumulating user-defined operations), an all-gather, a
+ * reduce-scatter, a non-blocking all-gather and the ring's link transfers, each checked
+ * element by element, and the bytes counted at 2 an element. The values are small integers, whose
+ * partial sums bf16 holds exactly, so the result does not depend on the order of the additions. */
+static void check_bf16(comm_group *g, const char *what) {
+    CHECK(bf16_from_float(1.0f + 0x1p-8f) == bf16_from_float(1.0f), "1 + 2^-8 (half an ulp, a tie) rounds to 1");
+    CHECK(bf16_to_float(bf16_from_float(1.0f + 3 * 0x1p-8f)) == 1.0f + 0x1p-6f, "1 + 3 2^-8 ties to the even 1 + 2^-6");
+    CHECK(bf16_to_float(bf16_from_float(-2.5f)) == -2.5f, "-2.5 is exact");
+    int p = g->size, r = g->rank;
+    enum { N = 5 };
+    uint16_t host[N * 8], *buf = device_alloc(N * 8 * 2, MEM_BUFFERS), *out = device_alloc(N * 8 * 2, MEM_BUFFERS);
+    comm_reset_stats(g);
+    for (int i = 0; i < N; i++) host[i] = bf16_from_float((float)(r + i));
+    device_copy_to_device(buf, host, N * 2);
+    comm_all_reduce_typed(g, DTYPE_BF16, buf, N, COMM_SUM);
+    device_copy_to_host(host, buf, N * 2);
+    for (int i = 0; i < N; i++)
+        CHECK(bf16_to_float(host[i]) == (float)(p * (p - 1) / 2 + p * i), "%s: bf16 sum [%d] = %g", what, i,
+              bf16_to_float(host[i]));
+    for (int i = 0; i < N; i++) host[i] = bf16_from_float((float)(r * i));
+    device_copy_to_device(buf, host, N * 2);
+    comm_all_reduce_typed(g, DTYPE_BF16, buf, N, COMM_MAX);
+    device_copy_to_host(host, buf, N * 2);
+    for (int i = 0; i < N; i++)
+        CHECK(bf16_to_float(host[i]) == (float)((p - 1) * i), "%s: bf16 max [%d] = %g", what, i, bf16_to_float(host[i]));
+    for (int i = 0; i < N; i++) host[i] = bf16_from_float((float)(10 * r + i));
+    device_copy_to_device(buf, host, N * 2);
+    comm_all_gather_typed(g, DTYPE_BF16, buf, out, N);
+    device_copy_to_host(host, out, (size_t)N * p * 2);
+    for (int q = 0; q < p; q++)
+        for (int i = 0; i < N; i++)
+            CHECK(bf16_to_float(host[q * N + i]) == (float)(10 * q + i), "%s: bf16 all-gather [%d][%d]", what, q, i);
+    comm_request req = comm_iall_gather_typed(g, DTYPE_BF16, buf, out, N);
+    comm_wait(&req);
+    device_copy_to_host(host, out, (size_t)N * p * 2);
+    CHECK(bf16_to_float(host[(p - 1) * N]) == (float)(10 * (p - 1)), "%s: bf16 non-blocking all-gather", what);
+    for (int q = 0; q < p; q++)
+        for (int i = 0; i < N; i++) host[q * N + i] = bf16_from_float((float)(q + r));
+    device_copy_to_device(buf, host, (size_t)N * p * 2);
+    comm_reduce_scatter_typed(g, DTYPE_BF16, buf, out, N);
+    device_copy_to_host(host, out, N * 2);
+    for (int i = 0; i < N; i++)
+        CHECK(bf16_to_float(host[i]) == (float)(p * r + p * (p - 1) / 2), "%s: bf16 reduce-scatter [%d]", what, i);
+    const collective_stats *st = g->stats;
+    CHECK(st[COLL_ALL_REDUCE].payload_bytes == 2.0 * 2 * N, "%s: bf16 all-reduce bytes %g, not 2 per element", what,
+          st[COLL_ALL_REDUCE].payload_bytes);
+    CHECK(st[COLL_ALL_GATHER].payload_bytes == 2.0 * 2 * N * p && st[COLL_REDUCE_SCATTER].payload_bytes == 2.0 * N * p,
+          "%s: bf16 gather / scatter bytes %g / %g", what, st[COLL_ALL_GATHER].payload_bytes,
+          st[COLL_REDUCE_SCATTER].payload_bytes);
+    if (p > 1) {   /* one step of a ring over links: send to r + 1, receive from r - 1 */
+        comm_links *links = comm_ring_links(g);
+        for (int i = 0; i < N; i++) host[i] = bf16_from_float((float)(r * 3 + i));
+        device_copy_to_device(buf, host, N * 2);
+        comm_request rq = comm_link_irecv_typed(links, DTYPE_BF16, out, N, (r + p - 1) % p);
+        comm_request sq = comm_link_isend_typed(links, DTYPE_BF16, buf, N, (r + 1) % p);
+        comm_wait(&sq);
+        comm_wait(&rq);
+        device_copy_to_host(host, out, N * 2);
+        for (int i = 0; i < N; i++)
+            CHECK(bf16_to_float(host[i]) == (float)(((r + p - 1) % p) * 3 + i), "%s: bf16 link transfer [%d]", what, i);
+        comm_links_free(links);
+    }
+    comm_reset_stats(g);
+    device_free(buf);
+    device_free(out);
+}
+
 int main(int argc, char **argv) {
     comm_group *world = comm_init(&argc, &argv);
     check_choose();
@@ -576,6 +644,7 @@ int main(int argc, char **argv) {
     check_byte_gather(world);
     check_host_beside_queued(world);
     check_library_memory(world);
+    check_bf16(world, "world");
 
     if (world->size == 4) {
         /* 2x2 mesh: tp groups {0,1} {2,3}; dp_shard groups {0,2} {1,3} */

@@ -331,29 +331,56 @@ static void *one_rank_copy(void *recv, const void *send, size_t bytes) {
     guard_end();                                         \
 } while (0)
 
+/* Every data operation comes typed (t: the element type, dtype.h; counts in elements, bytes
+ * counted as count x dtype_size(t)) and as its fp32 twin, the call of the typed one with
+ * DTYPE_F32. */
+void comm_all_reduce_typed(comm_group *g, dtype t, void *buf, size_t count_, comm_op op) {
+    TIMED(g, COLL_ALL_REDUCE, count_ * (double)dtype_size(t), if (g->size > 1) be->all_reduce(g, t, buf, count_, op));
+}
+void comm_all_gather_typed(comm_group *g, dtype t, const void *send, void *recv, size_t count_) {
+    size_t bytes = count_ * dtype_size(t);
+    TIMED(g, COLL_ALL_GATHER, (double)bytes * g->size,
+          if (g->size > 1) be->all_gather(g, t, send, recv, count_); else one_rank_copy(recv, send, bytes));
+}
+void comm_reduce_scatter_typed(comm_group *g, dtype t, const void *send, void *recv, size_t count_) {
+    size_t bytes = count_ * dtype_size(t);
+    TIMED(g, COLL_REDUCE_SCATTER, (double)bytes * g->size,
+          if (g->size > 1) be->reduce_scatter(g, t, send, recv, count_); else one_rank_copy(recv, send, bytes));
+}
+void comm_broadcast_typed(comm_group *g, dtype t, void *buf, size_t count_, int root) {
+    TIMED(g, COLL_BROADCAST, count_ * (double)dtype_size(t), if (g->size > 1) be->broadcast(g, t, buf, count_, root));
+}
+void comm_all_to_all_typed(comm_group *g, dtype t, const void *send, void *recv, size_t count_) {
+    size_t bytes = count_ * dtype_size(t);
+    TIMED(g, COLL_ALL_TO_ALL, (double)bytes * g->size,
+          if (g->size > 1) be->all_to_all(g, t, send, recv, count_); else one_rank_copy(recv, send, bytes));
+}
+void comm_send_typed(comm_group *g, dtype t, const void *buf, size_t count_, int peer) {
+    TIMED(g, COLL_SEND, count_ * (double)dtype_size(t), be->send(g, t, buf, count_, peer));
+}
+void comm_recv_typed(comm_group *g, dtype t, void *buf, size_t count_, int peer) {
+    TIMED(g, COLL_RECV, count_ * (double)dtype_size(t), be->recv(g, t, buf, count_, peer));
+}
 void comm_all_reduce(comm_group *g, float *buf, size_t count_, comm_op op) {
-    TIMED(g, COLL_ALL_REDUCE, count_ * 4.0, if (g->size > 1) be->all_reduce(g, buf, count_, op));
+    comm_all_reduce_typed(g, DTYPE_F32, buf, count_, op);
 }
 void comm_all_gather(comm_group *g, const float *send, float *recv, size_t count_) {
-    TIMED(g, COLL_ALL_GATHER, count_ * 4.0 * g->size,
-          if (g->size > 1) be->all_gather(g, send, recv, count_); else one_rank_copy(recv, send, count_ * 4));
+    comm_all_gather_typed(g, DTYPE_F32, send, recv, count_);
 }
 void comm_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count_) {
-    TIMED(g, COLL_REDUCE_SCATTER, count_ * 4.0 * g->size,
-          if (g->size > 1) be->reduce_scatter(g, send, recv, count_); else one_rank_copy(recv, send, count_ * 4));
+    comm_reduce_scatter_typed(g, DTYPE_F32, send, recv, count_);
 }
 void comm_broadcast(comm_group *g, float *buf, size_t count_, int root) {
-    TIMED(g, COLL_BROADCAST, count_ * 4.0, if (g->size > 1) be->broadcast(g, buf, count_, root));
+    comm_broadcast_typed(g, DTYPE_F32, buf, count_, root);
 }
 void comm_all_to_all(comm_group *g, const float *send, float *recv, size_t count_) {
-    TIMED(g, COLL_ALL_TO_ALL, count_ * 4.0 * g->size,
-          if (g->size > 1) be->all_to_all(g, send, recv, count_); else one_rank_copy(recv, send, count_ * 4));
+    comm_all_to_all_typed(g, DTYPE_F32, send, recv, count_);
 }
 void comm_send(comm_group *g, const float *buf, size_t count_, int peer) {
-    TIMED(g, COLL_SEND, count_ * 4.0, be->send(g, buf, count_, peer));
+    comm_send_typed(g, DTYPE_F32, buf, count_, peer);
 }
 void comm_recv(comm_group *g, float *buf, size_t count_, int peer) {
-    TIMED(g, COLL_RECV, count_ * 4.0, be->recv(g, buf, count_, peer));
+    comm_recv_typed(g, DTYPE_F32, buf, count_, peer);
 }
 /* Host-side, on every backend (NCCL has no barrier). */
 static void host_wait(MPI_Request *req);
@@ -362,11 +389,15 @@ void comm_barrier(comm_group *g) {
     TIMED(g, COLL_BARRIER, 0.0, MPI_Ibarrier(mpi_of(g), &req); host_wait(&req));
 }
 /* One send and one recv; the time is the recv's, the exchange ends when the data is in. */
+void comm_sendrecv_typed(comm_group *g, dtype t, const void *sendbuf, size_t send_count, int dest,
+                         void *recvbuf, size_t recv_count, int source) {
+    TIMED(g, COLL_RECV, recv_count * (double)dtype_size(t),
+          be->sendrecv(g, t, sendbuf, send_count, dest, recvbuf, recv_count, source));
+    count(g, COLL_SEND, send_count * (double)dtype_size(t), 0.0);
+}
 void comm_sendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
                    float *recvbuf, size_t recv_count, int source) {
-    TIMED(g, COLL_RECV, recv_count * 4.0,
-          be->sendrecv(g, sendbuf, send_count, dest, recvbuf, recv_count, source));
-    count(g, COLL_SEND, send_count * 4.0, 0.0);
+    comm_sendrecv_typed(g, DTYPE_F32, sendbuf, send_count, dest, recvbuf, recv_count, source);
 }
 
 /* ---- non-blocking: counted at issue like the blocking twin, timed in comm_wait ---- */
@@ -390,33 +421,56 @@ static comm_request issued(comm_group *g, collective_kind k, double payload, voi
 }
 
 /* Inside a link the sender is rank 0 and the receiver rank 1; on shared links, the peer's own. */
-comm_request comm_link_isend(comm_links *l, const float *buf, size_t count_, int peer) {
+comm_request comm_link_isend_typed(comm_links *l, dtype t, const void *buf, size_t count_, int peer) {
     comm_group *link = link_of(l->to, l, peer, "to");
-    ISSUE(link, COLL_SEND, count_ * 4.0, be->isend(link, buf, count_, l->shared ? peer : 1));
+    ISSUE(link, COLL_SEND, count_ * (double)dtype_size(t), be->isend(link, t, buf, count_, l->shared ? peer : 1));
+}
+comm_request comm_link_irecv_typed(comm_links *l, dtype t, void *buf, size_t count_, int peer) {
+    comm_group *link = link_of(l->from, l, peer, "from");
+    ISSUE(link, COLL_RECV, count_ * (double)dtype_size(t), be->irecv(link, t, buf, count_, l->shared ? peer : 0));
+}
+comm_request comm_isendrecv_typed(comm_group *g, dtype t, const void *sendbuf, size_t send_count, int dest,
+                                  void *recvbuf, size_t recv_count, int source) {
+    count(g, COLL_SEND, send_count * (double)dtype_size(t), 0.0);
+    ISSUE(g, COLL_RECV, recv_count * (double)dtype_size(t),
+          be->isendrecv(g, t, sendbuf, send_count, dest, recvbuf, recv_count, source));
+}
+comm_request comm_iall_reduce_typed(comm_group *g, dtype t, void *buf, size_t count_, comm_op op) {
+    ISSUE(g, COLL_ALL_REDUCE, count_ * (double)dtype_size(t),
+          g->size > 1 ? be->iall_reduce(g, t, buf, count_, op) : NULL);
+}
+comm_request comm_iall_gather_typed(comm_group *g, dtype t, const void *send, void *recv, size_t count_) {
+    size_t bytes = count_ * dtype_size(t);
+    ISSUE(g, COLL_ALL_GATHER, (double)bytes * g->size,
+          g->size > 1 ? be->iall_gather(g, t, send, recv, count_) : one_rank_copy(recv, send, bytes));
+}
+comm_request comm_ireduce_scatter_typed(comm_group *g, dtype t, const void *send, void *recv, size_t count_) {
+    size_t bytes = count_ * dtype_size(t);
+    ISSUE(g, COLL_REDUCE_SCATTER, (double)bytes * g->size,
+          g->size > 1 ? be->ireduce_scatter(g, t, send, recv, count_) : one_rank_copy(recv, send, bytes));
+}
+comm_request comm_link_isend(comm_links *l, const float *buf, size_t count_, int peer) {
+    return comm_link_isend_typed(l, DTYPE_F32, buf, count_, peer);
 }
 comm_request comm_link_irecv(comm_links *l, float *buf, size_t count_, int peer) {
-    comm_group *link = link_of(l->from, l, peer, "from");
-    ISSUE(link, COLL_RECV, count_ * 4.0, be->irecv(link, buf, count_, l->shared ? peer : 0));
+    return comm_link_irecv_typed(l, DTYPE_F32, buf, count_, peer);
 }
 comm_request comm_isendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
                             float *recvbuf, size_t recv_count, int source) {
-    count(g, COLL_SEND, send_count * 4.0, 0.0);
-    ISSUE(g, COLL_RECV, recv_count * 4.0, be->isendrecv(g, sendbuf, send_count, dest, recvbuf, recv_count, source));
+    return comm_isendrecv_typed(g, DTYPE_F32, sendbuf, send_count, dest, recvbuf, recv_count, source);
 }
 comm_request comm_iall_reduce(comm_group *g, float *buf, size_t count_, comm_op op) {
-    ISSUE(g, COLL_ALL_REDUCE, count_ * 4.0, g->size > 1 ? be->iall_reduce(g, buf, count_, op) : NULL);
+    return comm_iall_reduce_typed(g, DTYPE_F32, buf, count_, op);
 }
 comm_request comm_iall_gather(comm_group *g, const float *send, float *recv, size_t count_) {
-    ISSUE(g, COLL_ALL_GATHER, count_ * 4.0 * g->size,
-          g->size > 1 ? be->iall_gather(g, send, recv, count_) : one_rank_copy(recv, send, count_ * 4));
+    return comm_iall_gather_typed(g, DTYPE_F32, send, recv, count_);
+}
+comm_request comm_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count_) {
+    return comm_ireduce_scatter_typed(g, DTYPE_F32, send, recv, count_);
 }
 comm_request comm_iall_gather_bytes(comm_group *g, const void *send, void *recv, size_t nbytes) {
     ISSUE(g, COLL_ALL_GATHER, (double)nbytes * g->size,
           g->size > 1 ? be->iall_gather_bytes(g, send, recv, nbytes) : one_rank_copy(recv, send, nbytes));
-}
-comm_request comm_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count_) {
-    ISSUE(g, COLL_REDUCE_SCATTER, count_ * 4.0 * g->size,
-          g->size > 1 ? be->ireduce_scatter(g, send, recv, count_) : one_rank_copy(recv, send, count_ * 4));
 }
 
 void comm_wait(comm_request *req) {

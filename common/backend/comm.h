@@ -54,6 +54,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include "cdefs.h"
+#include "dtype.h"
 
 C_BEGIN
 
@@ -207,6 +208,27 @@ comm_request comm_link_irecv(comm_links *l, float *buf, size_t count, int peer);
 comm_request comm_iall_reduce(comm_group *g, float *buf, size_t count, comm_op op);
 comm_request comm_iall_gather(comm_group *g, const float *send, float *recv, size_t count);
 comm_request comm_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count);
+
+/* The same operations for any element type t (dtype.h): the buffers hold `count` elements of t,
+ * and the bytes counted are count x dtype_size(t). The fp32 calls above are these with DTYPE_F32.
+ * A bf16 sum or max is computed in fp32 and rounded once per combining step (MPI: a
+ * user-defined operation, comm_mpi_types.h; NCCL: ncclBfloat16). */
+void comm_all_reduce_typed(comm_group *g, dtype t, void *buf, size_t count, comm_op op);
+void comm_all_gather_typed(comm_group *g, dtype t, const void *send, void *recv, size_t count);
+void comm_reduce_scatter_typed(comm_group *g, dtype t, const void *send, void *recv, size_t count);
+void comm_broadcast_typed(comm_group *g, dtype t, void *buf, size_t count, int root);
+void comm_all_to_all_typed(comm_group *g, dtype t, const void *send, void *recv, size_t count);
+void comm_send_typed(comm_group *g, dtype t, const void *buf, size_t count, int peer);
+void comm_recv_typed(comm_group *g, dtype t, void *buf, size_t count, int peer);
+void comm_sendrecv_typed(comm_group *g, dtype t, const void *sendbuf, size_t send_count, int dest,
+                         void *recvbuf, size_t recv_count, int source);
+comm_request comm_isendrecv_typed(comm_group *g, dtype t, const void *sendbuf, size_t send_count, int dest,
+                                  void *recvbuf, size_t recv_count, int source);
+comm_request comm_link_isend_typed(comm_links *l, dtype t, const void *buf, size_t count, int peer);
+comm_request comm_link_irecv_typed(comm_links *l, dtype t, void *buf, size_t count, int peer);
+comm_request comm_iall_reduce_typed(comm_group *g, dtype t, void *buf, size_t count, comm_op op);
+comm_request comm_iall_gather_typed(comm_group *g, dtype t, const void *send, void *recv, size_t count);
+comm_request comm_ireduce_scatter_typed(comm_group *g, dtype t, const void *send, void *recv, size_t count);
 /* The all-gather of bytes instead of floats: send [nbytes], recv [size * nbytes], rank-major as
  * above, counted as an all-gather of size * nbytes bytes (chapter 07's float8 weights move one
  * byte per element). Issues: one all-gather (MPI_Iallgather of MPI_BYTE; ncclAllGather of

@@ -20,6 +20,7 @@
 #pragma once
 #include <stdbool.h>
 #include "comm.h"
+#include "dtype.h"
 
 C_BEGIN
 
@@ -54,23 +55,24 @@ typedef struct comm_backend {
      * library progresses by itself. */
     void (*poll)(void);
 
-    void (*all_reduce)(comm_group *g, float *buf, size_t count, comm_op op);
-    void (*all_gather)(comm_group *g, const float *send, float *recv, size_t count);
-    void (*reduce_scatter)(comm_group *g, const float *send, float *recv, size_t count);
-    void (*broadcast)(comm_group *g, float *buf, size_t count, int root);
-    void (*all_to_all)(comm_group *g, const float *send, float *recv, size_t count);
-    void (*send)(comm_group *g, const float *buf, size_t count, int peer);
-    void (*recv)(comm_group *g, float *buf, size_t count, int peer);
-    void (*sendrecv)(comm_group *g, const float *sendbuf, size_t send_count, int dest,
-                     float *recvbuf, size_t recv_count, int source);
+    /* The data operations: `count` elements of type t (dtype.h) per buffer, as comm.h's. */
+    void (*all_reduce)(comm_group *g, dtype t, void *buf, size_t count, comm_op op);
+    void (*all_gather)(comm_group *g, dtype t, const void *send, void *recv, size_t count);
+    void (*reduce_scatter)(comm_group *g, dtype t, const void *send, void *recv, size_t count);
+    void (*broadcast)(comm_group *g, dtype t, void *buf, size_t count, int root);
+    void (*all_to_all)(comm_group *g, dtype t, const void *send, void *recv, size_t count);
+    void (*send)(comm_group *g, dtype t, const void *buf, size_t count, int peer);
+    void (*recv)(comm_group *g, dtype t, void *buf, size_t count, int peer);
+    void (*sendrecv)(comm_group *g, dtype t, const void *sendbuf, size_t send_count, int dest,
+                     void *recvbuf, size_t recv_count, int source);
 
-    void *(*isend)(comm_group *g, const float *buf, size_t count, int peer);
-    void *(*irecv)(comm_group *g, float *buf, size_t count, int peer);
-    void *(*isendrecv)(comm_group *g, const float *sendbuf, size_t send_count, int dest,
-                       float *recvbuf, size_t recv_count, int source);
-    void *(*iall_reduce)(comm_group *g, float *buf, size_t count, comm_op op);
-    void *(*iall_gather)(comm_group *g, const float *send, float *recv, size_t count);
-    void *(*ireduce_scatter)(comm_group *g, const float *send, float *recv, size_t count);
+    void *(*isend)(comm_group *g, dtype t, const void *buf, size_t count, int peer);
+    void *(*irecv)(comm_group *g, dtype t, void *buf, size_t count, int peer);
+    void *(*isendrecv)(comm_group *g, dtype t, const void *sendbuf, size_t send_count, int dest,
+                       void *recvbuf, size_t recv_count, int source);
+    void *(*iall_reduce)(comm_group *g, dtype t, void *buf, size_t count, comm_op op);
+    void *(*iall_gather)(comm_group *g, dtype t, const void *send, void *recv, size_t count);
+    void *(*ireduce_scatter)(comm_group *g, dtype t, const void *send, void *recv, size_t count);
     void *(*iall_gather_bytes)(comm_group *g, const void *send, void *recv, size_t nbytes);
     /* Completes the operation of `handle` and releases it. Returns the seconds the caller was
      * kept waiting (host-timed backends), or 0 when `settle` will count them (NCCL). */

@@ -19,10 +19,35 @@
 #include <stdlib.h>
 #include <string.h>
 #include "comm_backend.h"
+#include "comm_mpi_types.h"
 #include "device.h"
 
 static MPI_Comm mpi_of(comm_group *g) { return *(MPI_Comm *)g->mpi_comm; }
-static MPI_Op mpi_op(comm_op op) { return op == COMM_MAX ? MPI_MAX : MPI_SUM; }
+/* ---- element types and reductions (comm_mpi_types.h) ---- */
+
+/* bf16 SUM and MAX, element by element: in[i] combined into inout[i], in fp32, rounded once. */
+static void bf16_combine(void *in, void *inout, int *len, MPI_Datatype *type, bool max) {
+    (void)type;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++) {
+        float x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
+        b[i] = bf16_from_float(max ? (x > y ? x : y) : x + y);
+    }
+}
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type) { bf16_combine(in, inout, len, type, false); }
+static void bf16_max(void *in, void *inout, int *len, MPI_Datatype *type) { bf16_combine(in, inout, len, type, true); }
+
+MPI_Datatype comm_mpi_type(dtype t) { return t == DTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT; }
+MPI_Op comm_mpi_op(comm_op op, dtype t) {
+    static MPI_Op sum = MPI_OP_NULL, max = MPI_OP_NULL;   /* created at the first bf16 reduction */
+    if (t != DTYPE_BF16) return op == COMM_MAX ? MPI_MAX : MPI_SUM;
+    if (sum == MPI_OP_NULL) {
+        MPI_Op_create(bf16_sum, 1, &sum);
+        MPI_Op_create(bf16_max, 1, &max);
+    }
+    return op == COMM_MAX ? max : sum;
+}
 
 /* ---- staging: device buffers seen by MPI through host copies (CUDA build only) ---- */
 
@@ -57,58 +82,60 @@ static void stage_out(stage_buf *s, bool result) {
 
 /* ---- blocking ---- */
 
-static void mpi_all_reduce(comm_group *g, float *buf, size_t count, comm_op op) {
+#define E dtype_size(t)   /* bytes of one element of the operation's type */
+
+static void mpi_all_reduce(comm_group *g, dtype t, void *buf, size_t count, comm_op op) {
     stage_buf b;
-    float *h = stage_in(&b, buf, count * 4, true);
-    MPI_Allreduce(MPI_IN_PLACE, h, (int)count, MPI_FLOAT, mpi_op(op), mpi_of(g));
+    void *h = stage_in(&b, buf, count * E, true);
+    MPI_Allreduce(MPI_IN_PLACE, h, (int)count, comm_mpi_type(t), comm_mpi_op(op, t), mpi_of(g));
     stage_out(&b, true);
 }
-static void mpi_all_gather(comm_group *g, const float *send, float *recv, size_t count) {
+static void mpi_all_gather(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
     stage_buf s, r;
-    float *hs = stage_in(&s, send, count * 4, true), *hr = stage_in(&r, recv, count * 4 * g->size, false);
-    MPI_Allgather(hs, (int)count, MPI_FLOAT, hr, (int)count, MPI_FLOAT, mpi_of(g));
+    void *hs = stage_in(&s, send, count * E, true), *hr = stage_in(&r, recv, count * E * g->size, false);
+    MPI_Allgather(hs, (int)count, comm_mpi_type(t), hr, (int)count, comm_mpi_type(t), mpi_of(g));
     stage_out(&s, false);
     stage_out(&r, true);
 }
-static void mpi_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
+static void mpi_reduce_scatter(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
     stage_buf s, r;
-    float *hs = stage_in(&s, send, count * 4 * g->size, true), *hr = stage_in(&r, recv, count * 4, false);
-    MPI_Reduce_scatter_block(hs, hr, (int)count, MPI_FLOAT, MPI_SUM, mpi_of(g));
+    void *hs = stage_in(&s, send, count * E * g->size, true), *hr = stage_in(&r, recv, count * E, false);
+    MPI_Reduce_scatter_block(hs, hr, (int)count, comm_mpi_type(t), comm_mpi_op(COMM_SUM, t), mpi_of(g));
     stage_out(&s, false);
     stage_out(&r, true);
 }
-static void mpi_broadcast(comm_group *g, float *buf, size_t count, int root) {
+static void mpi_broadcast(comm_group *g, dtype t, void *buf, size_t count, int root) {
     stage_buf b;
-    float *h = stage_in(&b, buf, count * 4, g->rank == root);
-    MPI_Bcast(h, (int)count, MPI_FLOAT, root, mpi_of(g));
+    void *h = stage_in(&b, buf, count * E, g->rank == root);
+    MPI_Bcast(h, (int)count, comm_mpi_type(t), root, mpi_of(g));
     stage_out(&b, true);
 }
-static void mpi_all_to_all(comm_group *g, const float *send, float *recv, size_t count) {
+static void mpi_all_to_all(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
     stage_buf s, r;
-    size_t bytes = count * 4 * g->size;
-    float *hs = stage_in(&s, send, bytes, true), *hr = stage_in(&r, recv, bytes, false);
-    MPI_Alltoall(hs, (int)count, MPI_FLOAT, hr, (int)count, MPI_FLOAT, mpi_of(g));
+    size_t bytes = count * E * g->size;
+    void *hs = stage_in(&s, send, bytes, true), *hr = stage_in(&r, recv, bytes, false);
+    MPI_Alltoall(hs, (int)count, comm_mpi_type(t), hr, (int)count, comm_mpi_type(t), mpi_of(g));
     stage_out(&s, false);
     stage_out(&r, true);
 }
-static void mpi_send(comm_group *g, const float *buf, size_t count, int peer) {
+static void mpi_send(comm_group *g, dtype t, const void *buf, size_t count, int peer) {
     stage_buf s;
-    MPI_Send(stage_in(&s, buf, count * 4, true), (int)count, MPI_FLOAT, peer, 0, mpi_of(g));
+    MPI_Send(stage_in(&s, buf, count * E, true), (int)count, comm_mpi_type(t), peer, 0, mpi_of(g));
     stage_out(&s, false);
 }
-static void mpi_recv(comm_group *g, float *buf, size_t count, int peer) {
+static void mpi_recv(comm_group *g, dtype t, void *buf, size_t count, int peer) {
     stage_buf r;
-    MPI_Recv(stage_in(&r, buf, count * 4, false), (int)count, MPI_FLOAT, peer, 0, mpi_of(g),
+    MPI_Recv(stage_in(&r, buf, count * E, false), (int)count, comm_mpi_type(t), peer, 0, mpi_of(g),
              MPI_STATUS_IGNORE);
     stage_out(&r, true);
 }
 /* Both at once, so a ring shift (everyone sends right and receives from the left) cannot
  * deadlock. Tag 0 like every message here: MPI matches them in the order they were sent. */
-static void mpi_sendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
-                         float *recvbuf, size_t recv_count, int source) {
+static void mpi_sendrecv(comm_group *g, dtype t, const void *sendbuf, size_t send_count, int dest,
+                         void *recvbuf, size_t recv_count, int source) {
     stage_buf s, r;
-    float *hs = stage_in(&s, sendbuf, send_count * 4, true), *hr = stage_in(&r, recvbuf, recv_count * 4, false);
-    MPI_Sendrecv(hs, (int)send_count, MPI_FLOAT, dest, 0, hr, (int)recv_count, MPI_FLOAT, source, 0,
+    void *hs = stage_in(&s, sendbuf, send_count * E, true), *hr = stage_in(&r, recvbuf, recv_count * E, false);
+    MPI_Sendrecv(hs, (int)send_count, comm_mpi_type(t), dest, 0, hr, (int)recv_count, comm_mpi_type(t), source, 0,
                  mpi_of(g), MPI_STATUS_IGNORE);
     stage_out(&s, false);
     stage_out(&r, true);
@@ -130,40 +157,40 @@ static mpi_request *new_request(int n) {
     return r;
 }
 
-static void *mpi_isend(comm_group *g, const float *buf, size_t count, int peer) {
+static void *mpi_isend(comm_group *g, dtype t, const void *buf, size_t count, int peer) {
     mpi_request *r = new_request(1);
-    MPI_Isend(stage_in(&r->send, buf, count * 4, true), (int)count, MPI_FLOAT, peer, 0, mpi_of(g), &r->req[0]);
+    MPI_Isend(stage_in(&r->send, buf, count * E, true), (int)count, comm_mpi_type(t), peer, 0, mpi_of(g), &r->req[0]);
     return r;
 }
-static void *mpi_irecv(comm_group *g, float *buf, size_t count, int peer) {
+static void *mpi_irecv(comm_group *g, dtype t, void *buf, size_t count, int peer) {
     mpi_request *r = new_request(1);
     r->has_result = true;
-    MPI_Irecv(stage_in(&r->recv, buf, count * 4, false), (int)count, MPI_FLOAT, peer, 0, mpi_of(g), &r->req[0]);
+    MPI_Irecv(stage_in(&r->recv, buf, count * E, false), (int)count, comm_mpi_type(t), peer, 0, mpi_of(g), &r->req[0]);
     return r;
 }
 /* Receive posted first: the matching send of the peer can land straight in recvbuf. */
-static void *mpi_isendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
-                           float *recvbuf, size_t recv_count, int source) {
+static void *mpi_isendrecv(comm_group *g, dtype t, const void *sendbuf, size_t send_count, int dest,
+                           void *recvbuf, size_t recv_count, int source) {
     mpi_request *r = new_request(2);
     r->has_result = true;
-    float *hr = stage_in(&r->recv, recvbuf, recv_count * 4, false);
-    float *hs = stage_in(&r->send, sendbuf, send_count * 4, true);
-    MPI_Irecv(hr, (int)recv_count, MPI_FLOAT, source, 0, mpi_of(g), &r->req[0]);
-    MPI_Isend(hs, (int)send_count, MPI_FLOAT, dest, 0, mpi_of(g), &r->req[1]);
+    void *hr = stage_in(&r->recv, recvbuf, recv_count * E, false);
+    void *hs = stage_in(&r->send, sendbuf, send_count * E, true);
+    MPI_Irecv(hr, (int)recv_count, comm_mpi_type(t), source, 0, mpi_of(g), &r->req[0]);
+    MPI_Isend(hs, (int)send_count, comm_mpi_type(t), dest, 0, mpi_of(g), &r->req[1]);
     return r;
 }
-static void *mpi_iall_reduce(comm_group *g, float *buf, size_t count, comm_op op) {
+static void *mpi_iall_reduce(comm_group *g, dtype t, void *buf, size_t count, comm_op op) {
     mpi_request *r = new_request(1);
     r->has_result = true;
-    MPI_Iallreduce(MPI_IN_PLACE, stage_in(&r->recv, buf, count * 4, true), (int)count, MPI_FLOAT,
-                   mpi_op(op), mpi_of(g), &r->req[0]);
+    MPI_Iallreduce(MPI_IN_PLACE, stage_in(&r->recv, buf, count * E, true), (int)count, comm_mpi_type(t),
+                   comm_mpi_op(op, t), mpi_of(g), &r->req[0]);
     return r;
 }
-static void *mpi_iall_gather(comm_group *g, const float *send, float *recv, size_t count) {
+static void *mpi_iall_gather(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
     mpi_request *r = new_request(1);
     r->has_result = true;
-    float *hs = stage_in(&r->send, send, count * 4, true), *hr = stage_in(&r->recv, recv, count * 4 * g->size, false);
-    MPI_Iallgather(hs, (int)count, MPI_FLOAT, hr, (int)count, MPI_FLOAT, mpi_of(g), &r->req[0]);
+    void *hs = stage_in(&r->send, send, count * E, true), *hr = stage_in(&r->recv, recv, count * E * g->size, false);
+    MPI_Iallgather(hs, (int)count, comm_mpi_type(t), hr, (int)count, comm_mpi_type(t), mpi_of(g), &r->req[0]);
     return r;
 }
 static void *mpi_iall_gather_bytes(comm_group *g, const void *send, void *recv, size_t nbytes) {
@@ -173,11 +200,11 @@ static void *mpi_iall_gather_bytes(comm_group *g, const void *send, void *recv, 
     MPI_Iallgather(hs, (int)nbytes, MPI_BYTE, hr, (int)nbytes, MPI_BYTE, mpi_of(g), &r->req[0]);
     return r;
 }
-static void *mpi_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
+static void *mpi_ireduce_scatter(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
     mpi_request *r = new_request(1);
     r->has_result = true;
-    float *hs = stage_in(&r->send, send, count * 4 * g->size, true), *hr = stage_in(&r->recv, recv, count * 4, false);
-    MPI_Ireduce_scatter_block(hs, hr, (int)count, MPI_FLOAT, MPI_SUM, mpi_of(g), &r->req[0]);
+    void *hs = stage_in(&r->send, send, count * E * g->size, true), *hr = stage_in(&r->recv, recv, count * E, false);
+    MPI_Ireduce_scatter_block(hs, hr, (int)count, comm_mpi_type(t), comm_mpi_op(COMM_SUM, t), mpi_of(g), &r->req[0]);
     return r;
 }
 
@@ -200,6 +227,8 @@ static void mpi_progress(void *handle) {
     int done = 0;
     MPI_Testall(r->n, r->req, &done, MPI_STATUSES_IGNORE);
 }
+
+#undef E
 
 static void mpi_init(comm_group *world, int node_ranks) {
     (void)world; (void)node_ranks;

@@ -185,75 +185,79 @@ static void end_blocking(comm_group *g, collective_kind kind, cudaEvent_t starte
     compute_waits(g, kind, started, reached, done);
 }
 
+/* NCCL's element type for t: bf16's sums run in NCCL's own bf16 reduction kernels. */
+static ncclDataType_t nccl_type(dtype t) { return t == DTYPE_BF16 ? ncclBfloat16 : ncclFloat32; }
+
 /* ---- blocking calls ---- */
 
-static void nccl_all_reduce(comm_group *g, float *buf, size_t count, comm_op op) {
+static void nccl_all_reduce(comm_group *g, dtype t, void *buf, size_t count, comm_op op) {
     cudaEvent_t reached, started;
     cudaStream_t s = begin(g, &reached, &started);
-    NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat, op == COMM_MAX ? ncclMax : ncclSum, ng(g)->comm, s));
+    NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(t), op == COMM_MAX ? ncclMax : ncclSum, ng(g)->comm, s));
     end_blocking(g, COLL_ALL_REDUCE, started, reached);
 }
 /* send[count] from every rank -> recv[size * count], rank r's chunk at recv + r*count. */
-static void nccl_all_gather(comm_group *g, const float *send, float *recv, size_t count) {
+static void nccl_all_gather(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
     cudaEvent_t reached, started;
     cudaStream_t s = begin(g, &reached, &started);
-    NCCL_CHECK(ncclAllGather(send, recv, count, ncclFloat, ng(g)->comm, s));
+    NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(t), ng(g)->comm, s));
     end_blocking(g, COLL_ALL_GATHER, started, reached);
 }
 /* send[size * count] -> recv[count] on rank r = sum over ranks of their chunk r. NCCL's count
  * is the per-rank (received) count, like MPI_Reduce_scatter_block's. */
-static void nccl_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
+static void nccl_reduce_scatter(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
     cudaEvent_t reached, started;
     cudaStream_t s = begin(g, &reached, &started);
-    NCCL_CHECK(ncclReduceScatter(send, recv, count, ncclFloat, ncclSum, ng(g)->comm, s));
+    NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type(t), ncclSum, ng(g)->comm, s));
     end_blocking(g, COLL_REDUCE_SCATTER, started, reached);
 }
-static void nccl_broadcast(comm_group *g, float *buf, size_t count, int root) {
+static void nccl_broadcast(comm_group *g, dtype t, void *buf, size_t count, int root) {
     cudaEvent_t reached, started;
     cudaStream_t s = begin(g, &reached, &started);
-    NCCL_CHECK(ncclBroadcast(buf, buf, count, ncclFloat, root, ng(g)->comm, s));
+    NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(t), root, ng(g)->comm, s));
     end_blocking(g, COLL_BROADCAST, started, reached);
 }
 /* NCCL has no all-to-all call of its own: one ncclSend and one ncclRecv per peer (itself
  * included), in one group so that they run together and cannot deadlock. */
-static void nccl_all_to_all(comm_group *g, const float *send, float *recv, size_t count) {
+static void nccl_all_to_all(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
     cudaEvent_t reached, started;
     cudaStream_t s = begin(g, &reached, &started);
+    size_t chunk = count * dtype_size(t);   /* bytes to and from each peer */
     NCCL_CHECK(ncclGroupStart());
     for (int peer = 0; peer < g->size; peer++) {
-        NCCL_CHECK(ncclSend(send + (size_t)peer * count, count, ncclFloat, peer, ng(g)->comm, s));
-        NCCL_CHECK(ncclRecv(recv + (size_t)peer * count, count, ncclFloat, peer, ng(g)->comm, s));
+        NCCL_CHECK(ncclSend((const char *)send + (size_t)peer * chunk, count, nccl_type(t), peer, ng(g)->comm, s));
+        NCCL_CHECK(ncclRecv((char *)recv + (size_t)peer * chunk, count, nccl_type(t), peer, ng(g)->comm, s));
     }
     NCCL_CHECK(ncclGroupEnd());
     end_blocking(g, COLL_ALL_TO_ALL, started, reached);
 }
 /* A send completes only when the peer's receive runs: the peers must pair them (comm.h). */
-static void nccl_send(comm_group *g, const float *buf, size_t count, int peer) {
+static void nccl_send(comm_group *g, dtype t, const void *buf, size_t count, int peer) {
     cudaEvent_t reached, started;
     cudaStream_t s = begin(g, &reached, &started);
-    NCCL_CHECK(ncclSend(buf, count, ncclFloat, peer, ng(g)->comm, s));
+    NCCL_CHECK(ncclSend(buf, count, nccl_type(t), peer, ng(g)->comm, s));
     end_blocking(g, COLL_SEND, started, reached);
 }
-static void nccl_recv(comm_group *g, float *buf, size_t count, int peer) {
+static void nccl_recv(comm_group *g, dtype t, void *buf, size_t count, int peer) {
     cudaEvent_t reached, started;
     cudaStream_t s = begin(g, &reached, &started);
-    NCCL_CHECK(ncclRecv(buf, count, ncclFloat, peer, ng(g)->comm, s));
+    NCCL_CHECK(ncclRecv(buf, count, nccl_type(t), peer, ng(g)->comm, s));
     end_blocking(g, COLL_RECV, started, reached);
 }
 /* Send and receive fused in one NCCL group, so they progress together: a ring shift where every
  * rank sends right and receives from the left. */
-static void issue_sendrecv(comm_group *g, cudaStream_t s, const float *sendbuf, size_t send_count, int dest,
-                           float *recvbuf, size_t recv_count, int source) {
+static void issue_sendrecv(comm_group *g, dtype t, cudaStream_t s, const void *sendbuf, size_t send_count,
+                           int dest, void *recvbuf, size_t recv_count, int source) {
     NCCL_CHECK(ncclGroupStart());
-    NCCL_CHECK(ncclSend(sendbuf, send_count, ncclFloat, dest, ng(g)->comm, s));
-    NCCL_CHECK(ncclRecv(recvbuf, recv_count, ncclFloat, source, ng(g)->comm, s));
+    NCCL_CHECK(ncclSend(sendbuf, send_count, nccl_type(t), dest, ng(g)->comm, s));
+    NCCL_CHECK(ncclRecv(recvbuf, recv_count, nccl_type(t), source, ng(g)->comm, s));
     NCCL_CHECK(ncclGroupEnd());
 }
-static void nccl_sendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
-                          float *recvbuf, size_t recv_count, int source) {
+static void nccl_sendrecv(comm_group *g, dtype t, const void *sendbuf, size_t send_count, int dest,
+                          void *recvbuf, size_t recv_count, int source) {
     cudaEvent_t reached, started;
     cudaStream_t s = begin(g, &reached, &started);
-    issue_sendrecv(g, s, sendbuf, send_count, dest, recvbuf, recv_count, source);
+    issue_sendrecv(g, t, s, sendbuf, send_count, dest, recvbuf, recv_count, source);
     end_blocking(g, COLL_RECV, started, reached);
 }
 
@@ -281,33 +285,34 @@ static void *issued(comm_group *g, collective_kind kind) {
 
 /* Started at once on the group's stream: a link carries one direction, so a send never waits
  * behind a receive of the same queue (comm.h, "Ordering"). */
-static void *nccl_isend(comm_group *g, const float *buf, size_t count, int peer) {
-    NCCL_CHECK(ncclSend(buf, count, ncclFloat, peer, ng(g)->comm, begin_request(g)));
+static void *nccl_isend(comm_group *g, dtype t, const void *buf, size_t count, int peer) {
+    NCCL_CHECK(ncclSend(buf, count, nccl_type(t), peer, ng(g)->comm, begin_request(g)));
     return issued(g, COLL_SEND);
 }
-static void *nccl_irecv(comm_group *g, float *buf, size_t count, int peer) {
-    NCCL_CHECK(ncclRecv(buf, count, ncclFloat, peer, ng(g)->comm, begin_request(g)));
+static void *nccl_irecv(comm_group *g, dtype t, void *buf, size_t count, int peer) {
+    NCCL_CHECK(ncclRecv(buf, count, nccl_type(t), peer, ng(g)->comm, begin_request(g)));
     return issued(g, COLL_RECV);
 }
-static void *nccl_isendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
-                            float *recvbuf, size_t recv_count, int source) {
-    issue_sendrecv(g, begin_request(g), sendbuf, send_count, dest, recvbuf, recv_count, source);
+static void *nccl_isendrecv(comm_group *g, dtype t, const void *sendbuf, size_t send_count, int dest,
+                            void *recvbuf, size_t recv_count, int source) {
+    issue_sendrecv(g, t, begin_request(g), sendbuf, send_count, dest, recvbuf, recv_count, source);
     return issued(g, COLL_RECV);
 }
-static void *nccl_iall_reduce(comm_group *g, float *buf, size_t count, comm_op op) {
-    NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat, op == COMM_MAX ? ncclMax : ncclSum, ng(g)->comm, begin_request(g)));
+static void *nccl_iall_reduce(comm_group *g, dtype t, void *buf, size_t count, comm_op op) {
+    NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(t), op == COMM_MAX ? ncclMax : ncclSum, ng(g)->comm,
+                             begin_request(g)));
     return issued(g, COLL_ALL_REDUCE);
 }
-static void *nccl_iall_gather(comm_group *g, const float *send, float *recv, size_t count) {
-    NCCL_CHECK(ncclAllGather(send, recv, count, ncclFloat, ng(g)->comm, begin_request(g)));
+static void *nccl_iall_gather(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
+    NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(t), ng(g)->comm, begin_request(g)));
     return issued(g, COLL_ALL_GATHER);
 }
 static void *nccl_iall_gather_bytes(comm_group *g, const void *send, void *recv, size_t nbytes) {
     NCCL_CHECK(ncclAllGather(send, recv, nbytes, ncclUint8, ng(g)->comm, begin_request(g)));
     return issued(g, COLL_ALL_GATHER);
 }
-static void *nccl_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
-    NCCL_CHECK(ncclReduceScatter(send, recv, count, ncclFloat, ncclSum, ng(g)->comm, begin_request(g)));
+static void *nccl_ireduce_scatter(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
+    NCCL_CHECK(ncclReduceScatter(send, recv, count, nccl_type(t), ncclSum, ng(g)->comm, begin_request(g)));
     return issued(g, COLL_REDUCE_SCATTER);
 }
 

@@ -50,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "comm_backend.h"
+#include "comm_mpi_types.h"
 #include "device.h"
 #include "guard.h"
 
@@ -64,7 +65,8 @@ typedef struct sim_op {
     comm_group *g;
     const void *send;
     void *recv;
-    size_t send_count, recv_count;  /* floats (bytes for OP_ALL_GATHER_BYTES)                  */
+    size_t send_count, recv_count;  /* elements of `type` (bytes for OP_ALL_GATHER_BYTES)       */
+    dtype type;
     int dest, source;               /* send/recv peers; the root of a broadcast is `source`    */
     comm_op op;
     MPI_Request req[2];
@@ -113,22 +115,23 @@ static void add_queue(comm_group *g) {
 static void start(sim_op *o) {
     MPI_Comm c = queue_of(o->g)->comm;
     int sc = (int)o->send_count, rc = (int)o->recv_count;
+    MPI_Datatype t = comm_mpi_type(o->type);   /* (comm_mpi_types.h: bf16's SUM widens to fp32) */
     o->nreq = 1;
     switch (o->kind) {
-    case OP_ALL_REDUCE:
-        MPI_Iallreduce(MPI_IN_PLACE, o->recv, rc, MPI_FLOAT, o->op == COMM_MAX ? MPI_MAX : MPI_SUM, c, &o->req[0]);
-        break;
-    case OP_ALL_GATHER: MPI_Iallgather(o->send, sc, MPI_FLOAT, o->recv, sc, MPI_FLOAT, c, &o->req[0]); break;
+    case OP_ALL_REDUCE: MPI_Iallreduce(MPI_IN_PLACE, o->recv, rc, t, comm_mpi_op(o->op, o->type), c, &o->req[0]); break;
+    case OP_ALL_GATHER: MPI_Iallgather(o->send, sc, t, o->recv, sc, t, c, &o->req[0]); break;
     case OP_ALL_GATHER_BYTES: MPI_Iallgather(o->send, sc, MPI_BYTE, o->recv, sc, MPI_BYTE, c, &o->req[0]); break;
-    case OP_REDUCE_SCATTER: MPI_Ireduce_scatter_block(o->send, o->recv, rc, MPI_FLOAT, MPI_SUM, c, &o->req[0]); break;
-    case OP_BROADCAST: MPI_Ibcast(o->recv, rc, MPI_FLOAT, o->source, c, &o->req[0]); break;
-    case OP_ALL_TO_ALL: MPI_Ialltoall(o->send, sc, MPI_FLOAT, o->recv, sc, MPI_FLOAT, c, &o->req[0]); break;
-    case OP_SEND: MPI_Issend(o->send, sc, MPI_FLOAT, o->dest, 0, c, &o->req[0]); break;
-    case OP_RECV: MPI_Irecv(o->recv, rc, MPI_FLOAT, o->source, 0, c, &o->req[0]); break;
+    case OP_REDUCE_SCATTER:
+        MPI_Ireduce_scatter_block(o->send, o->recv, rc, t, comm_mpi_op(COMM_SUM, o->type), c, &o->req[0]);
+        break;
+    case OP_BROADCAST: MPI_Ibcast(o->recv, rc, t, o->source, c, &o->req[0]); break;
+    case OP_ALL_TO_ALL: MPI_Ialltoall(o->send, sc, t, o->recv, sc, t, c, &o->req[0]); break;
+    case OP_SEND: MPI_Issend(o->send, sc, t, o->dest, 0, c, &o->req[0]); break;
+    case OP_RECV: MPI_Irecv(o->recv, rc, t, o->source, 0, c, &o->req[0]); break;
     case OP_SENDRECV:
         o->nreq = 2;
-        MPI_Irecv(o->recv, rc, MPI_FLOAT, o->source, 0, c, &o->req[0]);
-        MPI_Issend(o->send, sc, MPI_FLOAT, o->dest, 0, c, &o->req[1]);
+        MPI_Irecv(o->recv, rc, t, o->source, 0, c, &o->req[0]);
+        MPI_Issend(o->send, sc, t, o->dest, 0, c, &o->req[1]);
         break;
     }
     o->started = true;
@@ -312,12 +315,12 @@ static void connect_for(sim_queue *q, op_kind kind, int dest, int source) {
 
 /* Appends an operation to its group's queue, started at once if the queue was empty; first, what
  * it connects (rules 5 and 6), as ncclGroupEnd does before the operation reaches the stream. */
-static sim_op *enqueue(comm_group *g, op_kind kind, const void *send, size_t send_count, int dest,
+static sim_op *enqueue(comm_group *g, op_kind kind, dtype t, const void *send, size_t send_count, int dest,
                        void *recv, size_t recv_count, int source, comm_op op) {
     sim_op *o = calloc(1, sizeof *o);
     if (!o) { fprintf(stderr, "comm_nccl_sim: out of host memory\n"); exit(1); }
     *o = (sim_op){.kind = kind, .g = g, .send = send, .recv = recv, .send_count = send_count,
-                  .recv_count = recv_count, .dest = dest, .source = source, .op = op};
+                  .recv_count = recv_count, .type = t, .dest = dest, .source = source, .op = op};
     sim_queue *q = queue_of(g);
     connect_for(q, kind, dest, source);
     if (q->tail) q->tail->next = o;
@@ -351,49 +354,53 @@ static void sim_progress(void *handle) { (void)handle; poll_all(); }
 
 /* ---- the operations: non-blocking ones are queue entries, blocking ones wait for theirs ---- */
 
-static void *sim_iall_reduce(comm_group *g, float *buf, size_t count, comm_op op) {
-    return enqueue(g, OP_ALL_REDUCE, NULL, 0, -1, buf, count, -1, op);
+static void *sim_iall_reduce(comm_group *g, dtype t, void *buf, size_t count, comm_op op) {
+    return enqueue(g, OP_ALL_REDUCE, t, NULL, 0, -1, buf, count, -1, op);
 }
-static void *sim_iall_gather(comm_group *g, const float *send, float *recv, size_t count) {
-    return enqueue(g, OP_ALL_GATHER, send, count, -1, recv, count * g->size, -1, COMM_SUM);
+static void *sim_iall_gather(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
+    return enqueue(g, OP_ALL_GATHER, t, send, count, -1, recv, count * g->size, -1, COMM_SUM);
 }
 static void *sim_iall_gather_bytes(comm_group *g, const void *send, void *recv, size_t nbytes) {
-    return enqueue(g, OP_ALL_GATHER_BYTES, send, nbytes, -1, recv, nbytes * g->size, -1, COMM_SUM);
+    return enqueue(g, OP_ALL_GATHER_BYTES, DTYPE_F32, send, nbytes, -1, recv, nbytes * g->size, -1, COMM_SUM);
 }
-static void *sim_ireduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
-    return enqueue(g, OP_REDUCE_SCATTER, send, count * g->size, -1, recv, count, -1, COMM_SUM);
+static void *sim_ireduce_scatter(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
+    return enqueue(g, OP_REDUCE_SCATTER, t, send, count * g->size, -1, recv, count, -1, COMM_SUM);
 }
-static void *sim_isend(comm_group *g, const float *buf, size_t count, int peer) {
-    return enqueue(g, OP_SEND, buf, count, peer, NULL, 0, -1, COMM_SUM);
+static void *sim_isend(comm_group *g, dtype t, const void *buf, size_t count, int peer) {
+    return enqueue(g, OP_SEND, t, buf, count, peer, NULL, 0, -1, COMM_SUM);
 }
-static void *sim_irecv(comm_group *g, float *buf, size_t count, int peer) {
-    return enqueue(g, OP_RECV, NULL, 0, -1, buf, count, peer, COMM_SUM);
+static void *sim_irecv(comm_group *g, dtype t, void *buf, size_t count, int peer) {
+    return enqueue(g, OP_RECV, t, NULL, 0, -1, buf, count, peer, COMM_SUM);
 }
-static void *sim_isendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
-                           float *recvbuf, size_t recv_count, int source) {
-    return enqueue(g, OP_SENDRECV, sendbuf, send_count, dest, recvbuf, recv_count, source, COMM_SUM);
+static void *sim_isendrecv(comm_group *g, dtype t, const void *sendbuf, size_t send_count, int dest,
+                           void *recvbuf, size_t recv_count, int source) {
+    return enqueue(g, OP_SENDRECV, t, sendbuf, send_count, dest, recvbuf, recv_count, source, COMM_SUM);
 }
 
-static void sim_all_reduce(comm_group *g, float *buf, size_t count, comm_op op) {
-    sim_wait(sim_iall_reduce(g, buf, count, op));
+static void sim_all_reduce(comm_group *g, dtype t, void *buf, size_t count, comm_op op) {
+    sim_wait(sim_iall_reduce(g, t, buf, count, op));
 }
-static void sim_all_gather(comm_group *g, const float *send, float *recv, size_t count) {
-    sim_wait(sim_iall_gather(g, send, recv, count));
+static void sim_all_gather(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
+    sim_wait(sim_iall_gather(g, t, send, recv, count));
 }
-static void sim_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
-    sim_wait(sim_ireduce_scatter(g, send, recv, count));
+static void sim_reduce_scatter(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
+    sim_wait(sim_ireduce_scatter(g, t, send, recv, count));
 }
-static void sim_broadcast(comm_group *g, float *buf, size_t count, int root) {
-    sim_wait(enqueue(g, OP_BROADCAST, NULL, 0, -1, buf, count, root, COMM_SUM));
+static void sim_broadcast(comm_group *g, dtype t, void *buf, size_t count, int root) {
+    sim_wait(enqueue(g, OP_BROADCAST, t, NULL, 0, -1, buf, count, root, COMM_SUM));
 }
-static void sim_all_to_all(comm_group *g, const float *send, float *recv, size_t count) {
-    sim_wait(enqueue(g, OP_ALL_TO_ALL, send, count, -1, recv, count * g->size, -1, COMM_SUM));
+static void sim_all_to_all(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
+    sim_wait(enqueue(g, OP_ALL_TO_ALL, t, send, count, -1, recv, count * g->size, -1, COMM_SUM));
 }
-static void sim_send(comm_group *g, const float *buf, size_t count, int peer) { sim_wait(sim_isend(g, buf, count, peer)); }
-static void sim_recv(comm_group *g, float *buf, size_t count, int peer) { sim_wait(sim_irecv(g, buf, count, peer)); }
-static void sim_sendrecv(comm_group *g, const float *sendbuf, size_t send_count, int dest,
-                         float *recvbuf, size_t recv_count, int source) {
-    sim_wait(sim_isendrecv(g, sendbuf, send_count, dest, recvbuf, recv_count, source));
+static void sim_send(comm_group *g, dtype t, const void *buf, size_t count, int peer) {
+    sim_wait(sim_isend(g, t, buf, count, peer));
+}
+static void sim_recv(comm_group *g, dtype t, void *buf, size_t count, int peer) {
+    sim_wait(sim_irecv(g, t, buf, count, peer));
+}
+static void sim_sendrecv(comm_group *g, dtype t, const void *sendbuf, size_t send_count, int dest,
+                         void *recvbuf, size_t recv_count, int source) {
+    sim_wait(sim_isendrecv(g, t, sendbuf, send_count, dest, recvbuf, recv_count, source));
 }
 
 /* ---- groups ---- */

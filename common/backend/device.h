@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include "cdefs.h"
+#include "dtype.h"
 
 C_BEGIN
 
@@ -42,6 +43,8 @@ double device_memory_available(int ranks_sharing);
 /* Zero-initialised allocation counted under `cat`; device_free() un-counts it. */
 void *device_alloc(size_t bytes, mem_category cat);
 float *device_alloc_floats(size_t n, mem_category cat);
+/* n elements of type t (dtype.h): n x dtype_size(t) bytes. */
+static inline void *device_alloc_elems(size_t n, dtype t, mem_category cat) { return device_alloc(n * dtype_size(t), cat); }
 int *device_alloc_ints(size_t n, mem_category cat);
 void device_free(void *p);
 

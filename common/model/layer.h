@@ -25,6 +25,7 @@
  */
 #pragma once
 #include "cdefs.h"
+#include "dtype.h"
 #include "llama.h"
 
 C_BEGIN
@@ -41,14 +42,16 @@ typedef struct {
     model_dim rows, cols;      /* a vector [D] is [1, D]                                        */
     float init_std;            /* normal(0, init_std); 0: every element 1 (init.h)              */
     int rows_times, cols_times;
+    dtype type;                /* its element type (dtype.h; 0: fp32, the only one used yet)    */
 } block_tensor;
 
 /* The rows and columns an activation's shape is written in, for the shapes this rank holds
  * (model.h's llama_dims): Ns = B*Ts the residual stream's rows, N = B*T the region's. */
 typedef enum { ROWS_STREAM, ROWS_REGION, ROWS_1, N_ROWS } act_rows;                          /* Ns, N, 1 */
 typedef enum { COLS_D, COLS_1, COLS_Q, COLS_KV, COLS_F, COLS_V, COLS_PROBS, COLS_LOSS, N_COLS } act_cols;
-/* One activation a block saves: slot `act` (plan.h's ACT_*) of [rows, times x cols] (times 0: 1). */
-typedef struct { int act; act_rows rows; act_cols cols; int times; } block_act;
+/* One activation a block saves: slot `act` (plan.h's ACT_*) of [rows, times x cols] (times 0: 1),
+ * elements of `type` (0: fp32), whose size its bytes are counted in. */
+typedef struct { int act; act_rows rows; act_cols cols; int times; dtype type; } block_act;
 
 /* What a block's forward and backward work on (model.h). */
 typedef struct layer_pass layer_pass;

@@ -66,7 +66,7 @@ llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B)
  * llama_layer_act_bytes and llama_head_act_bytes (which chapters 01, 02, 03 and 08's --plan print
  * beside the allocator's count) and llama_model_bytes.
  * --------------------------------------------------------------------------------------------- */
-typedef struct { act_rows rows; act_cols cols; int times; } act_shape;
+typedef struct { act_rows rows; act_cols cols; int times; dtype type; } act_shape;
 
 /* Layer activation `act`'s shape, as the block that saves it declares it (times 0, no elements,
  * for a slot no block uses). A llama_dims made by hand (layer NULL) has Llama's layer. */
@@ -75,9 +75,9 @@ static act_shape layer_act_shape(const llama_layer *layer, int act) {
     for (int b = 0; b < layer->n; b++)
         for (int i = 0; i < layer->block[b]->n_acts; i++) {
             const block_act *x = &layer->block[b]->act[i];
-            if (x->act == act) return (act_shape){x->rows, x->cols, x->times > 0 ? x->times : 1};
+            if (x->act == act) return (act_shape){x->rows, x->cols, x->times > 0 ? x->times : 1, x->type};
         }
-    return (act_shape){ROWS_1, COLS_1, 0};
+    return (act_shape){ROWS_1, COLS_1, 0, DTYPE_F32};
 }
 
 /* The head's, kept in every mode, in llama_saved's order. */
@@ -112,11 +112,14 @@ static act_sizes act_sizes_of(const llama_dims *d, int loss_saved_per_row) {
 
 static double act_elems(const act_sizes *z, act_shape s) { return z->rows[s.rows] * (s.times * z->cols[s.cols]); }
 
-/* Elements of the layer activations `keep` names (ACT_* bits). */
-static double layer_elems(const llama_dims *d, const act_sizes *z, unsigned keep) {
+/* Bytes of the layer activations `keep` names (ACT_* bits): each one's elements times the size of
+ * its element type. */
+static double layer_bytes(const llama_dims *d, const act_sizes *z, unsigned keep) {
     double n = 0;
-    for (int i = 0; i < ACT_NLAYER; i++)
-        if (keep & (1u << i)) n += act_elems(z, layer_act_shape(d->layer, i));
+    for (int i = 0; i < ACT_NLAYER; i++) {
+        act_shape s = layer_act_shape(d->layer, i);
+        if (keep & (1u << i)) n += act_elems(z, s) * (double)dtype_size(s.type);
+    }
     return n;
 }
 
@@ -133,7 +136,7 @@ size_t llama_act_numel(const llama_dims *d, int act) {
 
 double llama_layer_act_bytes(const llama_dims *d, unsigned keep) {
     act_sizes z = act_sizes_of(d, 0);
-    return 4 * layer_elems(d, &z, keep);
+    return layer_bytes(d, &z, keep);
 }
 
 double llama_head_act_bytes(const llama_dims *d, int loss_saved_per_row) {
@@ -170,9 +173,9 @@ double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, d
         grads += n;
         widest = fmax(widest, n);
     }
-    double acts = 4 * (held_layers * layer_elems(&d, &z, ACT_KEEP_ALL)   /* an upper bound: every tensor kept */
-                       + head_elems(&z) + N                             /* the head's, the loss's scratch */
-                       + 5 * N * D + 2 * Ns * D + grads + 3 * N);       /* scratch */
+    double acts = held_layers * layer_bytes(&d, &z, ACT_KEEP_ALL)     /* an upper bound: every tensor kept */
+                  + 4 * (head_elems(&z) + N                             /* the head's, the loss's scratch */
+                         + 5 * N * D + 2 * Ns * D + grads + 3 * N);     /* scratch (fp32) */
     double tensors[] = {N * V, N * D, widest};
     for (size_t i = 0; i < sizeof tensors / sizeof *tensors; i++) largest = fmax(largest, tensors[i]);
     if (state_bytes) *state_bytes = state;
@@ -187,8 +190,9 @@ static void layer_acts_alloc(llama_layer_acts *a, const llama_dims *d, unsigned 
                              const llama_layer_acts *shared) {
     for (int i = 0; i < ACT_NLAYER; i++) {
         bool kept = keep & (1u << i);
-        if (shared) a->t[i] = kept ? device_alloc_floats(llama_act_numel(d, i), MEM_ACTIVATIONS) : shared->t[i];
-        else a->t[i] = kept ? NULL : device_alloc_floats(llama_act_numel(d, i), MEM_BUFFERS);
+        dtype t = layer_act_shape(d->layer, i).type;   /* its element type, as its block declares */
+        if (shared) a->t[i] = kept ? device_alloc_elems(llama_act_numel(d, i), t, MEM_ACTIVATIONS) : shared->t[i];
+        else a->t[i] = kept ? NULL : device_alloc_elems(llama_act_numel(d, i), t, MEM_BUFFERS);
     }
 }
 static void layer_acts_free(llama_layer_acts *a, const llama_layer_acts *shared) {
