@@ -654,13 +654,15 @@ static void float8_linear_forward(void *state, const llama_plan *p, linear_site 
     device_free(x_rows);
     device_free(w_rows);
 
-    /* against fp32: the casts, and the product */
-    float *ref = device_alloc_floats((size_t)N * out, MEM_BUFFERS);
-    linear_forward(ref, x, W, N, in, out);
-    note(s, FLOAT8_CAST_X, at, x, xq, (size_t)N * in);
-    note(s, FLOAT8_CAST_W, at, W, Wq, (size_t)out * in);
-    note(s, FLOAT8_OUT_Y, at, ref, y, (size_t)N * out);
-    device_free(ref);
+    /* the probe (o.probe): against fp32, the casts and the product */
+    if (s->o.probe) {
+        float *ref = device_alloc_floats((size_t)N * out, MEM_BUFFERS);
+        linear_forward(ref, x, W, N, in, out);
+        note(s, FLOAT8_CAST_X, at, x, xq, (size_t)N * in);
+        note(s, FLOAT8_CAST_W, at, W, Wq, (size_t)out * in);
+        note(s, FLOAT8_OUT_Y, at, ref, y, (size_t)N * out);
+        device_free(ref);
+    }
     device_free(xq);
     device_free(Wq);
 }
@@ -727,25 +729,29 @@ static void float8_linear_backward(void *state, const llama_plan *p, linear_site
         float8_bytes_backward(s, at, dx_here, dW_here, dy, x, W, N, in, out, scale, dy_scale);
     }
 
-    /* against fp32: the gradient's cast, and the products */
-    note(s, FLOAT8_CAST_DY, at, dy, dyq, n_dy);
+    /* the probe (o.probe): against fp32, the gradient's cast and the products */
+    if (s->o.probe) note(s, FLOAT8_CAST_DY, at, dy, dyq, n_dy);
     if (dx) {
-        float *ref = device_alloc_floats(n_x, MEM_BUFFERS);
-        linear_backward(ref, NULL, dy, x, W, N, in, out);
-        note(s, FLOAT8_OUT_DX, at, ref, dx_here, n_x);
-        device_free(ref);
+        if (s->o.probe) {
+            float *ref = device_alloc_floats(n_x, MEM_BUFFERS);
+            linear_backward(ref, NULL, dy, x, W, N, in, out);
+            note(s, FLOAT8_OUT_DX, at, ref, dx_here, n_x);
+            device_free(ref);
+        }
         if (dx_here != dx) {
             add_inplace(dx, dx_here, n_x);
             device_free(dx_here);
         }
     }
     if (dW) {
-        float *ref = device_alloc_floats(n_w, MEM_BUFFERS);
-        device_zero(ref, n_w * sizeof(float));
-        linear_backward(NULL, ref, dy, x, W, N, in, out);
-        note(s, FLOAT8_OUT_DW, at, ref, dW_here, n_w);
+        if (s->o.probe) {
+            float *ref = device_alloc_floats(n_w, MEM_BUFFERS);
+            device_zero(ref, n_w * sizeof(float));
+            linear_backward(NULL, ref, dy, x, W, N, in, out);
+            note(s, FLOAT8_OUT_DW, at, ref, dW_here, n_w);
+            device_free(ref);
+        }
         add_inplace(dW, dW_here, n_w);
-        device_free(ref);
     }
     device_free(dyq); device_free(Wq); device_free(xq); device_free(dW_here);
     if (rowwise) device_free(dy_cols);

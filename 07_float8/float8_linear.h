@@ -70,6 +70,9 @@ typedef struct {
     int passes;           /* forward-backward passes in a training step (chapter 08's --accum;
                            * 0 or 1: one): step 1's casts are compared in every one of them    */
     float8_rowwise_gemm rowwise_gemm;   /* rowwise: where its GEMMs run (AUTO unless a test says) */
+    bool probe;           /* measure each cast and product against fp32 (an fp32 GEMM more per GEMM and
+                           * host copies: float8_worst_sqnr's figures): chapter 07's lesson sets it;
+                           * a trainer leaves it off and pays only for the casts and the GEMMs    */
 } float8_options;
 
 /* The roles an operand plays, for the accuracy report: the three casts and the three products. */
@@ -92,10 +95,11 @@ const char *float8_shape_error(const llama_config *c, int tp, int rows, float8_r
  * double on the host (torchao's compute_error); +inf when they are equal. */
 double float8_sqnr_db(const float *ref_dev, const float *got_dev, size_t n);
 
-/* Accuracy against fp32, SQNR = 20 log10(|ref| / |ref - fp8|) in dB over a whole tensor: each
- * call of the operator also computes its casts' and its products' fp32 references. first[role]
- * receives the lowest SQNR of step 1, worst[role] the lowest since float8_apply (+inf for a role
- * never seen), where[role] the site of the latter. */
+/* Accuracy against fp32, SQNR = 20 log10(|ref| / |ref - fp8|) in dB over a whole tensor: with
+ * o.probe, each call of the operator also computes its casts' and its products' fp32 references.
+ * first[role] receives the lowest SQNR of step 1, worst[role] the lowest since float8_apply (+inf
+ * for a role never seen, and for every role without the probe), where[role] the site of the
+ * latter. */
 void float8_worst_sqnr(const llama_plan *plan, double first[FLOAT8_NROLES], double worst[FLOAT8_NROLES],
                        linear_site where[FLOAT8_NROLES]);
 

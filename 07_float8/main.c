@@ -66,7 +66,8 @@ int main(int argc, char **argv) {
     /* ---- flags ---- */
     run_options o = run_options_default("07", float8_faults);
     o.kv_heads_follow_heads = true;
-    chapter_options co = {.fp8 = {.recipe = FLOAT8_TENSORWISE, .amax_history = 16, .activation_groups = 1, .microbatches = 1},
+    chapter_options co = {.fp8 = {.recipe = FLOAT8_TENSORWISE, .amax_history = 16, .activation_groups = 1, .microbatches = 1,
+                                  .probe = true},   /* the lesson reports each cast's and product's SQNR */
                           .dp_shard = 1};
     static const struct option flags[] = {
         {"fp8", required_argument, 0, OPT_FP8}, {"amax-history", required_argument, 0, OPT_HISTORY},
