@@ -78,7 +78,6 @@ struct dp_state {
     /* the gradient reductions, which a fault may replace */
     comm_request (*reduce_scatter)(comm_group *g, const float *send, float *recv, size_t count);
     comm_request (*all_reduce)(comm_group *g, float *buf, size_t count, comm_op op);
-    linear_ops below_linear;           /* the linear operator this plan wraps with progress calls */
     /* what the plan underneath owes after backward (chapter 03's norm gradients over tp, chapter
      * 06's all-reduce over cp), run on the reduced (or sharded) gradients; NULL: nothing */
     grad_reduce_ops below_reduce;
@@ -405,31 +404,10 @@ static void bucket_unit(dp_state *s, int u) {
     if (s->bucket_count >= s->o.bucket_floats || u == s->L) flush_bucket(s);
 }
 
-/* ==============================================================================================
- * Progress while computing. On the CPU, Open MPI moves a non-blocking collective's data only
- * inside MPI calls: after every GEMM of a layer the plan lets the in-flight gathers (fsdp's
- * prefetch), reduce-scatter (zero2, fsdp) and all-reduces (ddp's buckets) move, so they run while
- * the layer computes.
- * ============================================================================================== */
-static void progress(dp_state *s) {
-    for (int k = 0; k < s->n_slots; k++)
-        for (int j = 0; j < s->slots[k].n_req; j++) comm_progress(&s->slots[k].req[j]);
-    for (int k = 0; k < s->n_reqs; k++) comm_progress(&s->reqs[k]);
-    comm_progress(&s->rs_req);
-}
-static void linear_forward_progress(void *state, const llama_plan *p, linear_site site, float *y, const float *x,
-                                    const float *W, int N, int in, int out) {
-    dp_state *s = state;
-    s->below_linear.forward(s->below_linear.state, p, site, y, x, W, N, in, out);
-    progress(s);
-}
-static void linear_backward_progress(void *state, const llama_plan *p, linear_site site, float *dx, dx_write how,
-                                     float *dW, const float *dy, const float *x, const float *W, int N,
-                                     int in, int out) {
-    dp_state *s = state;
-    s->below_linear.backward(s->below_linear.state, p, site, dx, how, dW, dy, x, W, N, in, out);
-    progress(s);
-}
+/* (Progress while computing: on the CPU, Open MPI moves a non-blocking collective's data only
+ * inside MPI calls, so the in-flight gathers (FSDP's prefetch), reduce-scatters (ZeRO-2, FSDP) and
+ * all-reduces (DDP's buckets) move between the layer's GEMMs by comm_progress_in_flight, which
+ * every GEMM calls: no wrapper of the linear operator is needed for it.) */
 
 /* ==============================================================================================
  * The plan's operators.
@@ -591,7 +569,6 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
         [DP_FSDP] = {STORE_SHARD, STORE_SHARD, STORE_SHARD}};
     memcpy(plan->storage, storage[o->mode], sizeof plan->storage);
     plan->weights = (weight_ops){s, dp_acquire, dp_release};
-    plan_wrap(plan->linear, s->below_linear, ((linear_ops){s, linear_forward_progress, linear_backward_progress}));
     plan_wrap(plan->reduce_grads, s->below_reduce, ((grad_reduce_ops){s, dp_reduce_grads}));
     plan->optimizer = (optimizer_ops){s, dp_optimizer_step};
 

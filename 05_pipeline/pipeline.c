@@ -75,24 +75,16 @@ static bool pp_holds_layer(void *state, const llama_plan *p, int layer) {
     return pp_chunk_rank(s->sched, chunk_of_layer(s, layer)) == s->rank;
 }
 
-/* ---- the linear operator: messages progressed after each GEMM; zb-h1 leaves dW for later ------- */
-
-/* The messages in flight move now. Open MPI moves a message above its eager size only inside an
- * MPI call of the sender (and of the receiver), so on the CPU a send posted at the end of an
- * action would otherwise wait for the next action's receive; every GEMM of the stage calls this
- * (MPI_Test on each pending request). NCCL moves them on its own stream and needs no help. */
-static void progress_messages(pp_state *s) {
-    for (int i = 0; i < s->n_sends; i++) comm_progress(&s->sends[i].req);
-    int n = s->sched->n[s->rank];
-    for (int k = s->k_now; k < s->k_now + 2 && k < n; k++)
-        if (s->posted[k] && s->recv[k].buf) comm_progress(&s->recv[k].req);
-}
+/* ---- the linear operator (zb-h1 only): dW left for later ------------------------------------- */
+/* (The messages in flight move between the GEMMs by themselves: comm_progress_in_flight, which
+ * every GEMM calls. Open MPI moves a message above its eager size only inside MPI calls of the
+ * sender and the receiver, so a send posted at the end of an action would otherwise wait for the
+ * next action's receive.) */
 
 static void pipeline_linear_forward(void *state, const llama_plan *p, linear_site site, float *y, const float *x,
                                     const float *W, int N, int in, int out) {
     pp_state *s = state;
     s->below_linear.forward(s->below_linear.state, p, site, y, x, W, N, in, out);
-    progress_messages(s);
 }
 
 /* backward with the plan's own operator; during zb-h1's I action only dx now, and dW += dy^T x put
@@ -106,11 +98,9 @@ static void pipeline_linear_backward(void *state, const llama_plan *p, linear_si
     const linear_ops *below = &s->below_linear;
     if (!s->collecting) {
         below->backward(below->state, p, site, dx, how, dW, dy, x, W, N, in, out);
-        progress_messages(s);
         return;
     }
     below->backward(below->state, p, site, dx, how, NULL, dy, x, W, N, in, out);   /* the input gradient only */
-    progress_messages(s);
     wgrad_list *l = s->collecting;
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 16;
@@ -136,7 +126,6 @@ static void run_deferred(pp_state *s, wgrad_list *l) {
         device_free(d->dy);
         device_free(d->x_copy);
         /* END ASSIGNMENT */
-        progress_messages(s);
     }
     l->n = 0;
 }
@@ -396,7 +385,9 @@ void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, 
 
     plan->groups.mesh = mesh;
     plan->schedule = (schedule_ops){s, s->M, pp_holds_layer, pp_microbatch_now, pipeline_forward_backward};
-    plan_wrap(plan->linear, s->below_linear, ((linear_ops){s, pipeline_linear_forward, pipeline_linear_backward}));
+    /* zb-h1 splits each linear's backward: its linear operator defers dW to the W actions */
+    if (o->schedule == PP_ZB_H1)
+        plan_wrap(plan->linear, s->below_linear, ((linear_ops){s, pipeline_linear_forward, pipeline_linear_backward}));
 }
 
 const pp_schedule *pipeline_schedule(const llama_plan *plan) { return state_of(plan)->sched; }

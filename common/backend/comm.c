@@ -414,7 +414,32 @@ void comm_sendrecv(comm_group *g, const float *sendbuf, size_t send_count, int d
     return issued((g), (kind), (payload), h_, i0_, i1_);                     \
 } while (0)
 
+/* The requests in flight on this rank (their backend handles), which comm_progress_in_flight
+ * moves along: a request joins when issued and leaves when waited for. */
+static void **in_flight;
+static int n_in_flight, cap_in_flight;
+static void in_flight_add(void *h) {
+    if (n_in_flight == cap_in_flight) {
+        cap_in_flight = cap_in_flight ? 2 * cap_in_flight : 64;
+        in_flight = realloc(in_flight, (size_t)cap_in_flight * sizeof *in_flight);
+        if (!in_flight) { fprintf(stderr, "comm: out of host memory for the requests in flight\n"); exit(1); }
+    }
+    in_flight[n_in_flight++] = h;
+}
+static void in_flight_remove(void *h) {
+    for (int i = n_in_flight - 1; i >= 0; i--)
+        if (in_flight[i] == h) {
+            in_flight[i] = in_flight[--n_in_flight];
+            return;
+        }
+}
+void comm_progress_in_flight(void) {
+    if (!be || !be->progress) return;
+    for (int i = 0; i < n_in_flight; i++) be->progress(in_flight[i]);
+}
+
 static comm_request issued(comm_group *g, collective_kind k, double payload, void *pending, double i0, double i1) {
+    if (pending) in_flight_add(pending);
     count(g, k, payload, i1 - i0);
     comm_request r = {g, k, pending, pending ? log_issue(g, k, i0, i1) : 0};
     return r;
@@ -478,6 +503,7 @@ void comm_wait(comm_request *req) {
     guard_begin(collective_name(req->kind), req->group->name);
     double w0 = wall_seconds();
     current_log = req->logged;
+    in_flight_remove(req->pending);
     double waited = be->wait(req->pending);
     current_log = 0;
     if (counting) counted(req->group)->stats[req->kind].seconds += waited;

@@ -245,6 +245,13 @@ void comm_wait(comm_request *req);
  * none (a layer's GEMMs) hides nothing unless it calls this now and then; NCCL runs on its own
  * stream and needs no help. Not counted; the request stays to be waited on. */
 void comm_progress(comm_request *req);
+/* Every request in flight on this rank moved along, without blocking (comm_progress on each).
+ * Open MPI moves a message's bytes, beyond its eager size, and a non-blocking collective's only
+ * inside MPI calls of the ranks involved; so every GEMM calls this (gemm.c's matmul), and the
+ * transfers a technique has in flight (FSDP's prefetch and reduce-scatters, DDP's buckets, a
+ * pipeline's sends and early receives) move while the layers compute, with no technique having to
+ * wrap the linear operator for it. NCCL moves them on its own streams: a no-op there. */
+void comm_progress_in_flight(void);
 /* comm_wait on reqs[0..n) in order; each request's blocked time is counted under its own
  * collective (the time waiting for reqs[i] after reqs[0..i) were done). */
 void comm_wait_all(comm_request *reqs, int n);

@@ -5,6 +5,7 @@
  * transa = trans_b, transb = trans_a, and the same leading dimensions (a row-major leading
  * dimension is the column-major one of the transposed view).
  */
+#include "comm.h"
 #include "gemm.h"
 
 gemm_args gemm_args_from_row_major(bool trans_a, bool trans_b, int M, int N, int K,
@@ -30,6 +31,7 @@ void matmul(float *C, const float *A, const float *B, int M, int N, int K,
             bool trans_a, bool trans_b, float alpha, float beta) {
     gemm_args g = gemm_args_from_row_major(trans_a, trans_b, M, N, K, 0, 0, 0);
     gemm_colmajor(&g, alpha, B, A, beta, C);
+    comm_progress_in_flight();   /* the transfers in flight move between the GEMMs (comm.h) */
 }
 
 void matmul_strided_batched(float *C, const float *A, const float *B, int M, int N, int K,
