@@ -140,12 +140,16 @@ def readme_files(root, files=None, chapters=None):
     for d in sorted(os.listdir(root)):
         if re.match(r'^\d\d_', d) and os.path.isfile(os.path.join(root, d, 'README.md')):
             found.append(d + '/README.md')
+        if re.match(r'^\d\d_', d) and os.path.isfile(os.path.join(root, d, 'APPENDIX.md')):
+            found.append(d + '/APPENDIX.md')   # a chapter's reference material, checked like its lesson
+    if os.path.isfile(os.path.join(root, 'docs', 'performance.md')):
+        found.append('docs/performance.md')    # the root README's performance sections
     if files:
         want = set(os.path.normpath(os.path.relpath(os.path.abspath(f), root)) if os.path.exists(f)
                    else os.path.normpath(f) for f in files)
         found = [f for f in found if os.path.normpath(f) in want]
     if chapters:
-        found = [f for f in found if f[:2] in chapters or (f == 'README.md' and 'root' in chapters)]
+        found = [f for f in found if f[:2] in chapters or (f in ('README.md', 'docs/performance.md') and 'root' in chapters)]
     return found
 
 
