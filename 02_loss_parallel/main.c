@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
     /* ---- flags ---- */
     run_options o = run_options_default("02", loss_parallel_faults);
     o.kv_heads_follow_heads = true;   /* tp = 4 runs the default model as is */
-    chapter_options co = {0, true, &o.model};
+    chapter_options co = {.tp = 0, .loss_parallel = true, .model = &o.model};
     static const struct option flags[] = {
         {"tp", required_argument, 0, OPT_TP}, {"loss-parallel", no_argument, 0, OPT_LOSS_PARALLEL},
         {"no-loss-parallel", no_argument, 0, OPT_NO_LOSS_PARALLEL},

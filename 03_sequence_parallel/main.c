@@ -62,7 +62,7 @@ int main(int argc, char **argv) {
     faults[nf] = async_tp_fault;
     run_options o = run_options_default("03", faults);
     o.kv_heads_follow_heads = true;   /* tp = 4 runs the default model as is */
-    chapter_options co = {0, AC_NONE, true, false, &o.model};
+    chapter_options co = {.tp = 0, .ac = AC_NONE, .sp = true, .async_tp = false, .model = &o.model};
     static const struct option flags[] = {
         {"tp", required_argument, 0, OPT_TP}, {"ac", required_argument, 0, OPT_AC},
         {"no-sp", no_argument, 0, OPT_NO_SP}, {"async-tp", no_argument, 0, OPT_ASYNC_TP},

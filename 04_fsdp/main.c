@@ -56,7 +56,9 @@ int main(int argc, char **argv) {
     /* ---- flags ---- */
     run_options o = run_options_default("04", data_parallel_faults);
     o.kv_heads_follow_heads = true;
-    chapter_options co = {{DP_FSDP, true, true, 64 * 256, NULL, false}, 0, 1, 1, false, false, false};
+    chapter_options co = {.dp = {.mode = DP_FSDP, .reshard_after_forward = true, .prefetch = true,
+                                 .bucket_floats = 64 * 256, .gather = NULL, .shard_over_cp = false},
+                          .shard = 0, .replicate = 1, .tp = 1};
     static const struct option flags[] = {
         {"dp-mode", required_argument, 0, OPT_MODE}, {"dp-shard", required_argument, 0, OPT_SHARD},
         {"dp-replicate", required_argument, 0, OPT_REPLICATE}, {"tp", required_argument, 0, OPT_TP},

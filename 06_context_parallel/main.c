@@ -56,7 +56,7 @@ int main(int argc, char **argv) {
     run_options o = run_options_default("06", context_parallel_faults);
     o.model.seq_len = 64;     /* 2C chunks of at least 8 rows at cp 4 */
     o.kv_heads_follow_heads = true;
-    chapter_options co = {{CP_RING, CP_ZIGZAG}, 0, 1, false};
+    chapter_options co = {.cp = {.method = CP_RING, .balance = CP_ZIGZAG}, .C = 0, .tp = 1, .timeline = false};
     static const struct option flags[] = {
         {"cp-method", required_argument, 0, OPT_METHOD}, {"cp-balance", required_argument, 0, OPT_BALANCE},
         {"cp", required_argument, 0, OPT_CP}, {"tp", required_argument, 0, OPT_TP},

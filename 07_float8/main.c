@@ -66,8 +66,8 @@ int main(int argc, char **argv) {
     /* ---- flags ---- */
     run_options o = run_options_default("07", float8_faults);
     o.kv_heads_follow_heads = true;
-    chapter_options co = {.fp8 = {.recipe = FLOAT8_TENSORWISE, .amax_history = 16, .activation_groups = 1, .microbatches = 1,
-                                  .probe = true},   /* the lesson reports each cast's and product's SQNR */
+    chapter_options co = {.fp8 = {.recipe = FLOAT8_TENSORWISE, .amax_history = 16, .activation_groups = 1,
+                                  .microbatches = 1, .probe = true},   /* the lesson reports each cast's SQNR */
                           .dp_shard = 1};
     static const struct option flags[] = {
         {"fp8", required_argument, 0, OPT_FP8}, {"amax-history", required_argument, 0, OPT_HISTORY},
@@ -96,7 +96,8 @@ int main(int argc, char **argv) {
     dp_gather_ops gather = {0};
     if (S > 1) {
         if (co.gather_in_float8) gather = float8_all_gather_ops(plan.groups.tp);
-        dp_options dp = {DP_FSDP, true, true, 64 * 256, co.gather_in_float8 ? &gather : NULL, false};
+        dp_options dp = {.mode = DP_FSDP, .reshard_after_forward = true, .prefetch = true, .bucket_floats = 64 * 256,
+                         .gather = co.gather_in_float8 ? &gather : NULL, .shard_over_cp = false};
         data_parallel_apply(&plan, mesh, c, &dp);
     }
     /* (after the plans, which refuse a tp that splits no whole head and a batch the dp ranks cannot share) */

@@ -101,11 +101,12 @@ static setup *make(layout_kind kind, const llama_config *c, uint64_t seed) {
         device_mesh *mesh = meshes[n_meshes++] = mesh_create(shape, NULL);
         s.plan = tensor_parallel_or_single(mesh, c);
         if (kind == K_FSDP_CP) {   /* chapter 08's FSDP over dp_shard x cp needs 06 applied first */
-            cp_options o = {CP_RING, CP_ZIGZAG};
+            cp_options o = {.method = CP_RING, .balance = CP_ZIGZAG};
             context_parallel_apply(&s.plan, mesh, c, &o);
         }
         if (kind == K_FSDP || kind == K_FSDP_TP || kind == K_HSDP_ZERO1 || kind == K_FSDP_CP) {
-            dp_options o = {kind == K_HSDP_ZERO1 ? DP_ZERO1 : DP_FSDP, true, true, 64 * 256, NULL, kind == K_FSDP_CP};
+            dp_options o = {.mode = kind == K_HSDP_ZERO1 ? DP_ZERO1 : DP_FSDP, .reshard_after_forward = true, .prefetch = true,
+                            .bucket_floats = 64 * 256, .gather = NULL, .shard_over_cp = kind == K_FSDP_CP};
             data_parallel_apply(&s.plan, mesh, c, &o);
             s.dp = true;
             B /= s.plan.groups.batch->size;

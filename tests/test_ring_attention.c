@@ -109,7 +109,7 @@ static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp
     cfg.seq_len = T;
     cfg.n_heads = H;
     cfg.n_kv_heads = Hkv;
-    cp_options o = {method, balance};
+    cp_options o = {.method = method, .balance = balance};
     llama_plan plan = plan_single_device();
     context_parallel_apply(&plan, mesh, &cfg, &o);
     if (fault) CHECK(context_parallel_faults[0].apply(&plan) == NULL, "the fault %s does not apply", context_parallel_faults[0].name);
@@ -229,7 +229,7 @@ int main(int argc, char **argv) {
     }
     /* alltoall refuses the fault: it has no merge to break */
     llama_config cfg = llama_config_default();
-    cp_options all_to_all = {CP_ALLTOALL, CP_ZIGZAG};
+    cp_options all_to_all = {.method = CP_ALLTOALL, .balance = CP_ZIGZAG};
     llama_plan plan = plan_single_device();
     context_parallel_apply(&plan, mesh, &cfg, &all_to_all);
     CHECK(context_parallel_faults[0].apply(&plan) != NULL, "alltoall accepted --fault %s", context_parallel_faults[0].name);
