@@ -245,7 +245,8 @@ void comm_wait(comm_request *req);
  * none (a layer's GEMMs) hides nothing unless it calls this now and then; NCCL runs on its own
  * stream and needs no help. Not counted; the request stays to be waited on. */
 void comm_progress(comm_request *req);
-/* Every request in flight on this rank moved along, without blocking (comm_progress on each).
+/* Every request in flight on this rank moved along, without blocking (comm_progress on each; the
+ * emulation's one poll, which moves all of its queues at once).
  * Open MPI moves a message's bytes, beyond its eager size, and a non-blocking collective's only
  * inside MPI calls of the ranks involved; so every GEMM calls this (gemm.c's matmul), and the
  * transfers a technique has in flight (FSDP's prefetch and reduce-scatters, DDP's buckets, a

@@ -304,6 +304,8 @@ llama_model *llama_create(const llama_config *c, const llama_plan *plan, int B, 
     m->dh = device_alloc_floats(Ns * D, MEM_BUFFERS);
     /* each activation's gradient, of its shape (grad_scratch's order) */
     float **grad[] = {&m->dattn_out, &m->dq, &m->dk, &m->dv, &m->dprobs, &m->dffn_g, &m->dffn_a, &m->dffn_b};
+    _Static_assert(sizeof grad / sizeof *grad == sizeof grad_scratch / sizeof *grad_scratch,
+                   "one scratch buffer for each activation grad_scratch names, in its order");
     for (size_t i = 0; i < sizeof grad / sizeof *grad; i++)
         *grad[i] = device_alloc_floats(llama_act_numel(d, grad_scratch[i]), MEM_BUFFERS);
     return m;
