@@ -40,7 +40,8 @@ int main(int argc, char **argv) {
     const llama_config *c = &o.model;
 
     /* ---- mesh: one dimension, tp (the world unless --tp), which must split whole heads ---- */
-    mesh_requirements needs = llama_mesh_requirements(c, o.batch);
+    mesh_requirements needs = {0};
+    mesh_require(&needs, tp_mesh_rule(c));
     device_mesh *mesh = mesh_create((mesh_shape){.tp = tp_degree ? tp_degree : MESH_REST}, &needs);
     tp_degree = mesh->shape.tp;
 

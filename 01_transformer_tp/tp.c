@@ -65,3 +65,28 @@ static const char *skip_backward_allreduce(llama_plan *p) {
 const plan_fault megatron_faults[] = {
     {"skip-backward-allreduce", "f's backward all-reduce is left out", skip_backward_allreduce},
     {0}};
+
+/* ---- the mesh's rule (tp.h) ---- */
+
+static const char *tp_divides_heads_and_ffn(const mesh_rule *r, const mesh_view *v, char *why, size_t len) {
+    long long heads = r->size[0], kv_heads = r->size[1], ffn = r->size[2];
+    int T = v->s.tp;
+    const char *tp = v->degree[MESH_TP];
+    char valid[96];
+    if (heads % T)
+        return mesh_refuse(why, len, "%s does not divide %s %lld: each tp rank computes whole query heads; use a tp "
+                           "that divides %lld", tp, mesh_size_name(v, "--n-heads", "n_heads"), heads, heads);
+    if (kv_heads % T)
+        return mesh_refuse(why, len, "%s does not divide %s %lld: each tp rank holds whole key/value heads; use a tp "
+                           "that divides %lld", tp, mesh_size_name(v, "--n-kv-heads", "n_kv_heads"), kv_heads,
+                           kv_heads);
+    if (ffn % T)
+        return mesh_refuse(why, len, "%s does not divide %s %lld: w1 and w3 are split by rows, w2 by columns; %s", tp,
+                           mesh_size_name(v, "--ffn-dim", "ffn_dim"), ffn,
+                           mesh_nearest(valid, sizeof valid, "size", ffn, T));
+    return NULL;
+}
+
+mesh_rule tp_mesh_rule(const llama_config *c) {
+    return (mesh_rule){.check = tp_divides_heads_and_ffn, .size = {c->n_heads, c->n_kv_heads, c->ffn_dim}};
+}

@@ -63,8 +63,9 @@ int main(int argc, char **argv) {
 
     /* ---- mesh: one dimension, tp (the world unless --tp): whole heads, and the padded
      * vocabulary's rows (mesh_check) ---- */
-    mesh_requirements needs = llama_mesh_requirements(c, o.batch);
-    if (co.loss_parallel) needs.vocab_size = c->vocab_size;
+    mesh_requirements needs = {0};
+    mesh_require(&needs, tp_mesh_rule(c));
+    if (co.loss_parallel) mesh_require(&needs, vocab_mesh_rule(c->vocab_size, c->vocab_multiple));
     device_mesh *mesh = mesh_create((mesh_shape){.tp = co.tp ? co.tp : MESH_REST}, &needs);
     comm_group *tp = mesh->group[MESH_TP];
     int p = tp->size;

@@ -145,3 +145,21 @@ static const char *skip_output_allreduce(llama_plan *p) {
 const plan_fault loss_parallel_faults[] = {
     {"skip-output-allreduce", "f's backward all-reduce before the output layer is left out", skip_output_allreduce},
     {0}};
+
+/* ---- the mesh's rule (vocab_parallel.h) ---- */
+
+static const char *tp_divides_padded_vocab(const mesh_rule *r, const mesh_view *v, char *why, size_t len) {
+    int vocab = (int)r->size[0], multiple = (int)r->size[1], T = v->s.tp;
+    int padded = vocab ? vocab_padded_size(vocab, multiple, T) : 0;
+    const char *multiple_name = mesh_size_name(v, "--vocab-multiple", "vocab multiple");
+    if (padded % T)
+        return mesh_refuse(why, len, "%s does not divide %s %d padded to a multiple of %s %d (%d rows): the embedding "
+                           "and the output layer are split by vocabulary rows; use a %s that is a multiple of %d",
+                           v->degree[MESH_TP], mesh_size_name(v, "--vocab", "vocab_size"), vocab, multiple_name,
+                           multiple, padded, multiple_name, T);
+    return NULL;
+}
+
+mesh_rule vocab_mesh_rule(long long vocab_size, int vocab_multiple) {
+    return (mesh_rule){.check = tp_divides_padded_vocab, .size = {vocab_size, vocab_multiple}};
+}

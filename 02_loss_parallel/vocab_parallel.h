@@ -26,6 +26,7 @@
 #pragma once
 #include "comm.h"
 #include "llama.h"
+#include "mesh.h"
 #include "plan.h"
 
 /* tok_embeddings and output split over the vocabulary: rows [v0, v0 + V/tp) of each. */
@@ -57,6 +58,11 @@ extern const plan_technique loss_parallel_technique;
  * layouts, chapter 01's f and g as the vocab region, the vocab-parallel loss. (The mesh was
  * checked first: tp divides the padded vocabulary, mesh_check.) */
 void loss_parallel_apply(llama_plan *plan, const llama_config *c);
+
+/* The vocabulary's rule for mesh_create (mesh.h): tp divides the vocabulary padded
+ * (vocab_padded_size), which only a --vocab-multiple that is no multiple of tp can break. Sizes:
+ * vocab_size, vocab_multiple (0: the default rule). */
+mesh_rule vocab_mesh_rule(long long vocab_size, int vocab_multiple);
 
 /* --vocab-multiple M, in the chapters that split the vocabulary (02, 03, 08): pad it to a
  * multiple of M instead of mesh.h's default (128 x tp, or tp for a toy vocabulary). */

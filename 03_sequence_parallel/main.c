@@ -72,9 +72,10 @@ int main(int argc, char **argv) {
 
     /* ---- mesh: one dimension, tp (the world unless --tp): whole heads, the padded vocabulary's
      * rows (02) and tokens ---- */
-    mesh_requirements needs = llama_mesh_requirements(c, o.batch);
-    needs.vocab_size = c->vocab_size;
-    needs.sequence_parallel = co.sp;
+    mesh_requirements needs = {0};
+    mesh_require(&needs, tp_mesh_rule(c));
+    mesh_require(&needs, vocab_mesh_rule(c->vocab_size, c->vocab_multiple));
+    if (co.sp) mesh_require(&needs, sp_mesh_rule(c->seq_len));
     device_mesh *mesh = mesh_create((mesh_shape){.tp = co.tp ? co.tp : MESH_REST}, &needs);
     comm_group *tp = mesh->group[MESH_TP];
     int p = tp->size;

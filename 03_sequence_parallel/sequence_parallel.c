@@ -212,3 +212,23 @@ const plan_fault sequence_parallel_faults[] = {
     {"skip-norm-grad-allreduce", "the norm weights' gradients are not summed over tp", skip_norm_grad_allreduce},
     {"rope-local-positions", "RoPE numbers each rank's tokens from 0 within its shard", rope_local_positions},
     {0}};
+
+/* ---- the mesh's rule (sequence_parallel.h) ---- */
+
+static const char *cp_tp_divides_sequence(const mesh_rule *r, const mesh_view *v, char *why, size_t len) {
+    long long seq = r->size[0];
+    int C = v->s.cp, T = v->s.tp;
+    if (seq % ((long long)C * T) == 0) return NULL;
+    long long step = mesh_lcm(C > 1 ? 2 * C : 1, (long long)C * T);
+    const char *name = mesh_size_name(v, "--seq-len", "seq_len"), *no_sp = v->plan ? "" : " (or --no-sp)";
+    char valid[96];
+    mesh_nearest(valid, sizeof valid, "length", seq, step);
+    if (C > 1)
+        return mesh_refuse(why, len, "%s %lld cannot be split over %s x %s: each cp rank holds seq_len / cp rows and "
+                           "sequence parallelism splits them over tp; %s%s", name, seq, v->degree[MESH_CP],
+                           v->degree[MESH_TP], valid, no_sp);
+    return mesh_refuse(why, len, "%s %lld cannot be split over %s: sequence parallelism gives each tp rank seq_len / "
+                       "tp tokens of every sequence; %s%s", name, seq, v->degree[MESH_TP], valid, no_sp);
+}
+
+mesh_rule sp_mesh_rule(int seq_len) { return (mesh_rule){.check = cp_tp_divides_sequence, .size = {seq_len}}; }

@@ -39,6 +39,7 @@
 #include <stdbool.h>
 #include "comm.h"
 #include "llama.h"
+#include "mesh.h"
 #include "plan.h"
 
 /* ---- the region operators: Shard(seq) <-> Replicate, Partial -> Shard(seq) --------------------
@@ -88,6 +89,11 @@ extern const plan_technique sequence_parallel_technique;
  * norm-gradient reduction. (That tp divides seq_len under SP is mesh_check's rule, applied when
  * the mesh was made with sequence_parallel among its requirements.) */
 void sequence_parallel_apply(llama_plan *plan, const llama_config *c, int B, bool sp, ac_mode ac);
+
+/* Sequence parallelism's rule for mesh_create (mesh.h): each tp rank takes seq_len / (cp x tp)
+ * rows of every sequence (cp 1 without context parallelism); the lengths it offers also keep
+ * chapter 06's 2 chunks a cp rank. Size: seq_len. */
+mesh_rule sp_mesh_rule(int seq_len);
 
 /* The deliberate bugs of this chapter, for --fault. */
 extern const plan_fault sequence_parallel_faults[];

@@ -666,3 +666,18 @@ static const char *skip_grad_reduce(llama_plan *p) {
 const plan_fault data_parallel_faults[] = {
     {"skip-grad-reduce", "the gradients are not summed over the data-parallel ranks", skip_grad_reduce},
     {0}};
+
+/* ---- the mesh's rule (data_parallel.h) ---- */
+
+static const char *dp_divides_batch(const mesh_rule *r, const mesh_view *v, char *why, size_t len) {
+    long long batch = r->size[0];
+    int R = v->s.dp_replicate, S = v->s.dp_shard, dp = R * S;
+    if (batch % dp == 0) return NULL;
+    if (v->plan)
+        return mesh_refuse(why, len, "the global batch of %lld sequences is not divisible by dp_replicate %d x "
+                           "dp_shard %d = %d: each data rank takes an equal share", batch, R, S, dp);
+    return mesh_refuse(why, len, "--batch %lld is not divisible by the data-parallel degree dp_replicate %d x dp_shard "
+                       "%d = %d: each data rank takes batch / %d sequences", batch, R, S, dp, dp);
+}
+
+mesh_rule dp_batch_rule(long long batch) { return (mesh_rule){.check = dp_divides_batch, .size = {batch}}; }

@@ -108,6 +108,10 @@ typedef struct dp_state dp_state;
  * checks with the model's before anything is allocated, and the buffers (MEM_BUFFERS) are
  * allocated at the plan's first use. */
 void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const dp_options *o);
+
+/* Data parallelism's rule for mesh_create (mesh.h): the global batch of `batch` sequences in equal
+ * shares over dp_replicate x dp_shard. */
+mesh_rule dp_batch_rule(long long batch);
 /* The bytes the transient buffers added to MEM_BUFFERS when they were allocated (0 before). */
 double data_parallel_buffer_bytes(const llama_plan *plan);
 /* The technique as the plan's stack records it (plan_free frees its state and buffers). */

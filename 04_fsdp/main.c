@@ -75,7 +75,9 @@ int main(int argc, char **argv) {
                         co.no_reshard_given ? "--no-reshard-after-forward" : "--no-prefetch", dp_mode_name(co.dp.mode));
 
     /* ---- mesh: dp_replicate x dp_shard x tp (dp_shard: the rest of NP when not given) ---- */
-    mesh_requirements needs = llama_mesh_requirements(c, o.batch);
+    mesh_requirements needs = {0};
+    mesh_require(&needs, tp_mesh_rule(c));
+    mesh_require(&needs, dp_batch_rule(o.batch));
     device_mesh *mesh = mesh_create(
         (mesh_shape){.dp_replicate = co.replicate, .dp_shard = co.shard ? co.shard : MESH_REST, .tp = co.tp}, &needs);
     int R = mesh->shape.dp_replicate, S = mesh->shape.dp_shard, T = mesh->shape.tp;

@@ -75,9 +75,10 @@ int main(int argc, char **argv) {
     if (!co.pp.virtual_stages) co.pp.virtual_stages = co.pp.schedule == PP_INTERLEAVED ? 2 : 1;
 
     /* ---- mesh: pp x tp (pp: the rest of NP when not given) ---- */
-    mesh_requirements needs = llama_mesh_requirements(c, o.batch);
-    needs.microbatches = co.pp.microbatches;
-    needs.virtual_stages = co.pp.virtual_stages;
+    mesh_requirements needs = {0};
+    mesh_require(&needs, tp_mesh_rule(c));
+    mesh_require(&needs, pipeline_layers_rule(c->n_layers, co.pp.virtual_stages, false));
+    mesh_require(&needs, pipeline_microbatches_rule(o.batch, co.pp.microbatches, 0));
     device_mesh *mesh = mesh_create((mesh_shape){.pp = co.stages ? co.stages : MESH_REST, .tp = co.tp}, &needs);
     int P = mesh->shape.pp, T = mesh->shape.tp;
     if (P == 1 && co.p2p_given)   /* one stage sends nothing: the flag would change nothing */

@@ -408,3 +408,45 @@ const plan_fault pipeline_faults[] = {
     {"drop-last-microbatch-grad", "the last microbatch's gradient is zeroed where its backward starts, so "
      "every layer's gradient misses that microbatch's share", drop_last_microbatch},
     {NULL, NULL, NULL}};
+
+/* ---- the mesh's rules (pipeline.h) ---- */
+
+static const char *layers_fill_chunks(const mesh_rule *r, const mesh_view *v, char *why, size_t len) {
+    int L = (int)r->size[0], V = r->size[1] > 0 ? (int)r->size[1] : 1, P = v->s.pp, chunks = P * V;
+    bool short_end_chunks = r->option, even = L % chunks == 0;
+    bool short_ends = short_end_chunks && chunks >= 2 && (L + 2) % chunks == 0 && (L + 2) / chunks >= 2;
+    if (even || short_ends) return NULL;
+    if (short_end_chunks)
+        return mesh_refuse(why, len, "%d layers cannot be cut into pp %d x %d virtual stages: neither %d nor %d (one "
+                           "layer fewer in the first and the last chunk) is a multiple of %d", L, P, V, L, L + 2,
+                           chunks);
+    return mesh_refuse(why, len, "%s %d cannot be split evenly into %s x %s %d = %d chunks: use a multiple of %d "
+                       "layers", mesh_size_name(v, "--n-layers", "n_layers"), L, v->degree[MESH_PP],
+                       mesh_size_name(v, "--virtual-stages", "virtual stages"), V, chunks, chunks);
+}
+
+static const char *microbatches_fill_shares(const mesh_rule *r, const mesh_view *v, char *why, size_t len) {
+    long long batch = r->size[0], size = r->size[2];
+    int M = r->size[1] > 0 ? (int)r->size[1] : 1, R = v->s.dp_replicate, S = v->s.dp_shard, dp = R * S;
+    long long per_rank = batch / dp;
+    const char *name = mesh_size_name(v, "--microbatches", "microbatches");
+    if (per_rank % M && dp == 1)
+        return mesh_refuse(why, len, "--batch %lld is not divisible by %s %d: each microbatch takes batch / %d "
+                           "sequences", batch, name, M, M);
+    if (per_rank % M)
+        return mesh_refuse(why, len, "--batch %lld over dp_replicate %d x dp_shard %d leaves %lld sequences a data "
+                           "rank, not divisible by %s %d: each microbatch takes an equal share", batch, R, S, per_rank,
+                           name, M);
+    if (size > 0 && per_rank % size)
+        return mesh_refuse(why, len, "the global batch of %lld sequences over dp_replicate %d x dp_shard %d leaves "
+                           "%lld a data rank: not whole microbatches of %lld sequences", batch, R, S, per_rank, size);
+    return NULL;
+}
+
+mesh_rule pipeline_layers_rule(int n_layers, int virtual_stages, bool short_end_chunks) {
+    return (mesh_rule){.check = layers_fill_chunks, .size = {n_layers, virtual_stages}, .option = short_end_chunks};
+}
+
+mesh_rule pipeline_microbatches_rule(long long batch, int microbatches, int microbatch_size) {
+    return (mesh_rule){.check = microbatches_fill_shares, .size = {batch, microbatches, microbatch_size}};
+}

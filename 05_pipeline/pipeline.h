@@ -74,6 +74,16 @@ void pipeline_validate(int pp, const pp_options *o);
  * chapter 01's tensor-parallel one within each stage): the layers this rank holds, the schedule
  * that runs the step, and (zb-h1) the linear operator that defers the weight gradients. */
 void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const pp_options *o);
+
+/* The pipeline's rules for mesh_create (mesh.h).
+ *   layers: whole layers in each of the pp x virtual_stages chunks (virtual_stages 0: 1), or, with
+ *           short_end_chunks (chapter 08's calculator plans it, as the Llama 3 paper does),
+ *           (n_layers + 2) / chunks with one layer fewer in the first and the last chunk.
+ *   microbatches: each data rank's batch / (dp_replicate x dp_shard) sequences in `microbatches`
+ *           equal pieces (0: 1), or, when microbatch_size > 0 (the calculator), pieces of that many
+ *           sequences. After the data-parallel rule (dp_batch_rule), which asks for whole shares. */
+mesh_rule pipeline_layers_rule(int n_layers, int virtual_stages, bool short_end_chunks);
+mesh_rule pipeline_microbatches_rule(long long batch, int microbatches, int microbatch_size);
 /* The technique as the plan's stack records it (plan_free frees its state). */
 extern const plan_technique pipeline_technique;
 

@@ -482,3 +482,35 @@ const plan_fault context_parallel_faults[] = {
     {"no-lse-rescale", "each key block's partial attention is added to the running output as it is, "
      "without rescaling both by their log-sum-exp (the log-sum-exp itself is merged right)", no_lse_rescale},
     {NULL, NULL, NULL}};
+
+/* ---- the mesh's rules (context_parallel.h) ---- */
+
+static const char *cp_divides_sequence(const mesh_rule *r, const mesh_view *v, char *why, size_t len) {
+    long long seq = r->size[0];
+    int C = v->s.cp, T = v->s.tp;
+    if (C == 1 || seq % (2 * C) == 0) return NULL;
+    long long step = mesh_lcm(2 * C, r->option ? (long long)C * T : 1);
+    char valid[96];
+    return mesh_refuse(why, len, "%s %lld cannot be split over %s: each cp rank holds 2 chunks of seq_len / (2 x cp) "
+                       "rows; %s", mesh_size_name(v, "--seq-len", "seq_len"), seq, v->degree[MESH_CP],
+                       mesh_nearest(valid, sizeof valid, "length", seq, step));
+}
+
+static const char *cp_divides_heads(const mesh_rule *r, const mesh_view *v, char *why, size_t len) {
+    long long heads = r->size[0], kv_heads = r->size[1];
+    int C = v->s.cp, T = v->s.tp;
+    if ((heads / T) % C == 0 && (kv_heads / T) % C == 0) return NULL;
+    return mesh_refuse(why, len, "%s deals whole heads out to the %s ranks, but a tp rank holds %lld heads and %lld kv "
+                       "heads (%s %lld, %s %lld over %s): both must divide by %d",
+                       v->plan ? "all-to-all attention" : "--cp-method alltoall", v->degree[MESH_CP], heads / T,
+                       kv_heads / T, mesh_size_name(v, "--n-heads", "n_heads"), heads,
+                       mesh_size_name(v, "--n-kv-heads", "n_kv_heads"), kv_heads, v->degree[MESH_TP], C);
+}
+
+mesh_rule cp_sequence_rule(int seq_len, bool sequence_parallel) {
+    return (mesh_rule){.check = cp_divides_sequence, .size = {seq_len}, .option = sequence_parallel};
+}
+
+mesh_rule cp_heads_rule(const llama_config *c) {
+    return (mesh_rule){.check = cp_divides_heads, .size = {c->n_heads, c->n_kv_heads}};
+}

@@ -67,6 +67,15 @@ void context_parallel_validate(int cp);
  * chapter 01's tensor-parallel one: heads split by tp, rows by cp): the rows and positions of
  * this rank, the attention operator of the method, the gradient all-reduce over cp. */
 void context_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const cp_options *o);
+
+/* Context parallelism's rules for mesh_create (mesh.h).
+ *   sequence: each cp rank holds 2 chunks of seq_len / (2 x cp) rows (the zigzag's halves); with
+ *           sequence_parallel (chapter 03 over it: a fact of another technique, given as data) the
+ *           lengths it offers also split over cp x tp.
+ *   heads:  all-to-all attention deals a tp rank's n_heads / tp heads and n_kv_heads / tp kv heads
+ *           out whole to the cp ranks. */
+mesh_rule cp_sequence_rule(int seq_len, bool sequence_parallel);
+mesh_rule cp_heads_rule(const llama_config *c);
 /* The technique as the plan's stack records it (plan_free frees its state). */
 extern const plan_technique context_parallel_technique;
 

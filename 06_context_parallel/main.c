@@ -65,8 +65,10 @@ int main(int argc, char **argv) {
     const llama_config *c = &o.model;
 
     /* ---- mesh: cp x tp (cp: the rest of NP when not given) ---- */
-    mesh_requirements needs = llama_mesh_requirements(c, o.batch);
-    needs.heads_over_cp = co.cp.method == CP_ALLTOALL;
+    mesh_requirements needs = {0};
+    mesh_require(&needs, tp_mesh_rule(c));
+    mesh_require(&needs, cp_sequence_rule(c->seq_len, false));
+    if (co.cp.method == CP_ALLTOALL) mesh_require(&needs, cp_heads_rule(c));
     device_mesh *mesh = mesh_create((mesh_shape){.cp = co.C ? co.C : MESH_REST, .tp = co.tp}, &needs);
     int C = mesh->shape.cp, T = mesh->shape.tp;
     context_parallel_validate(C);

@@ -86,7 +86,9 @@ int main(int argc, char **argv) {
                         float8_recipe_name(co.fp8.recipe));
 
     /* ---- mesh: dp_shard x tp (tp: the rest of NP when not given) ---- */
-    mesh_requirements needs = llama_mesh_requirements(c, o.batch);
+    mesh_requirements needs = {0};
+    mesh_require(&needs, tp_mesh_rule(c));
+    mesh_require(&needs, dp_batch_rule(o.batch));
     device_mesh *mesh = mesh_create((mesh_shape){.dp_shard = co.dp_shard, .tp = co.tp ? co.tp : MESH_REST}, &needs);
     int S = mesh->shape.dp_shard, tp = mesh->shape.tp;
 

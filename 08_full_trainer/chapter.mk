@@ -18,4 +18,4 @@ RUN_NP_08    := 8
 RUN_FLAGS_08 := --sample 400
 RUN_ARGS_08  := --pp 2 --dp-shard 2 --tp 2
 # The unit tests of this chapter's files, linked with them (all but main.c) and LINKS_08.
-TESTS_08 := test_plan_calculator test_trainer test_checkpoint
+TESTS_08 := test_plan_calculator test_trainer test_checkpoint test_mesh

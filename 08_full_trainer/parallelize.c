@@ -6,6 +6,7 @@
 #include "../02_loss_parallel/vocab_parallel.h"
 #include "../03_sequence_parallel/async_tp.h"
 #include "../04_fsdp/data_parallel.h"
+#include "../06_context_parallel/context_parallel.h"
 #include "parallelize.h"
 
 const char *parallel_mesh_name(const parallel_options *o, char *buf, size_t len) {
@@ -20,6 +21,19 @@ mesh_shape parallel_mesh_shape(const parallel_options *o) {
     mesh_shape s;
     memcpy(s.degree, o->degree, sizeof s.degree);
     return s;
+}
+
+mesh_requirements parallel_mesh_requirements(const parallel_options *o, const llama_config *c, long long batch) {
+    mesh_requirements needs = {0};
+    mesh_require(&needs, tp_mesh_rule(c));
+    mesh_require(&needs, vocab_mesh_rule(c->vocab_size, c->vocab_multiple));   /* tp > 1 always splits it (02) */
+    mesh_require(&needs, cp_sequence_rule(c->seq_len, o->sp));
+    if (o->sp) mesh_require(&needs, sp_mesh_rule(c->seq_len));
+    if (o->cp.method == CP_ALLTOALL) mesh_require(&needs, cp_heads_rule(c));
+    mesh_require(&needs, pipeline_layers_rule(c->n_layers, o->pp.virtual_stages, false));
+    mesh_require(&needs, dp_batch_rule(batch));
+    mesh_require(&needs, pipeline_microbatches_rule(batch, o->pp.microbatches, 0));
+    return needs;
 }
 
 void parallelize_validate(parallel_options *o, const llama_config *c, int batch) {

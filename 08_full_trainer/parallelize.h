@@ -66,22 +66,13 @@ static inline bool parallel_has_fsdp(const parallel_options *o) {
  * and what a technique cannot take (a schedule, float8's shapes). */
 void parallelize_validate(parallel_options *o, const llama_config *c, int batch);
 
-/* What the mesh must divide under these options (mesh_check's requirements): the heads, kv heads,
- * ffn and vocabulary over tp (01, 02); the sequence over 2 cp (06) and, with sequence parallelism,
- * cp x tp (03); all-to-all attention's heads over cp; the layers over pp x virtual stages (05);
- * the global batch over dp_replicate x dp_shard x microbatches (04, 05). Inline, so that the
- * --plan calculator's test compares its verdicts with the trainer's without linking every
- * technique. */
-static inline mesh_requirements parallel_mesh_requirements(const parallel_options *o, const llama_config *c,
-                                                           int batch) {
-    mesh_requirements needs = llama_mesh_requirements(c, batch);
-    needs.vocab_size = c->vocab_size;   /* tp > 1 always splits the vocabulary (02) */
-    needs.sequence_parallel = o->sp;
-    needs.heads_over_cp = o->cp.method == CP_ALLTOALL;
-    needs.microbatches = o->pp.microbatches;
-    needs.virtual_stages = o->pp.virtual_stages;
-    return needs;
-}
+/* What the mesh must divide under these options: each technique's rules (mesh.h), in this order:
+ * the heads, kv heads, ffn and vocabulary over tp (01, 02); the sequence over 2 cp (06) and, with
+ * sequence parallelism, cp x tp (03); all-to-all attention's heads over cp (06); the layers over
+ * pp x virtual stages (05); the global batch over dp_replicate x dp_shard (04), then microbatches
+ * (05). The --plan calculator asks the same techniques' rules (plan_calc_mesh), with its names,
+ * the ends' shorter chunks and its microbatch size; test_plan_calculator compares the verdicts. */
+mesh_requirements parallel_mesh_requirements(const parallel_options *o, const llama_config *c, long long batch);
 
 /* The degrees as a mesh_shape (for mesh_create, after parallelize_validate resolved them). */
 mesh_shape parallel_mesh_shape(const parallel_options *o);

@@ -12,6 +12,9 @@
 #include "shard.h"
 #include "../01_transformer_tp/tp.h"
 #include "../02_loss_parallel/vocab_parallel.h"
+#include "../03_sequence_parallel/sequence_parallel.h"
+#include "../04_fsdp/data_parallel.h"
+#include "../05_pipeline/pipeline.h"
 #include "../06_context_parallel/context_parallel.h"
 #include "plan_calculator.h"
 
@@ -339,17 +342,19 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
     int T = c.seq_len;
     if (o->global_batch % T) REFUSE("the global batch of %lld tokens is not whole sequences of %d", o->global_batch, T);
     long long seqs = o->global_batch / T;
-    /* the trainer's rules (mesh_check): whole heads, kv heads, ffn units and vocabulary rows on
-     * each tp rank (01, 02); the sequence in 2 cp chunks and each cp rank's rows over tp (06, 03);
-     * whole layers in every chunk, the first and the last one fewer allowed (05); every dp rank
-     * the same number of whole microbatches (04) */
-    mesh_requirements needs = llama_mesh_requirements(&c, seqs);
-    needs.vocab_size = c.vocab_size;
-    needs.sequence_parallel = true;
-    needs.virtual_stages = o->virtual_stages;
-    needs.short_end_chunks = true;
-    needs.microbatch_size = o->microbatch;
-    needs.names = MESH_NAMES_PLAN;
+    /* the trainer's techniques' rules (mesh.h, parallel_mesh_requirements): whole heads, kv heads,
+     * ffn units and vocabulary rows on each tp rank (01, 02); the sequence in 2 cp chunks and each
+     * cp rank's rows over tp (06, 03: sequence parallelism planned); whole layers in every chunk,
+     * the first and the last one fewer allowed (05); every dp rank the same number of whole
+     * microbatches of o->microbatch sequences (04, 05) */
+    mesh_requirements needs = {.names = MESH_NAMES_PLAN};
+    mesh_require(&needs, tp_mesh_rule(&c));
+    mesh_require(&needs, vocab_mesh_rule(c.vocab_size, c.vocab_multiple));
+    mesh_require(&needs, cp_sequence_rule(c.seq_len, true));
+    mesh_require(&needs, sp_mesh_rule(c.seq_len));
+    mesh_require(&needs, pipeline_layers_rule(c.n_layers, o->virtual_stages, true));
+    mesh_require(&needs, dp_batch_rule(seqs));
+    mesh_require(&needs, pipeline_microbatches_rule(seqs, 0, o->microbatch));
     int g[MESH_NDIMS];
     if (!resolve_mesh(o, mesh, g, why, whylen)) return -1;
     int P = g[MESH_PP], R = g[MESH_DP_REPLICATE], C = g[MESH_CP], t = g[MESH_TP], V = o->virtual_stages;

@@ -116,7 +116,8 @@ static void test_parity(const llama_config *c) {
     device_copy_to_device(d_tokens, tokens, n * sizeof(int));
     device_copy_to_device(d_targets, targets, n * sizeof(int));
 
-    mesh_requirements needs = llama_mesh_requirements(c, BATCH);
+    mesh_requirements needs = {0};
+    mesh_require(&needs, tp_mesh_rule(c));
     device_mesh *mesh = mesh_create((mesh_shape){.tp = MESH_REST}, &needs);
     llama_plan plan = megatron_plan(mesh, c);
     llama_model *tp = llama_create(c, &plan, BATCH, SEED), *base = llama_create_baseline(c, BATCH, SEED);

@@ -3,11 +3,29 @@
  * degrees left 0 or MESH_REST, the world's product, and each rule's refusal (one line naming the
  * value, the rule and what is valid). The exit-2 behaviour of a bad mesh under mpirun is tested
  * by tests/t_bad_input.sh; the calculator's verdicts against the trainer's by
- * tests/test_plan_calculator.c. */
+ * tests/test_plan_calculator.c. Each rule is its technique's (chapters 01-06): the test links
+ * chapter 08's sources, which link them all (TESTS_08). */
 #include <string.h>
 #include "comm.h"
 #include "mesh.h"
 #include "test_util.h"
+#include "../01_transformer_tp/tp.h"
+#include "../02_loss_parallel/vocab_parallel.h"
+#include "../03_sequence_parallel/sequence_parallel.h"
+#include "../04_fsdp/data_parallel.h"
+#include "../05_pipeline/pipeline.h"
+#include "../06_context_parallel/context_parallel.h"
+
+/* A rule from outside common/ and the chapters: experts dealt out whole over dp_shard (the shape
+ * of chapter 09's expert parallelism), to show that mesh_check needs no field for it. */
+static const char *experts_over_dp_shard(const mesh_rule *r, const mesh_view *v, char *why, size_t len) {
+    if (r->size[0] % v->s.dp_shard == 0) return NULL;
+    return mesh_refuse(why, len, "%s does not divide %s %lld: each rank of dp_shard holds whole experts",
+                       v->degree[MESH_DP_SHARD], mesh_size_name(v, "--n-experts", "n_experts"), r->size[0]);
+}
+static mesh_rule experts_rule(int n_experts) {
+    return (mesh_rule){.check = experts_over_dp_shard, .size = {n_experts}};
+}
 
 /* mesh_check's line for `s` on `world` ranks must contain `says` (NULL: the mesh is valid). */
 static void expect(mesh_shape s, int world, const mesh_requirements *r, const char *says) {
@@ -54,54 +72,69 @@ int main(int argc, char **argv) {
     expect((mesh_shape){.pp = 3, .dp_shard = MESH_REST}, 8, NULL, "NP=8 is not divisible by --pp 3: dp_shard would not be whole");
     expect((mesh_shape){.pp = MESH_REST, .tp = MESH_REST}, 4, NULL, "tp=-1 is not valid");   /* only one */
 
-    /* each rule: the sizes asked (only those it reads, and one it must read first), the mesh, the
-     * world, and the line (NULL: admitted) */
-    const struct { mesh_requirements r; mesh_shape s; int world; const char *says; } rules[] = {
-        {{.n_heads = 4}, {.tp = MESH_REST}, 3,
+    /* each technique's rules (the chapters' *_rule constructors): the rules asked, in order (the
+     * first that refuses speaks), the mesh, the world, and the line (NULL: admitted) */
+    const llama_config heads4 = {.n_heads = 4}, kv2 = {.n_heads = 4, .n_kv_heads = 2}, ffn129 = {.ffn_dim = 129};
+    const llama_config kv2_alone = {.n_kv_heads = 2}, heads6 = {.n_heads = 6, .n_kv_heads = 3};
+    const struct { mesh_rule rule[3]; mesh_names names; mesh_shape s; int world; const char *says; } rules[] = {
+        {{tp_mesh_rule(&heads4)}, MESH_NAMES_RUN, {.tp = MESH_REST}, 3,
          "NP=3 does not divide --n-heads 4: each tp rank computes whole query heads; use a tp that divides 4"},
-        {{.n_heads = 4, .n_kv_heads = 2}, {.tp = 4}, 4, "--tp 4 does not divide --n-kv-heads 2"},
-        {{.ffn_dim = 129}, {.tp = 2}, 2,
+        {{tp_mesh_rule(&kv2)}, MESH_NAMES_RUN, {.tp = 4}, 4, "--tp 4 does not divide --n-kv-heads 2"},
+        {{tp_mesh_rule(&ffn129)}, MESH_NAMES_RUN, {.tp = 2}, 2,
          "--ffn-dim 129: w1 and w3 are split by rows, w2 by columns; the nearest valid sizes are 128 and 130"},
-        {{.n_kv_heads = 2, .vocab_size = 2}, {.tp = 4}, 4, "--n-kv-heads"},   /* the heads first */
+        {{tp_mesh_rule(&kv2_alone), vocab_mesh_rule(2, 0)}, MESH_NAMES_RUN, {.tp = 4}, 4, "--n-kv-heads"},   /* in order */
+        {{vocab_mesh_rule(2, 0), tp_mesh_rule(&kv2_alone)}, MESH_NAMES_RUN, {.tp = 4}, 4, "--n-kv-heads"},   /* 2 pads to 4 */
         /* the vocabulary padded: 250 at tp 4 to 252 (the default multiple, tp), 1,000 at tp 3 to 1,152
          * (128 x 3); a --vocab-multiple tp does not divide is refused */
-        {{.vocab_size = 250}, {.tp = 4}, 4, NULL},
-        {{.vocab_size = 1000}, {.tp = 3}, 3, NULL},
-        {{.vocab_size = 250, .vocab_multiple = 128}, {.tp = 3}, 3,
+        {{vocab_mesh_rule(250, 0)}, MESH_NAMES_RUN, {.tp = 4}, 4, NULL},
+        {{vocab_mesh_rule(1000, 0)}, MESH_NAMES_RUN, {.tp = 3}, 3, NULL},
+        {{vocab_mesh_rule(250, 128)}, MESH_NAMES_RUN, {.tp = 3}, 3,
          "--tp 3 does not divide --vocab 250 padded to a multiple of --vocab-multiple 128 (256 rows): the embedding "
          "and the output layer are split by vocabulary rows; use a --vocab-multiple that is a multiple of 3"},
-        {{.seq_len = 30}, {.tp = 4}, 4, NULL},   /* no sequence parallelism: no rule */
-        {{.seq_len = 30, .sequence_parallel = true}, {.tp = 4}, 4,
+        {{cp_sequence_rule(30, false)}, MESH_NAMES_RUN, {.tp = 4}, 4, NULL},   /* no sequence parallelism: no rule */
+        {{sp_mesh_rule(30)}, MESH_NAMES_RUN, {.tp = 4}, 4,
          "--seq-len 30 cannot be split over --tp 4: sequence parallelism gives each tp rank seq_len / tp tokens of every "
          "sequence; the nearest valid lengths are 28 and 32 (or --no-sp)"},
-        {{.seq_len = 36, .sequence_parallel = true}, {.cp = 2, .tp = 4}, 8,
+        {{cp_sequence_rule(36, true), sp_mesh_rule(36)}, MESH_NAMES_RUN, {.cp = 2, .tp = 4}, 8,
          "--seq-len 36 cannot be split over --cp 2 x --tp 4: each cp rank holds seq_len / cp rows and sequence "
          "parallelism splits them over tp; the nearest valid lengths are 32 and 40"},
-        {{.seq_len = 62}, {.cp = 2}, 2, "--seq-len 62 cannot be split over --cp 2: each cp rank holds 2 chunks"},
-        /* tp 3 is odd: 2 cp and cp x tp together ask for a multiple of 12 */
-        {{.seq_len = 24, .sequence_parallel = true}, {.cp = 2, .tp = 3}, 6, NULL},
-        {{.seq_len = 18, .sequence_parallel = true}, {.cp = 2, .tp = 3}, 6, "the nearest valid lengths are 12 and 24"},
+        {{cp_sequence_rule(62, false)}, MESH_NAMES_RUN, {.cp = 2}, 2,
+         "--seq-len 62 cannot be split over --cp 2: each cp rank holds 2 chunks"},
+        /* tp 3 is odd: 2 cp and cp x tp together ask for a multiple of 12, whichever rule speaks */
+        {{cp_sequence_rule(24, true), sp_mesh_rule(24)}, MESH_NAMES_RUN, {.cp = 2, .tp = 3}, 6, NULL},
+        {{cp_sequence_rule(18, true), sp_mesh_rule(18)}, MESH_NAMES_RUN, {.cp = 2, .tp = 3}, 6,
+         "the nearest valid lengths are 12 and 24"},
+        {{cp_sequence_rule(14, true), sp_mesh_rule(14)}, MESH_NAMES_RUN, {.cp = 2, .tp = 3}, 6,
+         "--seq-len 14 cannot be split over --cp 2: each cp rank holds 2 chunks of seq_len / (2 x cp) rows; the "
+         "nearest valid lengths are 12 and 24"},
         /* 06's all-to-all: a tp rank's 2 heads and 1 kv head over cp 2 */
-        {{.n_heads = 6, .n_kv_heads = 3, .heads_over_cp = true}, {.cp = 2, .tp = 3}, 6,
+        {{cp_heads_rule(&heads6)}, MESH_NAMES_RUN, {.cp = 2, .tp = 3}, 6,
          "--cp-method alltoall deals whole heads out to the --cp 2 ranks, but a tp rank holds 2 heads and 1 kv heads"},
-        {{.n_layers = 6}, {.pp = MESH_REST}, 4,
+        {{pipeline_layers_rule(6, 0, false)}, MESH_NAMES_RUN, {.pp = MESH_REST}, 4,
          "--n-layers 6 cannot be split evenly into NP=4 x --virtual-stages 1 = 4 chunks: use a multiple of 4 layers"},
         /* the calculator's: 6 + 2 layers in 4 chunks, the ends one fewer; microbatches of 3 sequences */
-        {{.n_layers = 6, .batch = 8, .short_end_chunks = true, .microbatch_size = 3, .names = MESH_NAMES_PLAN},
+        {{pipeline_layers_rule(6, 0, true), dp_batch_rule(8), pipeline_microbatches_rule(8, 0, 3)}, MESH_NAMES_PLAN,
          {.pp = 4}, 4, "the global batch of 8 sequences over dp_replicate 1 x dp_shard 1 leaves 8 a data rank: not whole "
                        "microbatches of 3 sequences"},
-        {{.n_layers = 5, .short_end_chunks = true, .names = MESH_NAMES_PLAN}, {.pp = 4}, 4,
+        {{pipeline_layers_rule(5, 0, true)}, MESH_NAMES_PLAN, {.pp = 4}, 4,
          "5 layers cannot be cut into pp 4 x 1 virtual stages: neither 5 nor 7"},
-        {{.batch = 8, .microbatches = 3}, {.pp = 2}, 2,
+        {{pipeline_microbatches_rule(8, 3, 0)}, MESH_NAMES_RUN, {.pp = 2}, 2,
          "--batch 8 is not divisible by --microbatches 3: each microbatch takes batch / 3 sequences"},
-        {{.batch = 8, .microbatches = 2}, {.pp = 2, .dp_shard = 3}, 6,
+        {{dp_batch_rule(8), pipeline_microbatches_rule(8, 2, 0)}, MESH_NAMES_RUN, {.pp = 2, .dp_shard = 3}, 6,
          "--batch 8 is not divisible by the data-parallel degree dp_replicate 1 x dp_shard 3 = 3"},
-        {{.batch = 12, .microbatches = 4}, {.pp = 2, .dp_shard = 2}, 4,
+        {{dp_batch_rule(12), pipeline_microbatches_rule(12, 4, 0)}, MESH_NAMES_RUN, {.pp = 2, .dp_shard = 2}, 4,
          "--batch 12 over dp_replicate 1 x dp_shard 2 leaves 6 sequences a data rank, not divisible by --microbatches 4"},
-        {{.batch = 12, .microbatches = 3}, {.pp = 2, .dp_shard = 2}, 4, NULL},
+        {{dp_batch_rule(12), pipeline_microbatches_rule(12, 3, 0)}, MESH_NAMES_RUN, {.pp = 2, .dp_shard = 2}, 4, NULL},
+        /* a technique mesh.c has never heard of brings its own rule (design.md, "How to add a technique") */
+        {{experts_rule(8)}, MESH_NAMES_RUN, {.dp_shard = 4}, 4, NULL},
+        {{tp_mesh_rule(&heads4), experts_rule(6)}, MESH_NAMES_RUN, {.dp_shard = 4}, 4,
+         "--dp-shard 4 does not divide --n-experts 6: each rank of dp_shard holds whole experts"},
     };
-    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
-        expect(rules[i].s, rules[i].world, &rules[i].r, rules[i].says);
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
+        mesh_requirements r = {.names = rules[i].names};
+        for (int k = 0; k < 3 && rules[i].rule[k].check; k++) mesh_require(&r, rules[i].rule[k]);
+        expect(rules[i].s, rules[i].world, &r, rules[i].says);
+    }
     /* the padding rule itself (mesh.h's examples) */
     const int pad[][4] = {{250, 0, 4, 252}, {1000, 0, 3, 1152}, {128256, 0, 3, 128256}, {128256, 0, 5, 128640},
                           {256, 0, 2, 256}, {256, 0, 4, 256}, {40, 0, 4, 40}, {250, 64, 4, 256}, {250, 0, 1, 256}};

@@ -173,12 +173,6 @@ int llama_config_check(const llama_config *c, int B, int T, char *err, size_t er
     return -1;
 }
 
-mesh_requirements llama_mesh_requirements(const llama_config *c, long long batch) {
-    return (mesh_requirements){.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .ffn_dim = c->ffn_dim,
-                               .seq_len = c->seq_len, .n_layers = c->n_layers, .batch = batch,
-                               .vocab_multiple = c->vocab_multiple};
-}
-
 int llama_padded_vocab(const llama_config *c, int tp) {
     return vocab_padded_size(c->vocab_size, c->vocab_multiple, tp);
 }

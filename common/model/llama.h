@@ -53,11 +53,6 @@ static inline int llama_head_dim(const llama_config *c) { return c->dim / c->n_h
 /* 0 when the configuration and a [B, T] batch make a valid model; otherwise -1 and one line in
  * err naming the values and the rule (n_heads divides dim, n_kv_heads divides n_heads, ...). */
 int llama_config_check(const llama_config *c, int B, int T, char *err, size_t errlen);
-/* What a mesh must divide of this model and a global batch of `batch` sequences (mesh_check,
- * common/parallel/mesh.h): the heads, kv heads and ffn units (tp), the sequence (cp), the layers
- * (pp), the batch (dp). The caller adds what its plan splits beyond these: the vocabulary (loss
- * parallelism), the sequence over tp (sequence parallelism), microbatches, virtual stages. */
-mesh_requirements llama_mesh_requirements(const llama_config *c, long long batch);
 /* The vocabulary rows the embedding and the output layer hold when split over tp (02): vocab_size
  * rounded up to the padding multiple (mesh.h's vocab_padded_size). */
 int llama_padded_vocab(const llama_config *c, int tp);

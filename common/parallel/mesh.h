@@ -37,28 +37,45 @@ typedef struct {
  * alone is "NP=4"), or chapter 08's --plan calculator's (tp 2, --plan-heads 4, --plan-gpus). */
 typedef enum { MESH_NAMES_RUN = 0, MESH_NAMES_PLAN } mesh_names;
 
-/* What the mesh's degrees must divide: the model's and the batch's sizes, as plain numbers
- * (parallel/ sits below model/). A size left 0 asks nothing of the mesh. */
+/* What a rule sees: the degrees resolved (no 0, no MESH_REST) and how to name them. */
 typedef struct {
-    int n_heads, n_kv_heads;   /* tp (01): whole query heads and key/value heads on each tp rank    */
-    int ffn_dim;               /* tp (01): w1, w3 split by rows and w2 by columns                   */
-    int vocab_size;            /* tp (02): given when the embedding and the output are split by rows;
-                                * tp must divide it once padded (vocab_padded_size)                */
-    int vocab_multiple;        /*   --vocab-multiple, 0: the default rule                             */
-    int seq_len;               /* cp (06): 2 cp chunks (the zigzag's halves); with
-                                * sequence_parallel, cp x tp (03: seq_len / (cp tp) rows a rank)     */
-    bool sequence_parallel;
-    bool heads_over_cp;        /* cp (06's all-to-all attention): n_heads / tp and n_kv_heads / tp
-                                * divisible by cp, whole heads on each cp rank                      */
-    int n_layers;              /* pp (05): whole layers in each of pp x virtual_stages chunks        */
-    int virtual_stages;        /*   0: 1                                                             */
-    bool short_end_chunks;     /*   or (n_layers + 2) / chunks with one layer fewer in the first and
-                                *   the last chunk (the Llama 3 paper's; the calculator plans it)    */
-    long long batch;           /* dp (04): sequences of one step, the same count on every data rank */
-    int microbatches;          /* 05: each data rank's sequences in this many equal pieces (0: 1)   */
-    int microbatch_size;       /* the calculator: pieces of this many sequences (0: any)            */
+    mesh_shape s;
+    int world;
+    bool plan;                          /* MESH_NAMES_PLAN: the calculator's names              */
+    char degree[MESH_NDIMS][32];        /* each degree as the user set it: "--tp 2", "NP=4" (taken
+                                         * from the world), "tp 2" (the calculator's)           */
+} mesh_view;
+
+/* One divisibility rule of a technique, as data: its check and the sizes it reads (plain numbers:
+ * parallel/ sits below model/). A technique contributes its rules (tp_mesh_rules in chapter 01,
+ * pipeline_mesh_rules in 05, ...) and mesh_check runs them in the order they were added, so a new
+ * technique brings its own rule without a field here (tests/test_mesh.c adds one). check returns
+ * NULL when the degrees admit the sizes; otherwise `why`, filled with one line that names the
+ * value, the rule and what is valid (mesh_refuse). */
+typedef struct mesh_rule mesh_rule;
+struct mesh_rule {
+    const char *(*check)(const mesh_rule *rule, const mesh_view *v, char *why, size_t len);
+    long long size[4];                  /* what the rule's constructor documents               */
+    bool option;                        /*   and one switch                                     */
+};
+
+#define MESH_MAX_RULES 16
+typedef struct {
+    mesh_rule rule[MESH_MAX_RULES];
+    int n;
     mesh_names names;
 } mesh_requirements;
+
+/* Appends a rule (a programming error, aborting, beyond MESH_MAX_RULES). */
+void mesh_require(mesh_requirements *r, mesh_rule rule);
+
+/* For rules: a size's name in a refusal (run: the flag, "--n-heads"; plan: the field, "n_heads"),
+ * the refusal itself (printf into why; returns why), and "the nearest valid sizes are 254 and 256"
+ * (the multiples of step on either side of value, into buf). */
+const char *mesh_size_name(const mesh_view *v, const char *flag, const char *field);
+const char *mesh_refuse(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+const char *mesh_nearest(char *buf, size_t len, const char *what, long long value, long long step);
+long long mesh_lcm(long long a, long long b);
 
 /* Vocabulary padding (02; Megatron-LM's --make-vocab-size-divisible-by, times tp): the embedding
  * and the output layer, split by vocabulary rows over tp, hold the vocabulary rounded up to a
@@ -75,8 +92,8 @@ const char *mesh_dim_name(int dim);   /* "pp", "dp_replicate", "dp_shard", "cp",
 
 /* The one check of a mesh, used by every chapter, chapter 08's trainer and its --plan calculator
  * alike, so they cannot disagree. Replaces the 0 and MESH_REST degrees of *s by what they stand
- * for on `world` ranks, then checks that the degrees multiply to `world` and divide what r asks
- * (r NULL: only the world). Returns NULL when the mesh is valid; otherwise `why`, filled with one
+ * for on `world` ranks, then checks that the degrees multiply to `world` and runs r's rules in
+ * their order (r NULL: only the world). Returns NULL when the mesh is valid; otherwise `why`, filled with one
  * line that names the value, the rule and what is valid. */
 const char *mesh_check(mesh_shape *s, int world, const mesh_requirements *r, char *why, size_t len);
 
