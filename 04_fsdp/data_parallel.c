@@ -568,6 +568,10 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
         [DP_ZERO2] = {STORE_WHOLE, STORE_SHARD, STORE_SHARD},
         [DP_FSDP] = {STORE_SHARD, STORE_SHARD, STORE_SHARD}};
     memcpy(plan->storage, storage[o->mode], sizeof plan->storage);
+    /* declared for the techniques below (06's sum over cp): the gradients' reduction sums over the
+     * data ranks, and over cp too when the gradients are reduce-scattered into shards over it */
+    plan->groups.grads_summed_dims = MESH_BIT(MESH_DP_REPLICATE) | MESH_BIT(MESH_DP_SHARD) |
+                                     (over_cp && plan->storage[PARAM_GRADS] != STORE_WHOLE ? MESH_BIT(MESH_CP) : 0);
     plan->weights = (weight_ops){s, dp_acquire, dp_release};
     plan_wrap(plan->reduce_grads, s->below_reduce, ((grad_reduce_ops){s, dp_reduce_grads}));
     plan->optimizer = (optimizer_ops){s, dp_optimizer_step};

@@ -46,7 +46,6 @@ typedef struct {
     bool *posted;                           /* [actions]                                            */
     pp_message *sends;                      /* the step's sends, waited for at its end             */
     int n_sends, cap_sends;
-    int k_now;                              /* the action in progress                              */
     float *dh0;                             /* [M * Bm * Ts * D] d loss / d h0, written by chunk 0's
                                              * rank (zeros elsewhere: gathered from stage 0)         */
     size_t live_bytes;
@@ -63,12 +62,6 @@ typedef struct {
 /* ---- placement ------------------------------------------------------------------------------- */
 
 static int chunk_of_layer(const pp_state *s, int layer) { return layer / s->chunk_layers; }
-
-/* The microbatch of the action in progress. */
-static int pp_microbatch_now(void *state, const llama_plan *p) {
-    const pp_state *s = state;
-    return s->sched->a[s->rank][s->k_now].mb;
-}
 
 static bool pp_holds_layer(void *state, const llama_plan *p, int layer) {
     const pp_state *s = state;
@@ -291,16 +284,17 @@ static float pipeline_forward_backward(void *state, const llama_plan *p, llama_m
     device_mark step_start = device_mark_now();
     for (int k = 0; k < n; k++) {
         const pp_action *a = &s->sched->a[s->rank][k];
-        s->k_now = k;
         post_receive(s, k);         /* this action's input, if not posted yet ...              */
         post_receive(s, k + 1);     /* ... and the next one's, so it arrives while this computes */
         float *input = receive_input(s, k);
         s->marks[2 * k] = device_mark_now();
+        m->when.microbatch = a->mb;   /* (run_when: operators keeping state per microbatch read it) */
         if (a->op == PP_F) forward_action(s, input, a->mb, a->chunk);
         else if (a->op == PP_W) weight_action(s, a->mb, a->chunk);
         else backward_action(s, input, a->mb, a->chunk, a->op == PP_I);
         s->marks[2 * k + 1] = device_mark_now();
     }
+    m->when.microbatch = 0;
     for (int i = 0; i < s->n_sends; i++) {   /* every send done before its buffer goes */
         comm_wait(&s->sends[i].req);
         device_free(s->sends[i].buf);
@@ -359,7 +353,7 @@ void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, 
     /* The pipeline schedules the layers of the plan below it; a technique that wraps the weight
      * access or the optimizer (chapter 04's data parallelism) reduces the gradients after the whole
      * schedule, so it must be applied on top of the pipeline, not under it. */
-    if (plan->weights.acquire != weights_resident.acquire || plan->optimizer.step)
+    if (plan_slot_installed(plan, "weights") || plan_slot_installed(plan, "optimizer"))
         comm_exit_usage("pipeline_apply: apply the pipeline before data parallelism: FSDP's weight access and "
                         "gradient reduction wrap the whole schedule");
     pp_state *s = plan_push(plan, &pipeline_technique, calloc(1, sizeof(pp_state)), 0);
@@ -384,7 +378,7 @@ void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, 
     s->marks = calloc(2 * (size_t)n, sizeof *s->marks);
 
     plan->groups.mesh = mesh;
-    plan->schedule = (schedule_ops){s, s->M, pp_holds_layer, pp_microbatch_now, pipeline_forward_backward};
+    plan->schedule = (schedule_ops){s, s->M, pp_holds_layer, pipeline_forward_backward};
     /* zb-h1 splits each linear's backward: its linear operator defers dW to the W actions */
     if (o->schedule == PP_ZB_H1)
         plan_wrap(plan->linear, s->below_linear, ((linear_ops){s, pipeline_linear_forward, pipeline_linear_backward}));

@@ -413,17 +413,14 @@ static size_t cp_saved_numel(void *state, const llama_plan *p, int B, int Tl, in
 
 /* The parameters are replicated over cp and each rank's gradient is its rows' share: their sum,
  * one all-reduce of the gradient block over cp (the whole tensors, or under FSDP the dp shard
- * this rank keeps, the same shard on every cp rank), after what the inner plan owes. Unless the
- * gradients are stored sharded over a group that spans cp (chapter 08's FSDP over dp_shard x cp):
- * then the cp ranks hold different shards, and the reduce-scatter that produced each one has
- * already summed it over cp. (p is the whole plan, so this is known only when called.) */
-static bool summed_over_cp_already(const llama_plan *p) {
-    return p->storage[PARAM_GRADS] != STORE_WHOLE && (p->groups.shard_dims & MESH_BIT(MESH_CP));
-}
+ * this rank keeps, the same shard on every cp rank), after what the inner plan owes. Unless a
+ * technique applied later declares that its reduction already sums over cp
+ * (groups.grads_summed_dims: chapter 08's FSDP over dp_shard x cp, whose reduce-scatter left
+ * each cp rank a different shard, summed). */
 static void cp_reduce_grads(void *state, const llama_plan *p, llama_model *m) {
     cp_state *s = state;
     if (s->below_reduce.reduce) s->below_reduce.reduce(s->below_reduce.state, p, m);
-    if (s->C > 1 && !summed_over_cp_already(p))
+    if (s->C > 1 && !(p->groups.grads_summed_dims & MESH_BIT(MESH_CP)))
         comm_all_reduce(s->cp, m->params->grads, param_block_numel(m->params, m->params->grads), COMM_SUM);
 }
 

@@ -31,7 +31,7 @@ typedef struct float8_state_s {
                                      * stand-ins for the dp ranks' rows; 1 otherwise)               */
     bool local_amax;                /* --fault local-amax                                          */
     int M;                          /* microbatches a pipeline keeps in flight (1: none)           */
-    int mb;                         /* the microbatch of the call in progress (plan->schedule.microbatch_now) */
+    int mb;                         /* the microbatch of the call in progress (its site's run_when) */
     float *forward_scale;           /* [M][sites][groups + 1]: x's tensorwise scales (per row block)
                                      * and W's, from the forward, for the backward of the same
                                      * microbatch (a pipeline runs other forwards in between)      */
@@ -39,8 +39,8 @@ typedef struct float8_state_s {
     float *history;                 /* delayed: [M][sites][NOPERANDS][groups][H] amaxes, newest first */
     int *seen;                      /* delayed: [M][sites][NOPERANDS][groups] amaxes recorded (<= H) */
     float *scalar;                  /* one device float, for an amax's all-reduce                  */
-    int pass;                       /* forward passes begun (the first held layer's wq, microbatch 0) */
-    int step;                       /* the training step they belong to: o.passes passes a step    */
+    int pass;                       /* the model's forward pass of the call in progress (run_when) */
+    int step;                       /* the training step it belongs to (0: an evaluation)          */
     double worst[FLOAT8_NROLES], first[FLOAT8_NROLES];   /* lowest SQNR: over the run, in step 1      */
     linear_site worst_at[FLOAT8_NROLES];
     /* Step 1's casts, code by code (float8_compare_casts): the parallel run keeps each cast's
@@ -605,17 +605,12 @@ static void rowwise_bytes_backward(float8_state *s, linear_site at, const rowwis
 
 /* ---- the operator -----------------------------------------------------------------------------*/
 
-/* The microbatch a pipeline is running (chapter 05), 0 otherwise. */
-static int microbatch_now(const llama_plan *p) {
-    const schedule_ops *s = &p->schedule;
-    return s->microbatch_now ? s->microbatch_now(s->state, p) : 0;
-}
-/* The first layer this rank runs: its forward of wq in microbatch 0 begins a training step. */
-static int first_held_layer(const llama_plan *p) {
-    int l = 0;
-    const schedule_ops *s = &p->schedule;
-    while (s->holds_layer && !s->holds_layer(s->state, p, l)) l++;
-    return l;
+/* When this call runs (the site's run_when, declared by the harness and a pipeline): the
+ * microbatch whose scales it uses, the pass whose casts it stashes, the step it belongs to. */
+static void clock_in(float8_state *s, linear_site at) {
+    s->mb = at.when.microbatch;
+    s->pass = at.when.pass;
+    s->step = at.when.step;
 }
 /* The forward's scales of site `at` in the current microbatch, kept for its backward. */
 static float *forward_scales(float8_state *s, linear_site at) {
@@ -632,11 +627,7 @@ static void float8_linear_forward(void *state, const llama_plan *p, linear_site 
         s->below.forward(s->below.state, p, at, y, x, W, N, in, out);
         return;
     }
-    s->mb = microbatch_now(p);
-    if (at.kind == P_WQ && at.layer == first_held_layer(p) && s->mb == 0) {   /* a new forward pass ... */
-        s->pass++;
-        s->step = (s->pass - 1) / (s->o.passes > 1 ? s->o.passes : 1) + 1;    /* ... of this training step */
-    }
+    clock_in(s, at);
     bool col = column_parallel(s, at), row = row_parallel(s, at);
     float *xq = device_alloc_floats((size_t)N * in, MEM_BUFFERS), *Wq = device_alloc_floats((size_t)out * in, MEM_BUFFERS);
     float *scale = forward_scales(s, at);   /* x's per group, then W's */
@@ -679,7 +670,7 @@ static void float8_linear_backward(void *state, const llama_plan *p, linear_site
         s->below.backward(s->below.state, p, at, dx, how, dW, dy, x, W, N, in, out);
         return;
     }
-    s->mb = microbatch_now(p);
+    clock_in(s, at);
     bool col = column_parallel(s, at);
     bool rowwise = s->o.recipe == FLOAT8_ROWWISE;
     float *scale = forward_scales(s, at);
@@ -828,7 +819,7 @@ void float8_worst_sqnr(const llama_plan *plan, double first[FLOAT8_NROLES], doub
     for (int r = 0; r < FLOAT8_NROLES; r++) {
         first[r] = s ? s->first[r] : INFINITY;
         worst[r] = s ? s->worst[r] : INFINITY;
-        where[r] = s ? s->worst_at[r] : (linear_site){P_WQ, 0};
+        where[r] = s ? s->worst_at[r] : (linear_site){.kind = P_WQ, .layer = 0};
     }
 }
 
@@ -910,7 +901,7 @@ long long float8_sharded_cast_mismatches(const llama_plan *plan, llama_model *m,
         const param_tensor *x = &t->t[i];
         param_kind k = x->spec.kind;
         if (x->spec.layer < 0 || !x->here || x->spec.cols == 1 || k == P_ATTENTION_NORM || k == P_FFN_NORM) continue;
-        linear_site at = {k, x->spec.layer};
+        linear_site at = {.kind = k, .layer = x->spec.layer};
         bool col = column_parallel(s, at), row = row_parallel(s, at);
         int R = x->spec.rows, Cn = x->spec.cols;
         const float *W = param_in(t, t->params, i);

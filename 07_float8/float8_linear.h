@@ -67,8 +67,6 @@ typedef struct {
                            * ranks, each of which scales only its own rows (0 or 1: whole)     */
     int microbatches;     /* a pipeline's microbatches in flight (chapter 08): each keeps its own
                            * forward scales (and delayed history) for its backward (0 or 1: one) */
-    int passes;           /* forward-backward passes in a training step (chapter 08's --accum;
-                           * 0 or 1: one): step 1's casts are compared in every one of them    */
     float8_rowwise_gemm rowwise_gemm;   /* rowwise: where its GEMMs run (AUTO unless a test says) */
     bool probe;           /* measure each cast and product against fp32 (an fp32 GEMM more per GEMM and
                            * host copies: float8_worst_sqnr's figures): chapter 07's lesson sets it;

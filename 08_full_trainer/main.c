@@ -85,7 +85,6 @@ int main(int argc, char **argv) {
                         co.eval_batches, val_batches, o.batch, c->seq_len, co.data);
     lr_schedule lr = {o.opt.lr, co.lr_min >= 0 ? co.lr_min : o.opt.lr / 10, co.warmup, o.steps};
     o.accum = co.accum;
-    co.par.fp8.passes = co.accum;   /* float8 compares step 1's casts in each of its passes */
 
     /* ---- mesh and plan ---- */
     device_mesh *mesh = mesh_create(parallel_mesh_shape(&co.par), NULL);   /* (checked by trainer_validate) */

@@ -100,6 +100,7 @@ double evaluate(llama_model *m, const text_corpus *corpus, int rows, int n_batch
         device_copy_to_device(tokens_dev, tokens, n * sizeof(int));
         device_copy_to_device(targets_dev, targets, n * sizeof(int));
         /* (a pipeline runs its backward too: the gradients it leaves are zeroed by the next step) */
+        llama_begin_pass(m, 0);   /* no training step */
         sum += run_forward_backward(m, tokens_dev, targets_dev, 1.0f / (float)n, false, NULL);
     }
     free(tokens); free(targets);

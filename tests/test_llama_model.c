@@ -558,6 +558,10 @@ static void test_plan_describe(void) {
     CHECK(strstr(text, "  single device      storage sequence region vocab loss attention proj weights reduce_grads "
                        "optimizer schedule\n"), "the rest: %s", text);
     CHECK(strstr(text, "groups of world rank 0: tp {0,1} cp {0,2} batch {0,4}\n"), "the groups: %s", text);
+    /* what a technique asks before it applies itself (chapter 05: nothing owns the weights yet) */
+    CHECK(plan_slot_installed(&p, "linear") && plan_slot_installed(&p, "checkpoint") &&
+          plan_slot_installed(&p, "layout"), "installed slots not seen");
+    CHECK(!plan_slot_installed(&p, "weights") && !plan_slot_installed(&p, "optimizer"), "a slot no one installed");
     p.applied.n = 0;                                 /* (nothing to free: no state was allocated) */
 }
 

@@ -553,9 +553,11 @@ run_step_result run_step(run_loop *l, int step, double lr) {
         run_clock_start(&l->clock);
         if (micro == 0) llama_zero_grad(model);
         model->accumulating = micro < accum - 1;   /* the plan's reductions once, after the last */
+        llama_begin_pass(model, step);
         r.loss += run_forward_backward(model, l->dev_tokens, l->dev_targets, scale, true, &r.dh0);
         r.fb_seconds += run_clock_stop(&l->clock);
         if (base) {   /* the baseline's half, on the same global batch */
+            llama_begin_pass(base, step);
             r.base_loss += llama_forward(base, l->dev_tokens, l->dev_targets, scale);
             llama_backward(base);   /* (one device: no reductions to defer) */
         }

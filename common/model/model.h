@@ -77,6 +77,9 @@ struct llama_model {
     const llama_plan *plan;
     param_table *params;
     llama_dims d;
+    run_when when;                  /* the step, pass and microbatch running (plan.h): set by the
+                                     * harness (llama_begin_pass) and a pipeline's schedule, passed
+                                     * to the linears in their site                                */
     llama_saved *saved;             /* the set the layer and head functions read and write       */
     llama_saved own;                /* the model's own set (all its layers); unused, not allocated,
                                      * when the plan schedules microbatches itself                 */
@@ -163,6 +166,9 @@ float llama_forward(llama_model *m, const int *tokens, const int *targets, float
  * gradient reductions. m->dh ends as d loss / d h0, [Ns, D]. */
 void llama_backward(llama_model *m);
 void llama_zero_grad(llama_model *m);
+/* A forward-backward pass of training step `step` (0: outside training, an evaluation) begins:
+ * m->when.step = step, m->when.pass counts it (run_when, plan.h). */
+void llama_begin_pass(llama_model *m, int step);
 void llama_adamw_step(llama_model *m, const adamw_config *opt, int step);
 
 /* A saved set for layers [l0, l1) (and the head when l1 == L) of one [B, T] batch (MEM_ACTIVATIONS

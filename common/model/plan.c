@@ -192,6 +192,17 @@ static bool installed(const llama_plan *p, int i, int k) {
     return after != a->layer[i].slots_before[k];
 }
 
+bool plan_slot_installed(const llama_plan *p, const char *slot) {
+    for (int k = 0; k < PLAN_NSLOTS; k++) {
+        if (strcmp(slots[k].name, slot)) continue;
+        for (int i = 0; i < p->applied.n; i++)
+            if (installed(p, i, k)) return true;
+        return false;
+    }
+    fprintf(stderr, "plan_slot_installed: no slot \"%s\" in the plan (plan.c's slot table)\n", slot);
+    abort();
+}
+
 /* The world ranks of world rank 0's group over the mesh dimensions `dims` (MESH_BIT): those whose
  * other coordinates are 0, as "{0,2,4,6}". */
 static void group_ranks(const mesh_shape *s, unsigned dims, char *out, size_t len) {

@@ -93,11 +93,19 @@ typedef struct {
     size_t (*saved_numel)(void *state, const llama_plan *p, int B, int T, int H);
 } attention_ops;
 
-/* Which linear a call is: its weight's kind (P_WQ ... P_W3, or P_OUTPUT) and layer (-1 for the
- * output layer). An operator may treat linears differently (chapter 07 keeps the output layer in
- * fp32, keeps a scale history per weight, and reads plan->layout[kind] to know which operands a
- * tensor-parallel split has cut). */
-typedef struct { param_kind kind; int layer; } linear_site;
+/* When a call runs, for an operator that keeps state across calls (chapter 07's float8: step 1's
+ * casts compared with the baseline's, a forward's scales kept for its backward): the training
+ * step (from 1; 0 outside training, an evaluation), the model's forward pass (from 1, every
+ * forward-backward of this model: the harness counts them), and the microbatch a pipeline is
+ * running (0 without one: chapter 05 sets it per action). Declared by who knows it, so no
+ * operator infers it from the order of its calls. */
+typedef struct { int step, pass, microbatch; } run_when;
+
+/* Which linear a call is, and when: its weight's kind (P_WQ ... P_W3, or P_OUTPUT), its layer (-1
+ * for the output layer) and the model's run_when. An operator may treat linears differently
+ * (chapter 07 keeps the output layer in fp32, keeps a scale history per weight, and reads
+ * plan->layout[kind] to know which operands a tensor-parallel split has cut). */
+typedef struct { param_kind kind; int layer; run_when when; } linear_site;
 
 /* How a linear's backward writes its input gradient: DX_SET dx = dy W; DX_ADD dx += dy W. A
  * tensor that feeds several linears (attn_in feeds wq, wk and wv; ffn_in feeds w1 and w3) gets
@@ -216,14 +224,12 @@ typedef struct {
  * rows). forward_backward: tokens, targets [microbatches * B, T] (device) -> the loss share of
  * those rows, the same on every rank that runs them; gradients accumulated (+=); *dh0 receives
  * d loss / d h0 of the rows, [microbatches * B, Ts, D], on the ranks that hold layer 0 (for the
- * check). NULL: one piece, llama_forward then llama_backward (dh0 = m->dh). microbatch_now: the
- * microbatch whose action is running, for an operator that keeps state from a forward for its
- * backward (chapter 07's float8 scales; NULL: 0). */
+ * check). NULL: one piece, llama_forward then llama_backward (dh0 = m->dh). The schedule sets
+ * m->when.microbatch to the microbatch of each action it runs (run_when). */
 typedef struct {
     void *state;
     int microbatches;
     bool (*holds_layer)(void *state, const llama_plan *p, int layer);
-    int (*microbatch_now)(void *state, const llama_plan *p);
     float (*forward_backward)(void *state, const llama_plan *p, llama_model *m, const int *tokens,
                               const int *targets, float loss_scale, const float **dh0);
 } schedule_ops;
@@ -240,6 +246,11 @@ typedef struct {
                                     * dp_shard, or dp_shard x cp (08: the cp ranks hold the same
                                     * parameters, so they can hold different shards of them)       */
     unsigned shard_dims;           /* the mesh dimensions of `shard` (MESH_BIT); 0: dp_shard        */
+    unsigned grads_summed_dims;    /* the mesh dimensions over which a technique's gradient
+                                    * reduction already sums every gradient (MESH_BIT), declared by
+                                    * that technique: 04's over dp_replicate x dp_shard, and cp too
+                                    * when it reduce-scatters over dp_shard x cp (08). Another
+                                    * technique's sum over one of them is then done (06's over cp) */
 } plan_groups;
 
 /* A technique, as the plan's stack records it: its name and what frees its state. */
@@ -297,6 +308,10 @@ void *plan_push(llama_plan *p, const plan_technique *technique, void *state, dou
 void *plan_state(const llama_plan *p, const plan_technique *technique);
 /* Was `technique` applied to this plan? */
 bool plan_has(const llama_plan *p, const plan_technique *technique);
+/* Has a technique applied to this plan installed an operator or a placement into `slot` (a
+ * member's name: "weights", "optimizer", ...)? Read off the stack's fingerprints, so a technique
+ * can state an order ("apply me before whatever owns the weights") without knowing who. */
+bool plan_slot_installed(const llama_plan *p, const char *slot);
 /* Adds to the buffer bytes `technique` declared (it knows them only once its buffers are sized). */
 void plan_add_buffer_bytes(llama_plan *p, const plan_technique *technique, double bytes);
 /* The buffer bytes of every technique applied. */
