@@ -90,12 +90,12 @@ CC        := mpicc
 CFLAGS    ?= -O3 -g -fno-math-errno
 -include local.mk
 WERROR    ?= -Werror
-# OpenBLAS's own cblas.h and library, as tests/blas.sh finds them (pkg-config, else OpenBLAS's
+# OpenBLAS's own cblas.h and library, as tools/blas.sh finds them (pkg-config, else OpenBLAS's
 # header directory): <cblas.h> alone may be the reference BLAS's, which has no openblas_* calls.
 # Worked out once, on first use (after deps-check has installed OpenBLAS if it was missing);
 # `make BLAS_CFLAGS=-I... BLAS_LIBS=...` sets them by hand.
-BLAS_CFLAGS ?= $(eval BLAS_CFLAGS := $(shell tests/blas.sh cflags))$(BLAS_CFLAGS)
-BLAS_LIBS   ?= $(eval BLAS_LIBS := $(shell tests/blas.sh libs))$(BLAS_LIBS)
+BLAS_CFLAGS ?= $(eval BLAS_CFLAGS := $(shell tools/blas.sh cflags))$(BLAS_CFLAGS)
+BLAS_LIBS   ?= $(eval BLAS_LIBS := $(shell tools/blas.sh libs))$(BLAS_LIBS)
 CFLAGS    += -fopenmp-simd -DREPO_ROOT='"$(CURDIR)"' -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter $(COMMON_INC) $(BLAS_CFLAGS) -MMD -MP
 LDLIBS_CPU   = $(LDFLAGS) $(BLAS_LIBS) -lcjson -lz -lm -lpthread
 CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
@@ -113,14 +113,14 @@ NVCCFLAGS   = -std=c++17 -O2 $(CUDA_ARCHS) $(COMMON_INC) -I$(CUDA_HOME)/include 
 
 # mpirun: root needs --allow-run-as-root; more ranks than cores need --oversubscribe.
 # Each CPU rank uses one BLAS thread (the ranks are the parallelism). On a CPU with AVX-512
-# that OpenBLAS takes for an AVX2 one, the runs select its AVX-512 kernels (tests/blas.sh
+# that OpenBLAS takes for an AVX2 one, the runs select its AVX-512 kernels (tools/blas.sh
 # coretype; the banner says so; OPENBLAS_CORETYPE=... make ... overrides).
-BLAS_CORETYPE := $(shell tests/blas.sh coretype)
+BLAS_CORETYPE := $(shell tools/blas.sh coretype)
 MPIRUN := mpirun -q $(if $(filter 0,$(shell id -u)),--allow-run-as-root,) \
           $(if $(shell [ $(NP) -gt $(NPROC) ] 2>/dev/null && echo y),--oversubscribe,) \
           --mca btl_vader_single_copy_mechanism none -x OPENBLAS_NUM_THREADS=1 \
           $(if $(BLAS_CORETYPE),-x OPENBLAS_CORETYPE=$(BLAS_CORETYPE),) -np $(NP)
-export MPIRUN_BASE := $(shell tests/mpirun_base.sh)
+export MPIRUN_BASE := $(shell tools/mpirun_base.sh)
 
 # ---------------------------------------------------------------- sources
 # common/: *_cpu.c are the CPU twins, *.cu the CUDA twins, every other .c is shared.
@@ -136,7 +136,8 @@ COMMON_CPU    := $(wildcard common/*/*_cpu.c)
 COMMON_CU     := $(wildcard common/*/*.cu)
 COMMON_INC    := $(patsubst %/,-I%,$(COMMON_DIRS))
 CHAPTERS      := $(sort $(patsubst %/main.c,%,$(wildcard [0-9][0-9]_*/main.c)))
-TESTS_C       := $(wildcard tests/test_*.c) $(wildcard tests/bench_*.c)
+TESTS_C       := $(wildcard tests/test_*.c)
+TOOLS_C       := $(wildcard tools/bench_*.c)   # measuring programs (make bench-baseline), built like the tests
 
 COMMON_OBJS_cpu  := $(patsubst %.c,$(BUILD_ROOT)/cpu/%.o,$(COMMON_SHARED) $(COMMON_CPU))
 COMMON_OBJS_cuda := $(patsubst %.c,$(BUILD_ROOT)/cuda/%.o,$(COMMON_SHARED)) $(patsubst %.cu,$(BUILD_ROOT)/cuda/%.o,$(COMMON_CU))
@@ -198,15 +199,18 @@ test_chapter = $(firstword $(foreach c,$(CHAPTERS),$(if $(filter $(1),$(TESTS_$(
 test_srcs    = $(if $(call test_chapter,$(1)),$(filter-out %/main.c,$(call chapter_srcs,$(call test_chapter,$(1)),$(2))))
 
 define test_rule
-$(BUILD_ROOT)/$(2)/tests/$(1): $(BUILD_ROOT)/$(2)/tests/$(1).o $$(call objs,$(2),$$(call test_srcs,$(1),$(2))) $(BUILD_ROOT)/$(2)/libcommon.a
+$(BUILD_ROOT)/$(2)/$(3)/$(1): $(BUILD_ROOT)/$(2)/$(3)/$(1).o $$(call objs,$(2),$$(call test_srcs,$(1),$(2))) $(BUILD_ROOT)/$(2)/libcommon.a
 	$$(call say,LINK,$$@)
 	$(Q)$$(CC) $$^ -o $$@ $$(LDLIBS_$(2))
 endef
-$(foreach t,$(basename $(notdir $(TESTS_C))),$(eval $(call test_rule,$(t),cpu)))
-$(foreach t,$(basename $(notdir $(TESTS_C))),$(eval $(call test_rule,$(t),cuda)))
+$(foreach t,$(basename $(notdir $(TESTS_C))),$(eval $(call test_rule,$(t),cpu,tests)))
+$(foreach t,$(basename $(notdir $(TESTS_C))),$(eval $(call test_rule,$(t),cuda,tests)))
+$(foreach t,$(basename $(notdir $(TOOLS_C))),$(eval $(call test_rule,$(t),cpu,tools)))
+$(foreach t,$(basename $(notdir $(TOOLS_C))),$(eval $(call test_rule,$(t),cuda,tools)))
 
 CHAPTER_BINS = $(foreach c,$(CHAPTERS),$(BUILD_ROOT)/$(1)/$(call chapter_num,$(c)))
-TEST_BINS    = $(foreach t,$(basename $(notdir $(TESTS_C))),$(BUILD_ROOT)/$(1)/tests/$(t))
+TEST_BINS    = $(foreach t,$(basename $(notdir $(TESTS_C))),$(BUILD_ROOT)/$(1)/tests/$(t)) \
+               $(foreach t,$(basename $(notdir $(TOOLS_C))),$(BUILD_ROOT)/$(1)/tools/$(t))
 
 .PHONY: bench bench-baseline all cuda banner deps deps-check deps-check-test test sanitize clean help
 all: banner deps-check $(call CHAPTER_BINS,$(BACKEND)) $(call TEST_BINS,$(BACKEND))
@@ -220,21 +224,21 @@ cuda:
 	@echo "make cuda: every CUDA source compiled (sm_75, sm_80, sm_90 + compute_90 PTX, -Werror) and every binary linked"
 
 banner:
-	@./tests/banner.sh "$(BACKEND)" "$(NVCC)" "$(BACKEND_WHY)"
+	@./tools/banner.sh "$(BACKEND)" "$(NVCC)" "$(BACKEND_WHY)"
 
 # ---------------------------------------------------------------- dependencies
 deps:
-	@./tests/deps.sh install
+	@./tools/deps.sh install
 deps-check:
-	@./tests/deps.sh check core >/dev/null || ./tests/deps.sh install core
+	@./tools/deps.sh check core >/dev/null || ./tools/deps.sh install core
 deps-check-test:
-	@./tests/deps.sh check all >/dev/null || ./tests/deps.sh install all
+	@./tools/deps.sh check all >/dev/null || ./tools/deps.sh install all
 
 # ---------------------------------------------------------------- running chapters
 # make run-NN [NP=2] [ARGS="..."]: one mpirun of chapter NN with its parity check on.
-# A failed run ends with one line saying what its exit status means (tests/exit_status.sh; the
+# A failed run ends with one line saying what its exit status means (tools/exit_status.sh; the
 # README's "Exit statuses"): make itself then says "Error N" with the run's status N. mpirun runs
-# under tests/signal_status.sh, so an interrupted run ends with 128 + the signal (130 SIGINT, 143
+# under tools/signal_status.sh, so an interrupted run ends with 128 + the signal (130 SIGINT, 143
 # SIGTERM, 129 SIGHUP, 131 SIGQUIT) where Open MPI's mpirun alone exits 1; and make's own pid is
 # watched (WATCH_PID: the recipe shell's parent), so that killing make alone ends the ranks too.
 # A chapter number that does not exist is answered before anything is built.
@@ -250,7 +254,7 @@ run_cmd  = $(if $(RUN_NP_$(1)),$(MPIRUN_BASE) -np $(call run_np,$(1)),$(MPIRUN))
 run-%: chapter-exists-% all
 	@d=$(call chapter_dir,$*); [ -n "$$d" ] || { echo "no chapter $* (have: $(CHAPTERS))"; exit 2; }
 	@echo "$(strip $(call run_cmd,$*))"
-	@WATCH_PID=$$PPID tests/signal_status.sh $(call run_cmd,$*) || { st=$$?; tests/exit_status.sh $$st run-$* >&2; exit $$st; }
+	@WATCH_PID=$$PPID tools/signal_status.sh $(call run_cmd,$*) || { st=$$?; tools/exit_status.sh $$st run-$* >&2; exit $$st; }
 
 # make test-NN: one chapter's tests, quickly: its unit tests (TESTS_NN) on their rank counts and
 # its layouts under MPI and under the NCCL emulation (make test runs everything, the scripts too).
@@ -265,7 +269,7 @@ check-%: chapter-exists-% all
 # plot.sh runs the layouts it needs itself; otherwise its plot.gp draws the CSV of `make run-NN`.
 plot-%: chapter-exists-% all
 	@d=$(call chapter_dir,$*); [ -f $$d/plot.gp ] || { echo "chapter $* has no plot"; exit 2; }
-	@command -v gnuplot >/dev/null || ./tests/deps.sh install
+	@command -v gnuplot >/dev/null || ./tools/deps.sh install
 	@d=$(call chapter_dir,$*); if [ -x $$d/plot.sh ]; then \
 	    MPIRUN="$(MPIRUN_BASE)" $$d/plot.sh $(BUILD)/$* out/$*; \
 	 else \
@@ -278,39 +282,39 @@ plot-%: chapter-exists-% all
 # written outside the repository (beside it by default): a copy inside it would sit next to the
 # solutions.
 assignment-%:
-	@./tests/make_assignment.sh $* $(or $(DEST),$(abspath $(CURDIR)/../student-$*))
+	@./tools/make_assignment.sh $* $(or $(DEST),$(abspath $(CURDIR)/../student-$*))
 
 # make grade DIR=submissions/ [CSV=DIR/grades.csv]: every student copy in DIR (a folder made by
 # make assignment-NN, edited by a student) built and graded per exercise as its make check-NN
-# grades it, with this tutorial's graders; one CSV of the points (tests/grade_many.sh).
+# grades it, with this tutorial's graders; one CSV of the points (tools/grade_many.sh).
 .PHONY: grade
 grade:
-	@./tests/grade_many.sh "$(DIR)" "$(or $(CSV),$(DIR)/grades.csv)" $(BACKEND)
+	@./tools/grade_many.sh "$(DIR)" "$(or $(CSV),$(DIR)/grades.csv)" $(BACKEND)
 
 bench-%: chapter-exists-% all
 	@d=$(call chapter_dir,$*); [ -x $$d/bench.sh ] || { echo "chapter $* has no benchmark"; exit 2; }
 	@$(call chapter_dir,$*)/bench.sh $(BUILD)/$*
 
 # make bench: every technique at 2 ranks (chapter 08's meshes at 8) against one rank, each speed-up
-# beside its bound and judged against issue 26's goals (tests/bench_all.sh; REPS, STEPS, STEPS08, ONLY=01,04).
+# beside its bound and judged against issue 26's goals (tools/bench_all.sh; REPS, STEPS, STEPS08, ONLY=01,04).
 bench: all
-	@./tests/bench_all.sh $(BUILD)
+	@./tools/bench_all.sh $(BUILD)
 
 # make bench-baseline: the single-device step beside PyTorch's (issue: performance), never in make test.
 bench-baseline: all
-	@./tests/bench_baseline.sh $(BUILD)/01
+	@./tools/bench_baseline.sh $(BUILD)/01
 
 # make readme-outputs: every README block marked <!-- output: COMMAND --> rewritten from a real run of
 # the cpu build; make check-readme: every such block compared with a real run, and every README link
-# and file name checked (tests/readme_outputs.py; README.md, "How the outputs in these READMEs are
+# and file name checked (tools/readme_outputs.py; README.md, "How the outputs in these READMEs are
 # checked"). make test runs the quick blocks (tests/t_readme.sh).
 .PHONY: readme-outputs check-readme
 readme-outputs:
 	@$(MAKE) --no-print-directory BACKEND=cpu all
-	@python3 tests/readme_outputs.py --update --build-root $(BUILD_ROOT)
+	@python3 tools/readme_outputs.py --update --build-root $(BUILD_ROOT)
 check-readme:
 	@$(MAKE) --no-print-directory BACKEND=cpu all
-	@python3 tests/readme_outputs.py --check --jobs 3 --build-root $(BUILD_ROOT)
+	@python3 tools/readme_outputs.py --check --jobs 3 --build-root $(BUILD_ROOT)
 
 # ---------------------------------------------------------------- tests
 test: deps-check-test all
@@ -331,13 +335,13 @@ sanitize:
 # (COMM=mpi), chapter 01 on NCCL, a determinism run, tokens/s and MFU; a summary in OUT. Without
 # a GPU, one line and exit 2.
 # make gpu-bundle: on a Debian 12 machine with its registry, the Debian packages of Open MPI and
-# cJSON in gpu-bundle/ (tests/gpu_bundle.sh: downloaded, then tried in a relocated prefix), for
+# cJSON in gpu-bundle/ (tools/gpu_bundle.sh: downloaded, then tried in a relocated prefix), for
 # a GPU machine that has neither; make gpu-check unpacks it there.
 .PHONY: gpu-check gpu-bundle
 gpu-check:
 	@OUT="$(OUT)" MAX_NP="$(or $(MAX_NP),4)" BUILD_ROOT="$(BUILD_ROOT)" ./tests/gpu_check.sh
 gpu-bundle:
-	@./tests/gpu_bundle.sh download gpu-bundle
+	@./tools/gpu_bundle.sh download gpu-bundle
 
 clean:
 	rm -rf build out

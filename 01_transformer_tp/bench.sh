@@ -3,14 +3,14 @@
 # (dim 512, 4 layers, 8 heads, ffn 1408, the default vocabulary of 256, seq 256, batch 8), printed
 # as a speedup (make bench-01). REPS (default 3) interleaved pairs of runs of STEPS (default 4)
 # steps; each run is timed by the mean of its steps after the first (step 1 warms up:
-# steady_step_ms in tests/bench_lib.sh), and the medians are compared. A benchmark, not a test: its numbers
+# steady_step_ms in tools/bench_lib.sh), and the medians are compared. A benchmark, not a test: its numbers
 # depend on the machine. Goal on a 2-core CPU: >= 1.8x.
 set -eu
 bin=$1
 here=$(dirname "$0")
-mpirun=${MPIRUN_BASE:-$here/../tests/mpirun_base.sh}
+mpirun=${MPIRUN_BASE:-$here/../tools/mpirun_base.sh}
 [ -x "$mpirun" ] && mpirun=$($mpirun)
-. "$(dirname "$0")/../tests/bench_lib.sh"   # median, steady_step_ms, with_single_copy
+. "$(dirname "$0")/../tools/bench_lib.sh"   # median, steady_step_ms, with_single_copy
 mpirun=$(with_single_copy "$mpirun" "$bin")   # Open MPI's single-copy CMA where it works
 args="--dim 512 --n-layers 4 --n-heads 8 --n-kv-heads 8 --ffn-dim 1408 --seq-len 256 --batch 8 --steps ${STEPS:-4} --out /tmp/bench01"
 ms1=(); ms2=(); share=()

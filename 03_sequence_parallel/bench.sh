@@ -12,7 +12,7 @@
 # medians printed. A benchmark, not a test: the numbers depend on the machine and its load.
 set -eu
 bin=$1
-mpirun=${MPIRUN_BASE:-$(dirname "$0")/../tests/mpirun_base.sh}
+mpirun=${MPIRUN_BASE:-$(dirname "$0")/../tools/mpirun_base.sh}
 [ -x "$mpirun" ] && mpirun=$($mpirun)
 reps=${REPS:-3}
 args="--dim 256 --n-layers 4 --seq-len 512 --batch 2 --steps ${STEPS:-3} --out /tmp/bench03"
@@ -32,7 +32,7 @@ for rep in $(seq "$reps"); do
         sent[$k]=$(echo "$out" | awk '$1 == "tp" && NF >= 7 && $2 != "collective" { u = $7; x = $6; f = (u == "KiB") ? 1 / 1024 : (u == "MiB") ? 1 : (u == "GiB") ? 1024 : 1 / 1048576; s += x * f } END { printf "%.2f", s }')
     done
 done
-. "$(dirname "$0")/../tests/bench_lib.sh"   # median
+. "$(dirname "$0")/../tools/bench_lib.sh"   # median
 printf '%-30s %13s %13s %15s %15s %12s\n' "$reps runs each" "step" "comm" "ring GEMMs" "ring waits" "sent over tp"
 for k in "${!cases[@]}"; do
     np=${cases[$k]%%|*}; flags=${cases[$k]#*|}

@@ -9,11 +9,11 @@
 # and its load.
 set -eu
 bin=$1
-mpirun=${MPIRUN_BASE:-$(dirname "$0")/../tests/mpirun_base.sh}
+mpirun=${MPIRUN_BASE:-$(dirname "$0")/../tools/mpirun_base.sh}
 [ -x "$mpirun" ] && mpirun=$($mpirun)
-# Open MPI's single-copy mechanism where it works (with_single_copy in tests/bench_lib.sh): without
+# Open MPI's single-copy mechanism where it works (with_single_copy in tools/bench_lib.sh): without
 # it a prefetched all-gather moves only at the progress calls, and the peer's compute stalls it.
-. "$(dirname "$0")/../tests/bench_lib.sh"   # median, with_single_copy
+. "$(dirname "$0")/../tools/bench_lib.sh"   # median, with_single_copy
 mpirun=$(with_single_copy "$mpirun" "$bin")   # says which on standard error
 args="--dim 512 --n-layers 4 --n-heads 8 --ffn-dim 1408 --seq-len 256 --batch 8 --steps ${STEPS:-4} --out /tmp/bench04"
 # the first case is the same model on one rank (no data parallelism): the speed-ups' reference

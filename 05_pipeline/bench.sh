@@ -30,7 +30,7 @@
 # A benchmark, not a test: the numbers depend on the machine and its load.
 set -eu
 bin=$1
-mpirun=${MPIRUN_BASE:-$(dirname "$0")/../tests/mpirun_base.sh}
+mpirun=${MPIRUN_BASE:-$(dirname "$0")/../tools/mpirun_base.sh}
 [ -x "$mpirun" ] && mpirun=$($mpirun)
 reps=${REPS:-3}; M=${M:-8}
 size="--dim 256 --n-layers 8 --ffn-dim 704 --seq-len 30 --batch 8 --microbatches $M --steps 3"
@@ -78,7 +78,7 @@ analyse() {
         printf "\n"
     }' "$1"
 }
-. "$(dirname "$0")/../tests/bench_lib.sh"   # median
+. "$(dirname "$0")/../tools/bench_lib.sh"   # median
 
 declare -A theory measured common replay costs ratio cost balanced
 for rep in $(seq "$reps"); do

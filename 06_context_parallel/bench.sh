@@ -9,9 +9,9 @@
 # A benchmark, not a test: the numbers depend on the machine and its load.
 set -eu
 bin=$1
-mpirun=${MPIRUN_BASE:-$(dirname "$0")/../tests/mpirun_base.sh}
+mpirun=${MPIRUN_BASE:-$(dirname "$0")/../tools/mpirun_base.sh}
 [ -x "$mpirun" ] && mpirun=$($mpirun)
-. "$(dirname "$0")/../tests/bench_lib.sh"   # median, steady_step_ms, with_single_copy
+. "$(dirname "$0")/../tools/bench_lib.sh"   # median, steady_step_ms, with_single_copy
 mpirun=$(with_single_copy "$mpirun" "$bin")   # Open MPI's single-copy CMA where it works
 reps=${REPS:-3}
 args="--dim 256 --n-layers 4 --seq-len 512 --batch 2 --steps ${STEPS:-4} --out /tmp/bench06"

@@ -8,16 +8,16 @@
 # more than their parallelism; 08_full_trainer/README.md, "Throughput").
 # MFU is against the peak a GEMM probe measures at the start of each run (all ranks at once);
 # speed-up is the tokens/s over the one-rank row's. Open MPI's single-copy CMA where it works
-# (tests/bench_lib.sh, with_single_copy). make bench runs the same meshes interleaved. A benchmark, not a test: on a 2-core machine 8 ranks share the cores, and the
+# (tools/bench_lib.sh, with_single_copy). make bench runs the same meshes interleaved. A benchmark, not a test: on a 2-core machine 8 ranks share the cores, and the
 # numbers depend on the machine and its load.
 set -eu
 bin=$1
-mpirun=${MPIRUN_BASE:-$(dirname "$0")/../tests/mpirun_base.sh}
+mpirun=${MPIRUN_BASE:-$(dirname "$0")/../tools/mpirun_base.sh}
 [ -x "$mpirun" ] && mpirun=$($mpirun)
 steps=${STEPS:-12}
 size="--dim 256 --n-layers 4 --n-heads 4 --n-kv-heads 2 --ffn-dim 704 --seq-len 128 --batch 16"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-. "$(dirname "$0")/../tests/bench_lib.sh"   # median, with_single_copy
+. "$(dirname "$0")/../tools/bench_lib.sh"   # median, with_single_copy
 mpirun=$(with_single_copy "$mpirun" "$bin")
 cases=("1|--dp-shard 1" "8|--dp-shard 8" "8|--dp-shard 4 --tp 2" "8|--pp 2 --dp-shard 2 --tp 2"
        "8|--dp-shard 2 --cp 2 --tp 2" "8|--pp 2 --cp 2 --tp 2" "8|--dp-replicate 2 --dp-shard 2 --tp 2")

@@ -9,7 +9,7 @@
 #   a  environment: GPU, compute capability, SMs, memory, driver, CUDA runtime, nvcc, NCCL (header
 #      and library), Open MPI; a probe built with nvcc runs a kernel; the fp32 peak for MFU
 #   b  Open MPI and cJSON: the system's, or else the bundle `make gpu-bundle` made elsewhere
-#      (gpu-bundle/, tests/gpu_bundle.sh), unpacked into gpu-bundle/root and relocated; with
+#      (gpu-bundle/, tools/gpu_bundle.sh), unpacked into gpu-bundle/root and relocated; with
 #      neither, one line saying what to do and exit 2 (before anything else is printed)
 #   c  the build: make cuda with -j (one job per core)
 #   f  NCCL: chapter 01 with --check on one rank, COMM=nccl (one rank holds no NCCL communicator:
@@ -98,14 +98,14 @@ if [ -n "$missing" ]; then
         echo "gpu-check: $missing missing, and $bundle/'s libraries (Debian 12) need glibc >= $need where this machine has $have: install openmpi-bin libopenmpi-dev libcjson-dev zlib1g-dev from this system's own distribution"
         exit 2
     fi
-    if ! why=$(bash tests/gpu_bundle.sh unpack "$bundle" "$bundle/root" 2>&1); then
+    if ! why=$(bash tools/gpu_bundle.sh unpack "$bundle" "$bundle/root" 2>&1); then
         echo "gpu-check: $missing missing, and unpacking $bundle/ failed: $why"
         exit 2
     fi
-    eval "$(bash tests/gpu_bundle.sh env "$bundle/root")"
+    eval "$(bash tools/gpu_bundle.sh env "$bundle/root")"
     still=$(what_missing)
     if [ -n "$still" ]; then
-        echo "gpu-check: $still still missing after unpacking $bundle/ into $bundle/root: see tests/gpu_bundle.sh"
+        echo "gpu-check: $still still missing after unpacking $bundle/ into $bundle/root: see tools/gpu_bundle.sh"
         exit 2
     fi
     deps_how="$bundle/ ($(ls "$bundle"/debs/*.deb | wc -l) Debian packages), unpacked into $bundle/root: PATH, LD_LIBRARY_PATH, OPAL_PREFIX set for this run (was missing: $missing)"
@@ -137,7 +137,7 @@ t_deps=$(( $(date +%s) - t_deps ))
 mkdir -p "$(dirname "$out")" || exit 2
 log=${out%.txt}.log
 : >"$log" || exit 2
-mpirun_base="${MPIRUN_BASE:-$(tests/mpirun_base.sh)} --bind-to none"   # several runs share the cores
+mpirun_base="${MPIRUN_BASE:-$(tools/mpirun_base.sh)} --bind-to none"   # several runs share the cores
 t_start=$(date +%s)
 names=(); results=(); secs=(); figs=(); final=""
 env_lines=()
@@ -392,9 +392,9 @@ elif [ -z "$built" ]; then not_built "$g_title"; fi
 # ---------------------------------------------------------------- h: throughput
 t0=$(date +%s)
 section "h throughput"
-. tests/bench_lib.sh   # steady_step_ms
+. tools/bench_lib.sh   # steady_step_ms
 if [ "$backend" = cuda ]; then
-    # bench-baseline's size (tests/bench_baseline.sh), and a larger model for the trainer
+    # bench-baseline's size (tools/bench_baseline.sh), and a larger model for the trainer
     D=512 L=4 H=8 F=1408 V=256 T=256 B=8
     big="--dim 1024 --n-layers 8 --n-heads 16 --n-kv-heads 8 --ffn-dim 2816 --seq-len 512 --batch 16"
 else D=64 L=2 H=4 F=128 V=256 T=32 B=4; big="--dim 64 --n-layers 2 --seq-len 64 --batch 8"; fi

@@ -20,7 +20,7 @@
 # only the layouts on those lines of checks.txt (make gpu-check takes the chapters' layouts in
 # turns, one line at a time, so that a budget that runs out leaves no chapter untried).
 # In a student copy (its .student-copy file, written by make assignment-NN), or with GRADE=1, a
-# chapter with an exercises.txt is then graded per exercise (tests/grade.py): a table of points
+# chapter with an exercises.txt is then graded per exercise (tools/grade.py): a table of points
 # after the layouts, and grade.json (GRADE_JSON=FILE to put it elsewhere).
 set -u
 backend=$1; nn=$2; root=${3:-build}
@@ -28,14 +28,14 @@ dir=$(ls -d "${nn}"_*/ 2>/dev/null | head -1)
 [ -n "$dir" ] && [ -f "$dir/checks.txt" ] || { echo "chapter $nn has no checks.txt"; exit 2; }
 bin=$root/$backend/$nn
 tag=$nn${COMM:+ [COMM=$COMM]}   # the layout lines say which collectives ran them (README "Running on GPUs")
-mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
+mpirun_base=${MPIRUN_BASE:-$(tools/mpirun_base.sh)}
 passed=0; failed=0; stopped=""; skipped=0; late=0
 # cut by CHECKS_DEADLINE (timeout's status 124 once it has passed): not run, not failed
 cut_short() { [ "$1" -eq 124 ] && [ -n "${CHECKS_DEADLINE:-}" ] && [ "$(date +%s)" -ge "$CHECKS_DEADLINE" ]; }
 # a run's timeout: N seconds, or until CHECKS_DEADLINE when that comes first
 limit() { local n=$1; [ -n "${CHECKS_DEADLINE:-}" ] && n=$(( CHECKS_DEADLINE - $(date +%s) < n ? CHECKS_DEADLINE - $(date +%s) : n )); echo $(( n > 1 ? n : 1 )); }
 log=$(mktemp -d)
-results=$log/results.tsv; : > "$results"; lineno=0   # one line per layout run, for tests/grade.py
+results=$log/results.tsv; : > "$results"; lineno=0   # one line per layout run, for tools/grade.py
 # What a failing run shows (at most about 40 lines): the error lines, step 1's gradient table
 # rows that failed (the only step whose gradients are judged) with the first mismatching tensor
 # named, the verdict, and the run's last lines.
@@ -110,7 +110,7 @@ done < "$dir/checks.txt"
 graded=""
 if [ -f "$dir/exercises.txt" ] && { [ -f .student-copy ] || [ "${GRADE:-0}" = 1 ]; } &&
    [ "${STOP_AT_FIRST_FAILURE:-0}" != 1 ] && [ -z "${MAX_NP:-}" ]; then
-    python3 tests/grade.py "$nn" "$results" --json "${GRADE_JSON:-grade.json}" && graded=yes
+    python3 tools/grade.py "$nn" "$results" --json "${GRADE_JSON:-grade.json}" && graded=yes
 fi
 rm -rf "$log"
 # a student copy without the grade table: where the exercises still wait

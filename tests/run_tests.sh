@@ -18,7 +18,7 @@ passed=0; failed=0
 pass() { printf 'ok    %s\n' "$1"; passed=$((passed+1)); }
 fail() { printf 'FAIL  %s\n' "$1"; [ -n "${2:-}" ] && sed 's/^/      | /' "$2" | tail -30; failed=$((failed+1)); }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
+mpirun_base=${MPIRUN_BASE:-$(tools/mpirun_base.sh)}
 t_start=$(date +%s); t_part=$t_start; parts=""
 # part NAME: the seconds since the last part ended, for the summary line
 part() { local now; now=$(date +%s); parts="$parts, $1 $((now - t_part))"; t_part=$now; }

@@ -16,7 +16,7 @@ quick=${1:-}
 root=${BUILD_ROOT:-build}
 san_root=$root/sanitize
 bin=$san_root/cpu
-mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
+mpirun_base=${MPIRUN_BASE:-$(tools/mpirun_base.sh)}
 passed=0; failed=0
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 

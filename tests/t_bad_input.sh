@@ -11,7 +11,7 @@ root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
 # yet after a non-zero exit Open MPI waits twice its odls_base_sigkill_timeout (1 s) before it
 # signals ranks that are already gone: 0 takes 2 s off each of the ~150 cases. A rank that hangs is
 # still caught: rank 0 waits for it in that barrier until the 60 s timeout.
-mpirun_base="${MPIRUN_BASE:-$(tests/mpirun_base.sh)} --mca odls_base_sigkill_timeout 0"
+mpirun_base="${MPIRUN_BASE:-$(tools/mpirun_base.sh)} --mca odls_base_sigkill_timeout 0"
 n=0; bad=0
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 bin_dir=$(cd "$root/$backend" && pwd)

@@ -13,7 +13,7 @@
 # at step 3 with exit status 4 and one line, the checkpoint directory unchanged.
 set -u
 root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
-mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
+mpirun_base=${MPIRUN_BASE:-$(tools/mpirun_base.sh)}
 bin=$root/$backend/08
 [ -x "$bin" ] || { echo "no $bin: build first (make BACKEND=$backend)"; exit 1; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT

@@ -11,7 +11,7 @@
 #      names and shapes, and its loss on the next batch agrees with the C model's to 1e-5
 set -u
 root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
-mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
+mpirun_base=${MPIRUN_BASE:-$(tools/mpirun_base.sh)}
 bin=$root/$backend/tests/test_checkpoint
 [ -x "$bin" ] || { echo "no $bin: build first (make BACKEND=$backend)"; exit 1; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # t_deps.sh: OpenBLAS is detected by what the build uses, not by "some cblas.h exists".
-#   1. with the flags the Makefile uses (tests/blas.sh), the probe compiles, links and runs a
+#   1. with the flags the Makefile uses (tools/blas.sh), the probe compiles, links and runs a
 #      program calling openblas_set_num_threads and openblas_get_corename, and deps.sh agrees;
 #   2. pointed (BLAS_CFLAGS) at a directory holding only the reference BLAS's cblas.h, the probe
 #      fails, deps.sh check names libopenblas-dev as missing (so deps.sh install would install
@@ -27,25 +27,25 @@ EOF
 fi
 
 # 1. the real flags
-check "probe with the build's flags ($(tests/blas.sh cflags) $(tests/blas.sh libs))" tests/blas.sh probe
+check "probe with the build's flags ($(tools/blas.sh cflags) $(tools/blas.sh libs))" tools/blas.sh probe
 cp "$tmp/out.txt" "$tmp/probe.txt"
 check "probe names OpenBLAS and its core" grep -q "OpenBLAS.*(core " "$tmp/probe.txt"
-tests/blas.sh probe >/dev/null 2>&1 && check "deps.sh does not ask for libopenblas-dev" \
-    bash -c '! tests/deps.sh check core | grep -q libopenblas-dev'
-check "banner names OpenBLAS" bash -c 'tests/banner.sh cpu "" | grep -q "BLAS *OpenBLAS"'
+tools/blas.sh probe >/dev/null 2>&1 && check "deps.sh does not ask for libopenblas-dev" \
+    bash -c '! tools/deps.sh check core | grep -q libopenblas-dev'
+check "banner names OpenBLAS" bash -c 'tools/banner.sh cpu "" | grep -q "BLAS *OpenBLAS"'
 
 # 2. only the reference cblas.h visible
-check "probe fails with only the reference cblas.h ($src)" bash -c "! BLAS_CFLAGS=-I$ref tests/blas.sh probe"
-check "... and says why" bash -c "BLAS_CFLAGS=-I$ref tests/blas.sh probe | grep -q \"not OpenBLAS's\""
+check "probe fails with only the reference cblas.h ($src)" bash -c "! BLAS_CFLAGS=-I$ref tools/blas.sh probe"
+check "... and says why" bash -c "BLAS_CFLAGS=-I$ref tools/blas.sh probe | grep -q \"not OpenBLAS's\""
 check "deps.sh check core fails and names libopenblas-dev" \
-    bash -c "! BLAS_CFLAGS=-I$ref tests/deps.sh check core > $tmp/d.txt; grep -q libopenblas-dev $tmp/d.txt"
+    bash -c "! BLAS_CFLAGS=-I$ref tools/deps.sh check core > $tmp/d.txt; grep -q libopenblas-dev $tmp/d.txt"
 check "deps.sh check all names libopenblas-dev too" \
-    bash -c "BLAS_CFLAGS=-I$ref tests/deps.sh check all | grep -q libopenblas-dev"
+    bash -c "BLAS_CFLAGS=-I$ref tools/deps.sh check all | grep -q libopenblas-dev"
 check "banner does not claim OpenBLAS" \
-    bash -c "BLAS_CFLAGS=-I$ref tests/banner.sh cpu '' | grep BLAS | grep -q 'no usable OpenBLAS'"
+    bash -c "BLAS_CFLAGS=-I$ref tools/banner.sh cpu '' | grep BLAS | grep -q 'no usable OpenBLAS'"
 
 # 3. the Makefile's compile and link lines carry the same flags
-cf=$(tests/blas.sh cflags); lb=$(tests/blas.sh libs)
+cf=$(tools/blas.sh cflags); lb=$(tools/blas.sh libs)
 make -n --no-print-directory BUILD_ROOT="$tmp/b" BACKEND=cpu "$tmp/b/cpu/common/backend/device_cpu.o" \
     "$tmp/b/cpu/tests/test_gemm" >"$tmp/make.txt" 2>&1
 check "make compiles device_cpu.c with '$cf'" grep -qF -- "$cf" <(grep device_cpu "$tmp/make.txt")
@@ -60,25 +60,25 @@ check "make BLAS_CFLAGS=... overrides the compile flags" grep -qF -- "-I$ref" "$
 printf 'flags\t\t: fpu sse2 avx avx2 fma avx512f avx512dq avx512cd avx512bw avx512vl\n' >"$tmp/avx512"
 printf 'flags\t\t: fpu sse2 avx avx2 fma avx512f\n' >"$tmp/avx512f_only"
 clean="env -u OPENBLAS_CORETYPE"
-check "coretype: SkylakeX on a CPU with AVX-512" $clean bash -c "[ \"\$(CPUINFO=$tmp/avx512 tests/blas.sh coretype)\" = SkylakeX ]"
-check "coretype: nothing without the whole AVX-512 set" $clean bash -c "[ -z \"\$(CPUINFO=$tmp/avx512f_only tests/blas.sh coretype)\" ]"
+check "coretype: SkylakeX on a CPU with AVX-512" $clean bash -c "[ \"\$(CPUINFO=$tmp/avx512 tools/blas.sh coretype)\" = SkylakeX ]"
+check "coretype: nothing without the whole AVX-512 set" $clean bash -c "[ -z \"\$(CPUINFO=$tmp/avx512f_only tools/blas.sh coretype)\" ]"
 check "coretype: the user's OPENBLAS_CORETYPE stands" \
-    bash -c "[ -z \"\$(OPENBLAS_CORETYPE=Haswell CPUINFO=$tmp/avx512 tests/blas.sh coretype)\" ]"
+    bash -c "[ -z \"\$(OPENBLAS_CORETYPE=Haswell CPUINFO=$tmp/avx512 tools/blas.sh coretype)\" ]"
 check "mpirun_base.sh passes OPENBLAS_CORETYPE=SkylakeX to the ranks" \
-    $clean bash -c "CPUINFO=$tmp/avx512 tests/mpirun_base.sh | grep -q -- '-x OPENBLAS_CORETYPE=SkylakeX'"
+    $clean bash -c "CPUINFO=$tmp/avx512 tools/mpirun_base.sh | grep -q -- '-x OPENBLAS_CORETYPE=SkylakeX'"
 check "make's mpirun passes it too" \
     $clean bash -c "CPUINFO=$tmp/avx512 make -n --no-print-directory run-00 2>/dev/null | grep -q -- '-x OPENBLAS_CORETYPE=SkylakeX'"
 # the banner says so where OpenBLAS's own choice on this machine is not SkylakeX already (an AMD
 # EPYC, which OpenBLAS 0.3.21 takes for Haswell); where it is (an Intel Xeon with AVX-512), the
-# runs need nothing and the banner says nothing (tests/banner.sh compares the probe's core)
-if $clean tests/blas.sh probe 2>/dev/null | grep -q '(core SkylakeX)'; then
+# runs need nothing and the banner says nothing (tools/banner.sh compares the probe's core)
+if $clean tools/blas.sh probe 2>/dev/null | grep -q '(core SkylakeX)'; then
     check "the banner says nothing: OpenBLAS picks SkylakeX on this CPU by itself" \
-        $clean bash -c "! CPUINFO=$tmp/avx512 tests/banner.sh cpu '' | grep -q 'runs set OPENBLAS_CORETYPE'"
+        $clean bash -c "! CPUINFO=$tmp/avx512 tools/banner.sh cpu '' | grep -q 'runs set OPENBLAS_CORETYPE'"
 else
-    check "the banner says so" $clean bash -c "CPUINFO=$tmp/avx512 tests/banner.sh cpu '' | grep -q 'runs set OPENBLAS_CORETYPE=SkylakeX'"
+    check "the banner says so" $clean bash -c "CPUINFO=$tmp/avx512 tools/banner.sh cpu '' | grep -q 'runs set OPENBLAS_CORETYPE=SkylakeX'"
 fi
 check "the banner names a user's OPENBLAS_CORETYPE" \
-    bash -c "OPENBLAS_CORETYPE=Haswell CPUINFO=$tmp/avx512 tests/banner.sh cpu '' | grep -q 'OPENBLAS_CORETYPE=Haswell is set in your environment'"
+    bash -c "OPENBLAS_CORETYPE=Haswell CPUINFO=$tmp/avx512 tools/banner.sh cpu '' | grep -q 'OPENBLAS_CORETYPE=Haswell is set in your environment'"
 
 echo "$((n-bad)) of $n OpenBLAS detection checks pass (reference cblas.h: $src)"
 [ $bad -eq 0 ]

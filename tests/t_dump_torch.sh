@@ -6,7 +6,7 @@
 # to 1e-4 (a float8 dump: step 1 only, rounding ties explained; docs/dump-format.md).
 set -u
 root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
-mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
+mpirun_base=${MPIRUN_BASE:-$(tools/mpirun_base.sh)}
 py=/usr/bin/python3
 $py -c "import torch" 2>/dev/null || { echo "PyTorch is missing for $py: run make deps"; exit 1; }
 n=0; bad=0; float8_dump=; any_float8_dump=

@@ -9,7 +9,7 @@
 # Needs mount (root): skipped, saying so, where tmpfs cannot be mounted.
 set -u
 root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
-mpirun_base="${MPIRUN_BASE:-$(tests/mpirun_base.sh)} --mca odls_base_sigkill_timeout 0"
+mpirun_base="${MPIRUN_BASE:-$(tools/mpirun_base.sh)} --mca odls_base_sigkill_timeout 0"
 bin_dir=$(cd "$root/$backend" && pwd)
 tmp=$(mktemp -d); disk=$tmp/disk; mkdir -p "$disk"
 cleanup() { umount "$disk" 2>/dev/null; rm -rf "$tmp"; }
@@ -48,7 +48,7 @@ expect "04: its CSVs on a full disk" 04 "No space left on device" "$disk/o4/memo
 # retry with room succeeds
 umount "$disk" && mount -t tmpfs -o size=1m tmpfs "$disk"
 n=$((n+1))
-bash tests/make_assignment.sh 03 "$disk/student-03" >"$tmp/out" 2>"$tmp/err"; rc=$?
+bash tools/make_assignment.sh 03 "$disk/student-03" >"$tmp/out" 2>"$tmp/err"; rc=$?
 if [ $rc -ne 2 ] || [ "$(grep -c . "$tmp/err")" -ne 1 ] || [ -s "$tmp/out" ] || [ -n "$(ls -A "$disk")" ] ||
    ! grep -q '^make assignment-03: could not write the copy into .*nothing written' "$tmp/err"; then
     echo "FAIL make assignment-03 on a full disk: exit $rc, $(grep -c . "$tmp/err") line(s), left: $(ls -A "$disk" | paste -sd' ')"
@@ -56,7 +56,7 @@ if [ $rc -ne 2 ] || [ "$(grep -c . "$tmp/err")" -ne 1 ] || [ -s "$tmp/out" ] || 
 else echo "ok   make assignment-03 on a full disk: $(cat "$tmp/err")"; fi
 umount "$disk" && mount -t tmpfs -o size=64m tmpfs "$disk"
 n=$((n+1))
-if bash tests/make_assignment.sh 03 "$disk/student-03" >"$tmp/out" 2>"$tmp/err" && [ -f "$disk/student-03/.student-copy" ] &&
+if bash tools/make_assignment.sh 03 "$disk/student-03" >"$tmp/out" 2>"$tmp/err" && [ -f "$disk/student-03/.student-copy" ] &&
    [ "$(ls -A "$disk")" = student-03 ]; then echo "ok   ... and the retry with room writes the copy"
 else echo "FAIL make assignment-03's retry with room: $(cat "$tmp/err")"; bad=$((bad+1)); fi
 

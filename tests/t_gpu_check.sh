@@ -6,7 +6,7 @@
 #      the same when nvidia-smi lists no GPU (a stand-in that fails as it does without a driver)
 #   2. with a GPU listed (a stand-in nvidia-smi) but no Open MPI and no gpu-bundle/: one line
 #      saying what to do, exit 2; with a bundle whose libraries need a newer glibc: one line, 2
-#   3. tests/gpu_bundle.sh unpack and env on a tiny fake .deb built with dpkg-deb: the files land
+#   3. tools/gpu_bundle.sh unpack and env on a tiny fake .deb built with dpkg-deb: the files land
 #      under the prefix, the links update-alternatives would make are there, the env lines put
 #      the prefix's mpicc first on PATH with OPAL_PREFIX and the library, include and plugin
 #      paths pointing into it; a second unpack of the same .deb files does nothing, a changed one
@@ -96,13 +96,13 @@ check "a bundle needing glibc 99.0: exit 2 (got $rc), one line naming glibc" \
 # ---------------------------------------------------------------- 3. unpack and env
 b=$tmp/bundle; r=$tmp/bundle/root
 fake_deb "$b" fake-openmpi 1.0 with-mpirun
-check "unpack a fake .deb" bash tests/gpu_bundle.sh unpack "$b" "$r"
+check "unpack a fake .deb" bash tools/gpu_bundle.sh unpack "$b" "$r"
 check "its files land under the prefix" test -f "$r/usr/include/cjson/cJSON.h" -a -f "$r/lib/x86_64-linux-gnu/libnl-3.so.200" \
     -a -f "$r/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix/pmix_mca_pcompress_zlib.so"
 check "mpicc -> mpicc.openmpi and mpirun -> mpirun.openmpi, as update-alternatives makes them" \
     test "$(readlink "$r/usr/bin/mpicc")" = mpicc.openmpi -a "$(readlink "$r/usr/bin/mpirun")" = mpirun.openmpi -a -x "$r/usr/bin/mpicc"
 check "libpsm_infinipath.so.1 -> libpsm1's, as update-alternatives makes it" test -f "$r/usr/lib/x86_64-linux-gnu/libpsm_infinipath.so.1"
-bash tests/gpu_bundle.sh env "$r" >"$tmp/env.sh"
+bash tools/gpu_bundle.sh env "$r" >"$tmp/env.sh"
 check "env: mpicc resolves to the prefix and sees OPAL_PREFIX there" bash -c ". $tmp/env.sh; [ \"\$(command -v mpicc)\" = $r/usr/bin/mpicc ] && mpicc | grep -qx 'fake opal_wrapper 1.0: OPAL_PREFIX=$r/usr'"
 check "env: LD_LIBRARY_PATH holds /usr/lib/<triplet> and /lib/<triplet> of the prefix" \
     bash -c ". $tmp/env.sh; case \":\$LD_LIBRARY_PATH:\" in *:$r/usr/lib/x86_64-linux-gnu:$r/lib/x86_64-linux-gnu:*) ;; *) exit 1;; esac"
@@ -111,16 +111,16 @@ check "env: OPAL_SYSCONFDIR, PMIx's plugins, OMPI_LDFLAGS, the include and libra
              [ \"\$OMPI_LDFLAGS\" = '-L$r/usr/lib/x86_64-linux-gnu/openmpi/lib -L$r/usr/lib/x86_64-linux-gnu' ] &&
              [ -f \${C_INCLUDE_PATH%%:*}/cjson/cJSON.h ] && [ -f \${CPLUS_INCLUDE_PATH%%:*}/cjson/cJSON.h ] && [ \${LIBRARY_PATH%%:*} = $r/usr/lib/x86_64-linux-gnu ]"
 touch "$r/marker"
-check "a second unpack of the same .deb files does nothing" bash -c "bash tests/gpu_bundle.sh unpack $b $r && [ -f $r/marker ]"
+check "a second unpack of the same .deb files does nothing" bash -c "bash tools/gpu_bundle.sh unpack $b $r && [ -f $r/marker ]"
 fake_deb "$b" fake-openmpi 1.0-changed with-mpirun; rm "$b/debs/fake-openmpi_1.0_all.deb"
-check "a changed .deb is unpacked again" bash -c "bash tests/gpu_bundle.sh unpack $b $r && [ ! -f $r/marker ] && . <(bash tests/gpu_bundle.sh env $r) && mpicc | grep -q 'opal_wrapper 1.0-changed'"
+check "a changed .deb is unpacked again" bash -c "bash tools/gpu_bundle.sh unpack $b $r && [ ! -f $r/marker ] && . <(bash tools/gpu_bundle.sh env $r) && mpicc | grep -q 'opal_wrapper 1.0-changed'"
 rm -f "$tmp/bin/dpkg-deb"
-check "without dpkg-deb (ar and tar): the same files" bash -c "PATH=$tmp/bin bash tests/gpu_bundle.sh unpack $b $tmp/root2 &&
+check "without dpkg-deb (ar and tar): the same files" bash -c "PATH=$tmp/bin bash tools/gpu_bundle.sh unpack $b $tmp/root2 &&
     diff <(cd $r && find . ! -name .unpacked | sort) <(cd $tmp/root2 && find . ! -name .unpacked | sort)"
 mkdir -p "$tmp/broken/debs"; echo "not a deb" >"$tmp/broken/debs/broken_1_all.deb"
-bash tests/gpu_bundle.sh unpack "$tmp/broken" "$tmp/root3" >"$tmp/s.out" 2>&1; rc=$?
+bash tools/gpu_bundle.sh unpack "$tmp/broken" "$tmp/root3" >"$tmp/s.out" 2>&1; rc=$?
 check "a broken .deb: refused with one line ($(head -1 "$tmp/s.out"))" [ $rc -ne 0 -a "$(lines "$tmp/s.out")" -eq 1 ]
-mkdir -p "$tmp/empty"; bash tests/gpu_bundle.sh unpack "$tmp/empty" "$tmp/root4" >"$tmp/s.out" 2>&1; rc=$?
+mkdir -p "$tmp/empty"; bash tools/gpu_bundle.sh unpack "$tmp/empty" "$tmp/root4" >"$tmp/s.out" 2>&1; rc=$?
 check "... and a bundle without .deb files ($(head -1 "$tmp/s.out"))" [ $rc -ne 0 -a "$(lines "$tmp/s.out")" -eq 1 ]
 ln -sf "$(command -v dpkg-deb)" "$tmp/bin/dpkg-deb"
 
@@ -138,7 +138,7 @@ before=$(cd "$old" && find . -type f | sort | xargs md5sum)
 mkdir -p "$tmp/offline"
 printf '#!/bin/sh\necho "E: Failed to fetch http://deb.debian.org/debian/pool/main/o/openmpi/openmpi-bin.deb  Temporary failure resolving deb.debian.org"\nexit 100\n' >"$tmp/offline/apt-get"
 chmod +x "$tmp/offline/apt-get"
-PATH=$tmp/offline:$PATH bash tests/gpu_bundle.sh download "$old" >"$tmp/s.out" 2>&1; rc=$?
+PATH=$tmp/offline:$PATH bash tools/gpu_bundle.sh download "$old" >"$tmp/s.out" 2>&1; rc=$?
 check "gpu-bundle offline over an existing bundle: exit 1 (got $rc), saying the bundle is as it was" \
     bash -c "[ $rc -eq 1 ] && grep -q 'apt-get download failed' $tmp/s.out && grep -q 'is as it was' $tmp/s.out"
 check "... every file of the old bundle unchanged (debs, MANIFEST)" bash -c "[ \"\$(cd $old && find . -type f | sort | xargs md5sum)\" = '$before' ]"

@@ -66,11 +66,11 @@ banner_is "BACKEND=cuda given beside an old driver" "== build: backend cuda (BAC
 # NCCL: next to nvcc ($fake/../include, here $tmp/include), else Debian's /usr/include/nccl.h
 if [ -f /usr/include/nccl.h ]; then sys_nccl="NCCL .* (/usr/include/nccl.h)"; else sys_nccl="NCCL *missing"; fi
 check "banner without nccl.h next to nvcc: '$sys_nccl'" bash -c \
-    "tests/banner.sh cuda '$fake/nvcc' | tee /dev/stderr | grep -q '$sys_nccl'"
+    "tools/banner.sh cuda '$fake/nvcc' | tee /dev/stderr | grep -q '$sys_nccl'"
 mkdir -p "$tmp/include"
 printf '#define NCCL_MAJOR 2\n#define NCCL_MINOR 27\n#define NCCL_PATCH 3\n' >"$tmp/include/nccl.h"
 check "banner with nccl.h next to nvcc names its version and path" bash -c \
-    "tests/banner.sh cuda '$fake/nvcc' | tee /dev/stderr | grep -qF 'NCCL     2.27.3 ($tmp/include/nccl.h)'"
+    "tools/banner.sh cuda '$fake/nvcc' | tee /dev/stderr | grep -qF 'NCCL     2.27.3 ($tmp/include/nccl.h)'"
 # what `make` would build: the cuda build only where the default is cuda
 check "GPU, driver 580.65.06, nvcc: make builds into cuda/" bash -c \
     "env -u BACKEND -u CUDA_HOME PATH='$fake':\$PATH FAKE_DRIVER=580.65.06 make -n --no-print-directory BUILD_ROOT='$tmp/b' | grep -q -- '-o $tmp/b/cuda/00'"
@@ -102,7 +102,7 @@ else
     if [ -n "$drv" ] && [ "${drv%%.*}" -ge 580 ] 2>/dev/null; then
         skip "the driver message (this machine has a GPU and driver $drv, which can run $bin)"
     else
-        mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
+        mpirun_base=${MPIRUN_BASE:-$(tools/mpirun_base.sh)}
         for np in 1 2; do
             timeout 120 $mpirun_base -np $np "$bin" >"$tmp/run$np.txt" 2>&1
             st=$?

@@ -25,7 +25,7 @@ for dir in [0-9][0-9]_*/; do
     [ -f "$dir/exercises.txt" ] || continue
     nn=${dir:0:2}
     results "$dir/checks.txt" ok > "$tmp/ok.tsv"
-    if python3 tests/grade.py "$nn" "$tmp/ok.tsv" --json "$tmp/g.json" >"$tmp/o.txt" 2>&1 &&
+    if python3 tools/grade.py "$nn" "$tmp/ok.tsv" --json "$tmp/g.json" >"$tmp/o.txt" 2>&1 &&
        python3 -c 'import json,sys; g=json.load(open(sys.argv[1])); sys.exit(0 if g["points"] == g["possible"] > 0 else 1)' "$tmp/g.json"; then
         echo "ok    exercises.txt of $nn: $(tail -2 "$tmp/o.txt" | head -1)"
     else
@@ -34,7 +34,7 @@ for dir in [0-9][0-9]_*/; do
     # in the student copy, every TODO belongs to an exercise, and with every layout failing each is unfinished
     if make --no-print-directory assignment-$nn DEST="$tmp/c$nn" >/dev/null 2>&1; then
         results "$dir/checks.txt" FAIL > "$tmp/fail.tsv"
-        (cd "$tmp/c$nn" && python3 tests/grade.py "$nn" "$tmp/fail.tsv") >"$tmp/o.txt" 2>&1
+        (cd "$tmp/c$nn" && python3 tools/grade.py "$nn" "$tmp/fail.tsv") >"$tmp/o.txt" 2>&1
         if grep -q 'TODO left that no exercise names' "$tmp/o.txt" || ! grep -q " 0 of " "$tmp/o.txt" ||
            [ "$(grep -c ' unfinished: TODO at ' "$tmp/o.txt")" -ne "$(grep -vc '^ *\(#\|$\)' "$dir/exercises.txt")" ]; then
             echo "FAIL  the student copy of $nn: a TODO no exercise names, or an exercise with no TODO:"; sed 's/^/      | /' "$tmp/o.txt"; bad=$((bad+1))
@@ -105,8 +105,8 @@ cp -a "$base" "$tmp/empty"
 sed -i '/TODO (assignment)/d' "$tmp/subs/cheat/$dir"*.c "$tmp/empty/$dir"*.c
 sed -i 's/return failures ? 1 : 0;/return 0;/; s/if (failures == 0)/if (1)/' "$tmp/subs/cheat/common/harness/parity.c"
 grep -q 'return 0;' "$tmp/subs/cheat/common/harness/parity.c" || echo "FAIL  the cheat's edit of parity.c did not apply"
-rm "$tmp/subs/cheat/tests/grade.py" && ln -s /nonexistent/grade.py "$tmp/subs/cheat/tests/grade.py"
-python3 tests/grade_sandbox.py "$base" "$tmp/subs/cheat" "$tmp/box_cheat" && python3 tests/grade_sandbox.py "$base" "$tmp/empty" "$tmp/box_empty" &&
+rm "$tmp/subs/cheat/tools/grade.py" && ln -s /nonexistent/grade.py "$tmp/subs/cheat/tools/grade.py"
+python3 tools/grade_sandbox.py "$base" "$tmp/subs/cheat" "$tmp/box_cheat" && python3 tools/grade_sandbox.py "$base" "$tmp/empty" "$tmp/box_empty" &&
     diff -r -x .sandbox.json "$tmp/box_cheat" "$tmp/box_empty" >"$tmp/box.diff" 2>&1
 if [ $? -eq 0 ]; then echo "ok    the sandbox of a copy that edits common/ and links a grader away is the same copy's without those edits, file for file"
 else echo "FAIL  the sandboxes of the cheat and of the same copy without its edits differ:"; head -20 "$tmp/box.diff" | sed 's/^/      | /'; bad=$((bad+1)); fi
@@ -129,7 +129,7 @@ if float(rows["complete"]["total"]) != c["possible"] or float(rows["partial"]["t
 if float(rows["partial"]["03:selective-recompute"]) != 0 or float(rows["complete"]["03:selective-recompute"]) != lost: print("CSV's exercise column"); bad += 1
 x = json.load(open(f"{subs}/cheat/grade.json"))
 if x["points"] >= x["possible"]: print(f"cheat: {x['points']} of {x['possible']}"); bad += 1
-if "common/harness/parity.c (changed)" not in x.get("ignored", []) or not any(i.startswith("tests/grade.py (not a plain file") for i in x.get("ignored", [])):
+if "common/harness/parity.c (changed)" not in x.get("ignored", []) or not any(i.startswith("tools/grade.py (not a plain file") for i in x.get("ignored", [])):
     print(f"cheat: ignored = {x.get('ignored')}"); bad += 1
 if c.get("ignored") or p.get("ignored"): print(f"complete/partial changed nothing else, yet ignored: {c.get('ignored')} {p.get('ignored')}"); bad += 1
 print(f"complete {c['points']:g}/{c['possible']:g}, partial {p['points']:g}/{p['possible']:g} (selective-recompute: 0 of {lost:g}), "

@@ -6,7 +6,7 @@
 # are too long to run here, from the lines its run prints before step 1 (the run is then stopped).
 set -u
 root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
-mpirun_base="${MPIRUN_BASE:-$(tests/mpirun_base.sh)} --mca odls_base_sigkill_timeout 0"
+mpirun_base="${MPIRUN_BASE:-$(tools/mpirun_base.sh)} --mca odls_base_sigkill_timeout 0"
 bin_dir=$(cd "$root/$backend" && pwd)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 bad=0; n=0

@@ -19,7 +19,7 @@
 # Every case prints "ok" or "FAIL" and a reason; the last line counts them.
 set -u
 root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
-mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
+mpirun_base=${MPIRUN_BASE:-$(tools/mpirun_base.sh)}
 b08=$root/$backend/08; b01=$root/$backend/01
 for b in "$b08" "$b01"; do [ -x "$b" ] || { echo "no $b: build first (make BACKEND=$backend)"; exit 1; }; done
 n=0; bad=0
@@ -228,7 +228,7 @@ runs "c. a lock left by a killed run (SIGKILL) does not block the next" "" t08 -
 result "c. ... and the next run's rows replaced the killed run's" "$([ "$(grep -c '^[0-9]' o_kill/metrics.csv)" = 2 ] && echo 1)" \
     "o_kill/metrics.csv: $(wc -l <o_kill/metrics.csv) lines"
 
-# ---- d. interrupted runs (the rank itself, without mpirun: 128 + N, as tests/exit_status.sh
+# ---- d. interrupted runs (the rank itself, without mpirun: 128 + N, as tools/exit_status.sh
 # documents; t_rank_failures.sh signals mpirun, make and the whole group)
 # signal_run NAME SIGNAL WANT_RC WAIT_FOR_TEXT ARGS...: start the rank, signal it when its output
 # shows the text, check the status and the one line

@@ -17,7 +17,7 @@ set -u
 cd "$(dirname "$0")/.."
 root=${BUILD_ROOT:-build}
 bin=$root/cpu/05
-mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
+mpirun_base=${MPIRUN_BASE:-$(tools/mpirun_base.sh)}
 n=0; bad=0
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $1"; sed 's/^/  | /' "$tmp/out.txt" | tail -8; bad=$((bad+1)); }

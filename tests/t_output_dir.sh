@@ -9,7 +9,7 @@
 #   a 3000-byte message refused by rank 1 through comm_require_all reaches rank 0's line whole.
 set -u
 root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
-mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
+mpirun_base=${MPIRUN_BASE:-$(tools/mpirun_base.sh)}
 bin=$root/$backend/tests/test_output_dir
 [ -x "$bin" ] || { echo "no $bin: build first (make BACKEND=$backend)"; exit 1; }
 n=0; bad=0

@@ -15,7 +15,7 @@
 #   e. SIGINT or SIGTERM to mpirun: one line saying the job was interrupted. Open MPI 4.1's mpirun
 #      exits with 1 whatever the ranks do (measured: ranks exiting 130 still give 1), so that is
 #      what is expected; the ranks themselves end with 128 + the signal, as a run without mpirun
-#      does: SIGINT 130, SIGTERM 143. Under tests/signal_status.sh (how `make run-NN` runs its
+#      does: SIGINT 130, SIGTERM 143. Under tools/signal_status.sh (how `make run-NN` runs its
 #      mpirun) the job ends with 130 or 143 and the same one line, whether the signal reaches the
 #      whole process group (Ctrl-C) or the wrapper alone (a scheduler's kill).
 #   g. SIGHUP to mpirun, SIGQUIT to the whole group and to signal_status.sh: one line, 129-style
@@ -27,7 +27,7 @@
 # Chapter 01 is the victim: it runs long enough (--steps 100000) to be caught mid-step.
 set -u
 root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
-mpirun_base=${MPIRUN_BASE:-$(tests/mpirun_base.sh)}
+mpirun_base=${MPIRUN_BASE:-$(tools/mpirun_base.sh)}
 bin=$root/$backend/01
 n=0; bad=0
 tmp=$(mktemp -d)
@@ -157,11 +157,11 @@ for sig in INT TERM; do
         "error: interrupted by SIG$sig from pid "
 done
 
-# the job under tests/signal_status.sh, as make run-NN runs it: 130 / 143 and the one line
+# the job under tools/signal_status.sh, as make run-NN runs it: 130 / 143 and the one line
 for how in group alone; do
     for sig in INT TERM; do
         set -m
-        tests/signal_status.sh $mpirun_base -np 2 "$bin" --out "$tmp/o_$how$sig" --steps 100000 </dev/null >"$tmp/out" 2>"$tmp/err" &
+        tools/signal_status.sh $mpirun_base -np 2 "$bin" --out "$tmp/o_$how$sig" --steps 100000 </dev/null >"$tmp/out" 2>"$tmp/err" &
         p=$!
         set +m
         pids+=("$p")
@@ -189,7 +189,7 @@ stop_and_look() {   # stop_and_look NAME HOW SIG WANT_RC 'TEXT': HOW mpirun | gr
         $mpirun_base -np 2 "$root/$backend/08" --steps 100000 --out "$out" --dim 64 --n-layers 2 --seq-len 32 \
             --batch 8 --eval-every 0 </dev/null >"$tmp/out" 2>"$tmp/err" &
     else
-        tests/signal_status.sh $mpirun_base -np 2 "$root/$backend/08" --steps 100000 --out "$out" --dim 64 \
+        tools/signal_status.sh $mpirun_base -np 2 "$root/$backend/08" --steps 100000 --out "$out" --dim 64 \
             --n-layers 2 --seq-len 32 --batch 8 --eval-every 0 </dev/null >"$tmp/out" 2>"$tmp/err" &
     fi
     local p=$!

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # t_readme.sh: the READMEs' output blocks still say what the code prints, and every README link and
-# file name resolves (tests/readme_outputs.py; README.md, "How the outputs in these READMEs are
+# file name resolves (tools/readme_outputs.py; README.md, "How the outputs in these READMEs are
 # checked"). make test has no time for every block: this runs the quick ones, about a minute here
 # (--quick leaves out make check-NN and the 8-rank runs, 2.5 minutes more; make check-readme runs
 # them all), four blocks at a time (a refused input spends most of its 2 s waiting for mpirun).
@@ -26,7 +26,7 @@ if [ -z "$line" ]; then
 fi
 sed -i "${line}s/loss tp=2 1.720778227/loss tp=2 1.721778227/" "$readme"
 sed -i 's#(hints/)#(hints-gone/)#' "$readme"
-timeout 300 $py tests/readme_outputs.py --check --root "$tmp/repo" --chapter 00 --build-root "$root" \
+timeout 300 $py tools/readme_outputs.py --check --root "$tmp/repo" --chapter 00 --build-root "$root" \
     >"$tmp/neg.txt" 2>&1
 rc=$?
 if [ $rc -ne 1 ] || ! grep -q "^STALE 00_naive_tp_mlp/README.md:$line " "$tmp/neg.txt" \
@@ -37,7 +37,7 @@ if [ $rc -ne 1 ] || ! grep -q "^STALE 00_naive_tp_mlp/README.md:$line " "$tmp/ne
 fi
 
 # 2. the READMEs themselves
-timeout 600 $py tests/readme_outputs.py --check --quick --jobs 4 --build-root "$root" >"$tmp/out.txt" 2>&1
+timeout 600 $py tools/readme_outputs.py --check --quick --jobs 4 --build-root "$root" >"$tmp/out.txt" 2>&1
 rc=$?
 cat "$tmp/out.txt"
 [ $rc -eq 0 ] || fail=1

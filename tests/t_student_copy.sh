@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # t_student_copy.sh: a student copy holds no answer. For every chapter with exercises, `make
-# assignment-NN` writes a copy, and tests/student_copy_leaks.py looks through it for each line
+# assignment-NN` writes a copy, and tools/student_copy_leaks.py looks through it for each line
 # the copy lost (normalised: comments stripped, whitespace collapsed; short lines and idioms
 # skipped), for BEGIN/END ASSIGNMENT and SOLUTION marker lines, for a chapter after NN, hints/
 # and docs/instructor/; any hit fails, named file:line. The removed lines' string literals count
@@ -21,7 +21,7 @@ for dir in [0-9][0-9]_*/; do
     if grep -rn --include='*.md' -E "(make |mpirun|<!-- output).*an exercise's answer: removed" "$dest" > "$tmp/s.txt"; then
         echo "FAIL  the scrub of copy $nn rewrote commands:"; sed 's/^/      | /' "$tmp/s.txt" | head -5; bad=$((bad+1))
     fi
-    if python3 tests/student_copy_leaks.py "$src" "$dest" "$nn" >"$tmp/l.txt" 2>&1; then
+    if python3 tools/student_copy_leaks.py "$src" "$dest" "$nn" >"$tmp/l.txt" 2>&1; then
         echo "ok    $(tail -1 "$tmp/l.txt")"
     else
         echo "FAIL  student copy $nn gives answers away:"; sed 's/^/      | /' "$tmp/l.txt"; bad=$((bad+1))
@@ -37,7 +37,7 @@ if [ -n "$last" ]; then
     line=$(awk '/BEGIN ASSIGNMENT/ {t=1; next} /END ASSIGNMENT/ {t=0} t && length($0) > 30 {print; exit}' "$dir"*.c)
     { echo "/* planted by t_student_copy.sh */"; echo "$line"; } > "$dest/common/planted_leak.c"
     echo "/* BEGIN SOLUTION */" >> "$dest/${dir}planted_marker.h"
-    python3 tests/student_copy_leaks.py "$src" "$dest" "$last" >"$tmp/p.txt" 2>&1; rc=$?
+    python3 tools/student_copy_leaks.py "$src" "$dest" "$last" >"$tmp/p.txt" 2>&1; rc=$?
     if [ $rc -eq 1 ] && grep -q '^common/planted_leak.c:2: repeats the removed line' "$tmp/p.txt" &&
        grep -q "^${dir}planted_marker.h:1: a marker line left" "$tmp/p.txt"; then
         echo "ok    a planted answer line and a planted marker are found (common/planted_leak.c:2, ${dir}planted_marker.h:1)"
@@ -51,7 +51,7 @@ if [ -n "$last" ]; then
     rm -f "$dest/common/planted_leak.c" "$dest/${dir}planted_marker.h"
     if [ -n "$lit" ]; then
         printf '```\n  rank 0  %s\n```\n' "$lit" >> "$dest/${dir}README.md"
-        python3 tests/student_copy_leaks.py "$src" "$dest" "$last" >"$tmp/p.txt" 2>&1; rc=$?
+        python3 tools/student_copy_leaks.py "$src" "$dest" "$last" >"$tmp/p.txt" 2>&1; rc=$?
         if [ $rc -eq 1 ] && grep -q "^${dir}README.md:[0-9]*: repeats the removed line" "$tmp/p.txt"; then
             echo "ok    a planted printed formula is found (${dir}README.md: $lit)"
         else

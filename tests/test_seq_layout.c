@@ -67,7 +67,7 @@ static void check_chunk_rule(void) {
 }
 
 /* The body is chapter 06's exercise 3 (rows_to_heads) nearly word for word: a student copy of
- * chapter 06 leaves it out (tests/make_assignment.sh), and this check with it. Returns whether
+ * chapter 06 leaves it out (tools/make_assignment.sh), and this check with it. Returns whether
  * it ran. */
 static bool check_ulysses(comm_group *world, bool zigzag) {
     /* BEGIN SOLUTION 06: chapter 06's exercise 3, the Ulysses all-to-all; this check is skipped */
@@ -115,7 +115,7 @@ static bool check_ulysses(comm_group *world, bool zigzag) {
  * of T = p*Ts tokens, C channels): the all-gather along the sequence gives every rank the whole
  * [B, T, C] tensor from the [B, T/p, C] shards, and the reduce-scatter gives rank r the sum over
  * the ranks of its rows [r*T/p, (r+1)*T/p) of every sequence. The body is chapter 03's exercises
- * 1 and 2 word for word: a student copy of chapter 03 leaves it out (tests/make_assignment.sh),
+ * 1 and 2 word for word: a student copy of chapter 03 leaves it out (tools/make_assignment.sh),
  * and this check with it. Returns whether it ran. */
 static bool check_sequence_collectives(comm_group *world) {
     /* BEGIN SOLUTION 03: chapter 03's exercises 1 and 2, the all-gather and the reduce-scatter along the sequence; this check is skipped */

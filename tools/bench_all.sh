@@ -43,7 +43,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 mpirun=${MPIRUN_BASE:-$here/mpirun_base.sh}
 [ -x "$mpirun" ] && mpirun=$($mpirun)
 . "$here/bench_lib.sh"   # median, steady_step_ms, with_single_copy
-# Open MPI's single-copy CMA where it works (tests/bench_lib.sh, with_single_copy)
+# Open MPI's single-copy CMA where it works (tools/bench_lib.sh, with_single_copy)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 mpirun=$(with_single_copy "$mpirun" "$build/01" 2>"$tmp/transport"); transport=$(cat "$tmp/transport")
 reps=${REPS:-3}; steps=${STEPS:-3}; steps08=${STEPS08:-6}; only=${ONLY:-01,03,04,05,06,08}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # blas.sh cflags|libs|probe|coretype: the OpenBLAS the CPU backend is built with, found one way
-# for the Makefile, tests/deps.sh and tests/banner.sh alike.
+# for the Makefile, tools/deps.sh and tools/banner.sh alike.
 #   cflags  the compiler flags: pkg-config's for openblas, else -I the directory that holds
 #           OpenBLAS's own headers (openblas_config.h sits beside its cblas.h), else nothing
 #   libs    the linker flags: pkg-config's for openblas, else -lopenblas

@@ -161,7 +161,7 @@ fill() {
     tmp=$(mktemp -d) && unpack "$dir" "$tmp/root" >/dev/null && glibc=$(glibc_needed "$tmp/root")
     rm -rf "$tmp"
     {
-        echo "# gpu-bundle: made by tests/gpu_bundle.sh download on $(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-?}"), $(date -u +%Y-%m-%d)"
+        echo "# gpu-bundle: made by tools/gpu_bundle.sh download on $(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-?}"), $(date -u +%Y-%m-%d)"
         echo "glibc >= ${glibc:-?}"
         (cd "$dir/debs" && for f in *.deb; do dpkg-deb -W --showformat='${Package} ${Version}\n' "$f"; done)
     } >"$dir/MANIFEST"

@@ -2,11 +2,11 @@
 # readme_outputs.py: the README blocks of program output, checked against (or rewritten from)
 # real runs, and every reference of the READMEs (links, file names) checked to resolve.
 #
-#   tests/readme_outputs.py --check  [--file F] [--chapter NN] [--block README:LINE] [--quick]
+#   tools/readme_outputs.py --check  [--file F] [--chapter NN] [--block README:LINE] [--quick]
 #                                    [--jobs N] [--root DIR]
-#   tests/readme_outputs.py --update [--file F] [--chapter NN] [--block README:LINE]
-#   tests/readme_outputs.py --list                   the blocks, their commands, what --quick skips
-#   tests/readme_outputs.py --refs                   only the references
+#   tools/readme_outputs.py --update [--file F] [--chapter NN] [--block README:LINE]
+#   tools/readme_outputs.py --list                   the blocks, their commands, what --quick skips
+#   tools/readme_outputs.py --refs                   only the references
 # BUILD_ROOT (environment, or --build-root) is the build to run, default `build`, backend cpu;
 # `make readme-outputs` builds and runs --update, `make check-readme` builds and runs --check, and
 # tests/t_readme.sh (make test) runs --check --quick: not make check-NN, not the 8-rank runs.
@@ -29,10 +29,10 @@
 #   make run-NN [NP=N] [ARGS="..."]   what the Makefile's run-NN runs (run_cmd and the chapter.mk's
 #                                     RUN_NP_NN, RUN_FLAGS_NN, RUN_ARGS_NN) on BUILD_ROOT's binary,
 #                                     without building: the mpirun line make echoes, the run's
-#                                     output, and on a non-zero exit tests/exit_status.sh's line
+#                                     output, and on a non-zero exit tools/exit_status.sh's line
 #                                     (make's own closing "make: *** ... Error N" is not reproduced)
 #   make check-NN                     tests/run_checks.sh cpu NN BUILD_ROOT
-#   anything else                     bash, with `mpirun` replaced by tests/mpirun_base.sh's line,
+#   anything else                     bash, with `mpirun` replaced by tools/mpirun_base.sh's line,
 #                                     build/cpu/ by BUILD_ROOT/cpu/, and /tmp/ by a private
 #                                     directory (mapped back to /tmp/ in the output)
 # Every command runs under timeout(1) (--timeout, default 600 s), stdin /dev/null, stdout and
@@ -237,7 +237,7 @@ class Runner:
             if e in ('out', '.git'):
                 continue
             os.symlink(os.path.join(root, e), os.path.join(self.work, e))
-        self.mpirun_base = subprocess.run(['bash', os.path.join(root, 'tests/mpirun_base.sh')],
+        self.mpirun_base = subprocess.run(['bash', os.path.join(root, 'tools/mpirun_base.sh')],
                                           capture_output=True, text=True).stdout.strip()
         self.nproc = os.cpu_count() or 1
         self.blas = blas_core(self.build)
@@ -345,7 +345,7 @@ class Runner:
         if echo is not None:
             out = echo + '\n' + out
             if rc != 0:
-                st = subprocess.run(['bash', os.path.join(self.root, 'tests/exit_status.sh'), str(rc), what],
+                st = subprocess.run(['bash', os.path.join(self.root, 'tools/exit_status.sh'), str(rc), what],
                                     capture_output=True, text=True).stdout
                 out += st
         if rc == 124:

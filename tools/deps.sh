@@ -13,7 +13,7 @@ missing=()
 have_cmd() { command -v "$1" >/dev/null 2>&1; }
 have_header() { echo "#include <$1>" | cc -E -x c - >/dev/null 2>&1; }
 have_cmd mpicc && have_cmd mpirun        || missing+=(openmpi-bin libopenmpi-dev)
-# OpenBLAS by what the build uses: tests/blas.sh compiles, links and runs a program calling
+# OpenBLAS by what the build uses: tools/blas.sh compiles, links and runs a program calling
 # openblas_* with the Makefile's BLAS flags. "Some cblas.h compiles" is not enough: the reference
 # BLAS (libblas-dev) has a cblas.h without them. BLAS_CFLAGS/BLAS_LIBS override the flags.
 "$(dirname "$0")/blas.sh" probe >/dev/null 2>&1 || missing+=(libopenblas-dev)

@@ -5,7 +5,7 @@
 # (the folder's name), a column per exercise (the points earned), the total and what it was out
 # of, and a note (did not build, ...). Each student's grade.json and the check's output
 # (grade.log) are left in the student's folder.
-# Each submission is graded in a sandbox (tests/grade_sandbox.py): a fresh student copy of this
+# Each submission is graded in a sandbox (tools/grade_sandbox.py): a fresh student copy of this
 # tutorial (make assignment-NN, made once per chapter and built once) into which only the
 # student's answers are put, the lines between each exercise's two ANSWER lines. What the student
 # changed anywhere else (common/, the tests, the scripts, the graders, the rest of the chapter) is
@@ -38,13 +38,13 @@ for sub in "$dir"/*/; do
     # make rebuilds there only what the answers touch
     ref=$tmp/ref_$nn
     if [ ! -d "$ref" ]; then
-        "$src/tests/make_assignment.sh" "$nn" "$ref" >"$tmp/ref_$nn.log" 2>&1 || {
+        "$src/tools/make_assignment.sh" "$nn" "$ref" >"$tmp/ref_$nn.log" 2>&1 || {
             echo "make grade: could not make the reference copy of chapter $nn: $(tail -1 "$tmp/ref_$nn.log")" >&2; exit 2; }
         make --no-print-directory -C "$ref" -j"${JOBS:-2}" BACKEND="$backend" all >"$tmp/ref_$nn.build" 2>&1 || true
     fi
     work=$tmp/subs/$student; mkdir -p "$tmp/subs"
     rm -f "$sub/grade.json"   # (a grade.json the student left would otherwise be counted if this one fails)
-    if ! python3 "$src/tests/grade_sandbox.py" "$ref" "$sub" "$work" 2>"$tmp/sandbox.err"; then
+    if ! python3 "$src/tools/grade_sandbox.py" "$ref" "$sub" "$work" 2>"$tmp/sandbox.err"; then
         echo "skip  $student: no sandbox could be made ($(tail -1 "$tmp/sandbox.err"))"; rm -rf "$work"; n=$((n-1)); continue
     fi
     note=""

@@ -13,7 +13,7 @@
 #
 # The copy leaves out what would hand the student the answers:
 #   - every chapter's hints/ (graded hints per exercise, for the instructor to hand out);
-#   - docs/instructor/ (the answer key of the written questions) and tests/student_copy_allow.txt
+#   - docs/instructor/ (the answer key of the written questions) and tools/student_copy_allow.txt
 #     (the lines a copy may repeat: it quotes them);
 #   - solution passages, wherever the text repeats an exercise's answer, between markers that
 #     stand alone on their lines:
@@ -32,9 +32,9 @@
 # Each region becomes three lines: "ANSWER BEGIN (assignment): <task>", the TODO, and "ANSWER END
 # (assignment): <task>". The student writes the answer between the two ANSWER lines and keeps
 # them: make grade takes exactly those lines from a submission, and everything else from a fresh
-# copy of this tutorial (tests/grade_sandbox.py).
+# copy of this tutorial (tools/grade_sandbox.py).
 # The copy's .student-copy file names the chapter: `make check-NN` there prints the grade per
-# exercise (NN_*/exercises.txt, tests/grade.py) and writes grade.json.
+# exercise (NN_*/exercises.txt, tools/grade.py) and writes grade.json.
 set -eu
 nn=$1; dest=$2
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -85,12 +85,12 @@ if git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
     fi
     later_re=""; for d in "${later[@]}"; do later_re="$later_re|^${d#--exclude=./}/"; done
     (cd "$src" && git ls-files -z --cached |
-        grep -zvE "^[0-9][0-9]_[^/]*/hints/|^docs/instructor/|^tests/student_copy_allow\.txt\$|^grade\.json\$|^local\.mk\$$later_re" |
+        grep -zvE "^[0-9][0-9]_[^/]*/hints/|^docs/instructor/|^tools/student_copy_allow\.txt\$|^grade\.json\$|^local\.mk\$$later_re" |
         while IFS= read -r -d '' f; do if [ -e "$f" ]; then printf '%s\0' "$f"; fi; done |
         tar cf - --null --no-recursion -T -) | (cd "$dest" && tar xf -)
 else
     (cd "$src" && tar cf - --exclude=./build --exclude=./out --exclude=./student --exclude=./.git \
-        --exclude='./[0-9][0-9]_*/hints' --exclude=./docs/instructor --exclude=./tests/student_copy_allow.txt --exclude=./grade.json \
+        --exclude='./[0-9][0-9]_*/hints' --exclude=./docs/instructor --exclude=./tools/student_copy_allow.txt --exclude=./grade.json \
         --exclude=./local.mk --exclude='*~' --exclude='*.orig' --exclude='*.rej' --exclude='*.bak' --exclude='./build-*' \
         "${later[@]}" .) | (cd "$dest" && tar xf -)
 fi
@@ -202,14 +202,14 @@ while IFS= read -r -d '' f; do
     rm -f "$f.count"
 done < <(grep -rlZ --include='*.md' --include='*.c' --include='*.h' --include='*.cu' -E '(BEGIN|END) SOLUTION' "$dest" || true)
 # what the solved program printed from a removed passage (a formula of the exercise, in a README's
-# output block) replaced in the copy's markdown (tests/student_copy_leaks.py --scrub)
-python3 "$src/tests/student_copy_leaks.py" --scrub "$src" "$dest" "$nn" || fail "could not scrub the copy's READMEs"
+# output block) replaced in the copy's markdown (tools/student_copy_leaks.py --scrub)
+python3 "$src/tools/student_copy_leaks.py" --scrub "$src" "$dest" "$nn" || fail "could not scrub the copy's READMEs"
 # and the copy looked through for what it still gives away, every file of it (the same checker as
 # tests/t_student_copy.sh): a leak, an answer's line repeated anywhere or a marker left, and no copy
 leaks=$(mktemp) || fail "could not create a temporary file"
-if ! python3 "$src/tests/student_copy_leaks.py" "$src" "$dest" "$nn" >"$leaks" 2>&1; then
+if ! python3 "$src/tools/student_copy_leaks.py" "$src" "$dest" "$nn" >"$leaks" 2>&1; then
     first=$(grep -m1 -E '^[^ ].*:[0-9]+: ' "$leaks" || tail -1 "$leaks"); rm -f "$leaks"
-    echo "make assignment-$nn: the copy would give an answer away: ${first:-see tests/student_copy_leaks.py}; nothing written (mark the passage as a solution, or allow it in tests/student_copy_allow.txt)" >&3
+    echo "make assignment-$nn: the copy would give an answer away: ${first:-see tools/student_copy_leaks.py}; nothing written (mark the passage as a solution, or allow it in tools/student_copy_allow.txt)" >&3
     exit 2
 fi
 rm -f "$leaks"

@@ -20,7 +20,7 @@ Also a hit: a marker line left in the copy's sources or markdown (BEGIN/END ASSI
 SOLUTION), a chapter folder after NN, a hints/ folder, docs/instructor/.
 
 A hit that is the course so far (an earlier chapter's solved code that an exercise of NN reuses
-on purpose) is declared in tests/student_copy_allow.txt, one line each:
+on purpose) is declared in tools/student_copy_allow.txt, one line each:
     NN | path of the copy (fnmatch pattern) | a substring of the normalised line | why
 Exit status: 0 when nothing leaks, 1 when something does (listed), 2 on bad arguments.
     student_copy_leaks.py --scrub SRC DEST NN     rewrite DEST's markdown instead (exit 0)
@@ -137,7 +137,7 @@ def main():
         return 2
     src, dest, nn = args
     allow = []
-    allow_file = os.path.join(src, "tests", "student_copy_allow.txt")
+    allow_file = os.path.join(src, "tools", "student_copy_allow.txt")
     for line in read(allow_file) or []:
         if not line.strip() or line.lstrip().startswith("#"):
             continue

@@ -15,7 +15,7 @@
 #                       the first, from the per-step lines ("step   2 | loss ... | 1861.0 ms"), or
 #                       step 1's alone when the run had one step. Step 1 is a warm-up (OpenBLAS's
 #                       buffers, the allocator's first blocks, MPI's connections); the benchmarks
-#                       leave it out of both sides, as tests/bench_baseline.py does for PyTorch.
+#                       leave it out of both sides, as tools/bench_baseline.py does for PyTorch.
 median() {
     if [ $# -gt 0 ]; then printf '%s\n' "$@"; else cat; fi | tr -s ' \t' '\n' | grep . | sort -g |
         awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'

@@ -7,7 +7,7 @@
 #      and built there (CPU backend, its own build folder); this tree is built with `make all`.
 #   2. Every command of the list (below, or COMMANDS_FILE: one a line, '#' comments) runs in
 #      each tree's root under bash, with
-#         $MPI  the mpirun prefix (tests/mpirun_base.sh)      $BIN  that tree's build/cpu
+#         $MPI  the mpirun prefix (tools/mpirun_base.sh)      $BIN  that tree's build/cpu
 #         $OUT  an empty scratch folder, the SAME path for both trees (paths print the same)
 #      A line may chain commands (a run, then its resume).
 #   3. Compared, byte for byte: the exit status, stdout, stderr, and every file left under $OUT
@@ -26,7 +26,7 @@
 #   JOBS          make -j (default 2)
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
-[ $# -ge 1 ] || { echo "usage: tests/compare_outputs.sh BASE_COMMIT [COMMANDS_FILE]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: tools/compare_outputs.sh BASE_COMMIT [COMMANDS_FILE]" >&2; exit 2; }
 base_sha=$(git -C "$here" rev-parse --verify "$1^{commit}" 2>/dev/null) || { echo "not a commit: $1" >&2; exit 2; }
 commands_file=${2:-}
 dir=${COMPARE_DIR:-${TMPDIR:-/tmp}/compare_outputs}
@@ -80,7 +80,7 @@ echo "building $base_sha in $base_tree ..."
 echo "building this tree ($here) ..."
 (cd "$here" && nice make -j"$jobs" all >"$dir/new_build.log" 2>&1) || { tail -20 "$dir/new_build.log"; echo "this tree's build failed ($dir/new_build.log)" >&2; exit 2; }
 
-MPI=$("$here/tests/mpirun_base.sh")
+MPI=$("$here/tools/mpirun_base.sh")
 scratch=$dir/scratch   # $OUT: one path for both trees
 
 # What depends on the clock, blanked; either tree's root printed as <ROOT>.

@@ -8,7 +8,7 @@ echo "== build: backend $backend${why:+ ($why)}"
 if command -v mpicc >/dev/null; then found MPI "$(mpirun --version 2>/dev/null | head -1)"
 else found MPI "missing: apt-get install openmpi-bin libopenmpi-dev (or make deps)"; fi
 # the BLAS really used: a probe built with the Makefile's BLAS flags runs and names OpenBLAS's
-# version and the kernels it picked for this CPU (tests/blas.sh)
+# version and the kernels it picked for this CPU (tools/blas.sh)
 if [ "$backend" = cuda ]; then found BLAS "cuBLAS (CUDA Toolkit)"
 elif blas=$("$(dirname "$0")/blas.sh" probe 2>&1); then
     found BLAS "$blas, built with $("$(dirname "$0")/blas.sh" cflags) $("$(dirname "$0")/blas.sh" libs)"

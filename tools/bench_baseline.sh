@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # bench_baseline.sh BINARY: make bench-baseline. The single-device step of the C model (chapter
 # 01's binary on one rank: forward, backward, AdamW) beside the same model in PyTorch (float32,
-# tests/bench_baseline.py), at chapter 01's bench size (dim 512, 4 layers, 8 heads, ffn 1408,
+# tools/bench_baseline.py), at chapter 01's bench size (dim 512, 4 layers, 8 heads, ffn 1408,
 # vocab 256, seq 256, batch 8), one thread each (OpenBLAS pinned to 1 thread for both), REPS
 # (default 3) interleaved runs of STEPS (default 4) steps, each timed by the mean of its steps after
-# the first (a warm-up on both sides: steady_step_ms in tests/bench_lib.sh); prints the medians, the ratio, and
+# the first (a warm-up on both sides: steady_step_ms in tools/bench_lib.sh); prints the medians, the ratio, and
 # each one's achieved GFLOP/s against the machine's single-core GEMM rate (a 512^3 probe through
 # the same OpenBLAS). PyTorch runs twice a repetition: as a user starts it, and with glibc's
 # malloc told to keep freed memory in the process (MALLOC_MMAP_THRESHOLD_ at its 32 MiB maximum,
 # MALLOC_TRIM_THRESHOLD_ 4 GiB). By default glibc hands every freed block over its mmap threshold
 # back to the kernel, and the next step's tensors take page faults on fresh memory; this project's
 # allocator keeps its blocks (common/backend/memory.c), so the second row compares the two
-# programs' arithmetic alone. Last, tests/bench_projections.c times a layer's projections of one
+# programs' arithmetic alone. Last, tools/bench_projections.c times a layer's projections of one
 # input (wq, wk, wv; w1, w3) as separate GEMMs and as one GEMM on the stacked weights, at the same
 # size and through the same gemm.h. A benchmark, not a test: the numbers depend on the machine and its load.
 set -eu
@@ -55,5 +55,5 @@ awk -v c="$c" -v p="$p" -v k="$k" -v g="$g" -v f="$flops" -v n="${REPS:-3}" 'BEG
     printf row, "PyTorch eager, malloc keeps memory", k, f / k / 1e6, 100 * f / k / 1e6 / g
     printf "  ratio C / PyTorch: %.2f (goal <= 0.8); C / PyTorch keeping its memory: %.2f\n", c / p, c / k
     printf "  GEMM probe %.1f GFLOP/s (512^3, one core); model FLOPs 6 N + 6 L T D a token\n", g }'
-# QKV and W1/W3 as single GEMMs, measured on the same BLAS (tests/bench_projections.c)
-$mpirun -np 1 "$(dirname "$bin")/tests/bench_projections" $((B * T)) $D $D $D $F ${REPS:-3}
+# QKV and W1/W3 as single GEMMs, measured on the same BLAS (tools/bench_projections.c)
+$mpirun -np 1 "$(dirname "$bin")/tools/bench_projections" $((B * T)) $D $D $D $F ${REPS:-3}
