@@ -103,6 +103,7 @@ static void ddp_optimizer_step(void *state, const llama_plan *p, llama_model *m,
     param_adamw_step(m->params, o, step);
 }
 
+/* The buckets' issue marks given back, then the shared state freed. */
 void ddp_free(dp_state *s) {
     ddp_state *d = (ddp_state *)s;
     for (int k = 0; k < MAX_REQUESTS; k++) device_mark_release(&d->req_issued[k]);

@@ -48,6 +48,7 @@ typedef struct {
  * The values of a unit, gathered into a slot.
  * ============================================================================================== */
 
+/* The slot holding unit u's values (gathered, or being gathered), or NULL. */
 static unit_slot *slot_holding(fsdp_state *f, int u) {
     for (int k = 0; k < f->n_slots; k++)
         if (f->slots[k].unit == u) return &f->slots[k];
@@ -254,6 +255,7 @@ static void fsdp_optimizer_step(void *state, const llama_plan *p, llama_model *m
     param_adamw_step(m->params, o, step);
 }
 
+/* The slots' marks and buffers given back, then the shared state freed. */
 void fsdp_free(dp_state *s) {
     fsdp_state *f = (fsdp_state *)s;
     for (int k = 0; f->slots && k < f->n_slots; k++) device_mark_release(&f->slots[k].issued);

@@ -37,6 +37,8 @@ static void zero1_acquire(void *state, const llama_plan *p, llama_model *m, int 
     dp_mark_now(&s->t_acquired);
 }
 
+/* After unit u's pass: its compute on the timeline; nothing to free, no collective (zero1 reduces
+ * after backward). */
 static void zero1_release(void *state, const llama_plan *p, llama_model *m, int u, bool backward) {
     dp_compute_event(state, u, backward);
 }
@@ -144,16 +146,19 @@ static void shard_step(dp_state *s, llama_model *m, const adamw_config *o, int s
     }
 }
 
+/* zero1: the own rows of the whole gradients (shard_step: 1 all-gather of S * U floats per unit). */
 static void zero1_optimizer_step(void *state, const llama_plan *p, llama_model *m, const adamw_config *o, int step) {
     dp_ensure_buffers(state, zero1_allocate);
     shard_step(state, m, o, step, true);
 }
 
+/* zero2: the stored gradient shards (shard_step: 1 all-gather of S * U floats per unit). */
 static void zero2_optimizer_step(void *state, const llama_plan *p, llama_model *m, const adamw_config *o, int step) {
     dp_ensure_buffers(state, zero2_allocate);
     shard_step(state, m, o, step, false);
 }
 
+/* zero1, zero2: nothing of their own beyond the shared state. */
 void zero_free(dp_state *s) { dp_free_shared(s); }
 
 /* ZeRO-1 on the plan: values and gradients whole (only the own shard of the gradients reduced),
