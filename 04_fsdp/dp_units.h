@@ -1,15 +1,11 @@
-/* dp_units.h: what the four modes of data parallelism share (dp_units.c), and the modes' apply
- * functions (ddp.c, zero.c, fsdp.c), which data_parallel_apply dispatches to.
- *
- * Every collective moves one unit (a layer, or the model's ends): each tensor is S chunks (rows,
- * rank-major), and a unit's collective moves every rank's chunks of all its tensors at once, laid
- * out by rank (unit_copy): one call per unit instead of one per tensor, as FSDP2 moves a module's
- * parameters, so that the per-call costs (on a GPU a kernel launch and NCCL's synchronisation)
- * are paid per unit (README, "One collective per unit"). The S ranks are the shard group:
- * dp_shard, or dp_shard x cp (shard_over_cp, chapter 08).
+/* dp_units.h: what the four modes of data parallelism share (dp_units.c: a unit by rank and by
+ * tensor, the collectives on one unit, the groups, the timeline, the transient buffers, the
+ * fault), and the modes' apply functions (ddp.c, zero.c, fsdp.c), which data_parallel_apply
+ * dispatches to.
  *
  * A mode's state starts with a dp_state (its first member), so that the plan's stack, the
- * timeline and the faults find the shared part with plan_state(plan, &data_parallel_technique).
+ * timeline and the faults find the shared part with plan_state(plan, &data_parallel_technique);
+ * what only one mode holds (DDP's buckets, FSDP's slots) is in its own state, in its file.
  */
 #pragma once
 #include <stdbool.h>
