@@ -94,7 +94,8 @@ typedef struct {
     device_mark m0, m1;           /* the compute stream at its start and end (device.h)           */
 } dp_event;
 
-/* The plan's state. */
+/* The plan's state (dp_units.h: the part every mode shares, with which each mode's state in ddp.c,
+ * zero.c and fsdp.c begins; data_parallel.c dispatches to the mode). */
 typedef struct dp_state dp_state;
 
 

@@ -7,9 +7,9 @@ TECHNIQUE_08 := 08_full_trainer/parallelize.c
 # 07's float8 linears and all-gather. Its own files: parallelize.c (the plan of the mesh),
 # trainer.c (schedule, evaluation, metrics), checkpoint.c, sample.c, plan_calculator.c and main.c.
 LINKS_08 += 00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c 02_loss_parallel/vocab_parallel.c \
-            03_sequence_parallel/sequence_parallel.c 04_fsdp/data_parallel.c 05_pipeline/pipeline.c \
-            05_pipeline/schedule.c 06_context_parallel/context_parallel.c 07_float8/float8_linear.c \
-            07_float8/float8_all_gather.c
+            03_sequence_parallel/sequence_parallel.c 04_fsdp/data_parallel.c 04_fsdp/dp_units.c \
+            04_fsdp/ddp.c 04_fsdp/zero.c 04_fsdp/fsdp.c 05_pipeline/pipeline.c 05_pipeline/schedule.c \
+            06_context_parallel/context_parallel.c 07_float8/float8_linear.c 07_float8/float8_all_gather.c
 # --async-tp: chapter 03's decomposition of the sequence collectives.
 LINKS_08 += 03_sequence_parallel/async_tp.c
 # make run-08: the trainer on 8 ranks (oversubscribed on a small machine), pp 2 x dp_shard 2 x tp 2,

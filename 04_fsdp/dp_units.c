@@ -1,0 +1,368 @@
+/* dp_units.c: what DDP, ZeRO-1, ZeRO-2 and FSDP share (dp_units.h): the plan's common state (the
+ * groups, the batch split over dp_replicate x dp_shard, the parameter table, the timeline, the
+ * gradient reductions a fault may replace, the reduction of the plan underneath), the transient
+ * buffers' planning and allocation, a unit in its two layouts, and the collectives on one unit:
+ * the all-gather of its shards, the reduce-scatter of its gradients (with HSDP's all-reduce over
+ * the replicas), and the reduce-scatter that overlaps the next unit's backward (zero2, fsdp).
+ *
+ * Every collective moves one unit (a layer, or the model's ends): each tensor is S chunks (rows,
+ * rank-major), and a unit's collective moves every rank's chunks of all its tensors at once, laid
+ * out by rank (unit_copy below): one call per unit instead of one per tensor, as FSDP2 moves a
+ * module's parameters, so that the per-call costs (on a GPU a kernel launch and NCCL's
+ * synchronisation) are paid per unit (README, "One collective per unit"). The S ranks are the
+ * shard group: dp_shard, or dp_shard x cp (shard_over_cp, chapter 08).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "comm.h"
+#include "device.h"
+#include "kernels.h"
+#include "llama_kernels.h"
+#include "log.h"
+#include "model.h"
+#include "dp_units.h"
+
+/* An event from the mark `*start` (moved into the event) to now; dp_timeline reads the times. */
+void dp_event_add(dp_state *s, const char *lane, device_mark *start, const char *fmt, int arg) {
+    if (s->n_events == MAX_EVENTS) { device_mark_release(start); return; }
+    dp_event *e = &s->events[s->n_events++];
+    e->lane = lane;
+    snprintf(e->what, sizeof e->what, fmt, arg);
+    e->m0 = *start;
+    start->event = NULL;   /* the event owns it now */
+    e->m1 = device_mark_now();
+}
+
+/* A new step's timeline: the previous step's marks go back. */
+static void timeline_restart(dp_state *s) {
+    for (int i = 0; i < s->n_events; i++) {
+        device_mark_release(&s->events[i].m0);
+        device_mark_release(&s->events[i].m1);
+    }
+    s->n_events = 0;
+    device_mark_release(&s->t_step0);
+    s->t_step0 = device_mark_now();
+}
+
+/* A mark of now in *m, the one it held given back first. */
+void dp_mark_now(device_mark *m) {
+    device_mark_release(m);
+    *m = device_mark_now();
+}
+
+/* ==============================================================================================
+ * A unit in the two layouts (FSDP2's copy-in and copy-out). Each tensor x is S chunks of
+ * dp_shard_of(x) floats; U is the sum of them over the unit's tensors, a rank's share of the unit.
+ *
+ *   by tensor  [ wq: chunk 0 | chunk 1 | ... | chunk S-1 ][ wk: chunk 0 | ... ] ...   what the
+ *              model computes with: each tensor whole (padded), one after the other
+ *   by rank    [ rank 0: wq's chunk 0, wk's chunk 0, ... ][ rank 1: wq's chunk 1, ... ] ...   [S, U]
+ *
+ * Rank r's row of the by-rank layout is exactly what the sharded blocks store (params.h: a unit's
+ * tensors lie one after the other), so the unit's all-gather sends the stored shards as they are,
+ * and its reduce-scatter hands each rank the gradients of its stored shards. Copying between the
+ * layouts costs one strided copy per tensor (device_copy_2d).
+ * ============================================================================================== */
+
+/* U: the floats of this rank's shards of unit u (0 when none is stored here: another stage's). */
+size_t unit_shard_floats(const dp_state *s, int u) {
+    int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, u, idx);
+    size_t U = 0;
+    for (int k = 0; k < n; k++) U += dp_shard_of(&s->t->t[idx[k]]);
+    return U;
+}
+
+/* Unit u between by_rank [S, U] and its tensors by tensor: padded one after the other from
+ * `by_tensor`, or, when by_tensor is NULL, each at its place in the whole block `whole` (its real
+ * units only: the padding is dropped on the way out and zeroed on the way in). to_ranks: tensors ->
+ * by_rank (copy-in); else by_rank -> tensors (copy-out). No collective. */
+void unit_copy(dp_state *s, int u, float *by_rank, float *by_tensor, float *whole, bool to_ranks) {
+    int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, u, idx);
+    size_t U = unit_shard_floats(s, u), at = 0, f = sizeof(float);
+    for (int k = 0; k < n; k++) {
+        const param_tensor *x = &s->t->t[idx[k]];
+        size_t c = dp_shard_of(x);
+        if (!c) continue;   /* another stage's tensor */
+        float *t = by_tensor ? by_tensor + (size_t)s->S * at : param_in(s->t, whole, idx[k]);
+        size_t real = by_tensor ? dp_padded(s, x) : (size_t)x->units * x->width;
+        size_t chunks = real / c, rest = real % c;   /* whole chunks, then part of one */
+        float *r = by_rank + at;
+        if (to_ranks) {
+            device_copy_2d(r, U * f, t, c * f, c * f, chunks);
+            if (rest) device_copy(r + chunks * U, t + chunks * c, rest * f);
+            for (size_t j = chunks; j < (size_t)s->S; j++) {   /* padding: zeros */
+                size_t from = j == chunks ? rest : 0;
+                device_zero(r + j * U + from, (c - from) * f);
+            }
+        } else {
+            device_copy_2d(t, c * f, r, U * f, c * f, chunks);
+            if (rest) device_copy(t + chunks * c, r + chunks * U, rest * f);
+        }
+        at += c;
+    }
+}
+
+/* ==============================================================================================
+ * The two collectives of sharded data parallelism, on one unit.
+ * ============================================================================================== */
+
+/* Every rank's shards: by_rank [S, count] from shards [count] (this rank's row).
+ * Issues: 1 all-gather of S * count floats over dp_shard, non-blocking: wait on the request. */
+comm_request gather_shards(dp_state *s, const float *shards, float *by_rank, size_t count) {
+    comm_request req = {0};   /* a request with nothing in flight */
+    /* BEGIN ASSIGNMENT: start the all-gather of every rank's shards of one unit into the by-rank buffer */
+    req = comm_iall_gather(s->shard, shards, by_rank, count);
+    /* END ASSIGNMENT */
+    return req;
+}
+
+/* The gradients of this rank's shards, summed over the shard group (under shard_over_cp, over the
+ * cp ranks too: chapter 06's sum rides in it), in two parts around the overlapped backward.
+ * start: by_rank [S, count], this rank's full gradients of one unit laid out by rank (row r: the
+ * chunks rank r's shards cover) -> s->stage_out [count], row r of this rank summed over the S
+ * ranks, in flight. Issues: 1 reduce-scatter of
+ * S * count floats over dp_shard, non-blocking: finish_grad_reduce waits on it. */
+comm_request start_grad_reduce(dp_state *s, const float *by_rank, size_t count) {
+    comm_request req = {0};
+    /* BEGIN ASSIGNMENT: start the reduce-scatter of the unit's full gradients over dp_shard into s->stage_out */
+    req = s->reduce_scatter(s->shard, by_rank, s->stage_out, count);
+    /* END ASSIGNMENT */
+    return req;
+}
+
+/* finish: waits for the reduce-scatter; under HSDP the sums are then summed over the replicas
+ * too, in place in s->stage_out [count]. Issues: under HSDP 1 all-reduce of count floats over
+ * dp_replicate. */
+void finish_grad_reduce(dp_state *s, comm_request *req, size_t count) {
+    comm_wait(req);
+    /* BEGIN ASSIGNMENT: all-reduce this rank's summed shards over dp_replicate (HSDP) */
+    if (s->R > 1) comm_all_reduce(s->replicate, s->stage_out, count, COMM_SUM);
+    /* END ASSIGNMENT */
+}
+
+static comm_request real_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
+    return comm_ireduce_scatter(g, send, recv, count);
+}
+static comm_request real_all_reduce(comm_group *g, float *buf, size_t count, comm_op op) {
+    return comm_iall_reduce(g, buf, count, op);
+}
+
+/* ==============================================================================================
+ * zero2, fsdp: a unit's full gradients during its backward, reduce-scattered right after it.
+ * ============================================================================================== */
+
+/* Views of a full-size gradient buffer, zeroed, for unit u's backward: grad_full[0] [ends'
+ * padded floats] for the ends, grad_full[1] [a layer's] for a layer. No collective. */
+unit_weights full_grads(dp_state *s, int u) {
+    float *g = s->grad_full[u == s->L ? 0 : 1];
+    int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, u, idx);
+    unit_weights w = {0};
+    for (int k = 0; k < n; k++) {
+        const param_tensor *x = &s->t->t[idx[k]];
+        device_zero(g, dp_padded(s, x) * sizeof(float));
+        w.of[x->spec.kind] = g;
+        g += dp_padded(s, x);
+    }
+    return w;
+}
+
+/* After unit u's backward, the previous unit's reduce-scatter finished (finish_unit_reduce):
+ * u's full gradients (by tensor, grad_full) copied in by rank into by_rank [S, U], which stays
+ * busy until the reduce-scatter is finished, and their reduce-scatter started into stage_out [U].
+ * Issues: 1 reduce-scatter of S * U floats over the shard group, non-blocking. */
+void start_unit_reduce(dp_state *s, int u, float *by_rank) {
+    size_t U = unit_shard_floats(s, u);
+    unit_copy(s, u, by_rank, s->grad_full[u == s->L ? 0 : 1], NULL, true);
+    dp_mark_now(&s->rs_issued);
+    s->rs_req = start_grad_reduce(s, by_rank, U);
+    s->rs_unit = u;
+}
+
+/* The reduce-scatter in flight, finished: its sums stage_out [U] added into unit rs_unit's
+ * gradient shards [U]; its send buffer is free again. Waits; issues under HSDP 1 all-reduce of U
+ * floats over dp_replicate (finish_grad_reduce). */
+void finish_unit_reduce(dp_state *s) {
+    if (s->rs_unit < 0) return;
+    size_t U = unit_shard_floats(s, s->rs_unit), off, count;
+    finish_grad_reduce(s, &s->rs_req, U);
+    param_unit_range(s->t, s->t->grads, s->rs_unit, &off, &count);   /* the shards' gradients: count == U */
+    add_inplace(s->t->grads + off, s->stage_out, U);
+    dp_event_add(s, "comm", &s->rs_issued, s->rs_unit == s->L ? "reduce_scatter ends" : "reduce_scatter %d", s->rs_unit);
+    s->rs_unit = -1;
+}
+
+/* ==============================================================================================
+ * The plan: the state, the groups, the storage, the operators and the transient buffers.
+ * ============================================================================================== */
+
+/* S * U of each unit [L + 1] (the ends last), from the layout the model's table will have
+ * (params.h: each tensor's tp slice, its first dimension split in S chunks of ceil(units / S)),
+ * computed without allocating anything. */
+static void plan_unit_sizes(dp_state *s, const llama_plan *plan, device_mesh *mesh, const llama_config *c) {
+    comm_group *tp = mesh->group[MESH_TP];
+    int p = tp ? tp->size : 1, r = tp ? tp->rank : 0;
+    size_t *unit_sum = calloc((size_t)s->L + 1, sizeof *unit_sum);   /* S * U of each unit */
+    for (int i = 0; i < llama_num_params(c); i++) {
+        param_spec sp = llama_param_spec(c, i);
+        int r0, nr, c0, nc;
+        shard_slice(plan->layout[sp.kind], param_split_rows(c, sp, plan->layout[sp.kind], p), sp.cols, r, p, &r0, &nr,
+                    &c0, &nc);   /* (the vocabulary's rows padded over tp: 02) */
+        size_t units = sp.is_vector ? (size_t)nc : (size_t)nr, width = sp.is_vector ? 1 : (size_t)nc;
+        size_t shard = (units + s->S - 1) / s->S * width;
+        unit_sum[sp.layer < 0 ? s->L : sp.layer] += (size_t)s->S * shard;
+    }
+    size_t layer_max = 0;
+    for (int u = 0; u < s->L; u++) if (unit_sum[u] > layer_max) layer_max = unit_sum[u];
+    s->unit_padded_max = layer_max;
+    s->ends_padded = unit_sum[s->L];
+    s->unit_by_rank_max = layer_max > s->ends_padded ? layer_max : s->ends_padded;
+    free(unit_sum);
+}
+
+/* Pushes a mode's state ([state_bytes], a dp_state first) on the plan with the batch split over
+ * dp_replicate x dp_shard, the shard group (dp_shard, or dp_shard x cp) and the mode's storage,
+ * and sizes the units (plan_unit_sizes). Creates the groups "dp" and, under shard_over_cp,
+ * "dp_shard x cp"; no collective on the data. */
+dp_state *dp_push(llama_plan *plan, device_mesh *mesh, const llama_config *c, const dp_options *o,
+                  size_t state_bytes, const block_storage storage[PARAM_NBLOCKS]) {
+    dp_state *s = plan_push(plan, &data_parallel_technique, calloc(1, state_bytes), 0);
+    s->o = *o;
+    s->L = c->n_layers;
+    /* the shard group: dp_shard, or dp_shard x cp, whose ranks hold the same parameters too but
+     * compute the gradients of other rows of the same sequences (chapter 06 splits them) */
+    bool over_cp = o->shard_over_cp && mesh->shape.cp > 1;
+    if (over_cp && !plan->groups.cp)
+        comm_exit_usage("data_parallel_apply: sharding over dp_shard x cp needs context parallelism applied first (the "
+                        "cp ranks must split the sequences, or the sum over cp counts each gradient %d times)",
+                        mesh->shape.cp);
+    static const int shard_dims[] = {MESH_DP_SHARD, MESH_CP};
+    s->shard = over_cp ? mesh_group_over(mesh, shard_dims, 2, "dp_shard x cp") : mesh->group[MESH_DP_SHARD];
+    s->replicate = mesh->group[MESH_DP_REPLICATE];
+    s->S = s->shard->size;
+    s->R = s->replicate->size;
+    static const int batch_dims[] = {MESH_DP_REPLICATE, MESH_DP_SHARD};
+    s->batch = mesh_group_over(mesh, batch_dims, 2, "dp");
+    s->reduce_scatter = real_reduce_scatter;
+    s->rs_unit = -1;
+    s->all_reduce = real_all_reduce;
+    plan->groups.mesh = mesh;
+    plan->groups.batch = s->batch;
+    plan->groups.shard = s->shard;
+    plan->groups.shard_dims = MESH_BIT(MESH_DP_SHARD) | (over_cp ? MESH_BIT(MESH_CP) : 0);
+    memcpy(plan->storage, storage, sizeof plan->storage);
+    /* declared for the techniques below (06's sum over cp): the gradients' reduction sums over the
+     * data ranks, and over cp too when the gradients are reduce-scattered into shards over it */
+    plan->groups.grads_summed_dims = MESH_BIT(MESH_DP_REPLICATE) | MESH_BIT(MESH_DP_SHARD) |
+                                     (over_cp && storage[PARAM_GRADS] != STORE_WHOLE ? MESH_BIT(MESH_CP) : 0);
+    plan_unit_sizes(s, plan, mesh, c);
+    return s;
+}
+
+/* The mode's operators installed: weight access, the gradient reduction (over the plan
+ * underneath's, which it calls: dp_reduce_below) and the optimizer step. */
+void dp_install(llama_plan *plan, dp_state *s, weight_ops weights, grad_reduce_ops reduce, optimizer_ops optimizer) {
+    plan->weights = weights;
+    plan_wrap(plan->reduce_grads, s->below_reduce, reduce);
+    plan->optimizer = optimizer;
+}
+
+/* The transient buffers' bytes (4 * floats), known before allocating: run_model checks them
+ * (plan_buffer_bytes) with the model's own bytes before anything is allocated, and
+ * dp_ensure_buffers allocates them at first use. */
+void dp_plan_buffer_bytes(llama_plan *plan, dp_state *s, double floats) {
+    s->planned_bytes = 4 * floats;
+    plan_add_buffer_bytes(plan, &data_parallel_technique, s->planned_bytes);
+}
+
+/* The transient buffers (MEM_BUFFERS), allocated by the mode's `allocate` (NULL: none) at the
+ * plan's first use, after run_model's check, and measured. */
+void dp_ensure_buffers(dp_state *s, void (*allocate)(dp_state *s)) {
+    if (s->allocated) return;
+    s->allocated = true;
+    size_t before = mem_current(MEM_BUFFERS);
+    if (allocate) allocate(s);
+    s->measured_bytes = (double)(mem_current(MEM_BUFFERS) - before);
+}
+
+/* zero2, fsdp: a unit's full gradients, grad_full[0] [ends] and grad_full[1] [a layer]. */
+void dp_allocate_grad_full(dp_state *s) {
+    s->grad_full[0] = device_alloc_floats(s->ends_padded, MEM_BUFFERS);
+    s->grad_full[1] = device_alloc_floats(s->unit_padded_max, MEM_BUFFERS);
+}
+
+/* zero1, zero2, fsdp: stage_in [S * U] and stage_out [U] for the largest unit. */
+void dp_allocate_stages(dp_state *s) {
+    s->stage_in = device_alloc_floats(s->unit_by_rank_max, MEM_BUFFERS);
+    s->stage_out = device_alloc_floats(s->unit_by_rank_max / s->S, MEM_BUFFERS);
+}
+
+/* What every mode holds, freed, and the state itself (after the mode's own). */
+void dp_free_shared(dp_state *s) {
+    timeline_restart(s);   /* (the marks' events back) */
+    device_mark_release(&s->t_step0);
+    device_mark_release(&s->t_acquired);
+    device_mark_release(&s->rs_issued);
+    device_free(s->grad_full[0]); device_free(s->grad_full[1]);
+    device_free(s->stage_in); device_free(s->stage_out);
+    free(s);
+}
+
+/* Every acquire's start: the table known, the step's timeline begun at its first acquire, and
+ * the views of unit u's values and gradients where the table holds them. */
+void dp_acquire_resident(dp_state *s, llama_model *m, int u, bool backward, unit_weights *w, unit_weights *g) {
+    s->t = m->params;
+    if (u == s->L && !backward) timeline_restart(s);   /* the first acquire of a step */
+    *w = param_unit(m->params, m->params->params, u);
+    *g = param_unit(m->params, m->params->grads, u);
+}
+
+/* Every release's start: unit u's compute on the timeline (the ends' is not drawn). */
+void dp_compute_event(dp_state *s, int u, bool backward) {
+    if (u != s->L) dp_event_add(s, "compute", &s->t_acquired, backward ? "bwd %d" : "fwd %d", u);
+}
+
+/* What the plan underneath owes (sums over other groups, which commute with the sum over the
+ * data ranks), after the data ranks' reduction. */
+void dp_reduce_below(dp_state *s, const llama_plan *p, llama_model *m) {
+    if (s->below_reduce.reduce) s->below_reduce.reduce(s->below_reduce.state, p, m);
+}
+
+double data_parallel_buffer_bytes(const llama_plan *plan) {
+    const dp_state *s = plan_state(plan, &data_parallel_technique);
+    return !s ? 0 : s->allocated ? s->measured_bytes : 0;
+}
+
+/* The marks read as seconds since the step began (waiting for the device to get there). A
+ * collective issued in the previous pass (a reduce-scatter finished late) starts at 0. */
+const dp_event *dp_timeline(const llama_plan *plan, int *n) {
+    dp_state *s = plan_state(plan, &data_parallel_technique);
+    double t_step0 = device_mark_seconds(&s->t_step0);
+    for (int i = 0; i < s->n_events; i++) {
+        dp_event *e = &s->events[i];
+        e->t0 = fmax(device_mark_seconds(&e->m0), t_step0) - t_step0;
+        e->t1 = device_mark_seconds(&e->m1) - t_step0;
+    }
+    *n = s->n_events;
+    return s->events;
+}
+
+/* --fault skip-grad-reduce: the gradient reduction is left out. ddp keeps each rank's own
+ * gradient; the sharded modes keep their own chunk of it instead of the sum over ranks. */
+static comm_request keep_own_chunk(comm_group *g, const float *send, float *recv, size_t count) {
+    device_copy(recv, send + (size_t)g->rank * count, count * sizeof(float));
+    return (comm_request){0};   /* complete: nothing was sent */
+}
+static comm_request keep_own_gradient(comm_group *g, float *buf, size_t count, comm_op op) {
+    return (comm_request){0};   /* a request that is already complete: nothing was sent */
+}
+static const char *skip_grad_reduce(llama_plan *p) {
+    dp_state *s = plan_state(p, &data_parallel_technique);
+    s->reduce_scatter = keep_own_chunk;
+    s->all_reduce = keep_own_gradient;
+    return NULL;
+}
+const plan_fault data_parallel_faults[] = {
+    {"skip-grad-reduce", "the gradients are not summed over the data-parallel ranks", skip_grad_reduce},
+    {0}};

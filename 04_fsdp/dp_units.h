@@ -1,0 +1,93 @@
+/* dp_units.h: what the four modes of data parallelism share (dp_units.c: a unit by rank and by
+ * tensor, the collectives on one unit, the groups, the timeline, the transient buffers, the
+ * fault), and the modes' apply functions (ddp.c, zero.c, fsdp.c), which data_parallel_apply
+ * dispatches to.
+ *
+ * A mode's state starts with a dp_state (its first member), so that the plan's stack, the
+ * timeline and the faults find the shared part with plan_state(plan, &data_parallel_technique);
+ * what only one mode holds (DDP's buckets, FSDP's slots) is in its own state, in its file.
+ */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include "comm.h"
+#include "device.h"
+#include "model.h"
+#include "data_parallel.h"
+
+#define MAX_EVENTS 4096
+
+struct dp_state {
+    dp_options o;
+    int L, S, R;
+    comm_group *shard, *replicate, *batch;
+    param_table *t;                    /* the model's table, known from the first acquire */
+    size_t unit_padded_max, ends_padded;   /* floats of a gathered layer / the ends     */
+    float *grad_full[2];               /* zero2, fsdp: a unit's full gradients [0] ends, [1] a layer */
+    float *stage_in, *stage_out;       /* [S * U], [U] for the largest unit's U floats of shards:
+                                        * a unit by rank (what its collective moves), and this
+                                        * rank's shards of it                                   */
+    size_t unit_by_rank_max;           /* S * U of the largest unit                          */
+    /* zero2, fsdp: the reduce-scatter in flight, at most one: issued after a unit's backward and
+     * waited for after the next one's (or when its buffers or the gradients are needed), so it
+     * overlaps that backward. Its send buffer, the unit by rank (a slot under fsdp, stage_in
+     * under zero2), and stage_out stay busy until then. */
+    comm_request rs_req;
+    int rs_unit;                       /* its unit, -1: none in flight                         */
+    device_mark rs_issued;
+    /* the gradient reductions, which a fault may replace */
+    comm_request (*reduce_scatter)(comm_group *g, const float *send, float *recv, size_t count);
+    comm_request (*all_reduce)(comm_group *g, float *buf, size_t count, comm_op op);
+    /* what the plan underneath owes after backward (chapter 03's norm gradients over tp, chapter
+     * 06's all-reduce over cp), run on the reduced (or sharded) gradients; NULL: nothing */
+    grad_reduce_ops below_reduce;
+    device_mark t_step0, t_acquired;   /* marks of the compute stream (device.h): on the GPU the
+                                        * host's clock says when work was queued, not when it ran */
+    double planned_bytes;              /* the transient buffers' bytes, known before allocating  */
+    double measured_bytes;             /* what allocating them added to MEM_BUFFERS              */
+    bool allocated;                    /* the buffers are allocated (dp_ensure_buffers)          */
+    dp_event events[MAX_EVENTS];
+    int n_events;
+};
+
+/* The modes: each pushes its state (a dp_state first) on the plan and installs its operators. */
+void ddp_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const dp_options *o);
+void zero1_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const dp_options *o);
+void zero2_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const dp_options *o);
+void fsdp_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const dp_options *o);
+/* Their states freed (data_parallel_technique's free dispatches on the mode). */
+void ddp_free(dp_state *s);
+void zero_free(dp_state *s);
+void fsdp_free(dp_state *s);
+
+/* ---- the plan: state, groups, storage, operators, buffers (dp_units.c) ---- */
+dp_state *dp_push(llama_plan *plan, device_mesh *mesh, const llama_config *c, const dp_options *o,
+                  size_t state_bytes, const block_storage storage[PARAM_NBLOCKS]);
+void dp_install(llama_plan *plan, dp_state *s, weight_ops weights, grad_reduce_ops reduce, optimizer_ops optimizer);
+void dp_plan_buffer_bytes(llama_plan *plan, dp_state *s, double floats);
+void dp_ensure_buffers(dp_state *s, void (*allocate)(dp_state *s));
+void dp_allocate_grad_full(dp_state *s);
+void dp_allocate_stages(dp_state *s);
+void dp_free_shared(dp_state *s);
+void dp_acquire_resident(dp_state *s, llama_model *m, int u, bool backward, unit_weights *w, unit_weights *g);
+void dp_compute_event(dp_state *s, int u, bool backward);
+void dp_reduce_below(dp_state *s, const llama_plan *p, llama_model *m);
+
+/* ---- the timeline ---- */
+void dp_event_add(dp_state *s, const char *lane, device_mark *start, const char *fmt, int arg);
+void dp_mark_now(device_mark *m);
+
+/* ---- a unit, its layouts and its collectives ---- */
+/* A tensor's padded size: S shards of shard_units rows (elements) of `width`. */
+static inline size_t dp_padded(const dp_state *s, const param_tensor *x) { return (size_t)s->S * x->shard_units * x->width; }
+static inline size_t dp_shard_of(const param_tensor *x) { return (size_t)x->shard_units * x->width; }
+size_t unit_shard_floats(const dp_state *s, int u);
+void unit_copy(dp_state *s, int u, float *by_rank, float *by_tensor, float *whole, bool to_ranks);
+comm_request gather_shards(dp_state *s, const float *shards, float *by_rank, size_t count);
+comm_request start_grad_reduce(dp_state *s, const float *by_rank, size_t count);
+void finish_grad_reduce(dp_state *s, comm_request *req, size_t count);
+
+/* ---- zero2, fsdp: a unit's full gradients and their overlapped reduce-scatter ---- */
+unit_weights full_grads(dp_state *s, int u);
+void start_unit_reduce(dp_state *s, int u, float *by_rank);
+void finish_unit_reduce(dp_state *s);
