@@ -41,8 +41,7 @@ typedef struct float8_state_s {
     float *scalar;                  /* one device float, for an amax's all-reduce                  */
     int pass;                       /* the model's forward pass of the call in progress (run_when) */
     int step;                       /* the training step it belongs to (0: an evaluation)          */
-    double worst[FLOAT8_NROLES], first[FLOAT8_NROLES];   /* lowest SQNR: over the run, in step 1      */
-    linear_site worst_at[FLOAT8_NROLES];
+    float8_cast_observer observer;  /* who is shown each cast (chapter 07's probe), or none        */
     /* Step 1's casts, code by code (float8_compare_casts): the parallel run keeps each cast's
      * codes, gathered over tp, on its tp rank 0 (stash); the baseline's operator, on the same
      * process, compares its own casts with them (peer: the parallel run's state). */
@@ -100,13 +99,9 @@ double float8_sqnr_db(const float *ref_dev, const float *got_dev, size_t n) {
     return noise == 0 ? INFINITY : 10 * log10(signal / noise);
 }
 
-static void note(float8_state *s, int role, linear_site at, const float *ref, const float *got, size_t n) {
-    double db = float8_sqnr_db(ref, got, n);
-    if (db < s->worst[role]) {
-        s->worst[role] = db;
-        s->worst_at[role] = at;
-    }
-    if (s->step == 1 && db < s->first[role]) s->first[role] = db;
+/* A cast of `hi` [n] to the float8 values `q` [n], shown to the observer (float8_observe_casts). */
+static void observe(float8_state *s, int role, linear_site at, const float *hi, const float *q, size_t n) {
+    if (s->observer.cast) s->observer.cast(s->observer.state, role, at, hi, q, n);
 }
 
 /* ---- step 1's casts, code by code ------------------------------------------------------------
@@ -380,6 +375,7 @@ static void cast_operand(float8_state *s, linear_site at, operand which, int cas
 static bool column_parallel(const float8_state *s, linear_site at) { return s->tp && s->layout[at.kind] == SHARD_ROWS; }
 static bool row_parallel(const float8_state *s, linear_site at) { return s->tp && s->layout[at.kind] == SHARD_COLS; }
 static bool in_blocks(linear_site at) { return at.kind != P_OUTPUT; }
+bool float8_casts_site(linear_site at) { return in_blocks(at); }
 
 /* ---- the float8 GEMMs of the per-tensor recipes ------------------------------------------------
  * Tensorwise and delayed scaling give each operand one scale (per row block of an activation in a
@@ -644,16 +640,8 @@ static void float8_linear_forward(void *state, const llama_plan *p, linear_site 
         s->below.forward(s->below.state, p, at, y, xq, Wq, N, in, out);
     device_free(x_rows);
     device_free(w_rows);
-
-    /* the probe (o.probe): against fp32, the casts and the product */
-    if (s->o.probe) {
-        float *ref = device_alloc_floats((size_t)N * out, MEM_BUFFERS);
-        linear_forward(ref, x, W, N, in, out);
-        note(s, FLOAT8_CAST_X, at, x, xq, (size_t)N * in);
-        note(s, FLOAT8_CAST_W, at, W, Wq, (size_t)out * in);
-        note(s, FLOAT8_OUT_Y, at, ref, y, (size_t)N * out);
-        device_free(ref);
-    }
+    observe(s, FLOAT8_CAST_X, at, x, xq, (size_t)N * in);
+    observe(s, FLOAT8_CAST_W, at, W, Wq, (size_t)out * in);
     device_free(xq);
     device_free(Wq);
 }
@@ -720,30 +708,12 @@ static void float8_linear_backward(void *state, const llama_plan *p, linear_site
         float8_bytes_backward(s, at, dx_here, dW_here, dy, x, W, N, in, out, scale, dy_scale);
     }
 
-    /* the probe (o.probe): against fp32, the gradient's cast and the products */
-    if (s->o.probe) note(s, FLOAT8_CAST_DY, at, dy, dyq, n_dy);
-    if (dx) {
-        if (s->o.probe) {
-            float *ref = device_alloc_floats(n_x, MEM_BUFFERS);
-            linear_backward(ref, NULL, dy, x, W, N, in, out);
-            note(s, FLOAT8_OUT_DX, at, ref, dx_here, n_x);
-            device_free(ref);
-        }
-        if (dx_here != dx) {
-            add_inplace(dx, dx_here, n_x);
-            device_free(dx_here);
-        }
+    observe(s, FLOAT8_CAST_DY, at, dy, dyq, n_dy);
+    if (dx_here != dx) {
+        add_inplace(dx, dx_here, n_x);
+        device_free(dx_here);
     }
-    if (dW) {
-        if (s->o.probe) {
-            float *ref = device_alloc_floats(n_w, MEM_BUFFERS);
-            device_zero(ref, n_w * sizeof(float));
-            linear_backward(NULL, ref, dy, x, W, N, in, out);
-            note(s, FLOAT8_OUT_DW, at, ref, dW_here, n_w);
-            device_free(ref);
-        }
-        add_inplace(dW, dW_here, n_w);
-    }
+    if (dW) add_inplace(dW, dW_here, n_w);
     device_free(dyq); device_free(Wq); device_free(xq); device_free(dW_here);
     if (rowwise) device_free(dy_cols);
 }
@@ -771,7 +741,6 @@ void float8_apply(llama_plan *plan, const llama_config *c, const float8_options 
         s->seen = calloc((size_t)s->M * s->sites * NOPERANDS * s->groups, sizeof(int));
     }
     s->scalar = device_alloc_floats(1, MEM_BUFFERS);
-    for (int r = 0; r < FLOAT8_NROLES; r++) s->worst[r] = s->first[r] = INFINITY;
     plan_wrap(plan->linear, s->below, ((linear_ops){s, float8_linear_forward, float8_linear_backward}));
 }
 
@@ -813,15 +782,7 @@ static void float8_free_state(void *state) {
     free(s);
 }
 
-void float8_worst_sqnr(const llama_plan *plan, double first[FLOAT8_NROLES], double worst[FLOAT8_NROLES],
-                       linear_site where[FLOAT8_NROLES]) {
-    const float8_state *s = state_of(plan);
-    for (int r = 0; r < FLOAT8_NROLES; r++) {
-        first[r] = s ? s->first[r] : INFINITY;
-        worst[r] = s ? s->worst[r] : INFINITY;
-        where[r] = s ? s->worst_at[r] : (linear_site){.kind = P_WQ, .layer = 0};
-    }
-}
+void float8_observe_casts(llama_plan *plan, float8_cast_observer observer) { state_of(plan)->observer = observer; }
 
 void float8_compare_casts(llama_plan *parallel, llama_plan *baseline) {
     float8_state *p = state_of(parallel), *b = state_of(baseline);

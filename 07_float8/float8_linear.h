@@ -68,9 +68,6 @@ typedef struct {
     int microbatches;     /* a pipeline's microbatches in flight (chapter 08): each keeps its own
                            * forward scales (and delayed history) for its backward (0 or 1: one) */
     float8_rowwise_gemm rowwise_gemm;   /* rowwise: where its GEMMs run (AUTO unless a test says) */
-    bool probe;           /* measure each cast and product against fp32 (an fp32 GEMM more per GEMM and
-                           * host copies: float8_worst_sqnr's figures): chapter 07's lesson sets it;
-                           * a trainer leaves it off and pays only for the casts and the GEMMs    */
 } float8_options;
 
 /* The roles an operand plays, for the accuracy report: the three casts and the three products. */
@@ -93,13 +90,17 @@ const char *float8_shape_error(const llama_config *c, int tp, int rows, float8_r
  * double on the host (torchao's compute_error); +inf when they are equal. */
 double float8_sqnr_db(const float *ref_dev, const float *got_dev, size_t n);
 
-/* Accuracy against fp32, SQNR = 20 log10(|ref| / |ref - fp8|) in dB over a whole tensor: with
- * o.probe, each call of the operator also computes its casts' and its products' fp32 references.
- * first[role] receives the lowest SQNR of step 1, worst[role] the lowest since float8_apply (+inf
- * for a role never seen, and for every role without the probe), where[role] the site of the
- * latter. */
-void float8_worst_sqnr(const llama_plan *plan, double first[FLOAT8_NROLES], double worst[FLOAT8_NROLES],
-                       linear_site where[FLOAT8_NROLES]);
+/* Who is shown each cast float8 makes (chapter 07's probe, float8_probe.h): cast(state, role, at,
+ * hi, q, n) with role FLOAT8_CAST_X, _W or _DY, the operand hi [n] and its float8 values q [n]
+ * (fake-quantized, as fp32; device), during the call at site `at`. None by default: a trainer
+ * pays only for the casts and the GEMMs. */
+typedef struct {
+    void *state;
+    void (*cast)(void *state, int role, linear_site at, const float *hi, const float *q, size_t n);
+} float8_cast_observer;
+void float8_observe_casts(llama_plan *plan, float8_cast_observer observer);
+/* Does float8 cast this linear's operands? Every linear of the blocks; the output layer stays fp32. */
+bool float8_casts_site(linear_site at);
 
 /* Step 1's casts of the two runs, code by code: the parallel run's plan keeps each cast's codes
  * (gathered over tp to its tp rank 0, then over the data ranks, plan->groups.batch, to world rank 0; every

@@ -9,6 +9,7 @@
 #include "parity.h"
 #include "report.h"
 #include "float8_all_gather.h"
+#include "float8_probe.h"
 #include "float8_report.h"
 
 /* torchao's thresholds (its float8 tests): an E4M3 cast at least 25 dB, a linear's output 18 dB,

@@ -34,6 +34,7 @@
 #include "../04_fsdp/data_parallel.h"
 #include "float8_all_gather.h"
 #include "float8_linear.h"
+#include "float8_probe.h"
 #include "float8_report.h"
 
 static const char *usage =
@@ -67,7 +68,7 @@ int main(int argc, char **argv) {
     run_options o = run_options_default("07", float8_faults);
     o.kv_heads_follow_heads = true;
     chapter_options co = {.fp8 = {.recipe = FLOAT8_TENSORWISE, .amax_history = 16, .activation_groups = 1,
-                                  .microbatches = 1, .probe = true},   /* the lesson reports each cast's SQNR */
+                                  .microbatches = 1},
                           .dp_shard = 1};
     static const struct option flags[] = {
         {"fp8", required_argument, 0, OPT_FP8}, {"amax-history", required_argument, 0, OPT_HISTORY},
@@ -106,6 +107,7 @@ int main(int argc, char **argv) {
     const char *why = float8_shape_error(c, tp, o.batch / S * c->seq_len, co.fp8.recipe);
     if (why) comm_exit_usage("%s", why);
     float8_apply(&plan, c, &co.fp8);
+    if (co.fp8.recipe != FLOAT8_OFF) float8_probe_apply(&plan);   /* the lesson reports each cast's SQNR */
     llama_plan baseline = plan_single_device();
     float8_options one_device = co.fp8;
     one_device.activation_groups = S;
