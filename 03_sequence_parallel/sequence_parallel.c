@@ -10,6 +10,7 @@
 #include "device.h"
 #include "kernels.h"
 #include "llama_kernels.h"
+#include "layer.h"
 #include "model.h"
 #include "seq_layout.h"
 #include "sequence_parallel.h"
@@ -109,35 +110,35 @@ const char *ac_mode_name(ac_mode ac) {
     return ac >= 0 && ac < AC_NMODES ? names[ac] : "?";
 }
 
-/* Every tensor of a layer falls in one of three classes (model.h names them):
- *   INPUT      the layer's input: everything else can be recomputed from it
- *   GEMM       outputs of matrix products, of attention and of collectives: expensive to redo
- *   CHEAP      outputs of the norms, of the softmax and of SwiGLU's product: element-wise or
- *              row-wise work, cheap to redo but as large as the GEMM outputs (probs: larger) */
-typedef enum { CLASS_INPUT, CLASS_GEMM, CLASS_CHEAP } act_class;
-static const act_class class_of[ACT_NLAYER] = {
-    [ACT_H_IN] = CLASS_INPUT, [ACT_ATTN_XN] = CLASS_CHEAP, [ACT_ATTN_RSTD] = CLASS_CHEAP,
-    [ACT_Q] = CLASS_GEMM, [ACT_K] = CLASS_GEMM, [ACT_V] = CLASS_GEMM, [ACT_PROBS] = CLASS_CHEAP,
-    [ACT_ATTN_OUT] = CLASS_GEMM, [ACT_H_MID] = CLASS_GEMM, [ACT_FFN_XN] = CLASS_CHEAP,
-    [ACT_FFN_RSTD] = CLASS_CHEAP, [ACT_FFN_A] = CLASS_GEMM, [ACT_FFN_B] = CLASS_GEMM,
-    [ACT_FFN_G] = CLASS_CHEAP};
+/* Every activation a layer saves declares what recomputing it costs (its block's table,
+ * common/model/layer.h's act_cost):
+ *   ACT_COST_INPUT   the layer's input: everything else can be recomputed from it
+ *   ACT_COST_GEMM    outputs of matrix products, of attention and of collectives: expensive to redo
+ *   ACT_COST_CHEAP   outputs of the norms, of the softmax and of SwiGLU's product: element-wise or
+ *                    row-wise work, cheap to redo but as large as the GEMM outputs (probs: larger)
+ * The mode decides which costs to keep; a block of another layer (a wider feed-forward, mixture
+ * of experts) is checkpointed by what it declares. */
 
-/* Does AC mode `ac` keep the tensors of class `cls` for backward? */
-static bool ac_keeps(ac_mode ac, act_class cls) {
+/* Does AC mode `ac` keep the activations of recompute cost `cost` for backward? */
+static bool ac_keeps(ac_mode ac, act_cost cost) {
     /* BEGIN ASSIGNMENT: none keeps everything, selective the input and the GEMM outputs, full only the input */
-    switch (cls) {
-    case CLASS_INPUT: return true;
-    case CLASS_GEMM: return ac != AC_FULL;
-    case CLASS_CHEAP: return ac == AC_NONE;
+    switch (cost) {
+    case ACT_COST_INPUT: return true;
+    case ACT_COST_GEMM: return ac != AC_FULL;
+    case ACT_COST_CHEAP: return ac == AC_NONE;
     }
     /* END ASSIGNMENT */
     return true;
 }
 
-unsigned ac_keep_mask(ac_mode ac) {
+unsigned ac_keep_mask(const llama_layer *layer, ac_mode ac) {
+    if (!layer) layer = &llama_layer_default;
     unsigned keep = 0;
-    for (int i = 0; i < ACT_NLAYER; i++)
-        if (ac_keeps(ac, class_of[i])) keep |= 1u << i;
+    for (int b = 0; b < layer->n; b++)
+        for (int i = 0; i < layer->block[b]->n_acts; i++) {
+            const block_act *a = &layer->block[b]->act[i];
+            if (ac_keeps(ac, a->cost)) keep |= 1u << a->act;
+        }
     return keep;
 }
 
@@ -180,7 +181,7 @@ void sequence_parallel_apply(llama_plan *plan, const llama_config *c, int B, boo
     /* (whole tokens per rank, the same count on every rank: mesh_check, with sequence_parallel) */
     sp_state *s = plan_push(plan, &sequence_parallel_technique, calloc(1, sizeof(sp_state)), 0);
     s->ac = ac;
-    plan->checkpoint = (checkpoint_ops){s, ac_keep_mask(ac), recompute};
+    plan->checkpoint = (checkpoint_ops){s, ac_keep_mask(llama_layer_of(c), ac), recompute};
     if (ac == AC_SELECTIVE)
         s->attn_out_scratch = device_alloc_floats((size_t)B * T * (c->n_heads / p) * llama_head_dim(c), MEM_BUFFERS);
     if (!sp) return;

@@ -70,8 +70,9 @@ void sp_norm_grads_all_reduce(void *state, const llama_plan *p, llama_model *m);
 /* ---- activation checkpointing ---------------------------------------------------------------- */
 typedef enum { AC_NONE = 0, AC_SELECTIVE, AC_FULL, AC_NMODES } ac_mode;
 const char *ac_mode_name(ac_mode ac);             /* "none", "selective", "full" */
-/* What a layer keeps in a mode: the plan's `keep` bits (ACT_*, plan.h). */
-unsigned ac_keep_mask(ac_mode ac);
+/* What a layer keeps in a mode: the plan's `keep` bits (ACT_*, plan.h), read off its blocks'
+ * activations and their recompute costs (layer.h; NULL: Llama's layer). */
+unsigned ac_keep_mask(const llama_layer *layer, ac_mode ac);
 
 /* The plan's own state: the mode and its scratch (MEM_BUFFERS). */
 typedef struct {

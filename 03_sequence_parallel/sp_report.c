@@ -11,7 +11,7 @@
  * mode keeps (ac_keep_mask), each of the size model.c's table gives it with this rank's shapes:
  * whole sequence (N = sb) inside the region, Ns = sb/t' outside it. */
 static double layer_act_bytes(const llama_dims *d, ac_mode ac) {
-    return llama_layer_act_bytes(d, ac_keep_mask(ac));
+    return llama_layer_act_bytes(d, ac_keep_mask(d->layer, ac));
 }
 
 /* Beside chapter 01: the same boundaries, each an all-reduce there, a pair here. A ring
@@ -78,7 +78,7 @@ int report_activation_memory(const run_options *o, const llama_model *m, int p, 
     for (int s = 0; s < 2; s++)
         for (int a = 0; a < AC_NMODES; a++) {
             llama_dims dm = with_split(d, p, s == 1);
-            double measured = (double)llama_layer_act_bytes_measured(&dm, ac_keep_mask((ac_mode)a));
+            double measured = (double)llama_layer_act_bytes_measured(&dm, ac_keep_mask(dm.layer, (ac_mode)a));
             double predicted = layer_act_bytes(&dm, (ac_mode)a);
             bool mine = (s == 1) == sp && (ac_mode)a == ac;
             snprintf(names[s][a], sizeof names[s][a], "%s %s%s", s ? "tp+sp" : "tp", ac_mode_name((ac_mode)a),

@@ -393,7 +393,7 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
      * saves, instead of the softmax B Hl T^2 of the single-device operator, 06's log-sum-exp (the
      * operator planned: blockwise, it never holds the whole softmax) */
     d.probs = (size_t)mb * d.Hl * Tl;                    /* 06: the log-sum-exp, B H Tl */
-    r->act_layer_bytes = llama_layer_act_bytes(&d, ac_keep_mask(o->ac)) * e_act / 4;
+    r->act_layer_bytes = llama_layer_act_bytes(&d, ac_keep_mask(d.layer, o->ac)) * e_act / 4;
     r->act_head_bytes = llama_head_act_bytes(&d, 2) * e_act / 4;   /* 02's loss saves 2 floats a row */
     double attn_fwd, attn_bwd;                           /* 06: the ring's scratch, one layer at a time */
     cp_working_set_formula(CP_RING, C, mb, Tl, d.Hl, d.Hkvl, hd, &attn_fwd, &attn_bwd);

@@ -134,7 +134,7 @@ static void check_activations(plan_calc_options *o, const int mesh[MESH_NDIMS]) 
         plan_calc_result r;
         char why[256] = "";
         CHECK(plan_calc_mesh(o, mesh, &r, why, sizeof why) == 0, "refused: %s", why);
-        double measured = (double)llama_layer_act_bytes_measured(&d, ac_keep_mask((ac_mode)ac));
+        double measured = (double)llama_layer_act_bytes_measured(&d, ac_keep_mask(d.layer, (ac_mode)ac));
         CHECK(r.act_layer_bytes == measured, "mesh %d,%d,%d,%d,%d, ac %s: a layer's activations %.0f bytes, the "
               "model allocates %.0f", mesh[0], mesh[1], mesh[2], mesh[3], mesh[4], ac_mode_name((ac_mode)ac),
               r.act_layer_bytes, measured);

@@ -16,9 +16,10 @@
 
 #define NORMAL_STD 0.02f   /* the linears: normal(0, 0.02) */
 #define ONES 0.0f          /* the norm weights: every element 1 */
-/* The tables' rows: a tensor (kind, name, shape, initialisation), an activation (slot, shape). */
+/* The tables' rows: a tensor (kind, name, shape, initialisation), an activation (slot, shape,
+ * recompute cost: INPUT, GEMM or CHEAP, layer.h). */
 #define TENSOR(k, n, r, c, std) {.kind = k, .name = n, .rows = r, .cols = c, .init_std = std}
-#define ACT(a, r, c) {.act = a, .rows = r, .cols = c}
+#define ACT(a, r, c, cost_) {.act = a, .rows = r, .cols = c, .cost = ACT_COST_##cost_}
 
 /* ---- attention_norm: attn_xn [Ns, D] = rmsnorm(h_in) * attention_norm -------------------------- */
 static void attention_norm_forward(const layer_pass *x) {
@@ -38,9 +39,9 @@ const layer_block llama_attention_norm = {
     .n_tensors = 1,
     .tensor = {TENSOR(P_ATTENTION_NORM, "attention_norm.weight", DIM_1, DIM_D, ONES)},
     .n_acts = 3,
-    .act = {ACT(ACT_H_IN, ROWS_STREAM, COLS_D),        /* [Ns, D] the layer's input                     */
-            ACT(ACT_ATTN_XN, ROWS_STREAM, COLS_D),     /* [Ns, D]                                       */
-            ACT(ACT_ATTN_RSTD, ROWS_STREAM, COLS_1)},  /* [Ns]    1 / rms of each row of h_in           */
+    .act = {ACT(ACT_H_IN, ROWS_STREAM, COLS_D, INPUT),        /* [Ns, D] the layer's input                     */
+            ACT(ACT_ATTN_XN, ROWS_STREAM, COLS_D, CHEAP),     /* [Ns, D]                                       */
+            ACT(ACT_ATTN_RSTD, ROWS_STREAM, COLS_1, CHEAP)},  /* [Ns]    1 / rms of each row of h_in           */
     .forward = attention_norm_forward, .backward = attention_norm_backward};
 
 /* ---- attention: h_mid [Ns, D] = wo(attention(rope(wq n), rope(wk n), wv n)), n = attn_xn -------- */
@@ -103,12 +104,12 @@ const layer_block llama_attention = {
                TENSOR(P_WV, "attention.wv.weight", DIM_KV, DIM_D, NORMAL_STD),
                TENSOR(P_WO, "attention.wo.weight", DIM_D, DIM_Q, NORMAL_STD)},
     .n_acts = 6,
-    .act = {ACT(ACT_Q, ROWS_REGION, COLS_Q),           /* [N, Hl*hd]   queries after RoPE                */
-            ACT(ACT_K, ROWS_REGION, COLS_KV),          /* [N, Hkvl*hd] keys after RoPE                   */
-            ACT(ACT_V, ROWS_REGION, COLS_KV),          /* [N, Hkvl*hd]                                   */
-            ACT(ACT_PROBS, ROWS_1, COLS_PROBS),        /* the attention's: [B, Hl, T, T] locally          */
-            ACT(ACT_ATTN_OUT, ROWS_REGION, COLS_Q),    /* [N, Hl*hd]   input of wo                       */
-            ACT(ACT_H_MID, ROWS_STREAM, COLS_D)},      /* [Ns, D]      after the exit (+ h_in: ffn_norm) */
+    .act = {ACT(ACT_Q, ROWS_REGION, COLS_Q, GEMM),           /* [N, Hl*hd]   queries after RoPE                */
+            ACT(ACT_K, ROWS_REGION, COLS_KV, GEMM),          /* [N, Hkvl*hd] keys after RoPE                   */
+            ACT(ACT_V, ROWS_REGION, COLS_KV, GEMM),          /* [N, Hkvl*hd]                                   */
+            ACT(ACT_PROBS, ROWS_1, COLS_PROBS, CHEAP),        /* the attention's: [B, Hl, T, T] locally          */
+            ACT(ACT_ATTN_OUT, ROWS_REGION, COLS_Q, GEMM),    /* [N, Hl*hd]   input of wo                       */
+            ACT(ACT_H_MID, ROWS_STREAM, COLS_D, GEMM)},      /* [Ns, D]      after the exit (+ h_in: ffn_norm) */
     .forward = attention_forward_block, .backward = attention_backward_block};
 
 /* ---- ffn_norm: h_mid [Ns, D] += h_in (the residual), ffn_xn = rmsnorm(h_mid) * ffn_norm --------- */
@@ -131,8 +132,8 @@ const layer_block llama_ffn_norm = {
     .n_tensors = 1,
     .tensor = {TENSOR(P_FFN_NORM, "ffn_norm.weight", DIM_1, DIM_D, ONES)},
     .n_acts = 2,
-    .act = {ACT(ACT_FFN_XN, ROWS_STREAM, COLS_D),      /* [Ns, D]                                       */
-            ACT(ACT_FFN_RSTD, ROWS_STREAM, COLS_1)},   /* [Ns]                                          */
+    .act = {ACT(ACT_FFN_XN, ROWS_STREAM, COLS_D, CHEAP),      /* [Ns, D]                                       */
+            ACT(ACT_FFN_RSTD, ROWS_STREAM, COLS_1, CHEAP)},   /* [Ns]                                          */
     .forward = ffn_norm_forward, .backward = ffn_norm_backward};
 
 /* ---- feed_forward: h_out [Ns, D] = h_mid + w2(silu(w1 m) * w3 m), m = ffn_xn --------------------- */
@@ -189,9 +190,9 @@ const layer_block llama_feed_forward = {
                TENSOR(P_W2, "feed_forward.w2.weight", DIM_D, DIM_F, NORMAL_STD),
                TENSOR(P_W3, "feed_forward.w3.weight", DIM_F, DIM_D, NORMAL_STD)},
     .n_acts = 3,
-    .act = {ACT(ACT_FFN_A, ROWS_REGION, COLS_F),       /* [N, Fl] w1 m (the gate)                      */
-            ACT(ACT_FFN_B, ROWS_REGION, COLS_F),       /* [N, Fl] w3 m                                 */
-            ACT(ACT_FFN_G, ROWS_REGION, COLS_F)},      /* [N, Fl] silu(ffn_a) * ffn_b: input of w2     */
+    .act = {ACT(ACT_FFN_A, ROWS_REGION, COLS_F, GEMM),       /* [N, Fl] w1 m (the gate)                      */
+            ACT(ACT_FFN_B, ROWS_REGION, COLS_F, GEMM),       /* [N, Fl] w3 m                                 */
+            ACT(ACT_FFN_G, ROWS_REGION, COLS_F, CHEAP)},      /* [N, Fl] silu(ffn_a) * ffn_b: input of w2     */
     .forward = feed_forward_forward, .backward = feed_forward_backward};
 
 const llama_layer llama_layer_default = {
