@@ -97,7 +97,7 @@ WERROR    ?= -Werror
 BLAS_CFLAGS ?= $(eval BLAS_CFLAGS := $(shell tools/blas.sh cflags))$(BLAS_CFLAGS)
 BLAS_LIBS   ?= $(eval BLAS_LIBS := $(shell tools/blas.sh libs))$(BLAS_LIBS)
 CFLAGS    += -fopenmp-simd -DREPO_ROOT='"$(CURDIR)"' -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter $(COMMON_INC) $(BLAS_CFLAGS) -MMD -MP
-LDLIBS_CPU   = $(LDFLAGS) $(BLAS_LIBS) -lcjson -lz -lm -lpthread
+LDLIBS_CPU   = $(LDFLAGS) $(BLAS_LIBS) -ldnnl -lgomp -lcjson -lz -lm -lpthread
 CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
 LDLIBS_CUDA := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lcjson -lz -lm -lpthread
 MPI_CFLAGS  := $(shell mpicc --showme:compile 2>/dev/null)

@@ -2,7 +2,11 @@
 /* test_gemm.c: the row-major -> column-major mapping against a naive loop, in all four
  * transpose combinations, with explicit leading dimensions, alpha/beta, and strided batches
  * (including a stride-0 operand, as grouped-query attention uses). What passes here is the
- * exact argument tuple cuBLAS receives on the GPU. */
+ * exact argument tuple cuBLAS receives on the GPU. Then the typed products (bf16 operands, fp32 or
+ * bf16 C: oneDNN here, cublasGemmEx on the GPU) against a sum in double, within the bound of fp32
+ * accumulation in any order and, for a bf16 C, its one rounding. */
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include "comm.h"
 #include "device.h"
@@ -35,6 +39,54 @@ static double max_diff(const float *a, const float *b, size_t n) {
     double m = 0;
     for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
     return m;
+}
+
+/* bf16 [n] on the device from the host floats x (rounded: x is overwritten with the values held). */
+static void *bf16_device(float *x, size_t n) {
+    uint16_t *h = malloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++) x[i] = bf16_to_float(h[i] = bf16_from_float(x[i]));
+    void *d = device_alloc(n * sizeof *h, MEM_BUFFERS);
+    device_copy_to_device(d, h, n * sizeof *h);
+    free(h);
+    return d;
+}
+
+/* C [M, N] of type c = alpha op(A) op(B) + beta C0, A and B bf16, against double: every element
+ * within gamma_{K+2} (|alpha| sum_k |a b| + |beta c0|) of the exact value (fp32 accumulation and
+ * the two fused scalings, in any order: gamma_n = n u / (1 - n u), u = 2^-24), plus for a bf16 C
+ * its rounding, half an ulp of 8 bits: 2^-8 of the value. Returns the worst ratio error / bound. */
+static double typed_case(int M, int N, int K, int ta, int tb, dtype c, float alpha, float beta) {
+    float *A = random_host("tA", (size_t)M * K), *B = random_host("tB", (size_t)K * N);
+    float *C0 = random_host("tC", (size_t)M * N), *got = malloc((size_t)M * N * sizeof(float));
+    void *dA = bf16_device(A, (size_t)M * K), *dB = bf16_device(B, (size_t)K * N);
+    void *dC = c == DTYPE_BF16 ? bf16_device(C0, (size_t)M * N) : device_alloc_floats((size_t)M * N, MEM_BUFFERS);
+    if (c == DTYPE_F32) device_copy_to_device(dC, C0, (size_t)M * N * sizeof(float));
+    matmul_typed(dC, c, dA, dB, DTYPE_BF16, M, N, K, ta, tb, alpha, beta);
+    if (c == DTYPE_F32) device_copy_to_host(got, dC, (size_t)M * N * sizeof(float));
+    else {
+        uint16_t *h = malloc((size_t)M * N * sizeof *h);
+        device_copy_to_host(h, dC, (size_t)M * N * sizeof *h);
+        for (int i = 0; i < M * N; i++) got[i] = bf16_to_float(h[i]);
+        free(h);
+    }
+    const double u = 0x1p-24, gamma = (K + 2) * u / (1 - (K + 2) * u);
+    double worst = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double exact = 0, size = 0;
+            for (int k = 0; k < K; k++) {
+                double ab = (double)(ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
+                exact += ab;
+                size += fabs(ab);
+            }
+            exact = alpha * exact + beta * C0[i * N + j];
+            double bound = gamma * (fabs(alpha) * size + fabs(beta * C0[i * N + j]));
+            if (c == DTYPE_BF16) bound += 0x1p-8 * (fabs(exact) + bound);
+            worst = fmax(worst, fabs(got[i * N + j] - exact) / bound);
+        }
+    device_free(dA); device_free(dB); device_free(dC);
+    free(A); free(B); free(C0); free(got);
+    return worst;
 }
 
 int main(int argc, char **argv) {
@@ -80,6 +132,17 @@ int main(int argc, char **argv) {
             device_free(dA); device_free(dB); device_free(dC);
             free(A); free(B); free(C); free(want);
         }
+
+    /* typed: bf16 operands, an fp32 or a bf16 C, every transpose, the scalings (and alpha 1, beta
+     * 0: a linear's forward); a size with the k loop longer than a tile */
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int c = DTYPE_F32; c <= DTYPE_BF16; c++) {
+                double r1 = typed_case(M, N, K, ta, tb, (dtype)c, 0.5f, 2.0f);
+                double r2 = typed_case(33, 70, 129, ta, tb, (dtype)c, 1.0f, 0.0f);
+                CHECK(r1 <= 1 && r2 <= 1, "matmul_typed ta=%d tb=%d C %s: error %.3g and %.3g of the bound", ta, tb,
+                      dtype_name((dtype)c), r1, r2);
+            }
 
     /* the tuple itself: C = A B^T (a linear layer) must become cuBLAS (T, N, out, rows, in) */
     gemm_args g = gemm_args_from_row_major(false, true, 4, 6, 8, 0, 0, 0);

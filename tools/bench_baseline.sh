@@ -57,3 +57,5 @@ awk -v c="$c" -v p="$p" -v k="$k" -v g="$g" -v f="$flops" -v n="${REPS:-3}" 'BEG
     printf "  GEMM probe %.1f GFLOP/s (512^3, one core); model FLOPs 6 N + 6 L T D a token\n", g }'
 # QKV and W1/W3 as single GEMMs, measured on the same BLAS (tools/bench_projections.c)
 $mpirun -np 1 "$(dirname "$bin")/tools/bench_projections" $((B * T)) $D $D $D $F ${REPS:-3}
+# a linear's GEMMs in fp32 and with bf16 operands (tools/bench_gemm_bf16.c; mixed precision, issue 37)
+$mpirun -np 1 "$(dirname "$bin")/tools/bench_gemm_bf16" $((B * T)) $D $F ${REPS:-3}

@@ -18,6 +18,7 @@ have_cmd mpicc && have_cmd mpirun        || missing+=(openmpi-bin libopenmpi-dev
 # BLAS (libblas-dev) has a cblas.h without them. BLAS_CFLAGS/BLAS_LIBS override the flags.
 "$(dirname "$0")/blas.sh" probe >/dev/null 2>&1 || missing+=(libopenblas-dev)
 have_header cjson/cJSON.h                || missing+=(libcjson-dev)
+have_header oneapi/dnnl/dnnl.h           || missing+=(libdnnl-dev)  # oneDNN: bf16 GEMMs on the CPU (gemm_cpu.c)
 have_header zlib.h                       || missing+=(zlib1g-dev)   # crc32: chapter 08's checkpoints
 have_cmd gnuplot                         || missing+=(gnuplot-nox)
 have_cmd make && have_cmd cc             || missing+=(build-essential)

@@ -1,13 +1,19 @@
-/* device_cpu.c: the CPU backend's "device" is the host. One BLAS thread per rank: the MPI
- * ranks are the parallelism, and several BLAS threads per rank would fight over the cores. */
+/* device_cpu.c: the CPU backend's "device" is the host. One BLAS thread per rank, and one OpenMP
+ * thread for oneDNN (the bf16 GEMMs, gemm_cpu.c): the MPI ranks are the parallelism, and several
+ * threads per rank would fight over the cores. */
 #include <cblas.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include "device.h"
 
-void device_init(int local_rank) { (void)local_rank; openblas_set_num_threads(1); }
+void device_init(int local_rank) {
+    (void)local_rank;
+    openblas_set_num_threads(1);
+    omp_set_num_threads(1);
+}
 /* Release the blocks the allocator's cache kept (memory.c). */
 void device_shutdown(void) {
     for (void *p = mem_cache_drain(); p != NULL; p = mem_cache_drain()) free(p);

@@ -34,6 +34,13 @@ void matmul(float *C, const float *A, const float *B, int M, int N, int K,
     comm_progress_in_flight();   /* the transfers in flight move between the GEMMs (comm.h) */
 }
 
+void matmul_typed(void *C, dtype c, const void *A, const void *B, dtype ab, int M, int N, int K, bool trans_a,
+                  bool trans_b, float alpha, float beta) {
+    gemm_args g = gemm_args_from_row_major(trans_a, trans_b, M, N, K, 0, 0, 0);
+    gemm_colmajor_typed(&g, alpha, B, A, ab, beta, C, c);
+    comm_progress_in_flight();
+}
+
 void matmul_strided_batched(float *C, const float *A, const float *B, int M, int N, int K,
                             bool trans_a, bool trans_b, int lda, int ldb, int ldc,
                             long long stride_a, long long stride_b, long long stride_c,

@@ -11,6 +11,7 @@
 #pragma once
 #include <stdbool.h>
 #include "cdefs.h"
+#include "dtype.h"
 
 C_BEGIN
 
@@ -36,10 +37,21 @@ void gemm_colmajor_strided_batched(const gemm_args *g, float alpha,
                                    const float *second, long long stride_second, float beta,
                                    float *C, long long stride_c, int batch);
 
-/* Row-major conveniences built on the two calls above. */
+/* The typed call: the operands `first` and `second` of element type `ab`, C of type `c` (dtype.h:
+ * fp32 or bf16), the products accumulated in fp32 and rounded once to C's type (beta reads C in
+ * its type). fp32 throughout is gemm_colmajor itself. Otherwise gemm_cpu.c runs oneDNN's matmul
+ * (AVX512-BF16 or AMX where the CPU has them) and gemm_cuda.cu cublasGemmEx, CUBLAS_COMPUTE_32F. */
+void gemm_colmajor_typed(const gemm_args *g, float alpha, const void *first, const void *second, dtype ab,
+                         float beta, void *C, dtype c);
+
+/* Row-major conveniences built on the calls above. */
 /* C[M,N] = alpha * op(A) op(B) + beta * C, packed operands. */
 void matmul(float *C, const float *A, const float *B, int M, int N, int K,
             bool trans_a, bool trans_b, float alpha, float beta);
+/* The same with typed operands (mixed precision): A and B of type `ab`, C of type `c`, accumulated
+ * in fp32 (gemm_colmajor_typed). matmul_typed(C, DTYPE_F32, A, B, DTYPE_F32, ...) is matmul. */
+void matmul_typed(void *C, dtype c, const void *A, const void *B, dtype ab, int M, int N, int K, bool trans_a,
+                  bool trans_b, float alpha, float beta);
 /* Same with explicit row-major leading dimensions and `batch` matrices at the given strides
  * (elements). A stride of 0 reuses one operand for every batch entry (for example, the
  * shared key head of grouped-query attention). */

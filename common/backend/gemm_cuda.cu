@@ -38,3 +38,19 @@ void gemm_colmajor_strided_batched(const gemm_args *g, float alpha,
                                            second, g->ldb, stride_second,
                                            &beta, C, g->ldc, stride_c, batch));
 }
+
+/* The typed product (gemm.h): bf16 or fp32 operands and C, through cublasGemmEx with fp32
+ * accumulation (CUBLAS_COMPUTE_32F: the tensor cores take bf16 operands and accumulate in fp32).
+ * fp32 throughout stays cublasSgemm (gemm_colmajor), the handle's no-TF32 mode. */
+static cudaDataType_t cuda_type(dtype t) { return t == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+void gemm_colmajor_typed(const gemm_args *g, float alpha, const void *first, const void *second, dtype ab,
+                         float beta, void *C, dtype c) {
+    if (ab == DTYPE_F32 && c == DTYPE_F32) {
+        gemm_colmajor(g, alpha, (const float *)first, (const float *)second, beta, (float *)C);
+        return;
+    }
+    CUBLAS_CHECK(cublasGemmEx(cuda_cublas(), to_cublas_op(g->transa), to_cublas_op(g->transb), g->m, g->n, g->k,
+                              &alpha, first, cuda_type(ab), g->lda, second, cuda_type(ab), g->ldb, &beta, C,
+                              cuda_type(c), g->ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
