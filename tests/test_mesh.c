@@ -40,40 +40,9 @@ static void expect(mesh_shape s, int world, const mesh_requirements *r, const ch
           "a line with \"%s\")", s.pp, s.dp_replicate, s.dp_shard, s.cp, s.tp, world, got ? why : "(accepted)", says);
 }
 
-int main(int argc, char **argv) {
-    comm_init(&argc, &argv);
-    /* the names and the indices are the same degrees */
-    mesh_shape s = {.pp = 2, .dp_shard = 2, .tp = 4};   /* 16 ranks */
-    CHECK(s.degree[MESH_PP] == 2 && s.degree[MESH_DP_REPLICATE] == 0 && s.degree[MESH_DP_SHARD] == 2 &&
-          s.degree[MESH_CP] == 0 && s.degree[MESH_TP] == 4, "named fields out of mesh.h's order");
-    char why[512];
-    CHECK(mesh_check(&s, 16, NULL, why, sizeof why) == NULL, "valid mesh rejected: %s", why);
-    CHECK(s.dp_replicate == 1 && s.cp == 1, "degrees left 0 are 1, got dp_replicate %d cp %d", s.dp_replicate, s.cp);
-    int c[MESH_NDIMS];
-    mesh_coords_of(&s, 0, c);
-    CHECK(c[0] == 0 && c[2] == 0 && c[4] == 0, "rank 0");
-    mesh_coords_of(&s, 5, c);    /* 5 = (0*2 + 1)*4 + 1 */
-    CHECK(c[MESH_PP] == 0 && c[MESH_DP_SHARD] == 1 && c[MESH_TP] == 1, "rank 5 -> pp %d dps %d tp %d", c[0], c[2], c[4]);
-    mesh_coords_of(&s, 14, c);   /* 14 = (1*2 + 1)*4 + 2 */
-    CHECK(c[MESH_PP] == 1 && c[MESH_DP_SHARD] == 1 && c[MESH_TP] == 2, "rank 14");
-    for (int r = 0; r < 16; r++) {   /* every rank maps back to itself */
-        mesh_coords_of(&s, r, c);
-        int back = 0;
-        for (int d = 0; d < MESH_NDIMS; d++) back = back * s.degree[d] + c[d];
-        CHECK(back == r, "rank %d round trip gives %d", r, back);
-    }
-
-    /* the world: the product, the one degree that takes the rest, a degree below 1 */
-    expect((mesh_shape){.pp = 2, .dp_shard = 2, .tp = 4}, 8, NULL, "= 16 ranks, but the world has 8");
-    expect((mesh_shape){.dp_shard = -2, .tp = 2}, 4, NULL, "dp_shard=-2 is not valid");
-    mesh_shape rest = {.pp = 2, .dp_shard = MESH_REST, .tp = 2};
-    CHECK(mesh_check(&rest, 12, NULL, why, sizeof why) == NULL && rest.dp_shard == 3, "dp_shard the rest of 12: %d",
-          rest.dp_shard);
-    expect((mesh_shape){.pp = 3, .dp_shard = MESH_REST}, 8, NULL, "NP=8 is not divisible by --pp 3: dp_shard would not be whole");
-    expect((mesh_shape){.pp = MESH_REST, .tp = MESH_REST}, 4, NULL, "tp=-1 is not valid");   /* only one */
-
-    /* each technique's rules (the chapters' *_rule constructors): the rules asked, in order (the
-     * first that refuses speaks), the mesh, the world, and the line (NULL: admitted) */
+/* Each technique's rules (the chapters' *_rule constructors): the rules asked, in order (the
+ * first that refuses speaks), the mesh, the world, and the line (NULL: admitted). */
+static void test_technique_rules(void) {
     const llama_config heads4 = {.n_heads = 4}, kv2 = {.n_heads = 4, .n_kv_heads = 2}, ffn129 = {.ffn_dim = 129};
     const llama_config kv2_alone = {.n_kv_heads = 2}, heads6 = {.n_heads = 6, .n_kv_heads = 3};
     const struct { mesh_rule rule[3]; mesh_names names; mesh_shape s; int world; const char *says; } rules[] = {
@@ -135,6 +104,41 @@ int main(int argc, char **argv) {
         for (int k = 0; k < 3 && rules[i].rule[k].check; k++) mesh_require(&r, rules[i].rule[k]);
         expect(rules[i].s, rules[i].world, &r, rules[i].says);
     }
+}
+
+int main(int argc, char **argv) {
+    comm_init(&argc, &argv);
+    /* the names and the indices are the same degrees */
+    mesh_shape s = {.pp = 2, .dp_shard = 2, .tp = 4};   /* 16 ranks */
+    CHECK(s.degree[MESH_PP] == 2 && s.degree[MESH_DP_REPLICATE] == 0 && s.degree[MESH_DP_SHARD] == 2 &&
+          s.degree[MESH_CP] == 0 && s.degree[MESH_TP] == 4, "named fields out of mesh.h's order");
+    char why[512];
+    CHECK(mesh_check(&s, 16, NULL, why, sizeof why) == NULL, "valid mesh rejected: %s", why);
+    CHECK(s.dp_replicate == 1 && s.cp == 1, "degrees left 0 are 1, got dp_replicate %d cp %d", s.dp_replicate, s.cp);
+    int c[MESH_NDIMS];
+    mesh_coords_of(&s, 0, c);
+    CHECK(c[0] == 0 && c[2] == 0 && c[4] == 0, "rank 0");
+    mesh_coords_of(&s, 5, c);    /* 5 = (0*2 + 1)*4 + 1 */
+    CHECK(c[MESH_PP] == 0 && c[MESH_DP_SHARD] == 1 && c[MESH_TP] == 1, "rank 5 -> pp %d dps %d tp %d", c[0], c[2], c[4]);
+    mesh_coords_of(&s, 14, c);   /* 14 = (1*2 + 1)*4 + 2 */
+    CHECK(c[MESH_PP] == 1 && c[MESH_DP_SHARD] == 1 && c[MESH_TP] == 2, "rank 14");
+    for (int r = 0; r < 16; r++) {   /* every rank maps back to itself */
+        mesh_coords_of(&s, r, c);
+        int back = 0;
+        for (int d = 0; d < MESH_NDIMS; d++) back = back * s.degree[d] + c[d];
+        CHECK(back == r, "rank %d round trip gives %d", r, back);
+    }
+
+    /* the world: the product, the one degree that takes the rest, a degree below 1 */
+    expect((mesh_shape){.pp = 2, .dp_shard = 2, .tp = 4}, 8, NULL, "= 16 ranks, but the world has 8");
+    expect((mesh_shape){.dp_shard = -2, .tp = 2}, 4, NULL, "dp_shard=-2 is not valid");
+    mesh_shape rest = {.pp = 2, .dp_shard = MESH_REST, .tp = 2};
+    CHECK(mesh_check(&rest, 12, NULL, why, sizeof why) == NULL && rest.dp_shard == 3, "dp_shard the rest of 12: %d",
+          rest.dp_shard);
+    expect((mesh_shape){.pp = 3, .dp_shard = MESH_REST}, 8, NULL, "NP=8 is not divisible by --pp 3: dp_shard would not be whole");
+    expect((mesh_shape){.pp = MESH_REST, .tp = MESH_REST}, 4, NULL, "tp=-1 is not valid");   /* only one */
+
+    test_technique_rules();
     /* the padding rule itself (mesh.h's examples) */
     const int pad[][4] = {{250, 0, 4, 252}, {1000, 0, 3, 1152}, {128256, 0, 3, 128256}, {128256, 0, 5, 128640},
                           {256, 0, 2, 256}, {256, 0, 4, 256}, {40, 0, 4, 40}, {250, 64, 4, 256}, {250, 0, 1, 256}};
