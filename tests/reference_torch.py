@@ -2,6 +2,10 @@
 """reference_torch.py: check a --dump directory against an independent PyTorch Llama.
 
     python3 tests/reference_torch.py DIR
+    python3 tests/reference_torch.py DIR DIR...     each DIR's report into DIR/reference.txt, and
+                                                    one line "DIR STATUS" per DIR; exits with the
+                                                    worst status (tests/t_dump_torch.sh: one
+                                                    start of PyTorch for every dump)
 
 DIR holds what a chapter's --dump wrote (docs/dump-format.md):
     init.safetensors      every parameter before step 1; __metadata__ holds the configuration
@@ -85,6 +89,7 @@ float8 codes for a replay that checks each cast locally.
 Safetensors is read with struct, json and numpy only: the format is an 8-byte little-endian
 header length, a JSON header, then the raw little-endian tensor bytes.
 """
+import contextlib
 import json
 import itertools
 import math
@@ -873,20 +878,33 @@ def run(directory):
     return 0 if failures == 0 else 1
 
 
-def main(argv):
-    if len(argv) != 2:
-        print(f"usage: {argv[0]} DUMP_DIR   (a directory written by a chapter's --dump)",
-              file=sys.stderr)
+def check_one(directory):
+    if not os.path.isdir(directory):
+        print(f"reference_torch: {directory} is not a directory", file=sys.stderr)
         return 2
-    if not os.path.isdir(argv[1]):
-        print(f"reference_torch: {argv[1]} is not a directory", file=sys.stderr)
-        return 2
-    torch.set_num_threads(1)
     try:
-        return run(argv[1])
+        return run(directory)
     except DumpError as e:
         print(f"reference_torch: {e}", file=sys.stderr)
         return 2
+
+
+def main(argv):
+    if len(argv) < 2:
+        print(f"usage: {argv[0]} DUMP_DIR [DUMP_DIR...]   (directories written by a chapter's --dump)",
+              file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    if len(argv) == 2:
+        return check_one(argv[1])
+    worst = 0
+    for directory in argv[1:]:
+        report = os.path.join(directory, "reference.txt") if os.path.isdir(directory) else os.devnull
+        with open(report, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+            status = check_one(directory)
+        print(f"{directory} {status}", flush=True)
+        worst = max(worst, status)
+    return worst
 
 
 if __name__ == "__main__":

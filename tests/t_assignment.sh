@@ -14,7 +14,9 @@ for dir in [0-9][0-9]_*/; do
         echo "make assignment-$nn failed"; cat "$tmp/a.txt"; bad=$((bad+1)); continue
     fi
     if grep -rqs --include='*.c' --include='*.h' 'BEGIN ASSIGNMENT' "$dest/$dir"; then echo "assignment-$nn left a region in place"; bad=$((bad+1)); fi
-    if ! make --no-print-directory -C "$dest" -j2 BUILD_ROOT="$dest/build" BACKEND=cpu "$dest/build/cpu/$nn" >"$tmp/b.txt" 2>&1; then
+    # (-O1 gives the same bits as the default -O3, Makefile, and compiles faster: a copy is only built and failed here)
+    if ! CFLAGS="-O1 -g -fno-math-errno" make --no-print-directory -C "$dest" -j2 BUILD_ROOT="$dest/build" BACKEND=cpu \
+            "$dest/build/cpu/$nn" >"$tmp/b.txt" 2>&1; then
         echo "the student copy of chapter $nn does not build"; tail -20 "$tmp/b.txt"; bad=$((bad+1)); continue
     fi
     if (cd "$dest" && STOP_AT_FIRST_FAILURE=1 ./tests/run_checks.sh cpu "$nn" "$dest/build") >"$tmp/c.txt" 2>&1; then

@@ -11,25 +11,37 @@ py=/usr/bin/python3
 $py -c "import torch" 2>/dev/null || { echo "PyTorch is missing for $py: run make deps"; exit 1; }
 n=0; bad=0; float8_dump=; any_float8_dump=
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+# every chapter's dump runs first; then one PyTorch process replays them all (starting PyTorch
+# once instead of once a dump), each report in DIR/reference.txt and one "DIR STATUS" line each
+dirs=(); declare -A what
 for f in [0-9][0-9]_*/dump_runs.txt; do
     [ -f "$f" ] || continue
     nn=$(basename "$(dirname "$f")" | cut -c1-2)
     while IFS='|' read -r np flags; do
         case "$np" in ''|'#'*) continue;; esac
         np=$(echo $np); n=$((n+1)); dir=$tmp/dump_$n
+        what[$dir]="chapter $nn NP=$np '$flags'"
         if ! timeout 300 $mpirun_base -np "$np" "$root/$backend/$nn" --steps 5 --dump "$dir" --out "$tmp/out" $flags \
                 </dev/null >"$tmp/run.txt" 2>&1; then
-            echo "chapter $nn NP=$np '$flags': the run failed"; tail -5 "$tmp/run.txt"; bad=$((bad+1)); continue
+            echo "${what[$dir]}: the run failed"; tail -5 "$tmp/run.txt"; bad=$((bad+1)); continue
         fi
-        if ! $py tests/reference_torch.py "$dir" >"$tmp/ref.txt" 2>&1; then
-            echo "chapter $nn NP=$np '$flags': PyTorch disagrees"; tail -30 "$tmp/ref.txt"; bad=$((bad+1))
-        elif grep -q "explained by rounding ties" "$tmp/ref.txt"; then
-            float8_dump=$dir                     # a float8 dump whose ties were searched (the last)
-        elif grep -q "^  float8: " "$tmp/ref.txt"; then
-            any_float8_dump=${any_float8_dump:-$dir}
-        fi
+        dirs+=("$dir")
     done < "$f"
 done
+if [ ${#dirs[@]} -gt 0 ]; then
+    $py tests/reference_torch.py "${dirs[@]}" >"$tmp/statuses.txt" 2>"$tmp/replay_err.txt"
+    for dir in "${dirs[@]}"; do
+        status=$(awk -v d="$dir" '$1 == d {print $2}' "$tmp/statuses.txt")
+        if [ "$status" != 0 ]; then
+            echo "${what[$dir]}: PyTorch disagrees (status ${status:-none})"
+            tail -30 "$dir/reference.txt" 2>/dev/null || tail -30 "$tmp/replay_err.txt"; bad=$((bad+1))
+        elif grep -q "explained by rounding ties" "$dir/reference.txt"; then
+            float8_dump=$dir                     # a float8 dump whose ties were searched (the last)
+        elif grep -q "^  float8: " "$dir/reference.txt"; then
+            any_float8_dump=${any_float8_dump:-$dir}
+        fi
+    done
+fi
 ok_dumps=$((n-bad))
 
 # The check can fail, and its search for rounding ties explains no real difference away: a float8

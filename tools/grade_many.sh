@@ -40,7 +40,7 @@ for sub in "$dir"/*/; do
     if [ ! -d "$ref" ]; then
         "$src/tools/make_assignment.sh" "$nn" "$ref" >"$tmp/ref_$nn.log" 2>&1 || {
             echo "make grade: could not make the reference copy of chapter $nn: $(tail -1 "$tmp/ref_$nn.log")" >&2; exit 2; }
-        make --no-print-directory -C "$ref" -j"${JOBS:-2}" BACKEND="$backend" all >"$tmp/ref_$nn.build" 2>&1 || true
+        make --no-print-directory -C "$ref" -j"${JOBS:-2}" BACKEND="$backend" "build-$nn" >"$tmp/ref_$nn.build" 2>&1 || true
     fi
     work=$tmp/subs/$student; mkdir -p "$tmp/subs"
     rm -f "$sub/grade.json"   # (a grade.json the student left would otherwise be counted if this one fails)
@@ -48,7 +48,7 @@ for sub in "$dir"/*/; do
         echo "skip  $student: no sandbox could be made ($(tail -1 "$tmp/sandbox.err"))"; rm -rf "$work"; n=$((n-1)); continue
     fi
     note=""
-    if ! make --no-print-directory -C "$work" -j"${JOBS:-2}" BACKEND="$backend" all >"$work/build.log" 2>&1; then
+    if ! make --no-print-directory -C "$work" -j"${JOBS:-2}" BACKEND="$backend" "build-$nn" >"$work/build.log" 2>&1; then
         note="did not build"; cp "$work/build.log" "$sub/grade.log"
     else
         make --no-print-directory -C "$work" BACKEND="$backend" "check-$nn" >"$sub/grade.log" 2>&1
