@@ -228,11 +228,11 @@ banner:
 
 # ---------------------------------------------------------------- dependencies
 deps:
-	@./tools/deps.sh install
+	@BACKEND=$(BACKEND) ./tools/deps.sh install
 deps-check:
-	@./tools/deps.sh check core >/dev/null || ./tools/deps.sh install core
+	@BACKEND=$(BACKEND) ./tools/deps.sh check core >/dev/null || BACKEND=$(BACKEND) ./tools/deps.sh install core
 deps-check-test:
-	@./tools/deps.sh check all >/dev/null || ./tools/deps.sh install all
+	@BACKEND=$(BACKEND) ./tools/deps.sh check all >/dev/null || BACKEND=$(BACKEND) ./tools/deps.sh install all
 
 # ---------------------------------------------------------------- running chapters
 # make run-NN [NP=2] [ARGS="..."]: one mpirun of chapter NN with its parity check on.
@@ -356,11 +356,12 @@ help:
 	@echo "make deps             install what is missing (Debian/Ubuntu: Open MPI, OpenBLAS, cJSON, gnuplot, PyTorch for the dump check)"
 	@echo "make run-NN           build chapter NN and run it under mpirun on NP ranks (default 2), baseline beside it"
 	@echo "make check-NN         the chapter's parity check on each of its standard layouts (NN_*/checks.txt)"
+	@echo "make build-NN         what make check-NN runs: the chapter's binary and the unit tests its checks.txt names"
 	@echo "make test-NN          one chapter's tests quickly: its unit tests and its layouts under MPI and the NCCL emulation"
 	@echo "make plot-NN          gnuplot PNGs of what the chapter measured, in out/NN/"
 	@echo "make bench            every technique against one rank and its bound (REPS, STEPS, STEPS08, ONLY=01,04,...)"
 	@echo "make bench-NN         the chapter's benchmark, if it has one (never part of make test)"
-	@echo "make bench-baseline   the single-device step beside the same model in PyTorch (ms, GFLOP/s, ratio), and QKV / W1-W3 as one GEMM or several"
+	@echo "make bench-baseline   the single-device step beside the same model in PyTorch (ms, GFLOP/s, ratio), QKV / W1-W3 as one GEMM or several, a linear's GEMMs in fp32 and bf16"
 	@echo "make readme-outputs   rewrite the READMEs' output blocks (<!-- output: ... -->) from real runs"
 	@echo "make check-readme     compare the READMEs' output blocks with real runs; check their links and file names"
 	@echo "make assignment-NN    a student copy in ../student-NN (beside the repository) with the chapter's exercises removed"

@@ -76,9 +76,8 @@ const loss_ops vocab_parallel_loss = {NULL, 2, loss_forward, loss_backward};
 const plan_technique loss_parallel_technique = {"loss parallel", NULL};
 
 void loss_parallel_apply(llama_plan *plan, const llama_config *c) {
-    /* (whole vocabulary rows per rank: the vocabulary padded to a multiple of tp, mesh_check with
-     * the vocabulary among its requirements; the padding rows are the parameter table's,
-     * param_split_rows) */
+    /* (whole vocabulary rows per rank: the vocabulary padded to a multiple of tp, vocab_mesh_rule,
+     * which mesh_create runs; the padding rows are the parameter table's, param_split_rows) */
     plan_push(plan, &loss_parallel_technique, NULL, 0);
     vocab_parallel_layouts(plan->layout);
     plan->vocab = megatron_region;   /* g after the embedding's lookup, f before the output layer */

@@ -5,6 +5,7 @@
  *
  * Notation: B batch, T sequence, Ts = T/p, N = B*T, Ns = B*Ts, D dim, C the channels of a tensor.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include "comm.h"
 #include "device.h"
@@ -122,11 +123,9 @@ const char *ac_mode_name(ac_mode ac) {
 /* Does AC mode `ac` keep the activations of recompute cost `cost` for backward? */
 static bool ac_keeps(ac_mode ac, act_cost cost) {
     /* BEGIN ASSIGNMENT: none keeps everything, selective the input and the GEMM outputs, full only the input */
-    switch (cost) {
-    case ACT_COST_INPUT: return true;
-    case ACT_COST_GEMM: return ac != AC_FULL;
-    case ACT_COST_CHEAP: return ac == AC_NONE;
-    }
+    if (cost == ACT_COST_INPUT) return true;
+    if (cost == ACT_COST_GEMM) return ac != AC_FULL;
+    if (cost == ACT_COST_CHEAP) return ac == AC_NONE;
     /* END ASSIGNMENT */
     return true;
 }
@@ -137,6 +136,11 @@ unsigned ac_keep_mask(const llama_layer *layer, ac_mode ac) {
     for (int b = 0; b < layer->n; b++)
         for (int i = 0; i < layer->block[b]->n_acts; i++) {
             const block_act *a = &layer->block[b]->act[i];
+            if (a->cost == ACT_COST_UNSET) {   /* a programming error of the block's table */
+                fprintf(stderr, "ac_keep_mask: block %s's activation %d declares no recompute cost (layer.h)\n",
+                        layer->block[b]->name, a->act);
+                abort();
+            }
             if (ac_keeps(ac, a->cost)) keep |= 1u << a->act;
         }
     return keep;
@@ -178,7 +182,7 @@ const plan_technique sequence_parallel_technique = {"sequence parallel", sequenc
 
 void sequence_parallel_apply(llama_plan *plan, const llama_config *c, int B, bool sp, ac_mode ac) {
     int p = plan->groups.tp ? plan->groups.tp->size : 1, T = c->seq_len;   /* (tp 1: checkpointing only) */
-    /* (whole tokens per rank, the same count on every rank: mesh_check, with sequence_parallel) */
+    /* (whole tokens per rank, the same count on every rank: sp_mesh_rule, which mesh_create runs) */
     sp_state *s = plan_push(plan, &sequence_parallel_technique, calloc(1, sizeof(sp_state)), 0);
     s->ac = ac;
     plan->checkpoint = (checkpoint_ops){s, ac_keep_mask(llama_layer_of(c), ac), recompute};

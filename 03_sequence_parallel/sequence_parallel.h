@@ -87,8 +87,8 @@ extern const plan_technique sequence_parallel_technique;
 
 /* Adds to a chapter 01/02 plan (tp group, vocabulary-parallel ends): the checkpointing mode and,
  * when `sp`, the sequence-parallel region at the layers and at the vocabulary ends and the
- * norm-gradient reduction. (That tp divides seq_len under SP is mesh_check's rule, applied when
- * the mesh was made with sequence_parallel among its requirements.) */
+ * norm-gradient reduction. (That tp divides seq_len under SP is this technique's mesh rule,
+ * sp_mesh_rule below, which mesh_create runs.) */
 void sequence_parallel_apply(llama_plan *plan, const llama_config *c, int B, bool sp, ac_mode ac);
 
 /* Sequence parallelism's rule for mesh_create (mesh.h): each tp rank takes seq_len / (cp x tp)

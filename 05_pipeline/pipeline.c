@@ -320,8 +320,8 @@ static float pipeline_forward_backward(void *state, const llama_plan *p, llama_m
 /* ---- validation and set-up ------------------------------------------------------------------- */
 
 void pipeline_validate(int pp, const pp_options *o) {
-    /* (whole layers in every chunk and equal microbatches: mesh_check, with microbatches and
-     * virtual_stages among its requirements) */
+    /* (whole layers in every chunk and equal microbatches: pipeline_layers_rule and
+     * pipeline_microbatches_rule, which mesh_create runs) */
     char why[256];
     pp_schedule *s = pp_schedule_build(o->schedule, pp, o->microbatches, o->virtual_stages, why, sizeof why);
     if (!s) comm_exit_usage("%s", why);

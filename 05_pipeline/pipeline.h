@@ -67,7 +67,8 @@ typedef struct {
 } pp_measured;
 
 /* Refuses (exit 2, one line) a (P, M, V) that the schedule does not admit. The layers over P x V
- * chunks and the batch over M microbatches are the mesh's rules (mesh_check, mesh.h). */
+ * chunks and the batch over M microbatches are this technique's mesh rules (pipeline_layers_rule,
+ * pipeline_microbatches_rule below), which mesh_create runs. */
 void pipeline_validate(int pp, const pp_options *o);
 
 /* Adds pipeline parallelism over the mesh's pp dimension to `plan` (the single-device plan, or

@@ -59,8 +59,8 @@ void cp_chunks_of(cp_balance balance, int r, int C, int chunks[2]);
 double cp_work_formula(cp_balance balance, int r, int C, int T);
 
 /* Refuses (exit 2, one line) more cp ranks than a ring here holds (CP_MAX_RANKS). The sequence
- * in 2C chunks and, for alltoall, whole heads of a tp rank on each cp rank are the mesh's rules
- * (mesh_check, mesh.h; set heads_over_cp for alltoall). */
+ * in 2C chunks and, for alltoall, whole heads of a tp rank on each cp rank are this technique's
+ * mesh rules (cp_sequence_rule, cp_heads_rule below), which mesh_create runs. */
 void context_parallel_validate(int cp);
 
 /* Adds context parallelism over the mesh's cp dimension to `plan` (the single-device plan, or

@@ -670,7 +670,7 @@ static void float8_linear_backward(void *state, const llama_plan *p, linear_site
     float *xq = device_alloc_floats(n_x, MEM_BUFFERS);
     float *dy_cols = rowwise ? device_alloc_floats(n_dy, MEM_BUFFERS) : dyq;
     float *dW_here = dW ? device_alloc_floats(n_w, MEM_BUFFERS) : NULL;
-    /* the product alone, compared with fp32's below, then added where `how` asks */
+    /* the product alone (the GEMMs write it), then added where `how` asks */
     float *dx_here = dx && how == DX_ADD ? device_alloc_floats(n_x, MEM_BUFFERS) : dx;
 
     /* the operands */

@@ -23,17 +23,23 @@ mesh_shape parallel_mesh_shape(const parallel_options *o) {
     return s;
 }
 
-mesh_requirements parallel_mesh_requirements(const parallel_options *o, const llama_config *c, long long batch) {
-    mesh_requirements needs = {0};
+mesh_requirements parallel_mesh_rules(const llama_config *c, long long batch, parallel_mesh_choices k) {
+    mesh_requirements needs = {.names = k.names};
     mesh_require(&needs, tp_mesh_rule(c));
     mesh_require(&needs, vocab_mesh_rule(c->vocab_size, c->vocab_multiple));   /* tp > 1 always splits it (02) */
-    mesh_require(&needs, cp_sequence_rule(c->seq_len, o->sp));
-    if (o->sp) mesh_require(&needs, sp_mesh_rule(c->seq_len));
-    if (o->cp.method == CP_ALLTOALL) mesh_require(&needs, cp_heads_rule(c));
-    mesh_require(&needs, pipeline_layers_rule(c->n_layers, o->pp.virtual_stages, false));
+    mesh_require(&needs, cp_sequence_rule(c->seq_len, k.sp));
+    if (k.sp) mesh_require(&needs, sp_mesh_rule(c->seq_len));
+    if (k.heads_over_cp) mesh_require(&needs, cp_heads_rule(c));
+    mesh_require(&needs, pipeline_layers_rule(c->n_layers, k.virtual_stages, k.short_end_chunks));
     mesh_require(&needs, dp_batch_rule(batch));
-    mesh_require(&needs, pipeline_microbatches_rule(batch, o->pp.microbatches, 0));
+    mesh_require(&needs, pipeline_microbatches_rule(batch, k.microbatches, k.microbatch_size));
     return needs;
+}
+
+mesh_requirements parallel_mesh_requirements(const parallel_options *o, const llama_config *c, long long batch) {
+    parallel_mesh_choices k = {.sp = o->sp, .heads_over_cp = o->cp.method == CP_ALLTOALL,
+                               .virtual_stages = o->pp.virtual_stages, .microbatches = o->pp.microbatches};
+    return parallel_mesh_rules(c, batch, k);
 }
 
 void parallelize_validate(parallel_options *o, const llama_config *c, int batch) {

@@ -66,12 +66,21 @@ static inline bool parallel_has_fsdp(const parallel_options *o) {
  * and what a technique cannot take (a schedule, float8's shapes). */
 void parallelize_validate(parallel_options *o, const llama_config *c, int batch);
 
-/* What the mesh must divide under these options: each technique's rules (mesh.h), in this order:
- * the heads, kv heads, ffn and vocabulary over tp (01, 02); the sequence over 2 cp (06) and, with
- * sequence parallelism, cp x tp (03); all-to-all attention's heads over cp (06); the layers over
- * pp x virtual stages (05); the global batch over dp_replicate x dp_shard (04), then microbatches
- * (05). The --plan calculator asks the same techniques' rules (plan_calc_mesh), with its names,
- * the ends' shorter chunks and its microbatch size; test_plan_calculator compares the verdicts. */
+/* What the mesh must divide: each technique's rules (mesh.h), in this order: the heads, kv heads,
+ * ffn and vocabulary over tp (01, 02); the sequence over 2 cp (06) and, with sequence parallelism,
+ * cp x tp (03); all-to-all attention's heads over cp (06); the layers over pp x virtual stages
+ * (05); the global batch over dp_replicate x dp_shard (04), then microbatches (05). One list for
+ * the trainer (parallel_mesh_requirements, from its options) and the --plan calculator (its names,
+ * the ends' shorter chunks, microbatches of a given size); test_plan_calculator compares verdicts. */
+typedef struct {
+    bool sp, heads_over_cp;       /* sequence parallelism (03); all-to-all attention (06)          */
+    int virtual_stages;           /* 05: 0 or 1 for one chunk a stage                               */
+    bool short_end_chunks;        /* 05: the first and the last chunk one layer fewer (calculator)  */
+    int microbatches;             /* 05: each data rank's batch in this many pieces (0: 1), or ...  */
+    int microbatch_size;          /*   pieces of this many sequences (the calculator; 0: any)      */
+    mesh_names names;             /* whose names a refusal uses: the run's flags or the calculator's */
+} parallel_mesh_choices;
+mesh_requirements parallel_mesh_rules(const llama_config *c, long long batch, parallel_mesh_choices choices);
 mesh_requirements parallel_mesh_requirements(const parallel_options *o, const llama_config *c, long long batch);
 
 /* The degrees as a mesh_shape (for mesh_create, after parallelize_validate resolved them). */

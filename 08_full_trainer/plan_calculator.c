@@ -12,10 +12,8 @@
 #include "shard.h"
 #include "../01_transformer_tp/tp.h"
 #include "../02_loss_parallel/vocab_parallel.h"
-#include "../03_sequence_parallel/sequence_parallel.h"
-#include "../04_fsdp/data_parallel.h"
-#include "../05_pipeline/pipeline.h"
 #include "../06_context_parallel/context_parallel.h"
+#include "parallelize.h"
 #include "plan_calculator.h"
 
 // ----------------------------------------------------------------------------------------------
@@ -347,14 +345,9 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
      * cp rank's rows over tp (06, 03: sequence parallelism planned); whole layers in every chunk,
      * the first and the last one fewer allowed (05); every dp rank the same number of whole
      * microbatches of o->microbatch sequences (04, 05) */
-    mesh_requirements needs = {.names = MESH_NAMES_PLAN};
-    mesh_require(&needs, tp_mesh_rule(&c));
-    mesh_require(&needs, vocab_mesh_rule(c.vocab_size, c.vocab_multiple));
-    mesh_require(&needs, cp_sequence_rule(c.seq_len, true));
-    mesh_require(&needs, sp_mesh_rule(c.seq_len));
-    mesh_require(&needs, pipeline_layers_rule(c.n_layers, o->virtual_stages, true));
-    mesh_require(&needs, dp_batch_rule(seqs));
-    mesh_require(&needs, pipeline_microbatches_rule(seqs, 0, o->microbatch));
+    mesh_requirements needs = parallel_mesh_rules(&c, seqs, (parallel_mesh_choices){
+        .sp = true, .virtual_stages = o->virtual_stages, .short_end_chunks = true, .microbatch_size = o->microbatch,
+        .names = MESH_NAMES_PLAN});
     int g[MESH_NDIMS];
     if (!resolve_mesh(o, mesh, g, why, whylen)) return -1;
     int P = g[MESH_PP], R = g[MESH_DP_REPLICATE], C = g[MESH_CP], t = g[MESH_TP], V = o->virtual_stages;

@@ -97,6 +97,7 @@ import os
 import re
 import struct
 import sys
+import traceback
 
 import numpy as np
 import torch
@@ -901,7 +902,11 @@ def main(argv):
     for directory in argv[1:]:
         report = os.path.join(directory, "reference.txt") if os.path.isdir(directory) else os.devnull
         with open(report, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-            status = check_one(directory)
+            try:
+                status = check_one(directory)
+            except Exception:   # one dump's crash is its failure, not the batch's
+                traceback.print_exc()
+                status = 2
         print(f"{directory} {status}", flush=True)
         worst = max(worst, status)
     return worst

@@ -53,12 +53,12 @@ float8_dump=${float8_dump:-$any_float8_dump}
 if [ -z "$float8_dump" ]; then
     echo "no float8 dump was reproduced: the tamper check has nothing to tamper"; bad=$((bad+1))
 fi
-for what in grad loss; do
+for part in grad loss; do
     [ -n "$float8_dump" ] || break
     rm -rf "$tmp/tampered"; cp -r "$float8_dump" "$tmp/tampered"
-    $py tests/tamper_dump.py "$tmp/tampered" $what
+    $py tests/tamper_dump.py "$tmp/tampered" $part
     if $py tests/reference_torch.py "$tmp/tampered" >"$tmp/ref.txt" 2>&1; then
-        echo "a float8 dump with its $what tampered: PyTorch passed it"; tail -8 "$tmp/ref.txt"; bad=$((bad+1))
+        echo "a float8 dump with its $part tampered: PyTorch passed it"; tail -8 "$tmp/ref.txt"; bad=$((bad+1))
     else
         tampered=$((tampered+1))
     fi

@@ -142,6 +142,13 @@ int main(int argc, char **argv) {
                 double r2 = typed_case(33, 70, 129, ta, tb, (dtype)c, 1.0f, 0.0f);
                 CHECK(r1 <= 1 && r2 <= 1, "matmul_typed ta=%d tb=%d C %s: error %.3g and %.3g of the bound", ta, tb,
                       dtype_name((dtype)c), r1, r2);
+                /* the CPU's path without oneDNN's bf16 (no AVX-512): widened to an fp32 sgemm */
+                setenv("GEMM_BF16_WIDEN", "1", 1);
+                r1 = typed_case(M, N, K, ta, tb, (dtype)c, 0.5f, 2.0f);
+                r2 = typed_case(33, 70, 129, ta, tb, (dtype)c, 1.0f, 0.0f);
+                unsetenv("GEMM_BF16_WIDEN");
+                CHECK(r1 <= 1 && r2 <= 1, "widened ta=%d tb=%d C %s: error %.3g and %.3g of the bound", ta, tb,
+                      dtype_name((dtype)c), r1, r2);
             }
 
     /* the tuple itself: C = A B^T (a linear layer) must become cuBLAS (T, N, out, rows, in) */

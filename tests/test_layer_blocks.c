@@ -75,9 +75,9 @@ static const layer_block wide_feed_forward = {
                {.kind = P_W3, .name = "feed_forward.w3.weight", .rows = DIM_F, .cols = DIM_D, .init_std = 0.02f,
                 .rows_times = 2}},
     .n_acts = 3,
-    .act = {{.act = ACT_FFN_A, .rows = ROWS_REGION, .cols = COLS_F, .times = 2},
-            {.act = ACT_FFN_B, .rows = ROWS_REGION, .cols = COLS_F, .times = 2},
-            {.act = ACT_FFN_G, .rows = ROWS_REGION, .cols = COLS_F, .times = 2}},
+    .act = {{.act = ACT_FFN_A, .rows = ROWS_REGION, .cols = COLS_F, .times = 2, .cost = ACT_COST_GEMM},
+            {.act = ACT_FFN_B, .rows = ROWS_REGION, .cols = COLS_F, .times = 2, .cost = ACT_COST_GEMM},
+            {.act = ACT_FFN_G, .rows = ROWS_REGION, .cols = COLS_F, .times = 2, .cost = ACT_COST_CHEAP}},
     .forward = wide_forward, .backward = wide_backward};
 static const llama_layer wide_layer = {
     .name = "llama, wide feed-forward", .n = 4,

@@ -4,6 +4,7 @@
 #   install  apt-get install what is missing (as root, or through sudo)
 #   core     what building and running the chapters needs (make, make run-NN)
 #   all      also PyTorch, which the test suite uses to re-run the --dump exports (default)
+# BACKEND=cuda (the Makefile passes its own) leaves out what only the CPU backend links (oneDNN).
 # CUDA and NCCL are not installed here: they come with the CUDA Toolkit (set CUDA_HOME).
 set -u
 mode=${1:-check}; scope=${2:-all}
@@ -18,7 +19,10 @@ have_cmd mpicc && have_cmd mpirun        || missing+=(openmpi-bin libopenmpi-dev
 # BLAS (libblas-dev) has a cblas.h without them. BLAS_CFLAGS/BLAS_LIBS override the flags.
 "$(dirname "$0")/blas.sh" probe >/dev/null 2>&1 || missing+=(libopenblas-dev)
 have_header cjson/cJSON.h                || missing+=(libcjson-dev)
-have_header oneapi/dnnl/dnnl.h           || missing+=(libdnnl-dev)  # oneDNN: bf16 GEMMs on the CPU (gemm_cpu.c)
+# oneDNN 2.x: the bf16 GEMMs of the CPU backend (gemm_cpu.c); the CUDA build does not link it
+if [ "${BACKEND:-cpu}" = cpu ]; then
+    have_header oneapi/dnnl/dnnl.h       || missing+=(libdnnl-dev)
+fi
 have_header zlib.h                       || missing+=(zlib1g-dev)   # crc32: chapter 08's checkpoints
 have_cmd gnuplot                         || missing+=(gnuplot-nox)
 have_cmd make && have_cmd cc             || missing+=(build-essential)

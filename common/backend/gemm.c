@@ -5,6 +5,8 @@
  * transa = trans_b, transb = trans_a, and the same leading dimensions (a row-major leading
  * dimension is the column-major one of the transposed view).
  */
+#include <stdio.h>
+#include <stdlib.h>
 #include "comm.h"
 #include "gemm.h"
 
@@ -32,6 +34,14 @@ void matmul(float *C, const float *A, const float *B, int M, int N, int K,
     gemm_args g = gemm_args_from_row_major(trans_a, trans_b, M, N, K, 0, 0, 0);
     gemm_colmajor(&g, alpha, B, A, beta, C);
     comm_progress_in_flight();   /* the transfers in flight move between the GEMMs (comm.h) */
+}
+
+void gemm_check_types(dtype ab, dtype c) {
+    bool known = (ab == DTYPE_F32 || ab == DTYPE_BF16) && (c == DTYPE_F32 || c == DTYPE_BF16);
+    if (known && !(ab == DTYPE_F32 && c == DTYPE_BF16)) return;
+    fprintf(stderr, "gemm: %s operands into a %s C: the typed GEMM takes fp32 into fp32 and bf16 into fp32 or bf16\n",
+            dtype_name(ab), dtype_name(c));
+    abort();
 }
 
 void matmul_typed(void *C, dtype c, const void *A, const void *B, dtype ab, int M, int N, int K, bool trans_a,

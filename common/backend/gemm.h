@@ -37,19 +37,24 @@ void gemm_colmajor_strided_batched(const gemm_args *g, float alpha,
                                    const float *second, long long stride_second, float beta,
                                    float *C, long long stride_c, int batch);
 
-/* The typed call: the operands `first` and `second` of element type `ab`, C of type `c` (dtype.h:
- * fp32 or bf16), the products accumulated in fp32 and rounded once to C's type (beta reads C in
- * its type). fp32 throughout is gemm_colmajor itself. Otherwise gemm_cpu.c runs oneDNN's matmul
- * (AVX512-BF16 or AMX where the CPU has them) and gemm_cuda.cu cublasGemmEx, CUBLAS_COMPUTE_32F. */
+/* The typed call: the operands `first` and `second` of element type `ab`, C of type `c` (dtype.h),
+ * the products accumulated in fp32 and rounded once to C's type (beta reads C in its type). The
+ * pairs: fp32 operands and C (gemm_colmajor itself), bf16 operands with an fp32 or a bf16 C; fp32
+ * operands into a bf16 C are refused (gemm_check_types: neither cuBLAS nor oneDNN takes them). bf16
+ * runs on oneDNN's matmul in gemm_cpu.c (AVX512-BF16 or AMX where the CPU has them; widened to an
+ * fp32 sgemm where oneDNN offers no bf16, or when the environment sets GEMM_BF16_WIDEN, as test_gemm
+ * does to check that path) and on cublasGemmEx, CUBLAS_COMPUTE_32F, in gemm_cuda.cu. */
 void gemm_colmajor_typed(const gemm_args *g, float alpha, const void *first, const void *second, dtype ab,
                          float beta, void *C, dtype c);
+/* Aborts, naming the pair, on operand and output types the typed call does not take. */
+void gemm_check_types(dtype ab, dtype c);
 
 /* Row-major conveniences built on the calls above. */
 /* C[M,N] = alpha * op(A) op(B) + beta * C, packed operands. */
 void matmul(float *C, const float *A, const float *B, int M, int N, int K,
             bool trans_a, bool trans_b, float alpha, float beta);
 /* The same with typed operands (mixed precision): A and B of type `ab`, C of type `c`, accumulated
- * in fp32 (gemm_colmajor_typed). matmul_typed(C, DTYPE_F32, A, B, DTYPE_F32, ...) is matmul. */
+ * in fp32 (gemm_colmajor_typed's pairs). matmul_typed(C, DTYPE_F32, A, B, DTYPE_F32, ...) is matmul. */
 void matmul_typed(void *C, dtype c, const void *A, const void *B, dtype ab, int M, int N, int K, bool trans_a,
                   bool trans_b, float alpha, float beta);
 /* Same with explicit row-major leading dimensions and `batch` matrices at the given strides

@@ -2,9 +2,14 @@
  * (bf16) products through oneDNN's matmul. */
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "gemm.h"
+
+#if DNNL_VERSION_MAJOR != 2
+#error "gemm_cpu.c is written for oneDNN 2.x's C API (Debian 12's libdnnl-dev 2.6); oneDNN 3 renamed its descriptors"
+#endif
 
 static enum CBLAS_TRANSPOSE to_cblas(char t) { return t == 'T' ? CblasTrans : CblasNoTrans; }
 
@@ -26,11 +31,12 @@ void gemm_colmajor_strided_batched(const gemm_args *g, float alpha,
 
 /* ---- typed products: oneDNN's matmul ---------------------------------------------------------
  * OpenBLAS 0.3.21 (Debian 12) has no bf16 GEMM; oneDNN's matmul takes bf16 operands, accumulates
- * in fp32 and writes fp32 or bf16, on AVX512-BF16 or AMX tiles where the CPU has them (measured on
- * a 2-core Sapphire Rapids, one thread: [2048 x 512] x [512 x 1408] in 4.2 ms against 18.2 ms for
- * OpenBLAS's sgemm and 19.1 ms for widening to fp32 then sgemm; docs/performance.md). oneDNN
- * caches the primitives it creates, so building one per call costs a few microseconds after the
- * first of each shape. */
+ * in fp32 and writes fp32 or bf16, on AVX512-BF16 or AMX tiles where the CPU has them: a quarter
+ * of sgemm's time on this project's machine (tools/bench_gemm_bf16.c; docs/performance.md, "bf16
+ * GEMMs on the CPU"). oneDNN 2.x offers bf16 only on CPUs with AVX-512; elsewhere (AVX2) the
+ * product is computed by widening the operands to fp32 (exact), sgemm, and one rounding of a bf16
+ * C: the same arithmetic, slower. oneDNN caches the primitives it creates, so building one per
+ * call costs a few microseconds after the first of each shape. */
 
 static void dnnl_check(dnnl_status_t status, const char *what) {
     if (status == dnnl_success) return;
@@ -60,13 +66,45 @@ static dnnl_memory_desc_t matrix_desc(int rows, int cols, long long row_stride, 
     return md;
 }
 
+/* A column-major bf16 matrix [rows, cols] with leading dimension ld, widened into fp32 (the same
+ * layout, exact). */
+static float *widened(const void *x, int rows, int cols, int ld) {
+    size_t n = (size_t)(cols - 1) * ld + rows;
+    float *w = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) w[i] = bf16_to_float(((const uint16_t *)x)[i]);
+    return w;
+}
+
+/* Without oneDNN's bf16 (a CPU without AVX-512): the operands widened to fp32, sgemm into fp32 (C
+ * read in its type when beta is not 0), then one rounding of a bf16 C. */
+static void widened_gemm(const gemm_args *g, float alpha, const void *first, const void *second, float beta,
+                         void *C, dtype c) {
+    int first_rows = g->transa == 'T' ? g->k : g->m, first_cols = g->transa == 'T' ? g->m : g->k;
+    int second_rows = g->transb == 'T' ? g->n : g->k, second_cols = g->transb == 'T' ? g->k : g->n;
+    float *a = widened(first, first_rows, first_cols, g->lda), *b = widened(second, second_rows, second_cols, g->ldb);
+    float *out = c == DTYPE_BF16 ? widened(C, g->m, g->n, g->ldc) : C;
+    gemm_colmajor(g, alpha, a, b, beta, out);
+    if (c == DTYPE_BF16)
+        for (int j = 0; j < g->n; j++)
+            for (int i = 0; i < g->m; i++)
+                ((uint16_t *)C)[(size_t)j * g->ldc + i] = bf16_from_float(out[(size_t)j * g->ldc + i]);
+    free(a);
+    free(b);
+    if (out != C) free(out);
+}
+
 /* The column-major tuple read back as the row-major product it came from (gemm.c): C [M, N] =
  * op(A) [M, K] op(B) [K, N] with A = second, B = first; a transposed operand is the same memory
  * read with its strides swapped. */
 void gemm_colmajor_typed(const gemm_args *g, float alpha, const void *first, const void *second, dtype ab,
                          float beta, void *C, dtype c) {
-    if (ab == DTYPE_F32 && c == DTYPE_F32) {
+    gemm_check_types(ab, c);
+    if (ab == DTYPE_F32) {
         gemm_colmajor(g, alpha, first, second, beta, C);
+        return;
+    }
+    if (getenv("GEMM_BF16_WIDEN")) {   /* the path of a CPU without AVX-512, forced (test_gemm) */
+        widened_gemm(g, alpha, first, second, beta, C, c);
         return;
     }
     int M = g->n, N = g->m, K = g->k;
@@ -89,7 +127,14 @@ void gemm_colmajor_typed(const gemm_args *g, float alpha, const void *first, con
     dnnl_matmul_desc_t desc;
     DNNL(dnnl_matmul_desc_init(&desc, &a_md, &b_md, NULL, &c_md));
     dnnl_primitive_desc_t pd;
-    DNNL(dnnl_primitive_desc_create(&pd, &desc, attr, engine, NULL));
+    dnnl_status_t offered = dnnl_primitive_desc_create(&pd, &desc, attr, engine, NULL);
+    if (offered == dnnl_unimplemented) {   /* no bf16 on this CPU (oneDNN 2.x needs AVX-512) */
+        if (post_ops) dnnl_post_ops_destroy(post_ops);
+        dnnl_primitive_attr_destroy(attr);
+        widened_gemm(g, alpha, first, second, beta, C, c);
+        return;
+    }
+    DNNL(offered);
     dnnl_primitive_t matmul;
     DNNL(dnnl_primitive_create(&matmul, pd));
     dnnl_memory_t a_mem, b_mem, c_mem;

@@ -46,7 +46,8 @@ static cudaDataType_t cuda_type(dtype t) { return t == DTYPE_BF16 ? CUDA_R_16BF 
 
 void gemm_colmajor_typed(const gemm_args *g, float alpha, const void *first, const void *second, dtype ab,
                          float beta, void *C, dtype c) {
-    if (ab == DTYPE_F32 && c == DTYPE_F32) {
+    gemm_check_types(ab, c);
+    if (ab == DTYPE_F32) {
         gemm_colmajor(g, alpha, (const float *)first, (const float *)second, beta, (float *)C);
         return;
     }

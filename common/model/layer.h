@@ -51,10 +51,10 @@ typedef enum { ROWS_STREAM, ROWS_REGION, ROWS_1, N_ROWS } act_rows;             
 typedef enum { COLS_D, COLS_1, COLS_Q, COLS_KV, COLS_F, COLS_V, COLS_PROBS, COLS_LOSS, N_COLS } act_cols;
 /* What bringing an activation back would cost, for activation checkpointing (chapter 03 says which
  * costs each mode keeps): the output of a GEMM, of the attention or of a collective (expensive to
- * redo; 0, the default), the layer's input (everything else is recomputed from it), or the output
- * of element-wise or row-wise work (a norm, the softmax, SwiGLU's product: cheap to redo, and as
- * large as a GEMM's output or larger). */
-typedef enum { ACT_COST_GEMM = 0, ACT_COST_INPUT, ACT_COST_CHEAP } act_cost;
+ * redo), the layer's input (everything else is recomputed from it), or the output of element-wise
+ * or row-wise work (a norm, the softmax, SwiGLU's product: cheap to redo, and as large as a GEMM's
+ * output or larger). Every activation declares one: 0, ACT_COST_UNSET, is refused. */
+typedef enum { ACT_COST_UNSET = 0, ACT_COST_GEMM, ACT_COST_INPUT, ACT_COST_CHEAP } act_cost;
 /* One activation a block saves: slot `act` (plan.h's ACT_*) of [rows, times x cols] (times 0: 1),
  * elements of `type` (0: fp32), whose size its bytes are counted in, and its recompute cost. */
 typedef struct { int act; act_rows rows; act_cols cols; int times; dtype type; act_cost cost; } block_act;

@@ -1,5 +1,6 @@
 /* mesh.h: the 5-D device mesh  pp x dp_replicate x dp_shard x cp x tp = world size, and the one
- * place where its degrees are checked against the model and the batch.
+ * function that checks its degrees against the model and the batch (mesh_check, running the
+ * rules the techniques contribute).
  *
  * Ranks are laid out row-major with tp innermost (torchtitan's order), so the ranks of one
  * tensor-parallel group are neighbours (on one node, on the fastest links):
@@ -47,8 +48,8 @@ typedef struct {
 } mesh_view;
 
 /* One divisibility rule of a technique, as data: its check and the sizes it reads (plain numbers:
- * parallel/ sits below model/). A technique contributes its rules (tp_mesh_rules in chapter 01,
- * pipeline_mesh_rules in 05, ...) and mesh_check runs them in the order they were added, so a new
+ * parallel/ sits below model/). A technique contributes its rules (tp_mesh_rule in chapter 01,
+ * pipeline_layers_rule and pipeline_microbatches_rule in 05, ...) and mesh_check runs them in the order they were added, so a new
  * technique brings its own rule without a field here (tests/test_mesh.c adds one). check returns
  * NULL when the degrees admit the sizes; otherwise `why`, filled with one line that names the
  * value, the rule and what is valid (mesh_refuse). */
