@@ -111,13 +111,16 @@ def main():
                 lay["exercises"].append(name)
             exercises.append(ex)
 
-    # the TODOs a student copy still holds, each given to the exercise whose region it names
+    # the TODOs a student copy still holds, each given to the exercise whose region it names. Only
+    # an exercise's own TODO (assignment) counts: a "TODO (removed from the student copy: ...)"
+    # placeholder stands for a solution passage taken out of the text (a printed formula, a
+    # comment), which a student does not write and make grade's sandbox puts back as it was, so it
+    # would mark a finished exercise unfinished for ever
     todos = []
-    # (in the code a student writes: a passage removed from a header's comment is no exercise)
     for src in sorted(glob.glob(os.path.join(chapter_dir, "*.c")) + glob.glob(os.path.join(chapter_dir, "*.cu"))):
         with open(src, errors="replace") as f:
             for n, line in enumerate(f, 1):
-                if "TODO (assignment)" in line or "TODO (removed from the student copy" in line:
+                if "TODO (assignment)" in line:
                     todos.append((f"{src}:{n}", line.strip()))
     unclaimed = []
     for where, text in todos:
@@ -133,17 +136,52 @@ def main():
     # memory and traffic formulas fail every layout until they are written, the warm-ups' too).
     for ex in exercises:
         ex.setdefault("todo", [])
+    by_name = {ex["name"]: ex for ex in exercises}
+    def credited_formulas(lay, ex):
+        return (lay["detail"] == "formulas-only" and not ex["todo"]
+                and any(o is not ex and o["todo"] for o in exercises if o["name"] in lay["exercises"]))
+    # Blame: a failing layout that grades several exercises costs the one most likely at fault, not
+    # every one. How far an exercise's code is seen to work: 2 when one of its pass, unit or script
+    # layouts passed, 1 when one at best matched the baseline and failed only on a formula, 0 when
+    # none did; it is convicted when a failing layout grades it alone. An exercise is worse off than
+    # another when it still has its TODO (and the other not), else when it is convicted (and the
+    # other not), else when its code is seen to work less. Exercise X keeps a failing layout's share
+    # when X has no TODO left, its code is seen to work (1 or 2), and another exercise Y of the
+    # layout explains every failure of X (each layout X fails, Y grades and fails) and is worse off.
+    # (06: a wrong ring fails the ring's layouts, which the merge grades too; the merge passes the
+    # all-gather's: the ring loses them, the merge keeps them.) Where nothing tells them apart, each
+    # loses it; one of a failing layout's exercises always does (worse off is a strict order).
+    fails = {ex["name"]: {lay["line"] for lay in ex["layouts"] if not lay["passed"]} for ex in exercises}
+    seen = {ex["name"]: max([0] + [2 if lay["passed"] else 1 if lay["detail"] == "formulas-only" else 0
+                                   for lay in ex["layouts"] if lay["expect"] != "fail"]) for ex in exercises}
+    convicted = {ex["name"]: any(not lay["passed"] and lay["exercises"] == [ex["name"]] for lay in ex["layouts"])
+                 for ex in exercises}
+    badness = {ex["name"]: (bool(ex["todo"]), convicted[ex["name"]], -seen[ex["name"]]) for ex in exercises}
+    def worse(o, ex):
+        return fails[ex["name"]] <= fails[o["name"]] and badness[o["name"]] > badness[ex["name"]]
+    def blamed_on(lay, ex):
+        """The exercises of failing layout lay that take the blame instead of ex, or []."""
+        if ex["todo"] or not seen[ex["name"]]:
+            return []
+        return [o for o in (by_name[n] for n in lay["exercises"] if n != ex["name"]) if worse(o, ex)]
     def behaves(lay, ex):
         if lay["passed"]:
             return True
-        return (lay["detail"] == "formulas-only" and not ex["todo"]
-                and any(o is not ex and o["todo"] for o in exercises if o["name"] in lay["exercises"]))
+        return credited_formulas(lay, ex) or bool(blamed_on(lay, ex))
 
     total = possible = 0.0
     for ex in exercises:
         p_lays = [lay for lay in ex["layouts"] if lay["expect"] != "fail"]
         f_lays = [lay for lay in ex["layouts"] if lay["expect"] == "fail"]
-        ex["credited"] = sum(behaves(lay, ex) and not lay["passed"] for lay in ex["layouts"])
+        ex["credited"] = sum(credited_formulas(lay, ex) for lay in ex["layouts"] if not lay["passed"])
+        ex["blamed"] = []   # the exercises whose fault its failing layouts are counted as
+        for lay in ex["layouts"]:
+            if not lay["passed"] and not credited_formulas(lay, ex):
+                for o in blamed_on(lay, ex):
+                    if o["name"] not in ex["blamed"] and not blamed_on(lay, o):
+                        ex["blamed"].append(o["name"])
+        ex["excused"] = sum(not lay["passed"] and not credited_formulas(lay, ex) and bool(blamed_on(lay, ex))
+                            for lay in ex["layouts"])
         share = sum(behaves(lay, ex) for lay in ex["layouts"]) / len(ex["layouts"]) if ex["layouts"] else 0.0
         if p_lays and not any(behaves(lay, ex) for lay in p_lays):
             share = 0.0   # a bug caught by code that does nothing earns nothing
@@ -170,7 +208,10 @@ def main():
             if ex["credited"]:
                 line += (f" ({ex['credited']} of them matched the baseline and failed only on the formulas of an "
                          f"unfinished exercise: counted)")
-            elif ex["status"] == "failing":
+            if ex["excused"]:
+                line += (f" ({ex['excused']} of them failed, blamed on {', '.join(ex['blamed'])}: every layout this "
+                         f"exercise fails grades that one too, which does worse; counted)")
+            if ex["status"] == "failing" and not (ex["credited"] or ex["excused"]):
                 shared = [o["name"] for o in exercises if o is not ex and o["status"] == "unfinished"
                           and any(lay in o["layouts"] and not lay["passed"] for lay in ex["layouts"])]
                 if shared:
@@ -197,8 +238,9 @@ def main():
         doc = {
             "chapter": nn,
             "points": round(total, 2),
-            "possible": possible,
+            "possible": round(possible, 2),
             "exercises": [{k: ex[k] for k in ("name", "points", "possible", "status", "passed", "total", "todo")}
+                          | ({"blamed_on": ex["blamed"]} if ex["blamed"] else {})
                           | {"layouts": [lay["line"] for lay in ex["layouts"]]} for ex in exercises],
             "layouts": [{"line": lay["line"], "layout": lay["text"], "expect": lay["expect"],
                          # a deliberate bug's layout reads as what happened to the bug
