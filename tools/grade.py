@@ -9,9 +9,11 @@ a regular expression may hold "|" without spaces):
     name | points | regions | checks | units
   name     a short id (no spaces), the column of `make grade`'s CSV
   points   what the exercise is worth
-  regions  ";"-separated substrings of the TODO lines a student copy holds for it (the region's
-           BEGIN ASSIGNMENT task text, or a BEGIN SOLUTION passage's note): while one is left and
-           a layout fails, the exercise is "unfinished" and the TODO is named
+  regions  ";"-separated substrings of the TODO (assignment) lines a student copy holds for it
+           (its regions' BEGIN ASSIGNMENT task text): while one is left and a layout fails, the
+           exercise is "unfinished" and the TODO is named. A "TODO (removed from the student copy
+           ...)" placeholder (a solution passage of the text) is nobody's unfinished work: code
+           the student must write is an assignment region, so that make grade takes it
   checks   ";"-separated regular expressions (Python re.search) over checks.txt's layout lines
            with the whitespace collapsed ("2 pass --schedule 1f1b --microbatches 4 --steps 3"):
            the layouts that grade the exercise; empty for none
@@ -25,7 +27,11 @@ unit and script layouts passes: an exercise not written earns nothing even where
 bug is caught anyway. Code that goes around the operator a fault replaces loses the share of the
 bug it hides, with a line that says so. A layout that matched the baseline and failed only on its
 measured-beside-formula figures (run_checks.sh's detail formulas-only) behaves for an exercise with
-no TODO left while another exercise it grades still has its TODO (a formula not yet written). Prints the table; --json writes the machine-readable result. Exit 0, or 2 when
+no TODO left while another exercise it grades still has its TODO (a formula not yet written).
+Blame: a failing layout that grades several exercises costs the one most likely at fault (see
+"Blame" below: an exercise seen to work elsewhere keeps it when another explains its failures and
+does worse). Points and totals to 2 decimals; in grade.json a deliberate bug's layout reads
+"caught" or "not caught". Prints the table; --json writes the machine-readable result. Exit 0, or 2 when
 exercises.txt is malformed (a check that matches no layout, a unit not in checks.txt).
 """
 import glob
