@@ -44,9 +44,10 @@ for dir in [0-9][0-9]_*/; do
            [ "$(grep -c ' unfinished: TODO at ' "$tmp/o.txt")" -ne "$(grep -vc '^ *\(#\|$\)' "$dir/exercises.txt")" ]; then
             echo "FAIL  the student copy of $nn: a TODO no exercise names, or an exercise with no TODO:"; sed 's/^/      | /' "$tmp/o.txt"; bad=$((bad+1))
         fi
-        # ... and with its TODO (assignment) lines answered (here: deleted), none is unfinished: a
-        # "TODO (removed from the student copy ...)" placeholder is no exercise's unfinished work
-        sed -i '/TODO (assignment)/d' "$tmp/c$nn/$dir"*.c
+        # ... and with its TODO (assignment) lines answered (here: a line of code for each), none is
+        # unfinished: a "TODO (removed from the student copy ...)" placeholder is no exercise's
+        # unfinished work
+        sed -i 's|/\* TODO (assignment): .*|answered();|' "$tmp/c$nn/$dir"*.c
         (cd "$tmp/c$nn" && python3 tools/grade.py "$nn" "$tmp/fail.tsv") >"$tmp/o.txt" 2>&1
         if grep -q ' unfinished' "$tmp/o.txt"; then
             echo "FAIL  the student copy of $nn, its TODOs answered: an exercise still unfinished:"; sed 's/^/      | /' "$tmp/o.txt"; bad=$((bad+1))
@@ -209,6 +210,8 @@ if float(rows["complete"]["total"]) != c["possible"] or float(rows["partial"]["t
 if float(rows["partial"]["03:selective-recompute"]) != 0 or float(rows["complete"]["03:selective-recompute"]) != lost: print("CSV's exercise column"); bad += 1
 x = json.load(open(f"{subs}/cheat/grade.json"))
 if x["points"] >= x["possible"]: print(f"cheat: {x['points']} of {x['possible']}"); bad += 1
+if any(e["status"] not in ("unfinished", "done") for e in x["exercises"]):   # its answers are empty
+    print(f"cheat: an empty answer not unfinished: {[(e['name'], e['status']) for e in x['exercises']]}"); bad += 1
 if "common/harness/parity.c (changed)" not in x.get("ignored", []) or not any(i.startswith("tools/grade.py (not a plain file") for i in x.get("ignored", [])):
     print(f"cheat: ignored = {x.get('ignored')}"); bad += 1
 if c.get("ignored") or p.get("ignored"): print(f"complete/partial changed nothing else, yet ignored: {c.get('ignored')} {p.get('ignored')}"); bad += 1

@@ -11,7 +11,8 @@ a regular expression may hold "|" without spaces):
   points   what the exercise is worth
   regions  ";"-separated substrings of the TODO (assignment) lines a student copy holds for it
            (its regions' BEGIN ASSIGNMENT task text): while one is left and a layout fails, the
-           exercise is "unfinished" and the TODO is named. A "TODO (removed from the student copy
+           exercise is "unfinished" and the TODO is named (so is an answer left empty: its TODO
+           deleted, nothing but comments between its ANSWER lines). A "TODO (removed from the student copy
            ...)" placeholder (a solution passage of the text) is nobody's unfinished work: code
            the student must write is an assignment region, so that make grade takes it
   checks   ";"-separated regular expressions (Python re.search) over checks.txt's layout lines
@@ -39,6 +40,10 @@ import json
 import os
 import re
 import sys
+
+
+ANSWER_BEGIN = re.compile(r"^\s*/\*\s*ANSWER BEGIN \(assignment\):\s*(.*?)\s*\*/\s*$")
+ANSWER_END = re.compile(r"^\s*/\*\s*ANSWER END \(assignment\):\s*(.*?)\s*\*/\s*$")
 
 
 def fail(msg):
@@ -122,12 +127,26 @@ def main():
     # placeholder stands for a solution passage taken out of the text (a printed formula, a
     # comment), which a student does not write and make grade's sandbox puts back as it was, so it
     # would mark a finished exercise unfinished for ever
+    # An answer left empty (its TODO deleted, nothing but comments between its ANSWER lines) is
+    # unfinished too: it would otherwise count as written code.
     todos = []
     for src in sorted(glob.glob(os.path.join(chapter_dir, "*.c")) + glob.glob(os.path.join(chapter_dir, "*.cu"))):
         with open(src, errors="replace") as f:
-            for n, line in enumerate(f, 1):
-                if "TODO (assignment)" in line:
-                    todos.append((f"{src}:{n}", line.strip()))
+            lines = f.read().split("\n")
+        task, start, body = None, 0, []
+        for n, line in enumerate(lines, 1):
+            if "TODO (assignment)" in line:
+                todos.append((f"{src}:{n}", line.strip()))
+            b, e = ANSWER_BEGIN.match(line), ANSWER_END.match(line)
+            if b:
+                task, start, body = b.group(1), n, []
+            elif e and task is not None:
+                code = re.sub(r"/\*.*?\*/|//[^\n]*", "", "\n".join(body), flags=re.S).strip()
+                if not code and not any("TODO (assignment)" in x for x in body):
+                    todos.append((f"{src}:{start}", f"TODO (assignment): {task} (an empty answer)"))
+                task = None
+            elif task is not None:
+                body.append(line)
     unclaimed = []
     for where, text in todos:
         owners = [ex for ex in exercises if any(r in text for r in ex["regions"])]
