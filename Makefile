@@ -289,12 +289,14 @@ plot-%: chapter-exists-% all
 assignment-%:
 	@./tools/make_assignment.sh $* $(or $(DEST),$(abspath $(CURDIR)/../student-$*))
 
-# make grade DIR=submissions/ [CSV=DIR/grades.csv]: every student copy in DIR (a folder made by
-# make assignment-NN, edited by a student) built and graded per exercise as its make check-NN
-# grades it, with this tutorial's graders; one CSV of the points (tools/grade_many.sh).
+# make grade DIR=submissions/ [CSV=DIR/grades.csv] [JOBS=N]: every student copy in DIR (a folder
+# made by make assignment-NN, edited by a student) built and graded per exercise as its make
+# check-NN grades it, with this tutorial's graders; one CSV of the points (tools/grade_many.sh).
+# JOBS=N grades N submissions at once, each in its own sandbox (make's own -j does not reach a
+# recipe's script); the CSV is the same as one at a time.
 .PHONY: grade
 grade:
-	@./tools/grade_many.sh "$(DIR)" "$(or $(CSV),$(DIR)/grades.csv)" $(BACKEND)
+	@JOBS="$(or $(JOBS),1)" ./tools/grade_many.sh "$(DIR)" "$(or $(CSV),$(DIR)/grades.csv)" $(BACKEND)
 
 bench-%: chapter-exists-% all
 	@d=$(call chapter_dir,$*); [ -x $$d/bench.sh ] || { echo "chapter $* has no benchmark"; exit 2; }
@@ -365,7 +367,7 @@ help:
 	@echo "make readme-outputs   rewrite the READMEs' output blocks (<!-- output: ... -->) from real runs"
 	@echo "make check-readme     compare the READMEs' output blocks with real runs; check their links and file names"
 	@echo "make assignment-NN    a student copy in ../student-NN (beside the repository) with the chapter's exercises removed"
-	@echo "make grade DIR=...    grade every student copy in DIR per exercise (check-NN in each), one CSV (docs/course.md)"
+	@echo "make grade DIR=...    grade every student copy in DIR per exercise (check-NN in each), one CSV; JOBS=N grades N at once (docs/course.md)"
 	@echo "make test             every unit test, chapter check and scripted test; last line 'N passed, N failed'"
 	@echo "make cuda             compile and link every CUDA source with nvcc (sm_75, sm_80, sm_90 + PTX), warnings as errors"
 	@echo "make sanitize         unit tests and chapter layouts under ASan + UBSan + LeakSanitizer (build/sanitize)"

@@ -91,7 +91,7 @@ static void build_interleaved(pp_schedule *s, int r) {
  * one stage per rank). The I's need no W, so the last microbatch's I passes each rank in one
  * unit: rank r gets it r units before the last rank ends, and runs its r kept-back W's then. */
 static void build_zb_h1(pp_schedule *s, int r) {
-    /* BEGIN SOLUTION: exercise 2a, rank r's ZB-H1 list: as the comment above says, with push(s, r, op, mb, r) */
+    /* BEGIN ASSIGNMENT: exercise 2a, rank r's ZB-H1 list: as the comment above says, with push(s, r, op, mb, r) */
     int M = s->M, warmup = min_int(M, s->P - 1 - r), next_w = 0;
     for (int mb = 0; mb < warmup; mb++) push(s, r, PP_F, mb, r);
     for (int j = 0; j < M; j++) {
@@ -100,7 +100,7 @@ static void build_zb_h1(pp_schedule *s, int r) {
         if (j - next_w >= r) push(s, r, PP_W, next_w++, r);
     }
     while (next_w < M) push(s, r, PP_W, next_w++, r);
-    /* END SOLUTION */
+    /* END ASSIGNMENT */
 }
 
 pp_schedule *pp_schedule_build(pp_schedule_kind k, int P, int M, int V, char *why, size_t len) {

@@ -254,7 +254,7 @@ static void kv_backward(cp_state *s, const cp_shape *z, float *dq, float *dk, fl
     device_zero(dkv, n * sizeof(float));
     int next = (s->r + 1) % s->C, prev = (s->r + s->C - 1) % s->C, chunks[2];
     if (s->o.method == CP_RING) {
-        /* BEGIN SOLUTION: exercise 2b, the ring's backward: C steps; at step t the block of rank r - t is in hand; dq stays home, the block's gradient dkv travels with it and ends at its owner (README: Backward) */
+        /* BEGIN ASSIGNMENT: exercise 2b, the ring's backward: C steps; at step t the block of rank r - t is in hand; dq stays home, the block's gradient dkv travels with it and ends at its owner (README: Backward) */
         /* step t: the block of rank r - t and its gradient so far are in hand; the block moves on
          * while this rank adds its share, then the gradient follows it. After C steps the last
          * send brings every block's whole gradient home. */
@@ -275,7 +275,7 @@ static void kv_backward(cp_state *s, const cp_shape *z, float *dq, float *dk, fl
         }
         device_free(incoming);
         device_free(dkv_in);
-        /* END SOLUTION */
+        /* END ASSIGNMENT */
     } else {
         float *all = device_alloc_floats(n * s->C, MEM_BUFFERS), *dall = device_alloc_floats(n * s->C, MEM_BUFFERS);
         comm_all_gather(s->cp, kv, all, n);
@@ -320,11 +320,11 @@ static void rows_to_heads(cp_state *s, float *y, const float *x, ulysses_shape u
 static void heads_to_rows(cp_state *s, float *x, const float *y, ulysses_shape u) {
     size_t n = (size_t)u.C * u.B * u.Tl * u.Hg * u.hd;
     float *send = device_alloc_floats(n, MEM_BUFFERS), *recv = device_alloc_floats(n, MEM_BUFFERS);
-    /* BEGIN SOLUTION: exercise 3b, the way back: y's rows into rank-major chunks (ulysses_sequence_to_rank_rows), one all-to-all over cp, then the chunks back into x's heads (ulysses_chunks_to_heads) */
+    /* BEGIN ASSIGNMENT: exercise 3b, the way back: y's rows into rank-major chunks (ulysses_sequence_to_rank_rows), one all-to-all over cp, then the chunks back into x's heads (ulysses_chunks_to_heads) */
     ulysses_sequence_to_rank_rows(send, y, u);
     comm_all_to_all(s->cp, send, recv, n / u.C);
     ulysses_chunks_to_heads(x, recv, u);
-    /* END SOLUTION */
+    /* END ASSIGNMENT */
     device_free(send);
     device_free(recv);
 }

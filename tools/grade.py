@@ -9,9 +9,12 @@ a regular expression may hold "|" without spaces):
     name | points | regions | checks | units
   name     a short id (no spaces), the column of `make grade`'s CSV
   points   what the exercise is worth
-  regions  ";"-separated substrings of the TODO lines a student copy holds for it (the region's
-           BEGIN ASSIGNMENT task text, or a BEGIN SOLUTION passage's note): while one is left and
-           a layout fails, the exercise is "unfinished" and the TODO is named
+  regions  ";"-separated substrings of the TODO (assignment) lines a student copy holds for it
+           (its regions' BEGIN ASSIGNMENT task text): while one is left and a layout fails, the
+           exercise is "unfinished" and the TODO is named (so is an answer left empty: its TODO
+           deleted, nothing but comments between its ANSWER lines). A "TODO (removed from the student copy
+           ...)" placeholder (a solution passage of the text) is nobody's unfinished work: code
+           the student must write is an assignment region, so that make grade takes it
   checks   ";"-separated regular expressions (Python re.search) over checks.txt's layout lines
            with the whitespace collapsed ("2 pass --schedule 1f1b --microbatches 4 --steps 3"):
            the layouts that grade the exercise; empty for none
@@ -25,7 +28,11 @@ unit and script layouts passes: an exercise not written earns nothing even where
 bug is caught anyway. Code that goes around the operator a fault replaces loses the share of the
 bug it hides, with a line that says so. A layout that matched the baseline and failed only on its
 measured-beside-formula figures (run_checks.sh's detail formulas-only) behaves for an exercise with
-no TODO left while another exercise it grades still has its TODO (a formula not yet written). Prints the table; --json writes the machine-readable result. Exit 0, or 2 when
+no TODO left while another exercise it grades still has its TODO (a formula not yet written).
+Blame: a failing layout that grades several exercises costs the one most likely at fault (see
+"Blame" below: an exercise seen to work elsewhere keeps it when another explains its failures and
+does worse). Points and totals to 2 decimals; in grade.json a deliberate bug's layout reads
+"caught" or "not caught". Prints the table; --json writes the machine-readable result. Exit 0, or 2 when
 exercises.txt is malformed (a check that matches no layout, a unit not in checks.txt).
 """
 import glob
@@ -33,6 +40,10 @@ import json
 import os
 import re
 import sys
+
+
+ANSWER_BEGIN = re.compile(r"^\s*/\*\s*ANSWER BEGIN \(assignment\):\s*(.*?)\s*\*/\s*$")
+ANSWER_END = re.compile(r"^\s*/\*\s*ANSWER END \(assignment\):\s*(.*?)\s*\*/\s*$")
 
 
 def fail(msg):
@@ -111,14 +122,31 @@ def main():
                 lay["exercises"].append(name)
             exercises.append(ex)
 
-    # the TODOs a student copy still holds, each given to the exercise whose region it names
+    # the TODOs a student copy still holds, each given to the exercise whose region it names. Only
+    # an exercise's own TODO (assignment) counts: a "TODO (removed from the student copy: ...)"
+    # placeholder stands for a solution passage taken out of the text (a printed formula, a
+    # comment), which a student does not write and make grade's sandbox puts back as it was, so it
+    # would mark a finished exercise unfinished for ever
+    # An answer left empty (its TODO deleted, nothing but comments between its ANSWER lines) is
+    # unfinished too: it would otherwise count as written code.
     todos = []
-    # (in the code a student writes: a passage removed from a header's comment is no exercise)
     for src in sorted(glob.glob(os.path.join(chapter_dir, "*.c")) + glob.glob(os.path.join(chapter_dir, "*.cu"))):
         with open(src, errors="replace") as f:
-            for n, line in enumerate(f, 1):
-                if "TODO (assignment)" in line or "TODO (removed from the student copy" in line:
-                    todos.append((f"{src}:{n}", line.strip()))
+            lines = f.read().split("\n")
+        task, start, body = None, 0, []
+        for n, line in enumerate(lines, 1):
+            if "TODO (assignment)" in line:
+                todos.append((f"{src}:{n}", line.strip()))
+            b, e = ANSWER_BEGIN.match(line), ANSWER_END.match(line)
+            if b:
+                task, start, body = b.group(1), n, []
+            elif e and task is not None:
+                code = re.sub(r"/\*.*?\*/|//[^\n]*", "", "\n".join(body), flags=re.S).strip()
+                if not code and not any("TODO (assignment)" in x for x in body):
+                    todos.append((f"{src}:{start}", f"TODO (assignment): {task} (an empty answer)"))
+                task = None
+            elif task is not None:
+                body.append(line)
     unclaimed = []
     for where, text in todos:
         owners = [ex for ex in exercises if any(r in text for r in ex["regions"])]
@@ -133,17 +161,52 @@ def main():
     # memory and traffic formulas fail every layout until they are written, the warm-ups' too).
     for ex in exercises:
         ex.setdefault("todo", [])
+    by_name = {ex["name"]: ex for ex in exercises}
+    def credited_formulas(lay, ex):
+        return (lay["detail"] == "formulas-only" and not ex["todo"]
+                and any(o is not ex and o["todo"] for o in exercises if o["name"] in lay["exercises"]))
+    # Blame: a failing layout that grades several exercises costs the one most likely at fault, not
+    # every one. How far an exercise's code is seen to work: 2 when one of its pass, unit or script
+    # layouts passed, 1 when one at best matched the baseline and failed only on a formula, 0 when
+    # none did; it is convicted when a failing layout grades it alone. An exercise is worse off than
+    # another when it still has its TODO (and the other not), else when it is convicted (and the
+    # other not), else when its code is seen to work less. Exercise X keeps a failing layout's share
+    # when X has no TODO left, its code is seen to work (1 or 2), and another exercise Y of the
+    # layout explains every failure of X (each layout X fails, Y grades and fails) and is worse off.
+    # (06: a wrong ring fails the ring's layouts, which the merge grades too; the merge passes the
+    # all-gather's: the ring loses them, the merge keeps them.) Where nothing tells them apart, each
+    # loses it; one of a failing layout's exercises always does (worse off is a strict order).
+    fails = {ex["name"]: {lay["line"] for lay in ex["layouts"] if not lay["passed"]} for ex in exercises}
+    seen = {ex["name"]: max([0] + [2 if lay["passed"] else 1 if lay["detail"] == "formulas-only" else 0
+                                   for lay in ex["layouts"] if lay["expect"] != "fail"]) for ex in exercises}
+    convicted = {ex["name"]: any(not lay["passed"] and lay["exercises"] == [ex["name"]] for lay in ex["layouts"])
+                 for ex in exercises}
+    badness = {ex["name"]: (bool(ex["todo"]), convicted[ex["name"]], -seen[ex["name"]]) for ex in exercises}
+    def worse(o, ex):
+        return fails[ex["name"]] <= fails[o["name"]] and badness[o["name"]] > badness[ex["name"]]
+    def blamed_on(lay, ex):
+        """The exercises of failing layout lay that take the blame instead of ex, or []."""
+        if ex["todo"] or not seen[ex["name"]]:
+            return []
+        return [o for o in (by_name[n] for n in lay["exercises"] if n != ex["name"]) if worse(o, ex)]
     def behaves(lay, ex):
         if lay["passed"]:
             return True
-        return (lay["detail"] == "formulas-only" and not ex["todo"]
-                and any(o is not ex and o["todo"] for o in exercises if o["name"] in lay["exercises"]))
+        return credited_formulas(lay, ex) or bool(blamed_on(lay, ex))
 
     total = possible = 0.0
     for ex in exercises:
         p_lays = [lay for lay in ex["layouts"] if lay["expect"] != "fail"]
         f_lays = [lay for lay in ex["layouts"] if lay["expect"] == "fail"]
-        ex["credited"] = sum(behaves(lay, ex) and not lay["passed"] for lay in ex["layouts"])
+        ex["credited"] = sum(credited_formulas(lay, ex) for lay in ex["layouts"] if not lay["passed"])
+        ex["blamed"] = []   # the exercises whose fault its failing layouts are counted as
+        for lay in ex["layouts"]:
+            if not lay["passed"] and not credited_formulas(lay, ex):
+                for o in blamed_on(lay, ex):
+                    if o["name"] not in ex["blamed"] and not blamed_on(lay, o):
+                        ex["blamed"].append(o["name"])
+        ex["excused"] = sum(not lay["passed"] and not credited_formulas(lay, ex) and bool(blamed_on(lay, ex))
+                            for lay in ex["layouts"])
         share = sum(behaves(lay, ex) for lay in ex["layouts"]) / len(ex["layouts"]) if ex["layouts"] else 0.0
         if p_lays and not any(behaves(lay, ex) for lay in p_lays):
             share = 0.0   # a bug caught by code that does nothing earns nothing
@@ -170,7 +233,10 @@ def main():
             if ex["credited"]:
                 line += (f" ({ex['credited']} of them matched the baseline and failed only on the formulas of an "
                          f"unfinished exercise: counted)")
-            elif ex["status"] == "failing":
+            if ex["excused"]:
+                line += (f" ({ex['excused']} of them failed, blamed on {', '.join(ex['blamed'])}: every layout this "
+                         f"exercise fails grades that one too, which does worse; counted)")
+            if ex["status"] == "failing" and not (ex["credited"] or ex["excused"]):
                 shared = [o["name"] for o in exercises if o is not ex and o["status"] == "unfinished"
                           and any(lay in o["layouts"] and not lay["passed"] for lay in ex["layouts"])]
                 if shared:
@@ -197,8 +263,9 @@ def main():
         doc = {
             "chapter": nn,
             "points": round(total, 2),
-            "possible": possible,
+            "possible": round(possible, 2),
             "exercises": [{k: ex[k] for k in ("name", "points", "possible", "status", "passed", "total", "todo")}
+                          | ({"blamed_on": ex["blamed"]} if ex["blamed"] else {})
                           | {"layouts": [lay["line"] for lay in ex["layouts"]]} for ex in exercises],
             "layouts": [{"line": lay["line"], "layout": lay["text"], "expect": lay["expect"],
                          # a deliberate bug's layout reads as what happened to the bug

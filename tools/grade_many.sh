@@ -25,30 +25,44 @@ csv_tmp=$(mktemp "$csv.tmp.$$.XXXXXXXX" 2>/dev/null) || {
 src=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"; rm -f "$csv_tmp"' EXIT
 shopt -s nullglob   # an empty DIR: no folder, no false "skip *" line
-rows=$tmp/rows.jsonl; : > "$rows"
-n=0
+# JOBS=N (make grade DIR=... JOBS=N): N submissions graded at once, each in its own sandbox and
+# build; the CSV's rows and the lines printed are in DIR's order whatever finishes first, and the
+# grades are those of one at a time (JOBS=1, the default). Each sandbox's build then runs with
+# make -j(cores / N), at least 1.
+jobs=${JOBS:-1}
+case "$jobs" in ''|*[!0-9]*|0) echo "make grade: JOBS=$jobs is not a number of submissions to grade at once (1 or more)" >&2; exit 2;; esac
+cores=$(nproc 2>/dev/null || echo 2)
+build_jobs=$(( cores / jobs > 0 ? cores / jobs : 1 ))
+# the submissions, in DIR's order, and the reference copy of each chapter they need, made and
+# built once before any is graded: every sandbox starts from it, and make rebuilds there only what
+# the answers touch
+subs=(); nns=(); chapters=()
 for sub in "$dir"/*/; do
     sub=${sub%/}; student=$(basename "$sub")
     [ -f "$sub/.student-copy" ] || { echo "skip  $student: not a student copy (no .student-copy)"; continue; }
     nn=$(tr -dc 0-9 < "$sub/.student-copy" | head -c 2)
     chapter=$(cd "$src" && ls -d "${nn}"_*/ 2>/dev/null | head -1)
     [ -n "$chapter" ] || { echo "skip  $student: chapter $nn is not in this tutorial"; continue; }
-    n=$((n+1))
-    # the reference copy of chapter nn, made and built once: every sandbox starts from it, and
-    # make rebuilds there only what the answers touch
+    subs+=("$sub"); nns+=("$nn"); chapters+=("$chapter")
     ref=$tmp/ref_$nn
     if [ ! -d "$ref" ]; then
         "$src/tools/make_assignment.sh" "$nn" "$ref" >"$tmp/ref_$nn.log" 2>&1 || {
             echo "make grade: could not make the reference copy of chapter $nn: $(tail -1 "$tmp/ref_$nn.log")" >&2; exit 2; }
-        make --no-print-directory -C "$ref" -j"${JOBS:-2}" BACKEND="$backend" "build-$nn" >"$tmp/ref_$nn.build" 2>&1 || true
+        make --no-print-directory -C "$ref" -j"$cores" BACKEND="$backend" "build-$nn" >"$tmp/ref_$nn.build" 2>&1 || true
     fi
-    work=$tmp/subs/$student; mkdir -p "$tmp/subs"
+done
+# grade_one I: grade submission I (in a subshell); its CSV row goes to $tmp/row.I (none when it is
+# skipped), what it prints to $tmp/say.I
+grade_one() {
+    local i=$1 sub=${subs[$1]} nn=${nns[$1]} chapter=${chapters[$1]}
+    local student; student=$(basename "$sub")
+    local ref=$tmp/ref_$nn work=$tmp/subs/$student note="" counts
+    exec >"$tmp/say.$i" 2>&1
     rm -f "$sub/grade.json"   # (a grade.json the student left would otherwise be counted if this one fails)
-    if ! python3 "$src/tools/grade_sandbox.py" "$ref" "$sub" "$work" 2>"$tmp/sandbox.err"; then
-        echo "skip  $student: no sandbox could be made ($(tail -1 "$tmp/sandbox.err"))"; rm -rf "$work"; n=$((n-1)); continue
+    if ! python3 "$src/tools/grade_sandbox.py" "$ref" "$sub" "$work" 2>"$tmp/sandbox.err.$i"; then
+        echo "skip  $student: no sandbox could be made ($(tail -1 "$tmp/sandbox.err.$i"))"; rm -rf "$work"; return
     fi
-    note=""
-    if ! make --no-print-directory -C "$work" -j"${JOBS:-2}" BACKEND="$backend" "build-$nn" >"$work/build.log" 2>&1; then
+    if ! make --no-print-directory -C "$work" -j"$build_jobs" BACKEND="$backend" "build-$nn" >"$work/build.log" 2>&1; then
         note="did not build"; cp "$work/build.log" "$sub/grade.log"
     else
         make --no-print-directory -C "$work" BACKEND="$backend" "check-$nn" >"$sub/grade.log" 2>&1
@@ -66,7 +80,7 @@ PY
     [ "${counts%% *}" != 0 ] && note="${note:+$note; }${counts%% *} file(s) changed outside the answers, ignored (grade.json)"
     [ "${counts##* }" != 0 ] && note="${note:+$note; }${counts##* } answer(s) without their ANSWER lines, not taken"
     rm -rf "$work"
-    python3 - "$student" "$nn" "$sub/grade.json" "$note" "$src/${chapter}exercises.txt" >>"$rows" <<'PY'
+    python3 - "$student" "$nn" "$sub/grade.json" "$note" "$src/${chapter}exercises.txt" >"$tmp/row.$i" <<'PY'
 import json, os, re, sys
 student, nn, path, note, exfile = sys.argv[1:]
 if os.path.exists(path):
@@ -80,12 +94,36 @@ else:   # nothing graded: every exercise of the chapter at 0
             ex.append((f[0], 0.0, float(f[1])))
 print(json.dumps({"student": student, "chapter": nn, "exercises": ex, "note": note}))
 PY
-    echo "graded $student (chapter $nn): $(python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readlines()[-1]); print(sum(e[1] for e in r["exercises"]), "of", sum(e[2] for e in r["exercises"]), "points", ("(" + r["note"] + ")") if r["note"] else "")' "$rows")"
+    python3 - "$tmp/row.$i" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+num = lambda x: ("%.2f" % x).rstrip("0").rstrip(".")   # to 2 decimals: 24.999999 -> 25, 2.50 -> 2.5
+print(f"graded {r['student']} (chapter {r['chapter']}): {num(sum(e[1] for e in r['exercises']))} of "
+      f"{num(sum(e[2] for e in r['exercises']))} points" + (f" ({r['note']})" if r["note"] else ""))
+PY
+}
+mkdir -p "$tmp/subs"
+# JOBS at a time; each one's lines printed in DIR's order, as soon as those before it are done
+total=${#subs[@]}; next=0; shown=0; running=0
+show() { while [ $shown -lt $total ] && [ -f "$tmp/done.$shown" ]; do cat "$tmp/say.$shown"; shown=$((shown+1)); done; }
+while [ $next -lt $total ] || [ $running -gt 0 ]; do
+    while [ $next -lt $total ] && [ $running -lt $jobs ]; do
+        ( grade_one $next; : > "$tmp/done.$next" ) &
+        next=$((next+1)); running=$((running+1))
+    done
+    wait -n; running=$((running-1))
+    show
+done
+show
+rows=$tmp/rows.jsonl; : > "$rows"; n=0
+for ((i = 0; i < total; i++)); do
+    [ -s "$tmp/row.$i" ] && { cat "$tmp/row.$i" >> "$rows"; n=$((n+1)); }
 done
 [ $n -gt 0 ] || { echo "make grade: no student copy in $dir (a folder with a .student-copy file, as make assignment-NN writes it)" >&2; exit 2; }
 python3 - "$rows" "$csv_tmp" <<'PY'
 import csv, json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
+num = lambda x: ("%.2f" % x).rstrip("0").rstrip(".")   # points to 2 decimals: 24.999999 -> 25
 cols = []
 for r in rows:
     for name, _, _ in r["exercises"]:
@@ -97,9 +135,8 @@ with open(sys.argv[2], "w", newline="") as f:   # (the temporary beside the CSV)
     w.writerow(["student", "chapter"] + cols + ["total", "possible", "note"])
     for r in rows:
         pts = {f"{r['chapter']}:{n}": p for n, p, _ in r["exercises"]}
-        w.writerow([r["student"], r["chapter"]] + [("%g" % pts[c]) if c in pts else "" for c in cols]
-                   + ["%g" % round(sum(p for _, p, _ in r["exercises"]), 2),
-                      "%g" % sum(q for _, _, q in r["exercises"]), r["note"]])
+        w.writerow([r["student"], r["chapter"]] + [num(pts[c]) if c in pts else "" for c in cols]
+                   + [num(sum(p for _, p, _ in r["exercises"])), num(sum(q for _, _, q in r["exercises"])), r["note"]])
 PY
 [ $? -eq 0 ] && mv -f "$csv_tmp" "$csv" || { echo "make grade: could not write $csv; the previous file, if any, is as it was" >&2; exit 2; }
 echo "wrote $csv: $n student(s)"
