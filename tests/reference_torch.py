@@ -105,6 +105,7 @@ import torch.nn.functional as F
 
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
+BF16_U = 2.0 ** -8     # bf16's unit roundoff (8 significant bits)
 IGNORE_INDEX = -100
 DTYPE = torch.float64
 
@@ -165,6 +166,12 @@ def read_config(metadata, path):
     # optional: gradient clipping by global norm (grads_1 holds the gradients before clipping)
     if "clip_grad_norm" in metadata:
         config["clip_grad_norm"] = float(metadata["clip_grad_norm"])
+    # optional: mixed precision (absent: fp32); bf16 rounds every linear's GEMM operands
+    dtype = metadata.get("dtype", "fp32")
+    if dtype not in ("fp32", "bf16"):
+        raise DumpError(f"{path}: metadata dtype '{dtype}' is not fp32 or bf16")
+    if dtype == "bf16":
+        config["bf16"] = 1
     return config
 
 
@@ -518,6 +525,32 @@ class Float8State:
                           for g, b in enumerate(self.blocks(operand, v))])
 
 
+def to_bf16(t):
+    """t's values rounded to bf16 (nearest, ties to even: the run rounds its fp32 values), held in
+    t's dtype."""
+    return t.float().bfloat16().to(t.dtype)
+
+
+class Bf16Linear(torch.autograd.Function):
+    """y = x W^T with --dtype bf16's roundings (docs/design.md, "Mixed precision"): the operands of
+    each GEMM rounded to bf16 (x and W forward; dy, W and x backward), the products summed exactly
+    here (float64; the run sums in fp32), nothing else rounded: y, dx and dW unrounded."""
+
+    @staticmethod
+    def forward(ctx, x, W):
+        xb, Wb = to_bf16(x.detach()), to_bf16(W.detach())
+        ctx.save_for_backward(xb, Wb)
+        return xb @ Wb.T
+
+    @staticmethod
+    def backward(ctx, dy):
+        xb, Wb = ctx.saved_tensors
+        dyb = to_bf16(dy)
+        dx = dyb @ Wb
+        dW = dyb.reshape(-1, Wb.shape[0]).T @ xb.reshape(-1, Wb.shape[1])
+        return dx, dW
+
+
 class Float8Linear(torch.autograd.Function):
     """y = x W^T on float8 operands (the module docstring's table): float64 GEMMs of the
     fake-quantized fp32 operands. site = (layer, name)."""
@@ -616,6 +649,8 @@ def forward(params, config, tokens, float8=None):
             short = name.split(".")[-1]
             if float8 is not None and short in float8.linears:
                 return Float8Linear.apply(x, w(name), float8, (i, short))
+            if config.get("bf16"):
+                return Bf16Linear.apply(x, w(name))
             return x @ w(name).T
 
         # attention block: h += wo(attention(rope(wq n), rope(wk n), wv n)),  n = rmsnorm(h)
@@ -630,7 +665,10 @@ def forward(params, config, tokens, float8=None):
         h = h + linear(F.silu(linear(m, "feed_forward.w1")) * linear(m, "feed_forward.w3"),
                        "feed_forward.w2")
 
-    return rmsnorm(h, params["norm.weight"], eps) @ params["output.weight"].T
+    out = rmsnorm(h, params["norm.weight"], eps)
+    if config.get("bf16"):   # the output layer is a linear too (float8 keeps it in fp32)
+        return Bf16Linear.apply(out, params["output.weight"])
+    return out @ params["output.weight"].T
 
 
 def step_loss(params, config, tokens, targets, float8=None):
@@ -764,9 +802,21 @@ def run(directory):
         c_grads = read_safetensors(grads_path)[0]
         check_tensors(c_grads, config, grads_path)
 
+    # the tolerances: fp32's, or bf16's (docs/design.md, "Parity in bf16"): the run rounds the
+    # GEMM operands from fp32 values, this replay from float64 ones; where the two straddle a
+    # rounding boundary they differ by one bf16 ulp (2u, u = 2^-8), which cascades through the
+    # GEMMs to a fixed point of about 2u: twice that, 4u, per gradient, and 4u / sqrt(tokens) for
+    # the loss, a mean over the tokens
+    loss_rtol, grad_rtol = LOSS_RTOL, GRAD_RTOL
+    if config.get("bf16"):
+        tokens_per_step = read_safetensors(os.path.join(directory, "batch_1.safetensors"))[0]["tokens"].size
+        loss_rtol, grad_rtol = 4 * BF16_U / math.sqrt(tokens_per_step), 4 * BF16_U
     print(f"reference_torch: {directory}, {len(steps)} steps, {len(init)} tensors, "
           f"reference in {str(DTYPE).replace('torch.', '')}")
-    print("  config: " + ", ".join(f"{k} {v:g}" for k, v in config.items()))
+    print("  config: " + ", ".join(f"{k} {v:g}" for k, v in config.items() if k != "bf16"))
+    if config.get("bf16"):
+        print(f"  mixed precision: bf16 GEMM operands (every linear, the output layer's too), "
+              f"fp32 elsewhere; tolerances loss {loss_rtol:.2e}, gradients {grad_rtol:.2e}")
     float8 = None
     failures = 0
     if f8 is not None:
@@ -800,7 +850,7 @@ def run(directory):
         ref = step_loss(params, config, tokens, targets, float8)
         if step in losses:
             got = losses[step]
-            ok = abs(got - ref) <= LOSS_RTOL * max(1.0, abs(ref))
+            ok = abs(got - ref) <= loss_rtol * max(1.0, abs(ref))
             if step == 1 and float8 is not None:   # judged with the gradients (rounding ties), below
                 loss1_ok, loss1 = ok, (got, ref)
                 verdict = "ok" if ok else "beyond: judged below, with the gradients"
@@ -808,7 +858,7 @@ def run(directory):
                 failures += not ok
                 verdict = "ok" if ok else "FAIL"
             else:
-                verdict = f"{FLOAT8_LATER_LOSSES} ({'within' if ok else 'beyond'} {LOSS_RTOL:g})"
+                verdict = f"{FLOAT8_LATER_LOSSES} ({'within' if ok else 'beyond'} {loss_rtol:g})"
             print(f"  {step:>4} {got:>14.9g} {ref:>14.9g} {abs(got - ref):>10.3e}  {verdict}")
         else:
             failures += 1
@@ -836,12 +886,12 @@ def run(directory):
         print(f"\n  {grads_path}: missing, step-1 gradients not compared  FAIL")
     else:
         print(f"\n  step-1 gradients: max|dump - torch| / max|torch| per tensor "
-              f"(tolerance {GRAD_RTOL:g})")
+              f"(tolerance {grad_rtol:g})")
         print(f"  {'tensor':<36} {'max|torch|':>12} {'rel diff':>12}  verdict")
         grad_failures = 0
         for name, ref in grad_table:
             rel = relative_diff(c_grads[name].astype(np.float64), ref)
-            ok = rel <= GRAD_RTOL
+            ok = rel <= grad_rtol
             grad_failures += not ok
             print(f"  {name:<36} {np.max(np.abs(ref)):>12.4e} {rel:>12.3e}  "
                   f"{'ok' if ok else 'beyond'}")
@@ -850,13 +900,13 @@ def run(directory):
         if (grad_failures or loss1_failed) and float8 is not None and float8.boundary:
             explained = explain_by_boundaries(init, config, f8, directory, c_grads,
                                               losses.get(1), float8.boundary, float8.value_of)
-        what = " and ".join(x for x in (f"{grad_failures} tensor(s) beyond {GRAD_RTOL:g}" if grad_failures else "",
-                                          f"step 1's loss beyond {LOSS_RTOL:g}" if loss1_failed else "") if x)
+        what = " and ".join(x for x in (f"{grad_failures} tensor(s) beyond {grad_rtol:g}" if grad_failures else "",
+                                          f"step 1's loss beyond {loss_rtol:g}" if loss1_failed else "") if x)
         if explained:
             values, loss = explained
             print(f"  {what}: explained by rounding ties. With {len(values)} step-1 value(s) next to a "
                   f"midpoint cast to the other neighbouring code, as the run's fp32 input (different in its "
-                  f"last bits) may have, every step-1 gradient is within {GRAD_RTOL:g} and step 1's loss is "
+                  f"last bits) may have, every step-1 gradient is within {grad_rtol:g} and step 1's loss is "
                   f"{loss:.9g} (the dump's {losses[1]:.9g}, |diff| {abs(loss - losses[1]):.3e}): ok")
             for d, where, p, _ in values:
                 print(f"    {where}: scaled value {p!r}, {d:.3g} of a float8 step from the midpoint")

@@ -9,7 +9,7 @@ root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
 mpirun_base=${MPIRUN_BASE:-$(tools/mpirun_base.sh)}
 py=/usr/bin/python3
 $py -c "import torch" 2>/dev/null || { echo "PyTorch is missing for $py: run make deps"; exit 1; }
-n=0; bad=0; float8_dump=; any_float8_dump=
+n=0; bad=0; float8_dump=; any_float8_dump=; bf16_dump=
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # every chapter's dump runs first; then one PyTorch process replays them all (starting PyTorch
 # once instead of once a dump), each report in DIR/reference.txt and one "DIR STATUS" line each
@@ -39,6 +39,8 @@ if [ ${#dirs[@]} -gt 0 ]; then
             float8_dump=$dir                     # a float8 dump whose ties were searched (the last)
         elif grep -q "^  float8: " "$dir/reference.txt"; then
             any_float8_dump=${any_float8_dump:-$dir}
+        elif grep -q "^  mixed precision: bf16" "$dir/reference.txt"; then
+            bf16_dump=${bf16_dump:-$dir}
         fi
     done
 fi
@@ -63,5 +65,18 @@ for part in grad loss; do
         tampered=$((tampered+1))
     fi
 done
-echo "$ok_dumps of $n dumps reproduced by PyTorch (losses 1e-5, step-1 gradients 1e-4); $tampered of 2 tampered float8 dumps failed, as they must"
+# A bf16 dump is replayed with its roundings, at bf16's tolerances: the same dump with its dtype
+# removed (replayed in fp32, at fp32's) must FAIL, or the replay is not looking at the roundings.
+if [ -z "$bf16_dump" ]; then
+    echo "no bf16 dump was reproduced: the dtype check has nothing to tamper"; bad=$((bad+1))
+else
+    rm -rf "$tmp/tampered"; cp -r "$bf16_dump" "$tmp/tampered"
+    $py tests/tamper_dump.py "$tmp/tampered" dtype
+    if $py tests/reference_torch.py "$tmp/tampered" >"$tmp/ref.txt" 2>&1; then
+        echo "a bf16 dump replayed as fp32: PyTorch passed it"; tail -8 "$tmp/ref.txt"; bad=$((bad+1))
+    else
+        tampered=$((tampered+1))
+    fi
+fi
+echo "$ok_dumps of $n dumps reproduced by PyTorch (fp32: losses 1e-5, step-1 gradients 1e-4; bf16: docs/design.md); $tampered of 3 tampered dumps (2 float8, 1 bf16) failed, as they must"
 [ $bad -eq 0 ] && [ $n -gt 0 ]

@@ -2,7 +2,9 @@
 t_dump_torch.sh can show that reference_torch.py fails it (its rounding-tie search must not
 explain a real difference away).
   grad  every step-1 gradient of the first feed_forward.w2.weight scaled by 1.003 (3e-3 > 1e-4)
-  loss  step 1's loss in losses.txt scaled by 1 + 3e-4 (beyond the 1e-5 tolerance)"""
+  loss  step 1's loss in losses.txt scaled by 1 + 3e-4 (beyond the 1e-5 tolerance)
+  dtype a bf16 dump's "dtype" metadata removed from init.safetensors: the replay then rounds
+        nothing, and the run's bf16 roundings (about 2^-8) are beyond the fp32 tolerances"""
 import json
 import os
 import struct
@@ -36,7 +38,22 @@ def tamper_loss(directory):
         f.write("\n".join(lines))
 
 
+def tamper_dtype(directory):
+    path = os.path.join(directory, "init.safetensors")
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    if header.get("__metadata__", {}).pop("dtype", None) != "bf16":
+        raise SystemExit(f"tamper_dump: {path} is not a bf16 dump")
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)   # the data stays 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[2] not in ("grad", "loss"):
-        raise SystemExit("usage: tamper_dump.py DIR grad|loss")
-    (tamper_gradient if sys.argv[2] == "grad" else tamper_loss)(sys.argv[1])
+    parts = {"grad": tamper_gradient, "loss": tamper_loss, "dtype": tamper_dtype}
+    if len(sys.argv) != 3 or sys.argv[2] not in parts:
+        raise SystemExit("usage: tamper_dump.py DIR grad|loss|dtype")
+    parts[sys.argv[2]](sys.argv[1])

@@ -42,7 +42,7 @@ static void run_steps(float8_recipe r, int history, float got[5]) {
     for (int t = 0; t < 5; t++) {
         x[0] = amax_of_step[t];
         float *dx = tu_upload(x, N * IN);
-        plan.linear.forward(plan.linear.state, &plan, (linear_site){P_WQ, 0, {.step = t + 1, .pass = t + 1}}, dy_out, dx, dW, N, IN, OUT);
+        plan.linear.forward(plan.linear.state, &plan, (linear_site){P_WQ, 0, {.step = t + 1, .pass = t + 1}, DTYPE_F32}, dy_out, dx, dW, N, IN, OUT);
         device_copy_to_host(y, dy_out, sizeof y);
         got[t] = y[0];
         int others = 0;
@@ -87,7 +87,7 @@ static void rowwise_pass(float8_rowwise_gemm how, int groups, float *y, float *d
     float *dx_ = tu_upload(x, RN * RIN), *dW_ = tu_upload(W, ROUT * RIN), *dg = tu_upload(g, RN * ROUT);
     float *dy = device_alloc_floats(RN * ROUT, MEM_BUFFERS), *ddx = device_alloc_floats(RN * RIN, MEM_BUFFERS);
     float *ddW = device_alloc_floats(ROUT * RIN, MEM_BUFFERS);
-    linear_site at = {P_W1, 0, {.step = 1, .pass = 1}};
+    linear_site at = {P_W1, 0, {.step = 1, .pass = 1}, DTYPE_F32};
     plan.linear.forward(plan.linear.state, &plan, at, dy, dx_, dW_, RN, RIN, ROUT);
     plan.linear.backward(plan.linear.state, &plan, at, ddx, DX_SET, ddW, dg, dx_, dW_, RN, RIN, ROUT);
     device_copy_to_host(y, dy, sizeof(float) * RN * ROUT);
@@ -147,13 +147,13 @@ int main(int argc, char **argv) {
     x[0] = 0.3f;
     x[1] = WD;   /* x's amax 1.75: scale 256 */
     float *dW = tu_upload(W, OUT * IN), *dx = tu_upload(x, N * IN), *dy = device_alloc_floats(N * OUT, MEM_BUFFERS);
-    plan.linear.forward(plan.linear.state, &plan, (linear_site){P_OUTPUT, -1, {.step = 1, .pass = 1}}, dy, dx, dW, N, IN, OUT);
+    plan.linear.forward(plan.linear.state, &plan, (linear_site){P_OUTPUT, -1, {.step = 1, .pass = 1}, DTYPE_F32}, dy, dx, dW, N, IN, OUT);
     device_copy_to_host(y, dy, sizeof y);
     volatile float uncast = 0.3f * WD;   /* one fp32 product, rounded once */
     CHECK(y[0] == uncast, "the output layer: y = %.9g, want 0.3 x 1.75 = %.9g uncast", y[0], uncast);
     /* a block linear casts it: 0.3 x 256 = 76.8 -> 80 (E4M3 steps of 8 in [64, 128); 76.8 is nearer 80 than 72),
      * so y = 80 / 256 x 1.75 = 0.546875, exact */
-    plan.linear.forward(plan.linear.state, &plan, (linear_site){P_W1, 0, {.step = 1, .pass = 1}}, dy, dx, dW, N, IN, OUT);
+    plan.linear.forward(plan.linear.state, &plan, (linear_site){P_W1, 0, {.step = 1, .pass = 1}, DTYPE_F32}, dy, dx, dW, N, IN, OUT);
     device_copy_to_host(y, dy, sizeof y);
     CHECK(y[0] == 80.0f / 256.0f * WD, "w1: y = %.9g, want 80/256 x 1.75 = %.9g (0.3 cast to E4M3 with scale 256)",
           y[0], 80.0 / 256.0 * WD);

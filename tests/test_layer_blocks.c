@@ -39,12 +39,12 @@ static void wide_forward(const layer_pass *x) {
     llama_layer_acts *a = x->a;
     int width = 2 * d->Fl;   /* this rank's units of the 2F */
     proj_rows rows = {d->B, d->T, d->Ts, d->D};
-    proj_linear w13[2] = {{.site = {P_W1, x->l}, .W = x->w->w1, .y = a->ffn_a, .width = width},
-                          {.site = {P_W3, x->l}, .W = x->w->w3, .y = a->ffn_b, .width = width}};
+    proj_linear w13[2] = {{.site = llama_site(m, P_W1, x->l), .W = x->w->w1, .y = a->ffn_a, .width = width},
+                          {.site = llama_site(m, P_W3, x->l), .W = x->w->w3, .y = a->ffn_b, .width = width}};
     p->proj.in_forward(p->proj.state, p, &p->region, llama_whole(m, m->ffn_in, a->ffn_xn), a->ffn_xn, w13, 2, rows);
     swiglu_forward(a->ffn_g, a->ffn_a, a->ffn_b, (size_t)d->N * width);
     if (!x->h_out) return;
-    proj_linear w2 = {.site = {P_W2, x->l}, .W = x->w->w2, .width = width};
+    proj_linear w2 = {.site = llama_site(m, P_W2, x->l), .W = x->w->w2, .width = width};
     p->proj.out_forward(p->proj.state, p, &p->region, x->h_out, llama_whole(m, m->y_partial, x->h_out), a->ffn_g, &w2,
                         rows);
     add_inplace(x->h_out, a->h_mid, (size_t)d->Ns * d->D);
@@ -56,12 +56,12 @@ static void wide_backward(const layer_pass *x) {
     llama_layer_acts *a = x->a;
     int width = 2 * d->Fl;
     proj_rows rows = {d->B, d->T, d->Ts, d->D};
-    proj_linear w2 = {.site = {P_W2, x->l}, .W = x->w->w2, .dW = x->g->w2, .width = width};
+    proj_linear w2 = {.site = llama_site(m, P_W2, x->l), .W = x->w->w2, .dW = x->g->w2, .width = width};
     p->proj.out_backward(p->proj.state, p, &p->region, m->dffn_g, llama_whole(m, m->dy_full, x->dh), x->dh, a->ffn_g,
                          &w2, rows);
     swiglu_backward(m->dffn_a, m->dffn_b, m->dffn_g, a->ffn_a, a->ffn_b, (size_t)d->N * width);
-    proj_linear w13[2] = {{.site = {P_W1, x->l}, .W = x->w->w1, .dW = x->g->w1, .dy = m->dffn_a, .width = width},
-                          {.site = {P_W3, x->l}, .W = x->w->w3, .dW = x->g->w3, .dy = m->dffn_b, .width = width}};
+    proj_linear w13[2] = {{.site = llama_site(m, P_W1, x->l), .W = x->w->w1, .dW = x->g->w1, .dy = m->dffn_a, .width = width},
+                          {.site = llama_site(m, P_W3, x->l), .W = x->w->w3, .dW = x->g->w3, .dy = m->dffn_b, .width = width}};
     p->proj.in_backward(p->proj.state, p, &p->region, llama_whole(m, m->dxn, m->dxn_full), m->dxn_full,
                         llama_whole(m, m->ffn_in, a->ffn_xn), w13, 2, rows);
 }

@@ -91,6 +91,12 @@ size_t mem_peak_total(void);
 size_t mem_largest_alloc(mem_category cat);   /* the largest single live-or-past allocation */
 size_t mem_allocation_bytes(const void *p);  /* bytes of the live allocation p (0 if unknown) */
 void mem_reset_peaks(void);                  /* peak total := current total; largest allocations forgotten */
+/* The peaks above and the marks' peaks, saved and put back around work that is not this rank's
+ * own: the --check baseline's step on rank 0, whose transient buffers (mixed precision's bf16
+ * copies) would otherwise count as the parallel run's largest allocation and peak. */
+typedef struct { size_t largest[MEM_NCATEGORIES], mark_peak[MEM_NCATEGORIES], peak_total; } mem_peaks;
+mem_peaks mem_peaks_save(void);
+void mem_peaks_restore(const mem_peaks *saved);
 /* A second high-water mark, for measuring one operation's working set without disturbing the
  * peaks above: mem_mark returns the category's current bytes and restarts the mark there;
  * mem_mark_peak is the most the category held since. Working set = mem_mark_peak - mem_mark. */

@@ -16,6 +16,7 @@
  */
 #include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 #include "device.h"
 #include "guard.h"
@@ -76,6 +77,19 @@ size_t mem_mark_peak(mem_category cat) { return mark_peak[cat]; }
 void mem_reset_peaks(void) {
     for (int c = 0; c < MEM_NCATEGORIES; c++) largest[c] = 0;
     peak_total = current_total;
+}
+
+mem_peaks mem_peaks_save(void) {
+    mem_peaks m = {.peak_total = peak_total};
+    memcpy(m.largest, largest, sizeof largest);
+    memcpy(m.mark_peak, mark_peak, sizeof mark_peak);
+    return m;
+}
+
+void mem_peaks_restore(const mem_peaks *saved) {
+    memcpy(largest, saved->largest, sizeof largest);
+    memcpy(mark_peak, saved->mark_peak, sizeof mark_peak);
+    peak_total = saved->peak_total;
 }
 
 /* ---- the cache of freed blocks ---------------------------------------------------------------- */

@@ -4,7 +4,8 @@
 #include "log.h"
 #include "parity.h"
 
-static const double loss_rtol = PARITY_LOSS_RTOL, grad_rtol = PARITY_GRAD_RTOL;
+static double loss_rtol = PARITY_LOSS_RTOL, grad_rtol = PARITY_GRAD_RTOL, grad_l2_rtol = 0;
+static bool bf16 = false;   /* parity_set_precision: the bf16 tolerances, and the l2 column */
 static int failures = 0, comparisons = 0;
 static bool verbose = true, enforced = true;
 static double worst = 0.0;
@@ -34,6 +35,25 @@ bool parity_loss(int step, double parallel, double baseline) {
     return ok;
 }
 
+void parity_set_precision(dtype compute, double tokens) {
+    bf16 = compute == DTYPE_BF16;
+    loss_rtol = bf16 ? 4 * PARITY_BF16_U / sqrt(fmax(tokens, 1)) : PARITY_LOSS_RTOL;
+    grad_rtol = bf16 ? 4 * PARITY_BF16_U : PARITY_GRAD_RTOL;
+    grad_l2_rtol = bf16 ? 4 * PARITY_BF16_U : 0;
+}
+
+double parity_rel_l2(const float *got, const float *ref, size_t n) {
+    double diff = 0.0, norm = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - (double)ref[i];
+        diff += d * d;
+        norm += (double)ref[i] * ref[i];
+    }
+    if (isnan(diff)) return INFINITY;
+    if (diff == 0.0) return 0.0;
+    return norm == 0.0 ? INFINITY : sqrt(diff / norm);
+}
+
 double parity_rel_diff(const float *got, const float *ref, size_t n) {
     double max_diff = 0.0, max_ref = 0.0;
     for (size_t i = 0; i < n; i++) {
@@ -47,18 +67,21 @@ double parity_rel_diff(const float *got, const float *ref, size_t n) {
 }
 
 void parity_print_header(const char *title) {
-    log0("%s\n  %-44s %12s  %s\n", title, "tensor", "rel. diff", "verdict");
+    if (bf16) log0("%s\n  %-44s %12s %12s  %s\n", title, "tensor", "rel. diff", "rel. l2", "verdict");
+    else log0("%s\n  %-44s %12s  %s\n", title, "tensor", "rel. diff", "verdict");
 }
 
 bool parity_tensor(const char *name, const float *got, const float *ref, size_t n) {
-    double r = parity_rel_diff(got, ref, n);
-    bool ok = r <= grad_rtol;
+    double r = parity_rel_diff(got, ref, n), l2 = bf16 ? parity_rel_l2(got, ref, n) : 0;
+    bool ok = r <= grad_rtol && (!bf16 || l2 <= grad_l2_rtol);
     if (enforced) comparisons++;
     if (enforced && !ok) failures++;
     if (r >= worst) { worst = r; snprintf(worst_name, sizeof worst_name, "%s", name); }
     /* not enforced: shown for information only, and said so where it would have failed */
     const char *verdict = ok ? "ok" : enforced ? "FAIL" : "beyond, not judged";
-    if (verbose || (enforced && !ok)) log0("  %-44s %12.3e  %s\n", name, r, verdict);
+    if (!(verbose || (enforced && !ok))) return ok || !enforced;
+    if (bf16) log0("  %-44s %12.3e %12.3e  %s\n", name, r, l2, verdict);
+    else log0("  %-44s %12.3e  %s\n", name, r, verdict);
     return ok || !enforced;
 }
 
@@ -69,11 +92,12 @@ void parity_fail(const char *what) {
 }
 
 int parity_report(void) {
+    char tol[160];
+    if (bf16) snprintf(tol, sizeof tol, "bf16: loss %.1e, gradients %.1e max and %.1e l2", loss_rtol, grad_rtol, grad_l2_rtol);
+    else snprintf(tol, sizeof tol, "loss %.0e, gradients %.0e", loss_rtol, grad_rtol);
     if (failures == 0)
-        log0("PARITY OK: %d comparisons within tolerance (loss %.0e, gradients %.0e)\n",
-             comparisons, loss_rtol, grad_rtol);
+        log0("PARITY OK: %d comparisons within tolerance (%s)\n", comparisons, tol);
     else
-        log0("PARITY FAILED: %d of %d comparisons out of tolerance (loss %.0e, gradients %.0e)\n",
-             failures, comparisons, loss_rtol, grad_rtol);
+        log0("PARITY FAILED: %d of %d comparisons out of tolerance (%s)\n", failures, comparisons, tol);
     return failures ? 1 : 0;
 }

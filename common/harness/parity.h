@@ -9,12 +9,26 @@
 #include <stddef.h>
 #include <stdbool.h>
 #include "cdefs.h"
+#include "dtype.h"
 
 C_BEGIN
 
 #define PARITY_LOSS_RTOL 1e-5
 #define PARITY_GRAD_RTOL 1e-4
+/* Mixed precision (--dtype bf16), derived in docs/design.md "Parity in bf16": both runs round the
+ * same GEMM operands, but from fp32 values that differ by fp32 reordering; where such a difference
+ * straddles a bf16 rounding boundary the two operands differ by one bf16 ulp (2u, u = 2^-8), and
+ * the difference cascades through the GEMM levels to a fixed point of about 2u (relative). The
+ * tolerances are twice that: 4u per gradient, in the max norm and in the l2 norm; the loss, a mean
+ * over the batch's tokens, 4u / sqrt(tokens). */
+#define PARITY_BF16_U 0.00390625          /* 2^-8, bf16's unit roundoff                        */
 
+/* The tolerances of a compute precision: DTYPE_F32 the fp32 ones above; DTYPE_BF16 the bf16 ones,
+ * and a second measure per gradient, the relative l2 difference ||ga - gb|| / ||gb||. `tokens`:
+ * the global batch's tokens (B*T), for the loss's. */
+void parity_set_precision(dtype compute, double tokens);
+/* ||got - ref||_2 / ||ref||_2 (0/0 counts as 0, x/0 as inf). */
+double parity_rel_l2(const float *got, const float *ref, size_t n);
 /* true when the losses agree; records a failure otherwise. */
 bool parity_loss(int step, double parallel, double baseline);
 /* Worst relative difference max|got-ref| / max|ref| (0/0 counts as 0, x/0 as inf). */

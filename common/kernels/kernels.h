@@ -4,6 +4,7 @@
  */
 #pragma once
 #include <stddef.h>
+#include <stdint.h>
 #include "cdefs.h"
 
 C_BEGIN
@@ -25,5 +26,9 @@ void sgd_step(float *p, const float *g, size_t n, float lr);
 void add_inplace(float *y, const float *x, size_t n);
 /* y[n] *= a */
 void scale_inplace(float *y, float a, size_t n);
+
+/* out[n] = x[n] rounded to bf16 (nearest, ties to even; dtype.h's bf16_from_float): the cast that
+ * mixed precision puts before a GEMM's bf16 operands (linear.c). */
+void cast_to_bf16(uint16_t *out, const float *x, size_t n);
 
 C_END

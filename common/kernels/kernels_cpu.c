@@ -1,6 +1,7 @@
 /* kernels_cpu.c: the CPU loops around kernel_math.h (the CUDA twin is kernels_cuda.cu). */
 #include "kernels.h"
 #include "kernel_math.h"
+#include "dtype.h"
 
 void gelu_forward(float *out, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = gelu_value(x[i]);
@@ -31,4 +32,8 @@ void add_inplace(float *y, const float *x, size_t n) {
 
 void scale_inplace(float *y, float a, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] *= a;
+}
+
+void cast_to_bf16(uint16_t *out, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = bf16_from_float(x[i]);
 }

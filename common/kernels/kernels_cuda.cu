@@ -12,6 +12,7 @@
 #include <cub/block/block_reduce.cuh>
 #include "kernels.h"
 #include "kernel_math.h"
+#include "dtype.h"
 #include "cuda_common.h"
 
 /* The index of this thread's first element and the stride to its next one. */
@@ -121,5 +122,18 @@ static __global__ void scale_inplace_kernel(float *y, float a, size_t n) {
 void scale_inplace(float *y, float a, size_t n) {
     if (n == 0) return;
     scale_inplace_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(y, a, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- the cast to bf16 (mixed precision's GEMM operands) --------------------------------- */
+
+static __global__ void cast_to_bf16_kernel(uint16_t *out, const float *x, size_t n) {
+    GRID_STRIDE_LOOP(i, n) out[i] = bf16_from_float(x[i]);
+}
+
+/* out[n] = x[n] rounded to bf16 (dtype.h's rounding, the CPU's) */
+void cast_to_bf16(uint16_t *out, const float *x, size_t n) {
+    if (n == 0) return;
+    cast_to_bf16_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(out, x, n);
     CUDA_CHECK_LAUNCH();
 }

@@ -13,6 +13,7 @@
 #pragma once
 #include <stddef.h>
 #include "cdefs.h"
+#include "dtype.h"
 
 C_BEGIN
 
@@ -53,6 +54,15 @@ void linear_backward(float *dx, float *dW, const float *dy, const float *x, cons
                      int N, int in, int out);
 void linear_backward_accumulate(float *dx, float *dW, const float *dy, const float *x, const float *W,
                                 int N, int in, int out);
+/* The same in a compute precision (--dtype): DTYPE_F32 is the three functions above; DTYPE_BF16
+ * rounds the GEMMs' operands to bf16 (x and W forward; dy, W and x backward) and runs bf16 GEMMs
+ * that accumulate in fp32 (gemm.h's matmul_typed): y, dx and dW stay fp32, so the master weights
+ * and their gradients never lose bits, and a row-parallel output's partial sums are added in fp32
+ * before anything rounds them. The bf16 copies live for the call (MEM_BUFFERS). dx_beta: 0 sets
+ * dx, 1 adds to it. */
+void linear_forward_in(dtype compute, float *y, const float *x, const float *W, int N, int in, int out);
+void linear_backward_in(dtype compute, float *dx, float dx_beta, float *dW, const float *dy, const float *x,
+                        const float *W, int N, int in, int out);
 
 /* ---- RoPE on interleaved pairs (2j, 2j+1) of each head, theta^(-2j/hd) ------------------
  * rope_table: cos_sin[T, hd/2, 2] = cos and sin of pair j's angle at positions[t] (device ints:

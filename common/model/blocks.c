@@ -55,9 +55,9 @@ static void attention_forward_block(const layer_pass *x) {
     proj_rows rows = {B, T, d->Ts, D};
     /* the region's entry, attn_in[N, D] (every token of the sequence), then q[N, Hl*hd], k and v
      * [N, Hkvl*hd]: three projections of the same normed input (one proj_in group) */
-    proj_linear qkv[3] = {{.site = {P_WQ, l, m->when}, .W = w->wq, .y = a->q, .width = Hl * hd},
-                          {.site = {P_WK, l, m->when}, .W = w->wk, .y = a->k, .width = Hkvl * hd},
-                          {.site = {P_WV, l, m->when}, .W = w->wv, .y = a->v, .width = Hkvl * hd}};
+    proj_linear qkv[3] = {{.site = llama_site(m, P_WQ, l), .W = w->wq, .y = a->q, .width = Hl * hd},
+                          {.site = llama_site(m, P_WK, l), .W = w->wk, .y = a->k, .width = Hkvl * hd},
+                          {.site = llama_site(m, P_WV, l), .W = w->wv, .y = a->v, .width = Hkvl * hd}};
     p->proj.in_forward(p->proj.state, p, &p->region, llama_whole(m, m->attn_in, a->attn_xn), a->attn_xn, qkv, 3, rows);
     /* positions enter through RoPE only: rotate q and k (not v) in place */
     rope_forward(a->q, m->rope_cos_sin, B, T, Hl, hd);
@@ -65,7 +65,7 @@ static void attention_forward_block(const layer_pass *x) {
     /* attn_out[N, Hl*hd] = softmax(q k^T / sqrt(hd), causal) v; probs[B, Hl, T, T] saved */
     p->attention.forward(p->attention.state, p, a->attn_out, a->probs, a->q, a->k, a->v, B, T, Hl, Hkvl, hd);
     /* partial[N, D] = attn_out wo^T (this rank's heads' share), then the region's exit: h_mid [Ns, D] */
-    proj_linear wo = {.site = {P_WO, l, m->when}, .W = w->wo, .width = Hl * hd};
+    proj_linear wo = {.site = llama_site(m, P_WO, l), .W = w->wo, .width = Hl * hd};
     float *partial = llama_whole(m, m->y_partial, a->h_mid);
     p->proj.out_forward(p->proj.state, p, &p->region, a->h_mid, partial, a->attn_out, &wo, rows);
 }
@@ -79,7 +79,7 @@ static void attention_backward_block(const layer_pass *x) {
     int l = x->l, B = d->B, T = d->T, D = d->D, hd = d->hd, Hl = d->Hl, Hkvl = d->Hkvl;
     proj_rows rows = {B, T, d->Ts, D};
     /* dy[N, D] through the exit; dattn_out[N, Hl*hd] = dy wo;  d wo += dy^T attn_out */
-    proj_linear wo = {.site = {P_WO, l, m->when}, .W = w->wo, .dW = g->wo, .width = Hl * hd};
+    proj_linear wo = {.site = llama_site(m, P_WO, l), .W = w->wo, .dW = g->wo, .width = Hl * hd};
     p->proj.out_backward(p->proj.state, p, &p->region, m->dattn_out, llama_whole(m, m->dy_full, x->dh), x->dh,
                          a->attn_out, &wo, rows);
     /* dq, dk, dv: gradients of the rotated q and k and of v */
@@ -90,9 +90,9 @@ static void attention_backward_block(const layer_pass *x) {
     rope_backward(m->dk, m->rope_cos_sin, B, T, Hkvl, hd);
     /* dxn_full[N, D] = dq wq + dk wk + dv wv: attn_in feeds three projections (summed in the
      * GEMMs); then the region's entry backward, dxn[Ns, D] */
-    proj_linear qkv[3] = {{.site = {P_WQ, l, m->when}, .W = w->wq, .dW = g->wq, .dy = m->dq, .width = Hl * hd},
-                          {.site = {P_WK, l, m->when}, .W = w->wk, .dW = g->wk, .dy = m->dk, .width = Hkvl * hd},
-                          {.site = {P_WV, l, m->when}, .W = w->wv, .dW = g->wv, .dy = m->dv, .width = Hkvl * hd}};
+    proj_linear qkv[3] = {{.site = llama_site(m, P_WQ, l), .W = w->wq, .dW = g->wq, .dy = m->dq, .width = Hl * hd},
+                          {.site = llama_site(m, P_WK, l), .W = w->wk, .dW = g->wk, .dy = m->dk, .width = Hkvl * hd},
+                          {.site = llama_site(m, P_WV, l), .W = w->wv, .dW = g->wv, .dy = m->dv, .width = Hkvl * hd}};
     p->proj.in_backward(p->proj.state, p, &p->region, llama_whole(m, m->dxn, m->dxn_full), m->dxn_full,
                         llama_whole(m, m->attn_in, a->attn_xn), qkv, 3, rows);
 }
@@ -146,14 +146,14 @@ static void feed_forward_forward(const layer_pass *x) {
     int l = x->l, Fl = d->Fl;
     proj_rows rows = {d->B, d->T, d->Ts, d->D};
     /* the region's entry, ffn_in [N, D], then ffn_a, ffn_b [N, Fl]: the gate and the up projection */
-    proj_linear w13[2] = {{.site = {P_W1, l, m->when}, .W = w->w1, .y = a->ffn_a, .width = Fl},
-                          {.site = {P_W3, l, m->when}, .W = w->w3, .y = a->ffn_b, .width = Fl}};
+    proj_linear w13[2] = {{.site = llama_site(m, P_W1, l), .W = w->w1, .y = a->ffn_a, .width = Fl},
+                          {.site = llama_site(m, P_W3, l), .W = w->w3, .y = a->ffn_b, .width = Fl}};
     p->proj.in_forward(p->proj.state, p, &p->region, llama_whole(m, m->ffn_in, a->ffn_xn), a->ffn_xn, w13, 2, rows);
     /* ffn_g[N, Fl] = silu(ffn_a) * ffn_b, element-wise */
     swiglu_forward(a->ffn_g, a->ffn_a, a->ffn_b, (size_t)d->N * Fl);
     if (!x->h_out) return;     /* a recomputation: backward needs w2's input, not its output */
     /* partial [N, D] = ffn_g w2^T, then the region's exit: h_out [Ns, D]; then the residual */
-    proj_linear w2 = {.site = {P_W2, l, m->when}, .W = w->w2, .width = Fl};
+    proj_linear w2 = {.site = llama_site(m, P_W2, l), .W = w->w2, .width = Fl};
     p->proj.out_forward(p->proj.state, p, &p->region, x->h_out, llama_whole(m, m->y_partial, x->h_out), a->ffn_g, &w2,
                         rows);
     add_inplace(x->h_out, a->h_mid, (size_t)d->Ns * d->D);
@@ -170,7 +170,7 @@ static void feed_forward_backward(const layer_pass *x) {
     proj_rows rows = {d->B, d->T, d->Ts, d->D};
     /* the region's exit backward, dy[N, D] = d/d (w2's output); then dffn_g[N, Fl] = dy w2 and
      * d w2 += dy^T ffn_g */
-    proj_linear w2 = {.site = {P_W2, l, m->when}, .W = w->w2, .dW = g->w2, .width = Fl};
+    proj_linear w2 = {.site = llama_site(m, P_W2, l), .W = w->w2, .dW = g->w2, .width = Fl};
     p->proj.out_backward(p->proj.state, p, &p->region, m->dffn_g, llama_whole(m, m->dy_full, x->dh), x->dh, a->ffn_g,
                          &w2, rows);
     /* dffn_a, dffn_b [N, Fl] through silu(a) * b */
@@ -178,8 +178,8 @@ static void feed_forward_backward(const layer_pass *x) {
     /* dxn_full[N, D] = dffn_a w1 + dffn_b w3 (this rank's units' share): ffn_in feeds both, so
      * the second GEMM adds onto the first's output; then the region's entry backward, dxn[Ns, D]
      * summed over ranks */
-    proj_linear w13[2] = {{.site = {P_W1, l, m->when}, .W = w->w1, .dW = g->w1, .dy = m->dffn_a, .width = Fl},
-                          {.site = {P_W3, l, m->when}, .W = w->w3, .dW = g->w3, .dy = m->dffn_b, .width = Fl}};
+    proj_linear w13[2] = {{.site = llama_site(m, P_W1, l), .W = w->w1, .dW = g->w1, .dy = m->dffn_a, .width = Fl},
+                          {.site = llama_site(m, P_W3, l), .W = w->w3, .dW = g->w3, .dy = m->dffn_b, .width = Fl}};
     p->proj.in_backward(p->proj.state, p, &p->region, llama_whole(m, m->dxn, m->dxn_full), m->dxn_full,
                         llama_whole(m, m->ffn_in, a->ffn_xn), w13, 2, rows);
 }

@@ -411,7 +411,7 @@ static float head_forward(llama_model *m, const int *targets, float loss_scale, 
     rmsnorm_forward(s->final_xn, s->final_rstd, s->h_final, w->norm, d->Ns, d->D, m->c.norm_eps);
     /* the vocabulary's entry, xn [N, D] (attn_in is free here), then logits[N, Vl] = xn output^T:
      * this rank's vocabulary rows (a proj_in group of one) */
-    proj_linear output = {.site = {P_OUTPUT, -1, m->when}, .W = w->output, .y = s->logits, .width = Vl};
+    proj_linear output = {.site = llama_site(m, P_OUTPUT, -1), .W = w->output, .y = s->logits, .width = Vl};
     p->proj.in_forward(p->proj.state, p, &p->vocab, llama_whole(m, m->attn_in, s->final_xn), s->final_xn, &output, 1,
                        (proj_rows){d->B, d->T, d->Ts, d->D});
     /* the sum over valid targets of -log softmax(logits)[target] */
@@ -435,7 +435,7 @@ static void head_backward(llama_model *m, float *dh, const unit_weights *w, cons
     /* dxn_full[N, D] = dlogits output (this rank's vocabulary rows' share);  d output += dlogits^T xn;
      * then the vocabulary's entry backward, dxn [Ns, D] */
     float *dxn = llama_whole(m, m->dxn, m->dxn_full);
-    proj_linear output = {.site = {P_OUTPUT, -1, m->when}, .W = w->output, .dW = g->output, .dy = s->logits, .width = Vl};
+    proj_linear output = {.site = llama_site(m, P_OUTPUT, -1), .W = w->output, .dW = g->output, .dy = s->logits, .width = Vl};
     p->proj.in_backward(p->proj.state, p, &p->vocab, dxn, m->dxn_full, xn, &output, 1, (proj_rows){B, d->T, Ts, D});
     /* dh[Ns, D] = d loss / d h_final (through the final norm); d norm += ... */
     device_zero(dh, (size_t)Ns * D * sizeof(float));

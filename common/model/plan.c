@@ -48,15 +48,16 @@ static void local_attention_backward(void *state, const llama_plan *p, float *dq
 const attention_ops attention_local = {.forward = local_attention_forward, .backward = local_attention_backward,
                                        .saved_numel = NULL};   /* the softmax, B H T T */
 
-static void fp32_linear_forward(void *state, const llama_plan *p, linear_site site, float *y, const float *x,
-                                const float *W, int N, int in, int out) {
-    linear_forward(y, x, W, N, in, out);
+/* The GEMMs in the site's precision (fp32, or bf16 operands accumulated in fp32: linear.c). */
+static void local_linear_forward(void *state, const llama_plan *p, linear_site site, float *y, const float *x,
+                                 const float *W, int N, int in, int out) {
+    linear_forward_in(site.compute, y, x, W, N, in, out);
 }
-static void fp32_linear_backward(void *state, const llama_plan *p, linear_site site, float *dx, dx_write how, float *dW,
-                                 const float *dy, const float *x, const float *W, int N, int in, int out) {
-    (how == DX_ADD ? linear_backward_accumulate : linear_backward)(dx, dW, dy, x, W, N, in, out);
+static void local_linear_backward(void *state, const llama_plan *p, linear_site site, float *dx, dx_write how,
+                                  float *dW, const float *dy, const float *x, const float *W, int N, int in, int out) {
+    linear_backward_in(site.compute, dx, how == DX_ADD ? 1.0f : 0.0f, dW, dy, x, W, N, in, out);
 }
-const linear_ops linear_fp32 = {NULL, fp32_linear_forward, fp32_linear_backward};
+const linear_ops linear_local = {NULL, local_linear_forward, local_linear_backward};
 
 /* The projection groups, as the model reads without a technique on them: the region's operator
  * and each linear of the group by the plan's linear operator, in order. */
@@ -110,7 +111,7 @@ llama_plan plan_single_device(void) {
     p.vocab = region_identity;
     p.loss = loss_local;
     p.attention = attention_local;
-    p.linear = linear_fp32;
+    p.linear = linear_local;
     p.proj = proj_local;
     p.weights = weights_resident;
     p.checkpoint.keep = ACT_KEEP_ALL;

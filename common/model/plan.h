@@ -101,11 +101,13 @@ typedef struct {
  * operator infers it from the order of its calls. */
 typedef struct { int step, pass, microbatch; } run_when;
 
-/* Which linear a call is, and when: its weight's kind (P_WQ ... P_W3, or P_OUTPUT), its layer (-1
- * for the output layer) and the model's run_when. An operator may treat linears differently
- * (chapter 07 keeps the output layer in fp32, keeps a scale history per weight, and reads
- * plan->layout[kind] to know which operands a tensor-parallel split has cut). */
-typedef struct { param_kind kind; int layer; run_when when; } linear_site;
+/* Which linear a call is, when, and in which precision: its weight's kind (P_WQ ... P_W3, or
+ * P_OUTPUT), its layer (-1 for the output layer), the model's run_when, and the model's compute
+ * type (llama_config.dtype, --dtype: fp32, or bf16 operands with fp32 accumulation). An operator
+ * may treat linears differently (chapter 07 keeps the output layer in fp32, keeps a scale history
+ * per weight, and reads plan->layout[kind] to know which operands a tensor-parallel split has
+ * cut). The model builds a site with llama_site (model.h). */
+typedef struct { param_kind kind; int layer; run_when when; dtype compute; } linear_site;
 
 /* How a linear's backward writes its input gradient: DX_SET dx = dy W; DX_ADD dx += dy W. A
  * tensor that feeds several linears (attn_in feeds wq, wk and wv; ffn_in feeds w1 and w3) gets
@@ -114,7 +116,8 @@ typedef struct { param_kind kind; int layer; run_when when; } linear_site;
 typedef enum { DX_SET, DX_ADD } dx_write;
 
 /* y = x W^T: forward x [N, in], W [out, in] -> y [N, out] (=); backward dx (as `how` says; NULL:
- * skipped), dW (+=, NULL: skipped). The fp32 GEMM by default; a float8 chapter swaps in its own. */
+ * skipped), dW (+=, NULL: skipped). The GEMMs in the site's precision by default (linear_local);
+ * a float8 chapter swaps in its own. */
 typedef struct {
     void *state;
     void (*forward)(void *state, const llama_plan *p, linear_site site, float *y, const float *x, const float *W,
@@ -343,7 +346,7 @@ llama_plan plan_single_device(void);
 extern const region_ops region_identity;
 extern const loss_ops loss_local;           /* cross_entropy_forward / backward (llama_kernels.h) */
 extern const attention_ops attention_local; /* attention_forward / backward                         */
-extern const linear_ops linear_fp32;        /* linear_forward / backward                            */
+extern const linear_ops linear_local;       /* linear_forward_in / backward_in, the site's precision */
 extern const projection_ops proj_local;     /* the region's operator, then the plan's linears        */
 extern const weight_ops weights_resident;   /* views of the parameter table                          */
 
