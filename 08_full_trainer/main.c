@@ -173,10 +173,10 @@ int main(int argc, char **argv) {
 
     /* ---- train ---- */
     t.flops_per_token = llama_flops_per_token(c);   /* 6 N + 6 L T D (causal) */
-    t.peak_flops = co.peak_tflops > 0 ? co.peak_tflops * 1e12 : probe_peak_flops();
-    log0("MFU against %.2f GFLOP/s (%s), %.2f MFLOP per token\n", t.peak_flops / 1e9,
+    t.peak_flops = co.peak_tflops > 0 ? co.peak_tflops * 1e12 : probe_peak_flops(c->dtype);
+    log0("MFU against %.2f GFLOP/s (%s%s), %.2f MFLOP per token\n", t.peak_flops / 1e9,
          co.peak_tflops > 0 ? "--peak-tflops" : "measured: a GEMM probe on every rank at once, summed",
-         t.flops_per_token / 1e6);
+         co.peak_tflops > 0 ? "" : c->dtype == DTYPE_BF16 ? ", bf16 operands" : "", t.flops_per_token / 1e6);
     char path[512];
     snprintf(path, sizeof path, "%s/metrics.csv", o.out_dir);
     if (comm_world()->rank == 0 && !o.check)

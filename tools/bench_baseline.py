@@ -1,5 +1,6 @@
-"""bench_baseline.py STEPS DIM LAYERS HEADS FFN VOCAB SEQ BATCH: PyTorch's time for the single-device
-step of tests/reference_torch.py's Llama (the same model as the C baseline) in float32: forward,
+"""bench_baseline.py STEPS DIM LAYERS HEADS FFN VOCAB SEQ BATCH [bf16]: PyTorch's time for the
+single-device step of tests/reference_torch.py's Llama (the same model as the C baseline) in float32
+(or, with bf16, under torch.autocast("cpu", torch.bfloat16): bf16 matmuls, fp32 parameters): forward,
 cross-entropy, backward and torch.optim.AdamW, one thread (the caller pins OpenBLAS too). Prints
 "pytorch ms per step: X" (the mean of STEPS steps after one warm-up step) and "gemm probe GFLOP/s: Y"
 (torch.mm of 512 x 512 matrices, the machine's single-core GEMM rate through the same BLAS)."""
@@ -14,6 +15,7 @@ import reference_torch as ref
 
 def main(argv):
     steps, D, L, H, F, V, T, B = (int(a) for a in argv[1:9])
+    bf16 = len(argv) > 9 and argv[9] == "bf16"
     torch.set_num_threads(1)
     torch.manual_seed(0)
     hd = D // H
@@ -32,7 +34,9 @@ def main(argv):
 
     def step():
         opt.zero_grad(set_to_none=False)
-        loss = ref.mean_loss(ref.forward(params, config, tokens[:, :T]), tokens[:, 1:])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = ref.forward(params, config, tokens[:, :T])
+        loss = ref.mean_loss(logits.float(), tokens[:, 1:])
         loss.backward()
         opt.step()
 

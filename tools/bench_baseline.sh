@@ -13,7 +13,11 @@
 # allocator keeps its blocks (common/backend/memory.c), so the second row compares the two
 # programs' arithmetic alone. Last, tools/bench_projections.c times a layer's projections of one
 # input (wq, wk, wv; w1, w3) as separate GEMMs and as one GEMM on the stacked weights, at the same
-# size and through the same gemm.h. A benchmark, not a test: the numbers depend on the machine and its load.
+# size and through the same gemm.h. Mixed precision (issue 37): the same step with --dtype bf16 (every
+# linear's GEMM operands in bf16, fp32 accumulation) beside PyTorch's under torch.autocast("cpu",
+# torch.bfloat16), same threads; goals on a CPU with AVX512-BF16: the C bf16 step at most 0.6x the
+# C fp32 step and faster than PyTorch's bf16 step. A benchmark, not a test: the numbers depend on
+# the machine and its load.
 set -eu
 bin=$1
 . "$(dirname "$0")/bench_lib.sh"   # median, steady_step_ms
@@ -32,29 +36,37 @@ fi
 keep_memory="MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296"
 pytorch() {   # pytorch [ENV=VALUE ...]: one run of bench_baseline.py; prints its output
     env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 ${core:+OPENBLAS_CORETYPE=$core} "$@" \
-        $py "$(dirname "$0")/bench_baseline.py" $steps $D $L $H $F $V $T $B
+        $py "$(dirname "$0")/bench_baseline.py" $steps $D $L $H $F $V $T $B ${BF16:-}
 }
-c_ms=(); py_ms=(); pk_ms=(); probe=()
+c_ms=(); py_ms=(); pk_ms=(); probe=(); cb_ms=(); pb_ms=()
 for rep in $(seq ${REPS:-3}); do
     c_ms+=("$($mpirun -np 1 "$bin" $args | steady_step_ms)")
+    cb_ms+=("$($mpirun -np 1 "$bin" $args --dtype bf16 | steady_step_ms)")
+    pb_ms+=("$(BF16=bf16 pytorch $keep_memory | sed -nE 's/^pytorch ms per step: ([0-9.]+)/\1/p')")
     out=$(pytorch)
     py_ms+=("$(echo "$out" | sed -nE 's/^pytorch ms per step: ([0-9.]+)/\1/p')")
     probe+=("$(echo "$out" | sed -nE 's/^gemm probe GFLOP\/s: ([0-9.]+)/\1/p')")
     pk_ms+=("$(pytorch $keep_memory | sed -nE 's/^pytorch ms per step: ([0-9.]+)/\1/p')")
 done
 c=$(median "${c_ms[@]}"); p=$(median "${py_ms[@]}"); k=$(median "${pk_ms[@]}"); g=$(median "${probe[@]}")
+cb=$(median "${cb_ms[@]}"); pb=$(median "${pb_ms[@]}")
 # model FLOPs of a step: 6 x (parameters outside the embedding) + 6 L T D (causal attention) per
 # token, llama_flops_per_token's definition (common/model/llama.h)
 flops=$(awk -v D=$D -v L=$L -v F=$F -v V=$V -v T=$T -v B=$B 'BEGIN {
     N = L * (4 * D * D + 3 * D * F + 2 * D) + D + V * D; print (6 * N + 6 * L * T * D) * B * T }')
-awk -v c="$c" -v p="$p" -v k="$k" -v g="$g" -v f="$flops" -v n="${REPS:-3}" 'BEGIN {
+awk -v c="$c" -v p="$p" -v k="$k" -v g="$g" -v f="$flops" -v n="${REPS:-3}" -v cb="$cb" -v pb="$pb" 'BEGIN {
     printf "single-device step, dim 512, 4 layers, seq 256, batch 8, one thread, median of %d runs\n", n
     row = "  %-36s %8.1f ms  %6.1f GFLOP/s  (%3.0f%% of the GEMM probe)\n"
     printf row, "this project (C, OpenBLAS)", c, f / c / 1e6, 100 * f / c / 1e6 / g
     printf row, "PyTorch eager (same BLAS)", p, f / p / 1e6, 100 * f / p / 1e6 / g
     printf row, "PyTorch eager, malloc keeps memory", k, f / k / 1e6, 100 * f / k / 1e6 / g
     printf "  ratio C / PyTorch: %.2f (goal <= 0.8); C / PyTorch keeping its memory: %.2f\n", c / p, c / k
-    printf "  GEMM probe %.1f GFLOP/s (512^3, one core); model FLOPs 6 N + 6 L T D a token\n", g }'
+    printf "  GEMM probe %.1f GFLOP/s (512^3, one core); model FLOPs 6 N + 6 L T D a token\n", g
+    printf "mixed precision, the same step (bf16 GEMM operands, fp32 accumulation; GFLOP/s, not against the fp32 probe):\n"
+    row16 = "  %-36s %8.1f ms  %6.1f GFLOP/s\n"
+    printf row16, "this project, --dtype bf16 (oneDNN)", cb, f / cb / 1e6
+    printf row16, "PyTorch eager, autocast bf16", pb, f / pb / 1e6
+    printf "  ratio C bf16 / C fp32: %.2f (goal <= 0.6 with AVX512-BF16); C bf16 / PyTorch bf16: %.2f (goal < 1)\n", cb / c, cb / pb }'
 # QKV and W1/W3 as single GEMMs, measured on the same BLAS (tools/bench_projections.c)
 $mpirun -np 1 "$(dirname "$bin")/tools/bench_projections" $((B * T)) $D $D $D $F ${REPS:-3}
 # a linear's GEMMs in fp32 and with bf16 operands (tools/bench_gemm_bf16.c; mixed precision, issue 37)

@@ -6,6 +6,7 @@
 
 static double loss_rtol = PARITY_LOSS_RTOL, grad_rtol = PARITY_GRAD_RTOL, grad_l2_rtol = 0;
 static bool bf16 = false;   /* parity_set_precision: the bf16 tolerances, and the l2 column */
+static double curve_rtol = 0;   /* parity_set_curves: the loss curves alone are judged */
 static int failures = 0, comparisons = 0;
 static bool verbose = true, enforced = true;
 static double worst = 0.0;
@@ -40,6 +41,15 @@ void parity_set_precision(dtype compute, double tokens) {
     loss_rtol = bf16 ? 4 * PARITY_BF16_U / sqrt(fmax(tokens, 1)) : PARITY_LOSS_RTOL;
     grad_rtol = bf16 ? 4 * PARITY_BF16_U : PARITY_GRAD_RTOL;
     grad_l2_rtol = bf16 ? 4 * PARITY_BF16_U : 0;
+}
+
+void parity_set_curves(double rtol) { curve_rtol = rtol; }
+
+bool parity_curve(double got, double ref) {
+    bool ok = fabs(got - ref) <= curve_rtol * fabs(ref) && !isnan(got);
+    comparisons++;
+    failures += !ok;
+    return ok;
 }
 
 double parity_rel_l2(const float *got, const float *ref, size_t n) {
@@ -93,7 +103,8 @@ void parity_fail(const char *what) {
 
 int parity_report(void) {
     char tol[160];
-    if (bf16) snprintf(tol, sizeof tol, "bf16: loss %.1e, gradients %.1e max and %.1e l2", loss_rtol, grad_rtol, grad_l2_rtol);
+    if (curve_rtol > 0) snprintf(tol, sizeof tol, "the loss curves against the baseline's precision: %.0f%%", 100 * curve_rtol);
+    else if (bf16) snprintf(tol, sizeof tol, "bf16: loss %.1e, gradients %.1e max and %.1e l2", loss_rtol, grad_rtol, grad_l2_rtol);
     else snprintf(tol, sizeof tol, "loss %.0e, gradients %.0e", loss_rtol, grad_rtol);
     if (failures == 0)
         log0("PARITY OK: %d comparisons within tolerance (%s)\n", comparisons, tol);

@@ -27,6 +27,10 @@ C_BEGIN
  * and a second measure per gradient, the relative l2 difference ||ga - gb|| / ||gb||. `tokens`:
  * the global batch's tokens (B*T), for the loss's. */
 void parity_set_precision(dtype compute, double tokens);
+/* --baseline-dtype: the run is compared with a baseline in another precision by its loss curve
+ * alone (run.c); parity_curve records that one comparison, within `rtol` of the baseline's. */
+void parity_set_curves(double rtol);
+bool parity_curve(double got, double ref);
 /* ||got - ref||_2 / ||ref||_2 (0/0 counts as 0, x/0 as inf). */
 double parity_rel_l2(const float *got, const float *ref, size_t n);
 /* true when the losses agree; records a failure otherwise. */

@@ -28,6 +28,7 @@ run_options run_options_default(const char *chapter, const plan_fault *faults) {
     o.batch = 4;
     o.steps = 5;
     o.seed = 1234;
+    o.baseline_dtype = -1;   /* the baseline computes as the run does */
     snprintf(out_buf, sizeof out_buf, "out/%s", chapter);
     o.out_dir = out_buf;
     return o;
@@ -74,6 +75,8 @@ static void usage_common(const run_options *parsed) {
          "  --clip-grad-norm X  scale the gradients so their global norm is at most X (default %s)\n"
          "  --dtype T        compute precision, fp32 or bf16: the linears' GEMMs on bf16 operands,\n"
          "                   accumulated in fp32; weights, gradients, AdamW state fp32 (default fp32)\n"
+         "  --baseline-dtype T  with --check, the baseline's precision (default: --dtype's); another\n"
+         "                   one compares the loss curves: the final loss within 1%% of the baseline's\n"
          "  --timeout S      end the job (exit 3) when a rank waits more than S seconds for the\n"
          "                   others: one stopped or died (default %.0f; 0: never)\n"
          "  --fault NAME     a deliberate bug, to see the parity check catch it:\n",
@@ -83,6 +86,8 @@ static void usage_common(const run_options *parsed) {
     for (const plan_fault *f = o->faults; f && f->name; f++) log0("                     %-26s %s\n", f->name, f->what);
     if (!o->faults || !o->faults[0].name) log0("                     (this chapter has none)\n");
 }
+
+static const char *const dtype_names[] = {"fp32", "bf16", NULL};   /* in dtype's order */
 
 int run_options_parse(run_options *o, int code, const char *arg, const char *chapter_usage) {
     llama_config *m = &o->model;
@@ -108,11 +113,8 @@ int run_options_parse(run_options *o, int code, const char *arg, const char *cha
     case RUN_OPT_FAULT: o->fault = arg; break;
     case RUN_OPT_TIMEOUT: guard_set_timeout(cli_float("--timeout", arg, 0.0f, 1e6f)); break;
     case RUN_OPT_CLIP: o->opt.clip_grad_norm = cli_float("--clip-grad-norm", arg, 1e-6f, 1e6f); break;
-    case RUN_OPT_DTYPE: {
-        static const char *const dtypes[] = {"fp32", "bf16", NULL};   /* in dtype's order */
-        m->dtype = (dtype)cli_choice("--dtype", arg, dtypes);
-        break;
-    }
+    case RUN_OPT_DTYPE: m->dtype = (dtype)cli_choice("--dtype", arg, dtype_names); break;
+    case RUN_OPT_BASELINE_DTYPE: o->baseline_dtype = cli_choice("--baseline-dtype", arg, dtype_names); break;
     case RUN_OPT_HELP:
         log0("%s", chapter_usage);
         usage_common(o);
@@ -132,6 +134,9 @@ static const plan_fault *find_fault(const run_options *o, const char *name) {
 
 void run_options_validate(run_options *o) {
     if (o->kv_heads_follow_heads && !o->kv_heads_given) o->model.n_kv_heads = o->model.n_heads;
+    if (o->baseline_dtype >= 0 && !o->check)
+        comm_exit_usage("--baseline-dtype %s without --check: it is the precision of the --check baseline",
+                        dtype_name((dtype)o->baseline_dtype));
     char err[512];
     if (llama_config_check(&o->model, o->batch, o->model.seq_len, err, sizeof err) != 0)
         comm_exit_usage("%s", err);
@@ -337,16 +342,33 @@ struct baseline_check {
     const char *unjudged;    /* step 1's gradients shown, not judged, because of this; or NULL */
     double *near_zero;       /* bf16, rank 0: per tensor, the share of step 1's baseline gradient
                               * elements within the gradient tolerance of zero (compare_params)  */
+    bool curve;              /* --baseline-dtype another than --dtype: the loss curves compared  */
+    int curve_steps;         /* the last this many steps' mean losses are compared              */
+    double curve_loss, curve_base_loss;   /* their sums                                         */
 };
+
+/* --baseline-dtype: a run in one precision beside a baseline in another does not compute the same
+ * numbers (bf16 against fp32: every GEMM operand rounded), so it is judged as training is: the mean
+ * loss of the last CURVE_STEPS steps within CURVE_RTOL of the baseline's (issue 37's goal). */
+#define CURVE_STEPS 10
+#define CURVE_RTOL 0.01
 
 baseline_check *run_baseline_create(const run_options *o, const llama_plan *plan, bool first_step_only) {
     if (!o->check) return NULL;
-    parity_set_precision(o->model.dtype, (double)o->batch * o->model.seq_len);
     baseline_check *b = calloc(1, sizeof *b);
     b->first_step_only = first_step_only;
     b->near_zero = calloc((size_t)llama_num_params(&o->model), sizeof *b->near_zero);
+    llama_config c = o->model;   /* the baseline's precision: the run's, or --baseline-dtype's */
+    if (o->baseline_dtype >= 0) c.dtype = (dtype)o->baseline_dtype;
+    b->curve = c.dtype != o->model.dtype;
+    b->curve_steps = o->steps < CURVE_STEPS ? o->steps : CURVE_STEPS;
+    if (b->curve) parity_set_curves(CURVE_RTOL);
+    else parity_set_precision(c.dtype, (double)o->batch * o->model.seq_len);
+    if (b->curve)
+        log0("--check against a %s baseline: the loss curves compared (the mean of the last %d steps within %.0f%%), "
+             "the gradients shown, not judged\n", dtype_name(c.dtype), b->curve_steps, 100 * CURVE_RTOL);
     if (comm_world()->rank == 0)
-        b->base = plan ? llama_create(&o->model, plan, o->batch, o->seed) : llama_create_baseline(&o->model, o->batch, o->seed);
+        b->base = plan ? llama_create(&c, plan, o->batch, o->seed) : llama_create_baseline(&c, o->batch, o->seed);
     return b;
 }
 
@@ -363,14 +385,18 @@ static void compare_step(const run_options *o, int step, double loss, double bas
     llama_model *base = check->base;
     bool root = comm_world()->rank == 0;
     bool table = step == 1 || o->verbose_grads;
-    if (root && (step == 1 || !check->first_step_only)) parity_loss(step, loss, base_loss);
+    if (check->curve && step > o->steps - check->curve_steps) {   /* the curves: judged at the end */
+        ((baseline_check *)check)->curve_loss += loss;
+        ((baseline_check *)check)->curve_base_loss += base_loss;
+    }
+    if (root && !check->curve && (step == 1 || !check->first_step_only)) parity_loss(step, loss, base_loss);
     /* Gradients are judged on step 1, where both models hold the same parameters. After that
      * the two runs have taken AdamW steps from gradients that differ in their last bits, and
      * AdamW's normalisation (m / sqrt(v)) turns a rounding-level difference in a near-zero
      * gradient element into a parameter difference of up to lr: later gradients then differ
      * by an amount proportional to lr, not to rounding. They are shown, not judged; the loss,
      * judged on every step, covers the whole trajectory. */
-    const char *unjudged = root && step == 1 ? check->unjudged : NULL;
+    const char *unjudged = root && step == 1 ? check->curve ? "the baseline computes in another precision" : check->unjudged : NULL;
     if (unjudged) log0("  step 1's gradients: shown, not judged: %s\n", unjudged);
     parity_set_grads_enforced(step == 1 && !unjudged);
     parity_set_verbose(table);
@@ -443,6 +469,17 @@ static void compare_params(const run_options *o, llama_model *model, const basel
     }
     free(full);
     free(ref);
+}
+
+/* --baseline-dtype: the mean loss of the last steps against the baseline's (rank 0). */
+static void compare_curves(const run_options *o, const baseline_check *check) {
+    if (comm_world()->rank != 0) return;
+    int k = check->curve_steps;
+    double got = check->curve_loss / k, ref = check->curve_base_loss / k, rel = fabs(got - ref) / fabs(ref);
+    bool ok = parity_curve(got, ref);
+    log0("  loss curves: the mean of the last %d steps %.6f (%s), the baseline's %.6f (%s): %.3f%% apart, "
+         "allowed %.0f%%  %s\n", k, got, dtype_name(o->model.dtype), ref, dtype_name((dtype)o->baseline_dtype),
+         100 * rel, 100 * CURVE_RTOL, ok ? "ok" : "FAIL");
 }
 
 /* --dump: every full tensor (parameters, or gradients), gathered to rank 0 and written. */
@@ -606,6 +643,35 @@ void run_step_check(run_loop *l, const run_step_result *r) {
     }
 }
 
+/* Of this step's updates of the values this rank holds (`before`: the values before it, host), those
+ * a bf16 master copy would lose: w + delta rounds back to bf16(w) when delta is below half a bf16
+ * ulp of w (2^-9 |w|). Printed in all and for the norm weights, which sit at 1: an ulp of 2^-7,
+ * above AdamW's update of about lr. */
+static void report_lost_updates(const param_table *t, const float *before, int step) {
+    bool shard = t->storage[PARAM_VALUES] == STORE_SHARD;
+    size_t n = shard ? t->shard_numel : t->whole_numel;
+    float *after = malloc(n * sizeof(float));
+    device_copy_to_host(after, t->params, n * sizeof(float));
+    size_t moved[2] = {0, 0}, lost[2] = {0, 0};   /* [0] every value, [1] the norm weights */
+    for (int i = 0; i < t->n; i++) {
+        const param_tensor *p = &t->t[i];
+        if (!p->here) continue;
+        bool norm = p->spec.kind == P_ATTENTION_NORM || p->spec.kind == P_FFN_NORM || p->spec.kind == P_NORM;
+        size_t first = shard ? p->offset_shard : p->offset_whole;
+        size_t count = (size_t)(shard ? p->own_units : p->real_units) * p->width;
+        for (size_t k = first; k < first + count; k++) {
+            if (after[k] == before[k]) continue;
+            bool gone = bf16_from_float(after[k]) == bf16_from_float(before[k]);
+            for (int g = 0; g <= (int)norm; g++) moved[g]++, lost[g] += gone;
+        }
+    }
+    log0("  bf16 master weights would lose %zu of world rank 0's %zu updates at step %d (%.1f%%; the norm "
+         "weights %zu of %zu): an update below half a bf16 ulp of its weight (2^-9 |w|) rounds back to it. "
+         "This run keeps fp32 master weights.\n", lost[0], moved[0], step, moved[0] ? 100.0 * lost[0] / moved[0] : 0.0,
+         lost[1], moved[1]);
+    free(after);
+}
+
 void run_update(run_loop *l, run_step_result *r) {
     const run_options *o = l->o;
     llama_model *base = l->check ? l->check->base : NULL;
@@ -618,8 +684,16 @@ void run_update(run_loop *l, run_step_result *r) {
         if (!l->own_metrics)
             log0("         grad norm %.6g (baseline %.6g), clipped to %g\n", r->grad_norm, base_norm, o->opt.clip_grad_norm);
     }
+    /* with bf16 compute, the last step shows why the master weights stay fp32 (world rank 0's) */
+    param_table *t = l->model->params;
+    bool show_lost = o->model.dtype == DTYPE_BF16 && r->step == o->steps && comm_world()->rank == 0;
+    size_t n = t->storage[PARAM_VALUES] == STORE_SHARD ? t->shard_numel : t->whole_numel;
+    float *before = show_lost ? malloc(n * sizeof(float)) : NULL;
+    if (show_lost) device_copy_to_host(before, t->params, n * sizeof(float));
     llama_adamw_step(l->model, &opt, r->step);
     r->seconds += run_clock_stop(&l->clock);
+    if (show_lost) report_lost_updates(t, before, r->step);
+    free(before);
     if (base) llama_adamw_step(base, &opt, r->step);
     if (isnan(r->lr)) r->lr = opt.lr;
 }
@@ -629,7 +703,8 @@ run_clock run_loop_end(run_loop *l) {
     baseline_check *check = l->check;
     csv_close(l->csv);
     run_require_written();
-    if (check && !check->first_step_only) compare_params(o, l->model, check);
+    if (check && check->curve) compare_curves(o, check);
+    else if (check && !check->first_step_only) compare_params(o, l->model, check);
     else if (check && o->steps > 1)
         log0("  losses after step 1 and the parameters after the last step: shown, not judged (see above)\n");
     if (o->dump_dir) dump_require(o, comm_world()->rank == 0 ? dump_commit() : 0);   /* the finished dump, in one rename */

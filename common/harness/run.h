@@ -39,6 +39,8 @@ typedef struct {
     bool kv_heads_follow_heads; /* set before parsing: without --n-kv-heads, n_kv_heads =
                                  * n_heads (no grouping), so every tp dividing the heads runs */
     bool kv_heads_given;     /* --n-kv-heads was on the command line                    */
+    int baseline_dtype;      /* --baseline-dtype: the --check baseline's precision; -1: --dtype's.
+                              * Another than --dtype compares curves, not parity (run.c)   */
 } run_options;
 
 /* getopt_long codes of the shared flags (above any single-character option). */
@@ -46,7 +48,7 @@ enum {
     RUN_OPT_DIM = 1000, RUN_OPT_LAYERS, RUN_OPT_HEADS, RUN_OPT_KV_HEADS, RUN_OPT_FFN,
     RUN_OPT_VOCAB, RUN_OPT_SEQ, RUN_OPT_BATCH, RUN_OPT_STEPS, RUN_OPT_LR, RUN_OPT_SEED,
     RUN_OPT_CHECK, RUN_OPT_VERBOSE, RUN_OPT_DUMP, RUN_OPT_OUT, RUN_OPT_FAULT, RUN_OPT_TIMEOUT, RUN_OPT_CLIP, RUN_OPT_DTYPE,
-    RUN_OPT_HELP
+    RUN_OPT_BASELINE_DTYPE, RUN_OPT_HELP
 };
 #define RUN_FLAGS                                                                              \
     {"dim", required_argument, 0, RUN_OPT_DIM}, {"n-layers", required_argument, 0, RUN_OPT_LAYERS}, \
@@ -61,6 +63,7 @@ enum {
     {"fault", required_argument, 0, RUN_OPT_FAULT}, {"timeout", required_argument, 0, RUN_OPT_TIMEOUT}, \
     {"clip-grad-norm", required_argument, 0, RUN_OPT_CLIP},                                      \
     {"dtype", required_argument, 0, RUN_OPT_DTYPE},                                              \
+    {"baseline-dtype", required_argument, 0, RUN_OPT_BASELINE_DTYPE},                            \
     {"help", no_argument, 0, RUN_OPT_HELP}
 
 /* Defaults: llama_config_default(), adamw_config_default(), batch 4, 5 steps, seed 1234,
