@@ -107,14 +107,19 @@ int main(int argc, char **argv) {
     /* every path the run writes, checked with --out and --dump before anything is allocated
      * (outputs.h): the checkpoints' directory created and locked, the export and the metrics
      * never on the text read nor inside the checkpoints' directory */
-    char metrics_path[512];
+    char metrics_path[512], curves_path[512];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.csv", o.out_dir);
+    /* --check against a baseline in another precision (--baseline-dtype): both loss curves */
+    bool curves = o.check && o.baseline_dtype >= 0 && o.baseline_dtype != (int)c->dtype;
+    snprintf(curves_path, sizeof curves_path, "%s/loss_curves_%s_%s.csv", o.out_dir, dtype_name(c->dtype),
+             curves ? dtype_name((dtype)o.baseline_dtype) : "");
     run_path paths[] = {
         {"--data", co.data, RUN_PATH_INPUT, NULL, false, false},
         /* (a run that only resumes reads it: no writer's lock, so two such runs may share it) */
         {"--ckpt-dir", co.ckpt_dir, co.ckpt_every > 0 ? RUN_PATH_OUTPUT_DIR : RUN_PATH_INPUT,
          "whose files the checkpoints own (DIR/latest, DIR/step_N)", co.ckpt_every > 0, co.ckpt_every > 0},
         {"--out", o.check ? NULL : metrics_path, RUN_PATH_OUTPUT_FILE, NULL, false, false},
+        {"--out", curves ? curves_path : NULL, RUN_PATH_OUTPUT_FILE, NULL, false, false},
         {"--export", co.export_path, RUN_PATH_OUTPUT_FILE, NULL, false, true}};   /* (locked: one writer) */
     llama_model *model = run_model_paths(&o, &plan, paths, (int)(sizeof paths / sizeof *paths));
 
@@ -181,7 +186,8 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/metrics.csv", o.out_dir);
     if (comm_world()->rank == 0 && !o.check)
         t.csv = csv_open(path, "step,loss,val_loss,lr,grad_norm,tokens_per_s,step_ms,mfu,mem_bytes,unigram_loss");
-    run_loop loop = run_loop_begin(&o, model, run_baseline_create(&o, fp8 ? &baseline : NULL, fp8), "4-D", NULL);
+    run_loop loop = run_loop_begin(&o, model, run_baseline_create(&o, fp8 ? &baseline : NULL, fp8), "4-D",
+                                    curves ? curves_path : NULL);
     loop.own_metrics = true;   /* the metrics line; the step line of run.h beside the baseline only */
     for (int step = first_step; step <= o.steps; step++) {
         trainer_batch(&loop, &corpus, step);                         /* accum micro-batches of text */

@@ -11,6 +11,8 @@
  * Every tensor goes through device_alloc and device copies, so the same test runs on the CUDA
  * backend (make test BACKEND=cuda on a GPU machine).
  */
+#include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,6 +261,90 @@ static void test_residual_rmsnorm(void) {
     for (int i = 0; i < RMS_N; i++)
         CHECK(got_rstd[i] == want_rstd[i], "residual_rmsnorm rstd[%d] %.9g != rmsnorm's %.9g", i, got_rstd[i], want_rstd[i]);
     device_free(w_dev); device_free(res_dev); device_free(out_dev); device_free(rstd_dev); device_free(h_dev);
+}
+
+/* ---- linear in bf16 (--dtype bf16) --------------------------------------------------------------
+ * linear_forward_in / linear_backward_in with DTYPE_BF16: each GEMM's operands rounded to bf16,
+ * the products accumulated in fp32, the outputs not rounded. Against double references of the
+ * rounded operands, within fp32 accumulation's bound (2 K 2^-24 sum |a b|); and the test can fail:
+ * the unrounded operands' reference lies outside that bound somewhere (a missing rounding is
+ * seen), and some output is not a bf16 value (an extra rounding of the output would be seen). */
+enum { LB_N = 16, LB_IN = 64, LB_OUT = 32 };
+
+static float bf(float x) { return bf16_to_float(bf16_from_float(x)); }
+
+/* C[M, N] = sum_k A(m, k) B(n, k) in double, A(m, k) = A[m * sa + k * ka], likewise B; with
+ * `round` the operands rounded to bf16 first. bound[] = 2 K 2^-24 sum |a b| (fp32 accumulation). */
+static void gemm_ref(double *C, double *bound, const float *A, int sa, int ka, const float *B, int sb, int kb,
+                     int M, int N, int K, bool round) {
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double acc = 0, mag = 0;
+            for (int k = 0; k < K; k++) {
+                double a = A[m * sa + k * ka], b = B[n * sb + k * kb];
+                if (round) a = bf((float)a), b = bf((float)b);
+                acc += a * b;
+                mag += fabs(a * b);
+            }
+            C[m * N + n] = acc;
+            if (bound) bound[m * N + n] = 2.0 * K * ldexp(1.0, -24) * mag + 1e-30;
+        }
+}
+
+/* how many of got[n] are within bound[n] of want[n] */
+static int within(const float *got, const double *want, const double *bound, int n) {
+    int ok = 0;
+    for (int i = 0; i < n; i++) ok += fabs(got[i] - want[i]) <= bound[i];
+    return ok;
+}
+
+static void test_linear_bf16(void) {
+    enum { NX = LB_N * LB_IN, NW = LB_OUT * LB_IN, NY = LB_N * LB_OUT };
+    static float x[NX], W[NW], dy[NY], y[NY], dx[NX], dW[NW];
+    static double want[NX > NW ? NX : NW], bound[NX > NW ? NX : NW], plain[NX > NW ? NX : NW];
+    fill_uniform(x, NX, -1, 1);
+    fill_uniform(W, NW, -1, 1);
+    fill_uniform(dy, NY, -1, 1);
+    float *x_dev = tu_upload(x, NX), *W_dev = tu_upload(W, NW), *dy_dev = tu_upload(dy, NY);
+    float *y_dev = device_alloc_floats(NY, MEM_BUFFERS);
+
+    /* forward: y = bf16(x) bf16(W)^T */
+    linear_forward_in(DTYPE_BF16, y_dev, x_dev, W_dev, LB_N, LB_IN, LB_OUT);
+    download(y, y_dev, NY);
+    gemm_ref(want, bound, x, LB_IN, 1, W, LB_IN, 1, LB_N, LB_OUT, LB_IN, true);
+    gemm_ref(plain, NULL, x, LB_IN, 1, W, LB_IN, 1, LB_N, LB_OUT, LB_IN, false);
+    CHECK(within(y, want, bound, NY) == NY, "bf16 linear forward: %d of %d outputs outside fp32 accumulation's "
+          "bound of the bf16 operands' product", NY - within(y, want, bound, NY), NY);
+    CHECK(within(y, plain, bound, NY) < NY, "bf16 linear forward: every output within the bound of the unrounded "
+          "operands' product too: the test could not see a missing rounding");
+    int bf16_valued = 0;
+    for (int i = 0; i < NY; i++) bf16_valued += y[i] == bf(y[i]);
+    CHECK(bf16_valued < NY, "bf16 linear forward: every output is a bf16 value: the output was rounded");
+
+    /* backward: dx = bf16(dy) bf16(W) (set, then added: dx_beta 1), dW += bf16(dy)^T bf16(x) */
+    for (int i = 0; i < NW; i++) dW[i] = 0.5f;
+    float *dx_dev = device_alloc_floats(NX, MEM_BUFFERS), *dW_dev = tu_upload(dW, NW);
+    linear_backward_in(DTYPE_BF16, dx_dev, 0.0f, dW_dev, dy_dev, x_dev, W_dev, LB_N, LB_IN, LB_OUT);
+    download(dx, dx_dev, NX);
+    download(dW, dW_dev, NW);
+    gemm_ref(want, bound, dy, LB_OUT, 1, W, 1, LB_IN, LB_N, LB_IN, LB_OUT, true);   /* dx[n, i] = sum_o dy[n, o] W[o, i] */
+    CHECK(within(dx, want, bound, NX) == NX, "bf16 linear dx: %d of %d outside the bound", NX - within(dx, want, bound, NX), NX);
+    gemm_ref(want, bound, dy, 1, LB_OUT, x, 1, LB_IN, LB_OUT, LB_IN, LB_N, true);   /* dW[o, i] = sum_n dy[n, o] x[n, i] */
+    for (int i = 0; i < NW; i++) want[i] += 0.5, bound[i] += ldexp(0.5, -23);      /* (+= onto 0.5: one rounding more) */
+    CHECK(within(dW, want, bound, NW) == NW, "bf16 linear dW (+=): %d of %d outside the bound", NW - within(dW, want, bound, NW), NW);
+    float dx1[NX];
+    linear_backward_in(DTYPE_BF16, dx_dev, 1.0f, NULL, dy_dev, x_dev, W_dev, LB_N, LB_IN, LB_OUT);
+    download(dx1, dx_dev, NX);
+    for (int i = 0; i < NX; i++) CHECK_CLOSE(dx1[i], 2.0 * dx[i], 1e-6, 1e-6, "bf16 linear dx (dx_beta 1: added)");
+
+    /* DTYPE_F32 is the fp32 linear, bit for bit */
+    float y32[NY], yref[NY];
+    linear_forward_in(DTYPE_F32, y_dev, x_dev, W_dev, LB_N, LB_IN, LB_OUT);
+    download(y32, y_dev, NY);
+    linear_forward(y_dev, x_dev, W_dev, LB_N, LB_IN, LB_OUT);
+    download(yref, y_dev, NY);
+    CHECK(memcmp(y32, yref, sizeof y32) == 0, "linear_forward_in(DTYPE_F32) differs from linear_forward");
+    device_free(x_dev); device_free(W_dev); device_free(dy_dev); device_free(y_dev); device_free(dx_dev); device_free(dW_dev);
 }
 
 /* ---- linear ------------------------------------------------------------------------------------ */
@@ -781,6 +867,7 @@ int main(int argc, char **argv) {
     test_rmsnorm();
     test_residual_rmsnorm();
     test_linear();
+    test_linear_bf16();
     test_rope();
     test_attention(2, 5, 4, 2, 4);   /* grouped-query: two query heads per kv head */
     test_attention(1, 4, 2, 2, 8);   /* plain multi-head */
