@@ -5,6 +5,7 @@
 #include "comm.h"
 #include "device.h"
 #include "files.h"
+#include "llama_kernels.h"
 #include "log.h"
 #include "parity.h"
 #include "report.h"
@@ -139,6 +140,33 @@ int float8_report_traffic(const run_options *o, device_mesh *mesh, const llama_p
         e[n++] = (comm_expectation){plan->groups.tp, COLL_ALL_REDUCE, calls, bytes, formula};
     }
     return n_groups ? report_communication(groups, n_groups, o->steps, e, n) : 0;
+}
+
+int bf16_report_roundings(const run_options *o, const llama_model *m) {
+    const llama_config *c = &o->model;
+    const llama_dims *d = &m->d;
+    /* this rank's tokens N, the model's widths, the tp slices of the heads and the ffn units */
+    double L = c->n_layers, N = d->N, D = d->D, V = c->vocab_size, hd = d->hd;
+    double Hl = d->Hl, Hkvl = d->Hkvl, Fl = d->Fl;
+    double per_step = 0;   /* elements rounded to bf16 in one training step, on this rank */
+    const char *formula = "the operands of every GEMM of the linears";
+    /* BEGIN ASSIGNMENT: the bf16 roundings: how many elements this rank's linears round to bf16 in one training step (forward and backward), in L, N, D, V, hd, Hl, Hkvl and Fl */
+    /* a linear [N, in] -> [N, out]: x and W forward; dy, W and x backward */
+#define ROUNDED(in, out) (2 * N * (in) + 2 * (out) * (in) + N * (out))
+    per_step = L * (ROUNDED(D, Hl * hd) + 2 * ROUNDED(D, Hkvl * hd) + ROUNDED(Hl * hd, D)
+                    + 2 * ROUNDED(D, Fl) + ROUNDED(Fl, D)) + ROUNDED(D, V);
+#undef ROUNDED
+    /* END ASSIGNMENT */
+    /* BEGIN SOLUTION 07: the bf16 roundings */
+    formula = "(2 N in + 2 out in + N out) over the 7 L linears and the output layer";
+    /* END SOLUTION */
+    double measured = (double)linear_bf16_rounded() / o->steps;
+    bool ok = fabs(measured - per_step) < 0.5;
+    int wrong = (int)comm_host_sum(comm_world(), ok ? 0 : 1);   /* every rank's own count */
+    log0("bf16 roundings per step on world rank 0: %.0f elements | %.0f  %s%s\n", measured, per_step, formula,
+         ok ? "" : " MISMATCH");
+    if (wrong) parity_fail("a rank rounded another number of elements to bf16 than the formula (above)");
+    return wrong ? 1 : 0;
 }
 
 /* Layer 0's w1, gathered to rank 0, scaled tensorwise into E4M3 (s = 448 / amax): each element's

@@ -7,6 +7,9 @@
 #include "../04_fsdp/data_parallel.h"
 #include "float8_linear.h"
 
+/* --dtype bf16 (with --fp8 off): the elements this rank's linears rounded to bf16 in a step
+ * (linear.c counts them; the baseline's are not counted), beside their formula, on every rank. */
+int bf16_report_roundings(const run_options *o, const llama_model *m);
 /* Per step: tp's all-reduces (chapter 01's, and the float8 linears' amaxes) and, under FSDP,
  * dp_shard's all-gathers (block weights 1 byte per element with the float8 all-gather), reduce-
  * scatters and amax all-reduces, beside their formulas. */

@@ -152,6 +152,7 @@ int main(int argc, char **argv) {
     log0("\n");
     int mismatches = 0;
     mismatches += float8_report_traffic(&o, mesh, &plan, model, co.fp8.recipe, co.gather_in_float8);
+    if (c->dtype == DTYPE_BF16) mismatches += bf16_report_roundings(&o, model);   /* --fp8 off --dtype bf16 */
     if (co.fp8.recipe != FLOAT8_OFF) {
         mismatches += float8_report_accuracy(&plan, co.fp8.recipe, co.gather_in_float8 ? &gather : NULL);
         if (o.check) mismatches += float8_report_casts(&baseline);

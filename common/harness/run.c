@@ -11,6 +11,7 @@
 #include "dump.h"
 #include "files.h"
 #include "guard.h"
+#include "llama_kernels.h"
 #include "log.h"
 #include "outputs.h"
 #include "parity.h"
@@ -618,12 +619,15 @@ run_step_result run_step(run_loop *l, int step, double lr) {
         llama_begin_pass(model, step);
         r.loss += run_forward_backward(model, l->dev_tokens, l->dev_targets, scale, true, &r.dh0);
         r.fb_seconds += run_clock_stop(&l->clock);
-        if (base) {   /* the baseline's half, on the same global batch; its buffers are not this rank's */
+        if (base) {   /* the baseline's half, on the same global batch; its buffers and its bf16
+                       * roundings are not this rank's */
             mem_peaks own = mem_peaks_save();
+            size_t rounded = linear_bf16_rounded();
             llama_begin_pass(base, step);
             r.base_loss += llama_forward(base, l->dev_tokens, l->dev_targets, scale);
             llama_backward(base);   /* (one device: no reductions to defer) */
             mem_peaks_restore(&own);
+            linear_bf16_uncount(linear_bf16_rounded() - rounded);
         }
     }
     r.seconds = r.fb_seconds;

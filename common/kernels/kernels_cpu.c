@@ -34,6 +34,7 @@ void scale_inplace(float *y, float a, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] *= a;
 }
 
-void cast_to_bf16(uint16_t *out, const float *x, size_t n) {
+void cast_to_bf16(uint16_t *restrict out, const float *restrict x, size_t n) {
+#pragma omp simd
     for (size_t i = 0; i < n; i++) out[i] = bf16_from_float(x[i]);
 }

@@ -35,10 +35,16 @@ void linear_backward_accumulate(float *dx, float *dW, const float *dy, const flo
 
 /* ---- in a compute precision (mixed precision: --dtype bf16) ---------------------------------- */
 
+/* The elements rounded to bf16 so far (chapter 07 sets a step's count beside its formula). */
+static size_t rounded;
+size_t linear_bf16_rounded(void) { return rounded; }
+void linear_bf16_uncount(size_t n) { rounded -= n; }
+
 /* A bf16 copy of x[n] for the call's GEMMs (MEM_BUFFERS; freed by the caller). */
 static uint16_t *bf16_copy(const float *x, size_t n) {
     uint16_t *h = device_alloc_elems(n, DTYPE_BF16, MEM_BUFFERS);
     cast_to_bf16(h, x, n);
+    rounded += n;
     return h;
 }
 

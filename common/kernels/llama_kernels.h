@@ -63,6 +63,11 @@ void linear_backward_accumulate(float *dx, float *dW, const float *dy, const flo
 void linear_forward_in(dtype compute, float *y, const float *x, const float *W, int N, int in, int out);
 void linear_backward_in(dtype compute, float *dx, float dx_beta, float *dW, const float *dy, const float *x,
                         const float *W, int N, int in, int out);
+/* The elements the two functions above have rounded to bf16 on this rank, since the start (every
+ * operand copy counts its elements); uncount takes back n of them (the --check baseline's, which
+ * are not this rank's run). */
+size_t linear_bf16_rounded(void);
+void linear_bf16_uncount(size_t n);
 
 /* ---- RoPE on interleaved pairs (2j, 2j+1) of each head, theta^(-2j/hd) ------------------
  * rope_table: cos_sin[T, hd/2, 2] = cos and sin of pair j's angle at positions[t] (device ints:
