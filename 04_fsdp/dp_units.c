@@ -363,6 +363,35 @@ static const char *skip_grad_reduce(llama_plan *p) {
     s->all_reduce = keep_own_gradient;
     return NULL;
 }
+/* --fault grad-reduce-bf16: the gradients are summed in bf16 where fp32 was asked (mixed
+ * precision's reduce_dtype): each rank's gradient rounded to bf16, the sum rounded at each step of
+ * the collective. Half the bytes move, which the traffic table's formula (4 bytes an element)
+ * catches under any --dtype; in fp32 the gradients' parity catches it too (2^-9 relative). */
+static comm_request reduce_scatter_bf16(comm_group *g, const float *send, float *recv, size_t count) {
+    size_t n = count * (size_t)g->size;
+    uint16_t *all = device_alloc_elems(n, DTYPE_BF16, MEM_BUFFERS), *mine = device_alloc_elems(count, DTYPE_BF16, MEM_BUFFERS);
+    cast_to_bf16(all, send, n);
+    comm_reduce_scatter_typed(g, DTYPE_BF16, all, mine, count);
+    cast_from_bf16(recv, mine, count);
+    device_free(all);
+    device_free(mine);
+    return (comm_request){0};   /* complete: it blocked */
+}
+static comm_request all_reduce_bf16(comm_group *g, float *buf, size_t count, comm_op op) {
+    uint16_t *h = device_alloc_elems(count, DTYPE_BF16, MEM_BUFFERS);
+    cast_to_bf16(h, buf, count);
+    comm_all_reduce_typed(g, DTYPE_BF16, h, count, op);
+    cast_from_bf16(buf, h, count);
+    device_free(h);
+    return (comm_request){0};
+}
+static const char *grad_reduce_bf16(llama_plan *p) {
+    dp_state *s = plan_state(p, &data_parallel_technique);
+    s->reduce_scatter = reduce_scatter_bf16;
+    s->all_reduce = all_reduce_bf16;
+    return NULL;
+}
 const plan_fault data_parallel_faults[] = {
     {"skip-grad-reduce", "the gradients are not summed over the data-parallel ranks", skip_grad_reduce},
+    {"grad-reduce-bf16", "the gradients are summed in bf16, where fp32 was asked", grad_reduce_bf16},
     {0}};

@@ -30,5 +30,7 @@ void scale_inplace(float *y, float a, size_t n);
 /* out[n] = x[n] rounded to bf16 (nearest, ties to even; dtype.h's bf16_from_float): the cast that
  * mixed precision puts before a GEMM's bf16 operands (linear.c). */
 void cast_to_bf16(uint16_t *out, const float *x, size_t n);
+/* out[n] = x[n] widened to fp32 (exact: a bf16 value is an fp32 value with 16 zero low bits). */
+void cast_from_bf16(float *out, const uint16_t *x, size_t n);
 
 C_END

@@ -38,3 +38,8 @@ void cast_to_bf16(uint16_t *restrict out, const float *restrict x, size_t n) {
 #pragma omp simd
     for (size_t i = 0; i < n; i++) out[i] = bf16_from_float(x[i]);
 }
+
+void cast_from_bf16(float *restrict out, const uint16_t *restrict x, size_t n) {
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) out[i] = bf16_to_float(x[i]);
+}

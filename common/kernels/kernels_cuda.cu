@@ -137,3 +137,14 @@ void cast_to_bf16(uint16_t *out, const float *x, size_t n) {
     cast_to_bf16_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(out, x, n);
     CUDA_CHECK_LAUNCH();
 }
+
+static __global__ void cast_from_bf16_kernel(float *out, const uint16_t *x, size_t n) {
+    GRID_STRIDE_LOOP(i, n) out[i] = bf16_to_float(x[i]);
+}
+
+/* out[n] = x[n] widened to fp32 (exact) */
+void cast_from_bf16(float *out, const uint16_t *x, size_t n) {
+    if (n == 0) return;
+    cast_from_bf16_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(out, x, n);
+    CUDA_CHECK_LAUNCH();
+}
