@@ -143,10 +143,10 @@ int main(int argc, char **argv) {
                 CHECK(r1 <= 1 && r2 <= 1, "matmul_typed ta=%d tb=%d C %s: error %.3g and %.3g of the bound", ta, tb,
                       dtype_name((dtype)c), r1, r2);
                 /* the CPU's path without oneDNN's bf16 (no AVX-512): widened to an fp32 sgemm */
-                setenv("GEMM_BF16_WIDEN", "1", 1);
+                gemm_bf16_force_widen(true);
                 r1 = typed_case(M, N, K, ta, tb, (dtype)c, 0.5f, 2.0f);
                 r2 = typed_case(33, 70, 129, ta, tb, (dtype)c, 1.0f, 0.0f);
-                unsetenv("GEMM_BF16_WIDEN");
+                gemm_bf16_force_widen(false);
                 CHECK(r1 <= 1 && r2 <= 1, "widened ta=%d tb=%d C %s: error %.3g and %.3g of the bound", ta, tb,
                       dtype_name((dtype)c), r1, r2);
             }

@@ -42,12 +42,15 @@ void gemm_colmajor_strided_batched(const gemm_args *g, float alpha,
  * pairs: fp32 operands and C (gemm_colmajor itself), bf16 operands with an fp32 or a bf16 C; fp32
  * operands into a bf16 C are refused (gemm_check_types: neither cuBLAS nor oneDNN takes them). bf16
  * runs on oneDNN's matmul in gemm_cpu.c (AVX512-BF16 or AMX where the CPU has them; widened to an
- * fp32 sgemm where oneDNN offers no bf16, or when the environment sets GEMM_BF16_WIDEN, as test_gemm
+ * fp32 sgemm where oneDNN offers no bf16, or when forced by gemm_bf16_force_widen, as test_gemm
  * does to check that path) and on cublasGemmEx, CUBLAS_COMPUTE_32F, in gemm_cuda.cu. */
 void gemm_colmajor_typed(const gemm_args *g, float alpha, const void *first, const void *second, dtype ab,
                          float beta, void *C, dtype c);
 /* Aborts, naming the pair, on operand and output types the typed call does not take. */
 void gemm_check_types(dtype ab, dtype c);
+/* The CPU: bf16 products widened to an fp32 sgemm (the path of a CPU without AVX-512) when on;
+ * by default when the environment sets GEMM_BF16_WIDEN (read once). The GPU has one path: no-op. */
+void gemm_bf16_force_widen(bool on);
 
 /* Row-major conveniences built on the calls above. */
 /* C[M,N] = alpha * op(A) op(B) + beta * C, packed operands. */

@@ -96,6 +96,9 @@ static void widened_gemm(const gemm_args *g, float alpha, const void *first, con
 /* The column-major tuple read back as the row-major product it came from (gemm.c): C [M, N] =
  * op(A) [M, K] op(B) [K, N] with A = second, B = first; a transposed operand is the same memory
  * read with its strides swapped. */
+static int forced_widen = -1;   /* -1: the environment's GEMM_BF16_WIDEN, at the first bf16 GEMM */
+void gemm_bf16_force_widen(bool on) { forced_widen = on; }
+
 void gemm_colmajor_typed(const gemm_args *g, float alpha, const void *first, const void *second, dtype ab,
                          float beta, void *C, dtype c) {
     gemm_check_types(ab, c);
@@ -103,7 +106,8 @@ void gemm_colmajor_typed(const gemm_args *g, float alpha, const void *first, con
         gemm_colmajor(g, alpha, first, second, beta, C);
         return;
     }
-    if (getenv("GEMM_BF16_WIDEN")) {   /* the path of a CPU without AVX-512, forced (test_gemm) */
+    if (forced_widen < 0) forced_widen = getenv("GEMM_BF16_WIDEN") != NULL;   /* read once, not a GEMM */
+    if (forced_widen) {   /* the path of a CPU without AVX-512, forced (test_gemm) */
         widened_gemm(g, alpha, first, second, beta, C, c);
         return;
     }

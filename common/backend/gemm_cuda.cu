@@ -55,3 +55,6 @@ void gemm_colmajor_typed(const gemm_args *g, float alpha, const void *first, con
                               &alpha, first, cuda_type(ab), g->lda, second, cuda_type(ab), g->ldb, &beta, C,
                               cuda_type(c), g->ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
+
+/* The GPU has one bf16 path (cublasGemmEx): nothing to force. */
+void gemm_bf16_force_widen(bool on) { (void)on; }
