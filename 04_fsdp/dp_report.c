@@ -72,6 +72,13 @@ int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, c
     /* END ASSIGNMENT */
     char buckets_formula[64];
     bool ddp = dp->mode == DP_DDP, fsdp = dp->mode == DP_FSDP;
+    /* --dtype bf16: FSDP gathers tensor by tensor, the linears' weights as bf16, 2 bytes an element
+     * less (fsdp.c, the mixed-precision policy) */
+    double bf16_elems = 0;
+    if (fsdp && m->c.dtype == DTYPE_BF16) {
+        fsdp_gather_counts(m->params, z.L, dp->reshard_after_forward, dp->prefetch, DTYPE_BF16, &gathers, &bf16_elems);
+        gather_bytes -= 2 * bf16_elems;
+    }
     if (ddp) {
         groups[0] = plan->groups.batch;
         snprintf(buckets_formula, sizeof buckets_formula, "Psi x 4 in %.0f buckets", buckets);
@@ -80,6 +87,11 @@ int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, c
         const char *when = !fsdp ? "S Psi_S x 4 (after the step)"
                          : !dp->reshard_after_forward ? "S Psi_S x 4 (fwd)"
                          : dp->prefetch ? "(2 S Psi_S - ends - layer) x 4" : "2 x S Psi_S x 4 (fwd + bwd)";
+        char bf16_when[96];
+        if (bf16_elems > 0) {   /* (the same, the linears' 2 bytes an element: by tensor) */
+            snprintf(bf16_when, sizeof bf16_when, "%s - 2 x linears'", when);
+            when = bf16_when;
+        }
         expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_ALL_GATHER, gathers, gather_bytes, when};
         expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_REDUCE_SCATTER, scatters, scatter_bytes,
                                                 "S Psi_S x 4"};

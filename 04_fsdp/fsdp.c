@@ -13,6 +13,7 @@
  * Under HSDP (dp_replicate > 1) the shards' gradients are also all-reduced over the replicas; a
  * chapter may move the gathers in another form than fp32 (dp_gather_ops: chapter 07's float8).
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "comm.h"
@@ -122,13 +123,15 @@ static void gather_unit(fsdp_state *f, int u) {
         return;
     }
     float *dst = slot->data;
-    slot->n_req = n;
+    slot->n_req = 0;
     for (int k = 0; k < n; k++) {
         const param_tensor *x = &s->t->t[idx[k]];
+        if (!x->here) continue;   /* another pipeline stage's: nothing to gather (and no room) */
         const float *shard = param_in(s->t, s->t->params, idx[k]);
-        slot->idx[k] = idx[k];
-        slot->pending[k] = NULL;
-        slot->req[k] = s->o.gather->start(s->o.gather->ctx, s->shard, x, shard, dst, dp_shard_of(x), &slot->pending[k]);
+        int r = slot->n_req++;
+        slot->idx[r] = idx[k];
+        slot->pending[r] = NULL;
+        slot->req[r] = s->o.gather->start(s->o.gather->ctx, s->shard, x, shard, dst, dp_shard_of(x), &slot->pending[r]);
         dst += dp_padded(s, x);
     }
 }
@@ -264,6 +267,63 @@ void fsdp_free(dp_state *s) {
     dp_free_shared(s);
 }
 
+/* ==============================================================================================
+ * The mixed-precision policy (--dtype bf16): the linears' weights all-gathered as bf16.
+ * ============================================================================================== */
+
+/* FSDP2's MixedPrecisionPolicy(param_dtype=bf16) casts each shard to bf16 before its all-gather,
+ * half the bytes. Here the tensors whose every use rounds them to bf16 anyway are gathered so:
+ * the linears' weights, the GEMMs' operands (linear.c); the norms' weights and the embedding table
+ * are read in fp32 and gathered in fp32. The gathered values are then bit for bit what the fp32
+ * gather gives the bf16 run: a linear's cast of a bf16 value is that value. */
+bool fsdp_gathers_bf16(param_kind kind) {
+    return kind == P_WQ || kind == P_WK || kind == P_WV || kind == P_WO || kind == P_W1 || kind == P_W2 ||
+           kind == P_W3 || kind == P_OUTPUT;
+}
+
+typedef struct { uint16_t *send, *recv; size_t count; } bf16_pending;   /* the shard's bf16, every shard's */
+
+/* shard [count] -> full [S x count]: a linear's weight cast to bf16 and gathered as 2 bytes an
+ * element (widened in finish), any other tensor as chapter 04 gathers it. Issues 1 all-gather. */
+static comm_request bf16_gather_start(void *ctx, comm_group *g, const param_tensor *x, const float *shard,
+                                      float *full, size_t count, void **pending) {
+    if (!fsdp_gathers_bf16(x->spec.kind)) {
+        *pending = NULL;
+        return comm_iall_gather(g, shard, full, count);
+    }
+    bf16_pending *p = malloc(sizeof *p);
+    p->count = count * (size_t)g->size;
+    p->send = device_alloc_elems(count, DTYPE_BF16, MEM_BUFFERS);
+    p->recv = device_alloc_elems(p->count, DTYPE_BF16, MEM_BUFFERS);
+    cast_to_bf16(p->send, shard, count);
+    *pending = p;
+    return comm_iall_gather_bytes(g, p->send, p->recv, count * dtype_size(DTYPE_BF16));
+}
+/* After the wait: full [S x count] (=) the gathered bf16 values, widened (exact). */
+static void bf16_gather_finish(void *ctx, const param_tensor *x, float *full, size_t count, void *pending) {
+    bf16_pending *p = pending;
+    if (!p) return;
+    cast_from_bf16(full, p->recv, p->count);
+    device_free(p->send);
+    device_free(p->recv);
+    free(p);
+}
+static const dp_gather_ops bf16_gather = {bf16_gather_start, bf16_gather_finish, NULL};
+
+void fsdp_gather_counts(const param_table *t, int L, bool twice, bool keep_last, dtype compute, double *calls,
+                        double *bf16_elems) {
+    *calls = 0;
+    *bf16_elems = 0;
+    for (int i = 0; i < t->n; i++) {
+        const param_tensor *x = &t->t[i];
+        if (!x->here) continue;   /* another pipeline stage's */
+        bool kept = twice && keep_last && (x->spec.layer < 0 || x->spec.layer == L - 1);
+        double gathers = twice && !kept ? 2 : 1, elems = (double)t->shard_ranks * x->shard_units * x->width;
+        *calls += gathers;
+        if (compute == DTYPE_BF16 && fsdp_gathers_bf16(x->spec.kind)) *bf16_elems += gathers * elems;
+    }
+}
+
 /* FSDP on the plan: everything sharded; the slots, a unit's full gradients and the stages as
  * transient buffers. The slots: the ends, and the layers: every one when they stay gathered from
  * forward to backward (a unit's slot then sends its reduce-scatter too); else one computing, one
@@ -272,6 +332,7 @@ void fsdp_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, cons
     static const block_storage storage[PARAM_NBLOCKS] = {STORE_SHARD, STORE_SHARD, STORE_SHARD};
     fsdp_state *f = (fsdp_state *)dp_push(plan, mesh, c, o, sizeof(fsdp_state), storage);
     dp_state *s = &f->dp;
+    if (c->dtype == DTYPE_BF16 && !s->o.gather) s->o.gather = &bf16_gather;   /* the policy: param_dtype bf16 */
     dp_install(plan, s, (weight_ops){f, fsdp_acquire, fsdp_release}, (grad_reduce_ops){f, fsdp_reduce_grads},
                (optimizer_ops){f, fsdp_optimizer_step});
     f->n_slots = 1 + (!o->reshard_after_forward ? s->L : o->prefetch ? 3 : 2);

@@ -104,10 +104,14 @@ int float8_report_traffic(const run_options *o, device_mesh *mesh, const llama_p
         double gathered = float8_gather ? fp32 - 3 * blocks : fp32;   /* a block weight: 1 byte, not 4 */
         double kept = float8_gather ? kept_fp32 - 3 * kept_blocks : kept_fp32;
         double calls = float8_gather ? 2.0 * t->n - kept_tensors : 2 * (L + 1) - 2;
+        double bf16_elems = 0;   /* --dtype bf16: the linears' weights gathered as bf16, by tensor (04) */
+        if (!float8_gather && o->model.dtype == DTYPE_BF16)
+            fsdp_gather_counts(t, (int)L, true, true, DTYPE_BF16, &calls, &bf16_elems);
         groups[n_groups++] = shard;
-        e[n++] = (comm_expectation){shard, COLL_ALL_GATHER, calls, 2 * gathered - kept,
+        e[n++] = (comm_expectation){shard, COLL_ALL_GATHER, calls, 2 * gathered - kept - 2 * bf16_elems,
                                     float8_gather ? "(2 S Psi_S - ends - last layer) x 4 - 3 x blocks'"
-                                                  : "(2 S Psi_S - ends - last layer) x 4"};
+                                    : bf16_elems > 0 ? "(2 S Psi_S - ends - last layer) x 4 - 2 x linears'"
+                                                     : "(2 S Psi_S - ends - last layer) x 4"};
         e[n++] = (comm_expectation){shard, COLL_REDUCE_SCATTER, L + 1, fp32, "S Psi_S x 4"};
         if (float8_gather) e[n++] = (comm_expectation){shard, COLL_ALL_REDUCE, 7 * (2 * L - 1), 7 * (2 * L - 1) * 4, "(2L - 1) x 7 amaxes of 4 bytes"};
         if (float8_gather)
