@@ -8,6 +8,8 @@
 # baseline; `speed-up` = one rank's step time / this case's):
 #   01 tp 2                       bound 2 (two ranks on two cores)         goal >= 1.8x
 #   04 ddp, zero1, zero2, fsdp, fsdp --no-prefetch                  bound 2  goal >= 1.8x (ddp, fsdp)
+#      and fsdp with --dtype bf16 (its linears' weights gathered as bf16) against one bf16 rank,
+#      goal >= 1.8x and at least fp32 fsdp's; the all-gather payloads of both printed after the table
 #   05 gpipe, 1f1b, interleaved (V = 2), zb-h1 at P = 2, M = 8: bound P (1 - bubble), the bubble
 #      of the published formula at unit costs (F = 1, B = 2; zb-h1: I = W = 1), which the run prints:
 #        gpipe, 1f1b    bubble (P-1)/(M+P-1)    -> bound P M / (M+P-1)        = 2M/(M+1)   = 1.78
@@ -70,6 +72,8 @@ add zero1 04 2 "$big --dp-mode zero1"                    dp1   2    -      "04 z
 add zero2 04 2 "$big --dp-mode zero2"                    dp1   2    -      "04 zero2"
 add fsdp  04 2 "$big --dp-mode fsdp"                     dp1   2    ">=1.8" "04 fsdp"
 add fsdpn 04 2 "$big --dp-mode fsdp --no-prefetch"       dp1   2    -      "04 fsdp --no-prefetch"
+add dp1b  04 1 "$big --dp-mode ddp --dtype bf16"         -     -    -      "04 one rank, --dtype bf16"
+add fsdpb 04 2 "$big --dp-mode fsdp --dtype bf16"        dp1b  2    ">=1.8" "04 fsdp, --dtype bf16"
 add pp1   05 1 "$pp --schedule 1f1b"                     -     -    -      "05 one rank (pp 1, M = 8)"
 add gpipe 05 2 "$pp --schedule gpipe"                    pp1   pp   bound90 "05 gpipe"
 add 1f1b  05 2 "$pp --schedule 1f1b"                     pp1   pp   bound90 "05 1f1b"
@@ -90,7 +94,7 @@ add thsdp 08 8 "$trainer --dp-replicate 2 --dp-shard 2 --tp 2" t1 2 ">=1.2" "08 
 
 start_load=$(cut -d' ' -f1-3 /proc/loadavg); started=$(date '+%Y-%m-%d %H:%M')
 
-declare -A ms comm theory
+declare -A ms comm theory gathered
 for rep in $(seq "$reps"); do
     for c in "${cases[@]}"; do
         IFS='|' read -r key ch np flags base bound goal label <<<"$c"
@@ -103,6 +107,7 @@ for rep in $(seq "$reps"); do
             t=$(echo "$out" | steady_step_ms)
         fi
         ms[$key]+="$t "
+        gathered[$key]=$(echo "$out" | awk '$1 == "dp_shard" && $2 == "all_gather" { print $4, $5; exit }')
         comm[$key]+="$(echo "$out" | sed -nE 's/^time per step: .*communication ([0-9.]+) ms.*/\1/p') "
         theory[$key]=$(echo "$out" | sed -nE 's/^bubble of the last step.*theory ([0-9.]+)%.*/\1/p')
     done
@@ -134,6 +139,9 @@ for c in "${cases[@]}"; do
         else { x = substr(goal, 3) + 0; g = ">=" x "x"; v = (s >= x) ? "met" : "NOT MET" }
         printf "%-40s %5s %11.1f %11.1f %8.2fx %6.2fx %8.0f%% %-8s %s\n", label, np, m, b, s, bound, 100 * of, g, v }'
 done
+if [ -n "${gathered[fsdp]:-}" ] && [ -n "${gathered[fsdpb]:-}" ]; then
+    echo "04 fsdp's all-gather payload per step (traffic table): fp32 ${gathered[fsdp]}, --dtype bf16 ${gathered[fsdpb]} (the linears' weights 2 bytes an element)"
+fi
 echo "reference: the one-rank run of the same binary and global batch (03: blocking SP); speed-up = reference / ms/step;"
 echo "of bound = speed-up / bound."
 echo "bounds: 2 ranks (8 for 08) on $(nproc) cores: 2; pp: P (1 - bubble) with the formula's bubble (gpipe, 1f1b"
