@@ -75,7 +75,7 @@ int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, c
     /* --dtype bf16: FSDP gathers tensor by tensor, the linears' weights as bf16, 2 bytes an element
      * less (fsdp.c, the mixed-precision policy) */
     double bf16_elems = 0;
-    if (fsdp && m->c.dtype == DTYPE_BF16) {
+    if (fsdp && m->c.precision == DTYPE_BF16) {
         fsdp_gather_counts(m->params, z.L, dp->reshard_after_forward, dp->prefetch, DTYPE_BF16, &gathers, &bf16_elems);
         gather_bytes -= 2 * bf16_elems;
     }

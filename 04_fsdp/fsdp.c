@@ -332,7 +332,7 @@ void fsdp_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, cons
     static const block_storage storage[PARAM_NBLOCKS] = {STORE_SHARD, STORE_SHARD, STORE_SHARD};
     fsdp_state *f = (fsdp_state *)dp_push(plan, mesh, c, o, sizeof(fsdp_state), storage);
     dp_state *s = &f->dp;
-    if (c->dtype == DTYPE_BF16 && !s->o.gather) s->o.gather = &bf16_gather;   /* the policy: param_dtype bf16 */
+    if (c->precision == DTYPE_BF16 && !s->o.gather) s->o.gather = &bf16_gather;   /* the policy: param_dtype bf16 */
     dp_install(plan, s, (weight_ops){f, fsdp_acquire, fsdp_release}, (grad_reduce_ops){f, fsdp_reduce_grads},
                (optimizer_ops){f, fsdp_optimizer_step});
     f->n_slots = 1 + (!o->reshard_after_forward ? s->L : o->prefetch ? 3 : 2);

@@ -724,7 +724,7 @@ void float8_apply(llama_plan *plan, const llama_config *c, const float8_options 
     if (o->recipe == FLOAT8_OFF) return;
     /* float8's casts read fp32 inputs and keep an fp32 high-precision path (the output layer, the
      * reference GEMMs); bf16 as that high precision, as torchao has it, is not built yet */
-    if (c->dtype == DTYPE_BF16)
+    if (c->precision == DTYPE_BF16)
         comm_exit_usage("--dtype bf16 with --fp8: not supported yet; float8 casts from fp32 here, "
                         "use --dtype fp32");
     /* float8 scales each linear's whole input (agreed over tp): a projection group that runs its

@@ -105,7 +105,7 @@ int float8_report_traffic(const run_options *o, device_mesh *mesh, const llama_p
         double kept = float8_gather ? kept_fp32 - 3 * kept_blocks : kept_fp32;
         double calls = float8_gather ? 2.0 * t->n - kept_tensors : 2 * (L + 1) - 2;
         double bf16_elems = 0;   /* --dtype bf16: the linears' weights gathered as bf16, by tensor (04) */
-        if (!float8_gather && o->model.dtype == DTYPE_BF16)
+        if (!float8_gather && o->model.precision == DTYPE_BF16)
             fsdp_gather_counts(t, (int)L, true, true, DTYPE_BF16, &calls, &bf16_elems);
         groups[n_groups++] = shard;
         e[n++] = (comm_expectation){shard, COLL_ALL_GATHER, calls, 2 * gathered - kept - 2 * bf16_elems,

@@ -110,8 +110,8 @@ int main(int argc, char **argv) {
     char metrics_path[512], curves_path[512];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.csv", o.out_dir);
     /* --check against a baseline in another precision (--baseline-dtype): both loss curves */
-    bool curves = o.check && o.baseline_dtype >= 0 && o.baseline_dtype != (int)c->dtype;
-    snprintf(curves_path, sizeof curves_path, "%s/loss_curves_%s_%s.csv", o.out_dir, dtype_name(c->dtype),
+    bool curves = o.check && o.baseline_dtype >= 0 && o.baseline_dtype != (int)c->precision;
+    snprintf(curves_path, sizeof curves_path, "%s/loss_curves_%s_%s.csv", o.out_dir, dtype_name(c->precision),
              curves ? dtype_name((dtype)o.baseline_dtype) : "");
     run_path paths[] = {
         {"--data", co.data, RUN_PATH_INPUT, NULL, false, false},
@@ -178,10 +178,10 @@ int main(int argc, char **argv) {
 
     /* ---- train ---- */
     t.flops_per_token = llama_flops_per_token(c);   /* 6 N + 6 L T D (causal) */
-    t.peak_flops = co.peak_tflops > 0 ? co.peak_tflops * 1e12 : probe_peak_flops(c->dtype);
+    t.peak_flops = co.peak_tflops > 0 ? co.peak_tflops * 1e12 : probe_peak_flops(c->precision);
     log0("MFU against %.2f GFLOP/s (%s%s), %.2f MFLOP per token\n", t.peak_flops / 1e9,
          co.peak_tflops > 0 ? "--peak-tflops" : "measured: a GEMM probe on every rank at once, summed",
-         co.peak_tflops > 0 ? "" : c->dtype == DTYPE_BF16 ? ", bf16 operands" : "", t.flops_per_token / 1e6);
+         co.peak_tflops > 0 ? "" : c->precision == DTYPE_BF16 ? ", bf16 operands" : "", t.flops_per_token / 1e6);
     char path[512];
     snprintf(path, sizeof path, "%s/metrics.csv", o.out_dir);
     if (comm_world()->rank == 0 && !o.check)

@@ -300,7 +300,7 @@ int dump_params(const char *dir, const char *file, const llama_config *c, const 
     meta_float(w, "weight_decay", o->weight_decay);
     if (o->clip_grad_norm > 0) meta_float(w, "clip_grad_norm", o->clip_grad_norm);   /* grads_1 is before clipping */
     /* mixed precision (absent: fp32): the linears' GEMM operands rounded to bf16, nothing else */
-    if (c->dtype == DTYPE_BF16) st_writer_meta(w, "dtype", dtype_name(c->dtype));
+    if (c->precision == DTYPE_BF16) st_writer_meta(w, "dtype", dtype_name(c->precision));
     if (run_options) st_writer_meta(w, "run_options", run_options);   /* the chapter's, for the replay */
 
     int n = llama_num_params(c);

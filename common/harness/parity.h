@@ -25,7 +25,7 @@ C_BEGIN
 
 /* The tolerances of a compute precision: DTYPE_F32 the fp32 ones above; DTYPE_BF16 the bf16 ones,
  * and a second measure per gradient, the relative l2 difference ||ga - gb|| / ||gb||. `tokens`:
- * the global batch's tokens (B*T), for the loss's. */
+ * the tokens a step's loss is the mean of (accum x B x T), for the loss's. */
 void parity_set_precision(dtype compute, double tokens);
 /* --baseline-dtype: the run is compared with a baseline in another precision by its loss curve
  * alone (run.c); parity_curve records that one comparison, within `rtol` of the baseline's. */

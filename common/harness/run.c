@@ -77,7 +77,8 @@ static void usage_common(const run_options *parsed) {
          "  --dtype T        compute precision, fp32 or bf16: the linears' GEMMs on bf16 operands,\n"
          "                   accumulated in fp32; weights, gradients, AdamW state fp32 (default fp32)\n"
          "  --baseline-dtype T  with --check, the baseline's precision (default: --dtype's); another\n"
-         "                   one compares the loss curves: the final loss within 1%% of the baseline's\n"
+         "                   one compares the loss curves: the mean loss of the last 10 steps within\n"
+         "                   1%% of the baseline's\n"
          "  --timeout S      end the job (exit 3) when a rank waits more than S seconds for the\n"
          "                   others: one stopped or died (default %.0f; 0: never)\n"
          "  --fault NAME     a deliberate bug, to see the parity check catch it:\n",
@@ -114,7 +115,7 @@ int run_options_parse(run_options *o, int code, const char *arg, const char *cha
     case RUN_OPT_FAULT: o->fault = arg; break;
     case RUN_OPT_TIMEOUT: guard_set_timeout(cli_float("--timeout", arg, 0.0f, 1e6f)); break;
     case RUN_OPT_CLIP: o->opt.clip_grad_norm = cli_float("--clip-grad-norm", arg, 1e-6f, 1e6f); break;
-    case RUN_OPT_DTYPE: m->dtype = (dtype)cli_choice("--dtype", arg, dtype_names); break;
+    case RUN_OPT_DTYPE: m->precision = (dtype)cli_choice("--dtype", arg, dtype_names); break;
     case RUN_OPT_BASELINE_DTYPE: o->baseline_dtype = cli_choice("--baseline-dtype", arg, dtype_names); break;
     case RUN_OPT_HELP:
         log0("%s", chapter_usage);
@@ -360,14 +361,14 @@ baseline_check *run_baseline_create(const run_options *o, const llama_plan *plan
     b->first_step_only = first_step_only;
     b->near_zero = calloc((size_t)llama_num_params(&o->model), sizeof *b->near_zero);
     llama_config c = o->model;   /* the baseline's precision: the run's, or --baseline-dtype's */
-    if (o->baseline_dtype >= 0) c.dtype = (dtype)o->baseline_dtype;
-    b->curve = c.dtype != o->model.dtype;
+    if (o->baseline_dtype >= 0) c.precision = (dtype)o->baseline_dtype;
+    b->curve = c.precision != o->model.precision;
     b->curve_steps = o->steps < CURVE_STEPS ? o->steps : CURVE_STEPS;
     if (b->curve) parity_set_curves(CURVE_RTOL);
-    else parity_set_precision(c.dtype, (double)o->batch * o->model.seq_len);
+    else parity_set_precision(c.precision, (double)o->batch * o->model.seq_len * (o->accum > 0 ? o->accum : 1));
     if (b->curve)
         log0("--check against a %s baseline: the loss curves compared (the mean of the last %d steps within %.0f%%), "
-             "the gradients shown, not judged\n", dtype_name(c.dtype), b->curve_steps, 100 * CURVE_RTOL);
+             "the gradients shown, not judged\n", dtype_name(c.precision), b->curve_steps, 100 * CURVE_RTOL);
     if (comm_world()->rank == 0)
         b->base = plan ? llama_create(&c, plan, o->batch, o->seed) : llama_create_baseline(&c, o->batch, o->seed);
     return b;
@@ -411,7 +412,7 @@ static void compare_step(const run_options *o, int step, double loss, double bas
         if (!root) continue;
         param_gather(base->params, i, true, ref);
         parity_tensor(s.name, full, ref, (size_t)s.rows * s.cols);
-        if (step == 1 && c->dtype == DTYPE_BF16) check->near_zero[i] = share_near_zero(ref, (size_t)s.rows * s.cols);
+        if (step == 1 && c->precision == DTYPE_BF16) check->near_zero[i] = share_near_zero(ref, (size_t)s.rows * s.cols);
     }
     llama_gather_residual(model, dh0, rows, full);
     if (root) {
@@ -457,7 +458,7 @@ static void compare_params(const run_options *o, llama_model *model, const basel
         if (share > allowed) {
             bad++;
             char why[48] = "";   /* (bf16: the allowed share is the tensor's own) */
-            if (c->dtype == DTYPE_BF16) snprintf(why, sizeof why, " (allowed %.1f%%)", 100 * allowed);
+            if (c->precision == DTYPE_BF16) snprintf(why, sizeof why, " (allowed %.1f%%)", 100 * allowed);
             log0("  %s: %.1f%% of its elements are more than %g lr from the baseline's after %d steps%s  FAIL\n",
                  s.name, 100 * share, PARAM_FAR, o->steps, why);
         }
@@ -467,7 +468,7 @@ static void compare_params(const run_options *o, llama_model *model, const basel
         log0("  parameters after %d AdamW steps: %s (elements more than %g lr from the baseline's: at most "
              "%.2f%% of a tensor, %s; allowed %.0f%%%s)\n", o->steps, bad ? "FAIL" : "ok", PARAM_FAR,
              100 * worst_share, worst, 100 * PARAM_FAR_SHARE,
-             c->dtype == DTYPE_BF16 ? " + the tensor's share of step-1 gradients within bf16's tolerance of 0" : "");
+             c->precision == DTYPE_BF16 ? " + the tensor's share of step-1 gradients within bf16's tolerance of 0" : "");
         if (bad) parity_fail("parameters after the AdamW steps differ from the baseline's (above)");
     }
     free(full);
@@ -481,7 +482,7 @@ static void compare_curves(const run_options *o, const baseline_check *check) {
     double got = check->curve_loss / k, ref = check->curve_base_loss / k, rel = fabs(got - ref) / fabs(ref);
     bool ok = parity_curve(got, ref);
     log0("  loss curves: the mean of the last %d steps %.6f (%s), the baseline's %.6f (%s): %.3f%% apart, "
-         "allowed %.0f%%  %s\n", k, got, dtype_name(o->model.dtype), ref, dtype_name((dtype)o->baseline_dtype),
+         "allowed %.0f%%  %s\n", k, got, dtype_name(o->model.precision), ref, dtype_name((dtype)o->baseline_dtype),
          100 * rel, 100 * CURVE_RTOL, ok ? "ok" : "FAIL");
 }
 
@@ -650,9 +651,10 @@ void run_step_check(run_loop *l, const run_step_result *r) {
 }
 
 /* Of this step's updates of the values this rank holds (`before`: the values before it, host), those
- * a bf16 master copy would lose: w + delta rounds back to bf16(w) when delta is below half a bf16
- * ulp of w (2^-9 |w|). Printed in all and for the norm weights, which sit at 1: an ulp of 2^-7,
- * above AdamW's update of about lr. */
+ * a bf16 master copy would lose: held in bf16, w = bf16(before), the update delta = after - before
+ * gives bf16(w + delta) = w when delta is below half an ulp of w (between 2^-9 |w| and 2^-8 |w|,
+ * by where w sits in its binade). Printed in all and for the norm weights, which sit at 1, where
+ * half an ulp above 1 is 2^-8 = 3.9e-3, more than AdamW's update of about lr. */
 static void report_lost_updates(const param_table *t, const float *before, int step) {
     bool shard = t->storage[PARAM_VALUES] == STORE_SHARD;
     size_t n = shard ? t->shard_numel : t->whole_numel;
@@ -667,12 +669,13 @@ static void report_lost_updates(const param_table *t, const float *before, int s
         size_t count = (size_t)(shard ? p->own_units : p->real_units) * p->width;
         for (size_t k = first; k < first + count; k++) {
             if (after[k] == before[k]) continue;
-            bool gone = bf16_from_float(after[k]) == bf16_from_float(before[k]);
+            float w = bf16_to_float(bf16_from_float(before[k]));   /* the bf16 master's value */
+            bool gone = bf16_from_float(w + (after[k] - before[k])) == bf16_from_float(w);
             for (int g = 0; g <= (int)norm; g++) moved[g]++, lost[g] += gone;
         }
     }
     log0("  bf16 master weights would lose %zu of world rank 0's %zu updates at step %d (%.1f%%; the norm "
-         "weights %zu of %zu): an update below half a bf16 ulp of its weight (2^-9 |w|) rounds back to it. "
+         "weights %zu of %zu): an update below half a bf16 ulp of its weight rounds back to it. "
          "This run keeps fp32 master weights.\n", lost[0], moved[0], step, moved[0] ? 100.0 * lost[0] / moved[0] : 0.0,
          lost[1], moved[1]);
     free(after);
@@ -683,6 +686,13 @@ void run_update(run_loop *l, run_step_result *r) {
     llama_model *base = l->check ? l->check->base : NULL;
     adamw_config opt = o->opt;
     if (!isnan(r->lr)) opt.lr = (float)r->lr;
+    /* with bf16 compute, the last step shows why the master weights stay fp32 (world rank 0's):
+     * the values before the update, copied out before the step's clock runs */
+    param_table *t = l->model->params;
+    bool show_lost = o->model.precision == DTYPE_BF16 && r->step == o->steps && comm_world()->rank == 0;
+    size_t n = t->storage[PARAM_VALUES] == STORE_SHARD ? t->shard_numel : t->whole_numel;
+    float *before = show_lost ? malloc(n * sizeof(float)) : NULL;
+    if (show_lost) device_copy_to_host(before, t->params, n * sizeof(float));
     run_clock_start(&l->clock);
     if (o->opt.clip_grad_norm > 0) {
         r->grad_norm = clip_grad_norm(l->model, comm_world(), o->opt.clip_grad_norm, l->dev_scalar);
@@ -690,12 +700,6 @@ void run_update(run_loop *l, run_step_result *r) {
         if (!l->own_metrics)
             log0("         grad norm %.6g (baseline %.6g), clipped to %g\n", r->grad_norm, base_norm, o->opt.clip_grad_norm);
     }
-    /* with bf16 compute, the last step shows why the master weights stay fp32 (world rank 0's) */
-    param_table *t = l->model->params;
-    bool show_lost = o->model.dtype == DTYPE_BF16 && r->step == o->steps && comm_world()->rank == 0;
-    size_t n = t->storage[PARAM_VALUES] == STORE_SHARD ? t->shard_numel : t->whole_numel;
-    float *before = show_lost ? malloc(n * sizeof(float)) : NULL;
-    if (show_lost) device_copy_to_host(before, t->params, n * sizeof(float));
     llama_adamw_step(l->model, &opt, r->step);
     r->seconds += run_clock_stop(&l->clock);
     if (show_lost) report_lost_updates(t, before, r->step);

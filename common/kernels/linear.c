@@ -50,7 +50,7 @@ static uint16_t *bf16_copy(const float *x, size_t n) {
 
 /* y[N, out] = bf16(x) bf16(W)^T, accumulated in fp32 */
 void linear_forward_in(dtype compute, float *y, const float *x, const float *W, int N, int in, int out) {
-    if (compute == DTYPE_F32) { linear_forward(y, x, W, N, in, out); return; }
+    if (compute != DTYPE_BF16) { linear_forward(y, x, W, N, in, out); return; }
     uint16_t *xh = bf16_copy(x, (size_t)N * in), *Wh = bf16_copy(W, (size_t)out * in);
     matmul_typed(y, DTYPE_F32, xh, Wh, DTYPE_BF16, N, out, in, false, true, 1.0f, 0.0f);
     device_free(xh);
@@ -60,7 +60,7 @@ void linear_forward_in(dtype compute, float *y, const float *x, const float *W, 
 /* dx[N, in] = bf16(dy) bf16(W) + dx_beta dx;  dW[out, in] += bf16(dy)^T bf16(x); fp32 accumulation */
 void linear_backward_in(dtype compute, float *dx, float dx_beta, float *dW, const float *dy, const float *x,
                         const float *W, int N, int in, int out) {
-    if (compute == DTYPE_F32) { linear_backward_beta(dx, dx_beta, dW, dy, x, W, N, in, out); return; }
+    if (compute != DTYPE_BF16) { linear_backward_beta(dx, dx_beta, dW, dy, x, W, N, in, out); return; }
     uint16_t *dyh = bf16_copy(dy, (size_t)N * out);
     if (dx) {
         uint16_t *Wh = bf16_copy(W, (size_t)out * in);

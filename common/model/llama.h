@@ -41,7 +41,7 @@ typedef struct {
                            * (--vocab-multiple; 0: mesh.h's default rule). Not part of the model: the
                            * padding rows are zero, never read, and exports hold vocab_size rows. */
     const llama_layer *layer;   /* what a layer is, as blocks (layer.h); NULL: Llama's */
-    dtype dtype;          /* the compute precision (--dtype): DTYPE_F32, or DTYPE_BF16: every linear's
+    dtype precision;      /* the compute precision (--dtype): DTYPE_F32, or DTYPE_BF16: every linear's
                            * GEMMs take bf16 operands and accumulate in fp32 (linear.c). Parameters,
                            * gradients, AdamW state and every other kernel stay fp32. Not part of the
                            * model's shape: a checkpoint resumes under either. */

@@ -128,7 +128,7 @@ float *llama_whole(const llama_model *m, float *full_buffer, float *local);
 /* The site of a linear the model runs now: its weight's kind, its layer (-1: the output layer),
  * the model's run_when and its compute precision (plan.h's linear_site). */
 static inline linear_site llama_site(const llama_model *m, param_kind kind, int layer) {
-    return (linear_site){kind, layer, m->when, m->c.dtype};
+    return (linear_site){kind, layer, m->when, m->c.precision};
 }
 
 /* The shapes a plan gives this rank for a [B, c->seq_len] batch. */

@@ -103,7 +103,7 @@ typedef struct { int step, pass, microbatch; } run_when;
 
 /* Which linear a call is, when, and in which precision: its weight's kind (P_WQ ... P_W3, or
  * P_OUTPUT), its layer (-1 for the output layer), the model's run_when, and the model's compute
- * type (llama_config.dtype, --dtype: fp32, or bf16 operands with fp32 accumulation). An operator
+ * type (llama_config.precision, --dtype: fp32, or bf16 operands with fp32 accumulation). An operator
  * may treat linears differently (chapter 07 keeps the output layer in fp32, keeps a scale history
  * per weight, and reads plan->layout[kind] to know which operands a tensor-parallel split has
  * cut). The model builds a site with llama_site (model.h). */
