@@ -80,7 +80,8 @@ typedef struct {
                                    * order: no pipeline)                                          */
     size_t bucket_floats;         /* ddp: issue an all-reduce once a bucket holds this many floats */
     const dp_gather_ops *gather;  /* fsdp: NULL, one fp32 all-gather per unit (by rank, copied
-                                   * out); else this hook's, tensor by tensor                     */
+                                   * out), or under --dtype bf16 fsdp.c's bf16 policy; else this
+                                   * hook's, tensor by tensor                                     */
     bool shard_over_cp;           /* shard over dp_shard x cp (chapter 08, torchtitan's), not
                                    * dp_shard alone: needs context parallelism applied first      */
 } dp_options;

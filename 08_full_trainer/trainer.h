@@ -32,8 +32,9 @@ double lr_at_step(const lr_schedule *s, int step);
 void trainer_batch(run_loop *loop, const text_corpus *corpus, int step);
 
 /* The model's peak rate for MFU. On a GPU, the device's datasheet figure (--peak-tflops); on the
- * CPU, measured: every rank times the same fp32 GEMM at the same moment (so ranks that share a
- * core share it in the probe too) and the rates are summed over the world. Collective. */
+ * CPU, measured: every rank times the same GEMM, on operands of the run's precision (--dtype), at
+ * the same moment (so ranks that share a core share it in the probe too) and the rates are summed
+ * over the world. Collective. */
 double probe_peak_flops(dtype compute);
 
 /* What the trainer's pieces share over the run (main.c's loop decides when each is due). */

@@ -23,6 +23,10 @@ This script rebuilds the model from the formulas alone (nothing from the C code)
 step with autograd and torch.optim.AdamW, and compares:
     loss of every step      |c - ref| <= 1e-5 * max(1, |ref|)   (a float8 dump: step 1's only)
     gradients of step 1     max|c - ref| / max|ref| <= 1e-4, per tensor
+A bf16 dump (metadata "dtype": every linear's GEMM operands rounded to bf16, Bf16Linear below) is
+compared at bf16's tolerances (docs/design.md, "Parity in bf16"): the loss within
+4u / sqrt(tokens) relative, u = 2^-8, tokens those of batch_1; each gradient within 4u, in the max
+norm only (the C check adds an l2 norm).
 It prints both tables and exits 0 when everything agrees, 1 when something does not, 2 when
 the directory cannot be read.
 
@@ -532,7 +536,7 @@ def to_bf16(t):
 
 
 class Bf16Linear(torch.autograd.Function):
-    """y = x W^T with --dtype bf16's roundings (docs/design.md, "Mixed precision"): the operands of
+    """y = x W^T with --dtype bf16's roundings (docs/design.md, "Parity in bf16"): the operands of
     each GEMM rounded to bf16 (x and W forward; dy, W and x backward), the products summed exactly
     here (float64; the run sums in fp32), nothing else rounded: y, dx and dW unrounded."""
 

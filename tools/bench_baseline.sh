@@ -15,7 +15,7 @@
 # input (wq, wk, wv; w1, w3) as separate GEMMs and as one GEMM on the stacked weights, at the same
 # size and through the same gemm.h. Mixed precision (issue 37): the same step with --dtype bf16 (every
 # linear's GEMM operands in bf16, fp32 accumulation) beside PyTorch's under torch.autocast("cpu",
-# torch.bfloat16), same threads; goals on a CPU with AVX512-BF16: the C bf16 step at most 0.6x the
+# torch.bfloat16), same threads (PyTorch with malloc keeping its memory, its faster setting); goals on a CPU with AVX512-BF16: the C bf16 step at most 0.6x the
 # C fp32 step and faster than PyTorch's bf16 step. A benchmark, not a test: the numbers depend on
 # the machine and its load.
 set -eu
@@ -65,7 +65,7 @@ awk -v c="$c" -v p="$p" -v k="$k" -v g="$g" -v f="$flops" -v n="${REPS:-3}" -v c
     printf "mixed precision, the same step (bf16 GEMM operands, fp32 accumulation; GFLOP/s, not against the fp32 probe):\n"
     row16 = "  %-36s %8.1f ms  %6.1f GFLOP/s\n"
     printf row16, "this project, --dtype bf16 (oneDNN)", cb, f / cb / 1e6
-    printf row16, "PyTorch eager, autocast bf16", pb, f / pb / 1e6
+    printf row16, "PyTorch eager, autocast bf16, keeps memory", pb, f / pb / 1e6
     printf "  ratio C bf16 / C fp32: %.2f (goal <= 0.6 with AVX512-BF16); C bf16 / PyTorch bf16: %.2f (goal < 1)\n", cb / c, cb / pb }'
 # QKV and W1/W3 as single GEMMs, measured on the same BLAS (tools/bench_projections.c)
 $mpirun -np 1 "$(dirname "$bin")/tools/bench_projections" $((B * T)) $D $D $D $F ${REPS:-3}
