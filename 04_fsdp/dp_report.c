@@ -76,7 +76,7 @@ int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, c
      * less (fsdp.c, the mixed-precision policy) */
     double bf16_elems = 0;
     if (fsdp && m->c.precision == DTYPE_BF16) {
-        fsdp_gather_counts(m->params, z.L, dp->reshard_after_forward, dp->prefetch, DTYPE_BF16, &gathers, &bf16_elems);
+        fsdp_gather_counts(m->params, z.L, dp->reshard_after_forward, dp->prefetch, &gathers, &bf16_elems);
         gather_bytes -= 2 * bf16_elems;
     }
     if (ddp) {

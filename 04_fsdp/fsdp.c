@@ -310,8 +310,7 @@ static void bf16_gather_finish(void *ctx, const param_tensor *x, float *full, si
 }
 static const dp_gather_ops bf16_gather = {bf16_gather_start, bf16_gather_finish, NULL};
 
-void fsdp_gather_counts(const param_table *t, int L, bool twice, bool keep_last, dtype compute, double *calls,
-                        double *bf16_elems) {
+void fsdp_gather_counts(const param_table *t, int L, bool twice, bool keep_last, double *calls, double *bf16_elems) {
     *calls = 0;
     *bf16_elems = 0;
     for (int i = 0; i < t->n; i++) {
@@ -320,7 +319,7 @@ void fsdp_gather_counts(const param_table *t, int L, bool twice, bool keep_last,
         bool kept = twice && keep_last && (x->spec.layer < 0 || x->spec.layer == L - 1);
         double gathers = twice && !kept ? 2 : 1, elems = (double)t->shard_ranks * x->shard_units * x->width;
         *calls += gathers;
-        if (compute == DTYPE_BF16 && fsdp_gathers_bf16(x->spec.kind)) *bf16_elems += gathers * elems;
+        if (fsdp_gathers_bf16(x->spec.kind)) *bf16_elems += gathers * elems;
     }
 }
 

@@ -720,13 +720,16 @@ static void float8_linear_backward(void *state, const llama_plan *p, linear_site
 
 /* ---- set-up -----------------------------------------------------------------------------------*/
 
-void float8_apply(llama_plan *plan, const llama_config *c, const float8_options *o) {
-    if (o->recipe == FLOAT8_OFF) return;
+void float8_refuse_bf16(float8_recipe r, const char *flag, int precision) {
     /* float8's casts read fp32 inputs and keep an fp32 high-precision path (the output layer, the
      * reference GEMMs); bf16 as that high precision, as torchao has it, is not built yet */
-    if (c->precision == DTYPE_BF16)
-        comm_exit_usage("--dtype bf16 with --fp8: not supported yet; float8 casts from fp32 here, "
-                        "use --dtype fp32");
+    if (r != FLOAT8_OFF && precision == DTYPE_BF16)
+        comm_exit_usage("%s bf16 with --fp8: not supported yet; float8 casts from fp32 here, use %s fp32", flag, flag);
+}
+
+void float8_apply(llama_plan *plan, const llama_config *c, const float8_options *o) {
+    if (o->recipe == FLOAT8_OFF) return;
+    float8_refuse_bf16(o->recipe, "--dtype", c->precision);
     /* float8 scales each linear's whole input (agreed over tp): a projection group that runs its
      * linears on pieces of the rows (async TP's ring, proj.splits_rows) would scale piece by piece */
     if (plan->proj.splits_rows)

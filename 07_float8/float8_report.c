@@ -106,7 +106,7 @@ int float8_report_traffic(const run_options *o, device_mesh *mesh, const llama_p
         double calls = float8_gather ? 2.0 * t->n - kept_tensors : 2 * (L + 1) - 2;
         double bf16_elems = 0;   /* --dtype bf16: the linears' weights gathered as bf16, by tensor (04) */
         if (!float8_gather && o->model.precision == DTYPE_BF16)
-            fsdp_gather_counts(t, (int)L, true, true, DTYPE_BF16, &calls, &bf16_elems);
+            fsdp_gather_counts(t, (int)L, true, true, &calls, &bf16_elems);
         groups[n_groups++] = shard;
         e[n++] = (comm_expectation){shard, COLL_ALL_GATHER, calls, 2 * gathered - kept - 2 * bf16_elems,
                                     float8_gather ? "(2 S Psi_S - ends - last layer) x 4 - 3 x blocks'"

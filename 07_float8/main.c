@@ -78,9 +78,7 @@ int main(int argc, char **argv) {
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     const llama_config *c = &o.model;
 
-    if (co.fp8.recipe != FLOAT8_OFF && o.baseline_dtype == DTYPE_BF16)   /* (float8_apply refuses --dtype bf16) */
-        comm_exit_usage("--baseline-dtype bf16 with --fp8: not supported yet; float8 casts from fp32 here, use "
-                        "--baseline-dtype fp32");
+    float8_refuse_bf16(co.fp8.recipe, "--baseline-dtype", o.baseline_dtype);   /* (float8_apply: --dtype's) */
     if (co.history_given && co.fp8.recipe != FLOAT8_DELAYED)
         comm_exit_usage("--amax-history keeps the amaxes of delayed scaling: it needs --fp8 delayed, not %s",
                         float8_recipe_name(co.fp8.recipe));

@@ -168,9 +168,7 @@ void trainer_validate(run_options *o, trainer_options *t) {
     if (t->resume && (o->check || o->dump_dir))
         comm_exit_usage("--resume with %s is not valid: the baseline and the dump's replay start from step 1's "
                         "parameters, a resumed run from a checkpoint's", o->check ? "--check" : "--dump");
-    if (t->par.fp8.recipe != FLOAT8_OFF && o->baseline_dtype == DTYPE_BF16)   /* (float8_apply refuses --dtype bf16) */
-        comm_exit_usage("--baseline-dtype bf16 with --fp8: not supported yet; float8 casts from fp32 here, use "
-                        "--baseline-dtype fp32");
+    float8_refuse_bf16(t->par.fp8.recipe, "--baseline-dtype", o->baseline_dtype);   /* (float8_apply: --dtype's) */
     if (t->par.fp8.recipe != FLOAT8_OFF && t->par.ac == AC_FULL)
         comm_exit_usage("--fp8 with --ac full is not valid here: the recompute would run every float8 linear's "
                         "forward twice a step, casting again (delayed scaling: recording the amax twice); use --ac "

@@ -124,7 +124,7 @@ int report_traffic(const parallel_options *o, device_mesh *mesh, const llama_mod
         comm_group *q = m->plan->groups.shard;
         double kept_units = P == 1 ? 2 : 0, gathers = 2 * units - kept_units, bf16_elems = 0;
         if (m->c.precision == DTYPE_BF16)   /* 04's policy: by tensor, the linears' weights as bf16 */
-            fsdp_gather_counts(t, L, true, P == 1, DTYPE_BF16, &gathers, &bf16_elems);
+            fsdp_gather_counts(t, L, true, P == 1, &gathers, &bf16_elems);
         const char *f = P == 1 ? "n x (2 S Psi_S - ends - last layer) x 4" : "n x 2 x S Psi_S x 4";
         if (bf16_elems > 0) f = P == 1 ? "n x ((2 S Psi_S - ends - last) x 4 - 2 x linears')" : "n x (2 S Psi_S x 4 - 2 x linears')";
         e[n++] = (comm_expectation){q, COLL_ALL_GATHER, passes * gathers,

@@ -382,14 +382,14 @@ void run_baseline_unjudged(baseline_check *b, const char *why) {
  * rank 0, and the gradient of the embedding output h0 (dX: dh0, this rank's `rows` sequences)
  * with the baseline's (rank 0 only). */
 static void compare_step(const run_options *o, int step, double loss, double base_loss,
-                         llama_model *model, const float *dh0, int rows, const baseline_check *check) {
+                         llama_model *model, const float *dh0, int rows, baseline_check *check) {
     const llama_config *c = &o->model;
     llama_model *base = check->base;
     bool root = comm_world()->rank == 0;
     bool table = step == 1 || o->verbose_grads;
     if (check->curve && step > o->steps - check->curve_steps) {   /* the curves: judged at the end */
-        ((baseline_check *)check)->curve_loss += loss;
-        ((baseline_check *)check)->curve_base_loss += base_loss;
+        check->curve_loss += loss;
+        check->curve_base_loss += base_loss;
     }
     if (root && !check->curve && (step == 1 || !check->first_step_only)) parity_loss(step, loss, base_loss);
     /* Gradients are judged on step 1, where both models hold the same parameters. After that
@@ -655,9 +655,8 @@ void run_step_check(run_loop *l, const run_step_result *r) {
  * gives bf16(w + delta) = w when delta is below half an ulp of w (between 2^-9 |w| and 2^-8 |w|,
  * by where w sits in its binade). Printed in all and for the norm weights, which sit at 1, where
  * half an ulp above 1 is 2^-8 = 3.9e-3, more than AdamW's update of about lr. */
-static void report_lost_updates(const param_table *t, const float *before, int step) {
-    bool shard = t->storage[PARAM_VALUES] == STORE_SHARD;
-    size_t n = shard ? t->shard_numel : t->whole_numel;
+static void report_lost_updates(param_table *t, const float *before, int step) {
+    size_t n = param_block_numel(t, t->params);
     float *after = malloc(n * sizeof(float));
     device_copy_to_host(after, t->params, n * sizeof(float));
     size_t moved[2] = {0, 0}, lost[2] = {0, 0};   /* [0] every value, [1] the norm weights */
@@ -665,8 +664,8 @@ static void report_lost_updates(const param_table *t, const float *before, int s
         const param_tensor *p = &t->t[i];
         if (!p->here) continue;
         bool norm = p->spec.kind == P_ATTENTION_NORM || p->spec.kind == P_FFN_NORM || p->spec.kind == P_NORM;
-        size_t first = shard ? p->offset_shard : p->offset_whole;
-        size_t count = (size_t)(shard ? p->own_units : p->real_units) * p->width;
+        /* (its padding, of a shard or of the vocabulary, is zero and never moves: skipped below) */
+        size_t first = (size_t)(param_in(t, t->params, i) - t->params), count = param_stored_numel(t, t->params, i);
         for (size_t k = first; k < first + count; k++) {
             if (after[k] == before[k]) continue;
             float w = bf16_to_float(bf16_from_float(before[k]));   /* the bf16 master's value */
@@ -690,7 +689,7 @@ void run_update(run_loop *l, run_step_result *r) {
      * the values before the update, copied out before the step's clock runs */
     param_table *t = l->model->params;
     bool show_lost = o->model.precision == DTYPE_BF16 && r->step == o->steps && comm_world()->rank == 0;
-    size_t n = t->storage[PARAM_VALUES] == STORE_SHARD ? t->shard_numel : t->whole_numel;
+    size_t n = param_block_numel(t, t->params);
     float *before = show_lost ? malloc(n * sizeof(float)) : NULL;
     if (show_lost) device_copy_to_host(before, t->params, n * sizeof(float));
     run_clock_start(&l->clock);
