@@ -619,6 +619,39 @@ static void check_bf16(comm_group *g, const char *what) {
     device_free(out);
 }
 
+/* The all-to-all with counts: rank q sends (q + j) % 3 elements to rank j (so some chunks are
+ * empty, and the sizes differ both ways), element i of it worth val(q, 10 j + i). Each rank's
+ * receive lands from rank 0, 1, ... in order; bytes counted as its whole send buffer, the wire
+ * all but the chunk it keeps. */
+static size_t v_count(int from, int to) { return (size_t)((from + to) % 3); }
+static void check_all_to_all_v(comm_group *g, const char *what) {
+    int p = g->size, r = g->rank;
+    size_t sc[p], rc[p], sent = 0, got = 0;
+    for (int j = 0; j < p; j++) {
+        sc[j] = v_count(r, j), rc[j] = v_count(j, r);
+        sent += sc[j], got += rc[j];
+    }
+    float host[64];
+    size_t k = 0;
+    for (int j = 0; j < p; j++)
+        for (size_t i = 0; i < sc[j]; i++) host[k++] = val(r, 10 * j + (int)i);
+    float *send = device_alloc_floats(sent + 1, MEM_BUFFERS), *recv = device_alloc_floats(got + 1, MEM_BUFFERS);
+    device_copy_to_device(send, host, sent * 4);
+    comm_reset_stats(g);
+    comm_all_to_all_v(g, send, sc, recv, rc);
+    device_copy_to_host(host, recv, got * 4);
+    k = 0;
+    for (int q = 0; q < p; q++)
+        for (size_t i = 0; i < rc[q]; i++, k++) CHECK_CLOSE(host[k], val(q, 10 * r + (int)i), 0, 0, what);
+    const collective_stats *aa = &g->stats[COLL_ALL_TO_ALL];
+    CHECK(aa->calls == 1 && aa->payload_bytes == 4.0 * sent && aa->wire_bytes == 4.0 * (sent - sc[r]),
+          "%s: all-to-all with counts counted %lld calls, %g bytes, %g on the wire; want 1, %zu, %zu", what, aa->calls,
+          aa->payload_bytes, aa->wire_bytes, 4 * sent, 4 * (sent - sc[r]));
+    comm_reset_stats(g);
+    device_free(send);
+    device_free(recv);
+}
+
 int main(int argc, char **argv) {
     comm_group *world = comm_init(&argc, &argv);
     check_choose();
@@ -645,6 +678,7 @@ int main(int argc, char **argv) {
     check_host_beside_queued(world);
     check_library_memory(world);
     check_bf16(world, "world");
+    check_all_to_all_v(world, "world, all-to-all with counts");
 
     if (world->size == 4) {
         /* 2x2 mesh: tp groups {0,1} {2,3}; dp_shard groups {0,2} {1,3} */
@@ -658,6 +692,7 @@ int main(int argc, char **argv) {
         check_nonblocking_collectives(dp, "dp_shard group, non-blocking");
         check_ring(tp, "tp ring");
         check_ring(dp, "dp_shard ring");
+        check_all_to_all_v(dp, "dp_shard group, all-to-all with counts");
         /* the tp group of rank r holds r and r^1: sum of world ranks tells which */
         float x = (float)world->rank, *d = device_alloc_floats(1, MEM_BUFFERS);
         device_copy_to_device(d, &x, 4);

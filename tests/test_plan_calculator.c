@@ -96,7 +96,7 @@ static void check_state(plan_calc_options *o, const int mesh[MESH_NDIMS]) {
             here[i] = s.layer >= 0 ? holds[s.layer] : s.kind == P_TOK_EMBEDDINGS ? stage == 0 : stage == P - 1;
         }
         size_t v0 = mem_current(MEM_PARAMS), g0 = mem_current(MEM_GRADS), a0 = mem_current(MEM_OPTIM);
-        param_table *t = param_table_create(&c, &m, layout, storage, shard_dims, here, 7);
+        param_table *t = param_table_create(&c, &m, layout, storage, shard_dims, 0, here, 7);
         double values = (double)(mem_current(MEM_PARAMS) - v0), grads = (double)(mem_current(MEM_GRADS) - g0);
         double adam = (double)(mem_current(MEM_OPTIM) - a0);
         double want = 4 * plan_calc_stage_floats(o, mesh, stage);

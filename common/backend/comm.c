@@ -292,13 +292,18 @@ void comm_device_times(comm_group *g, int logged, double issue, double wait0, do
     }
 }
 
-static void count(comm_group *g, collective_kind k, double payload_bytes, double seconds) {
+/* A call's bytes: its payload, and what this rank puts on the wire (wire < 0: the ring's share of
+ * the payload, ring_factor; the all-to-all with counts knows its own exactly). */
+static void count_wire(comm_group *g, collective_kind k, double payload_bytes, double wire_bytes, double seconds) {
     if (!counting) return;
     collective_stats *s = &counted(g)->stats[k];
     s->calls++;
     s->payload_bytes += payload_bytes;
-    s->wire_bytes += ring_factor(k, g->size) * payload_bytes;
+    s->wire_bytes += wire_bytes >= 0 ? wire_bytes : ring_factor(k, g->size) * payload_bytes;
     s->seconds += seconds;
+}
+static void count(comm_group *g, collective_kind k, double payload_bytes, double seconds) {
+    count_wire(g, k, payload_bytes, -1, seconds);
 }
 
 bool comm_is_counting(void) { return counting; }
@@ -317,7 +322,7 @@ static void *one_rank_copy(void *recv, const void *send, size_t bytes) {
  * buffers) that means waiting for the stream first, so the time is the collective's and not the
  * kernels queued before it. Under NCCL the host does not wait: the backend times the call on the
  * device and comm_settle adds its seconds. */
-#define TIMED(g, kind, payload, call) do {               \
+#define TIMED_WIRE(g, kind, payload, wire, call) do {    \
     guard_begin(collective_name(kind), (g)->name);       \
     if (be->host_timed) be->sync();                      \
     double t0_ = wall_seconds();                         \
@@ -325,11 +330,12 @@ static void *one_rank_copy(void *recv, const void *send, size_t bytes) {
     call;                                                \
     if (be->host_timed) be->sync();                      \
     double t1_ = be->host_timed ? wall_seconds() : t0_;  \
-    count((g), (kind), (payload), t1_ - t0_);            \
+    count_wire((g), (kind), (payload), (wire), t1_ - t0_); \
     log_wait((g), current_log, t0_, t1_);                \
     current_log = 0;                                     \
     guard_end();                                         \
 } while (0)
+#define TIMED(g, kind, payload, call) TIMED_WIRE(g, kind, payload, -1, call)
 
 /* Every data operation comes typed (t: the element type, dtype.h; counts in elements, bytes
  * counted as count x dtype_size(t)) and as its fp32 twin, the call of the typed one with
@@ -355,6 +361,15 @@ void comm_all_to_all_typed(comm_group *g, dtype t, const void *send, void *recv,
     TIMED(g, COLL_ALL_TO_ALL, (double)bytes * g->size,
           if (g->size > 1) be->all_to_all(g, t, send, recv, count_); else one_rank_copy(recv, send, bytes));
 }
+void comm_all_to_all_v_typed(comm_group *g, dtype t, const void *send, const size_t *send_counts, void *recv,
+                             const size_t *recv_counts) {
+    double sent = 0;
+    for (int p = 0; p < g->size; p++) sent += (double)send_counts[p];
+    size_t bytes = dtype_size(t), own = send_counts[g->rank] * bytes;
+    TIMED_WIRE(g, COLL_ALL_TO_ALL, sent * bytes, sent * bytes - (double)own,
+               if (g->size > 1) be->all_to_all_v(g, t, send, send_counts, recv, recv_counts);
+               else one_rank_copy(recv, send, own));
+}
 void comm_send_typed(comm_group *g, dtype t, const void *buf, size_t count_, int peer) {
     TIMED(g, COLL_SEND, count_ * (double)dtype_size(t), be->send(g, t, buf, count_, peer));
 }
@@ -375,6 +390,10 @@ void comm_broadcast(comm_group *g, float *buf, size_t count_, int root) {
 }
 void comm_all_to_all(comm_group *g, const float *send, float *recv, size_t count_) {
     comm_all_to_all_typed(g, DTYPE_F32, send, recv, count_);
+}
+void comm_all_to_all_v(comm_group *g, const float *send, const size_t *send_counts, float *recv,
+                       const size_t *recv_counts) {
+    comm_all_to_all_v_typed(g, DTYPE_F32, send, send_counts, recv, recv_counts);
 }
 void comm_send(comm_group *g, const float *buf, size_t count_, int peer) {
     comm_send_typed(g, DTYPE_F32, buf, count_, peer);

@@ -136,6 +136,16 @@ void comm_broadcast(comm_group *g, float *buf, size_t count, int root);
  * recv distinct). Issues: one all-to-all (MPI_Alltoall; on NCCL one group of a ncclSend and a
  * ncclRecv per peer). DeepSpeed-Ulysses' switch between sequence and head sharding (chapter 06). */
 void comm_all_to_all(comm_group *g, const float *send, float *recv, size_t count);
+/* The all-to-all with counts (MPI's Alltoallv), for messages whose sizes differ by peer and by
+ * step: chapter 09's token dispatch, where each rank sends every expert's tokens to the rank that
+ * holds the expert. send: send_counts[0] elements for rank 0, then send_counts[1] for rank 1, ...;
+ * recv: recv_counts[0] from rank 0, then recv_counts[1] from rank 1, ... (recv_counts[i] must be
+ * rank i's send_counts[this rank]: exchange the counts first, with comm_all_to_all). Counted as an
+ * all-to-all of this rank's whole send buffer, its wire bytes all but the chunk it keeps. Issues:
+ * one all-to-all (MPI_Alltoallv; NCCL: one group of a ncclSend and a ncclRecv per peer, zero
+ * counts included, since NCCL connects a peer at its first send or recv whatever the count). */
+void comm_all_to_all_v(comm_group *g, const float *send, const size_t *send_counts, float *recv,
+                       const size_t *recv_counts);
 void comm_send(comm_group *g, const float *buf, size_t count, int peer);
 void comm_recv(comm_group *g, float *buf, size_t count, int peer);
 void comm_barrier(comm_group *g);
@@ -218,6 +228,8 @@ void comm_all_gather_typed(comm_group *g, dtype t, const void *send, void *recv,
 void comm_reduce_scatter_typed(comm_group *g, dtype t, const void *send, void *recv, size_t count);
 void comm_broadcast_typed(comm_group *g, dtype t, void *buf, size_t count, int root);
 void comm_all_to_all_typed(comm_group *g, dtype t, const void *send, void *recv, size_t count);
+void comm_all_to_all_v_typed(comm_group *g, dtype t, const void *send, const size_t *send_counts, void *recv,
+                             const size_t *recv_counts);
 void comm_send_typed(comm_group *g, dtype t, const void *buf, size_t count, int peer);
 void comm_recv_typed(comm_group *g, dtype t, void *buf, size_t count, int peer);
 void comm_sendrecv_typed(comm_group *g, dtype t, const void *sendbuf, size_t send_count, int dest,

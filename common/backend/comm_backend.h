@@ -61,6 +61,8 @@ typedef struct comm_backend {
     void (*reduce_scatter)(comm_group *g, dtype t, const void *send, void *recv, size_t count);
     void (*broadcast)(comm_group *g, dtype t, void *buf, size_t count, int root);
     void (*all_to_all)(comm_group *g, dtype t, const void *send, void *recv, size_t count);
+    void (*all_to_all_v)(comm_group *g, dtype t, const void *send, const size_t *send_counts, void *recv,
+                         const size_t *recv_counts);
     void (*send)(comm_group *g, dtype t, const void *buf, size_t count, int peer);
     void (*recv)(comm_group *g, dtype t, void *buf, size_t count, int peer);
     void (*sendrecv)(comm_group *g, dtype t, const void *sendbuf, size_t send_count, int dest,

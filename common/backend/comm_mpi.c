@@ -118,6 +118,16 @@ static void mpi_all_to_all(comm_group *g, dtype t, const void *send, void *recv,
     stage_out(&s, false);
     stage_out(&r, true);
 }
+static void mpi_all_to_all_v(comm_group *g, dtype t, const void *send, const size_t *send_counts, void *recv,
+                             const size_t *recv_counts) {
+    int n = g->size, sc[n], sd[n], rc[n], rd[n];
+    size_t sent = comm_mpi_counts(send_counts, n, sc, sd), got = comm_mpi_counts(recv_counts, n, rc, rd);
+    stage_buf s, r;
+    void *hs = stage_in(&s, send, sent * E, true), *hr = stage_in(&r, recv, got * E, false);
+    MPI_Alltoallv(hs, sc, sd, comm_mpi_type(t), hr, rc, rd, comm_mpi_type(t), mpi_of(g));
+    stage_out(&s, false);
+    stage_out(&r, true);
+}
 static void mpi_send(comm_group *g, dtype t, const void *buf, size_t count, int peer) {
     stage_buf s;
     MPI_Send(stage_in(&s, buf, count * E, true), (int)count, comm_mpi_type(t), peer, 0, mpi_of(g));
@@ -245,7 +255,7 @@ const comm_backend comm_mpi_backend = {
     .init = mpi_init, .split = mpi_split, .finalize = mpi_finalize, .sync = mpi_sync,
     .settle = NULL, .poll = NULL,
     .all_reduce = mpi_all_reduce, .all_gather = mpi_all_gather, .reduce_scatter = mpi_reduce_scatter,
-    .broadcast = mpi_broadcast, .all_to_all = mpi_all_to_all, .send = mpi_send, .recv = mpi_recv,
+    .broadcast = mpi_broadcast, .all_to_all = mpi_all_to_all, .all_to_all_v = mpi_all_to_all_v, .send = mpi_send, .recv = mpi_recv,
     .sendrecv = mpi_sendrecv,
     .isend = mpi_isend, .irecv = mpi_irecv, .isendrecv = mpi_isendrecv, .iall_reduce = mpi_iall_reduce,
     .iall_gather = mpi_iall_gather, .ireduce_scatter = mpi_ireduce_scatter,

@@ -231,6 +231,23 @@ static void nccl_all_to_all(comm_group *g, dtype t, const void *send, void *recv
     NCCL_CHECK(ncclGroupEnd());
     end_blocking(g, COLL_ALL_TO_ALL, started, reached);
 }
+/* The same group with each peer's own count (comm.h): a send and a receive per peer even where the
+ * count is 0, so every rank makes the same calls in the same order whatever the routing was. */
+static void nccl_all_to_all_v(comm_group *g, dtype t, const void *send, const size_t *send_counts, void *recv,
+                              const size_t *recv_counts) {
+    cudaEvent_t reached, started;
+    cudaStream_t s = begin(g, &reached, &started);
+    size_t e = dtype_size(t), sent = 0, got = 0;   /* bytes of an element; elements so far */
+    NCCL_CHECK(ncclGroupStart());
+    for (int peer = 0; peer < g->size; peer++) {
+        NCCL_CHECK(ncclSend((const char *)send + sent * e, send_counts[peer], nccl_type(t), peer, ng(g)->comm, s));
+        NCCL_CHECK(ncclRecv((char *)recv + got * e, recv_counts[peer], nccl_type(t), peer, ng(g)->comm, s));
+        sent += send_counts[peer];
+        got += recv_counts[peer];
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    end_blocking(g, COLL_ALL_TO_ALL, started, reached);
+}
 /* A send completes only when the peer's receive runs: the peers must pair them (comm.h). */
 static void nccl_send(comm_group *g, dtype t, const void *buf, size_t count, int peer) {
     cudaEvent_t reached, started;
@@ -404,7 +421,7 @@ static const comm_backend nccl_backend = {
     .init = nccl_init, .split = nccl_split, .connect = nccl_connect, .finalize = nccl_finalize,
     .sync = nccl_sync, .settle = nccl_settle, .poll = NULL,
     .all_reduce = nccl_all_reduce, .all_gather = nccl_all_gather, .reduce_scatter = nccl_reduce_scatter,
-    .broadcast = nccl_broadcast, .all_to_all = nccl_all_to_all, .send = nccl_send, .recv = nccl_recv,
+    .broadcast = nccl_broadcast, .all_to_all = nccl_all_to_all, .all_to_all_v = nccl_all_to_all_v, .send = nccl_send, .recv = nccl_recv,
     .sendrecv = nccl_sendrecv,
     .isend = nccl_isend, .irecv = nccl_irecv, .isendrecv = nccl_isendrecv, .iall_reduce = nccl_iall_reduce,
     .iall_gather = nccl_iall_gather, .ireduce_scatter = nccl_ireduce_scatter,

@@ -56,7 +56,7 @@
 
 typedef enum {
     OP_ALL_REDUCE, OP_ALL_GATHER, OP_ALL_GATHER_BYTES, OP_REDUCE_SCATTER, OP_BROADCAST,
-    OP_ALL_TO_ALL, OP_SEND, OP_RECV, OP_SENDRECV
+    OP_ALL_TO_ALL, OP_ALL_TO_ALL_V, OP_SEND, OP_RECV, OP_SENDRECV
 } op_kind;
 
 /* One entry of a group's queue: the operation's arguments, kept until its turn comes. */
@@ -71,6 +71,8 @@ typedef struct sim_op {
     comm_op op;
     MPI_Request req[2];
     int nreq;
+    int *v;                         /* OP_ALL_TO_ALL_V: send counts, displacements, recv counts,
+                                     * displacements, [4 x the group's size] (owned)            */
     bool started, done;
     struct sim_op *next;
 } sim_op;
@@ -126,6 +128,11 @@ static void start(sim_op *o) {
         break;
     case OP_BROADCAST: MPI_Ibcast(o->recv, rc, t, o->source, c, &o->req[0]); break;
     case OP_ALL_TO_ALL: MPI_Ialltoall(o->send, sc, t, o->recv, sc, t, c, &o->req[0]); break;
+    case OP_ALL_TO_ALL_V: {
+        int n = o->g->size, *v = o->v;
+        MPI_Ialltoallv(o->send, v, v + n, t, o->recv, v + 2 * n, v + 3 * n, t, c, &o->req[0]);
+        break;
+    }
     case OP_SEND: MPI_Issend(o->send, sc, t, o->dest, 0, c, &o->req[0]); break;
     case OP_RECV: MPI_Irecv(o->recv, rc, t, o->source, 0, c, &o->req[0]); break;
     case OP_SENDRECV:
@@ -187,7 +194,7 @@ static void sim_poll(void) { poll_all(); }
 static const char *op_name(const sim_op *o) {
     static char name[48];
     static const char *names[] = {"all_reduce", "all_gather", "all_gather", "reduce_scatter", "broadcast",
-                                  "all_to_all", "send", "recv", "sendrecv"};
+                                  "all_to_all", "all_to_all", "send", "recv", "sendrecv"};
     if (o->kind == OP_SEND) snprintf(name, sizeof name, "send to rank %d", o->dest);
     else if (o->kind == OP_RECV) snprintf(name, sizeof name, "recv from rank %d", o->source);
     else snprintf(name, sizeof name, "%s", names[o->kind]);
@@ -304,7 +311,7 @@ static void connect_for(sim_queue *q, op_kind kind, int dest, int source) {
     case OP_SEND: want[dest] |= CONN_SEND; break;
     case OP_RECV: want[source] |= CONN_RECV; break;
     case OP_SENDRECV: want[dest] |= CONN_SEND; want[source] |= CONN_RECV; break;
-    case OP_ALL_TO_ALL: memset(want, CONN_SEND | CONN_RECV, (size_t)n); break;
+    case OP_ALL_TO_ALL: case OP_ALL_TO_ALL_V: memset(want, CONN_SEND | CONN_RECV, (size_t)n); break;
     case OP_ALL_REDUCE: connect_collective(q, "all_reduce"); return;
     case OP_ALL_GATHER: case OP_ALL_GATHER_BYTES: connect_collective(q, "all_gather"); return;
     case OP_REDUCE_SCATTER: connect_collective(q, "reduce_scatter"); return;
@@ -315,19 +322,35 @@ static void connect_for(sim_queue *q, op_kind kind, int dest, int source) {
 
 /* Appends an operation to its group's queue, started at once if the queue was empty; first, what
  * it connects (rules 5 and 6), as ncclGroupEnd does before the operation reaches the stream. */
-static sim_op *enqueue(comm_group *g, op_kind kind, dtype t, const void *send, size_t send_count, int dest,
-                       void *recv, size_t recv_count, int source, comm_op op) {
-    sim_op *o = calloc(1, sizeof *o);
-    if (!o) { fprintf(stderr, "comm_nccl_sim: out of host memory\n"); exit(1); }
-    *o = (sim_op){.kind = kind, .g = g, .send = send, .recv = recv, .send_count = send_count,
-                  .recv_count = recv_count, .type = t, .dest = dest, .source = source, .op = op};
-    sim_queue *q = queue_of(g);
-    connect_for(q, kind, dest, source);
+static sim_op *push(sim_op *o) {
+    sim_queue *q = queue_of(o->g);
+    connect_for(q, o->kind, o->dest, o->source);
     if (q->tail) q->tail->next = o;
     else q->head = o;
     q->tail = o;
     advance(q);
     return o;
+}
+static sim_op *new_op(void) {
+    sim_op *o = calloc(1, sizeof *o);
+    if (!o) { fprintf(stderr, "comm_nccl_sim: out of host memory\n"); exit(1); }
+    return o;
+}
+static sim_op *enqueue(comm_group *g, op_kind kind, dtype t, const void *send, size_t send_count, int dest,
+                       void *recv, size_t recv_count, int source, comm_op op) {
+    sim_op *o = new_op();
+    *o = (sim_op){.kind = kind, .g = g, .send = send, .recv = recv, .send_count = send_count,
+                  .recv_count = recv_count, .type = t, .dest = dest, .source = source, .op = op};
+    return push(o);
+}
+
+/* The all-to-all with counts: its counts and displacements `v` (owned by the entry from now on)
+ * are in place before the entry can start. */
+static sim_op *enqueue_v(comm_group *g, dtype t, const void *send, size_t sent, void *recv, size_t got, int *v) {
+    sim_op *o = new_op();
+    *o = (sim_op){.kind = OP_ALL_TO_ALL_V, .g = g, .send = send, .recv = recv, .send_count = sent,
+                  .recv_count = got, .type = t, .dest = -1, .source = -1, .op = COMM_SUM, .v = v};
+    return push(o);
 }
 
 /* Blocks until the operation has completed, every queue moving meanwhile (rule 4); returns the
@@ -347,6 +370,7 @@ static double sim_wait(void *handle) {
         if (!poll_all()) sched_yield();
     }
     guard_note(NULL);
+    free(o->v);
     free(o);
     return MPI_Wtime() - t0;
 }
@@ -391,6 +415,17 @@ static void sim_broadcast(comm_group *g, dtype t, void *buf, size_t count, int r
 }
 static void sim_all_to_all(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
     sim_wait(enqueue(g, OP_ALL_TO_ALL, t, send, count, -1, recv, count * g->size, -1, COMM_SUM));
+}
+/* Every peer is connected both ways, even where a count is 0: NCCL 2.28 marks a peer for
+ * connection at any ncclSend/ncclRecv, whatever its count (src/enqueue.cc, p2pTaskAppend), and
+ * comm_nccl.cu issues one of each per peer. */
+static void sim_all_to_all_v(comm_group *g, dtype t, const void *send, const size_t *send_counts, void *recv,
+                             const size_t *recv_counts) {
+    int n = g->size, *v = malloc(4 * (size_t)n * sizeof *v);
+    if (!v) { fprintf(stderr, "comm_nccl_sim: out of host memory\n"); exit(1); }
+    size_t sent = comm_mpi_counts(send_counts, n, v, v + n), got = comm_mpi_counts(recv_counts, n, v + 2 * n, v + 3 * n);
+    sim_op *o = enqueue_v(g, t, send, sent, recv, got, v);
+    sim_wait(o);
 }
 static void sim_send(comm_group *g, dtype t, const void *buf, size_t count, int peer) {
     sim_wait(sim_isend(g, t, buf, count, peer));
@@ -450,7 +485,7 @@ const comm_backend comm_nccl_sim_backend = {
     .init = sim_init, .split = sim_split, .connect = sim_connect, .finalize = sim_finalize, .sync = sim_sync,
     .settle = NULL, .poll = sim_poll,
     .all_reduce = sim_all_reduce, .all_gather = sim_all_gather, .reduce_scatter = sim_reduce_scatter,
-    .broadcast = sim_broadcast, .all_to_all = sim_all_to_all, .send = sim_send, .recv = sim_recv,
+    .broadcast = sim_broadcast, .all_to_all = sim_all_to_all, .all_to_all_v = sim_all_to_all_v, .send = sim_send, .recv = sim_recv,
     .sendrecv = sim_sendrecv,
     .isend = sim_isend, .irecv = sim_irecv, .isendrecv = sim_isendrecv, .iall_reduce = sim_iall_reduce,
     .iall_gather = sim_iall_gather, .ireduce_scatter = sim_ireduce_scatter,

@@ -31,8 +31,9 @@
 C_BEGIN
 
 /* The configuration's dimensions that shapes are written in. */
-typedef enum { DIM_1, DIM_D, DIM_Q, DIM_KV, DIM_F, DIM_V } model_dim;
-int model_dim_size(const llama_config *c, model_dim x);   /* 1, D, H*hd, Hkv*hd, F, V */
+typedef enum { DIM_1, DIM_D, DIM_Q, DIM_KV, DIM_F, DIM_V, DIM_E, DIM_EF, DIM_ED, DIM_FE } model_dim;
+/* 1, D, H*hd, Hkv*hd, F, V; and the experts' (llama.h's moe_config): E, E*F_e, E*D, F_e */
+int model_dim_size(const llama_config *c, model_dim x);
 
 /* One tensor a block owns: [rows_times x rows, cols_times x cols] in the configuration's
  * dimensions (a factor left 0 is 1). */
@@ -47,8 +48,13 @@ typedef struct {
 
 /* The rows and columns an activation's shape is written in, for the shapes this rank holds
  * (model.h's llama_dims): Ns = B*Ts the residual stream's rows, N = B*T the region's. */
-typedef enum { ROWS_STREAM, ROWS_REGION, ROWS_1, N_ROWS } act_rows;                          /* Ns, N, 1 */
-typedef enum { COLS_D, COLS_1, COLS_Q, COLS_KV, COLS_F, COLS_V, COLS_PROBS, COLS_LOSS, N_COLS } act_cols;
+/* A mixture of experts adds two row counts: ROWS_ROUTED, this rank's tokens' copies (N*k, one per
+ * expert a token is sent to), and ROWS_EXPERT, the most rows this rank's experts may receive
+ * (llama_dims' R: N*k on one device; the dropless worst case under expert parallelism). */
+typedef enum { ROWS_STREAM, ROWS_REGION, ROWS_1, ROWS_ROUTED, ROWS_EXPERT, N_ROWS } act_rows;   /* Ns, N, 1, N*k, R */
+/* ... and columns: COLS_E (E experts), COLS_K (k), COLS_FE (F_e), COLS_COUNTS (2E counts). */
+typedef enum { COLS_D, COLS_1, COLS_Q, COLS_KV, COLS_F, COLS_V, COLS_PROBS, COLS_LOSS,
+               COLS_E, COLS_K, COLS_FE, COLS_COUNTS, N_COLS } act_cols;
 /* What bringing an activation back would cost, for activation checkpointing (chapter 03 says which
  * costs each mode keeps): the output of a GEMM, of the attention or of a collective (expensive to
  * redo), the layer's input (everything else is recomputed from it), or the output of element-wise
@@ -62,8 +68,8 @@ typedef struct { int act; act_rows rows; act_cols cols; int times; dtype type; a
 /* What a block's forward and backward work on (model.h). */
 typedef struct layer_pass layer_pass;
 
-#define BLOCK_MAX_TENSORS 4
-#define BLOCK_MAX_ACTS 8
+#define BLOCK_MAX_TENSORS 8
+#define BLOCK_MAX_ACTS 12
 typedef struct {
     const char *name;
     int n_tensors;

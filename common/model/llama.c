@@ -26,6 +26,7 @@ llama_config llama_config_default(void) {
     c.vocab_multiple = 0;   /* the default rule (mesh.h) */
     c.layer = NULL;         /* Llama's layer (layer.h) */
     c.precision = DTYPE_F32;   /* fp32 compute; --dtype bf16 sets DTYPE_BF16 */
+    c.moe = (moe_config){0};   /* dense */
     return c;
 }
 
@@ -57,6 +58,10 @@ int model_dim_size(const llama_config *c, model_dim x) {
     case DIM_Q: return c->n_heads * llama_head_dim(c);       /* H*hd   */
     case DIM_KV: return c->n_kv_heads * llama_head_dim(c);   /* Hkv*hd */
     case DIM_F: return c->ffn_dim;
+    case DIM_E: return c->moe.experts;                       /* E       */
+    case DIM_EF: return c->moe.experts * c->moe.expert_dim;  /* E*F_e   */
+    case DIM_ED: return c->moe.experts * c->dim;             /* E*D     */
+    case DIM_FE: return c->moe.expert_dim;                   /* F_e     */
     default: return c->vocab_size;                           /* DIM_V  */
     }
 }

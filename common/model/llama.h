@@ -34,6 +34,17 @@ C_BEGIN
 
 typedef struct llama_layer llama_layer;   /* the layer's blocks (layer.h) */
 
+/* A mixture-of-experts feed-forward (chapter 09): the sizes its block's tensors and activations
+ * are written in. experts 0: a dense model. The block itself, its routing and its loss are the
+ * chapter's (09_expert_parallel/moe.c), set as llama_config.layer. */
+typedef struct {
+    int experts;          /* E routed experts per layer (0: none, the dense feed-forward)        */
+    int top_k;            /* k experts per token                                                 */
+    int expert_dim;       /* F_e, each expert's hidden size (a SwiGLU of its own)               */
+    bool shared_expert;   /* a dense SwiGLU of ffn_dim every token passes through as well       */
+    float aux_alpha;      /* the weight of the load-balancing loss                              */
+} moe_config;
+
 typedef struct {
     int dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, seq_len;
     float norm_eps, rope_theta;
@@ -45,6 +56,7 @@ typedef struct {
                            * GEMMs take bf16 operands and accumulate in fp32 (linear.c). Parameters,
                            * gradients, AdamW state and every other kernel stay fp32. Not part of the
                            * model's shape: a checkpoint resumes under either. */
+    moe_config moe;       /* the experts' sizes (zero: a dense model)                          */
 } llama_config;
 
 typedef struct {
@@ -67,8 +79,14 @@ int llama_padded_vocab(const llama_config *c, int tp);
  * (llama.c). */
 typedef enum {
     P_TOK_EMBEDDINGS = 0, P_ATTENTION_NORM, P_WQ, P_WK, P_WV, P_WO,
-    P_FFN_NORM, P_W1, P_W2, P_W3, P_NORM, P_OUTPUT, P_NKINDS
+    P_FFN_NORM, P_W1, P_W2, P_W3, P_NORM, P_OUTPUT,
+    /* a mixture-of-experts layer's (chapter 09): the router [E, D] and the experts' three weights,
+     * each E experts' stacked along the rows: w1, w3 [E*F_e, D], w2 [E*D, F_e] */
+    P_ROUTER, P_EXPERT_W1, P_EXPERT_W2, P_EXPERT_W3,
+    P_NKINDS
 } param_kind;
+/* The experts' weights: split expert by expert over expert parallelism (params.h). */
+static inline bool param_kind_is_expert(param_kind k) { return k == P_EXPERT_W1 || k == P_EXPERT_W2 || k == P_EXPERT_W3; }
 
 typedef struct {
     char name[64];

@@ -48,13 +48,29 @@ static llama_dims plan_dims(const llama_config *c, const llama_plan *plan, int B
     d.probs = plan->attention.saved_numel ? plan->attention.saved_numel(plan->attention.state, plan, B, d.T, d.Hl)
                                           : (size_t)B * d.Hl * d.T * d.T;
     d.layer = llama_layer_of(c);
+    /* the experts (09): El of the E on each of the ep ranks */
+    d.E = c->moe.experts;
+    d.k = c->moe.top_k;
+    d.Fe = c->moe.expert_dim;
+    d.ep = plan->groups.ep ? plan->groups.ep->size : 1;
+    d.El = d.E / d.ep;
+    d.e0 = plan->groups.ep ? plan->groups.ep->rank * d.El : 0;
+    d.R = 0;
     return d;
+}
+
+/* The most rows this rank's experts may receive in one layer (dropless): every token's k copies
+ * on one device; under expert parallelism, every rank's N tokens, each sending at most min(k, El)
+ * copies here (its k experts are distinct). */
+static double expert_rows(const llama_dims *d, double N) {
+    return d->ep == 1 ? N * d->k : (double)d->ep * N * (d->k < d->El ? d->k : d->El);
 }
 
 llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B) {
     llama_dims d = plan_dims(c, plan, B);
     d.N = B * d.T;
     d.Ns = B * d.Ts;
+    d.R = (size_t)expert_rows(&d, d.N);
     return d;
 }
 
@@ -107,6 +123,12 @@ static act_sizes act_sizes_of(const llama_dims *d, int loss_saved_per_row) {
     z.cols[COLS_V] = d->Vl;
     z.cols[COLS_PROBS] = (double)d->probs;
     z.cols[COLS_LOSS] = loss_saved_per_row;
+    z.rows[ROWS_ROUTED] = z.rows[ROWS_REGION] * d->k;
+    z.rows[ROWS_EXPERT] = expert_rows(d, z.rows[ROWS_REGION]);
+    z.cols[COLS_E] = d->E;
+    z.cols[COLS_K] = d->k;
+    z.cols[COLS_FE] = d->Fe;
+    z.cols[COLS_COUNTS] = 2.0 * d->E;
     return z;
 }
 
@@ -145,8 +167,12 @@ double llama_head_act_bytes(const llama_dims *d, int loss_saved_per_row) {
 }
 
 /* The activations whose gradients the backward keeps in scratch (one buffer each, reused by every
- * layer): dattn_out, dq, dk, dv, dprobs, dffn_g, dffn_a, dffn_b. */
-static const int grad_scratch[] = {ACT_ATTN_OUT, ACT_Q, ACT_K, ACT_V, ACT_PROBS, ACT_FFN_G, ACT_FFN_A, ACT_FFN_B};
+ * layer): dattn_out, dq, dk, dv, dprobs, dffn_g, dffn_a, dffn_b; and a mixture of experts' (empty
+ * for a dense layer): dmoe_x, dmoe_y (also the dispatch's buffers), dmoe_a, dmoe_b, dmoe_g,
+ * drouter_probs, dmoe_gates. */
+static const int grad_scratch[] = {ACT_ATTN_OUT, ACT_Q, ACT_K, ACT_V, ACT_PROBS, ACT_FFN_G, ACT_FFN_A, ACT_FFN_B,
+                                   ACT_MOE_X, ACT_MOE_Y, ACT_MOE_A, ACT_MOE_B, ACT_MOE_G, ACT_ROUTER_PROBS,
+                                   ACT_MOE_GATES};
 
 double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, double *state_bytes,
                          double *act_bytes, double *largest_numel) {
@@ -156,7 +182,11 @@ double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, d
     for (int i = 0; i < llama_num_params(c); i++) {           /* every tensor's local slice */
         param_spec s = llama_param_spec(c, i);
         if (!plan_holds(plan, c->n_layers, s.kind, s.layer)) continue;
-        double numel = (double)s.rows * s.cols / (plan->layout[s.kind] == SHARD_REPLICATED ? 1 : p);
+        double ep = plan->groups.ep ? plan->groups.ep->size : 1;   /* the experts' split (09) */
+        double split = plan->groups.expert_dims && param_kind_is_expert(s.kind) ? ep
+                       : plan->layout[s.kind] == SHARD_REPLICATED           ? 1
+                                                                             : p;
+        double numel = (double)s.rows * s.cols / split;
         for (int b = 0; b < PARAM_NBLOCKS; b++)               /* values, gradients, m and v */
             state += (b == PARAM_OPTIM ? 8 : 4) * numel / (plan->storage[b] == STORE_SHARD ? S : 1);
         largest = fmax(largest, numel);
@@ -191,8 +221,9 @@ static void layer_acts_alloc(llama_layer_acts *a, const llama_dims *d, unsigned 
     for (int i = 0; i < ACT_NLAYER; i++) {
         bool kept = keep & (1u << i);
         dtype t = layer_act_shape(d->layer, i).type;   /* its element type, as its block declares */
-        if (shared) a->t[i] = kept ? device_alloc_elems(llama_act_numel(d, i), t, MEM_ACTIVATIONS) : shared->t[i];
-        else a->t[i] = kept ? NULL : device_alloc_elems(llama_act_numel(d, i), t, MEM_BUFFERS);
+        size_t n = llama_act_numel(d, i);                /* 0: a slot no block of this layer uses */
+        if (shared) a->t[i] = kept ? (n ? device_alloc_elems(n, t, MEM_ACTIVATIONS) : NULL) : shared->t[i];
+        else a->t[i] = kept || !n ? NULL : device_alloc_elems(n, t, MEM_BUFFERS);
     }
 }
 static void layer_acts_free(llama_layer_acts *a, const llama_layer_acts *shared) {
@@ -262,7 +293,7 @@ llama_model *llama_create(const llama_config *c, const llama_plan *plan, int B, 
         here[i] = plan_holds(plan, c->n_layers, s.kind, s.layer);
     }
     m->params = param_table_create(c, plan->groups.mesh, plan->layout, plan->storage, plan->groups.shard_dims,
-                                   here, seed);
+                                   plan->groups.expert_dims, here, seed);
     free(here);
     m->d = llama_dims_make(c, plan, B);
     const llama_dims *d = &m->d;
@@ -303,11 +334,14 @@ llama_model *llama_create(const llama_config *c, const llama_plan *plan, int B, 
     m->dxn_full = device_alloc_floats(N * D, MEM_BUFFERS);
     m->dh = device_alloc_floats(Ns * D, MEM_BUFFERS);
     /* each activation's gradient, of its shape (grad_scratch's order) */
-    float **grad[] = {&m->dattn_out, &m->dq, &m->dk, &m->dv, &m->dprobs, &m->dffn_g, &m->dffn_a, &m->dffn_b};
+    float **grad[] = {&m->dattn_out, &m->dq, &m->dk, &m->dv, &m->dprobs, &m->dffn_g, &m->dffn_a, &m->dffn_b,
+                      &m->dmoe_x, &m->dmoe_y, &m->dmoe_a, &m->dmoe_b, &m->dmoe_g, &m->drouter_probs, &m->dmoe_gates};
     _Static_assert(sizeof grad / sizeof *grad == sizeof grad_scratch / sizeof *grad_scratch,
                    "one scratch buffer for each activation grad_scratch names, in its order");
-    for (size_t i = 0; i < sizeof grad / sizeof *grad; i++)
-        *grad[i] = device_alloc_floats(llama_act_numel(d, grad_scratch[i]), MEM_BUFFERS);
+    for (size_t i = 0; i < sizeof grad / sizeof *grad; i++) {
+        size_t n = llama_act_numel(d, grad_scratch[i]);
+        *grad[i] = n ? device_alloc_floats(n, MEM_BUFFERS) : NULL;   /* (a dense layer has no experts) */
+    }
     return m;
 }
 
@@ -323,7 +357,8 @@ void llama_free(llama_model *m) {
     layer_acts_free(&m->shared, NULL);
     float *bufs[] = {m->loss_scratch, m->attn_in, m->ffn_in, m->y_partial, m->dy_full, m->dxn,
                      m->dxn_full, m->dh, m->dattn_out, m->dq, m->dk, m->dv,
-                     m->dprobs, m->dffn_g, m->dffn_a, m->dffn_b};
+                     m->dprobs, m->dffn_g, m->dffn_a, m->dffn_b, m->dmoe_x, m->dmoe_y, m->dmoe_a,
+                     m->dmoe_b, m->dmoe_g, m->drouter_probs, m->dmoe_gates};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) device_free(bufs[i]);   /* NULL: no-op */
     device_free(m->positions);
     device_free(m->rope_cos_sin);
@@ -496,11 +531,13 @@ float llama_forward(llama_model *m, const int *tokens, const int *targets, float
     llama_layer_acts *acts = m->saved->layers;
     unit_weights w, g;                                  /* the ends: embedding, final norm, output */
     p->weights.acquire(p->weights.state, p, m, L, false, &w, &g);
+    m->saved->loss_scale = loss_scale;                  /* (an auxiliary loss of a layer scales by it) */
+    m->aux_loss = 0;
     embed_forward(m, tokens, &w);                                        /* h0 = acts[0].h_in */
     for (int l = 0; l < L; l++) llama_layer_forward(m, l, l + 1 < L ? acts[l + 1].h_in : m->saved->h_final);
     float loss = head_forward(m, targets, loss_scale, &w);
     p->weights.release(p->weights.state, p, m, L, false);
-    return loss;
+    return m->aux_loss != 0 ? loss + m->aux_loss : loss;   /* (a dense model's loss, bit for bit) */
 }
 
 void llama_backward(llama_model *m) {

@@ -31,6 +31,13 @@ typedef struct {
     int D, hd, Hl, Hkvl, Fl;
     int Vl, v0;
     size_t probs;                   /* floats attention saves per layer (the plan's saved_numel) */
+    /* a mixture of experts (llama_config.moe; all 0 for a dense model): E experts of hidden F_e, k
+     * per token; this rank holds El of them, from expert e0 (expert parallelism splits them over
+     * `ep` ranks); R rows at most reach them in one layer: N*k on one device, and under expert
+     * parallelism the dropless worst case ep * N * min(k, El) (every rank's tokens choosing this
+     * rank's experts) */
+    int E, k, Fe, El, e0, ep;
+    size_t R;
     const llama_layer *layer;       /* the layer's blocks (layer.h), whose activations these shape
                                      * (NULL: Llama's)                                              */
 } llama_dims;
@@ -52,6 +59,15 @@ typedef union {
         float *ffn_rstd;    /* [Ns]                                                          */
         float *ffn_a, *ffn_b; /* [N, Fl]        w1 m (the gate), w3 m                        */
         float *ffn_g;       /* [N, Fl]          silu(ffn_a) * ffn_b: input of w2             */
+        /* a mixture-of-experts layer's (chapter 09's block says what each holds) */
+        float *router_probs;  /* [N, E]          softmax of the router's logits              */
+        float *moe_choice;    /* [N, k]          the experts each token goes to (exact ints)  */
+        float *moe_gates;     /* [N, k]          their weights in the combine                 */
+        float *moe_counts;    /* [2E]            the dispatch's counts (exact ints)           */
+        float *moe_x;         /* [R, D]          the rows this rank's experts received        */
+        float *moe_a, *moe_b; /* [R, F_e]        each row's expert's w1 x, w3 x               */
+        float *moe_g;         /* [R, F_e]        silu(a) * b                                  */
+        float *moe_y;         /* [N*k, D]        the experts' outputs, back on the token's rank */
     };
     float *t[ACT_NLAYER];
 } llama_layer_acts;
@@ -103,6 +119,15 @@ struct llama_model {
     float *dk, *dv;                 /* [N, Hkvl*hd]                                              */
     float *dprobs;                  /* [d.probs] the attention backward's scratch                */
     float *dffn_g, *dffn_a, *dffn_b; /* [N, Fl]                                                  */
+    /* a mixture-of-experts layer's scratch (NULL for a dense model): the dispatch's buffers and
+     * the gradients of its activations */
+    float *dmoe_x;                  /* [R, D]   the experts' side of an exchange                  */
+    float *dmoe_y;                  /* [N*k, D] the tokens' side                                 */
+    float *dmoe_a, *dmoe_b, *dmoe_g; /* [R, F_e]                                                  */
+    float *drouter_probs;           /* [N, E]                                                    */
+    float *dmoe_gates;              /* [N, k]                                                    */
+    float aux_loss;                 /* the forward's auxiliary losses (chapter 09's load balance),
+                                     * times the loss scale: llama_forward adds it to the loss    */
     /* Gradient accumulation: true during every micro-batch's backward but the last, which skips
      * the plan's reduce_grads (an all-reduce in place, of chapters 03 and 06, would otherwise sum
      * the micro-batches already summed once more); the last one reduces their sum. */

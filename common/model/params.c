@@ -18,7 +18,7 @@ int param_split_rows(const llama_config *c, param_spec s, shard_layout layout, i
 param_table *param_table_create(const llama_config *c, device_mesh *mesh,
                                 const shard_layout layout[P_NKINDS],
                                 const block_storage storage[PARAM_NBLOCKS], unsigned shard_dims,
-                                const bool *here, uint64_t seed) {
+                                unsigned expert_dims, const bool *here, uint64_t seed) {
     param_table *t = calloc(1, sizeof *t);
     t->c = *c;
     t->mesh = mesh;
@@ -27,7 +27,11 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
     t->shard_ranks = mesh ? mesh_size_over(&mesh->shape, t->shard_dims) : 1;
     t->shard_rank = mesh ? mesh_rank_over(&mesh->shape, mesh->coord, t->shard_dims) : 0;
     for (int b = 0; b < PARAM_NBLOCKS; b++) t->storage[b] = storage ? storage[b] : STORE_WHOLE;
-    int p = t->tp ? t->tp->size : 1, r = t->tp ? t->tp->rank : 0;
+    t->expert_dims = mesh ? expert_dims : 0;
+    int p_tp = t->tp ? t->tp->size : 1, r_tp = t->tp ? t->tp->rank : 0;
+    /* the experts' weights go whole experts to each rank of the expert dimensions (09) */
+    int p_ep = t->expert_dims ? mesh_size_over(&mesh->shape, t->expert_dims) : 1;
+    int r_ep = t->expert_dims ? mesh_rank_over(&mesh->shape, mesh->coord, t->expert_dims) : 0;
     int S = t->shard_ranks, s = t->shard_rank;
     t->n = llama_num_params(c);
     t->t = calloc((size_t)t->n, sizeof *t->t);
@@ -36,12 +40,15 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
         x->spec = llama_param_spec(c, i);
         x->tp_layout = layout ? layout[x->spec.kind] : SHARD_REPLICATED;
         x->here = here ? here[i] : true;
-        int rows = param_split_rows(c, x->spec, x->tp_layout, p);   /* the vocabulary's padded */
-        shard_slice(x->tp_layout, rows, x->spec.cols, r, p, &x->r0, &x->nr, &x->c0, &x->nc);
-        if ((x->tp_layout == SHARD_ROWS && x->nr * p != rows) ||
-            (x->tp_layout == SHARD_COLS && x->nc * p != x->spec.cols)) {
-            fprintf(stderr, "param_table_create: %s [%d, %d] is not divisible by tp %d\n", x->spec.name,
-                    x->spec.rows, x->spec.cols, p);
+        bool by_expert = t->expert_dims && param_kind_is_expert(x->spec.kind);
+        shard_layout split = by_expert ? SHARD_ROWS : x->tp_layout;   /* over the expert dimensions, or tp */
+        int p = by_expert ? p_ep : p_tp, r = by_expert ? r_ep : r_tp;
+        int rows = param_split_rows(c, x->spec, split, p);   /* the vocabulary's padded */
+        shard_slice(split, rows, x->spec.cols, r, p, &x->r0, &x->nr, &x->c0, &x->nc);
+        if ((split == SHARD_ROWS && x->nr * p != rows) ||
+            (split == SHARD_COLS && x->nc * p != x->spec.cols)) {
+            fprintf(stderr, "param_table_create: %s [%d, %d] is not divisible by %s %d\n", x->spec.name,
+                    x->spec.rows, x->spec.cols, by_expert ? "ep" : "tp", p);
             exit(1);
         }
         /* the shard group's split of PyTorch's dim 0: a matrix's rows, a vector's elements */
@@ -138,7 +145,8 @@ int param_unit_tensors(const param_table *t, int u, int idx[PARAM_UNIT_MAX]) { r
 /* unit_weights' named fields alias of[kind]: they must be declared in param_kind's order. */
 _Static_assert(offsetof(unit_weights, tok_embeddings) == P_TOK_EMBEDDINGS * sizeof(float *) &&
                offsetof(unit_weights, w3) == P_W3 * sizeof(float *) &&
-               offsetof(unit_weights, output) == P_OUTPUT * sizeof(float *),
+               offsetof(unit_weights, output) == P_OUTPUT * sizeof(float *) &&
+               offsetof(unit_weights, expert_w3) == P_EXPERT_W3 * sizeof(float *),
                "unit_weights' fields follow param_kind");
 
 unit_weights param_unit(const param_table *t, float *block, int u) {
@@ -172,7 +180,9 @@ bool param_held_slice(const param_table *t, const float *block, int i, int *r0, 
     if (!x->here) return false;
     if (t->mesh)
         for (int d = 0; d < MESH_NDIMS; d++) {
-            bool split = (d == MESH_TP && x->tp_layout != SHARD_REPLICATED) || (dp_split && (t->shard_dims & MESH_BIT(d))) ||
+            bool by_expert = t->expert_dims && param_kind_is_expert(x->spec.kind);
+            bool split = by_expert ? (t->expert_dims & MESH_BIT(d)) != 0 : d == MESH_TP && x->tp_layout != SHARD_REPLICATED;
+            split = split || (dp_split && (t->shard_dims & MESH_BIT(d))) ||
                          d == MESH_PP;   /* one stage stores it (or every stage its copy: the
                                           * pipeline never replicates a tensor) */
             if (!split && t->mesh->coord[d] != 0) return false;

@@ -73,6 +73,10 @@ typedef union {
         float *w3;                /* [Fl, D]                                                    */
         float *norm;              /* [D]          the ends                                      */
         float *output;            /* [Vl, D]      the ends                                      */
+        float *router;            /* [E, D]       a mixture-of-experts layer (chapter 09)        */
+        float *expert_w1;         /* [El*F_e, D]  this rank's El experts, one after the other    */
+        float *expert_w2;         /* [El*D, F_e]                                                */
+        float *expert_w3;         /* [El*F_e, D]                                                */
     };
     float *of[P_NKINDS];
 } unit_weights;
@@ -83,6 +87,8 @@ typedef struct {
     comm_group *tp;           /* the mesh's tp group (NULL without a mesh)                    */
     unsigned shard_dims;      /* the mesh dimensions a sharded block is split over (MESH_BIT):
                                * dp_shard (04), or dp_shard and cp (08)                        */
+    unsigned expert_dims;     /* the mesh dimensions the experts' weights are split over by rows,
+                               * whole experts to each rank (09's expert parallelism; 0: none) */
     int shard_ranks, shard_rank;   /* S, the size of that group, and this rank's place in it    */
     int n;                    /* number of tensors: llama_num_params(c)                       */
     param_tensor *t;          /* [n], in llama.h's order                                      */
@@ -105,7 +111,8 @@ static inline unsigned param_shard_dims(unsigned dims) { return dims ? dims : ME
 /* Allocates this rank's slices (layout[kind] over the mesh's tp group; mesh NULL: whole
  * tensors; storage[block] whole or sharded, NULL: all whole; a sharded block split over the mesh
  * dimensions shard_dims, MESH_BIT(MESH_DP_SHARD) | MESH_BIT(MESH_CP) for FSDP over dp_shard x cp,
- * 0: dp_shard alone; here[i]: tensor i is stored on this rank, NULL: all are) and initialises them
+ * 0: dp_shard alone; the experts' weights split by rows over the dimensions expert_dims instead
+ * of tp, 0: not split; here[i]: tensor i is stored on this rank, NULL: all are) and initialises them
  * from
  * (seed, name, global index): exactly the baseline's values. A layout that does not divide a
  * tensor is a programming error here: a plan validates the sizes it needs (with a message naming
@@ -113,7 +120,7 @@ static inline unsigned param_shard_dims(unsigned dims) { return dims ? dims : ME
 param_table *param_table_create(const llama_config *c, device_mesh *mesh,
                                 const shard_layout layout[P_NKINDS],
                                 const block_storage storage[PARAM_NBLOCKS], unsigned shard_dims,
-                                const bool *here, uint64_t seed);
+                                unsigned expert_dims, const bool *here, uint64_t seed);
 void param_table_free(param_table *t);
 
 /* The index of the tensor of `kind` in `layer` (-1 for the embedding, final norm and output). */

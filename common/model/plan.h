@@ -182,7 +182,11 @@ typedef struct {
 /* The activations one layer may save for backward (model.h: llama_layer_acts names them). */
 enum {
     ACT_H_IN = 0, ACT_ATTN_XN, ACT_ATTN_RSTD, ACT_Q, ACT_K, ACT_V, ACT_PROBS, ACT_ATTN_OUT,
-    ACT_H_MID, ACT_FFN_XN, ACT_FFN_RSTD, ACT_FFN_A, ACT_FFN_B, ACT_FFN_G, ACT_NLAYER
+    ACT_H_MID, ACT_FFN_XN, ACT_FFN_RSTD, ACT_FFN_A, ACT_FFN_B, ACT_FFN_G,
+    /* a mixture-of-experts layer's (chapter 09; none of Llama's blocks declares them, so a dense
+     * layer allocates nothing for them) */
+    ACT_ROUTER_PROBS, ACT_MOE_CHOICE, ACT_MOE_GATES, ACT_MOE_COUNTS, ACT_MOE_X, ACT_MOE_A, ACT_MOE_B,
+    ACT_MOE_G, ACT_MOE_Y, ACT_NLAYER
 };
 #define ACT_KEEP_ALL ((1u << ACT_NLAYER) - 1)
 
@@ -245,6 +249,11 @@ typedef struct {
                                     * ranks for the whole model; this rank holds the rows at the
                                     * sequence's positions                                          */
     comm_group *batch;             /* the data-parallel ranks that split the global batch by rows   */
+    comm_group *ep;                /* expert parallelism (09): the ranks the experts are split over,
+                                    * which exchange tokens with all-to-alls (NULL: every expert
+                                    * here)                                                         */
+    unsigned expert_dims;          /* the mesh dimensions of `ep` (MESH_BIT), over which the experts'
+                                    * weights are split expert by expert (params.h); 0: none        */
     comm_group *shard;             /* the ranks a sharded block (storage) is split over: 04's
                                     * dp_shard, or dp_shard x cp (08: the cp ranks hold the same
                                     * parameters, so they can hold different shards of them)       */

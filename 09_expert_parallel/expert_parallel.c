@@ -1,0 +1,90 @@
+/* expert_parallel.c: expert parallelism as a plan (expert_parallel.h). The dispatch and the
+ * combine are the MoE block's (moe.c), which reads the plan's ep group; this file places the
+ * tensors, splits the batch and reduces the gradients. */
+#include <stdio.h>
+#include <stdlib.h>
+#include "comm.h"
+#include "expert_parallel.h"
+#include "model.h"
+
+typedef struct {
+    comm_group *batch, *replicate;   /* every data rank; the ranks that hold the same experts */
+    bool skip_expert_reduce;         /* the fault: experts' gradients not reduced over dp_replicate */
+    unsigned block_faults;           /* the MoE block's (EP_FAULT_*)                               */
+} ep_state;
+
+static void free_state(void *state) { free(state); }
+const plan_technique expert_parallel_technique = {"expert parallel", free_state};
+
+/* After the backward: each tensor's gradient summed over the ranks that hold the same slice of it
+ * and saw different tokens (expert_parallel.h's table). One all-reduce per tensor. */
+static void reduce_grads(void *state, const llama_plan *p, llama_model *m) {
+    const ep_state *s = state;
+    param_table *t = m->params;
+    for (int i = 0; i < t->n; i++) {
+        bool expert = param_kind_is_expert(t->t[i].spec.kind);
+        comm_group *g = expert ? s->replicate : s->batch;
+        if (expert && s->skip_expert_reduce) continue;
+        if (g->size > 1) comm_all_reduce(g, param_in(t, t->grads, i), param_stored_numel(t, t->grads, i), COMM_SUM);
+    }
+}
+
+void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c) {
+    (void)c;
+    ep_state *s = calloc(1, sizeof *s);
+    plan_push(plan, &expert_parallel_technique, s, 0);
+    int dims[2] = {MESH_DP_REPLICATE, MESH_DP_SHARD};
+    s->batch = mesh_group_over(mesh, dims, 2, "dp");
+    s->replicate = mesh->group[MESH_DP_REPLICATE];
+    plan->groups.mesh = mesh;
+    plan->groups.batch = s->batch;
+    plan->groups.ep = mesh->group[MESH_DP_SHARD];
+    plan->groups.expert_dims = MESH_BIT(MESH_DP_SHARD);
+    plan->reduce_grads = (grad_reduce_ops){s, reduce_grads};
+}
+
+/* ---- the mesh's rule ---- */
+
+static const char *ep_divides(const mesh_rule *r, const mesh_view *v, char *why, size_t len) {
+    long long experts = r->size[0], batch = r->size[1];
+    int ep = v->s.dp_shard, dp = v->s.dp_replicate * ep;
+    if (experts % ep)
+        return mesh_refuse(why, len, "--ep %d does not divide --experts %lld: each ep rank holds whole experts, "
+                           "%lld / ep of them", ep, experts, experts);
+    if (batch % dp)
+        return mesh_refuse(why, len, "--batch %lld is not divisible by the %d data-parallel ranks (NP): each takes "
+                           "batch / NP sequences", batch, dp);
+    return NULL;
+}
+mesh_rule ep_mesh_rule(const llama_config *c, long long batch) {
+    return (mesh_rule){.check = ep_divides, .size = {c->moe.experts, batch}};
+}
+
+/* ---- faults ---- */
+static const char *skip_expert_reduce(llama_plan *p) {
+    ep_state *s = plan_state(p, &expert_parallel_technique);
+    if (!s || s->replicate->size == 1)
+        return "skip-expert-reduce leaves out the experts' all-reduce over dp_replicate: it needs ep < NP";
+    s->skip_expert_reduce = true;
+    return NULL;
+}
+unsigned expert_parallel_faults_on(const llama_plan *p) {
+    const ep_state *s = plan_state(p, &expert_parallel_technique);
+    return s ? s->block_faults : 0;
+}
+static const char *block_fault(llama_plan *p, unsigned which) {
+    ep_state *s = plan_state(p, &expert_parallel_technique);
+    s->block_faults |= which;
+    return NULL;
+}
+static const char *drop_chunk(llama_plan *p) { return block_fault(p, EP_FAULT_DROP_CHUNK); }
+static const char *no_gates(llama_plan *p) { return block_fault(p, EP_FAULT_NO_GATES); }
+static const char *skip_aux_grad(llama_plan *p) { return block_fault(p, EP_FAULT_SKIP_AUX_GRAD); }
+static const char *wrong_counts(llama_plan *p) { return block_fault(p, EP_FAULT_WRONG_COUNTS); }
+const plan_fault expert_parallel_faults[] = {
+    {"drop-chunk", "the first chunk of tokens each rank's experts receive is zeroed", drop_chunk},
+    {"no-gates", "the combine adds a token's expert outputs without their gate weights", no_gates},
+    {"skip-aux-grad", "the load-balancing loss's gradient is left out of the router's", skip_aux_grad},
+    {"wrong-counts", "the received counts are read for the local experts in reverse order", wrong_counts},
+    {"skip-expert-reduce", "the experts' gradients are not summed over dp_replicate", skip_expert_reduce},
+    {0}};

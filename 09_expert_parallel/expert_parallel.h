@@ -1,0 +1,47 @@
+/* expert_parallel.h: expert parallelism, the experts of every MoE layer split over ranks that
+ * exchange the tokens with all-to-alls (GShard; torchtitan's ExpertParallel; Megatron's alltoall
+ * token dispatcher).
+ *
+ * The mesh is data-parallel, dp_replicate x dp_shard = NP ranks, each with its share of the batch
+ * (B / NP sequences). The experts are split over dp_shard, the ep group (as torchtitan carves ep
+ * out of the data-parallel ranks): rank r of it holds experts [r E/ep, (r+1) E/ep) of every layer
+ * and is sent every copy of a token, from any rank of its group, routed to one of them. Over
+ * dp_replicate the experts are replicated (ep < NP).
+ *
+ *   tensors        held                              gradient reduced after backward
+ *   experts' w     E/ep experts of each, by rows     all-reduce over dp_replicate (every token of
+ *                                                    the ep group already reached them)
+ *   everything     whole (replicated)                all-reduce over dp_replicate x dp_shard
+ *   else
+ *
+ * Collectives per MoE layer and step, on the ep group (moe.c): forward an all-to-all of the
+ * counts and two all-to-alls with counts (dispatch, combine), backward two more; then the
+ * gradient all-reduces above.
+ */
+#pragma once
+#include "mesh.h"
+#include "plan.h"
+
+C_BEGIN
+
+extern const plan_technique expert_parallel_technique;
+
+/* The mesh's rule: ep (dp_shard) divides --experts, and NP divides --batch. */
+mesh_rule ep_mesh_rule(const llama_config *c, long long batch);
+
+/* Splits the experts over the mesh's dp_shard group and the batch over every rank; installs the
+ * gradient reduction above. The plan is the single device's. */
+void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c);
+
+/* The deliberate bugs (--fault), for the checks that prove the parity check catches them. The MoE
+ * block asks which of its own are on (a plan without expert parallelism, the baseline's, has none). */
+extern const plan_fault expert_parallel_faults[];
+enum {
+    EP_FAULT_DROP_CHUNK = 1,        /* the first chunk a rank's experts receive is zeroed               */
+    EP_FAULT_NO_GATES = 2,          /* the combine adds the copies with weight 1, not their gates       */
+    EP_FAULT_SKIP_AUX_GRAD = 4,     /* the load-balancing loss's gradient is left out                   */
+    EP_FAULT_WRONG_COUNTS = 8,      /* the received counts read in the wrong order of the local experts */
+};
+unsigned expert_parallel_faults_on(const llama_plan *p);
+
+C_END

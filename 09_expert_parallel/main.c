@@ -1,0 +1,107 @@
+/* Chapter 09: a mixture of experts, and expert parallelism.
+ *
+ * Every layer's feed-forward becomes E experts of which each token uses k, chosen by a router
+ * (moe.h: the block, its routing and its load-balancing loss). The experts are split over the
+ * ep ranks (expert_parallel.h), which are also data-parallel ranks: each routes its own tokens,
+ * sends every copy to the rank that holds its expert with an all-to-all, and gets the outputs
+ * back with another. Rank 0 trains the single-device baseline, every expert on one device, beside
+ * it on the same batches (--check) and compares every step. The run ends with the experts' load
+ * and the all-to-all traffic beside their formulas.
+ *
+ *   make run-09                                   ep 2 (NP=2): 4 experts, top-2
+ *   make run-09 NP=4 ARGS="--experts 8 --top-k 1" Switch-style routing over 4 ranks
+ *   make run-09 NP=4 ARGS="--ep 2"                experts over 2 ranks, replicated over 2
+ *   make check-09                                 ep 1, 2, 4; top-1 and top-2; the shared expert; the bugs
+ */
+#include <stdio.h>
+#include "cli.h"
+#include "comm.h"
+#include "device.h"
+#include "log.h"
+#include "mesh.h"
+#include "model.h"
+#include "run.h"
+#include "ep_report.h"
+#include "expert_parallel.h"
+#include "moe.h"
+
+static const char *usage =
+    "usage: 09 [flags]   (under mpirun: NP = dp_replicate x ep ranks, each with batch / NP sequences)\n"
+    "  --experts E          routed experts per layer (default 4)\n"
+    "  --top-k K            experts per token (default 2)\n"
+    "  --expert-dim F       each expert's hidden size (default 64)\n"
+    "  --shared-expert      a dense SwiGLU of --ffn-dim every token also passes through\n"
+    "  --aux-alpha A        weight of the load-balancing loss (default 0.01)\n"
+    "  --ep P               ranks the experts are split over (default: NP); the rest replicate them\n";
+
+enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_EP };
+typedef struct { moe_config *moe; int ep; } chapter_options;
+static void chapter_flag(int code, const char *arg, void *ctx) {
+    chapter_options *co = ctx;
+    moe_config *x = co->moe;
+    if (code == OPT_EXPERTS) x->experts = cli_int("--experts", arg, 1, 4096);
+    else if (code == OPT_TOP_K) x->top_k = cli_int("--top-k", arg, 1, 4096);
+    else if (code == OPT_EXPERT_DIM) x->expert_dim = cli_int("--expert-dim", arg, 1, 1 << 20);
+    else if (code == OPT_SHARED) x->shared_expert = true;
+    else if (code == OPT_AUX) x->aux_alpha = cli_float("--aux-alpha", arg, 0.0f, 100.0f);
+    else co->ep = cli_int("--ep", arg, 1, 4096);
+}
+
+int main(int argc, char **argv) {
+    comm_init(&argc, &argv);
+
+    /* ---- flags: the model's experts ---- */
+    run_options o = run_options_default("09", expert_parallel_faults);
+    o.model.moe = (moe_config){.experts = 4, .top_k = 2, .expert_dim = 64, .shared_expert = false, .aux_alpha = 0.01f};
+    static const struct option flags[] = {
+        {"experts", required_argument, 0, OPT_EXPERTS}, {"top-k", required_argument, 0, OPT_TOP_K},
+        {"expert-dim", required_argument, 0, OPT_EXPERT_DIM}, {"shared-expert", no_argument, 0, OPT_SHARED},
+        {"aux-alpha", required_argument, 0, OPT_AUX}, {"ep", required_argument, 0, OPT_EP}, {0, 0, 0, 0}};
+    chapter_options co = {.moe = &o.model.moe, .ep = 0};
+    run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
+    char why[256];
+    if (moe_config_check(&o.model, why, sizeof why)) comm_exit_usage("%s", why);
+    if (o.accum > 1)   /* (the load-balancing loss's shares are per micro-batch: not yet) */
+        comm_exit_usage("--accum %d: chapter 09 does not accumulate micro-batches yet; leave --accum out", o.accum);
+    o.model.layer = moe_layer_for(&o.model);   /* the baseline's layer too */
+    const llama_config *c = &o.model;
+
+    /* ---- mesh: dp_replicate x dp_shard, the experts split over dp_shard (ep) ---- */
+    mesh_requirements needs = {0};
+    mesh_require(&needs, ep_mesh_rule(c, o.batch));
+    int world = comm_world()->size, ep = co.ep ? co.ep : world;
+    if (world % ep) comm_exit_usage("--ep %d does not divide the %d ranks (NP): NP = dp_replicate x ep", ep, world);
+    device_mesh *mesh = mesh_create((mesh_shape){.dp_replicate = MESH_REST, .dp_shard = ep}, &needs);
+
+    /* ---- the plan: the single device's, the experts and the batch split ---- */
+    llama_plan plan = plan_single_device();
+    expert_parallel_apply(&plan, mesh, c);
+    run_apply_fault(&o, &plan);
+    llama_model *model = run_model(&o, &plan);   /* refuses up front what cannot fit */
+    const llama_dims *d = &model->d;
+
+    log0("chapter 09: mixture of experts, %d experts, top-%d, ep %d x dp_replicate %d, backend %s\n", d->E, d->k,
+         mesh->shape.dp_shard, mesh->shape.dp_replicate, device_backend_name());
+    plan_describe(&plan);   /* which technique installed which operator; the groups */
+    log0("model: dim %d, %d layers, %d heads (%d kv), experts %d x hidden %d%s, vocab %d; global batch %d x %d "
+         "tokens, %d per rank\n", c->dim, c->n_layers, c->n_heads, c->n_kv_heads, d->E, d->Fe,
+         c->moe.shared_expert ? " + a shared expert" : "", c->vocab_size, o.batch, c->seq_len, d->B);
+    log0("per rank: %d of %d experts (from expert %d); at most %zu rows reach them per layer (dropless)\n", d->El,
+         d->E, d->e0, d->R);
+
+    /* ---- train, with the baseline beside it ---- */
+    char path[512], label[64];
+    snprintf(path, sizeof path, "%s/loss_e%d_k%d_ep%d.csv", o.out_dir, d->E, d->k, mesh->shape.dp_shard);
+    snprintf(label, sizeof label, "moe E%d k%d ep%d", d->E, d->k, mesh->shape.dp_shard);
+    run_clock clock = run_train(&o, model, label, path);
+
+    /* ---- measured beside the formulas ---- */
+    log0("\n");
+    int mismatches = ep_report_load(&plan, model);
+    mismatches += ep_report_traffic(&o, &plan, model);
+    run_clock_report(&clock, o.steps);
+
+    llama_free(model);
+    plan_free(&plan);
+    return run_finish(&o, mismatches);
+}

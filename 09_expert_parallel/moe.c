@@ -1,0 +1,424 @@
+/* moe.c: the mixture-of-experts feed-forward block (moe.h), forward and backward.
+ *
+ * Notation: N tokens (this rank's rows), D dim, E experts of hidden F_e, k per token; this rank
+ * holds El experts from e0 (El = E on one device). A token's k copies are rows of a [N*k, D]
+ * buffer in the dispatch's order: expert by expert (so rank by rank, the experts of a rank being
+ * consecutive), the tokens in order within an expert. slot[t*k + j] is copy (t, j)'s row there.
+ *
+ * One layer's forward, the collectives marked (ep: the plan's expert-parallel group, P ranks; on
+ * one device each is a copy):
+ *   router     logits [N, E] = m W_r^T; probs = softmax                   (the plan's linear)
+ *   route      top-k, gates, slot and the counts per expert, on the host (moe_route)
+ *   dispatch   send [N*k, D] = m[token of each row]                          (moe_gather_rows)
+ *              counts: all-to-all, El counts per peer            [ep: P*El*4 bytes = E*4]
+ *              rows:   all-to-all with counts -> moe_x [rows, D]   [ep: N*k*D*4 bytes, each way]
+ *   experts    for each source rank q and local expert e, its rows' chunk:
+ *              a = x w1_e^T, b = x w3_e^T, g = silu(a) * b, y = g w2_e^T     (the plan's linear)
+ *   combine    rows back: all-to-all with counts -> moe_y [N*k, D] in slot order
+ *              h_out += sum_j gate * moe_y[slot]                             (moe_combine)
+ * The backward runs the same steps in reverse: the combine's backward gives each copy's
+ * gradient (gate * dh) and each gate's (dh . y); they travel to the experts, through the experts'
+ * backward, and back; the copies' input gradients are summed per token; the gates' gradients
+ * (plus the load-balancing loss's) go through the softmax and the router.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "comm.h"
+#include "device.h"
+#include "expert_parallel.h"
+#include "kernels.h"
+#include "llama_kernels.h"
+#include "moe.h"
+#include "moe_kernels.h"
+
+const char *moe_config_check(const llama_config *c, char *why, size_t len) {
+    const moe_config *x = &c->moe;
+    if (x->experts < 1) snprintf(why, len, "--experts %d: a mixture of experts needs at least 1 expert", x->experts);
+    else if (x->top_k < 1 || x->top_k > x->experts)
+        snprintf(why, len, "--top-k %d: each token goes to between 1 and --experts %d experts", x->top_k, x->experts);
+    else if (x->expert_dim < 1) snprintf(why, len, "--expert-dim %d: an expert's hidden size must be positive", x->expert_dim);
+    else if (!(x->aux_alpha >= 0)) snprintf(why, len, "--aux-alpha %g: the load-balancing loss's weight must be >= 0", x->aux_alpha);
+    else return NULL;
+    return why;
+}
+
+/* ---- routing, on the host --------------------------------------------------------------------- */
+
+/* What one layer's routing decided: each copy's expert and row, each row's token, the counts. */
+typedef struct {
+    int *choice;          /* [N*k] the expert of copy (t, j)                                     */
+    int *slot;            /* [N*k] its row in the dispatch's order                               */
+    int *token;           /* [N*k] the token of each row of that order                           */
+    size_t *per_expert;   /* [E] rows this rank sends to each expert                            */
+    size_t *recv;         /* [P*El = E] rows this rank's experts get: from rank q, for its
+                           * local expert e, at q*El + e                                        */
+    int *slot_dev;        /* device copies of slot and token, for the kernels                    */
+    int *token_dev;
+} route;
+
+/* Top-k of each row of probs [N, E] (host): choice and gates [N*k], the larger first, ties to the
+ * lower index. */
+static void top_k(int *choice, float *gates, const float *probs, int N, int E, int k) {
+    for (int t = 0; t < N; t++) {
+        const float *p = probs + (size_t)t * E;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                bool taken = false;
+                for (int i = 0; i < j; i++) taken |= choice[(size_t)t * k + i] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;   /* strict: ties keep the lower */
+            }
+            choice[(size_t)t * k + j] = best;
+            gates[(size_t)t * k + j] = p[best];
+        }
+    }
+}
+
+/* The dispatch's order from the choices: rows expert by expert, tokens in order within one. */
+static void route_plan(route *r, const llama_dims *d) {
+    int N = d->N, k = d->k, E = d->E;
+    size_t *next = calloc((size_t)E + 1, sizeof *next);
+    memset(r->per_expert, 0, (size_t)E * sizeof *r->per_expert);
+    for (size_t i = 0; i < (size_t)N * k; i++) r->per_expert[r->choice[i]]++;
+    for (int e = 0; e < E; e++) next[e + 1] = next[e] + r->per_expert[e];   /* each expert's first row */
+    for (int t = 0; t < N; t++)
+        for (int j = 0; j < k; j++) {
+            size_t i = (size_t)t * k + j, row = next[r->choice[i]]++;
+            r->slot[i] = (int)row;
+            r->token[row] = t;
+        }
+    free(next);
+    device_copy_to_device(r->slot_dev, r->slot, (size_t)N * k * sizeof(int));
+    device_copy_to_device(r->token_dev, r->token, (size_t)N * k * sizeof(int));
+}
+
+static route route_alloc(const llama_dims *d) {
+    size_t n = (size_t)d->N * d->k;
+    route r = {.choice = malloc(n * sizeof(int) + 1), .slot = malloc(n * sizeof(int) + 1),
+               .token = malloc(n * sizeof(int) + 1), .per_expert = calloc((size_t)d->E, sizeof(size_t)),
+               .recv = calloc((size_t)d->E, sizeof(size_t)), .slot_dev = device_alloc_ints(n, MEM_BUFFERS),
+               .token_dev = device_alloc_ints(n, MEM_BUFFERS)};
+    return r;
+}
+static void route_free(route *r) {
+    free(r->choice); free(r->slot); free(r->token); free(r->per_expert); free(r->recv);
+    device_free(r->slot_dev);
+    device_free(r->token_dev);
+}
+
+/* The choices and counts as the layer saves them (exact small integers in floats): choice [N*k]
+ * into moe_choice; per_expert then recv, [2E], into moe_counts. */
+static void route_save(const route *r, const llama_dims *d, llama_layer_acts *a) {
+    size_t n = (size_t)d->N * d->k;
+    float *f = malloc((n > 2 * (size_t)d->E ? n : 2 * (size_t)d->E) * sizeof(float));
+    for (size_t i = 0; i < n; i++) f[i] = (float)r->choice[i];
+    device_copy_to_device(a->moe_choice, f, n * sizeof(float));
+    for (int e = 0; e < d->E; e++) f[e] = (float)r->per_expert[e], f[d->E + e] = (float)r->recv[e];
+    device_copy_to_device(a->moe_counts, f, 2 * (size_t)d->E * sizeof(float));
+    free(f);
+}
+/* ... and back, before the backward. */
+static void route_load(route *r, const llama_dims *d, const llama_layer_acts *a) {
+    size_t n = (size_t)d->N * d->k;
+    float *f = malloc((n > 2 * (size_t)d->E ? n : 2 * (size_t)d->E) * sizeof(float));
+    device_copy_to_host(f, a->moe_choice, n * sizeof(float));
+    for (size_t i = 0; i < n; i++) r->choice[i] = (int)f[i];
+    route_plan(r, d);
+    device_copy_to_host(f, a->moe_counts, 2 * (size_t)d->E * sizeof(float));
+    for (int e = 0; e < d->E; e++) r->recv[e] = (size_t)f[d->E + e];
+    free(f);
+}
+
+/* ---- the exchanges with the experts' ranks ---------------------------------------------------- */
+
+/* Rows per peer rank of the ep group: to[q] = sum of counts[q*El .. q*El + El) (an expert-major
+ * [P][El] table: the sends' per_expert, the receives' recv), times `width` floats a row. */
+static void rows_per_rank(size_t *to, const size_t *counts, const llama_dims *d, size_t width) {
+    for (int q = 0; q < d->ep; q++) {
+        to[q] = 0;
+        for (int e = 0; e < d->El; e++) to[q] += counts[(size_t)q * d->El + e] * width;
+    }
+}
+
+/* The counts: r->recv[q*El + e] = what rank q sends to this rank's expert e (its per_expert of
+ * global expert e0 + e). One all-to-all of El counts per peer; on one device a copy. */
+static void exchange_counts(const llama_plan *p, route *r, const llama_dims *d) {
+    if (!p->groups.ep) {
+        memcpy(r->recv, r->per_expert, (size_t)d->E * sizeof *r->recv);
+        return;
+    }
+    float *send = device_alloc_floats((size_t)d->E, MEM_BUFFERS), *recv = device_alloc_floats((size_t)d->E, MEM_BUFFERS);
+    float *host = malloc((size_t)d->E * sizeof(float));
+    for (int e = 0; e < d->E; e++) host[e] = (float)r->per_expert[e];
+    device_copy_to_device(send, host, (size_t)d->E * sizeof(float));
+    comm_all_to_all(p->groups.ep, send, recv, (size_t)d->El);
+    device_copy_to_host(host, recv, (size_t)d->E * sizeof(float));
+    for (int e = 0; e < d->E; e++) r->recv[e] = (size_t)host[e];
+    if (expert_parallel_faults_on(p) & EP_FAULT_WRONG_COUNTS)   /* the deliberate bug: each peer's in reverse */
+        for (int q = 0; q < d->ep; q++)
+            for (int e = 0; e < d->El; e++) r->recv[(size_t)q * d->El + e] = (size_t)host[(size_t)q * d->El + d->El - 1 - e];
+    free(host);
+    device_free(send);
+    device_free(recv);
+}
+
+/* Rows between the tokens' side (tokens_side [N*k, D], dispatch order) and the experts' side
+ * (experts_side [rows received, D], [q][e] order): to the experts (forward dispatch, backward of
+ * the combine) or back (the combine, the dispatch's backward). One all-to-all with counts. */
+static void exchange_rows(const llama_plan *p, const route *r, const llama_dims *d, float *tokens_side,
+                          float *experts_side, bool to_experts) {
+    size_t D = (size_t)d->D, P = (size_t)d->ep, sent[P], got[P];
+    rows_per_rank(sent, r->per_expert, d, D);
+    rows_per_rank(got, r->recv, d, D);
+    if (!p->groups.ep) {   /* one device: the same rows in the same order */
+        size_t n = sent[0] * sizeof(float);
+        if (to_experts) device_copy(experts_side, tokens_side, n);
+        else device_copy(tokens_side, experts_side, n);
+        return;
+    }
+    if (to_experts) comm_all_to_all_v(p->groups.ep, tokens_side, sent, experts_side, got);
+    else comm_all_to_all_v(p->groups.ep, experts_side, got, tokens_side, sent);
+}
+
+/* ---- the experts, chunk by chunk -------------------------------------------------------------- */
+
+/* The chunks of the experts' side, in its order: the rows of source rank q for local expert e,
+ * q-major (as the all-to-all lays them down), the empty ones left out. */
+typedef struct { int e; size_t off, n; } chunk;
+static int chunks_of(chunk *c, const route *r, const llama_dims *d) {
+    int n = 0;
+    size_t off = 0;
+    for (int q = 0; q < d->ep; q++)
+        for (int e = 0; e < d->El; e++) {
+            size_t rows = r->recv[(size_t)q * d->El + e];
+            if (rows) c[n++] = (chunk){e, off, rows};
+            off += rows;
+        }
+    return n;
+}
+
+static size_t rows_received(const route *r, const llama_dims *d) {
+    size_t n = 0;
+    for (int e = 0; e < d->E; e++) n += r->recv[e];
+    return n;
+}
+
+/* y [rows, D] (=) = w2_e (silu(x w1_e^T) * (x w3_e^T)) for each chunk; a, b, g saved. */
+static void experts_forward(const layer_pass *x, const route *r, float *y) {
+    llama_model *m = x->m;
+    const llama_plan *p = m->plan;
+    const llama_dims *d = &m->d;
+    llama_layer_acts *a = x->a;
+    size_t D = d->D, F = d->Fe;
+    chunk c[d->E];
+    int nc = chunks_of(c, r, d);
+    for (int i = 0; i < nc; i++) {
+        size_t e = c[i].e, off = c[i].off, n = c[i].n;
+        const float *w1 = x->w->expert_w1 + e * F * D, *w3 = x->w->expert_w3 + e * F * D;
+        p->linear.forward(p->linear.state, p, llama_site(m, P_EXPERT_W1, x->l), a->moe_a + off * F, a->moe_x + off * D,
+                          w1, (int)n, (int)D, (int)F);
+        p->linear.forward(p->linear.state, p, llama_site(m, P_EXPERT_W3, x->l), a->moe_b + off * F, a->moe_x + off * D,
+                          w3, (int)n, (int)D, (int)F);
+    }
+    size_t rows = rows_received(r, d);
+    swiglu_forward(a->moe_g, a->moe_a, a->moe_b, rows * F);
+    for (int i = 0; i < nc; i++) {
+        size_t e = c[i].e, off = c[i].off, n = c[i].n;
+        const float *w2 = x->w->expert_w2 + e * D * F;
+        p->linear.forward(p->linear.state, p, llama_site(m, P_EXPERT_W2, x->l), y + off * D, a->moe_g + off * F, w2,
+                          (int)n, (int)F, (int)D);
+    }
+}
+
+/* dy [rows, D] = d loss / d y in; out, in its place: dx [rows, D] = d loss / d x. Weight
+ * gradients accumulate (+=). */
+static void experts_backward(const layer_pass *x, const route *r, float *dy) {
+    llama_model *m = x->m;
+    const llama_plan *p = m->plan;
+    const llama_dims *d = &m->d;
+    const llama_layer_acts *a = x->a;
+    size_t D = d->D, F = d->Fe;
+    chunk c[d->E];
+    int nc = chunks_of(c, r, d);
+    /* every chunk's dg = dy w2_e and d w2_e += dy^T g, before any dx overwrites dy */
+    for (int i = 0; i < nc; i++) {
+        size_t e = c[i].e, off = c[i].off, n = c[i].n;
+        p->linear.backward(p->linear.state, p, llama_site(m, P_EXPERT_W2, x->l), m->dmoe_g + off * F, DX_SET,
+                           x->g->expert_w2 + e * D * F, dy + off * D, a->moe_g + off * F, x->w->expert_w2 + e * D * F,
+                           (int)n, (int)F, (int)D);
+    }
+    swiglu_backward(m->dmoe_a, m->dmoe_b, m->dmoe_g, a->moe_a, a->moe_b, rows_received(r, d) * F);
+    /* dx = da w1_e + db w3_e (the second adds in its GEMM); d w1_e += da^T x, d w3_e += db^T x */
+    for (int i = 0; i < nc; i++) {
+        size_t e = c[i].e, off = c[i].off, n = c[i].n;
+        p->linear.backward(p->linear.state, p, llama_site(m, P_EXPERT_W1, x->l), dy + off * D, DX_SET,
+                           x->g->expert_w1 + e * F * D, m->dmoe_a + off * F, a->moe_x + off * D,
+                           x->w->expert_w1 + e * F * D, (int)n, (int)D, (int)F);
+        p->linear.backward(p->linear.state, p, llama_site(m, P_EXPERT_W3, x->l), dy + off * D, DX_ADD,
+                           x->g->expert_w3 + e * F * D, m->dmoe_b + off * F, a->moe_x + off * D,
+                           x->w->expert_w3 + e * F * D, (int)n, (int)D, (int)F);
+    }
+}
+
+/* ---- the load-balancing loss ------------------------------------------------------------------ */
+
+/* f[B, E] of each sequence: the share of its tokens' copies sent to each expert. */
+static void sequence_shares(double *f, const route *r, const llama_dims *d) {
+    int B = d->B, T = d->T, k = d->k, E = d->E;
+    memset(f, 0, (size_t)B * E * sizeof *f);
+    for (int t = 0; t < B * T; t++)
+        for (int j = 0; j < k; j++) f[(size_t)(t / T) * E + r->choice[(size_t)t * k + j]] += 1.0 / ((double)k * T);
+}
+
+/* aux = loss scale * sum over sequences of T alpha E sum_e f_e P_e (moe.h), from probs [N, E] on
+ * the host. */
+static double aux_loss(const double *f, const float *probs, const llama_dims *d, const moe_config *c, float scale) {
+    int B = d->B, T = d->T, E = d->E;
+    double total = 0;
+    for (int s = 0; s < B; s++)
+        for (int e = 0; e < E; e++) {
+            double P = 0;
+            for (int t = s * T; t < (s + 1) * T; t++) P += probs[(size_t)t * E + e];
+            total += T * c->aux_alpha * E * f[(size_t)s * E + e] * (P / T);
+        }
+    return scale * total;
+}
+
+/* ---- the block ------------------------------------------------------------------------------- */
+
+static void moe_forward(const layer_pass *x) {
+    llama_model *m = x->m;
+    const llama_plan *p = m->plan;
+    const llama_dims *d = &m->d;
+    llama_layer_acts *a = x->a;
+    int N = d->N, D = d->D, E = d->E, k = d->k;
+    if (!x->h_out) return;   /* (no checkpointing under a mixture of experts: moe_config_check's callers) */
+    /* h_out = h_mid + the shared expert's output (llama_feed_forward's block, ffn_dim wide), or h_mid */
+    if (m->c.moe.shared_expert) llama_feed_forward.forward(x);
+    else device_copy(x->h_out, a->h_mid, (size_t)d->Ns * D * sizeof(float));
+
+    /* router: logits [N, E] (in drouter_probs, free now) = m W_r^T; probs = softmax */
+    p->linear.forward(p->linear.state, p, llama_site(m, P_ROUTER, x->l), m->drouter_probs, a->ffn_xn, x->w->router, N,
+                      D, E);
+    moe_router_softmax(a->router_probs, m->drouter_probs, N, E);
+
+    /* route, on the host: top-k, gates, the dispatch's order, the counts */
+    route r = route_alloc(d);
+    float *probs = malloc((size_t)N * E * sizeof(float)), *gates = malloc((size_t)N * k * sizeof(float));
+    device_copy_to_host(probs, a->router_probs, (size_t)N * E * sizeof(float));
+    top_k(r.choice, gates, probs, N, E, k);
+    device_copy_to_device(a->moe_gates, gates, (size_t)N * k * sizeof(float));
+    route_plan(&r, d);
+    exchange_counts(p, &r, d);
+    route_save(&r, d, a);
+
+    /* dispatch: the copies in order (dmoe_y), then to their experts' ranks (moe_x) */
+    moe_gather_rows(m->dmoe_y, a->ffn_xn, r.token_dev, N * k, D);
+    exchange_rows(p, &r, d, m->dmoe_y, a->moe_x, true);
+    unsigned fault = expert_parallel_faults_on(p);
+    if (fault & EP_FAULT_DROP_CHUNK) {   /* the deliberate bug: the first non-empty chunk lost */
+        chunk c[E];
+        if (chunks_of(c, &r, d) > 0) device_zero(a->moe_x + c[0].off * D, c[0].n * D * sizeof(float));
+    }
+    /* the experts, into dmoe_x; their outputs back (moe_y, slot order); the weighted combine */
+    experts_forward(x, &r, m->dmoe_x);
+    exchange_rows(p, &r, d, a->moe_y, m->dmoe_x, false);
+    moe_combine(x->h_out, a->moe_y, r.slot_dev, fault & EP_FAULT_NO_GATES ? NULL : a->moe_gates, N, k, D);
+
+    /* the load-balancing loss, added to the model's */
+    double *f = malloc((size_t)d->B * E * sizeof *f);
+    sequence_shares(f, &r, d);
+    m->aux_loss += (float)aux_loss(f, probs, d, &m->c.moe, m->saved->loss_scale);
+    free(f);
+    free(probs);
+    free(gates);
+    route_free(&r);
+}
+
+/* dh [N, D] = d loss / d h_out in; out: dxn = d loss / d ffn_xn (the shared expert's, then the
+ * routed copies' and the router's added). */
+static void moe_backward(const layer_pass *x) {
+    llama_model *m = x->m;
+    const llama_plan *p = m->plan;
+    const llama_dims *d = &m->d;
+    const llama_layer_acts *a = x->a;
+    int N = d->N, D = d->D, E = d->E, k = d->k;
+    float *dxn = llama_whole(m, m->dxn, m->dxn_full);   /* [N, D] */
+    if (m->c.moe.shared_expert) llama_feed_forward.backward(x);   /* dxn = the shared expert's share */
+    else device_zero(dxn, (size_t)N * D * sizeof(float));
+
+    route r = route_alloc(d);
+    route_load(&r, d, a);
+    /* the combine's backward: each copy's gradient gate * dh (dmoe_y, dispatch order) and each
+     * gate's, dh . y; the copies' gradients to the experts (dmoe_x), through them, and back */
+    moe_combine_backward(m->dmoe_y, m->dmoe_gates, x->dh, a->moe_y, r.slot_dev, a->moe_gates, N, k, D);
+    exchange_rows(p, &r, d, m->dmoe_y, m->dmoe_x, true);
+    experts_backward(x, &r, m->dmoe_x);
+    exchange_rows(p, &r, d, m->dmoe_y, m->dmoe_x, false);
+    /* every token's copies' input gradients, summed into dxn (weight 1 each) */
+    moe_combine(dxn, m->dmoe_y, r.slot_dev, NULL, N, k, D);
+
+    /* the router: d probs [N, E] = each gate's gradient at its expert, plus the balancing loss's
+     * loss scale * alpha E f_{s,e} on every token of sequence s; through the softmax (in place) */
+    float *dprobs = calloc((size_t)N * E, sizeof(float)), *dgates = malloc((size_t)N * k * sizeof(float));
+    device_copy_to_host(dgates, m->dmoe_gates, (size_t)N * k * sizeof(float));
+    double *f = malloc((size_t)d->B * E * sizeof *f);
+    sequence_shares(f, &r, d);
+    double coef = (double)m->saved->loss_scale * m->c.moe.aux_alpha * E;
+    if (expert_parallel_faults_on(p) & EP_FAULT_SKIP_AUX_GRAD) coef = 0;   /* the deliberate bug */
+    for (int t = 0; t < N; t++) {
+        for (int e = 0; e < E; e++) dprobs[(size_t)t * E + e] = (float)(coef * f[(size_t)(t / d->T) * E + e]);
+        for (int j = 0; j < k; j++) dprobs[(size_t)t * E + r.choice[(size_t)t * k + j]] += dgates[(size_t)t * k + j];
+    }
+    device_copy_to_device(m->drouter_probs, dprobs, (size_t)N * E * sizeof(float));
+    moe_router_softmax_backward(m->drouter_probs, m->drouter_probs, a->router_probs, N, E);
+    /* dxn += dlogits W_r;  d W_r += dlogits^T m */
+    p->linear.backward(p->linear.state, p, llama_site(m, P_ROUTER, x->l), dxn, DX_ADD, x->g->router, m->drouter_probs,
+                       a->ffn_xn, x->w->router, N, D, E);
+    free(f);
+    free(dprobs);
+    free(dgates);
+    route_free(&r);
+}
+
+/* ---- the tables ------------------------------------------------------------------------------ */
+
+#define TENSOR(k, n, r, c, std) {.kind = k, .name = n, .rows = r, .cols = c, .init_std = std}
+#define ACT(a, r, c, cost_) {.act = a, .rows = r, .cols = c, .cost = ACT_COST_##cost_}
+#define MOE_TENSORS                                                                          \
+    TENSOR(P_ROUTER, "moe.router.gate.weight", DIM_E, DIM_D, 0.02f),        /* [E, D]     */ \
+    TENSOR(P_EXPERT_W1, "moe.experts.w1", DIM_EF, DIM_D, 0.02f),            /* [E*F_e, D] */ \
+    TENSOR(P_EXPERT_W2, "moe.experts.w2", DIM_ED, DIM_FE, 0.02f),           /* [E*D, F_e] */ \
+    TENSOR(P_EXPERT_W3, "moe.experts.w3", DIM_EF, DIM_D, 0.02f)             /* [E*F_e, D] */
+#define MOE_ACTS                                                                             \
+    ACT(ACT_ROUTER_PROBS, ROWS_REGION, COLS_E, CHEAP),    /* [N, E]       softmax(logits)  */ \
+    ACT(ACT_MOE_CHOICE, ROWS_REGION, COLS_K, CHEAP),      /* [N, k]       experts chosen   */ \
+    ACT(ACT_MOE_GATES, ROWS_REGION, COLS_K, CHEAP),       /* [N, k]       their weights    */ \
+    ACT(ACT_MOE_COUNTS, ROWS_1, COLS_COUNTS, CHEAP),      /* [2E]         the counts       */ \
+    ACT(ACT_MOE_X, ROWS_EXPERT, COLS_D, GEMM),            /* [R, D]       rows received    */ \
+    ACT(ACT_MOE_A, ROWS_EXPERT, COLS_FE, GEMM),           /* [R, F_e]     x w1_e^T         */ \
+    ACT(ACT_MOE_B, ROWS_EXPERT, COLS_FE, GEMM),           /* [R, F_e]     x w3_e^T         */ \
+    ACT(ACT_MOE_G, ROWS_EXPERT, COLS_FE, CHEAP),          /* [R, F_e]     silu(a) * b      */ \
+    ACT(ACT_MOE_Y, ROWS_ROUTED, COLS_D, GEMM)             /* [N*k, D]     outputs, back    */
+
+static const layer_block moe_block = {
+    .name = "moe", .n_tensors = 4, .tensor = {MOE_TENSORS}, .n_acts = 9, .act = {MOE_ACTS},
+    .forward = moe_forward, .backward = moe_backward};
+/* ... with the shared expert: Llama's feed-forward's tensors and activations under its names */
+static const layer_block moe_block_shared = {
+    .name = "moe + shared expert", .n_tensors = 7,
+    .tensor = {MOE_TENSORS, TENSOR(P_W1, "moe.shared_expert.w1.weight", DIM_F, DIM_D, 0.02f),
+               TENSOR(P_W2, "moe.shared_expert.w2.weight", DIM_D, DIM_F, 0.02f),
+               TENSOR(P_W3, "moe.shared_expert.w3.weight", DIM_F, DIM_D, 0.02f)},
+    .n_acts = 12,
+    .act = {MOE_ACTS, ACT(ACT_FFN_A, ROWS_REGION, COLS_F, GEMM), ACT(ACT_FFN_B, ROWS_REGION, COLS_F, GEMM),
+            ACT(ACT_FFN_G, ROWS_REGION, COLS_F, CHEAP)},
+    .forward = moe_forward, .backward = moe_backward};
+
+const llama_layer moe_layer = {
+    .name = "llama, mixture of experts", .n = 4,
+    .block = {&llama_attention_norm, &llama_attention, &llama_ffn_norm, &moe_block}};
+const llama_layer moe_layer_shared = {
+    .name = "llama, mixture of experts with a shared expert", .n = 4,
+    .block = {&llama_attention_norm, &llama_attention, &llama_ffn_norm, &moe_block_shared}};

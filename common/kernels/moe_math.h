@@ -1,0 +1,34 @@
+/* moe_math.h: the per-row formulas of moe_kernels.h, shared by the CPU loops and the CUDA
+ * kernels (HD), like llama_math.h.
+ *
+ * The router's softmax over E experts: p_e = e^(x_e - m) / sum_f e^(x_f - m), m the row's
+ * largest logit (so no exponential overflows). Its backward, from dp = d loss / d p:
+ *   d loss / d x_e = p_e (dp_e - sum_f dp_f p_f)
+ * (the Jacobian of the softmax, diag(p) - p p^T, applied to dp).
+ */
+#pragma once
+#include <math.h>
+#include "cdefs.h"
+
+/* One row: p[E] (=) from x[E]. */
+HD static inline void moe_softmax_row(float *p, const float *x, int E) {
+    float m = x[0], s = 0.0f;
+    for (int e = 1; e < E; e++) m = x[e] > m ? x[e] : m;
+    for (int e = 0; e < E; e++) s += (p[e] = expf(x[e] - m));
+    for (int e = 0; e < E; e++) p[e] /= s;
+}
+
+/* One row: dx[E] (=) from dp[E] and p[E]. */
+HD static inline void moe_softmax_backward_row(float *dx, const float *dp, const float *p, int E) {
+    float dot = 0.0f;
+    for (int e = 0; e < E; e++) dot += dp[e] * p[e];
+    for (int e = 0; e < E; e++) dx[e] = p[e] * (dp[e] - dot);
+}
+
+/* Element c of token t's combined row: sum over its k copies, in order, of gate * y. */
+HD static inline float moe_combine_elem(const float *y, const int *slot, const float *gates, int t, int k, int D,
+                                        int c) {
+    float s = 0.0f;
+    for (int j = 0; j < k; j++) s += (gates ? gates[(size_t)t * k + j] : 1.0f) * y[(size_t)slot[(size_t)t * k + j] * D + c];
+    return s;
+}
