@@ -49,15 +49,15 @@ static const char *ep_divides(const mesh_rule *r, const mesh_view *v, char *why,
     long long experts = r->size[0], batch = r->size[1];
     int ep = v->s.dp_shard, dp = v->s.dp_replicate * ep;
     if (experts % ep)
-        return mesh_refuse(why, len, "--ep %d does not divide --experts %lld: each ep rank holds whole experts, "
-                           "%lld / ep of them", ep, experts, experts);
+        return mesh_refuse(why, len, "%s %d does not divide --experts %lld: each ep rank holds whole experts, "
+                           "%lld / ep of them", r->option ? "--ep" : "ep = NP =", ep, experts, experts);
     if (batch % dp)
         return mesh_refuse(why, len, "--batch %lld is not divisible by the %d data-parallel ranks (NP): each takes "
                            "batch / NP sequences", batch, dp);
     return NULL;
 }
-mesh_rule ep_mesh_rule(const llama_config *c, long long batch) {
-    return (mesh_rule){.check = ep_divides, .size = {c->moe.experts, batch}};
+mesh_rule ep_mesh_rule(const llama_config *c, long long batch, bool ep_given) {
+    return (mesh_rule){.check = ep_divides, .size = {c->moe.experts, batch}, .option = ep_given};
 }
 
 /* ---- faults ---- */

@@ -26,8 +26,9 @@ C_BEGIN
 
 extern const plan_technique expert_parallel_technique;
 
-/* The mesh's rule: ep (dp_shard) divides --experts, and NP divides --batch. */
-mesh_rule ep_mesh_rule(const llama_config *c, long long batch);
+/* The mesh's rule: ep (dp_shard) divides --experts, and NP divides --batch (ep_given: --ep was on
+ * the command line, else ep is NP, and the refusal names it so). */
+mesh_rule ep_mesh_rule(const llama_config *c, long long batch, bool ep_given);
 
 /* Splits the experts over the mesh's dp_shard group and the batch over every rank; installs the
  * gradient reduction above. The plan is the single device's. */

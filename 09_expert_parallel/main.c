@@ -61,14 +61,12 @@ int main(int argc, char **argv) {
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     char why[256];
     if (moe_config_check(&o.model, why, sizeof why)) comm_exit_usage("%s", why);
-    if (o.accum > 1)   /* (the load-balancing loss's shares are per micro-batch: not yet) */
-        comm_exit_usage("--accum %d: chapter 09 does not accumulate micro-batches yet; leave --accum out", o.accum);
     o.model.layer = moe_layer_for(&o.model);   /* the baseline's layer too */
     const llama_config *c = &o.model;
 
     /* ---- mesh: dp_replicate x dp_shard, the experts split over dp_shard (ep) ---- */
     mesh_requirements needs = {0};
-    mesh_require(&needs, ep_mesh_rule(c, o.batch));
+    mesh_require(&needs, ep_mesh_rule(c, o.batch, co.ep != 0));
     int world = comm_world()->size, ep = co.ep ? co.ep : world;
     if (world % ep) comm_exit_usage("--ep %d does not divide the %d ranks (NP): NP = dp_replicate x ep", ep, world);
     device_mesh *mesh = mesh_create((mesh_shape){.dp_replicate = MESH_REST, .dp_shard = ep}, &needs);

@@ -176,6 +176,12 @@ def read_config(metadata, path):
         raise DumpError(f"{path}: metadata dtype '{dtype}' is not fp32 or bf16")
     if dtype == "bf16":
         config["bf16"] = 1
+    # optional: a mixture of experts (chapter 09; absent: dense), docs/dump-format.md
+    if "experts" in metadata:
+        for key in ("experts", "top_k", "expert_dim", "shared_expert", "aux_alpha"):
+            if key not in metadata:
+                raise DumpError(f"{path}: metadata has 'experts' but no '{key}'")
+            config[key] = float(metadata[key]) if key == "aux_alpha" else int(metadata[key])
     return config
 
 
@@ -229,10 +235,27 @@ def expected_shapes(config):
             f"layers.{i}.attention.wv.weight": (kv_dim, D),
             f"layers.{i}.attention.wo.weight": (D, q_dim),
             f"layers.{i}.ffn_norm.weight": (D,),
-            f"layers.{i}.feed_forward.w1.weight": (F_, D),
-            f"layers.{i}.feed_forward.w2.weight": (D, F_),
-            f"layers.{i}.feed_forward.w3.weight": (F_, D),
         })
+        if "experts" not in config:
+            shapes.update({
+                f"layers.{i}.feed_forward.w1.weight": (F_, D),
+                f"layers.{i}.feed_forward.w2.weight": (D, F_),
+                f"layers.{i}.feed_forward.w3.weight": (F_, D),
+            })
+            continue
+        E, Fe = config["experts"], config["expert_dim"]
+        shapes.update({
+            f"layers.{i}.moe.router.gate.weight": (E, D),
+            f"layers.{i}.moe.experts.w1": (E * Fe, D),
+            f"layers.{i}.moe.experts.w2": (E * D, Fe),
+            f"layers.{i}.moe.experts.w3": (E * Fe, D),
+        })
+        if config["shared_expert"]:
+            shapes.update({
+                f"layers.{i}.moe.shared_expert.w1.weight": (F_, D),
+                f"layers.{i}.moe.shared_expert.w2.weight": (D, F_),
+                f"layers.{i}.moe.shared_expert.w3.weight": (F_, D),
+            })
     shapes["norm.weight"] = (D,)
     shapes["output.weight"] = (V, D)
     return shapes
@@ -636,9 +659,43 @@ def attention(q, k, v):
     return out.transpose(1, 2).reshape(B, T, H * hd)
 
 
-def forward(params, config, tokens, float8=None):
+def moe_feed_forward(m, i, params, config, linear, aux):
+    """A mixture-of-experts layer's feed-forward output for m [B, T, D] (docs/dump-format.md),
+    built from the definition: softmax router, top-k with ties to the lower expert, gates the
+    probabilities, each copy through its expert's SwiGLU, the gated sum (+ the shared expert).
+    Appends the layer's balancing term, sum over sequences of T alpha E sum_e f_{s,e} P_{s,e}, to aux."""
+    B, T, D = m.shape
+    E, k, Fe = config["experts"], config["top_k"], config["expert_dim"]
+    x = m.reshape(B * T, D)
+    p = torch.softmax(linear(x, "moe.router.gate"), dim=-1)                        # [N, E]
+    # top-k: the largest first; among equal probabilities the lower expert (a stable sort)
+    order = torch.sort(-p.detach(), dim=-1, stable=True).indices[:, :k]           # [N, k]
+    gates = p.gather(1, order)                                                    # [N, k]
+    out = torch.zeros_like(x)
+    w1, w2, w3 = (params[f"layers.{i}.moe.experts.{n}"] for n in ("w1", "w2", "w3"))
+    for e in range(E):
+        rows, slots = (order == e).nonzero(as_tuple=True)                         # copies sent to e
+        if rows.numel() == 0:
+            continue
+        xe = x[rows]
+        a = linear(xe, None, "", w1[e * Fe:(e + 1) * Fe])
+        b = linear(xe, None, "", w3[e * Fe:(e + 1) * Fe])
+        y = linear(F.silu(a) * b, None, "", w2[e * D:(e + 1) * D])
+        out = out.index_add(0, rows, gates[rows, slots][:, None] * y)
+    if config["shared_expert"]:
+        out = out + linear(F.silu(linear(x, "moe.shared_expert.w1")) * linear(x, "moe.shared_expert.w3"),
+                           "moe.shared_expert.w2")
+    # the balancing loss: f a count (no gradient), P the mean probability, per sequence
+    f = F.one_hot(order, E).sum(1).reshape(B, T, E).sum(1).to(p.dtype) / (k * T)   # [B, E]
+    P = p.reshape(B, T, E).mean(1)                                                # [B, E]
+    aux.append((T * config["aux_alpha"] * E * (f * P).sum(-1)).sum())
+    return out.reshape(B, T, D)
+
+
+def forward(params, config, tokens, float8=None, aux=None):
     """logits [B, T, V] of the Llama of docs/dump-format.md; params maps torchtitan names to tensors.
-    float8: a Float8State, whose linears then run on float8 operands (Float8Linear)."""
+    float8: a Float8State, whose linears then run on float8 operands (Float8Linear). aux: a list
+    that receives each mixture-of-experts layer's balancing term (dump-format.md)."""
     B, T = tokens.shape
     H, Hkv = config["n_heads"], config["n_kv_heads"]
     hd = config["dim"] // H
@@ -649,13 +706,15 @@ def forward(params, config, tokens, float8=None):
         def w(name):
             return params[f"layers.{i}.{name}.weight"]
 
-        def linear(x, name):   # x W^T, W = layers.i.<name>.weight; float8 if the run's was
-            short = name.split(".")[-1]
+        def linear(x, name, suffix=".weight", weight=None):
+            # x W^T, W = layers.i.<name><suffix> (or `weight`); float8 if the run's was
+            W = weight if weight is not None else params[f"layers.{i}.{name}{suffix}"]
+            short = name.split(".")[-1] if name else ""
             if float8 is not None and short in float8.linears:
-                return Float8Linear.apply(x, w(name), float8, (i, short))
+                return Float8Linear.apply(x, W, float8, (i, short))
             if config.get("bf16"):
-                return Bf16Linear.apply(x, w(name))
-            return x @ w(name).T
+                return Bf16Linear.apply(x, W)
+            return x @ W.T
 
         # attention block: h += wo(attention(rope(wq n), rope(wk n), wv n)),  n = rmsnorm(h)
         n = rmsnorm(h, w("attention_norm"), eps)
@@ -664,8 +723,11 @@ def forward(params, config, tokens, float8=None):
         v = linear(n, "attention.wv").view(B, T, Hkv, hd)
         h = h + linear(attention(rope(q, theta), rope(k, theta), v), "attention.wo")
 
-        # feed-forward block: h += w2(silu(w1 m) * w3 m),  m = rmsnorm(h)
+        # feed-forward block: h += w2(silu(w1 m) * w3 m),  m = rmsnorm(h); or the experts'
         m = rmsnorm(h, w("ffn_norm"), eps)
+        if "experts" in config:
+            h = h + moe_feed_forward(m, i, params, config, linear, aux if aux is not None else [])
+            continue
         h = h + linear(F.silu(linear(m, "feed_forward.w1")) * linear(m, "feed_forward.w3"),
                        "feed_forward.w2")
 
@@ -683,7 +745,10 @@ def step_loss(params, config, tokens, targets, float8=None):
     this. Otherwise one pass, mean_loss of the whole batch."""
     passes = float8.passes if float8 is not None else 1
     if passes == 1:
-        loss = mean_loss(forward(params, config, tokens, float8), targets)
+        aux = []   # a mixture of experts' balancing terms, divided by the same count as the loss
+        loss = mean_loss(forward(params, config, tokens, float8, aux), targets)
+        if aux:
+            loss = loss + sum(aux) / max(int((targets != IGNORE_INDEX).sum()), 1)
         loss.backward()
         return loss.item()
     if tokens.shape[0] % passes:
@@ -821,6 +886,10 @@ def run(directory):
     if config.get("bf16"):
         print(f"  mixed precision: bf16 GEMM operands (every linear, the output layer's too), "
               f"fp32 elsewhere; tolerances loss {loss_rtol:.2e}, gradients {grad_rtol:.2e}")
+    if "experts" in config:
+        print(f"  mixture of experts: {config['experts']} experts of hidden {config['expert_dim']}, top-"
+              f"{config['top_k']}{', a shared expert' if config['shared_expert'] else ''}, balancing loss "
+              f"alpha {config['aux_alpha']:g}")
     float8 = None
     failures = 0
     if f8 is not None:

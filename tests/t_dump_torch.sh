@@ -9,7 +9,7 @@ root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
 mpirun_base=${MPIRUN_BASE:-$(tools/mpirun_base.sh)}
 py=/usr/bin/python3
 $py -c "import torch" 2>/dev/null || { echo "PyTorch is missing for $py: run make deps"; exit 1; }
-n=0; bad=0; float8_dump=; any_float8_dump=; bf16_dump=
+n=0; bad=0; float8_dump=; any_float8_dump=; bf16_dump=; moe_dump=
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # every chapter's dump runs first; then one PyTorch process replays them all (starting PyTorch
 # once instead of once a dump), each report in DIR/reference.txt and one "DIR STATUS" line each
@@ -42,6 +42,7 @@ if [ ${#dirs[@]} -gt 0 ]; then
         elif grep -q "^  mixed precision: bf16" "$dir/reference.txt"; then
             bf16_dump=${bf16_dump:-$dir}
         fi
+        if grep -q "^  mixture of experts: " "$dir/reference.txt"; then moe_dump=${moe_dump:-$dir}; fi
     done
 fi
 ok_dumps=$((n-bad))
@@ -78,5 +79,18 @@ else
         tampered=$((tampered+1))
     fi
 fi
-echo "$ok_dumps of $n dumps reproduced by PyTorch (fp32: losses 1e-5, step-1 gradients 1e-4; bf16: docs/design.md); $tampered of 3 tampered dumps (2 float8, 1 bf16) failed, as they must"
+# A mixture of experts' dump is replayed with its load-balancing loss: the same dump with aux_alpha
+# set to 0 (the replay leaves that loss out) must FAIL, or the replay does not check it.
+if [ -z "$moe_dump" ]; then
+    echo "no mixture-of-experts dump was reproduced: the aux check has nothing to tamper"; bad=$((bad+1))
+else
+    rm -rf "$tmp/tampered"; cp -r "$moe_dump" "$tmp/tampered"
+    $py tests/tamper_dump.py "$tmp/tampered" aux
+    if $py tests/reference_torch.py "$tmp/tampered" >"$tmp/ref.txt" 2>&1; then
+        echo "a mixture-of-experts dump replayed without its balancing loss: PyTorch passed it"; tail -8 "$tmp/ref.txt"; bad=$((bad+1))
+    else
+        tampered=$((tampered+1))
+    fi
+fi
+echo "$ok_dumps of $n dumps reproduced by PyTorch (fp32: losses 1e-5, step-1 gradients 1e-4; bf16: docs/design.md); $tampered of 4 tampered dumps (2 float8, 1 bf16, 1 mixture of experts) failed, as they must"
 [ $bad -eq 0 ] && [ $n -gt 0 ]

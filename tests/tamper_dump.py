@@ -4,7 +4,9 @@ explain a real difference away).
   grad  every step-1 gradient of the first feed_forward.w2.weight scaled by 1.003 (3e-3 > 1e-4)
   loss  step 1's loss in losses.txt scaled by 1 + 3e-4 (beyond the 1e-5 tolerance)
   dtype a bf16 dump's "dtype" metadata removed from init.safetensors: the replay then rounds
-        nothing, and the run's bf16 roundings (about 2^-8) are beyond the fp32 tolerances"""
+        nothing, and the run's bf16 roundings (about 2^-8) are beyond the fp32 tolerances
+  aux   a mixture of experts' "aux_alpha" set to 0 in init.safetensors: the replay then leaves the
+        load-balancing loss out, which the run's loss and router gradients hold"""
 import json
 import os
 import struct
@@ -38,22 +40,37 @@ def tamper_loss(directory):
         f.write("\n".join(lines))
 
 
-def tamper_dtype(directory):
+def edit_metadata(directory, edit):
+    """init.safetensors rewritten with edit(metadata) applied to its __metadata__."""
     path = os.path.join(directory, "init.safetensors")
     with open(path, "rb") as f:
         raw = f.read()
     n = struct.unpack("<Q", raw[:8])[0]
     header = json.loads(raw[8:8 + n])
-    if header.get("__metadata__", {}).pop("dtype", None) != "bf16":
-        raise SystemExit(f"tamper_dump: {path} is not a bf16 dump")
+    edit(header.get("__metadata__", {}), path)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)   # the data stays 8-byte aligned
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
 
 
+def tamper_dtype(directory):
+    def drop(meta, path):
+        if meta.pop("dtype", None) != "bf16":
+            raise SystemExit(f"tamper_dump: {path} is not a bf16 dump")
+    edit_metadata(directory, drop)
+
+
+def tamper_aux(directory):
+    def zero(meta, path):
+        if "aux_alpha" not in meta:
+            raise SystemExit(f"tamper_dump: {path} is not a mixture of experts' dump")
+        meta["aux_alpha"] = "0"
+    edit_metadata(directory, zero)
+
+
 if __name__ == "__main__":
-    parts = {"grad": tamper_gradient, "loss": tamper_loss, "dtype": tamper_dtype}
+    parts = {"grad": tamper_gradient, "loss": tamper_loss, "dtype": tamper_dtype, "aux": tamper_aux}
     if len(sys.argv) != 3 or sys.argv[2] not in parts:
-        raise SystemExit("usage: tamper_dump.py DIR grad|loss|dtype")
+        raise SystemExit("usage: tamper_dump.py DIR grad|loss|dtype|aux")
     parts[sys.argv[2]](sys.argv[1])

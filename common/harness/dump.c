@@ -301,6 +301,15 @@ int dump_params(const char *dir, const char *file, const llama_config *c, const 
     if (o->clip_grad_norm > 0) meta_float(w, "clip_grad_norm", o->clip_grad_norm);   /* grads_1 is before clipping */
     /* mixed precision (absent: fp32): the linears' GEMM operands rounded to bf16, nothing else */
     if (c->precision == DTYPE_BF16) st_writer_meta(w, "dtype", dtype_name(c->precision));
+    /* a mixture of experts (chapter 09; absent: dense): its sizes, routing and balancing loss are
+     * docs/dump-format.md's */
+    if (c->moe.experts > 0) {
+        meta_int(w, "experts", c->moe.experts);
+        meta_int(w, "top_k", c->moe.top_k);
+        meta_int(w, "expert_dim", c->moe.expert_dim);
+        meta_int(w, "shared_expert", c->moe.shared_expert);
+        meta_float(w, "aux_alpha", c->moe.aux_alpha);
+    }
     if (run_options) st_writer_meta(w, "run_options", run_options);   /* the chapter's, for the replay */
 
     int n = llama_num_params(c);
