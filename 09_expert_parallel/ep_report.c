@@ -7,6 +7,7 @@
 #include "ep_report.h"
 #include "log.h"
 #include "parity.h"
+#include "report.h"
 
 int ep_report_load(const llama_plan *p, llama_model *m) {
     const llama_dims *d = &m->d;
@@ -41,18 +42,71 @@ int ep_report_load(const llama_plan *p, llama_model *m) {
     return bad;
 }
 
+/* The elements of the experts' weights and of everything else. */
+static void split_counts(const llama_config *c, double *experts, double *dense, int *n_dense) {
+    *experts = *dense = 0;
+    *n_dense = 0;
+    for (int i = 0; i < llama_num_params(c); i++) {
+        param_spec s = llama_param_spec(c, i);
+        double n = (double)s.rows * s.cols;
+        if (param_kind_is_expert(s.kind)) *experts += n;
+        else *dense += n, ++*n_dense;
+    }
+}
+
+int ep_report_parameters(const llama_plan *p, llama_model *m, double param_bytes) {
+    const llama_dims *d = &m->d;
+    const llama_config *c = &m->c;
+    double experts, dense, L = c->n_layers, E = d->E, k = d->k, D = d->D, Fe = d->Fe;
+    int n_dense;
+    split_counts(c, &experts, &dense, &n_dense);
+    double active = llama_active_parameter_count(c);
+    log0("parameters: %.0f in all, %.0f of them the experts' (3 L E D F_e = %.0f); active per token %.0f "
+         "(outside the embedding; k of E experts: 6 x active = %.3g FLOPs a token, attention aside)\n",
+         dense + experts, experts, 3 * L * E * D * Fe, active, 6 * active);
+    double ep = p->groups.ep ? p->groups.ep->size : 1;
+    double R = d->R, N = d->N, per_layer = 4 * (R * (D + 3 * Fe) + N * k * D);
+    /* what a layer keeps of the dispatch, as the allocator counts it: the rows received (x) and
+     * their expert's a, b, g, and the outputs back (y) */
+    unsigned dispatch = 1u << ACT_MOE_X | 1u << ACT_MOE_A | 1u << ACT_MOE_B | 1u << ACT_MOE_G | 1u << ACT_MOE_Y;
+    memory_row rows[] = {
+        {"parameters", param_bytes, 4 * (dense + experts / ep), "4 (dense + 3 L E D F_e / ep)"},
+        {"dispatch, one layer", (double)llama_layer_act_bytes_measured(d, dispatch), per_layer, "4 (R (D + 3 F_e) + N k D), R = ep N min(k, E/ep) rows at most (dropless)"}};
+    log0("  (R = %.0f: every rank's %.0f tokens may choose this rank's experts; on one device R = N k)\n", R, N);
+    return report_memory("memory per rank", rows, 2);
+}
+
 int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m) {
     comm_group *ep = p->groups.ep;
+    /* the gradients: the dense tensors' summed over every data rank, the experts' over the ranks
+     * that hold the same ones (dp_replicate), one all-reduce a tensor */
+    double experts, dense, L = m->c.n_layers;
+    int n_dense;
+    split_counts(&m->c, &experts, &dense, &n_dense);
+    comm_group *batch = p->groups.batch, *replicate = p->groups.mesh->group[MESH_DP_REPLICATE];
+    comm_expectation expect[2];
+    comm_group *groups[2];
+    int n = 0, ng = 0;
+    if (batch->size > 1) {
+        groups[ng++] = batch;
+        expect[n++] = (comm_expectation){batch, COLL_ALL_REDUCE, n_dense, 4 * dense, "every dense tensor: 4 x its elements"};
+    }
+    if (replicate->size > 1) {
+        groups[ng++] = replicate;
+        expect[n++] = (comm_expectation){replicate, COLL_ALL_REDUCE, 3 * L, 4 * experts / ep->size,
+                                         "3 L experts' tensors: 4 x 3 L E D F_e / ep"};
+    }
+    int bad = ng ? report_communication(groups, ng, o->steps, expect, n) : 0;
     if (!ep || ep->size == 1) {
         log0("traffic: one ep rank, every expert here: no all-to-all\n");
-        return 0;
+        return bad;
     }
     const llama_dims *d = &m->d;
     const collective_stats *s = &ep->stats[COLL_ALL_TO_ALL];
     /* summed over the ep group: what one rank sends the others receive, so the variable loads
      * cancel: per layer, forward the counts (E floats a rank) and the copies there and back, backward
      * the copies' gradients there and back: 4 exchanges of the group's N k rows of D floats */
-    double P = ep->size, L = m->c.n_layers, steps = o->steps, N = d->N, k = d->k, D = d->D, E = d->E;
+    double P = ep->size, steps = o->steps, N = d->N, k = d->k, D = d->D, E = d->E;
     double calls = comm_host_sum(ep, (double)s->calls) / P / steps;
     double bytes = comm_host_sum(ep, s->payload_bytes) / steps;
     double want_calls = 5 * L, want_bytes = L * (P * E * 4 + 4 * P * N * k * D * 4);
@@ -60,8 +114,9 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     log0("  all_to_all   calls %6.0f per rank  (formula 5 L = %.0f: counts, dispatch, combine; their backward)\n",
          calls, want_calls);
     log0("  all_to_all   bytes %10.0f  (formula L (P E 4 + 4 P N k D 4) = %.0f)\n", bytes, want_bytes);
-    int bad = (calls != want_calls) + (bytes != want_bytes);
-    if (bad) {
+    int wrong = (calls != want_calls) + (bytes != want_bytes);
+    bad += wrong;
+    if (wrong) {
         char what[160];
         snprintf(what, sizeof what, "ep traffic: %.0f calls and %.0f bytes a step, the formulas %.0f and %.0f", calls,
                  bytes, want_calls, want_bytes);

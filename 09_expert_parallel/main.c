@@ -77,6 +77,7 @@ int main(int argc, char **argv) {
     run_apply_fault(&o, &plan);
     llama_model *model = run_model(&o, &plan);   /* refuses up front what cannot fit */
     const llama_dims *d = &model->d;
+    double param_bytes = mem_current(MEM_PARAMS);
 
     log0("chapter 09: mixture of experts, %d experts, top-%d, ep %d x dp_replicate %d, backend %s\n", d->E, d->k,
          mesh->shape.dp_shard, mesh->shape.dp_replicate, device_backend_name());
@@ -95,7 +96,8 @@ int main(int argc, char **argv) {
 
     /* ---- measured beside the formulas ---- */
     log0("\n");
-    int mismatches = ep_report_load(&plan, model);
+    int mismatches = ep_report_parameters(&plan, model, param_bytes);
+    mismatches += ep_report_load(&plan, model);
     mismatches += ep_report_traffic(&o, &plan, model);
     run_clock_report(&clock, o.steps);
 

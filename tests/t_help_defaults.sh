@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # t_help_defaults.sh: each Llama chapter's --help prints the defaults its run really uses. The
 # defaults are read from `NN --help` and compared with what a run given no model or training flag
-# uses: chapters 01-07 from a --dump at NP=2 (the configuration and lr in init.safetensors' metadata,
+# uses: chapters 01-07 and 09 from a --dump at NP=2 (09: its experts' flags too) (the configuration and lr in init.safetensors' metadata,
 # the batch from batch_1's shape, the steps from losses.txt); chapter 08, whose 500 default steps
 # are too long to run here, from the lines its run prints before step 1 (the run is then stopped).
 set -u
@@ -10,7 +10,7 @@ mpirun_base="${MPIRUN_BASE:-$(tools/mpirun_base.sh)} --mca odls_base_sigkill_tim
 bin_dir=$(cd "$root/$backend" && pwd)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 bad=0; n=0
-for nn in 01 02 03 04 05 06 07 08; do
+for nn in 01 02 03 04 05 06 07 08 09; do
     n=$((n+1)); d=$tmp/$nn; mkdir -p "$d"
     "$bin_dir/$nn" --help >"$d/help.txt" 2>&1 </dev/null
     if [ "$nn" = 08 ]; then
@@ -59,6 +59,9 @@ else:
         got[k] = float(meta[key])
     got["clip-grad-norm"] = float(meta.get("clip_grad_norm", 0))
     got["batch"], got["steps"] = float(tokens[0]), float(steps)
+    if nn == "09":   # the experts' sizes, from the dump's metadata too
+        for k, key in [("experts", "experts"), ("top-k", "top_k"), ("expert-dim", "expert_dim"), ("aux-alpha", "aux_alpha")]:
+            want[k], got[k] = float(default(k)), float(meta[key])
 wrong = [f"--{k}: help {want[k]:g}, run {got[k]:g}" for k in want if abs(want[k] - got[k]) > 1e-6 * max(1, abs(got[k]))]
 if wrong: sys.exit(f"chapter {nn}: --help's defaults differ from the run's: " + "; ".join(wrong))
 EOF

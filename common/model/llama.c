@@ -106,8 +106,18 @@ double llama_parameter_count(const llama_config *c, bool with_embedding) {
     return n;
 }
 
+double llama_active_parameter_count(const llama_config *c) {
+    double n = 0;
+    for (int i = 0; i < llama_num_params(c); i++) {
+        param_spec s = llama_param_spec(c, i);
+        double share = param_kind_is_expert(s.kind) ? (double)c->moe.top_k / c->moe.experts : 1;   /* k of E */
+        if (s.kind != P_TOK_EMBEDDINGS) n += share * s.rows * s.cols;
+    }
+    return n;
+}
+
 double llama_flops_per_token(const llama_config *c) {
-    return 6.0 * llama_parameter_count(c, false) + 6.0 * c->n_layers * c->seq_len * c->dim;
+    return 6.0 * llama_active_parameter_count(c) + 6.0 * c->n_layers * c->seq_len * c->dim;
 }
 
 param_spec llama_param_spec(const llama_config *c, int index) {

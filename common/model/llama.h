@@ -111,9 +111,13 @@ param_spec llama_param_spec(const llama_config *c, int index);
 /* The model's parameters (elements of every tensor), or those outside the embedding table (a
  * lookup, which costs no FLOPs: what MFU's 6N counts). */
 double llama_parameter_count(const llama_config *c, bool with_embedding);
+/* The parameters one token's forward multiplies by, outside the embedding lookup: every tensor,
+ * but of a mixture of experts' only its k experts' share, k/E of the experts' weights (chapter
+ * 09; a dense model: llama_parameter_count(c, false)). */
+double llama_active_parameter_count(const llama_config *c);
 /* Model FLOPs of one token's training step (forward and backward) at c->seq_len = T, the one
  * definition behind every MFU and GFLOP/s this project prints (chapter 08's metrics and --plan,
- * make bench-baseline): 6 per parameter outside the embedding lookup (2 forward, 4 backward:
+ * make bench-baseline): 6 per active parameter (2 forward, 4 backward:
  * Chowdhery et al. 2022, PaLM, appendix B), plus causal attention's 6 L T D: forward, the scores
  * q k^T and the weighted sum p v, each 2 D FLOPs per key over the T/2 keys a token sees on
  * average, 2 T D; backward twice that. PaLM's 12 L T D counts the whole T x T matrix; the causal

@@ -281,6 +281,10 @@ void plan_describe_text(const llama_plan *p, char *out, size_t len) {
         group_ranks(&mesh->shape, param_shard_dims(p->groups.shard_dims), ranks, sizeof ranks);
         put(&t, " shard %s", ranks);
     }
+    if (p->groups.ep && p->groups.ep->size > 1) {   /* the experts' split (09) */
+        group_ranks(&mesh->shape, p->groups.expert_dims, ranks, sizeof ranks);
+        put(&t, " ep %s", ranks);
+    }
     put(&t, "%s\n", grouped ? "" : " none (one rank)");
 }
 
