@@ -10,8 +10,8 @@
  *   router     logits [N, E] = m W_r^T; probs = softmax                   (the plan's linear)
  *   route      top-k, gates, slot and the counts per expert, on the host (moe_route)
  *   dispatch   send [N*k, D] = m[token of each row]                          (moe_gather_rows)
- *              counts: all-to-all, El counts per peer            [ep: P*El*4 bytes = E*4]
- *              rows:   all-to-all with counts -> moe_x [rows, D]   [ep: N*k*D*4 bytes, each way]
+ *              counts: all-to-all, El counts per peer
+ *              rows:   all-to-all with counts -> moe_x [rows, D]
  *   experts    for each source rank q and local expert e, its rows' chunk:
  *              a = x w1_e^T, b = x w3_e^T, g = silu(a) * b, y = g w2_e^T     (the plan's linear)
  *   combine    rows back: all-to-all with counts -> moe_y [N*k, D] in slot order
@@ -78,8 +78,9 @@ static void top_k(int *choice, float *gates, const float *probs, int N, int E, i
 /* The dispatch's order from the choices: rows expert by expert, tokens in order within one. */
 static void route_plan(route *r, const llama_dims *d) {
     int N = d->N, k = d->k, E = d->E;
-    size_t *next = calloc((size_t)E + 1, sizeof *next);
+    size_t *next = calloc((size_t)E + 1, sizeof *next);   /* (a scratch of E + 1 counters) */
     memset(r->per_expert, 0, (size_t)E * sizeof *r->per_expert);
+    /* BEGIN ASSIGNMENT: the dispatch order: count each expert's copies (per_expert), then give every copy (t, j) of choice[t*k + j] its row slot[t*k + j] of the [N*k, D] send buffer, rows expert by expert and in token order within an expert, and every row its token (token[row]) */
     for (size_t i = 0; i < (size_t)N * k; i++) r->per_expert[r->choice[i]]++;
     for (int e = 0; e < E; e++) next[e + 1] = next[e] + r->per_expert[e];   /* each expert's first row */
     for (int t = 0; t < N; t++)
@@ -88,6 +89,7 @@ static void route_plan(route *r, const llama_dims *d) {
             r->slot[i] = (int)row;
             r->token[row] = t;
         }
+    /* END ASSIGNMENT */
     free(next);
     device_copy_to_device(r->slot_dev, r->slot, (size_t)N * k * sizeof(int));
     device_copy_to_device(r->token_dev, r->token, (size_t)N * k * sizeof(int));
@@ -95,8 +97,8 @@ static void route_plan(route *r, const llama_dims *d) {
 
 static route route_alloc(const llama_dims *d) {
     size_t n = (size_t)d->N * d->k;
-    route r = {.choice = malloc(n * sizeof(int) + 1), .slot = malloc(n * sizeof(int) + 1),
-               .token = malloc(n * sizeof(int) + 1), .per_expert = calloc((size_t)d->E, sizeof(size_t)),
+    route r = {.choice = calloc(n + 1, sizeof(int)), .slot = calloc(n + 1, sizeof(int)),
+               .token = calloc(n + 1, sizeof(int)), .per_expert = calloc((size_t)d->E, sizeof(size_t)),
                .recv = calloc((size_t)d->E, sizeof(size_t)), .slot_dev = device_alloc_ints(n, MEM_BUFFERS),
                .token_dev = device_alloc_ints(n, MEM_BUFFERS)};
     return r;
@@ -177,8 +179,10 @@ static void exchange_rows(const llama_plan *p, const route *r, const llama_dims 
         else device_copy(tokens_side, experts_side, n);
         return;
     }
+    /* BEGIN ASSIGNMENT: the rows' all-to-all with counts over the ep group (comm_all_to_all_v, comm.h): to the experts, tokens_side's rows go out, sent[q] floats to rank q, and experts_side receives got[q] from rank q; back, the other way round */
     if (to_experts) comm_all_to_all_v(p->groups.ep, tokens_side, sent, experts_side, got);
     else comm_all_to_all_v(p->groups.ep, experts_side, got, tokens_side, sent);
+    /* END ASSIGNMENT */
 }
 
 /* ---- the experts, chunk by chunk -------------------------------------------------------------- */
@@ -285,6 +289,17 @@ static double aux_loss(const double *f, const float *probs, const llama_dims *d,
     return scale * total;
 }
 
+/* dprobs [N, E] (=): the balancing loss's gradient d aux / d p_{t,e} (moe.h's aux), from the
+ * shares f [B, E] of each sequence's copies and the loss scale. */
+static void aux_gradient(float *dprobs, const double *f, const llama_dims *d, const moe_config *c, float scale) {
+    int N = d->N, T = d->T, E = d->E;
+    for (size_t i = 0; i < (size_t)N * E; i++) dprobs[i] = 0;
+    /* BEGIN ASSIGNMENT: the balancing loss's gradient: dprobs[t*E + e] = d aux / d p_{t,e} for every token t (of sequence s = t / T) and expert e, derived from aux's definition (moe.h), with f[s*E + e] = f_{s,e}, alpha = c->aux_alpha and the loss scale `scale` */
+    for (int t = 0; t < N; t++)
+        for (int e = 0; e < E; e++) dprobs[(size_t)t * E + e] = (float)((double)scale * c->aux_alpha * E * f[(size_t)(t / T) * E + e]);
+    /* END ASSIGNMENT */
+}
+
 /* ---- the block ------------------------------------------------------------------------------- */
 
 static void moe_forward(const layer_pass *x) {
@@ -359,18 +374,16 @@ static void moe_backward(const layer_pass *x) {
     /* every token's copies' input gradients, summed into dxn (weight 1 each) */
     moe_combine(dxn, m->dmoe_y, r.slot_dev, NULL, N, k, D);
 
-    /* the router: d probs [N, E] = each gate's gradient at its expert, plus the balancing loss's
-     * loss scale * alpha E f_{s,e} on every token of sequence s; through the softmax (in place) */
+    /* the router: d probs [N, E] = the balancing loss's gradient, plus each gate's gradient at its
+     * expert; then through the softmax (in place) */
     float *dprobs = calloc((size_t)N * E, sizeof(float)), *dgates = malloc((size_t)N * k * sizeof(float));
     device_copy_to_host(dgates, m->dmoe_gates, (size_t)N * k * sizeof(float));
     double *f = malloc((size_t)d->B * E * sizeof *f);
     sequence_shares(f, &r, d);
-    double coef = (double)m->saved->loss_scale * m->c.moe.aux_alpha * E;
-    if (expert_parallel_faults_on(p) & EP_FAULT_SKIP_AUX_GRAD) coef = 0;   /* the deliberate bug */
-    for (int t = 0; t < N; t++) {
-        for (int e = 0; e < E; e++) dprobs[(size_t)t * E + e] = (float)(coef * f[(size_t)(t / d->T) * E + e]);
+    if (!(expert_parallel_faults_on(p) & EP_FAULT_SKIP_AUX_GRAD))   /* (the deliberate bug leaves it out) */
+        aux_gradient(dprobs, f, d, &m->c.moe, m->saved->loss_scale);
+    for (int t = 0; t < N; t++)
         for (int j = 0; j < k; j++) dprobs[(size_t)t * E + r.choice[(size_t)t * k + j]] += dgates[(size_t)t * k + j];
-    }
     device_copy_to_device(m->drouter_probs, dprobs, (size_t)N * E * sizeof(float));
     moe_router_softmax_backward(m->drouter_probs, m->drouter_probs, a->router_probs, N, E);
     /* dxn += dlogits W_r;  d W_r += dlogits^T m */

@@ -17,9 +17,12 @@
  *   aux = sum over the batch's sequences of T * alpha E sum_e f_{s,e} P_{s,e}, times the loss scale
  * (1 / the global count of valid targets, as the cross-entropy's), so it is the same however the
  * batch is split over data-parallel ranks; with every target valid it is the mean over sequences.
- * f is a count (no gradient); d aux / d p_{t,e} = loss scale * alpha E f_{s,e}.
- *
- * With expert parallelism (expert_parallel.h) the copies travel to the rank that holds their
+ * f is a count (no gradient).
+ */
+/* BEGIN SOLUTION 09: the balancing loss's gradient */
+/* Its gradient: d aux / d p_{t,e} = loss scale * alpha E f_{s,e}, on every token t of sequence s. */
+/* END SOLUTION */
+/* With expert parallelism (expert_parallel.h) the copies travel to the rank that holds their
  * expert and back, with all-to-alls over the plan's ep group (moe.c says when and how many bytes).
  */
 #pragma once
