@@ -76,6 +76,18 @@ int ep_report_parameters(const llama_plan *p, llama_model *m, double param_bytes
     return report_memory("memory per rank", rows, 2);
 }
 
+/* The ep group's all-to-alls of one step: each rank's calls, the bytes summed over the group, and
+ * their formulas as text. */
+static void alltoall_formulas(double L, double P, double N, double k, double D, double E, double *calls,
+                              double *bytes, const char **calls_text, const char **bytes_text) {
+    *calls = *bytes = 0;
+    *calls_text = *bytes_text = "?";
+    /* BEGIN ASSIGNMENT: the ep group's all-to-alls of one step (L layers of P ranks, N tokens a rank, k copies each, width D, E experts): the calls each rank makes and the bytes summed over the group, with their formulas as text */
+    *calls = 5 * L, *calls_text = "5 L";
+    *bytes = L * (P * E * 4 + 4 * P * N * k * D * 4), *bytes_text = "L (P E 4 + 4 P N k D 4)";
+    /* END ASSIGNMENT */
+}
+
 int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m) {
     comm_group *ep = p->groups.ep;
     /* the gradients: the dense tensors' summed over every data rank, the experts' over the ranks
@@ -105,15 +117,12 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     const collective_stats *s = &ep->stats[COLL_ALL_TO_ALL];
     /* summed over the ep group: what one rank sends the others receive, so the loads, which vary
      * from rank to rank and step to step, cancel */
-    double P = ep->size, steps = o->steps, N = d->N, k = d->k, D = d->D, E = d->E;
+    double P = ep->size, steps = o->steps;
     double calls = comm_host_sum(ep, (double)s->calls) / P / steps;
     double bytes = comm_host_sum(ep, s->payload_bytes) / steps;
-    double want_calls = 0, want_bytes = 0;   /* per step: each rank's calls; the group's bytes */
-    const char *calls_formula = "?", *bytes_formula = "?";
-    /* BEGIN ASSIGNMENT: the ep group's all-to-alls of one step (L layers of P ranks, N tokens a rank, k copies each, width D, E experts): the calls each rank makes and the bytes summed over the group, with their formulas as text */
-    want_calls = 5 * L, calls_formula = "5 L";
-    want_bytes = L * (P * E * 4 + 4 * P * N * k * D * 4), bytes_formula = "L (P E 4 + 4 P N k D 4)";
-    /* END ASSIGNMENT */
+    double want_calls, want_bytes;
+    const char *calls_formula, *bytes_formula;
+    alltoall_formulas(L, P, d->N, d->k, d->D, d->E, &want_calls, &want_bytes, &calls_formula, &bytes_formula);
     log0("traffic on the ep group (%d ranks), per step, summed over its ranks:\n", ep->size);
     log0("  all_to_all   calls %6.0f per rank  (formula %s = %.0f)\n", calls, calls_formula, want_calls);
     log0("  all_to_all   bytes %10.0f  (formula %s = %.0f)\n", bytes, bytes_formula, want_bytes);

@@ -292,11 +292,12 @@ static double aux_loss(const double *f, const float *probs, const llama_dims *d,
 /* dprobs [N, E] (=): the balancing loss's gradient d aux / d p_{t,e} (moe.h's aux), from the
  * shares f [B, E] of each sequence's copies and the loss scale. */
 static void aux_gradient(float *dprobs, const double *f, const llama_dims *d, const moe_config *c, float scale) {
-    int N = d->N, T = d->T, E = d->E;
+    int N = d->N, E = d->E;
     for (size_t i = 0; i < (size_t)N * E; i++) dprobs[i] = 0;
-    /* BEGIN ASSIGNMENT: the balancing loss's gradient: dprobs[t*E + e] = d aux / d p_{t,e} for every token t (of sequence s = t / T) and expert e, derived from aux's definition (moe.h), with f[s*E + e] = f_{s,e}, alpha = c->aux_alpha and the loss scale `scale` */
+    /* BEGIN ASSIGNMENT: the balancing loss's gradient: dprobs[t*E + e] = d aux / d p_{t,e} for every token t (of sequence s = t / T, T = d->T) and expert e, derived from aux's definition (moe.h), with f[s*E + e] = f_{s,e}, alpha = c->aux_alpha and the loss scale `scale` */
     for (int t = 0; t < N; t++)
-        for (int e = 0; e < E; e++) dprobs[(size_t)t * E + e] = (float)((double)scale * c->aux_alpha * E * f[(size_t)(t / T) * E + e]);
+        for (int e = 0; e < E; e++)
+            dprobs[(size_t)t * E + e] = (float)((double)scale * c->aux_alpha * E * f[(size_t)(t / d->T) * E + e]);
     /* END ASSIGNMENT */
 }
 
