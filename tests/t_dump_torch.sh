@@ -47,50 +47,32 @@ if [ ${#dirs[@]} -gt 0 ]; then
 fi
 ok_dumps=$((n-bad))
 
+# tamper DUMP PART WHAT: a copy of DUMP made wrong by tests/tamper_dump.py PART must FAIL the
+# replay (WHAT names it in the message when PyTorch passes it anyway); DUMP empty: nothing to tamper.
+tampered=0
+tamper() {
+    local dump=$1 part=$2 what=$3
+    if [ -z "$dump" ]; then echo "no $what was reproduced: the $part check has nothing to tamper"; bad=$((bad+1)); return; fi
+    rm -rf "$tmp/tampered"; cp -r "$dump" "$tmp/tampered"
+    $py tests/tamper_dump.py "$tmp/tampered" "$part"
+    if $py tests/reference_torch.py "$tmp/tampered" >"$tmp/ref.txt" 2>&1; then
+        echo "a $what with its $part tampered: PyTorch passed it"; tail -8 "$tmp/ref.txt"; bad=$((bad+1))
+    else
+        tampered=$((tampered+1))
+    fi
+}
 # The check can fail, and its search for rounding ties explains no real difference away: a float8
 # dump that passed only through that search (any float8 dump where none needed it, as a machine
 # whose BLAS sums in another order may have), with one gradient 3e-3 off, then with step 1's loss
 # 3e-4 off (tests/tamper_dump.py), must each FAIL.
-tampered=0
 float8_dump=${float8_dump:-$any_float8_dump}
-if [ -z "$float8_dump" ]; then
-    echo "no float8 dump was reproduced: the tamper check has nothing to tamper"; bad=$((bad+1))
-fi
-for part in grad loss; do
-    [ -n "$float8_dump" ] || break
-    rm -rf "$tmp/tampered"; cp -r "$float8_dump" "$tmp/tampered"
-    $py tests/tamper_dump.py "$tmp/tampered" $part
-    if $py tests/reference_torch.py "$tmp/tampered" >"$tmp/ref.txt" 2>&1; then
-        echo "a float8 dump with its $part tampered: PyTorch passed it"; tail -8 "$tmp/ref.txt"; bad=$((bad+1))
-    else
-        tampered=$((tampered+1))
-    fi
-done
+tamper "$float8_dump" grad "float8 dump"
+tamper "$float8_dump" loss "float8 dump"
 # A bf16 dump is replayed with its roundings, at bf16's tolerances: the same dump with its dtype
 # removed (replayed in fp32, at fp32's) must FAIL, or the replay is not looking at the roundings.
-if [ -z "$bf16_dump" ]; then
-    echo "no bf16 dump was reproduced: the dtype check has nothing to tamper"; bad=$((bad+1))
-else
-    rm -rf "$tmp/tampered"; cp -r "$bf16_dump" "$tmp/tampered"
-    $py tests/tamper_dump.py "$tmp/tampered" dtype
-    if $py tests/reference_torch.py "$tmp/tampered" >"$tmp/ref.txt" 2>&1; then
-        echo "a bf16 dump replayed as fp32: PyTorch passed it"; tail -8 "$tmp/ref.txt"; bad=$((bad+1))
-    else
-        tampered=$((tampered+1))
-    fi
-fi
+tamper "$bf16_dump" dtype "bf16 dump"
 # A mixture of experts' dump is replayed with its load-balancing loss: the same dump with aux_alpha
 # set to 0 (the replay leaves that loss out) must FAIL, or the replay does not check it.
-if [ -z "$moe_dump" ]; then
-    echo "no mixture-of-experts dump was reproduced: the aux check has nothing to tamper"; bad=$((bad+1))
-else
-    rm -rf "$tmp/tampered"; cp -r "$moe_dump" "$tmp/tampered"
-    $py tests/tamper_dump.py "$tmp/tampered" aux
-    if $py tests/reference_torch.py "$tmp/tampered" >"$tmp/ref.txt" 2>&1; then
-        echo "a mixture-of-experts dump replayed without its balancing loss: PyTorch passed it"; tail -8 "$tmp/ref.txt"; bad=$((bad+1))
-    else
-        tampered=$((tampered+1))
-    fi
-fi
+tamper "$moe_dump" aux "mixture-of-experts dump"
 echo "$ok_dumps of $n dumps reproduced by PyTorch (fp32: losses 1e-5, step-1 gradients 1e-4; bf16: docs/design.md); $tampered of 4 tampered dumps (2 float8, 1 bf16, 1 mixture of experts) failed, as they must"
 [ $bad -eq 0 ] && [ $n -gt 0 ]
