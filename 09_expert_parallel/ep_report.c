@@ -12,11 +12,12 @@
 int ep_report_load(const llama_plan *p, llama_model *m) {
     const llama_dims *d = &m->d;
     int E = d->E, L = m->c.n_layers;
-    double *load = calloc((size_t)E, sizeof *load);
-    float *counts = malloc(2 * (size_t)E * sizeof(float));
+    double *load = calloc((size_t)E, sizeof *load), dropped = 0;
+    float *counts = malloc((2 * (size_t)E + 1) * sizeof(float));
     for (int l = 0; l < L; l++) {   /* the saved counts of the last forward: what this rank sent */
-        device_copy_to_host(counts, m->saved->layers[l].moe_counts, 2 * (size_t)E * sizeof(float));
+        device_copy_to_host(counts, m->saved->layers[l].moe_counts, (2 * (size_t)E + 1) * sizeof(float));
         for (int e = 0; e < E; e++) load[e] += counts[e];
+        dropped += counts[2 * E];
     }
     comm_group *batch = p->groups.batch;
     double total = 0, most = 0;
@@ -25,16 +26,20 @@ int ep_report_load(const llama_plan *p, llama_model *m) {
         total += load[e];
         most = fmax(most, load[e]);
     }
+    if (batch) dropped = comm_host_sum(batch, dropped);
     double mean = total / E, want = (double)d->N * (batch ? batch->size : 1) * d->k * L;
     log0("expert load, last step: tokens per expert over %d layers (balanced: N k L / E = %.0f each)\n", L, want / E);
     for (int e = 0; e < E; e++)
         log0("  expert %3d  %8.0f  %5.2fx%s\n", e, load[e], load[e] / mean, load[e] == most ? "  (most)" : "");
-    log0("  total %.0f = N k L = %.0f x %d x %d; imbalance max / mean = %.3f\n", total,
-         (double)d->N * (batch ? batch->size : 1), d->k, L, most / mean);
-    int bad = total != want;
+    if (d->capacity)
+        log0("  dropped %.0f copies (%.2f%%): each expert took at most %d of a sequence's (ceil(c T k / E))\n", dropped,
+             100 * dropped / want, d->capacity);
+    log0("  total %.0f%s = N k L = %.0f x %d x %d; imbalance max / mean = %.3f\n", total + dropped,
+         d->capacity ? " with the dropped" : "", (double)d->N * (batch ? batch->size : 1), d->k, L, most / mean);
+    int bad = total + dropped != want;
     if (bad) {
         char what[128];
-        snprintf(what, sizeof what, "expert load: %.0f copies routed, N k L = %.0f", total, want);
+        snprintf(what, sizeof what, "expert load: %.0f copies routed and %.0f dropped, N k L = %.0f", total, dropped, want);
         parity_fail(what);
     }
     free(load);
@@ -71,8 +76,14 @@ int ep_report_parameters(const llama_plan *p, llama_model *m, double param_bytes
     unsigned dispatch = 1u << ACT_MOE_X | 1u << ACT_MOE_A | 1u << ACT_MOE_B | 1u << ACT_MOE_G | 1u << ACT_MOE_Y;
     memory_row rows[] = {
         {"parameters", param_bytes, 4 * (dense + experts / ep), "4 (dense + 3 L E D F_e / ep)"},
-        {"dispatch, one layer", (double)llama_layer_act_bytes_measured(d, dispatch), per_layer, "4 (R (D + 3 F_e) + N k D), R = ep N min(k, E/ep) rows at most (dropless)"}};
-    log0("  (R = %.0f: every rank's %.0f tokens may choose this rank's experts; on one device R = N k)\n", R, N);
+        {"dispatch, one layer", (double)llama_layer_act_bytes_measured(d, dispatch), per_layer,
+         d->capacity ? "4 (R (D + 3 F_e) + N k D), R = min(ep N min(k, E/ep), ep (E/ep) B C) rows at most"
+                     : "4 (R (D + 3 F_e) + N k D), R = ep N min(k, E/ep) rows at most (dropless)"}};
+    if (d->capacity)
+        log0("  (R = %.0f: every rank's %.0f tokens may choose this rank's experts, each of which takes at most C = %d "
+             "copies of each of a rank's B = %d sequences)\n", R, N, d->capacity, d->B);
+    else
+        log0("  (R = %.0f: every rank's %.0f tokens may choose this rank's experts; on one device R = N k)\n", R, N);
     return report_memory("memory per rank", rows, 2);
 }
 
@@ -123,10 +134,14 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     double want_calls, want_bytes;
     const char *calls_formula, *bytes_formula;
     alltoall_formulas(L, P, d->N, d->k, d->D, d->E, &want_calls, &want_bytes, &calls_formula, &bytes_formula);
+    /* under a capacity the dropped copies travel nowhere: the formula, every copy sent, is then a
+     * bound (the rows exchanged are the kept ones, which the router decides step by step) */
+    bool capped = d->capacity > 0;
     log0("traffic on the ep group (%d ranks), per step, summed over its ranks:\n", ep->size);
     log0("  all_to_all   calls %6.0f per rank  (formula %s = %.0f)\n", calls, calls_formula, want_calls);
-    log0("  all_to_all   bytes %10.0f  (formula %s = %.0f)\n", bytes, bytes_formula, want_bytes);
-    int wrong = (calls != want_calls) + (bytes != want_bytes);
+    log0("  all_to_all   bytes %10.0f  (formula %s = %.0f%s)\n", bytes, bytes_formula, want_bytes,
+         capped ? ", with nothing dropped: a bound" : "");
+    int wrong = (calls != want_calls) + (capped ? bytes > want_bytes : bytes != want_bytes);
     bad += wrong;
     if (wrong) {
         char what[160];

@@ -32,9 +32,11 @@ static const char *usage =
     "  --expert-dim F       each expert's hidden size (default 64)\n"
     "  --shared-expert      a dense SwiGLU of --ffn-dim every token also passes through\n"
     "  --aux-alpha A        weight of the load-balancing loss (default 0.01)\n"
+    "  --capacity-factor C  each expert takes at most ceil(C T k / E) copies of a sequence's tokens,\n"
+    "                       the rest dropped (default: dropless)\n"
     "  --ep P               ranks the experts are split over (default: NP); the rest replicate them\n";
 
-enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_EP };
+enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_CAPACITY, OPT_EP };
 typedef struct { moe_config *moe; int ep; } chapter_options;
 static void chapter_flag(int code, const char *arg, void *ctx) {
     chapter_options *co = ctx;
@@ -44,6 +46,7 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     else if (code == OPT_EXPERT_DIM) x->expert_dim = cli_int("--expert-dim", arg, 1, 1 << 20);
     else if (code == OPT_SHARED) x->shared_expert = true;
     else if (code == OPT_AUX) x->aux_alpha = cli_float("--aux-alpha", arg, 0.0f, 100.0f);
+    else if (code == OPT_CAPACITY) x->capacity_factor = cli_float("--capacity-factor", arg, 0.01f, 64.0f);
     else co->ep = cli_int("--ep", arg, 1, 4096);
 }
 
@@ -56,7 +59,8 @@ int main(int argc, char **argv) {
     static const struct option flags[] = {
         {"experts", required_argument, 0, OPT_EXPERTS}, {"top-k", required_argument, 0, OPT_TOP_K},
         {"expert-dim", required_argument, 0, OPT_EXPERT_DIM}, {"shared-expert", no_argument, 0, OPT_SHARED},
-        {"aux-alpha", required_argument, 0, OPT_AUX}, {"ep", required_argument, 0, OPT_EP}, {0, 0, 0, 0}};
+        {"aux-alpha", required_argument, 0, OPT_AUX}, {"capacity-factor", required_argument, 0, OPT_CAPACITY},
+        {"ep", required_argument, 0, OPT_EP}, {0, 0, 0, 0}};
     chapter_options co = {.moe = &o.model.moe, .ep = 0};
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     char why[256];
@@ -85,8 +89,12 @@ int main(int argc, char **argv) {
     log0("model: dim %d, %d layers, %d heads (%d kv), experts %d x hidden %d%s, vocab %d; global batch %d x %d "
          "tokens, %d per rank\n", c->dim, c->n_layers, c->n_heads, c->n_kv_heads, d->E, d->Fe,
          c->moe.shared_expert ? " + a shared expert" : "", c->vocab_size, o.batch, c->seq_len, d->B);
-    log0("per rank: %d of %d experts (from expert %d); at most %zu rows reach them per layer (dropless)\n", d->El,
-         d->E, d->e0, d->R);
+    if (d->capacity)
+        log0("per rank: %d of %d experts (from expert %d); capacity %d rows per expert and sequence (ceil(c T k / E), "
+             "c = %g): at most %zu rows reach them per layer\n", d->El, d->E, d->e0, d->capacity, c->moe.capacity_factor, d->R);
+    else
+        log0("per rank: %d of %d experts (from expert %d); at most %zu rows reach them per layer (dropless)\n", d->El,
+             d->E, d->e0, d->R);
 
     /* ---- train, with the baseline beside it ---- */
     char path[512], label[64];

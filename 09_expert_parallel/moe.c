@@ -39,6 +39,7 @@ const char *moe_config_check(const llama_config *c, char *why, size_t len) {
         snprintf(why, len, "--top-k %d: each token goes to between 1 and --experts %d experts", x->top_k, x->experts);
     else if (x->expert_dim < 1) snprintf(why, len, "--expert-dim %d: an expert's hidden size must be positive", x->expert_dim);
     else if (!(x->aux_alpha >= 0)) snprintf(why, len, "--aux-alpha %g: the load-balancing loss's weight must be >= 0", x->aux_alpha);
+    else if (!(x->capacity_factor >= 0)) snprintf(why, len, "--capacity-factor %g: must be positive (or 0: dropless)", x->capacity_factor);
     else return NULL;
     return why;
 }
@@ -48,7 +49,9 @@ const char *moe_config_check(const llama_config *c, char *why, size_t len) {
 /* What one layer's routing decided: each copy's expert and row, each row's token, the counts. */
 typedef struct {
     int *choice;          /* [N*k] the expert of copy (t, j)                                     */
-    int *slot;            /* [N*k] its row in the dispatch's order                               */
+    int *kept;            /* [N*k] 1: the copy goes to its expert; 0: dropped (a full expert)   */
+    size_t dropped;       /* how many were dropped                                               */
+    int *slot;            /* [N*k] its row in the dispatch's order (-1: dropped)                 */
     int *token;           /* [N*k] the token of each row of that order                           */
     size_t *per_expert;   /* [E] rows this rank sends to each expert                            */
     size_t *recv;         /* [P*El = E] rows this rank's experts get: from rank q, for its
@@ -75,17 +78,38 @@ static void top_k(int *choice, float *gates, const float *probs, int N, int E, i
     }
 }
 
+/* Which copies their experts take. Dropless (d->capacity 0): all of them. Under a capacity, each
+ * expert takes the first `capacity` copies of each sequence, in token order (a token's copies in
+ * j order), and the others are dropped: a sequence is never split over ranks, so each rank
+ * decides for its own sequences what the baseline decides for the whole batch. */
+static void route_capacity(route *r, const llama_dims *d) {
+    size_t n = (size_t)d->N * d->k;
+    r->dropped = 0;
+    for (size_t i = 0; i < n; i++) r->kept[i] = 1;
+    if (!d->capacity) return;
+    int *taken = malloc((size_t)d->E * sizeof *taken);
+    for (int s = 0; s < d->B; s++) {
+        memset(taken, 0, (size_t)d->E * sizeof *taken);
+        for (size_t i = (size_t)s * d->T * d->k; i < (size_t)(s + 1) * d->T * d->k; i++)
+            if (taken[r->choice[i]]++ >= d->capacity) r->kept[i] = 0, r->dropped++;
+    }
+    free(taken);
+}
+
 /* The dispatch's order from the choices: rows expert by expert, tokens in order within one. */
 static void route_plan(route *r, const llama_dims *d) {
     int N = d->N, k = d->k, E = d->E;
+    route_capacity(r, d);
     size_t *next = calloc((size_t)E + 1, sizeof *next);   /* (a scratch of E + 1 counters) */
     memset(r->per_expert, 0, (size_t)E * sizeof *r->per_expert);
-    /* BEGIN ASSIGNMENT: the dispatch order: count each expert's copies (per_expert), then give every copy (t, j) of choice[t*k + j] its row slot[t*k + j] of the [N*k, D] send buffer, rows expert by expert and in token order within an expert, and every row its token (token[row]) */
-    for (size_t i = 0; i < (size_t)N * k; i++) r->per_expert[r->choice[i]]++;
+    /* BEGIN ASSIGNMENT: the dispatch order: count each expert's kept copies (per_expert), then give every kept copy (t, j) of choice[t*k + j] its row slot[t*k + j] of the send buffer, rows expert by expert and in token order within an expert, and every row its token (token[row]); a dropped copy (kept[t*k + j] == 0) gets slot -1 and no row */
+    for (size_t i = 0; i < (size_t)N * k; i++) r->per_expert[r->choice[i]] += (size_t)r->kept[i];
     for (int e = 0; e < E; e++) next[e + 1] = next[e] + r->per_expert[e];   /* each expert's first row */
     for (int t = 0; t < N; t++)
         for (int j = 0; j < k; j++) {
-            size_t i = (size_t)t * k + j, row = next[r->choice[i]]++;
+            size_t i = (size_t)t * k + j, row = next[r->choice[i]];
+            if (!r->kept[i]) { r->slot[i] = -1; continue; }
+            next[r->choice[i]]++;
             r->slot[i] = (int)row;
             r->token[row] = t;
         }
@@ -97,33 +121,34 @@ static void route_plan(route *r, const llama_dims *d) {
 
 static route route_alloc(const llama_dims *d) {
     size_t n = (size_t)d->N * d->k;
-    route r = {.choice = calloc(n + 1, sizeof(int)), .slot = calloc(n + 1, sizeof(int)),
+    route r = {.choice = calloc(n + 1, sizeof(int)), .kept = calloc(n + 1, sizeof(int)), .slot = calloc(n + 1, sizeof(int)),
                .token = calloc(n + 1, sizeof(int)), .per_expert = calloc((size_t)d->E, sizeof(size_t)),
                .recv = calloc((size_t)d->E, sizeof(size_t)), .slot_dev = device_alloc_ints(n, MEM_BUFFERS),
                .token_dev = device_alloc_ints(n, MEM_BUFFERS)};
     return r;
 }
 static void route_free(route *r) {
-    free(r->choice); free(r->slot); free(r->token); free(r->per_expert); free(r->recv);
+    free(r->choice); free(r->kept); free(r->slot); free(r->token); free(r->per_expert); free(r->recv);
     device_free(r->slot_dev);
     device_free(r->token_dev);
 }
 
 /* The choices and counts as the layer saves them (exact small integers in floats): choice [N*k]
- * into moe_choice; per_expert then recv, [2E], into moe_counts. */
+ * into moe_choice; per_expert, recv and the dropped count, [2E + 1], into moe_counts. */
 static void route_save(const route *r, const llama_dims *d, llama_layer_acts *a) {
     size_t n = (size_t)d->N * d->k;
-    float *f = malloc((n > 2 * (size_t)d->E ? n : 2 * (size_t)d->E) * sizeof(float));
+    float *f = malloc((n > 2 * (size_t)d->E + 1 ? n : 2 * (size_t)d->E + 1) * sizeof(float));
     for (size_t i = 0; i < n; i++) f[i] = (float)r->choice[i];
     device_copy_to_device(a->moe_choice, f, n * sizeof(float));
     for (int e = 0; e < d->E; e++) f[e] = (float)r->per_expert[e], f[d->E + e] = (float)r->recv[e];
-    device_copy_to_device(a->moe_counts, f, 2 * (size_t)d->E * sizeof(float));
+    f[2 * d->E] = (float)r->dropped;
+    device_copy_to_device(a->moe_counts, f, (2 * (size_t)d->E + 1) * sizeof(float));
     free(f);
 }
 /* ... and back, before the backward. */
 static void route_load(route *r, const llama_dims *d, const llama_layer_acts *a) {
     size_t n = (size_t)d->N * d->k;
-    float *f = malloc((n > 2 * (size_t)d->E ? n : 2 * (size_t)d->E) * sizeof(float));
+    float *f = malloc((n > 2 * (size_t)d->E + 1 ? n : 2 * (size_t)d->E + 1) * sizeof(float));
     device_copy_to_host(f, a->moe_choice, n * sizeof(float));
     for (size_t i = 0; i < n; i++) r->choice[i] = (int)f[i];
     route_plan(r, d);
@@ -330,7 +355,7 @@ static void moe_forward(const layer_pass *x) {
     route_save(&r, d, a);
 
     /* dispatch: the copies in order (dmoe_y), then to their experts' ranks (moe_x) */
-    moe_gather_rows(m->dmoe_y, a->ffn_xn, r.token_dev, N * k, D);
+    moe_gather_rows(m->dmoe_y, a->ffn_xn, r.token_dev, (int)((size_t)N * k - r.dropped), D);
     exchange_rows(p, &r, d, m->dmoe_y, a->moe_x, true);
     unsigned fault = expert_parallel_faults_on(p);
     if (fault & EP_FAULT_DROP_CHUNK) {   /* the deliberate bug: the first non-empty chunk lost */
@@ -409,7 +434,7 @@ static void moe_backward(const layer_pass *x) {
     ACT(ACT_ROUTER_PROBS, ROWS_REGION, COLS_E, CHEAP),    /* [N, E]       softmax(logits)  */ \
     ACT(ACT_MOE_CHOICE, ROWS_REGION, COLS_K, CHEAP),      /* [N, k]       experts chosen   */ \
     ACT(ACT_MOE_GATES, ROWS_REGION, COLS_K, CHEAP),       /* [N, k]       their weights    */ \
-    ACT(ACT_MOE_COUNTS, ROWS_1, COLS_COUNTS, CHEAP),      /* [2E]         the counts       */ \
+    ACT(ACT_MOE_COUNTS, ROWS_1, COLS_COUNTS, CHEAP),      /* [2E + 1]     the counts       */ \
     ACT(ACT_MOE_X, ROWS_EXPERT, COLS_D, GEMM),            /* [R, D]       rows received    */ \
     ACT(ACT_MOE_A, ROWS_EXPERT, COLS_FE, GEMM),           /* [R, F_e]     x w1_e^T         */ \
     ACT(ACT_MOE_B, ROWS_EXPERT, COLS_FE, GEMM),           /* [R, F_e]     x w3_e^T         */ \

@@ -9,11 +9,14 @@
  *
  * Top-k: the largest probabilities first; equal ones in the order of the experts' indices (the
  * lower first), so every rank and the baseline route alike. The gates are the probabilities
- * themselves (not renormalised over the k, as Switch and GShard). Dropless: every copy reaches its
- * expert, however many an expert gets.
+ * themselves (not renormalised over the k, as Switch and GShard). Dropless by default: every copy
+ * reaches its expert, however many an expert gets; with a capacity factor c each expert takes the
+ * first ceil(c T k / E) copies of each sequence (token order, then j) and the others are dropped:
+ * no output, no gradient (moe.c's route_capacity).
  *
  * The load-balancing loss (Switch's, alpha E sum_e f_e P_e), per sequence s of T tokens:
- *   f_{s,e} = (copies of s's tokens sent to e) / (k T),   P_{s,e} = mean over s's tokens of p_{t,e}
+ *   f_{s,e} = (copies of s's tokens routed to e, dropped ones included) / (k T),
+ *   P_{s,e} = mean over s's tokens of p_{t,e}
  *   aux = sum over the batch's sequences of T * alpha E sum_e f_{s,e} P_{s,e}, times the loss scale
  * (1 / the global count of valid targets, as the cross-entropy's), so it is the same however the
  * batch is split over data-parallel ranks; with every target valid it is the mean over sequences.

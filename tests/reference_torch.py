@@ -182,6 +182,8 @@ def read_config(metadata, path):
             if key not in metadata:
                 raise DumpError(f"{path}: metadata has 'experts' but no '{key}'")
             config[key] = float(metadata[key]) if key == "aux_alpha" else int(metadata[key])
+        if "capacity_factor" in metadata:   # absent: dropless
+            config["capacity_factor"] = float(metadata["capacity_factor"])
     return config
 
 
@@ -671,10 +673,18 @@ def moe_feed_forward(m, i, params, config, linear, aux):
     # top-k: the largest first; among equal probabilities the lower expert (a stable sort)
     order = torch.sort(-p.detach(), dim=-1, stable=True).indices[:, :k]           # [N, k]
     gates = p.gather(1, order)                                                    # [N, k]
+    # a capacity: each expert takes the first C = ceil(c T k / E) copies of each sequence, in
+    # token order (a token's copies in j order); the others are dropped (no output, no gradient)
+    kept = torch.ones_like(order, dtype=torch.bool)
+    if config.get("capacity_factor", 0) > 0:
+        C = math.ceil(config["capacity_factor"] * T * k / E)
+        onehot = F.one_hot(order.reshape(B, T * k), E)                            # [B, T k, E]
+        rank_in_expert = (onehot.cumsum(1) - 1).gather(2, order.reshape(B, T * k, 1))
+        kept = (rank_in_expert < C).reshape(B * T, k)
     out = torch.zeros_like(x)
     w1, w2, w3 = (params[f"layers.{i}.moe.experts.{n}"] for n in ("w1", "w2", "w3"))
     for e in range(E):
-        rows, slots = (order == e).nonzero(as_tuple=True)                         # copies sent to e
+        rows, slots = ((order == e) & kept).nonzero(as_tuple=True)                # copies sent to e
         if rows.numel() == 0:
             continue
         xe = x[rows]
@@ -889,7 +899,8 @@ def run(directory):
     if "experts" in config:
         print(f"  mixture of experts: {config['experts']} experts of hidden {config['expert_dim']}, top-"
               f"{config['top_k']}{', a shared expert' if config['shared_expert'] else ''}, balancing loss "
-              f"alpha {config['aux_alpha']:g}")
+              f"alpha {config['aux_alpha']:g}, "
+              + (f"capacity factor {config['capacity_factor']:g}" if "capacity_factor" in config else "dropless"))
     float8 = None
     failures = 0
     if f8 is not None:

@@ -309,6 +309,7 @@ int dump_params(const char *dir, const char *file, const llama_config *c, const 
         meta_int(w, "expert_dim", c->moe.expert_dim);
         meta_int(w, "shared_expert", c->moe.shared_expert);
         meta_float(w, "aux_alpha", c->moe.aux_alpha);
+        if (c->moe.capacity_factor > 0) meta_float(w, "capacity_factor", c->moe.capacity_factor);
     }
     if (run_options) st_writer_meta(w, "run_options", run_options);   /* the chapter's, for the replay */
 

@@ -14,6 +14,8 @@
  *                                 gradients in the backward)
  *   moe_combine_backward          dy[slot[t*k+j]] (=) = gate(t, j) dh[t];
  *                                 dgates[t*k+j] (=) = dh[t] . y[slot[t*k+j]]
+ * A copy whose slot is -1 was dropped (its expert's capacity was full): it has no row, adds
+ * nothing to the combine and gets a zero gate gradient.
  *
  * Each output row is written by one thread (CUDA) or one loop (CPU), its copies added in the
  * order j = 0 .. k-1: no atomics, the same bits on every run. The formulas are in moe_math.h;

@@ -27,6 +27,7 @@ void moe_combine_backward(float *dy, float *dgates, const float *dh, const float
         for (int j = 0; j < k; j++) {
             size_t i = (size_t)t * k + j, row = (size_t)slot[i] * D;
             const float *g = dh + (size_t)t * D;
+            if (slot[i] < 0) { dgates[i] = 0.0f; continue; }   /* dropped: no row, no gradient */
             float dot = 0.0f;
             for (int c = 0; c < D; c++) {
                 dy[row + c] = gates[i] * g[c];

@@ -56,6 +56,10 @@ static __global__ void combine_backward_kernel(float *dy, float *dgates, const f
     __shared__ BlockReduceFloat::TempStorage temp;
     size_t i = blockIdx.x, row = (size_t)slot[i] * D;
     const float *g = dh + (i / k) * D;
+    if (slot[i] < 0) {   /* dropped: no row, no gradient (the whole block returns alike) */
+        if (threadIdx.x == 0) dgates[i] = 0.0f;
+        return;
+    }
     float dot = 0.0f;
     for (int c = threadIdx.x; c < D; c += DOT_THREADS) {
         dy[row + c] = gates[i] * g[c];

@@ -25,10 +25,14 @@ HD static inline void moe_softmax_backward_row(float *dx, const float *dp, const
     for (int e = 0; e < E; e++) dx[e] = p[e] * (dp[e] - dot);
 }
 
-/* Element c of token t's combined row: sum over its k copies, in order, of gate * y. */
+/* Element c of token t's combined row: sum over its k copies, in order, of gate * y; a dropped
+ * copy (slot -1: its expert was full) adds nothing. */
 HD static inline float moe_combine_elem(const float *y, const int *slot, const float *gates, int t, int k, int D,
                                         int c) {
     float s = 0.0f;
-    for (int j = 0; j < k; j++) s += (gates ? gates[(size_t)t * k + j] : 1.0f) * y[(size_t)slot[(size_t)t * k + j] * D + c];
+    for (int j = 0; j < k; j++) {
+        int row = slot[(size_t)t * k + j];
+        if (row >= 0) s += (gates ? gates[(size_t)t * k + j] : 1.0f) * y[(size_t)row * D + c];
+    }
     return s;
 }

@@ -52,7 +52,7 @@ typedef struct {
  * expert a token is sent to), and ROWS_EXPERT, the most rows this rank's experts may receive
  * (llama_dims' R: N*k on one device; the dropless worst case under expert parallelism). */
 typedef enum { ROWS_STREAM, ROWS_REGION, ROWS_1, ROWS_ROUTED, ROWS_EXPERT, N_ROWS } act_rows;   /* Ns, N, 1, N*k, R */
-/* ... and columns: COLS_E (E experts), COLS_K (k), COLS_FE (F_e), COLS_COUNTS (2E counts). */
+/* ... and columns: COLS_E (E experts), COLS_K (k), COLS_FE (F_e), COLS_COUNTS (2E + 1 counts). */
 typedef enum { COLS_D, COLS_1, COLS_Q, COLS_KV, COLS_F, COLS_V, COLS_PROBS, COLS_LOSS,
                COLS_E, COLS_K, COLS_FE, COLS_COUNTS, N_COLS } act_cols;
 /* What bringing an activation back would cost, for activation checkpointing (chapter 03 says which

@@ -43,6 +43,8 @@ typedef struct {
     int expert_dim;       /* F_e, each expert's hidden size (a SwiGLU of its own)               */
     bool shared_expert;   /* a dense SwiGLU of ffn_dim every token passes through as well       */
     float aux_alpha;      /* the weight of the load-balancing loss                              */
+    float capacity_factor; /* c > 0: each expert takes at most ceil(c T k / E) copies of each
+                           * sequence's tokens, the rest dropped; 0: dropless                    */
 } moe_config;
 
 typedef struct {

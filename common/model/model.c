@@ -55,15 +55,21 @@ static llama_dims plan_dims(const llama_config *c, const llama_plan *plan, int B
     d.ep = plan->groups.ep ? plan->groups.ep->size : 1;
     d.El = d.E / d.ep;
     d.e0 = plan->groups.ep ? plan->groups.ep->rank * d.El : 0;
+    d.capacity = c->moe.capacity_factor > 0 && d.E > 0
+                     ? (int)ceil((double)c->moe.capacity_factor * c->seq_len * d.k / d.E) : 0;
     d.R = 0;
     return d;
 }
 
-/* The most rows this rank's experts may receive in one layer (dropless): every token's k copies
- * on one device; under expert parallelism, every rank's N tokens, each sending at most min(k, El)
- * copies here (its k experts are distinct). */
+/* The most rows this rank's experts may receive in one layer. Dropless: every token's k copies on
+ * one device; under expert parallelism, every rank's N tokens, each sending at most min(k, El)
+ * copies here (its k experts are distinct). With a capacity of C rows per expert and sequence, at
+ * most ep x El x (sequences a rank holds) x C, when that is less. */
 static double expert_rows(const llama_dims *d, double N) {
-    return d->ep == 1 ? N * d->k : (double)d->ep * N * (d->k < d->El ? d->k : d->El);
+    double dropless = d->ep == 1 ? N * d->k : (double)d->ep * N * (d->k < d->El ? d->k : d->El);
+    if (d->capacity == 0) return dropless;
+    double capped = (double)d->ep * d->El * (N / d->T) * d->capacity;
+    return capped < dropless ? capped : dropless;
 }
 
 llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B) {
@@ -128,7 +134,7 @@ static act_sizes act_sizes_of(const llama_dims *d, int loss_saved_per_row) {
     z.cols[COLS_E] = d->E;
     z.cols[COLS_K] = d->k;
     z.cols[COLS_FE] = d->Fe;
-    z.cols[COLS_COUNTS] = 2.0 * d->E;
+    z.cols[COLS_COUNTS] = 2.0 * d->E + 1;
     return z;
 }
 

@@ -35,8 +35,10 @@ typedef struct {
      * per token; this rank holds El of them, from expert e0 (expert parallelism splits them over
      * `ep` ranks); R rows at most reach them in one layer: N*k on one device, and under expert
      * parallelism the dropless worst case ep * N * min(k, El) (every rank's tokens choosing this
-     * rank's experts) */
+     * rank's experts), or under a capacity, ep * El * (B sequences) * capacity when less */
     int E, k, Fe, El, e0, ep;
+    int capacity;                   /* rows each expert takes of one sequence's copies (a capacity
+                                     * factor c: ceil(c T k / E)); 0: dropless                     */
     size_t R;
     const llama_layer *layer;       /* the layer's blocks (layer.h), whose activations these shape
                                      * (NULL: Llama's)                                              */
@@ -63,7 +65,7 @@ typedef union {
         float *router_probs;  /* [N, E]          softmax of the router's logits              */
         float *moe_choice;    /* [N, k]          the experts each token goes to (exact ints)  */
         float *moe_gates;     /* [N, k]          their weights in the combine                 */
-        float *moe_counts;    /* [2E]            the dispatch's counts (exact ints)           */
+        float *moe_counts;    /* [2E + 1]        the dispatch's counts (exact ints)       */
         float *moe_x;         /* [R, D]          the rows this rank's experts received        */
         float *moe_a, *moe_b; /* [R, F_e]        each row's expert's w1 x, w3 x               */
         float *moe_g;         /* [R, F_e]        silu(a) * b                                  */
