@@ -47,35 +47,37 @@ int ep_report_load(const llama_plan *p, llama_model *m) {
     return bad;
 }
 
-/* The elements of the experts' weights and of everything else. */
-static void split_counts(const llama_config *c, double *experts, double *dense, int *n_dense) {
-    *experts = *dense = 0;
-    *n_dense = 0;
+/* The elements of the experts' weights and of everything else, in the whole model and as this
+ * rank holds them under the plan (the experts split over ep, the tp-split tensors over tp). */
+typedef struct { double experts, dense, experts_held, dense_held; int n_dense; } param_split;
+static param_split split_counts(const llama_config *c, const llama_plan *p) {
+    param_split x = {0};
+    double ep = p->groups.ep ? p->groups.ep->size : 1, tp = p->groups.tp ? p->groups.tp->size : 1;
     for (int i = 0; i < llama_num_params(c); i++) {
         param_spec s = llama_param_spec(c, i);
         double n = (double)s.rows * s.cols;
-        if (param_kind_is_expert(s.kind)) *experts += n;
-        else *dense += n, ++*n_dense;
+        if (param_kind_is_expert(s.kind)) x.experts += n, x.experts_held += n / ep;
+        else x.dense += n, x.dense_held += n / (p->layout[s.kind] == SHARD_REPLICATED ? 1 : tp), x.n_dense++;
     }
+    return x;
 }
 
 int ep_report_parameters(const llama_plan *p, llama_model *m, double param_bytes) {
     const llama_dims *d = &m->d;
     const llama_config *c = &m->c;
-    double experts, dense, L = c->n_layers, E = d->E, k = d->k, D = d->D, Fe = d->Fe;
-    int n_dense;
-    split_counts(c, &experts, &dense, &n_dense);
-    double active = llama_active_parameter_count(c);
+    double L = c->n_layers, E = d->E, k = d->k, D = d->D, Fe = d->Fe;
+    param_split x = split_counts(c, p);
+    double experts = x.experts, dense = x.dense, active = llama_active_parameter_count(c);
     log0("parameters: %.0f in all, %.0f of them the experts' (3 L E D F_e = %.0f); active per token %.0f "
          "(outside the embedding; k of E experts: 6 x active = %.3g FLOPs a token, attention aside)\n",
          dense + experts, experts, 3 * L * E * D * Fe, active, 6 * active);
-    double ep = p->groups.ep ? p->groups.ep->size : 1;
     double R = d->R, N = d->N, per_layer = 4 * (R * (D + 3 * Fe) + N * k * D);
     /* what a layer keeps of the dispatch, as the allocator counts it: the rows received (x) and
      * their expert's a, b, g, and the outputs back (y) */
     unsigned dispatch = 1u << ACT_MOE_X | 1u << ACT_MOE_A | 1u << ACT_MOE_B | 1u << ACT_MOE_G | 1u << ACT_MOE_Y;
     memory_row rows[] = {
-        {"parameters", param_bytes, 4 * (dense + experts / ep), "4 (dense + 3 L E D F_e / ep)"},
+        {"parameters", param_bytes, 4 * (x.dense_held + x.experts_held),
+         "4 (dense whole, or / tp where tp splits it + 3 L E D F_e / ep)"},
         {"dispatch, one layer", (double)llama_layer_act_bytes_measured(d, dispatch), per_layer,
          d->capacity ? "4 (R (D + 3 F_e) + N k D), R = min(ep N min(k, E/ep), ep (E/ep) B C) rows at most"
                      : "4 (R (D + 3 F_e) + N k D), R = ep N min(k, E/ep) rows at most (dropless)"}};
@@ -103,21 +105,28 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     comm_group *ep = p->groups.ep;
     /* the gradients: the dense tensors' summed over every data rank, the experts' over the ranks
      * that hold the same ones (dp_replicate), one all-reduce a tensor */
-    double experts, dense, L = m->c.n_layers;
-    int n_dense;
-    split_counts(&m->c, &experts, &dense, &n_dense);
-    comm_group *batch = p->groups.batch, *replicate = p->groups.mesh->group[MESH_DP_REPLICATE];
-    comm_expectation expect[2];
-    comm_group *groups[2];
+    double L = m->c.n_layers;
+    param_split x = split_counts(&m->c, p);
+    comm_group *batch = p->groups.batch, *replicate = p->groups.mesh->group[MESH_DP_REPLICATE], *tp = p->groups.tp;
+    comm_expectation expect[3];
+    comm_group *groups[3];
     int n = 0, ng = 0;
     if (batch->size > 1) {
         groups[ng++] = batch;
-        expect[n++] = (comm_expectation){batch, COLL_ALL_REDUCE, n_dense, 4 * dense, "every dense tensor: 4 x its elements"};
+        expect[n++] = (comm_expectation){batch, COLL_ALL_REDUCE, x.n_dense, 4 * x.dense_held,
+                                         "every dense tensor's slice: 4 x its elements"};
     }
     if (replicate->size > 1) {
         groups[ng++] = replicate;
-        expect[n++] = (comm_expectation){replicate, COLL_ALL_REDUCE, 3 * L, 4 * experts / ep->size,
+        expect[n++] = (comm_expectation){replicate, COLL_ALL_REDUCE, 3 * L, 4 * x.experts_held,
                                          "3 L experts' tensors: 4 x 3 L E D F_e / ep"};
+    }
+    if (tp && tp->size > 1) {   /* chapter 01's f and g: attention's region, and the shared expert's */
+        double regions = m->c.moe.shared_expert ? 2 : 1, N = m->d.N, D = m->d.D;
+        groups[ng++] = tp;
+        expect[n++] = (comm_expectation){tp, COLL_ALL_REDUCE, 2 * regions * L, 2 * regions * L * N * D * 4,
+                                         m->c.moe.shared_expert ? "4 L x N D 4 (attention, shared expert)"
+                                                                : "2 L x N D 4 (attention's f and g)"};
     }
     int bad = ng ? report_communication(groups, ng, o->steps, expect, n) : 0;
     if (!ep || ep->size == 1) {

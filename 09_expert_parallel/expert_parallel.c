@@ -1,6 +1,8 @@
 /* expert_parallel.c: expert parallelism as a plan (expert_parallel.h). The dispatch and the
  * combine are the MoE block's (moe.c), which reads the plan's ep group; this file places the
- * tensors, splits the batch and reduces the gradients. */
+ * tensors, splits the batch and reduces the gradients. Applied over the single device's plan or
+ * chapter 01's tensor parallelism (the dense parts split over tp; each tp rank routes and runs
+ * the experts of its ep group alike). */
 #include <stdio.h>
 #include <stdlib.h>
 #include "comm.h"
@@ -8,6 +10,7 @@
 #include "model.h"
 
 typedef struct {
+    grad_reduce_ops below;           /* the reduction of an earlier technique (none yet), run first */
     comm_group *batch, *replicate;   /* every data rank; the ranks that hold the same experts */
     bool skip_expert_reduce;         /* the fault: experts' gradients not reduced over dp_replicate */
     unsigned block_faults;           /* the MoE block's (EP_FAULT_*)                               */
@@ -21,6 +24,7 @@ const plan_technique expert_parallel_technique = {"expert parallel", free_state}
 static void reduce_grads(void *state, const llama_plan *p, llama_model *m) {
     const ep_state *s = state;
     param_table *t = m->params;
+    if (s->below.reduce) s->below.reduce(s->below.state, p, m);
     for (int i = 0; i < t->n; i++) {
         bool expert = param_kind_is_expert(t->t[i].spec.kind);
         comm_group *g = expert ? s->replicate : s->batch;
@@ -40,7 +44,7 @@ void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_conf
     plan->groups.batch = s->batch;
     plan->groups.ep = mesh->group[MESH_DP_SHARD];
     plan->groups.expert_dims = MESH_BIT(MESH_DP_SHARD);
-    plan->reduce_grads = (grad_reduce_ops){s, reduce_grads};
+    plan_wrap(plan->reduce_grads, s->below, ((grad_reduce_ops){s, reduce_grads}));
 }
 
 /* ---- the mesh's rule ---- */
@@ -50,10 +54,10 @@ static const char *ep_divides(const mesh_rule *r, const mesh_view *v, char *why,
     int ep = v->s.dp_shard, dp = v->s.dp_replicate * ep;
     if (experts % ep)
         return mesh_refuse(why, len, "%s %d does not divide --experts %lld: each ep rank holds whole experts, "
-                           "%lld / ep of them", r->option ? "--ep" : "ep = NP =", ep, experts, experts);
+                           "%lld / ep of them", r->option ? "--ep" : "ep = NP / tp =", ep, experts, experts);
     if (batch % dp)
-        return mesh_refuse(why, len, "--batch %lld is not divisible by the %d data-parallel ranks (NP): each takes "
-                           "batch / NP sequences", batch, dp);
+        return mesh_refuse(why, len, "--batch %lld is not divisible by the %d data-parallel ranks (NP / tp): each "
+                           "takes batch / %d sequences", batch, dp, dp);
     return NULL;
 }
 mesh_rule ep_mesh_rule(const llama_config *c, long long batch, bool ep_given) {
@@ -64,7 +68,7 @@ mesh_rule ep_mesh_rule(const llama_config *c, long long batch, bool ep_given) {
 static const char *skip_expert_reduce(llama_plan *p) {
     ep_state *s = plan_state(p, &expert_parallel_technique);
     if (!s || s->replicate->size == 1)
-        return "skip-expert-reduce leaves out the experts' all-reduce over dp_replicate: it needs ep < NP";
+        return "skip-expert-reduce leaves out the experts' all-reduce over dp_replicate: it needs --ep below NP / tp";
     s->skip_expert_reduce = true;
     return NULL;
 }

@@ -2,8 +2,9 @@
  * exchange the tokens with all-to-alls (GShard; torchtitan's ExpertParallel; Megatron's alltoall
  * token dispatcher).
  *
- * The mesh is data-parallel, dp_replicate x dp_shard = NP ranks, each with its share of the batch
- * (B / NP sequences). The experts are split over dp_shard, the ep group (as torchtitan carves ep
+ * The mesh is data-parallel, dp_replicate x dp_shard ranks, each with its share of the batch
+ * (B / (dp_replicate dp_shard) sequences), times tp when chapter 01's tensor parallelism splits the
+ * dense parts (attention, the shared expert) inside each data rank. The experts are split over dp_shard, the ep group (as torchtitan carves ep
  * out of the data-parallel ranks): rank r of it holds experts [r E/ep, (r+1) E/ep) of every layer
  * and is sent every copy of a token, from any rank of its group, routed to one of them. Over
  * dp_replicate the experts are replicated (ep < NP).
@@ -26,12 +27,13 @@ C_BEGIN
 
 extern const plan_technique expert_parallel_technique;
 
-/* The mesh's rule: ep (dp_shard) divides --experts, and NP divides --batch (ep_given: --ep was on
- * the command line, else ep is NP, and the refusal names it so). */
+/* The mesh's rule: ep (dp_shard) divides --experts, and the data ranks divide --batch (ep_given:
+ * --ep was on the command line, else ep is NP / tp, and the refusal names it so). */
 mesh_rule ep_mesh_rule(const llama_config *c, long long batch, bool ep_given);
 
-/* Splits the experts over the mesh's dp_shard group and the batch over every rank; installs the
- * gradient reduction above. The plan is the single device's. */
+/* Splits the experts over the mesh's dp_shard group and the batch over the data ranks; installs
+ * the gradient reduction above, after any the plan already has. The plan is the single device's
+ * or chapter 01's (megatron_plan: the experts and the router stay whole on every tp rank). */
 void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c);
 
 /* The deliberate bugs (--fault), for the checks that prove the parity check catches them. The MoE

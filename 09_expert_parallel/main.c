@@ -21,12 +21,14 @@
 #include "mesh.h"
 #include "model.h"
 #include "run.h"
+#include "../01_transformer_tp/tp.h"
 #include "ep_report.h"
 #include "expert_parallel.h"
 #include "moe.h"
 
 static const char *usage =
-    "usage: 09 [flags]   (under mpirun: NP = dp_replicate x ep ranks, each with batch / NP sequences)\n"
+    "usage: 09 [flags]   (under mpirun: NP = dp_replicate x ep x tp ranks; each data rank takes\n"
+    "                     batch / (dp_replicate x ep) sequences)\n"
     "  --experts E          routed experts per layer (default 4)\n"
     "  --top-k K            experts per token (default 2)\n"
     "  --expert-dim F       each expert's hidden size (default 64)\n"
@@ -34,10 +36,11 @@ static const char *usage =
     "  --aux-alpha A        weight of the load-balancing loss (default 0.01)\n"
     "  --capacity-factor C  each expert takes at most ceil(C T k / E) copies of a sequence's tokens,\n"
     "                       the rest dropped (default: dropless)\n"
-    "  --ep P               ranks the experts are split over (default: NP); the rest replicate them\n";
+    "  --ep P               ranks the experts are split over (default: NP / tp); the rest replicate them\n"
+    "  --tp T               chapter 01's tensor parallelism of the dense parts (default 1)\n";
 
-enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_CAPACITY, OPT_EP };
-typedef struct { moe_config *moe; int ep; } chapter_options;
+enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_CAPACITY, OPT_EP, OPT_TP };
+typedef struct { moe_config *moe; int ep, tp; } chapter_options;
 static void chapter_flag(int code, const char *arg, void *ctx) {
     chapter_options *co = ctx;
     moe_config *x = co->moe;
@@ -47,7 +50,8 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     else if (code == OPT_SHARED) x->shared_expert = true;
     else if (code == OPT_AUX) x->aux_alpha = cli_float("--aux-alpha", arg, 0.0f, 100.0f);
     else if (code == OPT_CAPACITY) x->capacity_factor = cli_float("--capacity-factor", arg, 0.01f, 64.0f);
-    else co->ep = cli_int("--ep", arg, 1, 4096);
+    else if (code == OPT_EP) co->ep = cli_int("--ep", arg, 1, 4096);
+    else co->tp = cli_int("--tp", arg, 1, 4096);
 }
 
 int main(int argc, char **argv) {
@@ -60,31 +64,36 @@ int main(int argc, char **argv) {
         {"experts", required_argument, 0, OPT_EXPERTS}, {"top-k", required_argument, 0, OPT_TOP_K},
         {"expert-dim", required_argument, 0, OPT_EXPERT_DIM}, {"shared-expert", no_argument, 0, OPT_SHARED},
         {"aux-alpha", required_argument, 0, OPT_AUX}, {"capacity-factor", required_argument, 0, OPT_CAPACITY},
-        {"ep", required_argument, 0, OPT_EP}, {0, 0, 0, 0}};
-    chapter_options co = {.moe = &o.model.moe, .ep = 0};
+        {"ep", required_argument, 0, OPT_EP}, {"tp", required_argument, 0, OPT_TP}, {0, 0, 0, 0}};
+    chapter_options co = {.moe = &o.model.moe, .ep = 0, .tp = 1};
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     char why[256];
     if (moe_config_check(&o.model, why, sizeof why)) comm_exit_usage("%s", why);
     o.model.layer = moe_layer_for(&o.model);   /* the baseline's layer too */
     const llama_config *c = &o.model;
 
-    /* ---- mesh: dp_replicate x dp_shard, the experts split over dp_shard (ep) ---- */
+    /* ---- mesh: dp_replicate x dp_shard x tp, the experts split over dp_shard (ep) ---- */
     mesh_requirements needs = {0};
+    mesh_require(&needs, tp_mesh_rule(c));
     mesh_require(&needs, ep_mesh_rule(c, o.batch, co.ep != 0));
-    int world = comm_world()->size, ep = co.ep ? co.ep : world;
-    if (world % ep) comm_exit_usage("--ep %d does not divide the %d ranks (NP): NP = dp_replicate x ep", ep, world);
-    device_mesh *mesh = mesh_create((mesh_shape){.dp_replicate = MESH_REST, .dp_shard = ep}, &needs);
+    int world = comm_world()->size;
+    if (world % co.tp) comm_exit_usage("--tp %d does not divide the %d ranks (NP)", co.tp, world);
+    int ep = co.ep ? co.ep : world / co.tp;
+    if ((world / co.tp) % ep)
+        comm_exit_usage("--ep %d does not divide the %d data ranks (NP / tp): NP = dp_replicate x ep x tp", ep,
+                        world / co.tp);
+    device_mesh *mesh = mesh_create((mesh_shape){.dp_replicate = MESH_REST, .dp_shard = ep, .tp = co.tp}, &needs);
 
-    /* ---- the plan: the single device's, the experts and the batch split ---- */
-    llama_plan plan = plan_single_device();
+    /* ---- the plan: chapter 01's inside each data rank (when tp > 1), the experts and the batch split ---- */
+    llama_plan plan = tensor_parallel_or_single(mesh, c);
     expert_parallel_apply(&plan, mesh, c);
     run_apply_fault(&o, &plan);
     llama_model *model = run_model(&o, &plan);   /* refuses up front what cannot fit */
     const llama_dims *d = &model->d;
     double param_bytes = mem_current(MEM_PARAMS);
 
-    log0("chapter 09: mixture of experts, %d experts, top-%d, ep %d x dp_replicate %d, backend %s\n", d->E, d->k,
-         mesh->shape.dp_shard, mesh->shape.dp_replicate, device_backend_name());
+    log0("chapter 09: mixture of experts, %d experts, top-%d, dp_replicate %d x ep %d x tp %d, backend %s\n", d->E,
+         d->k, mesh->shape.dp_replicate, mesh->shape.dp_shard, mesh->shape.tp, device_backend_name());
     plan_describe(&plan);   /* which technique installed which operator; the groups */
     log0("model: dim %d, %d layers, %d heads (%d kv), experts %d x hidden %d%s, vocab %d; global batch %d x %d "
          "tokens, %d per rank\n", c->dim, c->n_layers, c->n_heads, c->n_kv_heads, d->E, d->Fe,
