@@ -2,31 +2,46 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "comm.h"
 #include "device.h"
 #include "ep_report.h"
+#include "files.h"
 #include "log.h"
 #include "parity.h"
 #include "report.h"
 
-int ep_report_load(const llama_plan *p, llama_model *m) {
+/* The last forward's copies per expert load[E] and dropped, summed over the layers and the data
+ * ranks (the counts every layer saved: what this rank sent); returns their total. */
+static double last_load(const llama_plan *p, llama_model *m, double *load, double *dropped) {
     const llama_dims *d = &m->d;
     int E = d->E, L = m->c.n_layers;
-    double *load = calloc((size_t)E, sizeof *load), dropped = 0;
     float *counts = malloc((2 * (size_t)E + 1) * sizeof(float));
-    for (int l = 0; l < L; l++) {   /* the saved counts of the last forward: what this rank sent */
+    *dropped = 0;
+    for (int e = 0; e < E; e++) load[e] = 0;
+    for (int l = 0; l < L; l++) {
         device_copy_to_host(counts, m->saved->layers[l].moe_counts, (2 * (size_t)E + 1) * sizeof(float));
         for (int e = 0; e < E; e++) load[e] += counts[e];
-        dropped += counts[2 * E];
+        *dropped += counts[2 * E];
     }
+    free(counts);
     comm_group *batch = p->groups.batch;
-    double total = 0, most = 0;
+    double total = 0;
     for (int e = 0; e < E; e++) {
         if (batch) load[e] = comm_host_sum(batch, load[e]);
         total += load[e];
-        most = fmax(most, load[e]);
     }
-    if (batch) dropped = comm_host_sum(batch, dropped);
+    if (batch) *dropped = comm_host_sum(batch, *dropped);
+    return total;
+}
+
+int ep_report_load(const llama_plan *p, llama_model *m) {
+    const llama_dims *d = &m->d;
+    int E = d->E, L = m->c.n_layers;
+    double *load = calloc((size_t)E, sizeof *load), dropped, most = 0;
+    double total = last_load(p, m, load, &dropped);
+    comm_group *batch = p->groups.batch;
+    for (int e = 0; e < E; e++) most = fmax(most, load[e]);
     double mean = total / E, want = (double)d->N * (batch ? batch->size : 1) * d->k * L;
     log0("expert load, last step: tokens per expert over %d layers (balanced: N k L / E = %.0f each)\n", L, want / E);
     for (int e = 0; e < E; e++)
@@ -43,8 +58,48 @@ int ep_report_load(const llama_plan *p, llama_model *m) {
         parity_fail(what);
     }
     free(load);
-    free(counts);
     return bad;
+}
+
+struct ep_load_log {
+    const llama_plan *p;
+    llama_model *m;
+    FILE *csv;          /* world rank 0's; NULL elsewhere */
+    double *load;
+    double a2a_seconds; /* the ep group's all-to-all seconds so far (its counters are cumulative) */
+};
+
+ep_load_log *ep_load_log_open(const llama_plan *p, llama_model *m, const char *path) {
+    ep_load_log *log = calloc(1, sizeof *log);
+    log->p = p;
+    log->m = m;
+    log->load = calloc((size_t)m->d.E, sizeof *log->load);
+    char header[64 + 16 * 256] = "step", *h = header + strlen(header);
+    for (int e = 0; e < m->d.E && e < 256; e++) h += sprintf(h, ",expert_%d", e);
+    strcat(h, ",dropped,imbalance,all_to_all_ms,step_ms");
+    log->csv = csv_open(path, header);
+    return log;
+}
+
+void ep_load_log_step(ep_load_log *log, const run_step_result *r) {
+    double dropped, total = last_load(log->p, log->m, log->load, &dropped), most = 0;
+    int E = log->m->d.E;
+    for (int e = 0; e < E; e++) most = fmax(most, log->load[e]);
+    comm_group *ep = log->p->groups.ep;
+    double a2a = ep ? ep->stats[COLL_ALL_TO_ALL].seconds : 0, spent = a2a - log->a2a_seconds;
+    log->a2a_seconds = a2a;
+    if (!log->csv) return;
+    char row[16 * 256 + 128], *x = row;
+    x += sprintf(x, "%d", r->step);
+    for (int e = 0; e < E && e < 256; e++) x += sprintf(x, ",%.0f", log->load[e]);
+    sprintf(x, ",%.0f,%.4f,%.3f,%.3f", dropped, total > 0 ? most / (total / E) : 0, 1e3 * spent, 1e3 * r->fb_seconds);
+    csv_row(log->csv, "%s", row);
+}
+
+void ep_load_log_close(ep_load_log *log) {
+    if (log->csv) csv_close(log->csv);
+    free(log->load);
+    free(log);
 }
 
 /* The elements of the experts' weights and of everything else, in the whole model and as this
@@ -150,6 +205,7 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     log0("  all_to_all   calls %6.0f per rank  (formula %s = %.0f)\n", calls, calls_formula, want_calls);
     log0("  all_to_all   bytes %10.0f  (formula %s = %.0f%s)\n", bytes, bytes_formula, want_bytes,
          capped ? ", with nothing dropped: a bound" : "");
+    log0("  all_to_all   time  %8.1f ms per step on rank 0 (waiting for the others included)\n", 1e3 * s->seconds / steps);
     int wrong = (calls != want_calls) + (capped ? bytes > want_bytes : bytes != want_bytes);
     bad += wrong;
     if (wrong) {

@@ -20,4 +20,14 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
  * this rank's experts may receive, dropless) beside theirs. Returns the number of mismatches. */
 int ep_report_parameters(const llama_plan *p, llama_model *m, double param_bytes);
 
+/* Each step's expert load, as OUT/expert_load.csv written by world rank 0: step, the tokens each
+ * expert received (summed over the layers and ranks), the copies dropped, the imbalance (max /
+ * mean), and rank 0's time in the ep group's all-to-alls and its step time (ms). Open after
+ * run_loop_begin (which resets the communication counters); ep_load_log_step after each run_step,
+ * whose forward's counts the layers still hold. Collective over the world. */
+typedef struct ep_load_log ep_load_log;
+ep_load_log *ep_load_log_open(const llama_plan *p, llama_model *m, const char *path);
+void ep_load_log_step(ep_load_log *log, const run_step_result *r);
+void ep_load_log_close(ep_load_log *log);
+
 C_END

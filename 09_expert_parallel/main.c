@@ -5,14 +5,17 @@
  * ep ranks (expert_parallel.h), which are also data-parallel ranks: each routes its own tokens,
  * sends every copy to the rank that holds its expert with an all-to-all, and gets the outputs
  * back with another. Rank 0 trains the single-device baseline, every expert on one device, beside
- * it on the same batches (--check) and compares every step. The run ends with the experts' load
- * and the all-to-all traffic beside their formulas.
+ * it on the same batches (--check) and compares every step, and writes each step's expert load
+ * to OUT/expert_load.csv. The run ends with the parameters, the experts' load and the traffic
+ * beside their formulas.
  *
  *   make run-09                                   ep 2 (NP=2): 4 experts, top-2
  *   make run-09 NP=4 ARGS="--experts 8 --top-k 1" Switch-style routing over 4 ranks
  *   make run-09 NP=4 ARGS="--ep 2"                experts over 2 ranks, replicated over 2
- *   make check-09                                 ep 1, 2, 4; top-1 and top-2; the shared expert; the bugs
+ *   make check-09                                 ep 1, 2, 4, 8; top-1 and top-2; tp; a capacity; the bugs
+ *   make plot-09                                  the load over the steps with and without the balancing loss
  */
+#include <math.h>
 #include <stdio.h>
 #include "cli.h"
 #include "comm.h"
@@ -105,11 +108,23 @@ int main(int argc, char **argv) {
         log0("per rank: %d of %d experts (from expert %d); at most %zu rows reach them per layer (dropless)\n", d->El,
              d->E, d->e0, d->R);
 
-    /* ---- train, with the baseline beside it ---- */
-    char path[512], label[64];
+    /* ---- train, with the baseline beside it; each step's expert load and all-to-all time into
+     * OUT/expert_load.csv (plot.gp draws it) ---- */
+    char path[512], load_path[512], label[64];
     snprintf(path, sizeof path, "%s/loss_e%d_k%d_ep%d.csv", o.out_dir, d->E, d->k, mesh->shape.dp_shard);
+    snprintf(load_path, sizeof load_path, "%s/expert_load.csv", o.out_dir);
     snprintf(label, sizeof label, "moe E%d k%d ep%d", d->E, d->k, mesh->shape.dp_shard);
-    run_clock clock = run_train(&o, model, label, path);
+    run_loop loop = run_loop_begin(&o, model, run_baseline_create(&o, NULL, false), label, path);
+    ep_load_log *log = ep_load_log_open(&plan, model, load_path);
+    for (int step = 1; step <= o.steps; step++) {
+        run_synthetic_batch(&loop, step);
+        run_step_result r = run_step(&loop, step, NAN);
+        ep_load_log_step(log, &r);   /* the load of this step's forward, before anything else runs */
+        run_step_check(&loop, &r);
+        run_update(&loop, &r);
+    }
+    run_clock clock = run_loop_end(&loop);
+    ep_load_log_close(log);
 
     /* ---- measured beside the formulas ---- */
     log0("\n");

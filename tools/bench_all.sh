@@ -23,6 +23,10 @@
 #   06 ring, all-gather, all-to-all (zigzag) and ring (contiguous) at cp 2       bound 2
 #      goal >= 1.7x ring and all-gather zigzag, >= 1.6x all-to-all
 #   08 the meshes of make bench-08 on 8 ranks (2 cores: bound 2)   goal >= 1.7x --dp-shard 8, >= 1.2x the others
+#   09 ep 2 (a mixture of experts whose experts hold most of the FLOPs: 8 experts of hidden 1024,
+#      top-2, at dim 256) against one rank holding every expert    bound 2   goal >= 1.7x; the
+#      all-to-all's share of the 2-rank step (its time in the ep group's all-to-alls) printed after
+#      the table
 #   03 --async-tp against blocking sequence parallelism at tp 2: speed-up of async over blocking,
 #      bound = blocking step / (blocking step - its time in communication calls): every transfer
 #      hidden. No goal (informative).
@@ -49,7 +53,7 @@ mpirun=${MPIRUN_BASE:-$here/mpirun_base.sh}
 # Open MPI's single-copy CMA where it works (tools/bench_lib.sh, with_single_copy)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 mpirun=$(with_single_copy "$mpirun" "$build/01" 2>"$tmp/transport"); transport=$(cat "$tmp/transport")
-reps=${REPS:-3}; steps=${STEPS:-3}; steps08=${STEPS08:-6}; only=${ONLY:-01,03,04,05,06,08}
+reps=${REPS:-3}; steps=${STEPS:-3}; steps08=${STEPS08:-6}; only=${ONLY:-01,03,04,05,06,08,09}
 mkdir -p out/bench
 
 big="--dim 512 --n-layers 4 --n-heads 8 --n-kv-heads 8 --ffn-dim 1408 --seq-len 256 --batch 8"
@@ -57,6 +61,7 @@ pp="--dim 256 --n-layers 8 --ffn-dim 704 --seq-len 30 --batch 8 --microbatches 8
 cp="--dim 256 --n-layers 4 --seq-len 512 --batch 2"
 sp="--dim 256 --n-layers 4 --seq-len 512 --batch 2"
 trainer="--dim 256 --n-layers 4 --n-heads 4 --n-kv-heads 2 --ffn-dim 704 --seq-len 128 --batch 16 --eval-every 0"
+moe="--dim 256 --n-layers 4 --n-heads 4 --n-kv-heads 4 --experts 8 --top-k 2 --expert-dim 1024 --seq-len 256 --batch 8"
 
 # One case per line: key|chapter|ranks|flags|baseline key (the case it is compared with)|bound|goal|label
 # bound: a number, or "pp" (P (1 - the run's theory bubble)), or "hide" (03's, from the baseline's
@@ -93,9 +98,12 @@ add tcp   08 8 "$trainer --dp-shard 2 --cp 2 --tp 2"     t1    2    ">=1.2" "08 
 add tpcp  08 8 "$trainer --pp 2 --cp 2 --tp 2"           t1    2    ">=1.2" "08 --pp 2 --cp 2 --tp 2"
 add thsdp 08 8 "$trainer --dp-replicate 2 --dp-shard 2 --tp 2" t1 2 ">=1.2" "08 --dp-replicate 2 --dp-shard 2 --tp 2"
 
+add ep1   09 1 "$moe"                                    -     -    -      "09 one rank, every expert"
+add ep2   09 2 "$moe"                                    ep1   2    ">=1.7" "09 ep 2"
+
 start_load=$(cut -d' ' -f1-3 /proc/loadavg); started=$(date '+%Y-%m-%d %H:%M')
 
-declare -A ms comm theory gathered
+declare -A ms comm theory gathered a2a
 for rep in $(seq "$reps"); do
     for c in "${cases[@]}"; do
         IFS='|' read -r key ch np flags base bound goal label <<<"$c"
@@ -111,6 +119,7 @@ for rep in $(seq "$reps"); do
         gathered[$key]=$(echo "$out" | awk '$1 == "dp_shard" && $2 == "all_gather" { print $4, $5; exit }')
         comm[$key]+="$(echo "$out" | sed -nE 's/^time per step: .*communication ([0-9.]+) ms.*/\1/p') "
         theory[$key]=$(echo "$out" | sed -nE 's/^bubble of the last step.*theory ([0-9.]+)%.*/\1/p')
+        a2a[$key]+="$(echo "$out" | sed -nE 's/^  all_to_all   time +([0-9.]+) ms per step.*/\1/p') "
     done
 done
 end_load=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -142,6 +151,9 @@ for c in "${cases[@]}"; do
 done
 if [ -n "${gathered[fsdp]:-}" ] && [ -n "${gathered[fsdpb]:-}" ]; then
     echo "04 fsdp's all-gather payload per step (traffic table): fp32 ${gathered[fsdp]}, --dtype bf16 ${gathered[fsdpb]} (the linears' weights 2 bytes an element)"
+fi
+if [ -n "${a2a[ep2]:-}" ]; then
+    echo "09 ep 2: the ep group's all-to-alls took $(median ${a2a[ep2]}) ms of its $(median ${ms[ep2]}) ms step (rank 0, waiting for the other rank included)"
 fi
 echo "reference: the one-rank run of the same binary and global batch (03: blocking SP); speed-up = reference / ms/step;"
 echo "of bound = speed-up / bound."
