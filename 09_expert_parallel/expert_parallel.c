@@ -6,11 +6,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include "comm.h"
+#include "device.h"
 #include "expert_parallel.h"
 #include "model.h"
 
 typedef struct {
     grad_reduce_ops below;           /* the reduction of an earlier technique (none yet), run first */
+    expert_exchange_ops exchange;    /* the faults' wrappers call the exchange they wrap           */
+    comm_group *ep;                  /* the ranks the experts are split over                       */
     comm_group *batch, *replicate;   /* every data rank; the ranks that hold the same experts */
     bool skip_expert_reduce;         /* the fault: experts' gradients not reduced over dp_replicate */
     unsigned block_faults;           /* the MoE block's (EP_FAULT_*)                               */
@@ -33,6 +36,34 @@ static void reduce_grads(void *state, const llama_plan *p, llama_model *m) {
     }
 }
 
+/* ---- the token exchange (plan.h's expert_exchange_ops) ---- */
+
+/* recv[q*El + e] = rank q's count for this rank's expert e: one all-to-all of El counts a peer
+ * (exact integers in floats). */
+static void exchange_counts(void *state, const llama_plan *p, size_t *recv, const size_t *send, int E) {
+    const ep_state *s = state;
+    float *dev = device_alloc_floats(2 * (size_t)E, MEM_BUFFERS), *host = malloc((size_t)E * sizeof(float));
+    for (int e = 0; e < E; e++) host[e] = (float)send[e];
+    device_copy_to_device(dev, host, (size_t)E * sizeof(float));
+    comm_all_to_all(s->ep, dev, dev + E, (size_t)E / s->ep->size);
+    device_copy_to_host(host, dev + E, (size_t)E * sizeof(float));
+    for (int e = 0; e < E; e++) recv[e] = (size_t)host[e];
+    free(host);
+    device_free(dev);
+}
+
+/* The rows, send_rows[q] of `width` floats to rank q, recv_rows[q] from it: one all-to-all with
+ * counts (in floats) over the ep group. */
+static void exchange_rows(void *state, const llama_plan *p, float *recv, const size_t *recv_rows, const float *send,
+                          const size_t *send_rows, int width) {
+    const ep_state *s = state;
+    size_t P = (size_t)s->ep->size, sent[P], got[P];
+    /* BEGIN ASSIGNMENT: the rows' all-to-all with counts over the ep group (comm_all_to_all_v, comm.h): send_rows[q] rows of `width` floats go to rank q, recv_rows[q] come from it */
+    for (size_t q = 0; q < P; q++) sent[q] = send_rows[q] * (size_t)width, got[q] = recv_rows[q] * (size_t)width;
+    comm_all_to_all_v(s->ep, send, sent, recv, got);
+    /* END ASSIGNMENT */
+}
+
 void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c) {
     (void)c;
     ep_state *s = calloc(1, sizeof *s);
@@ -42,8 +73,9 @@ void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_conf
     s->replicate = mesh->group[MESH_DP_REPLICATE];
     plan->groups.mesh = mesh;
     plan->groups.batch = s->batch;
-    plan->groups.ep = mesh->group[MESH_DP_SHARD];
+    plan->groups.ep = s->ep = mesh->group[MESH_DP_SHARD];
     plan->groups.expert_dims = MESH_BIT(MESH_DP_SHARD);
+    plan->experts = (expert_exchange_ops){s, exchange_counts, exchange_rows};
     plan_wrap(plan->reduce_grads, s->below, ((grad_reduce_ops){s, reduce_grads}));
 }
 
@@ -81,12 +113,44 @@ static const char *block_fault(llama_plan *p, unsigned which) {
     s->block_faults |= which;
     return NULL;
 }
-static const char *drop_chunk(llama_plan *p) { return block_fault(p, EP_FAULT_DROP_CHUNK); }
 static const char *no_gates(llama_plan *p) { return block_fault(p, EP_FAULT_NO_GATES); }
 static const char *skip_aux_grad(llama_plan *p) { return block_fault(p, EP_FAULT_SKIP_AUX_GRAD); }
-static const char *wrong_counts(llama_plan *p) { return block_fault(p, EP_FAULT_WRONG_COUNTS); }
+
+/* The exchange's own bugs wrap the operator: the first non-empty chunk an exchange delivers is
+ * zeroed; the counts of each peer are read for this rank's experts in reverse order (the totals
+ * per peer unchanged, so the rows' all-to-all still matches its sizes). */
+static void dropping_rows(void *state, const llama_plan *p, float *recv, const size_t *recv_rows, const float *send,
+                          const size_t *send_rows, int width) {
+    const ep_state *s = state;
+    s->exchange.rows(s->exchange.state, p, recv, recv_rows, send, send_rows, width);
+    for (int q = 0, off = 0; q < s->ep->size; off += (int)recv_rows[q], q++)
+        if (recv_rows[q]) {
+            device_zero(recv + (size_t)off * width, recv_rows[q] * (size_t)width * sizeof(float));
+            break;
+        }
+}
+static void reversed_counts(void *state, const llama_plan *p, size_t *recv, const size_t *send, int E) {
+    const ep_state *s = state;
+    s->exchange.counts(s->exchange.state, p, recv, send, E);
+    int El = E / s->ep->size;
+    for (int q = 0; q < s->ep->size; q++)
+        for (int e = 0; e < El / 2; e++) {
+            size_t *a = &recv[q * El + e], *b = &recv[q * El + El - 1 - e], t = *a;
+            *a = *b, *b = t;
+        }
+}
+static const char *drop_chunk(llama_plan *p) {
+    ep_state *s = plan_state(p, &expert_parallel_technique);
+    plan_wrap(p->experts, s->exchange, ((expert_exchange_ops){s, p->experts.counts, dropping_rows}));
+    return NULL;
+}
+static const char *wrong_counts(llama_plan *p) {
+    ep_state *s = plan_state(p, &expert_parallel_technique);
+    plan_wrap(p->experts, s->exchange, ((expert_exchange_ops){s, reversed_counts, p->experts.rows}));
+    return NULL;
+}
 const plan_fault expert_parallel_faults[] = {
-    {"drop-chunk", "the first chunk of tokens each rank's experts receive is zeroed", drop_chunk},
+    {"drop-chunk", "the first chunk of rows each exchange delivers is zeroed", drop_chunk},
     {"no-gates", "the combine adds a token's expert outputs without their gate weights", no_gates},
     {"skip-aux-grad", "the load-balancing loss's gradient is left out of the router's", skip_aux_grad},
     {"wrong-counts", "the received counts are read for the local experts in reverse order", wrong_counts},

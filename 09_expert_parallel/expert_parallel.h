@@ -36,14 +36,13 @@ mesh_rule ep_mesh_rule(const llama_config *c, long long batch, bool ep_given);
  * or chapter 01's (megatron_plan: the experts and the router stay whole on every tp rank). */
 void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c);
 
-/* The deliberate bugs (--fault), for the checks that prove the parity check catches them. The MoE
- * block asks which of its own are on (a plan without expert parallelism, the baseline's, has none). */
+/* The deliberate bugs (--fault), for the checks that prove the parity check catches them. Those of
+ * the exchange wrap the plan's operator; the MoE block asks which of its own are on (a plan
+ * without expert parallelism, the baseline's, has none). */
 extern const plan_fault expert_parallel_faults[];
 enum {
-    EP_FAULT_DROP_CHUNK = 1,        /* the first chunk a rank's experts receive is zeroed               */
-    EP_FAULT_NO_GATES = 2,          /* the combine adds the copies with weight 1, not their gates       */
-    EP_FAULT_SKIP_AUX_GRAD = 4,     /* the load-balancing loss's gradient is left out                   */
-    EP_FAULT_WRONG_COUNTS = 8,      /* the received counts read in the wrong order of the local experts */
+    EP_FAULT_NO_GATES = 1,          /* the combine adds the copies with weight 1, not their gates       */
+    EP_FAULT_SKIP_AUX_GRAD = 2,     /* the load-balancing loss's gradient is left out                   */
 };
 unsigned expert_parallel_faults_on(const llama_plan *p);
 

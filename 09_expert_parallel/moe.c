@@ -5,16 +5,16 @@
  * buffer in the dispatch's order: expert by expert (so rank by rank, the experts of a rank being
  * consecutive), the tokens in order within an expert. slot[t*k + j] is copy (t, j)'s row there.
  *
- * One layer's forward, the collectives marked (ep: the plan's expert-parallel group, P ranks; on
- * one device each is a copy):
+ * One layer's forward; the exchanges are the plan's (expert_exchange_ops: all-to-alls over the ep
+ * group of P ranks under expert parallelism, copies on one device):
  *   router     logits [N, E] = m W_r^T; probs = softmax                   (the plan's linear)
  *   route      top-k, gates, slot and the counts per expert, on the host (moe_route)
  *   dispatch   send [N*k, D] = m[token of each row]                          (moe_gather_rows)
- *              counts: all-to-all, El counts per peer
- *              rows:   all-to-all with counts -> moe_x [rows, D]
+ *              counts: to every expert's rank                              (experts.counts)
+ *              rows:   to the experts' ranks -> moe_x [rows, D]             (experts.rows)
  *   experts    for each source rank q and local expert e, its rows' chunk:
  *              a = x w1_e^T, b = x w3_e^T, g = silu(a) * b, y = g w2_e^T     (the plan's linear)
- *   combine    rows back: all-to-all with counts -> moe_y [N*k, D] in slot order
+ *   combine    rows back -> moe_y [N*k, D] in slot order                   (experts.rows)
  *              h_out += sum_j gate * moe_y[slot]                             (moe_combine)
  * The backward runs the same steps in reverse: the combine's backward gives each copy's
  * gradient (gate * dh) and each gate's (dh . y); they travel to the experts, through the experts'
@@ -24,7 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "comm.h"
 #include "device.h"
 #include "expert_parallel.h"
 #include "kernels.h"
@@ -157,57 +156,32 @@ static void route_load(route *r, const llama_dims *d, const llama_layer_acts *a)
     free(f);
 }
 
-/* ---- the exchanges with the experts' ranks ---------------------------------------------------- */
+/* ---- the exchanges with the experts' ranks (the plan's expert_exchange_ops) ------------------ */
 
 /* Rows per peer rank of the ep group: to[q] = sum of counts[q*El .. q*El + El) (an expert-major
- * [P][El] table: the sends' per_expert, the receives' recv), times `width` floats a row. */
-static void rows_per_rank(size_t *to, const size_t *counts, const llama_dims *d, size_t width) {
+ * [P][El] table: the sends' per_expert, the receives' recv). */
+static void rows_per_rank(size_t *to, const size_t *counts, const llama_dims *d) {
     for (int q = 0; q < d->ep; q++) {
         to[q] = 0;
-        for (int e = 0; e < d->El; e++) to[q] += counts[(size_t)q * d->El + e] * width;
+        for (int e = 0; e < d->El; e++) to[q] += counts[(size_t)q * d->El + e];
     }
 }
 
-/* The counts: r->recv[q*El + e] = what rank q sends to this rank's expert e (its per_expert of
- * global expert e0 + e). One all-to-all of El counts per peer; on one device a copy. */
+/* The counts: r->recv[q*El + e] = what rank q sends to this rank's expert e. */
 static void exchange_counts(const llama_plan *p, route *r, const llama_dims *d) {
-    if (!p->groups.ep) {
-        memcpy(r->recv, r->per_expert, (size_t)d->E * sizeof *r->recv);
-        return;
-    }
-    float *send = device_alloc_floats((size_t)d->E, MEM_BUFFERS), *recv = device_alloc_floats((size_t)d->E, MEM_BUFFERS);
-    float *host = malloc((size_t)d->E * sizeof(float));
-    for (int e = 0; e < d->E; e++) host[e] = (float)r->per_expert[e];
-    device_copy_to_device(send, host, (size_t)d->E * sizeof(float));
-    comm_all_to_all(p->groups.ep, send, recv, (size_t)d->El);
-    device_copy_to_host(host, recv, (size_t)d->E * sizeof(float));
-    for (int e = 0; e < d->E; e++) r->recv[e] = (size_t)host[e];
-    if (expert_parallel_faults_on(p) & EP_FAULT_WRONG_COUNTS)   /* the deliberate bug: each peer's in reverse */
-        for (int q = 0; q < d->ep; q++)
-            for (int e = 0; e < d->El; e++) r->recv[(size_t)q * d->El + e] = (size_t)host[(size_t)q * d->El + d->El - 1 - e];
-    free(host);
-    device_free(send);
-    device_free(recv);
+    p->experts.counts(p->experts.state, p, r->recv, r->per_expert, d->E);
 }
 
-/* Rows between the tokens' side (tokens_side [N*k, D], dispatch order) and the experts' side
- * (experts_side [rows received, D], [q][e] order): to the experts (forward dispatch, backward of
- * the combine) or back (the combine, the dispatch's backward). One all-to-all with counts. */
+/* Rows between the tokens' side (tokens_side [kept copies, D], dispatch order) and the experts'
+ * side (experts_side [rows received, D], [q][e] order): to the experts (the forward's dispatch,
+ * the backward of the combine) or back (the combine, the dispatch's backward). */
 static void exchange_rows(const llama_plan *p, const route *r, const llama_dims *d, float *tokens_side,
                           float *experts_side, bool to_experts) {
-    size_t D = (size_t)d->D, P = (size_t)d->ep, sent[P], got[P];
-    rows_per_rank(sent, r->per_expert, d, D);
-    rows_per_rank(got, r->recv, d, D);
-    if (!p->groups.ep) {   /* one device: the same rows in the same order */
-        size_t n = sent[0] * sizeof(float);
-        if (to_experts) device_copy(experts_side, tokens_side, n);
-        else device_copy(tokens_side, experts_side, n);
-        return;
-    }
-    /* BEGIN ASSIGNMENT: the rows' all-to-all with counts over the ep group (comm_all_to_all_v, comm.h): to the experts, tokens_side's rows go out, sent[q] floats to rank q, and experts_side receives got[q] from rank q; back, the other way round */
-    if (to_experts) comm_all_to_all_v(p->groups.ep, tokens_side, sent, experts_side, got);
-    else comm_all_to_all_v(p->groups.ep, experts_side, got, tokens_side, sent);
-    /* END ASSIGNMENT */
+    size_t sent[d->ep], got[d->ep];
+    rows_per_rank(sent, r->per_expert, d);
+    rows_per_rank(got, r->recv, d);
+    if (to_experts) p->experts.rows(p->experts.state, p, experts_side, got, tokens_side, sent, d->D);
+    else p->experts.rows(p->experts.state, p, tokens_side, sent, experts_side, got, d->D);
 }
 
 /* ---- the experts, chunk by chunk -------------------------------------------------------------- */
@@ -358,10 +332,6 @@ static void moe_forward(const layer_pass *x) {
     moe_gather_rows(m->dmoe_y, a->ffn_xn, r.token_dev, (int)((size_t)N * k - r.dropped), D);
     exchange_rows(p, &r, d, m->dmoe_y, a->moe_x, true);
     unsigned fault = expert_parallel_faults_on(p);
-    if (fault & EP_FAULT_DROP_CHUNK) {   /* the deliberate bug: the first non-empty chunk lost */
-        chunk c[E];
-        if (chunks_of(c, &r, d) > 0) device_zero(a->moe_x + c[0].off * D, c[0].n * D * sizeof(float));
-    }
     /* the experts, into dmoe_x; their outputs back (moe_y, slot order); the weighted combine */
     experts_forward(x, &r, m->dmoe_x);
     exchange_rows(p, &r, d, a->moe_y, m->dmoe_x, false);

@@ -87,6 +87,16 @@ static void local_out_backward(void *state, const llama_plan *p, const region_op
 const projection_ops proj_local = {.in_forward = local_in_forward, .in_backward = local_in_backward,
                                    .out_forward = local_out_forward, .out_backward = local_out_backward};
 
+/* Every expert on this rank: what it sends is what it receives. */
+static void local_counts(void *state, const llama_plan *p, size_t *recv, const size_t *send, int E) {
+    memcpy(recv, send, (size_t)E * sizeof *recv);
+}
+static void local_rows(void *state, const llama_plan *p, float *recv, const size_t *recv_rows, const float *send,
+                       const size_t *send_rows, int width) {
+    device_copy(recv, send, send_rows[0] * (size_t)width * sizeof(float));
+}
+const expert_exchange_ops expert_exchange_local = {NULL, local_counts, local_rows};
+
 /* Every rank holds its slices for good: the tensors are the table's, nothing to gather or free. */
 static void resident_acquire(void *state, const llama_plan *p, llama_model *m, int unit, bool backward,
                              unit_weights *w, unit_weights *g) {
@@ -113,6 +123,7 @@ llama_plan plan_single_device(void) {
     p.attention = attention_local;
     p.linear = linear_local;
     p.proj = proj_local;
+    p.experts = expert_exchange_local;
     p.weights = weights_resident;
     p.checkpoint.keep = ACT_KEEP_ALL;
     p.schedule.microbatches = 1;
@@ -127,7 +138,8 @@ typedef struct { const char *name; size_t offset, size; } plan_slot;
 #define SLOT(member) {#member, offsetof(llama_plan, member), sizeof(((llama_plan *)0)->member)}
 static const plan_slot slots[] = {
     SLOT(layout), SLOT(storage), SLOT(sequence), SLOT(region), SLOT(vocab), SLOT(loss), SLOT(attention),
-    SLOT(linear), SLOT(proj), SLOT(weights), SLOT(checkpoint), SLOT(reduce_grads), SLOT(optimizer), SLOT(schedule)};
+    SLOT(linear), SLOT(proj), SLOT(experts), SLOT(weights), SLOT(checkpoint), SLOT(reduce_grads), SLOT(optimizer),
+    SLOT(schedule)};
 _Static_assert(sizeof slots / sizeof *slots == PLAN_NSLOTS, "plan.h's PLAN_NSLOTS counts plan.c's slots");
 
 /* A slot's fingerprint: FNV-1a over its bytes (an installed operator changes its functions or
@@ -257,7 +269,9 @@ void plan_describe_text(const llama_plan *p, char *out, size_t len) {
     }
     bool rest = false;
     for (int k = 0; k < PLAN_NSLOTS; k++)
-        if (!touched[k]) {
+        /* (the experts' exchange is named only where a technique installed it: a dense model has no
+         * experts, and its line reads as it did before chapter 09) */
+        if (!touched[k] && strcmp(slots[k].name, "experts") != 0) {
             if (!rest) put(&t, "  %-18s", "single device");
             put(&t, " %s", slots[k].name);
             rest = true;

@@ -167,6 +167,22 @@ typedef struct {
                          const float *dy_local, const float *x, const proj_linear *lin, proj_rows r);
 } projection_ops;
 
+/* A mixture-of-experts layer's token exchange (chapter 09): each rank routes its own tokens, and
+ * every copy goes to the rank that holds its expert and comes back. The MoE block calls
+ *   counts  recv[q*El + e] (=) = the copies rank q sends to this rank's expert e, from this rank's
+ *           send[E] (its copies to each expert, in expert order); El = E / the ranks
+ *   rows    send [rows, width], the rows for rank 0 first (send_rows[q] to rank q) -> recv, the
+ *           rows from rank 0 first (recv_rows[q] from rank q); the block sends its tokens' copies
+ *           to the experts, their outputs back, and the same two ways in the backward
+ * Single device (expert_exchange_local): the counts and the rows copied (every expert is here).
+ * Host arrays of counts, device buffers of rows. */
+typedef struct {
+    void *state;
+    void (*counts)(void *state, const llama_plan *p, size_t *recv, const size_t *send, int E);
+    void (*rows)(void *state, const llama_plan *p, float *recv, const size_t *recv_rows, const float *send,
+                 const size_t *send_rows, int width);
+} expert_exchange_ops;
+
 /* Weight access. Before a unit's forward (backward = false) or backward, acquire gives the
  * tensors' values (w) and where their gradients accumulate (g); release follows the unit's pass.
  * A unit is layer u for u < L, or the ends (tok_embeddings, norm, output) for u == L, acquired
@@ -279,7 +295,7 @@ typedef struct {
  * plan_describe can say which technique installed what (a technique pushes itself first, then
  * installs: design.md). */
 #define PLAN_MAX_TECHNIQUES 8
-#define PLAN_NSLOTS 14   /* layout, storage and the twelve operators (plan.c's slot table) */
+#define PLAN_NSLOTS 15   /* layout, storage and the thirteen operators (plan.c's slot table) */
 typedef struct {
     int n;
     struct {
@@ -305,6 +321,7 @@ struct llama_plan {
     attention_ops attention;
     linear_ops linear;
     projection_ops proj;           /* the projection groups: the region's boundary and its linears */
+    expert_exchange_ops experts;   /* a mixture of experts' token exchange (09)                   */
     weight_ops weights;
     checkpoint_ops checkpoint;
     grad_reduce_ops reduce_grads;
@@ -357,6 +374,7 @@ extern const loss_ops loss_local;           /* cross_entropy_forward / backward 
 extern const attention_ops attention_local; /* attention_forward / backward                         */
 extern const linear_ops linear_local;       /* linear_forward_in / backward_in, the site's precision */
 extern const projection_ops proj_local;     /* the region's operator, then the plan's linears        */
+extern const expert_exchange_ops expert_exchange_local;   /* every expert here: copies              */
 extern const weight_ops weights_resident;   /* views of the parameter table                          */
 
 /* One deliberate bug, for the checks that prove the parity check catches it: --fault NAME
