@@ -324,7 +324,9 @@ check-readme:
 	@python3 tools/readme_outputs.py --check --jobs 3 --build-root $(BUILD_ROOT)
 
 # ---------------------------------------------------------------- tests
-test: deps-check-test all
+# (the builds run one job per core, make -j or not: they are most of make test's first minutes)
+test: deps-check-test
+	@$(MAKE) --no-print-directory -j$(NPROC) all
 	@if [ -n "$(HAVE_NVCC)" ]; then echo "== make cuda (nvcc found at $(NVCC))"; \
 	 else echo "== nvcc not found: skipping the CUDA build (set CUDA_HOME to enable it)"; fi
 	@./tests/run_tests.sh $(BACKEND) "$(HAVE_NVCC)"

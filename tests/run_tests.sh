@@ -28,7 +28,7 @@ part() { local now; now=$(date +%s); parts="$parts, $1 $((now - t_part))"; t_par
 if [ -n "${TEST_CHAPTER:-}" ]; then
     :   # one chapter: its own tests only
 elif [ -n "$have_nvcc" ]; then
-    if make --no-print-directory cuda >"$tmp/cuda.txt" 2>&1; then pass "make cuda (nvcc, sm_75 + sm_80 + sm_90 + PTX, -Werror, linked)"
+    if make --no-print-directory -j"$(nproc 2>/dev/null || echo 1)" cuda >"$tmp/cuda.txt" 2>&1; then pass "make cuda (nvcc, sm_75 + sm_80 + sm_90 + PTX, -Werror, linked)"
     else fail "make cuda" "$tmp/cuda.txt"; fi
 else
     echo "skip  make cuda: nvcc not found"
