@@ -51,6 +51,17 @@ int ep_report_load(const llama_plan *p, llama_model *m) {
              100 * dropped / want, d->capacity);
     log0("  total %.0f%s = N k L = %.0f x %d x %d; imbalance max / mean = %.3f\n", total + dropped,
          d->capacity ? " with the dropped" : "", (double)d->N * (batch ? batch->size : 1), d->k, L, most / mean);
+    if (d->ep > 1) {   /* what each ep rank's experts computed: the busiest sets the pace of the exchange */
+        double busiest = 0;
+        log0("  per ep rank (its %d experts' copies, summed over the data ranks' replicas):", d->El);
+        for (int q = 0; q < d->ep; q++) {
+            double rows = 0;
+            for (int e = q * d->El; e < (q + 1) * d->El; e++) rows += load[e];
+            busiest = fmax(busiest, rows);
+            log0(" %.0f", rows);
+        }
+        log0("; max / mean = %.3f: the others wait for the busiest at the combine\n", busiest / (total / d->ep));
+    }
     int bad = total + dropped != want;
     if (bad) {
         char what[128];

@@ -103,7 +103,7 @@ add ep2   09 2 "$moe"                                    ep1   2    ">=1.7" "09 
 
 start_load=$(cut -d' ' -f1-3 /proc/loadavg); started=$(date '+%Y-%m-%d %H:%M')
 
-declare -A ms comm theory gathered a2a
+declare -A ms comm theory gathered a2a ranks_imbalance
 for rep in $(seq "$reps"); do
     for c in "${cases[@]}"; do
         IFS='|' read -r key ch np flags base bound goal label <<<"$c"
@@ -120,6 +120,7 @@ for rep in $(seq "$reps"); do
         comm[$key]+="$(echo "$out" | sed -nE 's/^time per step: .*communication ([0-9.]+) ms.*/\1/p') "
         theory[$key]=$(echo "$out" | sed -nE 's/^bubble of the last step.*theory ([0-9.]+)%.*/\1/p')
         a2a[$key]+="$(echo "$out" | sed -nE 's/^  all_to_all   time +([0-9.]+) ms per step.*/\1/p') "
+        ranks_imbalance[$key]=$(echo "$out" | sed -nE 's/^  per ep rank .*max \/ mean = ([0-9.]+):.*/\1/p')
     done
 done
 end_load=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -153,7 +154,8 @@ if [ -n "${gathered[fsdp]:-}" ] && [ -n "${gathered[fsdpb]:-}" ]; then
     echo "04 fsdp's all-gather payload per step (traffic table): fp32 ${gathered[fsdp]}, --dtype bf16 ${gathered[fsdpb]} (the linears' weights 2 bytes an element)"
 fi
 if [ -n "${a2a[ep2]:-}" ]; then
-    echo "09 ep 2: the ep group's all-to-alls took $(median ${a2a[ep2]}) ms of its $(median ${ms[ep2]}) ms step (rank 0, waiting for the other rank included)"
+    echo "09 ep 2: the ep group's all-to-alls took $(median ${a2a[ep2]}) ms of its $(median ${ms[ep2]}) ms step (rank 0, waiting for the other rank included);"
+    echo "  the busier rank's experts got ${ranks_imbalance[ep2]:-?} x the mean rank's copies (the router's load at these steps): the other waits at the combine"
 fi
 echo "reference: the one-rank run of the same binary and global batch (03: blocking SP); speed-up = reference / ms/step;"
 echo "of bound = speed-up / bound."
