@@ -331,6 +331,12 @@ static char *index_json(const llama_model *m, const checkpoint_meta *meta, const
     cJSON_AddNumberToObject(model, "seq_len", c->seq_len);
     cJSON_AddItemToObject(model, "norm_eps", json_float(c->norm_eps));
     cJSON_AddItemToObject(model, "rope_theta", json_float(c->rope_theta));
+    if (c->moe.experts > 0) {   /* a mixture of experts (chapter 09; a dense model's index has none) */
+        cJSON_AddNumberToObject(model, "experts", c->moe.experts);
+        cJSON_AddNumberToObject(model, "top_k", c->moe.top_k);
+        cJSON_AddNumberToObject(model, "expert_dim", c->moe.expert_dim);
+        cJSON_AddNumberToObject(model, "shared_expert", c->moe.shared_expert);
+    }
 
     /* the writer's mesh and storage: for the reader's information, loading does not need them */
     cJSON_AddNumberToObject(root, "world_size", world);
@@ -669,6 +675,18 @@ static int check_model(const cJSON *model, const llama_config *c, const char *wh
         if (v != ints[k].have)
             return fail(err, errlen, "checkpoint %s was written for %s %d; this model has %s %d", where, ints[k].key,
                         v, ints[k].key, ints[k].have);
+    }
+    /* the experts (absent: a dense model, 0) */
+    const struct { const char *key; int have; } experts[] = {
+        {"experts", c->moe.experts}, {"top_k", c->moe.top_k}, {"expert_dim", c->moe.expert_dim},
+        {"shared_expert", c->moe.shared_expert}};
+    for (size_t k = 0; k < sizeof experts / sizeof experts[0]; k++) {
+        int v = 0;
+        if (cJSON_GetObjectItemCaseSensitive(model, experts[k].key) && json_int(model, experts[k].key, &v) != 0)
+            return fail(err, errlen, "checkpoint %s: the index's model has no integer \"%s\"", where, experts[k].key);
+        if (v != (c->moe.experts > 0 ? experts[k].have : 0))
+            return fail(err, errlen, "checkpoint %s was written for %s %d; this model has %s %d", where,
+                        experts[k].key, v, experts[k].key, c->moe.experts > 0 ? experts[k].have : 0);
     }
     const struct { const char *key; float have; } floats[] = {{"norm_eps", c->norm_eps}, {"rope_theta", c->rope_theta}};
     for (size_t k = 0; k < 2; k++) {

@@ -17,14 +17,17 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 #include "cli.h"
 #include "comm.h"
 #include "device.h"
 #include "log.h"
 #include "mesh.h"
 #include "model.h"
+#include "outputs.h"
 #include "run.h"
 #include "../01_transformer_tp/tp.h"
+#include "../08_full_trainer/checkpoint.h"
 #include "ep_report.h"
 #include "expert_parallel.h"
 #include "moe.h"
@@ -40,10 +43,13 @@ static const char *usage =
     "  --capacity-factor C  each expert takes at most ceil(C T k / E) copies of a sequence's tokens,\n"
     "                       the rest dropped (default: dropless)\n"
     "  --ep P               ranks the experts are split over (default: NP / tp); the rest replicate them\n"
-    "  --tp T               chapter 01's tensor parallelism of the dense parts (default 1)\n";
+    "  --tp T               chapter 01's tensor parallelism of the dense parts (default 1)\n"
+    "  --save DIR           after the last step, a checkpoint in DIR (chapter 08's: it loads on any mesh)\n"
+    "  --resume DIR         start from DIR's latest checkpoint, on this run's mesh (any ep and tp), and\n"
+    "                       train --steps more (not with --check: the baseline starts at step 1)\n";
 
-enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_CAPACITY, OPT_EP, OPT_TP };
-typedef struct { moe_config *moe; int ep, tp; } chapter_options;
+enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_CAPACITY, OPT_EP, OPT_TP, OPT_SAVE, OPT_RESUME };
+typedef struct { moe_config *moe; int ep, tp; const char *save, *resume; } chapter_options;
 static void chapter_flag(int code, const char *arg, void *ctx) {
     chapter_options *co = ctx;
     moe_config *x = co->moe;
@@ -54,7 +60,9 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     else if (code == OPT_AUX) x->aux_alpha = cli_float("--aux-alpha", arg, 0.0f, 100.0f);
     else if (code == OPT_CAPACITY) x->capacity_factor = cli_float("--capacity-factor", arg, 0.01f, 64.0f);
     else if (code == OPT_EP) co->ep = cli_int("--ep", arg, 1, 4096);
-    else co->tp = cli_int("--tp", arg, 1, 4096);
+    else if (code == OPT_TP) co->tp = cli_int("--tp", arg, 1, 4096);
+    else if (code == OPT_SAVE) co->save = arg;
+    else co->resume = arg;
 }
 
 int main(int argc, char **argv) {
@@ -67,11 +75,15 @@ int main(int argc, char **argv) {
         {"experts", required_argument, 0, OPT_EXPERTS}, {"top-k", required_argument, 0, OPT_TOP_K},
         {"expert-dim", required_argument, 0, OPT_EXPERT_DIM}, {"shared-expert", no_argument, 0, OPT_SHARED},
         {"aux-alpha", required_argument, 0, OPT_AUX}, {"capacity-factor", required_argument, 0, OPT_CAPACITY},
-        {"ep", required_argument, 0, OPT_EP}, {"tp", required_argument, 0, OPT_TP}, {0, 0, 0, 0}};
-    chapter_options co = {.moe = &o.model.moe, .ep = 0, .tp = 1};
+        {"ep", required_argument, 0, OPT_EP}, {"tp", required_argument, 0, OPT_TP},
+        {"save", required_argument, 0, OPT_SAVE}, {"resume", required_argument, 0, OPT_RESUME}, {0, 0, 0, 0}};
+    chapter_options co = {.moe = &o.model.moe, .ep = 0, .tp = 1, .save = NULL, .resume = NULL};
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     char why[256];
     if (moe_config_check(&o.model, why, sizeof why)) comm_exit_usage("%s", why);
+    if (co.resume && o.check)
+        comm_exit_usage("--resume starts from a checkpoint and --check's baseline from step 1: leave --check out and "
+                        "compare with an uninterrupted run (09_expert_parallel/check_resume.sh)");
     o.model.layer = moe_layer_for(&o.model);   /* the baseline's layer too */
     const llama_config *c = &o.model;
 
@@ -91,7 +103,32 @@ int main(int argc, char **argv) {
     llama_plan plan = tensor_parallel_or_single(mesh, c);
     expert_parallel_apply(&plan, mesh, c);
     run_apply_fault(&o, &plan);
-    llama_model *model = run_model(&o, &plan);   /* refuses up front what cannot fit */
+    /* the checkpoints' directories, checked with --out and --dump before anything is allocated */
+    const char *dir = co.save ? co.save : co.resume;
+    if (dir && checkpoint_dir_problem(dir, co.save != NULL, why, sizeof why))
+        comm_exit_usage("%s %s: %s", co.save ? "--save" : "--resume", dir, why);
+    if (co.resume && !checkpoint_exists(co.resume))   /* (before --out is created: nothing left behind) */
+        comm_exit_usage("--resume %s: no checkpoint there (no latest, no index.json)", co.resume);
+    run_path paths[] = {
+        {"--save", co.save, RUN_PATH_OUTPUT_DIR, "whose files the checkpoints own (DIR/latest, DIR/step_N)", true, true},
+        {"--resume", co.resume, RUN_PATH_INPUT, NULL, false, false}};
+    llama_model *model = run_model_paths(&o, &plan, paths, 2);   /* refuses up front what cannot fit */
+    int first = 1;   /* the first step: 1, or the checkpoint's next */
+    char settings[256];
+    snprintf(settings, sizeof settings, "{\"chapter\":\"09\",\"batch\":%d,\"lr\":%.9g,\"aux_alpha\":%.9g,\"capacity_factor\":%.9g}",
+             o.batch, o.opt.lr, c->moe.aux_alpha, c->moe.capacity_factor);
+    if (co.resume) {
+        checkpoint_meta meta;
+        char err[512];
+        int rc = checkpoint_load(co.resume, model, &meta, err, sizeof err);
+        if (rc != 0) comm_exit_usage("--resume %s: %s", co.resume, err);
+        if (strcmp(meta.trainer_json, settings) != 0 || meta.seed != o.seed)
+            comm_exit_usage("--resume %s: the checkpoint was written with %s and seed %llu; this run has %s and seed %llu",
+                            co.resume, meta.trainer_json, (unsigned long long)meta.seed, settings,
+                            (unsigned long long)o.seed);
+        first = meta.step + 1;
+        log0("resumed from %s: step %d done, training steps %d to %d\n", co.resume, meta.step, first, meta.step + o.steps);
+    }
     const llama_dims *d = &model->d;
     double param_bytes = mem_current(MEM_PARAMS);
 
@@ -116,7 +153,7 @@ int main(int argc, char **argv) {
     snprintf(label, sizeof label, "moe E%d k%d ep%d", d->E, d->k, mesh->shape.dp_shard);
     run_loop loop = run_loop_begin(&o, model, run_baseline_create(&o, NULL, false), label, path);
     ep_load_log *log = ep_load_log_open(&plan, model, load_path);
-    for (int step = 1; step <= o.steps; step++) {
+    for (int step = first; step < first + o.steps; step++) {
         run_synthetic_batch(&loop, step);
         run_step_result r = run_step(&loop, step, NAN);
         ep_load_log_step(log, &r);   /* the load of this step's forward, before anything else runs */
@@ -125,6 +162,13 @@ int main(int argc, char **argv) {
     }
     run_clock clock = run_loop_end(&loop);
     ep_load_log_close(log);
+    if (co.save) {   /* every rank writes the slices it is the one to hold: its experts, ... */
+        checkpoint_meta meta = {.step = first + o.steps - 1, .seed = o.seed};
+        snprintf(meta.trainer_json, sizeof meta.trainer_json, "%s", settings);
+        char err[512];
+        if (checkpoint_save(co.save, model, &meta, err, sizeof err) != 0) comm_exit_usage("--save %s: %s", co.save, err);
+        log0("saved step %d to %s\n", meta.step, co.save);
+    }
 
     /* ---- measured beside the formulas ---- */
     log0("\n");
