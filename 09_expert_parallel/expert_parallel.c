@@ -14,12 +14,17 @@ typedef struct {
     grad_reduce_ops below;           /* the reduction of an earlier technique (none yet), run first */
     expert_exchange_ops exchange;    /* the faults' wrappers call the exchange they wrap           */
     comm_group *ep;                  /* the ranks the experts are split over                       */
+    float *counts_dev;               /* [2E] the counts' all-to-all, sent and received (kept)     */
     comm_group *batch, *replicate;   /* every data rank; the ranks that hold the same experts */
     bool skip_expert_reduce;         /* the fault: experts' gradients not reduced over dp_replicate */
     unsigned block_faults;           /* the MoE block's (EP_FAULT_*)                               */
 } ep_state;
 
-static void free_state(void *state) { free(state); }
+static void free_state(void *state) {
+    ep_state *s = state;
+    device_free(s->counts_dev);
+    free(s);
+}
 const plan_technique expert_parallel_technique = {"expert parallel", free_state};
 
 /* After the backward: each tensor's gradient summed over the ranks that hold the same slice of it
@@ -42,14 +47,13 @@ static void reduce_grads(void *state, const llama_plan *p, llama_model *m) {
  * (exact integers in floats). */
 static void exchange_counts(void *state, const llama_plan *p, size_t *recv, const size_t *send, int E) {
     const ep_state *s = state;
-    float *dev = device_alloc_floats(2 * (size_t)E, MEM_BUFFERS), *host = malloc((size_t)E * sizeof(float));
+    float *dev = s->counts_dev, *host = calloc((size_t)E + 1, sizeof(float));
     for (int e = 0; e < E; e++) host[e] = (float)send[e];
     device_copy_to_device(dev, host, (size_t)E * sizeof(float));
     comm_all_to_all(s->ep, dev, dev + E, (size_t)E / s->ep->size);
     device_copy_to_host(host, dev + E, (size_t)E * sizeof(float));
     for (int e = 0; e < E; e++) recv[e] = (size_t)host[e];
     free(host);
-    device_free(dev);
 }
 
 /* The rows, send_rows[q] of `width` floats to rank q, recv_rows[q] from it: one all-to-all with
@@ -65,7 +69,6 @@ static void exchange_rows(void *state, const llama_plan *p, float *recv, const s
 }
 
 void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c) {
-    (void)c;
     ep_state *s = calloc(1, sizeof *s);
     plan_push(plan, &expert_parallel_technique, s, 0);
     int dims[2] = {MESH_DP_REPLICATE, MESH_DP_SHARD};
@@ -73,6 +76,10 @@ void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_conf
     s->replicate = mesh->group[MESH_DP_REPLICATE];
     plan->groups.mesh = mesh;
     plan->groups.batch = s->batch;
+    if (plan->checkpoint.keep != ACT_KEEP_ALL)
+        comm_exit_usage("expert parallelism: the MoE block keeps every activation; apply it to a plan without "
+                        "activation checkpointing");
+    s->counts_dev = device_alloc_floats(2 * (size_t)c->moe.experts, MEM_BUFFERS);
     plan->groups.ep = s->ep = mesh->group[MESH_DP_SHARD];
     plan->groups.expert_dims = MESH_BIT(MESH_DP_SHARD);
     plan->experts = (expert_exchange_ops){s, exchange_counts, exchange_rows};

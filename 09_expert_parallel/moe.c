@@ -21,6 +21,7 @@
  * backward, and back; the copies' input gradients are summed per token; the gates' gradients
  * (plus the load-balancing loss's) go through the softmax and the router.
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,9 @@ const char *moe_config_check(const llama_config *c, char *why, size_t len) {
     else if (x->expert_dim < 1) snprintf(why, len, "--expert-dim %d: an expert's hidden size must be positive", x->expert_dim);
     else if (!(x->aux_alpha >= 0)) snprintf(why, len, "--aux-alpha %g: the load-balancing loss's weight must be >= 0", x->aux_alpha);
     else if (!(x->capacity_factor >= 0)) snprintf(why, len, "--capacity-factor %g: must be positive (or 0: dropless)", x->capacity_factor);
+    else if ((long long)x->experts * x->expert_dim > INT_MAX || (long long)x->experts * c->dim > INT_MAX)
+        snprintf(why, len, "--experts %d x --expert-dim %d (and x --dim %d): the experts' stacked weights need fewer "
+                 "than 2^31 rows", x->experts, x->expert_dim, c->dim);
     else return NULL;
     return why;
 }
@@ -308,7 +312,10 @@ static void moe_forward(const layer_pass *x) {
     const llama_dims *d = &m->d;
     llama_layer_acts *a = x->a;
     int N = d->N, D = d->D, E = d->E, k = d->k;
-    if (!x->h_out) return;   /* (no checkpointing under a mixture of experts: moe_config_check's callers) */
+    if (!x->h_out || p->checkpoint.keep != ACT_KEEP_ALL) {   /* (a programming error: expert_parallel_apply refuses) */
+        fprintf(stderr, "moe: the MoE block keeps every activation; activation checkpointing is not supported\n");
+        exit(1);
+    }
     /* h_out = h_mid + the shared expert's output (llama_feed_forward's block, ffn_dim wide), or h_mid */
     if (m->c.moe.shared_expert) llama_feed_forward.forward(x);
     else device_copy(x->h_out, a->h_mid, (size_t)d->Ns * D * sizeof(float));
@@ -330,6 +337,11 @@ static void moe_forward(const layer_pass *x) {
 
     /* dispatch: the copies in order (dmoe_y), then to their experts' ranks (moe_x) */
     moe_gather_rows(m->dmoe_y, a->ffn_xn, r.token_dev, (int)((size_t)N * k - r.dropped), D);
+    if (rows_received(&r, d) > d->R) {   /* the counts promise at most R rows (model.h): else a bug */
+        fprintf(stderr, "moe: layer %d receives %zu rows, more than the %zu its buffers hold\n", x->l,
+                rows_received(&r, d), d->R);
+        exit(1);
+    }
     exchange_rows(p, &r, d, m->dmoe_y, a->moe_x, true);
     unsigned fault = expert_parallel_faults_on(p);
     /* the experts, into dmoe_x; their outputs back (moe_y, slot order); the weighted combine */

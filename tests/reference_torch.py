@@ -677,7 +677,8 @@ def moe_feed_forward(m, i, params, config, linear, aux):
     # token order (a token's copies in j order); the others are dropped (no output, no gradient)
     kept = torch.ones_like(order, dtype=torch.bool)
     if config.get("capacity_factor", 0) > 0:
-        C = math.ceil(config["capacity_factor"] * T * k / E)
+        cx = config["capacity_factor"] * T * k / E   # within 1e-6 of an integer: that integer (moe_capacity)
+        C = round(cx) if abs(round(cx) - cx) <= 1e-6 * cx else math.ceil(cx)
         onehot = F.one_hot(order.reshape(B, T * k), E)                            # [B, T k, E]
         rank_in_expert = (onehot.cumsum(1) - 1).gather(2, order.reshape(B, T * k, 1))
         kept = (rank_in_expert < C).reshape(B * T, k)

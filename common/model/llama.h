@@ -87,6 +87,13 @@ typedef enum {
     P_ROUTER, P_EXPERT_W1, P_EXPERT_W2, P_EXPERT_W3,
     P_NKINDS
 } param_kind;
+/* The rows each expert takes of one sequence's T tokens under a capacity factor c:
+ * ceil(c T k / E), the product taken within 1e-6 of an integer as that integer (c is held in a
+ * float: 0.1 is 0.100000001, whose ceil(0.1 x 10) would be 2). */
+static inline int moe_capacity(const moe_config *m, int T) {
+    double x = (double)m->capacity_factor * T * m->top_k / m->experts, n = (double)(long long)(x + 0.5);
+    return (int)(n >= x * (1 - 1e-6) && n <= x * (1 + 1e-6) ? n : (double)(long long)x + 1);
+}
 /* The experts' weights: split expert by expert over expert parallelism (params.h). */
 static inline bool param_kind_is_expert(param_kind k) { return k == P_EXPERT_W1 || k == P_EXPERT_W2 || k == P_EXPERT_W3; }
 

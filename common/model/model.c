@@ -55,8 +55,7 @@ static llama_dims plan_dims(const llama_config *c, const llama_plan *plan, int B
     d.ep = plan->groups.ep ? plan->groups.ep->size : 1;
     d.El = d.E / d.ep;
     d.e0 = plan->groups.ep ? plan->groups.ep->rank * d.El : 0;
-    d.capacity = c->moe.capacity_factor > 0 && d.E > 0
-                     ? (int)ceil((double)c->moe.capacity_factor * c->seq_len * d.k / d.E) : 0;
+    d.capacity = c->moe.capacity_factor > 0 && d.E > 0 ? moe_capacity(&c->moe, c->seq_len) : 0;
     d.R = 0;
     return d;
 }
