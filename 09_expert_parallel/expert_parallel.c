@@ -60,9 +60,9 @@ static void exchange_counts(void *state, const llama_plan *p, size_t *recv, cons
  * counts (in floats) over the ep group. */
 static void exchange_rows(void *state, const llama_plan *p, float *recv, const size_t *recv_rows, const float *send,
                           const size_t *send_rows, int width) {
+    /* BEGIN ASSIGNMENT: the rows' all-to-all with counts over the ep group (comm_all_to_all_v, comm.h; the technique's state holds the group, ((const ep_state *)state)->ep): send_rows[q] rows of `width` floats go to rank q, recv_rows[q] come from it */
     const ep_state *s = state;
     size_t P = (size_t)s->ep->size, sent[P], got[P];
-    /* BEGIN ASSIGNMENT: the rows' all-to-all with counts over the ep group (comm_all_to_all_v, comm.h): send_rows[q] rows of `width` floats go to rank q, recv_rows[q] come from it */
     for (size_t q = 0; q < P; q++) sent[q] = send_rows[q] * (size_t)width, got[q] = recv_rows[q] * (size_t)width;
     comm_all_to_all_v(s->ep, send, sent, recv, got);
     /* END ASSIGNMENT */
