@@ -85,10 +85,12 @@ ep_load_log *ep_load_log_open(const llama_plan *p, llama_model *m, const char *p
     log->p = p;
     log->m = m;
     log->load = calloc((size_t)m->d.E, sizeof *log->load);
-    char header[64 + 16 * 256] = "step", *h = header + strlen(header);
-    for (int e = 0; e < m->d.E && e < 256; e++) h += sprintf(h, ",expert_%d", e);
-    strcat(h, ",dropped,imbalance,all_to_all_ms,step_ms");
+    /* a column per expert, every one of them: 24 characters a column bound ",expert_4095" and ",%.0f" */
+    char *header = malloc(24 * (size_t)m->d.E + 128), *h = header + sprintf(header, "step");
+    for (int e = 0; e < m->d.E; e++) h += sprintf(h, ",expert_%d", e);
+    strcpy(h, ",dropped,imbalance,all_to_all_ms,step_ms");
     log->csv = csv_open(path, header);
+    free(header);
     return log;
 }
 
@@ -97,14 +99,16 @@ void ep_load_log_step(ep_load_log *log, const run_step_result *r) {
     int E = log->m->d.E;
     for (int e = 0; e < E; e++) most = fmax(most, log->load[e]);
     comm_group *ep = log->p->groups.ep;
+    comm_settle();   /* (under NCCL a call's seconds are added once the device has run it) */
     double a2a = ep ? ep->stats[COLL_ALL_TO_ALL].seconds : 0, spent = a2a - log->a2a_seconds;
     log->a2a_seconds = a2a;
     if (!log->csv) return;
-    char row[16 * 256 + 128], *x = row;
+    char *row = malloc(24 * (size_t)E + 128), *x = row;
     x += sprintf(x, "%d", r->step);
-    for (int e = 0; e < E && e < 256; e++) x += sprintf(x, ",%.0f", log->load[e]);
+    for (int e = 0; e < E; e++) x += sprintf(x, ",%.0f", log->load[e]);
     sprintf(x, ",%.0f,%.4f,%.3f,%.3f", dropped, total > 0 ? most / (total / E) : 0, 1e3 * spent, 1e3 * r->fb_seconds);
     csv_row(log->csv, "%s", row);
+    free(row);
 }
 
 void ep_load_log_close(ep_load_log *log) {
@@ -216,6 +220,7 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     log0("  all_to_all   calls %6.0f per rank  (formula %s = %.0f)\n", calls, calls_formula, want_calls);
     log0("  all_to_all   bytes %10.0f  (formula %s = %.0f%s)\n", bytes, bytes_formula, want_bytes,
          capped ? ", with nothing dropped: a bound" : "");
+    comm_settle();   /* (under NCCL a call's seconds are added once the device has run it) */
     log0("  all_to_all   time  %8.1f ms per step on rank 0 (waiting for the others included)\n", 1e3 * s->seconds / steps);
     int wrong = (calls != want_calls) + (capped ? bytes > want_bytes : bytes != want_bytes);
     bad += wrong;
