@@ -61,39 +61,89 @@ if [ "$backend" = cpu ]; then
 fi
 part "unit tests"
 
-# 3. chapter checks: under the default collectives, then (CPU build) under the NCCL emulation
+# 3. and 4. the chapter checks (under the default collectives, then in the CPU build under the NCCL
+#    emulation) and every scripted test tests/t_*.sh (bad input, dumps checked by PyTorch, ...),
+#    as jobs run TEST_JOBS at a time (default 2). Most of them wait more than they compute (mpirun's
+#    start-up and clean-up, a rank stopped on purpose, a guard's timeout): side by side they fill
+#    the second core. The longest start first; each job's lines are printed whole when it ends.
+#    The scripted tests never write into the tree (t_assignment tries its untracked file in a copy).
+jobs_max=${TEST_JOBS:-2}
+case $jobs_max in ''|*[!0-9]*|0) echo "TEST_JOBS=$jobs_max: expected a whole number of at least 1"; exit 2;; esac
+
+# chapter_checks DIR: every chapter's layouts (or TEST_CHAPTER's) under $COMM; lines on stdout,
+# "passed failed" in DIR/count
 chapter_checks() {
-    local checks nn p f
+    local dir=$1 checks nn p f np=0 nf=0
     for checks in [0-9][0-9]_*/checks.txt; do
         [ -f "$checks" ] || continue
         nn=$(basename "$(dirname "$checks")" | cut -c1-2)
         [ -z "$only" ] || [ "$nn" = "$only" ] || continue
-        ./tests/run_checks.sh "$backend" "$nn" "$root" >"$tmp/c.txt" 2>&1
-        grep -v "^check-$nn:" "$tmp/c.txt"
-        p=$(sed -n "s/^check-$nn: \([0-9]*\) passed, \([0-9]*\) failed.*/\1/p" "$tmp/c.txt")
-        f=$(sed -n "s/^check-$nn: \([0-9]*\) passed, \([0-9]*\) failed.*/\2/p" "$tmp/c.txt")
-        if [ -z "$p" ]; then fail "check-$nn${COMM:+ (COMM=$COMM)} did not run" "$tmp/c.txt"; continue; fi
-        passed=$((passed+p)); failed=$((failed+f))
+        ./tests/run_checks.sh "$backend" "$nn" "$root" >"$dir/c.txt" 2>&1
+        grep -v "^check-$nn:" "$dir/c.txt"
+        p=$(sed -n "s/^check-$nn: \([0-9]*\) passed, \([0-9]*\) failed.*/\1/p" "$dir/c.txt")
+        f=$(sed -n "s/^check-$nn: \([0-9]*\) passed, \([0-9]*\) failed.*/\2/p" "$dir/c.txt")
+        if [ -z "$p" ]; then
+            printf 'FAIL  %s\n' "check-$nn${COMM:+ (COMM=$COMM)} did not run"; sed 's/^/      | /' "$dir/c.txt" | tail -30
+            nf=$((nf+1)); continue
+        fi
+        np=$((np+p)); nf=$((nf+f))
     done
+    echo "$np $nf" >"$dir/count"
 }
-chapter_checks
-part "chapter checks"
-if [ "$backend" = cpu ]; then
-    COMM=nccl-sim chapter_checks
-    part "chapter checks (COMM=nccl-sim)"
-fi
-
-# 4. scripted tests
-for t in tests/t_*.sh; do
-    [ -f "$t" ] || continue
-    [ -z "$only" ] || { echo "skip  the scripted tests (tests/t_*.sh): make test runs them"; break; }
+# scripted_test DIR T: one tests/t_*.sh, one line on stdout; "1 0" or "0 1" in DIR/count
+scripted_test() {
+    local dir=$1 t=$2 t0 rc secs
     t0=$(date +%s)
-    timeout 600 bash "$t" >"$tmp/s.txt" 2>&1; rc=$?
+    timeout 600 bash "$t" >"$dir/s.txt" 2>&1; rc=$?
     secs=$(( $(date +%s) - t0 ))
-    if [ $rc -eq 0 ]; then pass "$(basename "$t" .sh): $(tail -1 "$tmp/s.txt") ($secs s)"
-    else fail "$(basename "$t" .sh) ($secs s)" "$tmp/s.txt"; fi
+    if [ $rc -eq 0 ]; then printf 'ok    %s\n' "$(basename "$t" .sh): $(tail -1 "$dir/s.txt") ($secs s)"; echo "1 0" >"$dir/count"
+    else printf 'FAIL  %s\n' "$(basename "$t" .sh) ($secs s)"; sed 's/^/      | /' "$dir/s.txt" | tail -30; echo "0 1" >"$dir/count"; fi
+}
+
+# the jobs, longest first (the order of the last measured run on 2 cores; a new test goes last)
+joblist=("checks" )
+[ "$backend" = cpu ] && joblist+=("checks-nccl-sim")
+if [ -z "$only" ]; then
+    for t in t_dump_torch t_bad_input t_grade t_rank_failures t_readme t_assignment t_sanitize; do
+        [ -f "tests/$t.sh" ] && joblist+=("tests/$t.sh")
+    done
+    for t in tests/t_*.sh; do
+        [ -f "$t" ] || continue
+        case " ${joblist[*]} " in *" $t "*) ;; *) joblist+=("$t");; esac
+    done
+else
+    echo "skip  the scripted tests (tests/t_*.sh): make test runs them"
+fi
+run_job() {   # run_job N JOB: in the background; DIR/done once its lines and count are written
+    local dir=$tmp/job$1; mkdir -p "$dir"
+    (
+        case $2 in
+            checks) chapter_checks "$dir" ;;
+            checks-nccl-sim) COMM=nccl-sim chapter_checks "$dir" ;;
+            *) scripted_test "$dir" "$2" ;;
+        esac >"$dir/lines.txt"
+        : >"$dir/done"
+    ) &
+}
+next=0; running=(); t_jobs=$(date +%s)
+while [ $next -lt ${#joblist[@]} ] || [ ${#running[@]} -gt 0 ]; do
+    while [ $next -lt ${#joblist[@]} ] && [ ${#running[@]} -lt "$jobs_max" ]; do
+        run_job $next "${joblist[$next]}"; running+=($next); next=$((next+1))
+    done
+    still=()
+    for j in "${running[@]}"; do
+        if [ -e "$tmp/job$j/done" ]; then
+            cat "$tmp/job$j/lines.txt"
+            read -r p f <"$tmp/job$j/count" || { p=0; f=1; echo "FAIL  ${joblist[$j]}: no result"; }
+            passed=$((passed+p)); failed=$((failed+f))
+            rm -rf "$tmp/job$j"
+        else still+=("$j"); fi
+    done
+    running=("${still[@]}")
+    [ ${#running[@]} -gt 0 ] && sleep 0.2
 done
-part "scripted tests"
+wait
+part "chapter checks and scripted tests, $jobs_max at a time"
 
 echo "($(( $(date +%s) - t_start )) s${parts})"
 echo "$passed passed, $failed failed"
