@@ -21,7 +21,9 @@
 # turns, one line at a time, so that a budget that runs out leaves no chapter untried).
 # In a student copy (its .student-copy file, written by make assignment-NN), or with GRADE=1, a
 # chapter with an exercises.txt is then graded per exercise (tools/grade.py): a table of points
-# after the layouts, and grade.json (GRADE_JSON=FILE to put it elsewhere).
+# after the layouts, and grade.json (GRADE_JSON=FILE to put it elsewhere). With CHECKS_RESULTS=FILE
+# the layouts' results (grade.py's input, one line per layout run) are copied into FILE
+# (tests/mutations.py grades a wrong answer from them).
 set -u
 backend=$1; nn=$2; root=${3:-build}
 dir=$(ls -d "${nn}"_*/ 2>/dev/null | head -1)
@@ -112,6 +114,7 @@ if [ -f "$dir/exercises.txt" ] && { [ -f .student-copy ] || [ "${GRADE:-0}" = 1 
    [ "${STOP_AT_FIRST_FAILURE:-0}" != 1 ] && [ -z "${MAX_NP:-}" ]; then
     python3 tools/grade.py "$nn" "$results" --json "${GRADE_JSON:-grade.json}" && graded=yes
 fi
+[ -n "${CHECKS_RESULTS:-}" ] && cp "$results" "$CHECKS_RESULTS"
 rm -rf "$log"
 # a student copy without the grade table: where the exercises still wait
 todo=$(grep -n 'TODO (assignment)' "$dir"*.c 2>/dev/null)

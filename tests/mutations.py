@@ -1,0 +1,281 @@
+#!/usr/bin/env python3
+"""mutations.py [NN ...]: every exercise proves its grader. Each chapter's wrong answers
+(docs/instructor/mutations/NN.txt, kept out of the student copy) are planted one at a time in a
+sandbox of the reference solution, the chapter rebuilt, and the exercise's own layouts run
+(tests/run_checks.sh, stopping at the first that does not behave). Each wrong answer must:
+  - lie inside one of its exercise's regions (between BEGIN/END ASSIGNMENT, the region whose
+    task text names the exercise in exercises.txt): what a student could write;
+  - build (a wrong answer, not a typo);
+  - fail one of the exercise's layouts, with a line that matches its `expect` pattern: the
+    message points at the mistake;
+  - cost the exercise points in tools/grade.py (the layouts not run counted as passing: the
+    most generous grade those results allow).
+And every exercise has at least two wrong answers. Run from the tutorial's root after `make`
+(the sandbox starts from $BUILD_ROOT/cpu's objects, so only the planted file is compiled again).
+One line per wrong answer; the last line "N of N wrong answers ...". Exit 0 when all hold.
+
+The file, one block per wrong answer:
+    === NAME | EXERCISE | EXPECT
+    --- PATH
+    <the lines of the reference, exactly, once in PATH>
+    +++
+    <the lines the wrong answer writes instead>
+  NAME     a short id; EXERCISE its exercises.txt name; EXPECT a Python regular expression the
+           failing layout's report (run_checks.sh's lines) must match
+  a block may hold several --- / +++ pairs (files or places); a line starting with "# " (or a
+  lone "#") is a comment wherever it is.
+"""
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+BEGIN = re.compile(r"/\*\s*BEGIN ASSIGNMENT:\s*(.*?)\s*\*/")
+END = re.compile(r"/\*\s*END ASSIGNMENT\s*\*/")
+
+
+def parse(path):
+    """[{name, exercise, expect, hunks: [(file, old, new)], line}]"""
+    muts, cur, mode, hunk = [], None, None, None
+    with open(path) as f:
+        lines = f.read().split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for n, line in enumerate(lines, 1):
+        if line.startswith("# ") or line == "#":
+            continue   # a comment, anywhere (no C line starts with "# ")
+        if line.startswith("=== "):
+            fields = [x.strip() for x in line[4:].split(" | ", 2)]
+            if len(fields) != 3 or not all(fields):
+                raise SystemExit(f"{path}:{n}: expected '=== NAME | EXERCISE | EXPECT'")
+            cur = {"name": fields[0], "exercise": fields[1], "expect": fields[2], "hunks": [], "line": n}
+            muts.append(cur)
+            mode = None
+        elif cur is None:
+            if line.strip():
+                raise SystemExit(f"{path}:{n}: text before the first '=== ' block")
+        elif line.startswith("--- "):
+            hunk = [line[4:].strip(), [], []]
+            cur["hunks"].append(hunk)
+            mode = 1
+        elif line == "+++" and mode == 1:
+            mode = 2
+        elif mode in (1, 2):
+            hunk[mode].append(line)
+        elif line.strip():
+            raise SystemExit(f"{path}:{n}: a line outside a '--- PATH' hunk")
+    for m in muts:
+        if not m["hunks"] or any(not old for _, old, _ in m["hunks"]):
+            raise SystemExit(f"{path}:{m['line']}: {m['name']}: a hunk with no reference lines")
+    # trailing blank lines separate blocks: not part of the replacement
+    for m in muts:
+        for h in m["hunks"]:
+            while h[2] and not h[2][-1].strip():
+                h[2].pop()
+            while h[1] and not h[1][-1].strip():
+                h[1].pop()
+    return muts
+
+
+def exercises_of(chapter_dir):
+    """{name: (points, [region substrings])}"""
+    out = {}
+    for line in open(os.path.join(chapter_dir, "exercises.txt")):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        fields = [x.strip() for x in re.split(r"(?<=\s)\|(?=\s|$)", line.rstrip("\n"))]
+        out[fields[0]] = (float(fields[1]), [x.strip() for x in fields[2].split(";") if x.strip()])
+    return out
+
+
+def region_task(text, start):
+    """The task text of the BEGIN ASSIGNMENT region holding offset start, or None."""
+    b = None
+    for m in BEGIN.finditer(text, 0, start):
+        b = m
+    if b is None:
+        return None
+    e = END.search(text, b.end())
+    return b.group(1) if e and e.start() >= start else None
+
+
+def sh(cmd, cwd, env=None, timeout=900):
+    try:
+        p = subprocess.run(cmd, cwd=cwd, env=env, shell=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        return p.returncode, p.stdout
+    except subprocess.TimeoutExpired as e:
+        return 124, (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+
+
+def main():
+    want = sys.argv[1:]
+    files = sorted(glob.glob("docs/instructor/mutations/[0-9][0-9].txt"))
+    chapters = sorted(d[:2] for d in glob.glob("[0-9][0-9]_*/exercises.txt"))
+    bad, lines_out, total, ok = 0, [], 0, 0
+    # every chapter with exercises has its wrong answers, every exercise two at least
+    plan = {}
+    for nn in chapters:
+        if want and nn not in want:
+            continue
+        chapter_dir = glob.glob(f"{nn}_*/")[0]
+        path = f"docs/instructor/mutations/{nn}.txt"
+        if path not in files:
+            print(f"FAIL  {nn}: no {path}: every exercise needs two wrong answers its grader rejects")
+            bad += 1
+            continue
+        exs = exercises_of(chapter_dir)
+        muts = parse(path)
+        for name in exs:
+            k = sum(1 for m in muts if m["exercise"] == name)
+            if k < 2:
+                print(f"FAIL  {nn} {name}: {k} wrong answer(s) in {path}, at least 2 wanted")
+                bad += 1
+        for m in muts:
+            m["valid"] = False
+            if m["exercise"] not in exs:
+                print(f"FAIL  {path}:{m['line']}: {m['name']}: no exercise '{m['exercise']}' in {chapter_dir}exercises.txt")
+                bad += 1
+                continue
+            try:
+                re.compile(m["expect"])
+            except re.error as e:
+                print(f"FAIL  {path}:{m['line']}: {m['name']}: expect '{m['expect']}': {e}")
+                bad += 1
+                continue
+            # each hunk: its reference lines once in the file, inside a region of the exercise
+            m["valid"] = True
+            for f, old, _ in m["hunks"]:
+                if not os.path.isfile(f):
+                    print(f"FAIL  {path}:{m['line']}: {m['name']}: no file {f}")
+                    bad += 1; m["valid"] = False
+                    continue
+                text = open(f).read()
+                o = "\n".join(old) + "\n"
+                if text.count(o) != 1:
+                    print(f"FAIL  {path}:{m['line']}: {m['name']}: its reference lines occur {text.count(o)} times in {f} (once wanted)")
+                    bad += 1; m["valid"] = False
+                    continue
+                task = region_task(text, text.index(o))
+                if task is None or not any(r in task for r in exs[m["exercise"]][1]):
+                    print(f"FAIL  {path}:{m['line']}: {m['name']}: its lines in {f} are not in a region of exercise "
+                          f"{m['exercise']} ({'in: ' + task if task else 'outside every ASSIGNMENT region'})")
+                    bad += 1; m["valid"] = False
+        plan[nn] = (chapter_dir, exs, [m for m in muts if m["valid"]])
+        total += sum(1 for m in muts if not m["valid"])
+
+    tmp = tempfile.mkdtemp(prefix="mutations.")
+    try:
+        box = os.path.join(tmp, "tutorial")
+        # the sandbox: the tracked files (or, outside git, the tree without its outputs), and
+        # build/cpu with its times kept, so that make compiles only what a wrong answer changes
+        r = subprocess.run("git ls-files -z --cached", shell=True, stdout=subprocess.PIPE)
+        os.makedirs(box)
+        if r.returncode == 0 and r.stdout:
+            names = [x for x in r.stdout.decode().split("\0") if x and os.path.lexists(x)]
+            for name in names:
+                os.makedirs(os.path.join(box, os.path.dirname(name)), exist_ok=True)
+                shutil.copy2(name, os.path.join(box, name), follow_symlinks=False)
+        else:
+            shutil.copytree(".", box, symlinks=True, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("build", "out", "student", ".git"))
+        shutil.copytree(os.path.join(os.environ.get("BUILD_ROOT") or "build", "cpu"), os.path.join(box, "build/cpu"),
+                        symlinks=True)
+        env = dict(os.environ)
+        base = env.get("MPIRUN_BASE") or subprocess.run("tools/mpirun_base.sh", shell=True, stdout=subprocess.PIPE,
+                                                       text=True).stdout.strip()
+        # a wrong answer that leaves a rank waiting (a collective one rank skips) ends within 30 s
+        env["MPIRUN_BASE"] = base + " -x GUARD_TIMEOUT=30"
+        env.pop("CHECKS_LINES", None)
+        env.pop("GRADE", None)
+        for nn, (chapter_dir, exs, muts) in plan.items():
+            # the exercise's layouts: grade.py's, from a results file where every layout passed
+            allok = os.path.join(tmp, f"ok{nn}.tsv")
+            with open(allok, "w") as out:
+                n = 0
+                for line in open(os.path.join(chapter_dir, "checks.txt")):
+                    n += 1
+                    parts = line.split()
+                    if not parts or parts[0].startswith("#"):
+                        continue
+                    out.write(f"{n}\t{parts[0]}\t{parts[1]}\t{' '.join(parts[2:])}\tok\t-\n")
+            gj = os.path.join(tmp, f"g{nn}.json")
+            rc, text = sh(f"python3 tools/grade.py {nn} {allok} --json {gj} --quiet", box)
+            if rc != 0:
+                print(f"FAIL  {nn}: tools/grade.py on every layout passing: {text.strip()[-300:]}")
+                bad += 1
+                continue
+            by_ex = {e["name"]: e["layouts"] for e in json.load(open(gj))["exercises"]}
+            for m in muts:
+                total += 1
+                t0 = time.time()
+                saved = {}
+                for f, old, new in m["hunks"]:
+                    p = os.path.join(box, f)
+                    if p not in saved:
+                        saved[p] = open(p).read()
+                    text = open(p).read()
+                    o = "\n".join(old) + "\n"
+                    open(p, "w").write(text.replace(o, "\n".join(new) + "\n" if new else "", 1))
+                what = f"{nn} {m['exercise']}/{m['name']}"
+                try:
+                    rc, text = sh(f"make --no-print-directory -s build-{nn} BACKEND=cpu BUILD_ROOT=build", box)
+                    if rc != 0:
+                        print(f"FAIL  {what}: the wrong answer does not build (a wrong answer must compile):")
+                        print("\n".join("      | " + x for x in text.strip().split("\n")[-12:]))
+                        bad += 1
+                        continue
+                    res = os.path.join(tmp, "results.tsv")
+                    if os.path.exists(res):
+                        os.remove(res)
+                    lines = " ".join(str(x) for x in by_ex[m["exercise"]])
+                    e2 = dict(env, CHECKS_LINES=lines, STOP_AT_FIRST_FAILURE="1", CHECKS_RESULTS=res)
+                    rc, report = sh(f"./tests/run_checks.sh cpu {nn} build", box, env=e2)
+                    secs = time.time() - t0
+                    failing = [x for x in report.split("\n") if x.startswith("FAIL")]
+                    if rc == 0 or not failing:
+                        print(f"FAIL  {what}: every layout of the exercise behaves with this wrong answer ({secs:.0f} s)")
+                        bad += 1
+                        continue
+                    if not re.search(m["expect"], report):
+                        print(f"FAIL  {what}: caught, but no line of the report matches '{m['expect']}':")
+                        print("\n".join("      | " + x for x in report.strip().split("\n")[-14:]))
+                        bad += 1
+                        continue
+                    # the grade: the layouts not run counted as passing
+                    ran = {}
+                    if os.path.exists(res):
+                        for x in open(res):
+                            ran[x.split("\t")[0]] = x
+                    merged = os.path.join(tmp, "merged.tsv")
+                    with open(merged, "w") as out:
+                        for x in open(allok):
+                            out.write(ran.get(x.split("\t")[0], x))
+                    rc, gtext = sh(f"python3 tools/grade.py {nn} {merged} --json {gj} --quiet", box)
+                    g = {e["name"]: e for e in json.load(open(gj))["exercises"]}[m["exercise"]]
+                    if rc != 0 or g["points"] >= g["possible"]:
+                        print(f"FAIL  {what}: caught, but the exercise keeps {g['points']} of {g['possible']} points")
+                        bad += 1
+                        continue
+                    mark = re.search(m["expect"], report).group(0).strip()
+                    print(f"ok    {what}: {g['points']:g} of {g['possible']:g} points; {failing[0][6:].split('  (exit')[0].strip()}: "
+                          f"'{mark[:80]}' ({secs:.0f} s)")
+                    ok += 1
+                finally:
+                    for p, text in saved.items():
+                        open(p, "w").write(text)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    n_ex = sum(len(exs) for _, exs, _ in plan.values())
+    print(f"{ok} of {total} wrong answers lose their exercise's points with a message naming the mistake "
+          f"({n_ex} exercises of {len(plan)} chapters, each with two at least)")
+    return 0 if ok == total and not bad else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
