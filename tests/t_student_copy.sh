@@ -61,21 +61,34 @@ if [ -n "$last" ]; then
         echo "FAIL  no string literal in chapter $last's removed passages to plant"; bad=$((bad+1))
     fi
 fi
-# make assignment runs the checker itself: a tracked file that repeats an answer's line gives no copy
-# (one line naming it, exit 2, nothing written); the file is restored from a copy, whatever happens
+# make assignment runs the checker itself: a tracked file that repeats an answer's line gives no
+# copy (one line naming it, exit 2, nothing written), and so does a line that matches an answer
+# declared in docs/instructor/leaks.txt (a derivation's result written another way). Tried in a
+# copy of the tracked files with its own git index, never in this tree: make test runs scripted
+# tests side by side, and their own copies would read the planted lines.
 if [ -n "$last" ]; then
-    dir=$(ls -d "$last"_*/ | head -1)
+    dir=$(ls -d "$last"_*/ | head -1); repo=$tmp/repo; mkdir -p "$repo"
+    git ls-files -z --cached | xargs -0 -r cp -a --parents -t "$repo" 2>/dev/null
+    (cd "$repo" && git init -q && git add -A) >/dev/null 2>&1
     line=$(awk '/BEGIN ASSIGNMENT/ {t=1; next} /END ASSIGNMENT/ {t=0} t && length($0) > 30 {print; exit}' "$dir"*.c)
-    cp -p docs/course.md "$tmp/course.md.orig"
-    trap 'cp -p "$tmp/course.md.orig" "$src/docs/course.md"; rm -rf "$tmp"' EXIT
-    printf '\n    %s\n' "$line" >> docs/course.md
-    make --no-print-directory assignment-$last DEST="$tmp/leaky" >"$tmp/k.out" 2>"$tmp/k.err"; rc=$?
-    cp -p "$tmp/course.md.orig" docs/course.md
+    cp -p "$repo/docs/course.md" "$tmp/course.md.orig"
+    printf '\n    %s\n' "$line" >> "$repo/docs/course.md"
+    make --no-print-directory -C "$repo" assignment-$last DEST="$tmp/leaky" >"$tmp/k.out" 2>"$tmp/k.err"; rc=$?
+    cp -p "$tmp/course.md.orig" "$repo/docs/course.md"
     if [ $rc -eq 2 ] && [ ! -e "$tmp/leaky" ] && grep -q "would give an answer away: docs/course.md:[0-9]*:" "$tmp/k.err" &&
        [ "$(grep -vc 'Error 2' "$tmp/k.err")" -eq 1 ]; then
         echo "ok    make assignment-$last refuses a tree whose docs/course.md repeats an answer's line (one line, exit 2, nothing written)"
     else
         echo "FAIL  make assignment-$last with an answer's line in docs/course.md: exit $rc"; sed 's/^/      | /' "$tmp/k.out" "$tmp/k.err"; bad=$((bad+1))
+    fi
+    ex=$(grep -v '^ *\(#\|$\)' "${dir}exercises.txt" | head -1 | cut -d'|' -f1 | tr -d ' ')
+    printf '%s | %s | sets at P = \\d+: 1[13], 9 | a planted table of the asked counts\n' "$last" "$ex" >> "$repo/docs/instructor/leaks.txt"
+    printf '\nThe peak per rank, sets at P = 4: 11, 9, 7, 5.\n' >> "$repo/${dir}README.md"
+    make --no-print-directory -C "$repo" assignment-$last DEST="$tmp/leaky" >"$tmp/k.out" 2>"$tmp/k.err"; rc=$?
+    if [ $rc -eq 2 ] && [ ! -e "$tmp/leaky" ] && grep -q "would give an answer away: ${dir}README.md:[0-9]*: gives exercise $ex away" "$tmp/k.err"; then
+        echo "ok    make assignment-$last refuses a README that matches an answer declared in docs/instructor/leaks.txt"
+    else
+        echo "FAIL  make assignment-$last with a declared answer in its README: exit $rc"; sed 's/^/      | /' "$tmp/k.out" "$tmp/k.err"; bad=$((bad+1))
     fi
 fi
 echo "$((n-bad)) of $n chapters' student copies hold no answer"

@@ -19,6 +19,12 @@ by SCRUBBED instead of reporting it, so the copy's READMEs keep their blocks wit
 Also a hit: a marker line left in the copy's sources or markdown (BEGIN/END ASSIGNMENT, BEGIN/END
 SOLUTION), a chapter folder after NN, a hints/ folder, docs/instructor/.
 
+The answers that are not removed lines: a derivation's result written another way (a README's
+table of the asked counts, the formula in words, another file's code computing it) is declared in
+docs/instructor/leaks.txt (out of the copy), one line each:
+    NN | exercise | a Python regular expression | what it gives away
+and looked for in every text file of the copy, each line with its whitespace collapsed.
+
 A hit that is the course so far (an earlier chapter's solved code that an exercise of NN reuses
 on purpose) is declared in tools/student_copy_allow.txt, one line each:
     NN | path of the copy (fnmatch pattern) | a substring of the normalised line | why
@@ -145,6 +151,23 @@ def main():
         if len(parts) >= 3 and parts[0] == nn:
             allow.append((parts[1], parts[2]))
 
+    declared = []   # (exercise, compiled pattern, what)
+    leaks_file = os.path.join(src, "docs", "instructor", "leaks.txt")
+    for n, line in enumerate(read(leaks_file) or [], 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        parts = [x.strip() for x in re.split(r"\s\|\s", line, maxsplit=3)]
+        if len(parts) != 4 or not all(parts):
+            print(f"{leaks_file}:{n}: expected 'NN | exercise | pattern | what it gives away'")
+            return 2
+        if parts[0] != nn:
+            continue
+        try:
+            declared.append((parts[1], re.compile(parts[2]), parts[3]))
+        except re.error as e:
+            print(f"{leaks_file}:{n}: pattern '{parts[2]}': {e}")
+            return 2
+
     hits = []
     # what the copy may not hold at all
     for d in sorted(os.listdir(dest)):
@@ -214,6 +237,11 @@ def main():
                 hits.append(f"{rel}:{i + 1}: a marker line left: {line.strip()}")
             if ext == ".md" and MARKER_MD.search(line):
                 hits.append(f"{rel}:{i + 1}: a marker line left: {line.strip()}")
+        for i, line in enumerate(lines):
+            flat = " ".join(line.split())
+            for ex, pat, what in declared:
+                if pat.search(flat):
+                    hits.append(f"{rel}:{i + 1}: gives exercise {ex} away ({what}): {flat[:100]}")
         norm = normalise_lines(lines)
         for i, n in enumerate(norm):
             if len(n) < MIN_LEN:
@@ -232,8 +260,8 @@ def main():
             hits.append(f"{rel}:{line}: repeats the removed line {needles[needle]}: {needle}")
     for h in hits:
         print(h)
-    print(f"student copy {nn}: {len(needles)} removed line(s) looked for ({idioms} found in "
-          f"{COMMON_FILES} files or more: idioms, skipped), {len(hits)} leak(s)")
+    print(f"student copy {nn}: {len(needles)} removed line(s) and {len(declared)} declared answer(s) looked for "
+          f"({idioms} found in {COMMON_FILES} files or more: idioms, skipped), {len(hits)} leak(s)")
     return 1 if hits else 0
 
 
