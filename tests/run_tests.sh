@@ -101,7 +101,9 @@ scripted_test() {
 }
 
 # the jobs, longest first (the order of the last measured run on 2 cores; a new test goes last)
-joblist=("checks" )
+joblist=()
+[ -z "$only" ] && [ -f tests/t_mutations.sh ] && joblist+=("tests/t_mutations.sh")
+joblist+=("checks")
 [ "$backend" = cpu ] && joblist+=("checks-nccl-sim")
 if [ -z "$only" ]; then
     for t in t_dump_torch t_bad_input t_grade t_rank_failures t_readme t_assignment t_sanitize; do
