@@ -41,7 +41,7 @@ END = re.compile(r"/\*\s*END ASSIGNMENT\s*\*/")
 
 
 def parse(path):
-    """[{name, exercise, expect, hunks: [(file, old, new)], line}]"""
+    """[{name, exercise, expect, hunks: [(file, old text, new text)], line}]"""
     muts, cur, mode, hunk = [], None, None, None
     with open(path) as f:
         lines = f.read().split("\n")
@@ -73,25 +73,34 @@ def parse(path):
     for m in muts:
         if not m["hunks"] or any(not old for _, old, _ in m["hunks"]):
             raise SystemExit(f"{path}:{m['line']}: {m['name']}: a hunk with no reference lines")
-    # trailing blank lines separate blocks: not part of the replacement
+    # trailing blank lines separate blocks: not part of either text; each text as it is looked for
+    # and written, whole lines
     for m in muts:
         for h in m["hunks"]:
-            while h[2] and not h[2][-1].strip():
-                h[2].pop()
-            while h[1] and not h[1][-1].strip():
-                h[1].pop()
+            for lines in (h[1], h[2]):
+                while lines and not lines[-1].strip():
+                    lines.pop()
+        m["hunks"] = [(f, "\n".join(old) + "\n", "\n".join(new) + "\n" if new else "") for f, old, new in m["hunks"]]
     return muts
 
 
-def exercises_of(chapter_dir):
-    """{name: (points, [region substrings])}"""
-    out = {}
-    for line in open(os.path.join(chapter_dir, "exercises.txt")):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        fields = [x.strip() for x in re.split(r"(?<=\s)\|(?=\s|$)", line.rstrip("\n"))]
-        out[fields[0]] = (float(fields[1]), [x.strip() for x in fields[2].split(";") if x.strip()])
-    return out
+def all_passing(chapter_dir, path):
+    """checks.txt as the results of a run in which every layout passed (grade.py's input)."""
+    with open(path, "w") as out:
+        for n, line in enumerate(open(os.path.join(chapter_dir, "checks.txt")), 1):
+            parts = line.split()
+            if parts and not parts[0].startswith("#"):
+                out.write(f"{n}\t{parts[0]}\t{parts[1]}\t{' '.join(parts[2:])}\tok\t-\n")
+
+
+def grade(nn, results, gj, cwd="."):
+    """tools/grade.py on RESULTS: {exercise name: its grade.json entry (points, possible, regions,
+    layouts)}, or None with grade.py's last words printed."""
+    rc, text = sh(f"python3 tools/grade.py {nn} {results} --json {gj} --quiet", cwd)
+    if rc != 0:
+        print(f"FAIL  {nn}: tools/grade.py: {text.strip()[-300:]}")
+        return None
+    return {e["name"]: e for e in json.load(open(gj))["exercises"]}
 
 
 def region_task(text, start):
@@ -115,10 +124,17 @@ def sh(cmd, cwd, env=None, timeout=900):
 
 
 def main():
-    want = sys.argv[1:]
+    tmp = tempfile.mkdtemp(prefix="mutations.")
+    try:
+        return run(sys.argv[1:], tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(want, tmp):
     files = sorted(glob.glob("docs/instructor/mutations/[0-9][0-9].txt"))
     chapters = sorted(d[:2] for d in glob.glob("[0-9][0-9]_*/exercises.txt"))
-    bad, lines_out, total, ok = 0, [], 0, 0
+    bad, total, ok = 0, 0, 0
     # every chapter with exercises has its wrong answers, every exercise two at least
     plan, missing = {}, []
     for nn in chapters:
@@ -133,7 +149,14 @@ def main():
             else:
                 missing.append(nn)
             continue
-        exs = exercises_of(chapter_dir)
+        # the exercises (points, regions, the layouts that grade them): grade.py's, from results in
+        # which every layout passed
+        allok = os.path.join(tmp, f"ok{nn}.tsv")
+        all_passing(chapter_dir, allok)
+        exs = grade(nn, allok, os.path.join(tmp, f"g{nn}.json"))
+        if exs is None:
+            bad += 1
+            continue
         muts = parse(path)
         for name in exs:
             k = sum(1 for m in muts if m["exercise"] == name)
@@ -160,126 +183,99 @@ def main():
                     bad += 1; m["valid"] = False
                     continue
                 text = open(f).read()
-                o = "\n".join(old) + "\n"
-                if text.count(o) != 1:
-                    print(f"FAIL  {path}:{m['line']}: {m['name']}: its reference lines occur {text.count(o)} times in {f} (once wanted)")
+                if text.count(old) != 1:
+                    print(f"FAIL  {path}:{m['line']}: {m['name']}: its reference lines occur {text.count(old)} times in {f} (once wanted)")
                     bad += 1; m["valid"] = False
                     continue
-                task = region_task(text, text.index(o))
-                if task is None or not any(r in task for r in exs[m["exercise"]][1]):
+                task = region_task(text, text.index(old))
+                if task is None or not any(r in task for r in exs[m["exercise"]]["regions"]):
                     print(f"FAIL  {path}:{m['line']}: {m['name']}: its lines in {f} are not in a region of exercise "
                           f"{m['exercise']} ({'in: ' + task if task else 'outside every ASSIGNMENT region'})")
                     bad += 1; m["valid"] = False
-        plan[nn] = (chapter_dir, exs, [m for m in muts if m["valid"]])
+        plan[nn] = (chapter_dir, exs, [m for m in muts if m["valid"]], allok)
         total += sum(1 for m in muts if not m["valid"])
 
-    tmp = tempfile.mkdtemp(prefix="mutations.")
-    try:
-        box = os.path.join(tmp, "tutorial")
-        # the sandbox: the tracked files (or, outside git, the tree without its outputs), and
-        # build/cpu with its times kept, so that make compiles only what a wrong answer changes
-        r = subprocess.run("git ls-files -z --cached", shell=True, stdout=subprocess.PIPE)
-        os.makedirs(box)
-        if r.returncode == 0 and r.stdout:
-            names = [x for x in r.stdout.decode().split("\0") if x and os.path.lexists(x)]
-            for name in names:
-                os.makedirs(os.path.join(box, os.path.dirname(name)), exist_ok=True)
-                shutil.copy2(name, os.path.join(box, name), follow_symlinks=False)
-        else:
-            shutil.copytree(".", box, symlinks=True, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("build", "out", "student", ".git"))
-        shutil.copytree(os.path.join(os.environ.get("BUILD_ROOT") or "build", "cpu"), os.path.join(box, "build/cpu"),
-                        symlinks=True)
-        env = dict(os.environ)
-        base = env.get("MPIRUN_BASE") or subprocess.run("tools/mpirun_base.sh", shell=True, stdout=subprocess.PIPE,
-                                                       text=True).stdout.strip()
-        # a wrong answer that leaves a rank waiting (a collective one rank skips) ends within 30 s
-        env["MPIRUN_BASE"] = base + " -x GUARD_TIMEOUT=30"
-        env.pop("CHECKS_LINES", None)
-        env.pop("GRADE", None)
-        for nn, (chapter_dir, exs, muts) in plan.items():
-            # the exercise's layouts: grade.py's, from a results file where every layout passed
-            allok = os.path.join(tmp, f"ok{nn}.tsv")
-            with open(allok, "w") as out:
-                n = 0
-                for line in open(os.path.join(chapter_dir, "checks.txt")):
-                    n += 1
-                    parts = line.split()
-                    if not parts or parts[0].startswith("#"):
-                        continue
-                    out.write(f"{n}\t{parts[0]}\t{parts[1]}\t{' '.join(parts[2:])}\tok\t-\n")
-            gj = os.path.join(tmp, f"g{nn}.json")
-            rc, text = sh(f"python3 tools/grade.py {nn} {allok} --json {gj} --quiet", box)
-            if rc != 0:
-                print(f"FAIL  {nn}: tools/grade.py on every layout passing: {text.strip()[-300:]}")
-                bad += 1
-                continue
-            by_ex = {e["name"]: e["layouts"] for e in json.load(open(gj))["exercises"]}
-            for m in muts:
-                total += 1
-                t0 = time.time()
-                saved = {}
-                for f, old, new in m["hunks"]:
-                    p = os.path.join(box, f)
-                    if p not in saved:
-                        saved[p] = open(p).read()
-                    text = open(p).read()
-                    o = "\n".join(old) + "\n"
-                    open(p, "w").write(text.replace(o, "\n".join(new) + "\n" if new else "", 1))
-                what = f"{nn} {m['exercise']}/{m['name']}"
-                try:
-                    # -O1: the same bits as the default -O3 (Makefile), compiled faster
-                    rc, text = sh(f"CFLAGS='-O1 -g -fno-math-errno' make --no-print-directory -s build-{nn} "
-                                  f"BACKEND=cpu BUILD_ROOT=build", box)
-                    if rc != 0:
-                        print(f"FAIL  {what}: the wrong answer does not build (a wrong answer must compile):")
-                        print("\n".join("      | " + x for x in text.strip().split("\n")[-12:]))
-                        bad += 1
-                        continue
-                    res = os.path.join(tmp, "results.tsv")
-                    if os.path.exists(res):
-                        os.remove(res)
-                    lines = " ".join(str(x) for x in by_ex[m["exercise"]])
-                    e2 = dict(env, CHECKS_LINES=lines, STOP_AT_FIRST_FAILURE="1", CHECKS_RESULTS=res)
-                    rc, report = sh(f"./tests/run_checks.sh cpu {nn} build", box, env=e2)
-                    secs = time.time() - t0
-                    failing = [x for x in report.split("\n") if x.startswith("FAIL")]
-                    if rc == 0 or not failing:
-                        print(f"FAIL  {what}: every layout of the exercise behaves with this wrong answer ({secs:.0f} s)")
-                        bad += 1
-                        continue
-                    if not re.search(m["expect"], report):
-                        print(f"FAIL  {what}: caught, but no line of the report matches '{m['expect']}':")
-                        print("\n".join("      | " + x for x in report.strip().split("\n")[-14:]))
-                        bad += 1
-                        continue
-                    # the grade: the layouts not run counted as passing
-                    ran = {}
-                    if os.path.exists(res):
-                        for x in open(res):
-                            ran[x.split("\t")[0]] = x
-                    merged = os.path.join(tmp, "merged.tsv")
-                    with open(merged, "w") as out:
-                        for x in open(allok):
-                            out.write(ran.get(x.split("\t")[0], x))
-                    rc, gtext = sh(f"python3 tools/grade.py {nn} {merged} --json {gj} --quiet", box)
-                    g = {e["name"]: e for e in json.load(open(gj))["exercises"]}[m["exercise"]]
-                    if rc != 0 or g["points"] >= g["possible"]:
-                        print(f"FAIL  {what}: caught, but the exercise keeps {g['points']} of {g['possible']} points")
-                        bad += 1
-                        continue
-                    mark = re.search(m["expect"], report).group(0).strip()
-                    print(f"ok    {what}: {g['points']:g} of {g['possible']:g} points; {failing[0][6:].split('  (exit')[0].strip()}: "
-                          f"'{mark[:80]}' ({secs:.0f} s)")
-                    ok += 1
-                    if os.environ.get("MUTATIONS_SHOW"):   # the report, to choose a telling EXPECT
-                        print("\n".join("      | " + x for x in report.strip().split("\n")))
-                finally:
-                    for p, text in saved.items():
-                        open(p, "w").write(text)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    n_ex = sum(len(exs) for _, exs, _ in plan.values())
+    box = os.path.join(tmp, "tutorial")
+    # the sandbox: the tutorial's tracked files (tests/check_lib.sh's tracked_copy), and
+    # build/cpu with its times kept, so that make compiles only what a wrong answer changes
+    rc, text = sh(f'. tests/check_lib.sh && tracked_copy "{box}"', ".")
+    if rc != 0:
+        print(f"FAIL  the sandbox: {text.strip()[-300:]}")
+        return 1
+    shutil.copytree(os.path.join(os.environ.get("BUILD_ROOT") or "build", "cpu"), os.path.join(box, "build/cpu"),
+                    symlinks=True)
+    env = dict(os.environ)
+    base = env.get("MPIRUN_BASE") or subprocess.run("tools/mpirun_base.sh", shell=True, stdout=subprocess.PIPE,
+                                                   text=True).stdout.strip()
+    # a wrong answer that leaves a rank waiting (a collective one rank skips) ends within 30 s
+    env["MPIRUN_BASE"] = base + " -x GUARD_TIMEOUT=30"
+    env.pop("CHECKS_LINES", None)
+    env.pop("GRADE", None)
+    for nn, (chapter_dir, exs, muts, allok) in plan.items():
+        gj = os.path.join(tmp, f"g{nn}.json")
+        for m in muts:
+            total += 1
+            t0 = time.time()
+            saved = {}
+            for f, old, new in m["hunks"]:
+                p = os.path.join(box, f)
+                with open(p) as f:
+                    text = f.read()
+                saved.setdefault(p, text)
+                with open(p, "w") as f:        # read before opening for writing, which empties the file
+                    f.write(text.replace(old, new, 1))
+            what = f"{nn} {m['exercise']}/{m['name']}"
+            try:
+                # -O1: the same bits as the default -O3 (Makefile), compiled faster
+                rc, text = sh(f"CFLAGS='-O1 -g -fno-math-errno' make --no-print-directory -s build-{nn} "
+                              f"BACKEND=cpu BUILD_ROOT=build", box)
+                if rc != 0:
+                    print(f"FAIL  {what}: the wrong answer does not build (a wrong answer must compile):")
+                    print("\n".join("      | " + x for x in text.strip().split("\n")[-12:]))
+                    bad += 1
+                    continue
+                res = os.path.join(tmp, "results.tsv")
+                if os.path.exists(res):
+                    os.remove(res)
+                lines = " ".join(str(x) for x in exs[m["exercise"]]["layouts"])
+                e2 = dict(env, CHECKS_LINES=lines, STOP_AT_FIRST_FAILURE="1", CHECKS_RESULTS=res)
+                rc, report = sh(f"./tests/run_checks.sh cpu {nn} build", box, env=e2)
+                secs = time.time() - t0
+                failing = [x for x in report.split("\n") if x.startswith("FAIL")]
+                if rc == 0 or not failing:
+                    print(f"FAIL  {what}: every layout of the exercise behaves with this wrong answer ({secs:.0f} s)")
+                    bad += 1
+                    continue
+                if not re.search(m["expect"], report):
+                    print(f"FAIL  {what}: caught, but no line of the report matches '{m['expect']}':")
+                    print("\n".join("      | " + x for x in report.strip().split("\n")[-14:]))
+                    bad += 1
+                    continue
+                # the grade: the layouts not run counted as passing
+                ran = {}
+                if os.path.exists(res):
+                    for x in open(res):
+                        ran[x.split("\t")[0]] = x
+                merged = os.path.join(tmp, "merged.tsv")
+                with open(merged, "w") as out:
+                    for x in open(allok):
+                        out.write(ran.get(x.split("\t")[0], x))
+                graded = grade(nn, merged, gj, box)
+                g = graded[m["exercise"]] if graded else {"points": "?", "possible": "?"}
+                if not graded or g["points"] >= g["possible"]:
+                    print(f"FAIL  {what}: caught, but the exercise keeps {g['points']} of {g['possible']} points")
+                    bad += 1
+                    continue
+                mark = re.search(m["expect"], report).group(0).strip()
+                print(f"ok    {what}: {g['points']:g} of {g['possible']:g} points; {failing[0][6:].split('  (exit')[0].strip()}: "
+                      f"'{mark[:80]}' ({secs:.0f} s)")
+                ok += 1
+                if os.environ.get("MUTATIONS_SHOW"):   # the report, to choose a telling EXPECT
+                    print("\n".join("      | " + x for x in report.strip().split("\n")))
+            finally:
+                for p, text in saved.items():
+                    open(p, "w").write(text)
+    n_ex = sum(len(exs) for _, exs, _, _ in plan.values())
     print(f"{ok} of {total} wrong answers lose their exercise's points with a message naming the mistake "
           f"({n_ex} exercises of {len(plan)} chapters, each with two at least"
           + (f"; chapters without wrong answers yet: {' '.join(missing)})" if missing else ")"))

@@ -5,8 +5,7 @@
 # check-NN, run by the rest of the suite, passes). The copy's check stops at its first failing
 # layout: failing once is what is asked of it here.
 set -u
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-n=0; bad=0
+. tests/check_lib.sh   # n, bad, $tmp, tracked_copy
 for dir in [0-9][0-9]_*/; do
     grep -qs 'BEGIN ASSIGNMENT' "$dir"*.c || continue
     nn=${dir:0:2}; n=$((n+1)); dest=$tmp/student_$nn
@@ -28,13 +27,10 @@ if make --no-print-directory assignment-00 DEST=student/inside >"$tmp/r.txt" 2>&
     echo "make assignment-00 DEST=student/inside was not refused"; bad=$((bad+1)); rm -rf student/inside
 fi
 # a copy is made of the files git tracks: an editor's backup in a chapter folder is refused by name
-# (one line, exit 2, nothing written), and UNTRACKED=ok leaves it out of the copy. Tried in a copy
-# of the tracked files with its own git index, never in this tree: make test runs scripted tests
-# side by side, and a stray file here would make their own `make assignment-NN` refuse.
+# (one line, exit 2, nothing written), and UNTRACKED=ok leaves it out of the copy. Tried in a
+# tracked_copy (check_lib.sh), never in this tree.
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-    repo=$tmp/repo; mkdir -p "$repo"
-    git ls-files -z --cached | xargs -0 -r cp -a --parents -t "$repo"
-    (cd "$repo" && git init -q && git add -A) >/dev/null 2>&1
+    repo=$tmp/repo; tracked_copy "$repo"
     stray=00_naive_tp_mlp/tp_mlp.c~; : >"$repo/$stray"
     make --no-print-directory -C "$repo" assignment-00 DEST="$tmp/stray" >"$tmp/s.out" 2>"$tmp/s.err"; rc=$?
     if [ $rc -ne 2 ] || [ -e "$tmp/stray" ] || ! grep -q "files git does not track: .*tp_mlp.c~" "$tmp/s.err" ||

@@ -8,9 +8,8 @@
 # away (make_assignment.sh scrubs them from the copy's markdown). Then it shows it can fail: a line
 # of an exercise's answer, a marker and a printed formula planted in a copy are all found.
 set -u
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-src=$(pwd)
-n=0; bad=0; last=""
+. tests/check_lib.sh   # n, bad, $tmp, tracked_copy
+src=$(pwd); last=""
 for dir in [0-9][0-9]_*/; do
     grep -qs 'BEGIN ASSIGNMENT' "$dir"*.c || continue
     nn=${dir:0:2}; n=$((n+1)); dest=$tmp/student_$nn; last=$nn
@@ -64,12 +63,9 @@ fi
 # make assignment runs the checker itself: a tracked file that repeats an answer's line gives no
 # copy (one line naming it, exit 2, nothing written), and so does a line that matches an answer
 # declared in docs/instructor/leaks.txt (a derivation's result written another way). Tried in a
-# copy of the tracked files with its own git index, never in this tree: make test runs scripted
-# tests side by side, and their own copies would read the planted lines.
+# tracked_copy (check_lib.sh), never in this tree.
 if [ -n "$last" ]; then
-    dir=$(ls -d "$last"_*/ | head -1); repo=$tmp/repo; mkdir -p "$repo"
-    git ls-files -z --cached | xargs -0 -r cp -a --parents -t "$repo" 2>/dev/null
-    (cd "$repo" && git init -q && git add -A) >/dev/null 2>&1
+    dir=$(ls -d "$last"_*/ | head -1); repo=$tmp/repo; tracked_copy "$repo"
     line=$(awk '/BEGIN ASSIGNMENT/ {t=1; next} /END ASSIGNMENT/ {t=0} t && length($0) > 30 {print; exit}' "$dir"*.c)
     cp -p "$repo/docs/course.md" "$tmp/course.md.orig"
     printf '\n    %s\n' "$line" >> "$repo/docs/course.md"

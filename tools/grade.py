@@ -264,7 +264,7 @@ def main():
             "chapter": nn,
             "points": round(total, 2),
             "possible": round(possible, 2),
-            "exercises": [{k: ex[k] for k in ("name", "points", "possible", "status", "passed", "total", "todo")}
+            "exercises": [{k: ex[k] for k in ("name", "points", "possible", "status", "passed", "total", "todo", "regions")}
                           | ({"blamed_on": ex["blamed"]} if ex["blamed"] else {})
                           | {"layouts": [lay["line"] for lay in ex["layouts"]]} for ex in exercises],
             "layouts": [{"line": lay["line"], "layout": lay["text"], "expect": lay["expect"],

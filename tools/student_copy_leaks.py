@@ -237,7 +237,6 @@ def main():
                 hits.append(f"{rel}:{i + 1}: a marker line left: {line.strip()}")
             if ext == ".md" and MARKER_MD.search(line):
                 hits.append(f"{rel}:{i + 1}: a marker line left: {line.strip()}")
-        for i, line in enumerate(lines):
             flat = " ".join(line.split())
             for ex, pat, what in declared:
                 if pat.search(flat):
