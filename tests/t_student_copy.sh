@@ -62,7 +62,7 @@ if [ -n "$last" ]; then
 fi
 # make assignment runs the checker itself: a tracked file that repeats an answer's line gives no
 # copy (one line naming it, exit 2, nothing written), and so does a line that matches an answer
-# declared in docs/instructor/leaks.txt (a derivation's result written another way). Tried in a
+# declared in docs/instructor/leaks/NN.txt (a derivation's result written another way). Tried in a
 # tracked_copy (check_lib.sh), never in this tree.
 if [ -n "$last" ]; then
     dir=$(ls -d "$last"_*/ | head -1); repo=$tmp/repo; tracked_copy "$repo"
@@ -78,11 +78,12 @@ if [ -n "$last" ]; then
         echo "FAIL  make assignment-$last with an answer's line in docs/course.md: exit $rc"; sed 's/^/      | /' "$tmp/k.out" "$tmp/k.err"; bad=$((bad+1))
     fi
     ex=$(grep -v '^ *\(#\|$\)' "${dir}exercises.txt" | head -1 | cut -d'|' -f1 | tr -d ' ')
-    printf '%s | %s | sets at P = \\d+: 1[13], 9 | a planted table of the asked counts\n' "$last" "$ex" >> "$repo/docs/instructor/leaks.txt"
+    printf '%s | %s | sets at P = \\d+: 1[13], 9 | a planted table of the asked counts\n' "$last" "$ex" >> "$repo/docs/instructor/leaks/$last.txt"
     printf '\nThe peak per rank, sets at P = 4: 11, 9, 7, 5.\n' >> "$repo/${dir}README.md"
+    (cd "$repo" && git add -A)   # a chapter's first declared answer is a new file: tracked, or no copy
     make --no-print-directory -C "$repo" assignment-$last DEST="$tmp/leaky" >"$tmp/k.out" 2>"$tmp/k.err"; rc=$?
     if [ $rc -eq 2 ] && [ ! -e "$tmp/leaky" ] && grep -q "would give an answer away: ${dir}README.md:[0-9]*: gives exercise $ex away" "$tmp/k.err"; then
-        echo "ok    make assignment-$last refuses a README that matches an answer declared in docs/instructor/leaks.txt"
+        echo "ok    make assignment-$last refuses a README that matches an answer declared in docs/instructor/leaks/$last.txt"
     else
         echo "FAIL  make assignment-$last with a declared answer in its README: exit $rc"; sed 's/^/      | /' "$tmp/k.out" "$tmp/k.err"; bad=$((bad+1))
     fi

@@ -21,7 +21,7 @@ SOLUTION), a chapter folder after NN, a hints/ folder, docs/instructor/.
 
 The answers that are not removed lines: a derivation's result written another way (a README's
 table of the asked counts, the formula in words, another file's code computing it) is declared in
-docs/instructor/leaks.txt (out of the copy), one line each:
+docs/instructor/leaks/NN.txt (out of the copy; a chapter without one declares none), one line each:
     NN | exercise | a Python regular expression | what it gives away
 and looked for in every text file of the copy, each line with its whitespace collapsed.
 
@@ -152,7 +152,7 @@ def main():
             allow.append((parts[1], parts[2]))
 
     declared = []   # (exercise, compiled pattern, what)
-    leaks_file = os.path.join(src, "docs", "instructor", "leaks.txt")
+    leaks_file = os.path.join(src, "docs", "instructor", "leaks", f"{nn}.txt")
     for n, line in enumerate(read(leaks_file) or [], 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -160,8 +160,9 @@ def main():
         if len(parts) != 4 or not all(parts):
             print(f"{leaks_file}:{n}: expected 'NN | exercise | pattern | what it gives away'")
             return 2
-        if parts[0] != nn:
-            continue
+        if parts[0] != nn:   # a line copied from another chapter's file would guard nothing
+            print(f"{leaks_file}:{n}: chapter '{parts[0]}' in chapter {nn}'s file")
+            return 2
         try:
             declared.append((parts[1], re.compile(parts[2]), parts[3]))
         except re.error as e:
