@@ -212,7 +212,7 @@ CHAPTER_BINS = $(foreach c,$(CHAPTERS),$(BUILD_ROOT)/$(1)/$(call chapter_num,$(c
 TEST_BINS    = $(foreach t,$(basename $(notdir $(TESTS_C))),$(BUILD_ROOT)/$(1)/tests/$(t)) \
                $(foreach t,$(basename $(notdir $(TOOLS_C))),$(BUILD_ROOT)/$(1)/tools/$(t))
 
-.PHONY: bench bench-baseline all cuda banner deps deps-check deps-check-test test sanitize clean help
+.PHONY: bench bench-baseline bench-grade all cuda banner deps deps-check deps-check-test test sanitize clean help
 all: banner deps-check $(call CHAPTER_BINS,$(BACKEND)) $(call TEST_BINS,$(BACKEND))
 
 # `make cuda`: every .cu through nvcc for sm_75, sm_80 and sm_90 (plus compute_90 PTX, CUDA_ARCHS)
@@ -307,6 +307,11 @@ bench-%: chapter-exists-% all
 bench: all
 	@./tools/bench_all.sh $(BUILD)
 
+# make bench-grade: make grade on a class (N submissions of chapter NN, default 30 of 08, JOBS at once,
+# default 2), timed against issue 39's goal (30 in 30 minutes on 2 cores); never in make test.
+bench-grade: all
+	@./tools/bench_grade.sh "$(or $(NN),08)" "$(or $(N),30)" "$(or $(JOBS),2)"
+
 # make bench-baseline: the single-device step beside PyTorch's (issue: performance), never in make test.
 bench-baseline: all
 	@./tools/bench_baseline.sh $(BUILD)/01
@@ -366,6 +371,7 @@ help:
 	@echo "make bench            every technique against one rank and its bound (REPS, STEPS, STEPS08, ONLY=01,04,...)"
 	@echo "make bench-NN         the chapter's benchmark, if it has one (never part of make test)"
 	@echo "make bench-baseline   the single-device step beside the same model in PyTorch (ms, GFLOP/s, ratio), QKV / W1-W3 as one GEMM or several, a linear's GEMMs in fp32 and bf16"
+	@echo "make bench-grade      make grade on a class: N submissions of chapter NN (default 30 of 08), JOBS at once (default 2), timed against 30 in 30 minutes"
 	@echo "make readme-outputs   rewrite the READMEs' output blocks (<!-- output: ... -->) from real runs"
 	@echo "make check-readme     compare the READMEs' output blocks with real runs; check their links and file names"
 	@echo "make assignment-NN    a student copy in ../student-NN (beside the repository) with the chapter's exercises removed"

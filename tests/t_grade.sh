@@ -157,24 +157,7 @@ mkdir -p "$tmp/subs"
 for s in complete partial cheat; do cp -a "$base" "$tmp/subs/$s"; done
 # answer SUB [TASK_LEFT]: every region of the chapter's solution written between its ANSWER lines
 # in SUB's copy (the TODO replaced), except TASK_LEFT's, whose TODO stays
-answer() {
-    python3 - "$dir" "$1" "${2:-}" <<'PY'
-import glob, os, re, sys
-chapter, sub, left = sys.argv[1:]
-for src in glob.glob(os.path.join(chapter, "*.c")):
-    text = open(src).read()
-    regions = dict(re.findall(r"BEGIN ASSIGNMENT: *(.*?) *\*/[^\n]*\n(.*?)\n[^\n]*END ASSIGNMENT", text, re.S))
-    if not regions: continue
-    dst = os.path.join(sub, src); lines = open(dst).read().split("\n"); out = []; i = 0
-    while i < len(lines):
-        m = re.match(r"\s*/\* ANSWER BEGIN \(assignment\): (.*?) \*/", lines[i])
-        out.append(lines[i]); i += 1
-        if m and not (left and left in m.group(1)):
-            while "ANSWER END (assignment)" not in lines[i]: i += 1   # the TODO goes
-            out.append(regions[m.group(1)])
-    open(dst, "w").write("\n".join(out))
-PY
-}
+answer() { python3 tools/fill_answers.py "$dir" "$1" "${2:-}"; }
 answer "$tmp/subs/complete"; answer "$tmp/subs/partial" "$partial_task"
 # the cheat: no answer written, the TODOs deleted, and parity always reported OK by an edit of
 # common/ (which the old grader, restoring only its own files, let through with full marks)
