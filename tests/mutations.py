@@ -22,7 +22,9 @@ The file, one block per wrong answer:
     +++
     <the lines the wrong answer writes instead>
   NAME     a short id; EXERCISE its exercises.txt name; EXPECT a Python regular expression the
-           failing layout's report (run_checks.sh's lines) must match
+           failing layout's report (run_checks.sh's lines) must match: what names the mistake (the
+           first step whose loss differs: 1 for a forward, 2 for a backward; the formula's MISMATCH;
+           the unit test's message), \n to tie a line to the failing layout's line above it
   a block may hold several --- / +++ pairs (files or places); a line starting with "# " (or a
   lone "#") is a comment wherever it is.
 """
@@ -266,7 +268,7 @@ def run(want, tmp):
                     print(f"FAIL  {what}: caught, but the exercise keeps {g['points']} of {g['possible']} points")
                     bad += 1
                     continue
-                mark = re.search(m["expect"], report).group(0).strip()
+                mark = " ".join(re.search(m["expect"], report).group(0).split())   # (an EXPECT may span lines: \n)
                 print(f"ok    {what}: {g['points']:g} of {g['possible']:g} points; {failing[0][6:].split('  (exit')[0].strip()}: "
                       f"'{mark[:80]}' ({secs:.0f} s)")
                 ok += 1

@@ -38,13 +38,15 @@ cut_short() { [ "$1" -eq 124 ] && [ -n "${CHECKS_DEADLINE:-}" ] && [ "$(date +%s
 limit() { local n=$1; [ -n "${CHECKS_DEADLINE:-}" ] && n=$(( CHECKS_DEADLINE - $(date +%s) < n ? CHECKS_DEADLINE - $(date +%s) : n )); echo $(( n > 1 ? n : 1 )); }
 log=$(mktemp -d)
 results=$log/results.tsv; : > "$results"; lineno=0   # one line per layout run, for tools/grade.py
-# What a failing run shows (at most about 40 lines): the error lines, step 1's gradient table
+# What a failing run shows (at most about 40 lines): the error lines, the first step whose loss
+# differs from the baseline's, step 1's gradient table
 # rows that failed (the only step whose gradients are judged) with the first mismatching tensor
 # named, the verdict, and the run's last lines.
 explain() {
     local out=$1
     {
         grep -m5 -E '^(error|FAIL)' "$out"
+        grep -m1 -E '^  step [0-9]+: loss .* differs from the baseline' "$out"   # the first step whose loss is off
         if grep -q 'gradients, parallel (gathered) vs baseline' "$out"; then
             local first; first=$(awk '/gradients, parallel \(gathered\) vs baseline/ {t=1; next} t && /^step/ {exit} t && /FAIL$/ {print $1; exit}' "$out")
             [ -n "$first" ] && echo "first mismatching tensor at step 1: $first"
