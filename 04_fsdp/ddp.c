@@ -116,5 +116,5 @@ void ddp_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const
     dp_state *s = dp_push(plan, mesh, c, o, sizeof(ddp_state), storage);
     dp_install(plan, s, (weight_ops){s, ddp_acquire, ddp_release}, (grad_reduce_ops){s, ddp_reduce_grads},
                (optimizer_ops){s, ddp_optimizer_step});
-    dp_plan_buffer_bytes(plan, s, 0);
+    dp_plan_buffers(plan, s, NULL);
 }

@@ -84,9 +84,15 @@ int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, c
         snprintf(buckets_formula, sizeof buckets_formula, "Psi x 4 in %.0f buckets", buckets);
         expect[n_expect++] = (comm_expectation){plan->groups.batch, COLL_ALL_REDUCE, buckets, bucket_bytes, buckets_formula};
     } else {
-        const char *when = !fsdp ? "S Psi_S x 4 (after the step)"
-                         : !dp->reshard_after_forward ? "S Psi_S x 4 (fwd)"
-                         : dp->prefetch ? "(2 S Psi_S - ends - layer) x 4" : "2 x S Psi_S x 4 (fwd + bwd)";
+        /* the formulas in words, printed beside the figures (in the student copy: which exercise) */
+        const char *when = "exercise 5", *scattered = "exercise 5", *replicated = "exercise 5";
+        /* BEGIN SOLUTION 04: the traffic formula in words */
+        when = !fsdp ? "S Psi_S x 4 (after the step)"
+             : !dp->reshard_after_forward ? "S Psi_S x 4 (fwd)"
+             : dp->prefetch ? "(2 S Psi_S - ends - layer) x 4" : "2 x S Psi_S x 4 (fwd + bwd)";
+        scattered = "S Psi_S x 4 (grads)";
+        replicated = "Psi_S x 4 (HSDP)";
+        /* END SOLUTION */
         char bf16_when[96];
         if (bf16_elems > 0) {   /* (the same, the linears' 2 bytes an element: by tensor) */
             snprintf(bf16_when, sizeof bf16_when, "%s - 2 x linears'", when);
@@ -94,11 +100,11 @@ int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, c
         }
         expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_ALL_GATHER, gathers, gather_bytes, when};
         expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_REDUCE_SCATTER, scatters, scatter_bytes,
-                                                "S Psi_S x 4"};
+                                                scattered};
         if (z.R > 1) {
             groups[n_groups++] = mesh->group[MESH_DP_REPLICATE];
             expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_REPLICATE], COLL_ALL_REDUCE, replica_reduces,
-                                                    replica_bytes, "Psi_S x 4 (HSDP)"};
+                                                    replica_bytes, replicated};
         }
     }
     if (plan->groups.tp) {
@@ -133,10 +139,10 @@ int report_data_parallel_memory(const llama_plan *plan, const llama_model *m, co
     if (shard_grads) buffers += 4 * (z.ends_pad + z.layer_pad);
     if (shard_values) buffers += 4 * (z.ends_pad + in_flight * z.layer_pad);
     if (dp->mode != DP_DDP)
-        snprintf(buffer_formula, sizeof buffer_formula, "%s%s4(S+1)/S largest unit",
+        snprintf(buffer_formula, sizeof buffer_formula, "%s%s%s",
                  shard_values ? (in_flight == 3 ? "4(ends + 3 layers) + " : in_flight == 2 ? "4(ends + 2 layers) + "
                                                                             : "4(ends + L layers) + ") : "",
-                 shard_grads ? "4(ends + layer) grads + " : "");
+                 shard_grads ? "4(ends + layer) grads + " : "", "4(S+1)/S largest unit");
     /* END ASSIGNMENT */
     static const char *total[DP_NMODES] = {"16 Psi", "8 Psi + 8 Psi_S", "4 Psi + 12 Psi_S", "16 Psi_S"};
     memory_row rows[] = {

@@ -268,12 +268,25 @@ void dp_install(llama_plan *plan, dp_state *s, weight_ops weights, grad_reduce_o
     plan->optimizer = optimizer;
 }
 
-/* The transient buffers' bytes (4 * floats), known before allocating: run_model checks them
- * (plan_buffer_bytes) with the model's own bytes before anything is allocated, and
+/* The transient buffers' bytes, known before allocating: the mode's `allocate` (NULL: none) run
+ * as a count, which adds up the floats it asks dp_buffer_floats for and allocates nothing. run_model
+ * checks them (plan_buffer_bytes) with the model's own bytes before anything is allocated, and
  * dp_ensure_buffers allocates them at first use. */
-void dp_plan_buffer_bytes(llama_plan *plan, dp_state *s, double floats) {
-    s->planned_bytes = 4 * floats;
+void dp_plan_buffers(llama_plan *plan, dp_state *s, void (*allocate)(dp_state *s)) {
+    s->planned_bytes = 0;
+    s->planning = true;
+    if (allocate) allocate(s);
+    s->planning = false;
     plan_add_buffer_bytes(plan, &data_parallel_technique, s->planned_bytes);
+}
+
+/* A transient buffer of n floats (MEM_BUFFERS); while dp_plan_buffers counts, only its bytes (NULL). */
+float *dp_buffer_floats(dp_state *s, size_t n) {
+    if (s->planning) {
+        s->planned_bytes += 4.0 * (double)n;
+        return NULL;
+    }
+    return device_alloc_floats(n, MEM_BUFFERS);
 }
 
 /* The transient buffers (MEM_BUFFERS), allocated by the mode's `allocate` (NULL: none) at the
@@ -288,14 +301,14 @@ void dp_ensure_buffers(dp_state *s, void (*allocate)(dp_state *s)) {
 
 /* zero2, fsdp: a unit's full gradients, grad_full[0] [ends] and grad_full[1] [a layer]. */
 void dp_allocate_grad_full(dp_state *s) {
-    s->grad_full[0] = device_alloc_floats(s->ends_padded, MEM_BUFFERS);
-    s->grad_full[1] = device_alloc_floats(s->unit_padded_max, MEM_BUFFERS);
+    s->grad_full[0] = dp_buffer_floats(s, s->ends_padded);
+    s->grad_full[1] = dp_buffer_floats(s, s->unit_padded_max);
 }
 
 /* zero1, zero2, fsdp: stage_in [S * U] and stage_out [U] for the largest unit. */
 void dp_allocate_stages(dp_state *s) {
-    s->stage_in = device_alloc_floats(s->unit_by_rank_max, MEM_BUFFERS);
-    s->stage_out = device_alloc_floats(s->unit_by_rank_max / s->S, MEM_BUFFERS);
+    s->stage_in = dp_buffer_floats(s, s->unit_by_rank_max);
+    s->stage_out = dp_buffer_floats(s, s->unit_by_rank_max / s->S);
 }
 
 /* What every mode holds, freed, and the state itself (after the mode's own). */

@@ -44,6 +44,7 @@ struct dp_state {
     device_mark t_step0, t_acquired;   /* marks of the compute stream (device.h): on the GPU the
                                         * host's clock says when work was queued, not when it ran */
     double planned_bytes;              /* the transient buffers' bytes, known before allocating  */
+    bool planning;                     /* `allocate` runs as a count (dp_plan_buffers)           */
     double measured_bytes;             /* what allocating them added to MEM_BUFFERS              */
     bool allocated;                    /* the buffers are allocated (dp_ensure_buffers)          */
     dp_event events[MAX_EVENTS];
@@ -64,7 +65,8 @@ void fsdp_free(dp_state *s);
 dp_state *dp_push(llama_plan *plan, device_mesh *mesh, const llama_config *c, const dp_options *o,
                   size_t state_bytes, const block_storage storage[PARAM_NBLOCKS]);
 void dp_install(llama_plan *plan, dp_state *s, weight_ops weights, grad_reduce_ops reduce, optimizer_ops optimizer);
-void dp_plan_buffer_bytes(llama_plan *plan, dp_state *s, double floats);
+void dp_plan_buffers(llama_plan *plan, dp_state *s, void (*allocate)(dp_state *s));
+float *dp_buffer_floats(dp_state *s, size_t n);
 void dp_ensure_buffers(dp_state *s, void (*allocate)(dp_state *s));
 void dp_allocate_grad_full(dp_state *s);
 void dp_allocate_stages(dp_state *s);

@@ -198,11 +198,12 @@ static void reduce_unit_grads(fsdp_state *f, int u) {
  * gradients (grad_full) and the stages. */
 static void fsdp_allocate(dp_state *s) {
     fsdp_state *f = (fsdp_state *)s;
-    f->slots = calloc(f->n_slots, sizeof *f->slots);
+    unit_slot *slots = calloc(f->n_slots, sizeof *slots);
     for (int k = 0; k < f->n_slots; k++) {
-        f->slots[k].data = device_alloc_floats(k == 0 ? s->ends_padded : s->unit_padded_max, MEM_BUFFERS);
-        f->slots[k].unit = SLOT_FREE;
+        slots[k].data = dp_buffer_floats(s, k == 0 ? s->ends_padded : s->unit_padded_max);
+        slots[k].unit = SLOT_FREE;
     }
+    if (s->planning) free(slots); else f->slots = slots;   /* (dp_plan_buffers: only counted) */
     dp_allocate_grad_full(s);
     dp_allocate_stages(s);
 }
@@ -335,8 +336,5 @@ void fsdp_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, cons
     dp_install(plan, s, (weight_ops){f, fsdp_acquire, fsdp_release}, (grad_reduce_ops){f, fsdp_reduce_grads},
                (optimizer_ops){f, fsdp_optimizer_step});
     f->n_slots = 1 + (!o->reshard_after_forward ? s->L : o->prefetch ? 3 : 2);
-    double floats = (double)s->ends_padded + (double)(f->n_slots - 1) * s->unit_padded_max;   /* slots */
-    floats += (double)s->ends_padded + s->unit_padded_max;                                   /* grad_full */
-    floats += (double)s->unit_by_rank_max * (s->S + 1) / s->S;                               /* stages */
-    dp_plan_buffer_bytes(plan, s, floats);
+    dp_plan_buffers(plan, s, fsdp_allocate);
 }

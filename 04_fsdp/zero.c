@@ -168,7 +168,7 @@ void zero1_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, con
     dp_state *s = dp_push(plan, mesh, c, o, sizeof(dp_state), storage);
     dp_install(plan, s, (weight_ops){s, zero1_acquire, zero1_release}, (grad_reduce_ops){s, zero1_reduce_grads},
                (optimizer_ops){s, zero1_optimizer_step});
-    dp_plan_buffer_bytes(plan, s, (double)s->unit_by_rank_max * (s->S + 1) / s->S);   /* stage_in, stage_out */
+    dp_plan_buffers(plan, s, zero1_allocate);
 }
 
 /* ZeRO-2 on the plan: values whole, gradients and AdamW's state sharded; a unit's full gradients
@@ -178,7 +178,5 @@ void zero2_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, con
     dp_state *s = dp_push(plan, mesh, c, o, sizeof(dp_state), storage);
     dp_install(plan, s, (weight_ops){s, zero2_acquire, zero2_release}, (grad_reduce_ops){s, zero2_reduce_grads},
                (optimizer_ops){s, zero2_optimizer_step});
-    double floats = (double)s->ends_padded + s->unit_padded_max;   /* grad_full */
-    floats += (double)s->unit_by_rank_max * (s->S + 1) / s->S;     /* stage_in, stage_out */
-    dp_plan_buffer_bytes(plan, s, floats);
+    dp_plan_buffers(plan, s, zero2_allocate);
 }

@@ -19,7 +19,7 @@
  *
  * Balance. Causal attention makes late queries see more keys. Cut the sequence into 2C chunks:
  *
- *   contiguous  rank r holds chunks 2r, 2r+1 (one piece): rank C-1 does C times rank 0's work
+ *   contiguous  rank r holds chunks 2r, 2r+1 (one piece): rank C-1 does the most, rank 0 the least
  *   zigzag      rank r holds chunks r and 2C-1-r: every rank the same work
  *
  *   C = 2, chunks 0 1 2 3:   contiguous  rank 0: 0 1   rank 1: 2 3
