@@ -95,7 +95,7 @@ llama_plan parallelize_llama(device_mesh *mesh, const llama_config *c, int batch
      * dp_shard x cp (the cp ranks hold the same parameters; 06 applied above, which FSDP over cp
      * requires), so FSDP runs even on dp 1 when cp > 1, unless --no-fsdp-over-cp. */
     if (parallel_has_fsdp(o)) {
-        /* BEGIN ASSIGNMENT: chapter 04's data parallelism on the plan: FSDP (its mode DP_FSDP covers HSDP when dp_replicate > 1), resharding after forward, prefetching only without a pipeline, DDP's bucket size unused (64 * 256), the fp32 all-gather (NULL), sharded over dp_shard x cp as o->fsdp_over_cp says */
+        /* BEGIN ASSIGNMENT: chapter 04's data parallelism on the plan, with the options this mesh needs (the comment above says why each) */
         dp_options d = {.mode = DP_FSDP, .reshard_after_forward = true, .prefetch = g[MESH_PP] == 1,
                         .bucket_floats = 64 * 256, .gather = NULL, .shard_over_cp = o->fsdp_over_cp};
         data_parallel_apply(&plan, mesh, c, &d);

@@ -49,7 +49,7 @@ typedef struct {
     bool fsdp_over_cp;         /* FSDP's shards over dp_shard x cp (default), or dp_shard alone    */
 } parallel_options;
 
-/* The ranks FSDP shards over: dp_shard, times cp unless --no-fsdp-over-cp (S of the formulas). */
+/* The ranks FSDP shards over (S of the formulas; --no-fsdp-over-cp changes it). */
 static inline int parallel_shard_ranks(const parallel_options *o) {
     return o->degree[MESH_DP_SHARD] * (o->fsdp_over_cp ? o->degree[MESH_CP] : 1);
 }

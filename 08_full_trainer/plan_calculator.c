@@ -192,8 +192,10 @@ static int rank_largest_chunk(int L, int pp, int v, int rank) {
 // what one GPU stores
 
 /* One tensor on one GPU: its tp slice (01, 02; the vocabulary's padded, param_split_rows) as
- * [units, width] (rows, or a vector's elements), units cut in S chunks of ceil(units / S), the last
- * ones padded (04, params.c). */
+ * [units, width] (rows, or a vector's elements), sharded over S ranks by FSDP (04). */
+/* BEGIN SOLUTION 08: state per GPU */
+/* (units cut in S chunks of ceil(units / S), the last ones padded, as params.c pads them) */
+/* END SOLUTION */
 typedef struct { double shard, gathered; } tensor_floats;
 static tensor_floats floats_of(const llama_config *c, param_kind kind, shard_layout layout, int tp, int S) {
     param_spec s = llama_param_spec(c, llama_param_index_of(c, kind, kind == P_TOK_EMBEDDINGS || kind == P_NORM ||
@@ -202,7 +204,7 @@ static tensor_floats floats_of(const llama_config *c, param_kind kind, shard_lay
     shard_slice(layout, param_split_rows(c, s, layout, tp), s.cols, 0, tp, &r0, &nr, &c0, &nc);
     long long units = s.is_vector ? nc : nr, width = s.is_vector ? 1 : nc;
     tensor_floats f = {0, 0};
-    /* BEGIN ASSIGNMENT: the floats one GPU stores of this tensor: its tp slice's `units` rows of `width` cut in S chunks of ceil(units / S) rows, the last ones padded (f.shard), and the S padded chunks an all-gather rebuilds (f.gathered) */
+    /* BEGIN ASSIGNMENT: the floats one GPU stores of this tensor, its tp slice's `units` rows of `width` sharded over S ranks (f.shard), and the floats an all-gather of them rebuilds (f.gathered) */
     long long shard_units = (units + S - 1) / S;
     f = (tensor_floats){(double)(shard_units * width), (double)(S * shard_units * width)};
     /* END ASSIGNMENT */
@@ -262,11 +264,11 @@ static stage_floats stage_floats_of(const unit_floats *u, int L, int P, int V, i
     return s;
 }
 
-/* The FSDP shard group's size: dp_shard x cp (torchtitan's, and the trainer's default), or
- * dp_shard (--plan-no-shard-cp, the trainer's --no-fsdp-over-cp). */
+/* The FSDP shard group's size under the mesh's degrees g and o->shard_cp (--plan-no-shard-cp, the
+ * trainer's --no-fsdp-over-cp). */
 static int shard_group(const plan_calc_options *o, const int g[MESH_NDIMS]) {
     int S = 1;
-    /* BEGIN ASSIGNMENT: S, the ranks FSDP shards over: dp_shard, times cp when o->shard_cp (the cp ranks hold the same parameters, so they can hold different shards of them) */
+    /* BEGIN ASSIGNMENT: S, the ranks FSDP shards over, with and without o->shard_cp */
     S = g[MESH_DP_SHARD] * (o->shard_cp ? g[MESH_CP] : 1);
     /* END ASSIGNMENT */
     return S;
@@ -412,6 +414,17 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
     bool fsdp_across = r->across_nodes[MESH_DP_SHARD];
     double bw_fsdp = 1e9 * (fsdp_across ? o->inter_gbs : o->intra_gbs);
 
+    /* 05: the messages each pipeline rank sends in a step (an activation forward, a gradient back),
+     * counted from the schedule's lists as 05's pp_count_messages counts the whole pipeline's */
+    long *stage_sends = P > 1 ? calloc((size_t)P, sizeof *stage_sends) : NULL;
+    if (P > 1 && !stage_sends) { fprintf(stderr, "plan: out of host memory\n"); exit(1); }
+    if (P > 1) {
+        pp_schedule *ps = pp_schedule_build(o->schedule, P, M, V, sched_why, sizeof sched_why);
+        for (int q = 0; ps && q < P; q++)
+            for (int k = 0; k < ps->n[q]; k++) stage_sends[q] += pp_send_rank(ps, ps->a[q][k]) >= 0;
+        pp_schedule_free(ps);
+    }
+
     r->layers_min = INT_MAX;
     r->total_bytes = -1;
     for (int s = 0; s < P; s++) {
@@ -462,9 +475,9 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
             cp = (double)M * st.layers * (3.0 * C - 2) * 2.0 * mb * Tl * d.Hkvl * hd * e_act;
         if (C > 1 && !o->shard_cp)   /* 06: the cp ranks sum their gradients (shards, under FSDP) */
             cp += 2 * ring(C) * e_grad * st.floats;
-        if (P > 1)     /* 05: one activation forward, one gradient back per chunk boundary; with SP
-                        * the residual stream is each tp rank's T / (cp tp) rows */
-            pp = (double)M * (2.0 * V - st.first - st.last) * mb * d.Ts * D * e_act;
+        if (P > 1)     /* 05: the stage's messages; with SP the residual stream is each tp rank's
+                        * T / (cp tp) rows */
+            pp = (double)stage_sends[s] * mb * d.Ts * D * e_act;
         if (S > 1) {   /* 04: FSDP; 07: the block weights gathered as float8 bytes */
             double gather = e_act * S * st.floats - (o->fp8 ? (e_act - 1) * S * st.block_floats : 0);
             double scatter = e_grad * S * st.floats;
@@ -489,6 +502,7 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
         r->flops_per_gpu = fmax(r->flops_per_gpu, lin + other);
         r->compute_s = fmax(r->compute_s, lin / rate_linear + other / rate);
     }
+    free(stage_sends);
     r->fits = r->total_bytes <= o->gpu_mem_gib * 1073741824.0;
     double busy = r->compute_s / (1 - r->bubble);
     r->step_s = busy + r->tp_s + r->cp_s + r->pp_s + r->dp_s;
@@ -621,7 +635,7 @@ static void print_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], c
              o->shard_cp ? "" : " + 2 (C-1)/C x 4 Psi_S");
     traffic_line("cp", degree_text(g[MESH_CP]), r->across_nodes[MESH_CP], r->cp_bytes, r->cp_s, formula);
     traffic_line("pp", degree_text(g[MESH_PP]), r->across_nodes[MESH_PP], r->pp_bytes, r->pp_s,
-                 "M x 2V x B Tl/t D: the stage's share of 2 M (PV-1) messages (05)");
+                 "the stage's sends in 05's schedule x B Tl/t D, of 2 M (PV-1) messages (05)");
     snprintf(formula, sizeof formula, "%s x (S-1)/S x S Psi_S%s (04)%s",
              P == 1 ? "M x (2 gathers + 1 reduce-scatter)" : "(1 gather + 1 reduce-scatter)",
              g[MESH_DP_REPLICATE] > 1 ? " + 2 (R-1)/R x 4 Psi_S" : "", o->fp8 ? " float8 gathers (07)" : "");

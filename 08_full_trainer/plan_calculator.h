@@ -6,9 +6,8 @@
  * Nothing is allocated and nothing is sent: every figure is a formula, and each formula is the
  * one an earlier chapter prints beside its measurement (the README's "Planning a real run"):
  *
- *   parameters, gradients, AdamW m and v   04 (16 bytes a parameter, FSDP shards padded as
- *                                          params.c pads them) on 01/02's tp slices and 05's
- *                                          pipeline stages
+ *   parameters, gradients, AdamW m and v   04 (16 bytes a stored parameter, FSDP's shards)
+ *                                          on 01/02's tp slices and 05's pipeline stages
  *   activations of a layer                 03 (Megatron + SP, the checkpointing mode's tensors of
  *                                          the layer's blocks: llama_layer_act_bytes), with 06's
  *                                          log-sum-exp in place of the softmax; the head's by
@@ -147,7 +146,6 @@ llama_config plan_calc_model(const plan_calc_options *o);
  * Llama 3 paper's balance for the embedding and the output). -1 when neither divides. */
 int plan_calc_rank_layers(int n_layers, int pp, int v, int rank, bool *holds);
 /* Floats of one block (values, or gradients; AdamW holds two) that a GPU of pipeline stage
- * `stage` stores under the mesh: its tp slice of each of its tensors, padded to S equal dp
- * shards as params.c pads them (a dp_shard of -1 takes the rest of the GPUs; -1 when that is not
- * whole). */
+ * `stage` stores under the mesh: its share of each of its tensors under tp and FSDP (a dp_shard of
+ * -1 takes the rest of the GPUs; -1 when that is not whole). */
 double plan_calc_stage_floats(const plan_calc_options *o, const int mesh[MESH_NDIMS], int stage);

@@ -69,12 +69,12 @@ int report_state_memory(const llama_config *c, const int mesh[MESH_NDIMS], bool 
     o.virtual_stages = virtual_stages;
     o.shard_cp = shard_cp;   /* FSDP over dp_shard x cp, or (--no-fsdp-over-cp) dp_shard alone */
     double floats = plan_calc_stage_floats(&o, mesh, pp_rank);
+    char what[96] = "4 Psi_S: the floats of the stage this rank stores (exercise 4)";
+    /* BEGIN SOLUTION 08: state per GPU */
+    const char *how = "the stage's tp slices / S, padded";   /* (a literal of its own: the copy's README drops it) */
     int S = mesh[MESH_DP_SHARD] * (shard_cp ? mesh[MESH_CP] : 1);
-    char what[96];
-    if (shard_cp && mesh[MESH_CP] > 1)
-        snprintf(what, sizeof what, "4 Psi_S: the stage's tp slices / S, padded; S = dp_shard x cp = %d", S);
-    else
-        snprintf(what, sizeof what, "4 Psi_S: the stage's tp slices / S, padded; S = dp_shard = %d", S);
+    snprintf(what, sizeof what, "4 Psi_S: %s; S = dp_shard%s = %d", how, shard_cp && mesh[MESH_CP] > 1 ? " x cp" : "", S);
+    /* END SOLUTION */
     memory_row rows[3] = {
         {"parameters (fp32)", (double)mem_current(MEM_PARAMS), 4 * floats, what},
         {"gradients (fp32)", (double)mem_current(MEM_GRADS), 4 * floats, "4 Psi_S"},

@@ -58,10 +58,13 @@ typedef struct {
 int trainer_settings_diff(const char *saved, const char *now, char *out, size_t len);
 
 /* The state this rank stores (parameters, gradients, AdamW's m and v), as the allocator counted
- * it, beside --plan's formula for its pipeline stage (plan_calc_stage_floats: its tp slices,
- * padded to S equal shards, S = dp_shard x cp, or dp_shard when not shard_cp; 4 + 4 + 8 bytes a
- * float). Every rank compares its own; rank 0 prints its rows. Returns the ranks that differ (the
- * same on every rank). Collective. */
+ * it, beside --plan's formula for its pipeline stage (plan_calc_stage_floats). Every rank compares
+ * its own; rank 0 prints its rows. Returns the ranks that differ (the same on every rank).
+ * Collective. */
+/* BEGIN SOLUTION 08: state per GPU */
+/* (the formula: its tp slices, padded to S equal shards, S = dp_shard x cp, or dp_shard when not
+ * shard_cp; 4 + 4 + 8 bytes a float) */
+/* END SOLUTION */
 int report_state_memory(const llama_config *c, const int mesh[MESH_NDIMS], bool shard_cp, int pp_rank,
                         int virtual_stages);
 
