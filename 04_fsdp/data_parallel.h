@@ -121,10 +121,9 @@ extern const plan_technique data_parallel_technique;
 
 /* FSDP's mixed-precision policy: with --dtype bf16 the linears' weights (wq .. w3, output) are
  * all-gathered as bf16 (2 bytes an element), each tensor in its own all-gather; true for those
- * kinds. fsdp_gather_counts: a bf16 step's all-gathers of values over the shard group, tensor by
- * tensor (`twice`: before forward and backward; `keep_last`: the ends and the last layer gathered
- * once, prefetch keeps them), and the elements of those gathers that move as bf16 (with the
- * padding), for the traffic formulas of chapters 04, 07 and 08. */
+ * kinds. fsdp_gather_counts (exercise 6): a bf16 step's all-gathers of values over the shard group,
+ * tensor by tensor (`twice`: reshard_after_forward; `keep_last`: prefetch), and the elements of
+ * those gathers that move as bf16, for the traffic formulas of chapters 04, 07 and 08. */
 bool fsdp_gathers_bf16(param_kind kind);
 void fsdp_gather_counts(const param_table *t, int L, bool twice, bool keep_last, double *calls, double *bf16_elems);
 

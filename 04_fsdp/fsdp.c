@@ -317,10 +317,12 @@ void fsdp_gather_counts(const param_table *t, int L, bool twice, bool keep_last,
     for (int i = 0; i < t->n; i++) {
         const param_tensor *x = &t->t[i];
         if (!x->here) continue;   /* another pipeline stage's */
+        /* BEGIN ASSIGNMENT: the bf16 gathers: how many times a step all-gathers tensor x, and the elements of those gathers that move as bf16 (add them to *calls and *bf16_elems) */
         bool kept = twice && keep_last && (x->spec.layer < 0 || x->spec.layer == L - 1);
         double gathers = twice && !kept ? 2 : 1, elems = (double)t->shard_ranks * x->shard_units * x->width;
         *calls += gathers;
         if (fsdp_gathers_bf16(x->spec.kind)) *bf16_elems += gathers * elems;
+        /* END ASSIGNMENT */
     }
 }
 
