@@ -38,8 +38,8 @@ extern const plan_technique megatron_technique;
  * mesh was checked (mesh_check) to split n_heads, n_kv_heads and ffn_dim into whole pieces. */
 llama_plan megatron_plan(device_mesh *mesh, const llama_config *c);
 
-/* tp's rule for mesh_create (mesh.h): whole query heads, key/value heads and ffn units (w1, w3
- * split by rows, w2 by columns) on each tp rank. Sizes: n_heads, n_kv_heads, ffn_dim. */
+/* tp's rule for mesh_create (mesh.h): whole query heads, key/value heads and ffn units on each
+ * tp rank. Sizes: n_heads, n_kv_heads, ffn_dim. */
 mesh_rule tp_mesh_rule(const llama_config *c);
 
 /* What a later chapter's ranks run inside: megatron_plan when the mesh's tp degree (from --tp)

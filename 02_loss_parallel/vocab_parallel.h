@@ -33,7 +33,10 @@
 void vocab_parallel_layouts(shard_layout layout[P_NKINDS]);
 
 /* Of a rank's Vl vocabulary entries [v0, v0 + Vl), how many are real entries of the V (the
- * first ones; the others are padding): Vl, fewer on the rank that holds V, 0 past it. */
+ * first ones; the others are padding). */
+/* BEGIN SOLUTION 02 */
+/* Vl, fewer on the rank that holds V, 0 past it. */
+/* END SOLUTION */
 int vocab_parallel_real_columns(int V, int Vl, int v0);
 
 /* logits_local[N, Vl]; row_max, row_sumexp (saved for backward), target_logit: device [N].

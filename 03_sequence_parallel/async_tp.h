@@ -8,11 +8,12 @@
  * them becomes p - 1 point-to-point steps over comm_ring_links, and the GEMM of the chunk already
  * here runs while the next chunk travels:
  *
- *   all-gather + matmul (rank r, step k = 0 .. p-1): compute on chunk (r - k) mod p while chunk
- *       (r - k - 1) mod p arrives from r - 1 and the chunk just used goes on to r + 1.
- *   matmul + reduce-scatter (step k): compute the partial product of chunk (r - k - 1) mod p,
- *       add the accumulator of that chunk received from r - 1, send it to r + 1 while computing
- *       the next; at step p - 1 the chunk is r's own, and the sum is complete.
+ *   all-gather + matmul (rank r, step k = 0 .. p-1): compute on the chunk here (first r's own)
+ *       while the next arrives from r - 1 and the chunk just used goes on to r + 1.
+ *   matmul + reduce-scatter (step k): compute the partial product of one chunk, add the
+ *       accumulator of that chunk received from r - 1, send it to r + 1 while computing the
+ *       next; at step p - 1 the chunk is r's own, and the sum is complete.
+ * (async_tp_chunk, chapter 03's exercise 8, says which chunk.)
  *
  * All four are decomposed: the forward's all-gather + matmul (column-parallel) and matmul +
  * reduce-scatter (row-parallel), and their backwards: the row-parallel linear's backward is an

@@ -122,7 +122,7 @@ const char *ac_mode_name(ac_mode ac) {
 
 /* Does AC mode `ac` keep the activations of recompute cost `cost` for backward? */
 static bool ac_keeps(ac_mode ac, act_cost cost) {
-    /* BEGIN ASSIGNMENT: none keeps everything, selective the input and the GEMM outputs, full only the input */
+    /* BEGIN ASSIGNMENT: which recompute classes each --ac mode keeps (none, selective, full) */
     if (cost == ACT_COST_INPUT) return true;
     if (cost == ACT_COST_GEMM) return ac != AC_FULL;
     if (cost == ACT_COST_CHEAP) return ac == AC_NONE;
