@@ -235,10 +235,15 @@ int pp_check_message_order(const pp_schedule *s, char *why, size_t len) {
     return 0;
 }
 
+long pp_count_rank_messages(const pp_schedule *s, int r) {
+    long count = 0;
+    for (int k = 0; k < s->n[r]; k++) count += pp_send_rank(s, s->a[r][k]) >= 0;
+    return count;
+}
+
 long pp_count_messages(const pp_schedule *s) {
     long count = 0;
-    for (int r = 0; r < s->P; r++)
-        for (int k = 0; k < s->n[r]; k++) count += pp_send_rank(s, s->a[r][k]) >= 0;
+    for (int r = 0; r < s->P; r++) count += pp_count_rank_messages(s, r);
     return count;
 }
 

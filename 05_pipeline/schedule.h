@@ -153,6 +153,7 @@ int pp_check_message_order(const pp_schedule *s, char *why, size_t len);
  * activation and one gradient per microbatch per chunk boundary. With P = 1 they stay on the
  * rank. */
 long pp_count_messages(const pp_schedule *s);
+long pp_count_rank_messages(const pp_schedule *s, int r);   /* those rank r sends (08's --plan) */
 long pp_messages_per_step(int P, int M, int V);
 
 /* The published bubble, idle / (P * step time), as the exact fraction *num / *den, for the

@@ -415,13 +415,12 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
     double bw_fsdp = 1e9 * (fsdp_across ? o->inter_gbs : o->intra_gbs);
 
     /* 05: the messages each pipeline rank sends in a step (an activation forward, a gradient back),
-     * counted from the schedule's lists as 05's pp_count_messages counts the whole pipeline's */
+     * counted from the schedule's lists */
     long *stage_sends = P > 1 ? calloc((size_t)P, sizeof *stage_sends) : NULL;
     if (P > 1 && !stage_sends) { fprintf(stderr, "plan: out of host memory\n"); exit(1); }
     if (P > 1) {
         pp_schedule *ps = pp_schedule_build(o->schedule, P, M, V, sched_why, sizeof sched_why);
-        for (int q = 0; ps && q < P; q++)
-            for (int k = 0; k < ps->n[q]; k++) stage_sends[q] += pp_send_rank(ps, ps->a[q][k]) >= 0;
+        for (int q = 0; ps && q < P; q++) stage_sends[q] = pp_count_rank_messages(ps, q);
         pp_schedule_free(ps);
     }
 

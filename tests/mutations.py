@@ -221,11 +221,11 @@ def run(want, tmp):
             saved = {}
             for f, old, new in m["hunks"]:
                 p = os.path.join(box, f)
-                with open(p) as f:
-                    text = f.read()
+                with open(p) as fh:
+                    text = fh.read()
                 saved.setdefault(p, text)
-                with open(p, "w") as f:        # read before opening for writing, which empties the file
-                    f.write(text.replace(old, new, 1))
+                with open(p, "w") as fh:        # read before opening for writing, which empties the file
+                    fh.write(text.replace(old, new, 1))
             what = f"{nn} {m['exercise']}/{m['name']}"
             try:
                 # -O1: the same bits as the default -O3 (Makefile), compiled faster
