@@ -14,6 +14,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include "comm.h"
 #include "dp_units.h"
 
 const char *dp_mode_name(dp_mode mode) {
@@ -39,6 +40,13 @@ void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config
     case DP_ZERO2: zero2_apply(plan, mesh, c, o); break;
     default: fsdp_apply(plan, mesh, c, o); break;
     }
+}
+
+void data_parallel_refuse_reduce_type(dtype reduce_type, dtype precision) {
+    if (reduce_type != DTYPE_F32 && precision != DTYPE_BF16)
+        comm_exit_usage("--reduce-dtype %s needs --dtype bf16: an %s run keeps its gradients %s; reducing them in %s "
+                        "is part of mixed precision", dtype_name(reduce_type), dtype_name(precision),
+                        dtype_name(precision), dtype_name(reduce_type));
 }
 
 /* ---- the mesh's rule (data_parallel.h) ---- */

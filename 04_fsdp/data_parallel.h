@@ -84,6 +84,11 @@ typedef struct {
                                    * hook's, tensor by tensor                                     */
     bool shard_over_cp;           /* shard over dp_shard x cp (chapter 08, torchtitan's), not
                                    * dp_shard alone: needs context parallelism applied first      */
+    dtype reduce_type;            /* the gradients' reductions (FSDP2's reduce_dtype): DTYPE_F32
+                                   * (zero: the default), or DTYPE_BF16 (--reduce-dtype bf16): each
+                                   * rank's fp32 gradients rounded to a bf16 copy that moves and is
+                                   * summed (in fp32, rounded at each combining step), the sums
+                                   * widened back into the fp32 gradients                          */
 } dp_options;
 
 /* One timeline event of this rank, for the Gantt chart: a unit's compute, or a collective from
@@ -110,6 +115,10 @@ typedef struct dp_state dp_state;
  * checks with the model's before anything is allocated, and the buffers (MEM_BUFFERS) are
  * allocated at the plan's first use. */
 void data_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const dp_options *o);
+
+/* --reduce-dtype bf16 without --dtype bf16, refused (one line, exit 2): mixed precision reduces in
+ * bf16 what it computes in bf16; an fp32 run keeps its gradients fp32 end to end. */
+void data_parallel_refuse_reduce_type(dtype reduce_type, dtype precision);
 
 /* Data parallelism's rule for mesh_create (mesh.h): the global batch of `batch` sequences in equal
  * shares over dp_replicate x dp_shard. */

@@ -72,6 +72,13 @@ int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, c
     /* END ASSIGNMENT */
     char buckets_formula[64];
     bool ddp = dp->mode == DP_DDP, fsdp = dp->mode == DP_FSDP;
+    /* --reduce-dtype bf16: the gradients' collectives move 2 bytes an element where the formulas
+     * above count 4 (dp_units.c: the bf16 copies that move) */
+    double grad_scale = dtype_size(dp->reduce_type) / 4.0;
+    const char *grad_note = dp->reduce_type == DTYPE_F32 ? "" : " x 2/4 (bf16)";
+    bucket_bytes *= grad_scale;
+    scatter_bytes *= grad_scale;
+    replica_bytes *= grad_scale;
     /* --dtype bf16: FSDP gathers tensor by tensor, the linears' weights as bf16, 2 bytes an element
      * less (fsdp.c, the mixed-precision policy) */
     double bf16_elems = 0;
@@ -81,7 +88,7 @@ int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, c
     }
     if (ddp) {
         groups[0] = plan->groups.batch;
-        snprintf(buckets_formula, sizeof buckets_formula, "Psi x 4 in %.0f buckets", buckets);
+        snprintf(buckets_formula, sizeof buckets_formula, "Psi x %zu in %.0f buckets", dtype_size(dp->reduce_type), buckets);
         expect[n_expect++] = (comm_expectation){plan->groups.batch, COLL_ALL_REDUCE, buckets, bucket_bytes, buckets_formula};
     } else {
         /* the formulas in words, printed beside the figures (in the student copy: which exercise) */
@@ -93,10 +100,16 @@ int report_data_parallel_traffic(const run_options *o, const llama_plan *plan, c
         scattered = "S Psi_S x 4 (grads)";
         replicated = "Psi_S x 4 (HSDP)";
         /* END SOLUTION */
-        char bf16_when[96];
+        char bf16_when[96], bf16_scattered[96], bf16_replicated[96];
         if (bf16_elems > 0) {   /* (the same, the linears' 2 bytes an element: by tensor) */
             snprintf(bf16_when, sizeof bf16_when, "%s - 2 x linears'", when);
             when = bf16_when;
+        }
+        if (*grad_note) {   /* (the same, the gradients at 2 bytes an element) */
+            snprintf(bf16_scattered, sizeof bf16_scattered, "%s%s", scattered, grad_note);
+            snprintf(bf16_replicated, sizeof bf16_replicated, "%s%s", replicated, grad_note);
+            scattered = bf16_scattered;
+            replicated = bf16_replicated;
         }
         expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_ALL_GATHER, gathers, gather_bytes, when};
         expect[n_expect++] = (comm_expectation){mesh->group[MESH_DP_SHARD], COLL_REDUCE_SCATTER, scatters, scatter_bytes,
@@ -127,7 +140,7 @@ int report_data_parallel_memory(const llama_plan *plan, const llama_model *m, co
     /* Bytes per rank: the values, gradients and AdamW m and v as stored, and the transient buffers
      * (MEM_BUFFERS) the mode allocates, with the formula that names them. */
     double v = 0, g = 0, a = 0, buffers = 0;
-    char buffer_formula[96] = "none";
+    char buffer_formula[160] = "none";
     /* BEGIN ASSIGNMENT: memory formula: the bytes per rank of the values, gradients, AdamW m and v and the transient buffers of this mode (and buffer_formula, the formula in words) */
     v = 4 * (shard_values ? z.psi_s : z.psi);
     g = 4 * (shard_grads ? z.psi_s : z.psi);
@@ -144,6 +157,13 @@ int report_data_parallel_memory(const llama_plan *plan, const llama_model *m, co
                                                                             : "4(ends + L layers) + ") : "",
                  shard_grads ? "4(ends + layer) grads + " : "", "4(S+1)/S largest unit");
     /* END ASSIGNMENT */
+    if (dp->reduce_type != DTYPE_F32) {   /* --reduce-dtype bf16: the gradients' bf16 copies that move */
+        double e = dtype_size(dp->reduce_type);
+        buffers += dp->mode == DP_DDP ? e * z.psi : e * fmax(z.ends_pad, z.layer_pad) * (z.S + 1) / z.S;
+        size_t len = strlen(buffer_formula);
+        snprintf(buffer_formula + (dp->mode == DP_DDP ? 0 : len), sizeof buffer_formula - (dp->mode == DP_DDP ? 0 : len),
+                 "%s", dp->mode == DP_DDP ? "2 Psi (bf16 grads)" : " + 2(S+1)/S largest unit (bf16 grads)");
+    }
     static const char *total[DP_NMODES] = {"16 Psi", "8 Psi + 8 Psi_S", "4 Psi + 12 Psi_S", "16 Psi_S"};
     memory_row rows[] = {
         {"parameters", measured[0], v, shard_values ? "4 Psi_S" : "4 Psi"},

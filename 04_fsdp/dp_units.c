@@ -106,7 +106,27 @@ void unit_copy(dp_state *s, int u, float *by_rank, float *by_tensor, float *whol
 
 /* ==============================================================================================
  * The two collectives of sharded data parallelism, on one unit.
+ *
+ * The gradients move as s->grad_wire (--reduce-dtype, FSDP2's reduce_dtype). fp32: the fp32
+ * buffers themselves. bf16: each rank's fp32 gradients are rounded to a bf16 copy (wire_in), the
+ * collective sends and sums those (in fp32, rounded once per combining step: comm.h), and the
+ * sums (wire_out) are widened back to fp32 after the wait. Half the bytes move; each rank's
+ * gradient and every partial sum lose the bits below bf16's 8 (README, "Reducing in bf16").
  * ============================================================================================== */
+
+/* What a gradient collective sends: the fp32 gradients g [n] themselves, or under a bf16
+ * reduction their copy rounded into wire [n] (bf16). No collective. */
+void *grad_wire_send(const dp_state *s, float *g, void *wire, size_t n) {
+    if (s->grad_wire == DTYPE_F32) return g;
+    cast_to_bf16(wire, g, n);
+    return wire;
+}
+
+/* After a gradient collective's wait: under a bf16 reduction, its bf16 sums wire [n] widened back
+ * into g [n] (fp32); under fp32 the sums are already there (wire is g). No collective. */
+void grad_wire_back(const dp_state *s, float *g, const void *wire, size_t n) {
+    if (s->grad_wire != DTYPE_F32) cast_from_bf16(g, wire, n);
+}
 
 /* Every rank's shards: by_rank [S, count] from shards [count] (this rank's row).
  * Issues: 1 all-gather of S * count floats over dp_shard, non-blocking: wait on the request. */
@@ -121,32 +141,30 @@ comm_request gather_shards(dp_state *s, const float *shards, float *by_rank, siz
 /* The gradients of this rank's shards, summed over the shard group (under shard_over_cp, over the
  * cp ranks too: chapter 06's sum rides in it), in two parts around the overlapped backward.
  * start: by_rank [S, count], this rank's full gradients of one unit laid out by rank (row r: the
- * chunks rank r's shards cover) -> s->stage_out [count], row r of this rank summed over the S
- * ranks, in flight. Issues: 1 reduce-scatter of
- * S * count floats over dp_shard, non-blocking: finish_grad_reduce waits on it. */
+ * chunks rank r's shards cover) -> row r of this rank summed over the S ranks, in flight, landing
+ * in `sums`: s->stage_out [count] (fp32), or its bf16 twin s->wire_out, which the send buffer
+ * `send` (by_rank, or its bf16 copy) matches. Issues: 1 reduce-scatter of S * count elements of
+ * s->grad_wire over dp_shard, non-blocking: finish_grad_reduce waits on it. */
 comm_request start_grad_reduce(dp_state *s, const float *by_rank, size_t count) {
     comm_request req = {0};
-    /* BEGIN ASSIGNMENT: start the reduce-scatter of the unit's full gradients over dp_shard into s->stage_out */
-    req = s->reduce_scatter(s->shard, by_rank, s->stage_out, count);
+    const void *send = grad_wire_send(s, (float *)by_rank, s->wire_in, (size_t)s->S * count);
+    void *sums = s->grad_wire == DTYPE_F32 ? (void *)s->stage_out : s->wire_out;
+    /* BEGIN ASSIGNMENT: start the reduce-scatter of the unit's full gradients (send, as s->grad_wire) over dp_shard into sums */
+    req = s->reduce_scatter(s->shard, s->grad_wire, send, sums, count);
     /* END ASSIGNMENT */
     return req;
 }
 
 /* finish: waits for the reduce-scatter; under HSDP the sums are then summed over the replicas
- * too, in place in s->stage_out [count]. Issues: under HSDP 1 all-reduce of count floats over
- * dp_replicate. */
+ * too, in place (in s->grad_wire, as the reduce-scatter); then s->stage_out [count] holds them in
+ * fp32. Issues: under HSDP 1 all-reduce of count elements of s->grad_wire over dp_replicate. */
 void finish_grad_reduce(dp_state *s, comm_request *req, size_t count) {
     comm_wait(req);
-    /* BEGIN ASSIGNMENT: all-reduce this rank's summed shards over dp_replicate (HSDP) */
-    if (s->R > 1) comm_all_reduce(s->replicate, s->stage_out, count, COMM_SUM);
+    void *sums = s->grad_wire == DTYPE_F32 ? (void *)s->stage_out : s->wire_out;
+    /* BEGIN ASSIGNMENT: all-reduce this rank's summed shards (sums, as s->grad_wire) over dp_replicate (HSDP) */
+    if (s->R > 1) comm_all_reduce_typed(s->replicate, s->grad_wire, sums, count, COMM_SUM);
     /* END ASSIGNMENT */
-}
-
-static comm_request real_reduce_scatter(comm_group *g, const float *send, float *recv, size_t count) {
-    return comm_ireduce_scatter(g, send, recv, count);
-}
-static comm_request real_all_reduce(comm_group *g, float *buf, size_t count, comm_op op) {
-    return comm_iall_reduce(g, buf, count, op);
+    grad_wire_back(s, s->stage_out, sums, count);
 }
 
 /* ==============================================================================================
@@ -212,6 +230,7 @@ static void plan_unit_sizes(dp_state *s, const llama_plan *plan, device_mesh *me
         size_t units = sp.is_vector ? (size_t)nc : (size_t)nr, width = sp.is_vector ? 1 : (size_t)nc;
         size_t shard = (units + s->S - 1) / s->S * width;
         unit_sum[sp.layer < 0 ? s->L : sp.layer] += (size_t)s->S * shard;
+        s->whole_floats += units * width;
     }
     size_t layer_max = 0;
     for (int u = 0; u < s->L; u++) if (unit_sum[u] > layer_max) layer_max = unit_sum[u];
@@ -244,9 +263,10 @@ dp_state *dp_push(llama_plan *plan, device_mesh *mesh, const llama_config *c, co
     s->R = s->replicate->size;
     static const int batch_dims[] = {MESH_DP_REPLICATE, MESH_DP_SHARD};
     s->batch = mesh_group_over(mesh, batch_dims, 2, "dp");
-    s->reduce_scatter = real_reduce_scatter;
+    s->reduce_scatter = comm_ireduce_scatter_typed;
     s->rs_unit = -1;
-    s->all_reduce = real_all_reduce;
+    s->all_reduce = comm_iall_reduce_typed;
+    s->grad_wire = o->reduce_type;
     plan->groups.mesh = mesh;
     plan->groups.batch = s->batch;
     plan->groups.shard = s->shard;
@@ -280,14 +300,16 @@ void dp_plan_buffers(llama_plan *plan, dp_state *s, void (*allocate)(dp_state *s
     plan_add_buffer_bytes(plan, &data_parallel_technique, s->planned_bytes);
 }
 
-/* A transient buffer of n floats (MEM_BUFFERS); while dp_plan_buffers counts, only its bytes (NULL). */
-float *dp_buffer_floats(dp_state *s, size_t n) {
+/* A transient buffer of n elements of t (MEM_BUFFERS); while dp_plan_buffers counts, only its
+ * bytes (NULL). */
+void *dp_buffer_elems(dp_state *s, size_t n, dtype t) {
     if (s->planning) {
-        s->planned_bytes += 4.0 * (double)n;
+        s->planned_bytes += (double)dtype_size(t) * (double)n;
         return NULL;
     }
-    return device_alloc_floats(n, MEM_BUFFERS);
+    return device_alloc_elems(n, t, MEM_BUFFERS);
 }
+float *dp_buffer_floats(dp_state *s, size_t n) { return dp_buffer_elems(s, n, DTYPE_F32); }
 
 /* The transient buffers (MEM_BUFFERS), allocated by the mode's `allocate` (NULL: none) at the
  * plan's first use, after run_model's check, and measured. */
@@ -305,10 +327,15 @@ void dp_allocate_grad_full(dp_state *s) {
     s->grad_full[1] = dp_buffer_floats(s, s->unit_padded_max);
 }
 
-/* zero1, zero2, fsdp: stage_in [S * U] and stage_out [U] for the largest unit. */
+/* zero1, zero2, fsdp: stage_in [S * U] and stage_out [U] for the largest unit; under a bf16
+ * reduction their bf16 twins for the gradients, wire_in [S * U] and wire_out [U]. */
 void dp_allocate_stages(dp_state *s) {
     s->stage_in = dp_buffer_floats(s, s->unit_by_rank_max);
     s->stage_out = dp_buffer_floats(s, s->unit_by_rank_max / s->S);
+    if (s->grad_wire != DTYPE_F32) {
+        s->wire_in = dp_buffer_elems(s, s->unit_by_rank_max, s->grad_wire);
+        s->wire_out = dp_buffer_elems(s, s->unit_by_rank_max / s->S, s->grad_wire);
+    }
 }
 
 /* What every mode holds, freed, and the state itself (after the mode's own). */
@@ -319,6 +346,7 @@ void dp_free_shared(dp_state *s) {
     device_mark_release(&s->rs_issued);
     device_free(s->grad_full[0]); device_free(s->grad_full[1]);
     device_free(s->stage_in); device_free(s->stage_out);
+    device_free(s->wire_in); device_free(s->wire_out);
     free(s);
 }
 
@@ -363,11 +391,12 @@ const dp_event *dp_timeline(const llama_plan *plan, int *n) {
 
 /* --fault skip-grad-reduce: the gradient reduction is left out. ddp keeps each rank's own
  * gradient; the sharded modes keep their own chunk of it instead of the sum over ranks. */
-static comm_request keep_own_chunk(comm_group *g, const float *send, float *recv, size_t count) {
-    device_copy(recv, send + (size_t)g->rank * count, count * sizeof(float));
+static comm_request keep_own_chunk(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
+    size_t bytes = count * dtype_size(t);
+    device_copy(recv, (const char *)send + (size_t)g->rank * bytes, bytes);
     return (comm_request){0};   /* complete: nothing was sent */
 }
-static comm_request keep_own_gradient(comm_group *g, float *buf, size_t count, comm_op op) {
+static comm_request keep_own_gradient(comm_group *g, dtype t, void *buf, size_t count, comm_op op) {
     return (comm_request){0};   /* a request that is already complete: nothing was sent */
 }
 static const char *skip_grad_reduce(llama_plan *p) {
@@ -377,10 +406,11 @@ static const char *skip_grad_reduce(llama_plan *p) {
     return NULL;
 }
 /* --fault grad-reduce-bf16: the gradients are summed in bf16 where fp32 was asked (mixed
- * precision's reduce_dtype): each rank's gradient rounded to bf16, the sum rounded at each step of
- * the collective. Half the bytes move, which the traffic table's formula (4 bytes an element)
- * catches under any --dtype; in fp32 the gradients' parity catches it too (2^-9 relative). */
-static comm_request reduce_scatter_bf16(comm_group *g, const float *send, float *recv, size_t count) {
+ * precision's reduce_dtype, --reduce-dtype fp32): each rank's gradient rounded to bf16, the sum
+ * rounded at each step of the collective, blocking, in buffers of its own. Half the bytes move,
+ * which the traffic table's formula (4 bytes an element) catches under any --dtype; in fp32 the
+ * gradients' parity catches it too (2^-9 relative). */
+static comm_request reduce_scatter_bf16(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
     size_t n = count * (size_t)g->size;
     uint16_t *all = device_alloc_elems(n, DTYPE_BF16, MEM_BUFFERS), *mine = device_alloc_elems(count, DTYPE_BF16, MEM_BUFFERS);
     cast_to_bf16(all, send, n);
@@ -390,7 +420,7 @@ static comm_request reduce_scatter_bf16(comm_group *g, const float *send, float 
     device_free(mine);
     return (comm_request){0};   /* complete: it blocked */
 }
-static comm_request all_reduce_bf16(comm_group *g, float *buf, size_t count, comm_op op) {
+static comm_request all_reduce_bf16(comm_group *g, dtype t, void *buf, size_t count, comm_op op) {
     uint16_t *h = device_alloc_elems(count, DTYPE_BF16, MEM_BUFFERS);
     cast_to_bf16(h, buf, count);
     comm_all_reduce_typed(g, DTYPE_BF16, h, count, op);
@@ -400,6 +430,9 @@ static comm_request all_reduce_bf16(comm_group *g, float *buf, size_t count, com
 }
 static const char *grad_reduce_bf16(llama_plan *p) {
     dp_state *s = plan_state(p, &data_parallel_technique);
+    if (s->grad_wire != DTYPE_F32)
+        return "the gradients are reduced in bf16 already (--reduce-dtype bf16): the fault sums them in bf16 where "
+               "fp32 was asked; run it without --reduce-dtype";
     s->reduce_scatter = reduce_scatter_bf16;
     s->all_reduce = all_reduce_bf16;
     return NULL;

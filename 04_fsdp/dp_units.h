@@ -35,9 +35,16 @@ struct dp_state {
     comm_request rs_req;
     int rs_unit;                       /* its unit, -1: none in flight                         */
     device_mark rs_issued;
-    /* the gradient reductions, which a fault may replace */
-    comm_request (*reduce_scatter)(comm_group *g, const float *send, float *recv, size_t count);
-    comm_request (*all_reduce)(comm_group *g, float *buf, size_t count, comm_op op);
+    /* the gradient reductions, typed (comm.h's comm_ireduce_scatter_typed, comm_iall_reduce_typed),
+     * which a fault may replace; they move the gradients as grad_wire: fp32, the gradients' own
+     * buffers, or bf16 (--reduce-dtype bf16), the bf16 copies below */
+    comm_request (*reduce_scatter)(comm_group *g, dtype t, const void *send, void *recv, size_t count);
+    comm_request (*all_reduce)(comm_group *g, dtype t, void *buf, size_t count, comm_op op);
+    dtype grad_wire;                   /* o.reduce_type                                           */
+    void *wire_in, *wire_out;          /* bf16 only: the copies that move, [S * U] and [U] for the
+                                        * largest unit (zero1, zero2, fsdp), or wire_in [the whole
+                                        * gradient block] (ddp: each bucket at its offset)        */
+    size_t whole_floats;               /* the floats of this rank's whole gradient block (ddp)   */
     /* what the plan underneath owes after backward (chapter 03's norm gradients over tp, chapter
      * 06's all-reduce over cp), run on the reduced (or sharded) gradients; NULL: nothing */
     grad_reduce_ops below_reduce;
@@ -67,6 +74,7 @@ dp_state *dp_push(llama_plan *plan, device_mesh *mesh, const llama_config *c, co
 void dp_install(llama_plan *plan, dp_state *s, weight_ops weights, grad_reduce_ops reduce, optimizer_ops optimizer);
 void dp_plan_buffers(llama_plan *plan, dp_state *s, void (*allocate)(dp_state *s));
 float *dp_buffer_floats(dp_state *s, size_t n);
+void *dp_buffer_elems(dp_state *s, size_t n, dtype t);
 void dp_ensure_buffers(dp_state *s, void (*allocate)(dp_state *s));
 void dp_allocate_grad_full(dp_state *s);
 void dp_allocate_stages(dp_state *s);
@@ -88,6 +96,8 @@ void unit_copy(dp_state *s, int u, float *by_rank, float *by_tensor, float *whol
 comm_request gather_shards(dp_state *s, const float *shards, float *by_rank, size_t count);
 comm_request start_grad_reduce(dp_state *s, const float *by_rank, size_t count);
 void finish_grad_reduce(dp_state *s, comm_request *req, size_t count);
+void *grad_wire_send(const dp_state *s, float *g, void *wire, size_t n);
+void grad_wire_back(const dp_state *s, float *g, const void *wire, size_t n);
 
 /* ---- zero2, fsdp: a unit's full gradients and their overlapped reduce-scatter ---- */
 unit_weights full_grads(dp_state *s, int u);

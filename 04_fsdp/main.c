@@ -10,6 +10,7 @@
  *   make run-04 NP=4 ARGS="--dp-mode zero1"            ZeRO-1 over 4 ranks
  *   make run-04 NP=4 ARGS="--dp-replicate 2"           HSDP: shard over 2, replicate over 2
  *   make run-04 NP=4 ARGS="--tp 2"                     FSDP x TP on a 2 x 2 mesh
+ *   make run-04 ARGS="--dtype bf16 --reduce-dtype bf16"  mixed precision, the gradients summed in bf16
  *   make check-04                                      every mode at dp 1, 2, 4; HSDP; FSDP x TP; the bug
  */
 #include <math.h>
@@ -34,12 +35,15 @@ static const char *usage =
     "  --tp T                           tensor parallelism inside each data rank (default 1)\n"
     "  --bucket-kb K                    ddp: all-reduce the gradients in buckets of K KiB (default 64)\n"
     "  --no-reshard-after-forward       fsdp: keep the gathered layers from forward to backward\n"
-    "  --no-prefetch                    fsdp: gather each layer only when it is needed\n";
+    "  --no-prefetch                    fsdp: gather each layer only when it is needed\n"
+    "  --reduce-dtype fp32|bf16         the type the gradients are summed in (default fp32; bf16 needs\n"
+    "                                   --dtype bf16): FSDP2's reduce_dtype\n";
 
-enum { OPT_MODE = 1, OPT_SHARD, OPT_REPLICATE, OPT_TP, OPT_BUCKET, OPT_NO_RESHARD, OPT_NO_PREFETCH };
+enum { OPT_MODE = 1, OPT_SHARD, OPT_REPLICATE, OPT_TP, OPT_BUCKET, OPT_NO_RESHARD, OPT_NO_PREFETCH, OPT_REDUCE_DTYPE };
 typedef struct { dp_options dp; int shard, replicate, tp; bool bucket_given, no_reshard_given, no_prefetch_given; } chapter_options;
 static void chapter_flag(int code, const char *arg, void *ctx) {
     static const char *const modes[] = {"ddp", "zero1", "zero2", "fsdp", NULL};
+    static const char *const dtypes[] = {"fp32", "bf16", NULL};   /* (dtype's order) */
     chapter_options *co = ctx;
     if (code == OPT_MODE) co->dp.mode = (dp_mode)cli_choice("--dp-mode", arg, modes);
     else if (code == OPT_SHARD) co->shard = cli_int("--dp-shard", arg, 1, 4096);
@@ -47,6 +51,7 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     else if (code == OPT_TP) co->tp = cli_int("--tp", arg, 1, 4096);
     else if (code == OPT_BUCKET) co->dp.bucket_floats = (size_t)cli_int("--bucket-kb", arg, 1, 1 << 20) * 256, co->bucket_given = true;
     else if (code == OPT_NO_RESHARD) co->dp.reshard_after_forward = false, co->no_reshard_given = true;
+    else if (code == OPT_REDUCE_DTYPE) co->dp.reduce_type = (dtype)cli_choice("--reduce-dtype", arg, dtypes);
     else co->dp.prefetch = false, co->no_prefetch_given = true;
 }
 
@@ -64,7 +69,8 @@ int main(int argc, char **argv) {
         {"dp-replicate", required_argument, 0, OPT_REPLICATE}, {"tp", required_argument, 0, OPT_TP},
         {"bucket-kb", required_argument, 0, OPT_BUCKET},
         {"no-reshard-after-forward", no_argument, 0, OPT_NO_RESHARD},
-        {"no-prefetch", no_argument, 0, OPT_NO_PREFETCH}, {0, 0, 0, 0}};
+        {"no-prefetch", no_argument, 0, OPT_NO_PREFETCH}, {"reduce-dtype", required_argument, 0, OPT_REDUCE_DTYPE},
+        {0, 0, 0, 0}};
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     const llama_config *c = &o.model;
     /* flags the chosen mode would ignore: refused */
@@ -73,6 +79,7 @@ int main(int argc, char **argv) {
     if ((co.no_reshard_given || co.no_prefetch_given) && co.dp.mode != DP_FSDP)
         comm_exit_usage("%s changes FSDP's gathers: it needs --dp-mode fsdp, not %s",
                         co.no_reshard_given ? "--no-reshard-after-forward" : "--no-prefetch", dp_mode_name(co.dp.mode));
+    data_parallel_refuse_reduce_type(co.dp.reduce_type, c->precision);
 
     /* ---- mesh: dp_replicate x dp_shard x tp (dp_shard: the rest of NP when not given) ---- */
     mesh_requirements needs = {0};

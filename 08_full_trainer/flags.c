@@ -24,6 +24,8 @@ static const char *usage =
     "  --fp8 off|tensorwise|rowwise|delayed  float8 linears in the layers (default off)\n"
     "  --no-fsdp-over-cp                     FSDP's shards over dp_shard alone, the cp ranks all-reducing\n"
     "                                        their gradients (default: over dp_shard x cp, torchtitan's)\n"
+    "  --reduce-dtype fp32|bf16              the type FSDP sums the gradients in (default fp32; bf16\n"
+    "                                        needs --dtype bf16): FSDP2's reduce_dtype\n"
     "training:\n"
     "  --data FILE           the text to train on, one token per byte (default the repository's\n"
     "                        08_full_trainer/data/tinyshakespeare.txt); 90% trains, 10% validates\n"
@@ -45,12 +47,13 @@ enum {
     OPT_PP = 1, OPT_DPR, OPT_DPS, OPT_CP, OPT_TP, OPT_NO_SP, OPT_AC, OPT_CP_METHOD, OPT_SCHEDULE, OPT_MICRO,
     OPT_VIRTUAL, OPT_FP8, OPT_DATA, OPT_WARMUP, OPT_LR_MIN, OPT_ACCUM, OPT_EVAL_EVERY, OPT_EVAL_BATCHES,
     OPT_PEAK, OPT_CKPT_DIR, OPT_CKPT_EVERY, OPT_RESUME, OPT_EXPORT, OPT_SAMPLE, OPT_PROMPT, OPT_TEMP, OPT_PLAN, OPT_ASYNC_TP,
-    OPT_NO_FSDP_OVER_CP, OPT_VOCAB_MULTIPLE
+    OPT_NO_FSDP_OVER_CP, OPT_VOCAB_MULTIPLE, OPT_REDUCE_DTYPE
 };
 static void chapter_flag(int code, const char *arg, void *ctx) {
     static const char *const acs[] = {"none", "selective", "full", NULL};
     static const char *const methods[] = {"ring", "allgather", "alltoall", NULL};
     static const char *const recipes[] = {"off", "tensorwise", "rowwise", "delayed", NULL};
+    static const char *const dtypes[] = {"fp32", "bf16", NULL};   /* (dtype's order) */
     trainer_options *co = ctx;
     int *g = co->par.degree;
     switch (code) {
@@ -89,6 +92,7 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     case OPT_PLAN: co->plan = true; break;
     case OPT_ASYNC_TP: co->par.async_tp = true; break;
     case OPT_NO_FSDP_OVER_CP: co->par.fsdp_over_cp = false; break;
+    case OPT_REDUCE_DTYPE: co->par.reduce_type = (dtype)cli_choice("--reduce-dtype", arg, dtypes); break;
     case OPT_VOCAB_MULTIPLE: co->vocab_multiple = cli_int("--vocab-multiple", arg, 1, 1 << 20); break;
     default:
         if (!plan_calculator_flag(&co->calc, code, arg)) comm_exit_usage("internal: flag %d not handled", code);
@@ -120,7 +124,7 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
         {"export", required_argument, 0, OPT_EXPORT}, {"sample", required_argument, 0, OPT_SAMPLE},
         {"prompt", required_argument, 0, OPT_PROMPT}, {"temperature", required_argument, 0, OPT_TEMP},
         {"plan", no_argument, 0, OPT_PLAN}, {"async-tp", no_argument, 0, OPT_ASYNC_TP},
-        {"no-fsdp-over-cp", no_argument, 0, OPT_NO_FSDP_OVER_CP},
+        {"no-fsdp-over-cp", no_argument, 0, OPT_NO_FSDP_OVER_CP}, {"reduce-dtype", required_argument, 0, OPT_REDUCE_DTYPE},
         {"vocab-multiple", required_argument, 0, OPT_VOCAB_MULTIPLE}, PLAN_CALC_FLAGS, {0, 0, 0, 0}};
     char full_usage[8192];
     snprintf(full_usage, sizeof full_usage, "%s%s", usage, plan_calculator_usage);
@@ -181,6 +185,10 @@ void trainer_validate(run_options *o, trainer_options *t) {
         comm_exit_usage("--dump with --fp8 and --cp %d is not valid: each cp rank scales the activations of its own "
                         "positions, which the dump's float8 metadata cannot describe, so no replay could cast as the "
                         "run did; dump with --cp 1", cp);
+    data_parallel_refuse_reduce_type(t->par.reduce_type, c->precision);
+    if (t->par.reduce_type != DTYPE_F32 && !parallel_has_fsdp(&t->par))
+        comm_exit_usage("--reduce-dtype %s sets the type FSDP sums the gradients in: it needs --dp-shard x "
+                        "--dp-replicate (x --cp, unless --no-fsdp-over-cp) of 2 or more", dtype_name(t->par.reduce_type));
     if (o->fault && !parallel_has_fsdp(&t->par))
         comm_exit_usage("--fault %s breaks FSDP's gradient reduction: it needs --dp-shard x --dp-replicate (x --cp, "
                         "unless --no-fsdp-over-cp) of 2 or more", o->fault);

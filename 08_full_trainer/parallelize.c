@@ -93,11 +93,13 @@ llama_plan parallelize_llama(device_mesh *mesh, const llama_config *c, int batch
      * wrap the plan below. Prefetching the next layer assumes the layers run in order, which a
      * pipeline's interleaving of microbatches breaks: it gathers on demand there. The shards span
      * dp_shard x cp (the cp ranks hold the same parameters; 06 applied above, which FSDP over cp
-     * requires), so FSDP runs even on dp 1 when cp > 1, unless --no-fsdp-over-cp. */
+     * requires), so FSDP runs even on dp 1 when cp > 1, unless --no-fsdp-over-cp. The gradients
+     * are summed in the trainer's reduce dtype (--reduce-dtype: fp32, or bf16). */
     if (parallel_has_fsdp(o)) {
         /* BEGIN ASSIGNMENT: chapter 04's data parallelism on the plan, with the options this mesh needs (the comment above says why each) */
         dp_options d = {.mode = DP_FSDP, .reshard_after_forward = true, .prefetch = g[MESH_PP] == 1,
-                        .bucket_floats = 64 * 256, .gather = NULL, .shard_over_cp = o->fsdp_over_cp};
+                        .bucket_floats = 64 * 256, .gather = NULL, .shard_over_cp = o->fsdp_over_cp,
+                        .reduce_type = o->reduce_type};
         data_parallel_apply(&plan, mesh, c, &d);
         /* END ASSIGNMENT */
         if (!plan_has(&plan, &data_parallel_technique))

@@ -47,6 +47,7 @@ typedef struct {
     float8_options fp8;           /* float8 recipe (FLOAT8_OFF: fp32 linears)                           */
     bool async_tp;             /* chapter 03's --async-tp: SP's collectives decomposed over tp     */
     bool fsdp_over_cp;         /* FSDP's shards over dp_shard x cp (default), or dp_shard alone    */
+    dtype reduce_type;         /* FSDP's gradient reductions: fp32 (default) or bf16 (--reduce-dtype) */
 } parallel_options;
 
 /* The ranks FSDP shards over (S of the formulas; --no-fsdp-over-cp changes it). */

@@ -129,13 +129,16 @@ int report_traffic(const parallel_options *o, device_mesh *mesh, const llama_mod
         if (bf16_elems > 0) f = P == 1 ? "n x ((2 S Psi_S - ends - last) x 4 - 2 x linears')" : "n x (2 S Psi_S x 4 - 2 x linears')";
         e[n++] = (comm_expectation){q, COLL_ALL_GATHER, passes * gathers,
                                     passes * (S * 4 * (2 * shard_floats - kept_floats) - 2 * bf16_elems), f};
-        e[n++] = (comm_expectation){q, COLL_REDUCE_SCATTER, passes * units, passes * S * 4 * shard_floats,
-                                    "n x S Psi_S x 4"};
+        /* the gradients at 4 bytes an element, or 2 under --reduce-dtype bf16 (04's bf16 copies) */
+        double e_grad = (double)dtype_size(o->reduce_type);
+        bool bf16_grads = o->reduce_type == DTYPE_BF16;
+        e[n++] = (comm_expectation){q, COLL_REDUCE_SCATTER, passes * units, passes * S * e_grad * shard_floats,
+                                    bf16_grads ? "n x S Psi_S x 2 (bf16)" : "n x S Psi_S x 4"};
         groups[ng++] = q;
         if (R > 1) {
             comm_group *r = mesh->group[MESH_DP_REPLICATE];
-            e[n++] = (comm_expectation){r, COLL_ALL_REDUCE, passes * units, passes * 4 * shard_floats,
-                                        "n x Psi_S x 4"};
+            e[n++] = (comm_expectation){r, COLL_ALL_REDUCE, passes * units, passes * e_grad * shard_floats,
+                                        bf16_grads ? "n x Psi_S x 2 (bf16)" : "n x Psi_S x 4"};
             groups[ng++] = r;
         }
     }

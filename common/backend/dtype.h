@@ -30,6 +30,9 @@ HD static inline uint16_t bf16_from_float(float x) {
     uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet_nan = (u >> 16) | 0x0040u;
     return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
+/* Element i of a buffer of type t (its address: base + i elements of t). */
+static inline void *dtype_at(void *base, dtype t, size_t i) { return (char *)base + i * dtype_size(t); }
+
 HD static inline float bf16_to_float(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float x;
