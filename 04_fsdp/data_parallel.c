@@ -49,6 +49,15 @@ void data_parallel_refuse_reduce_type(dtype reduce_type, dtype precision) {
                         dtype_name(precision), dtype_name(reduce_type));
 }
 
+const char *data_parallel_run_options_json(const dp_options *o, int data_ranks, int passes, char *buf, size_t len) {
+    if (o->reduce_type == DTYPE_F32) return NULL;
+    char passes_key[32] = "";   /* (only when a step makes several passes) */
+    if (passes > 1) snprintf(passes_key, sizeof passes_key, ",\"passes\":%d", passes);
+    snprintf(buf, len, "{\"reduce\":{\"dtype\":\"%s\",\"data_ranks\":%d%s}}", dtype_name(o->reduce_type), data_ranks,
+             passes_key);
+    return buf;
+}
+
 /* ---- the mesh's rule (data_parallel.h) ---- */
 
 static const char *dp_divides_batch(const mesh_rule *r, const mesh_view *v, char *why, size_t len) {

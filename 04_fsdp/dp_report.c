@@ -158,11 +158,12 @@ int report_data_parallel_memory(const llama_plan *plan, const llama_model *m, co
                  shard_grads ? "4(ends + layer) grads + " : "", "4(S+1)/S largest unit");
     /* END ASSIGNMENT */
     if (dp->reduce_type != DTYPE_F32) {   /* --reduce-dtype bf16: the gradients' bf16 copies that move */
-        double e = dtype_size(dp->reduce_type);
-        buffers += dp->mode == DP_DDP ? e * z.psi : e * fmax(z.ends_pad, z.layer_pad) * (z.S + 1) / z.S;
+        double e = dtype_size(dp->reduce_type), largest = fmax(z.ends_pad, z.layer_pad);
+        if (dp->mode == DP_DDP) buffers += e * z.psi;                   /* the whole block's copy */
+        else buffers += e * largest + e * largest / z.S;                /* wire_in, wire_out (dp_allocate_stages) */
         size_t len = strlen(buffer_formula);
         snprintf(buffer_formula + (dp->mode == DP_DDP ? 0 : len), sizeof buffer_formula - (dp->mode == DP_DDP ? 0 : len),
-                 "%s", dp->mode == DP_DDP ? "2 Psi (bf16 grads)" : " + 2(S+1)/S largest unit (bf16 grads)");
+                 "%s", dp->mode == DP_DDP ? "2 Psi (bf16 grads)" : " + bf16 wire_in, wire_out");
     }
     static const char *total[DP_NMODES] = {"16 Psi", "8 Psi + 8 Psi_S", "4 Psi + 12 Psi_S", "16 Psi_S"};
     memory_row rows[] = {

@@ -149,7 +149,7 @@ comm_request start_grad_reduce(dp_state *s, const float *by_rank, size_t count) 
     comm_request req = {0};
     const void *send = grad_wire_send(s, (float *)by_rank, s->wire_in, (size_t)s->S * count);
     void *sums = s->grad_wire == DTYPE_F32 ? (void *)s->stage_out : s->wire_out;
-    /* BEGIN ASSIGNMENT: start the reduce-scatter of the unit's full gradients (send, as s->grad_wire) over dp_shard into sums */
+    /* BEGIN ASSIGNMENT: start the reduce-scatter of the unit's full gradients over dp_shard (send, as s->grad_wire, into sums) */
     req = s->reduce_scatter(s->shard, s->grad_wire, send, sums, count);
     /* END ASSIGNMENT */
     return req;
@@ -161,7 +161,7 @@ comm_request start_grad_reduce(dp_state *s, const float *by_rank, size_t count) 
 void finish_grad_reduce(dp_state *s, comm_request *req, size_t count) {
     comm_wait(req);
     void *sums = s->grad_wire == DTYPE_F32 ? (void *)s->stage_out : s->wire_out;
-    /* BEGIN ASSIGNMENT: all-reduce this rank's summed shards (sums, as s->grad_wire) over dp_replicate (HSDP) */
+    /* BEGIN ASSIGNMENT: all-reduce this rank's summed shards over dp_replicate (HSDP; sums, as s->grad_wire) */
     if (s->R > 1) comm_all_reduce_typed(s->replicate, s->grad_wire, sums, count, COMM_SUM);
     /* END ASSIGNMENT */
     grad_wire_back(s, s->stage_out, sums, count);

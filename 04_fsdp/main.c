@@ -92,6 +92,8 @@ int main(int argc, char **argv) {
     /* ---- the plan: chapter 01's inside each data rank (when tp > 1), data parallelism around it ---- */
     llama_plan plan = tensor_parallel_or_single(mesh, c);
     data_parallel_apply(&plan, mesh, c, &co.dp);   /* (its buffers: allocated at first use) */
+    char reduce_json[96];   /* --dump: the gradients' reduction type, for the replay */
+    run_dump_describe(&o, data_parallel_run_options_json(&co.dp, R * S, 1, reduce_json, sizeof reduce_json));
     run_apply_fault(&o, &plan);
     llama_model *model = run_model(&o, &plan);   /* refuses up front what cannot fit */
     double mem[3] = {mem_current(MEM_PARAMS), mem_current(MEM_GRADS), mem_current(MEM_OPTIM)};

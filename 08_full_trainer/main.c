@@ -31,6 +31,7 @@
 #include "sample.h"
 #include "trainer.h"
 #include "../02_loss_parallel/vocab_parallel.h"
+#include "../04_fsdp/data_parallel.h"
 #include "traffic.h"
 
 /* The settings a resumed run must share with the run it continues (the mesh may differ). */
@@ -102,6 +103,13 @@ int main(int argc, char **argv) {
         char float8_json[320];
         run_dump_describe(&o, float8_run_options_json(&co.par.fp8, one_device.activation_groups, co.accum, float8_json,
                                                       sizeof float8_json));
+    }
+    if (co.par.reduce_type != DTYPE_F32) {   /* --dump: the gradients summed in bf16 (04) */
+        dp_options reduce = {.reduce_type = co.par.reduce_type};
+        char reduce_json[96];
+        run_dump_describe(&o, data_parallel_run_options_json(&reduce, co.par.degree[MESH_DP_REPLICATE] *
+                                                             co.par.degree[MESH_DP_SHARD], co.accum, reduce_json,
+                                                             sizeof reduce_json));
     }
     run_apply_fault(&o, &plan);
     /* every path the run writes, checked with --out and --dump before anything is allocated

@@ -16,8 +16,11 @@ DIR holds what a chapter's --dump wrote (docs/dump-format.md):
     grads_1.safetensors   every gradient of step 1
     losses.txt            "K loss" per line, or "K loss lr" with a scheduled learning rate
 and, in init.safetensors' metadata, an optional "run_options" JSON object with a chapter's own
-settings. The one this script reads is "float8" (chapter 07): the block linears named in
-"float8_linears" then run on float8 operands, as described under "float8 training" below.
+settings. This script reads two: "float8" (chapter 07): the block linears named in
+"float8_linears" then run on float8 operands, as described under "float8 training" below; and
+"reduce" ({"dtype": "bf16", "data_ranks": N}, chapters 04 and 08 with --reduce-dtype bf16): the
+gradients were summed in bf16 over N data ranks, each holding an equal block of the batch's rows
+in order, which step_loss_reduced replays (each block's gradient rounded, the sum rounded once).
 
 This script rebuilds the model from the formulas alone (nothing from the C code), replays every
 step with autograd and torch.optim.AdamW, and compares:
@@ -197,7 +200,7 @@ def read_run_options(metadata, path):
         raise DumpError(f"{path}: metadata 'run_options' is not JSON ({e})")
     if not isinstance(options, dict):
         raise DumpError(f"{path}: metadata 'run_options' is not a JSON object")
-    unknown = sorted(set(options) - {"float8"})
+    unknown = sorted(set(options) - {"float8", "reduce"})
     if unknown:   # a setting this script does not reproduce: refuse rather than replay wrongly
         raise DumpError(f"{path}: run_options has {unknown}, which this script does not replay")
     return options
@@ -777,6 +780,54 @@ def step_loss(params, config, tokens, targets, float8=None):
     return total
 
 
+def read_reduce(options, path):
+    """The gradients' reduction of run_options (--reduce-dtype bf16, chapters 04 and 08), checked:
+    {"dtype": "bf16", "data_ranks": N}; None when absent (summed in fp32, as the reference does)."""
+    r = options.get("reduce")
+    if r is None:
+        return None
+    if not isinstance(r, dict) or r.get("dtype") != "bf16" or not isinstance(r.get("data_ranks"), int) \
+            or r["data_ranks"] < 1 or not isinstance(r.get("passes", 1), int) or r.get("passes", 1) < 1 \
+            or set(r) - {"dtype", "data_ranks", "passes"}:
+        raise DumpError(f"{path}: run_options.reduce is {r!r}, expected {{\"dtype\": \"bf16\", "
+                        f"\"data_ranks\": N >= 1[, \"passes\": P >= 1]}}")
+    return r
+
+
+def step_loss_reduced(params, config, tokens, targets, reduce):
+    """The step's loss and gradients as --reduce-dtype bf16 sums them: the batch's rows in
+    reduce["passes"] (default 1) equal blocks in order (chapter 08's --accum), each in
+    reduce["data_ranks"] equal blocks in order, data rank r's share of the pass; each rank's
+    gradient of the global mean loss (divided by the valid targets of the whole step), summed over
+    its passes in full precision, rounded to bf16; the ranks' gradients summed and the sum rounded
+    to bf16 once. (The run rounds its partial sums too, at each of the collective's combining
+    steps, in the library's order: a difference of the same size as the roundings modelled here,
+    inside the bf16 tolerance.)"""
+    ranks, passes = reduce["data_ranks"], reduce.get("passes", 1)
+    if tokens.shape[0] % (ranks * passes):
+        raise DumpError(f"{tokens.shape[0]} sequences do not split into {passes} pass(es) over {ranks} data ranks")
+    count = max(int((targets != IGNORE_INDEX).sum()), 1)
+    blocks = [(t.chunk(ranks), y.chunk(ranks)) for t, y in zip(tokens.chunk(passes), targets.chunk(passes))]
+    total, summed = 0.0, {name: torch.zeros_like(p) for name, p in params.items()}
+    for r in range(ranks):
+        t = torch.cat([b[0][r] for b in blocks])
+        y = torch.cat([b[1][r] for b in blocks])
+        for p in params.values():
+            p.grad = None
+        logits = forward(params, config, t)
+        V = logits.shape[-1]
+        loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1), ignore_index=IGNORE_INDEX,
+                               reduction="sum") / count
+        loss.backward()
+        total += loss.item()
+        for name, p in params.items():
+            if p.grad is not None:
+                summed[name] += to_bf16(p.grad)
+    for name, p in params.items():
+        p.grad = to_bf16(summed[name])
+    return total
+
+
 def mean_loss(logits, targets):
     """Sum of token cross-entropies over targets != -100, divided by their count."""
     V = logits.shape[-1]
@@ -871,8 +922,11 @@ def explain_by_boundaries(init, config, f8, directory, c_grads, c_loss, candidat
 def run(directory):
     init, metadata = read_safetensors(os.path.join(directory, "init.safetensors"))
     config = read_config(metadata, os.path.join(directory, "init.safetensors"))
-    f8 = read_float8(read_run_options(metadata, os.path.join(directory, "init.safetensors")),
-                     os.path.join(directory, "init.safetensors"))
+    options = read_run_options(metadata, os.path.join(directory, "init.safetensors"))
+    f8 = read_float8(options, os.path.join(directory, "init.safetensors"))
+    reduce = read_reduce(options, os.path.join(directory, "init.safetensors"))
+    if reduce is not None and (f8 is not None or "experts" in config):
+        raise DumpError(f"{directory}: run_options.reduce with float8 or experts: not replayed by this script")
     check_tensors(init, config, os.path.join(directory, "init.safetensors"))
     losses, lrs = read_losses(os.path.join(directory, "losses.txt"))
     steps = batch_steps(directory)
@@ -897,6 +951,9 @@ def run(directory):
     if config.get("bf16"):
         print(f"  mixed precision: bf16 GEMM operands (every linear, the output layer's too), "
               f"fp32 elsewhere; tolerances loss {loss_rtol:.2e}, gradients {grad_rtol:.2e}")
+    if reduce is not None:
+        print(f"  gradients summed in bf16 over {reduce['data_ranks']} data rank(s): each rank's share "
+              f"rounded to bf16, the sum rounded once (step_loss_reduced)")
     if "experts" in config:
         print(f"  mixture of experts: {config['experts']} experts of hidden {config['expert_dim']}, top-"
               f"{config['top_k']}{', a shared expert' if config['shared_expert'] else ''}, balancing loss "
@@ -932,7 +989,10 @@ def run(directory):
         optimizer.zero_grad(set_to_none=True)
         if float8 is not None:
             float8.step = step
-        ref = step_loss(params, config, tokens, targets, float8)
+        if reduce is not None:
+            ref = step_loss_reduced(params, config, tokens, targets, reduce)
+        else:
+            ref = step_loss(params, config, tokens, targets, float8)
         if step in losses:
             got = losses[step]
             ok = abs(got - ref) <= loss_rtol * max(1.0, abs(ref))
