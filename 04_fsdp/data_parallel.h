@@ -123,10 +123,12 @@ void data_parallel_refuse_reduce_type(dtype reduce_type, dtype precision);
 /* --dump's record of the gradients' reduction, for a replay (tests/reference_torch.py): NULL under
  * fp32 (a replay sums in full precision anyway); under bf16 {"reduce": {"dtype": "bf16",
  * "data_ranks": N}} in buf, the N data ranks (dp_replicate x dp_shard) whose gradients of an
- * equal block of the batch's rows were each rounded to bf16 and summed, and "passes" when a step
+ * equal block of the batch's rows were each rounded to bf16 and summed; "passes" when a step
  * made several forward-backward passes (chapter 08's --accum: the rows in that many equal blocks
- * in order, each split over the data ranks alike). */
-const char *data_parallel_run_options_json(const dp_options *o, int data_ranks, int passes, char *buf, size_t len);
+ * in order, each split over the data ranks alike), and "microbatches" when each data rank's rows
+ * went through a pipeline in that many equal blocks: each (pass, microbatch) is reduced apart. */
+const char *data_parallel_run_options_json(const dp_options *o, int data_ranks, int passes, int microbatches, char *buf,
+                                           size_t len);
 
 /* Data parallelism's rule for mesh_create (mesh.h): the global batch of `batch` sequences in equal
  * shares over dp_replicate x dp_shard. */

@@ -4,6 +4,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 #include "comm.h"
 #include "files.h"
@@ -161,9 +162,9 @@ int report_data_parallel_memory(const llama_plan *plan, const llama_model *m, co
         double e = dtype_size(dp->reduce_type), largest = fmax(z.ends_pad, z.layer_pad);
         if (dp->mode == DP_DDP) buffers += e * z.psi;                   /* the whole block's copy */
         else buffers += e * largest + e * largest / z.S;                /* wire_in, wire_out (dp_allocate_stages) */
-        size_t len = strlen(buffer_formula);
-        snprintf(buffer_formula + (dp->mode == DP_DDP ? 0 : len), sizeof buffer_formula - (dp->mode == DP_DDP ? 0 : len),
-                 "%s", dp->mode == DP_DDP ? "2 Psi (bf16 grads)" : " + bf16 wire_in, wire_out");
+        size_t at = dp->mode == DP_DDP || strcmp(buffer_formula, "none") == 0 ? 0 : strlen(buffer_formula);
+        snprintf(buffer_formula + at, sizeof buffer_formula - at, "%s%s", at ? " + " : "",
+                 dp->mode == DP_DDP ? "2 Psi (bf16 grads)" : "bf16 wire_in, wire_out");
     }
     static const char *total[DP_NMODES] = {"16 Psi", "8 Psi + 8 Psi_S", "4 Psi + 12 Psi_S", "16 Psi_S"};
     memory_row rows[] = {

@@ -33,7 +33,8 @@ static const char *usage =
     "  --dp-shard S                     ranks the state is sharded over (default: NP / (R x T))\n"
     "  --dp-replicate R                 replicas of the sharded state (HSDP; default 1)\n"
     "  --tp T                           tensor parallelism inside each data rank (default 1)\n"
-    "  --bucket-kb K                    ddp: all-reduce the gradients in buckets of K KiB (default 64)\n"
+    "  --bucket-kb K                    ddp: all-reduce the gradients in buckets of K KiB of fp32\n"
+    "                                   gradients (default 64; K/2 KiB move under --reduce-dtype bf16)\n"
     "  --no-reshard-after-forward       fsdp: keep the gathered layers from forward to backward\n"
     "  --no-prefetch                    fsdp: gather each layer only when it is needed\n"
     "  --reduce-dtype fp32|bf16         the type the gradients are summed in (default fp32; bf16 needs\n"
@@ -93,7 +94,7 @@ int main(int argc, char **argv) {
     llama_plan plan = tensor_parallel_or_single(mesh, c);
     data_parallel_apply(&plan, mesh, c, &co.dp);   /* (its buffers: allocated at first use) */
     char reduce_json[96];   /* --dump: the gradients' reduction type, for the replay */
-    run_dump_describe(&o, data_parallel_run_options_json(&co.dp, R * S, 1, reduce_json, sizeof reduce_json));
+    run_dump_describe(&o, data_parallel_run_options_json(&co.dp, R * S, 1, 1, reduce_json, sizeof reduce_json));
     run_apply_fault(&o, &plan);
     llama_model *model = run_model(&o, &plan);   /* refuses up front what cannot fit */
     double mem[3] = {mem_current(MEM_PARAMS), mem_current(MEM_GRADS), mem_current(MEM_OPTIM)};

@@ -189,11 +189,6 @@ void trainer_validate(run_options *o, trainer_options *t) {
     if (t->par.reduce_type != DTYPE_F32 && !parallel_has_fsdp(&t->par))
         comm_exit_usage("--reduce-dtype %s sets the type FSDP sums the gradients in: it needs --dp-shard x "
                         "--dp-replicate (x --cp, unless --no-fsdp-over-cp) of 2 or more", dtype_name(t->par.reduce_type));
-    if (t->par.reduce_type != DTYPE_F32 && cp > 1 && t->par.fsdp_over_cp && o->dump_dir)
-        comm_exit_usage("--dump with --reduce-dtype %s and --cp %d is not valid: the cp ranks' partial gradients of "
-                        "each sequence are rounded and summed too, which the dump's record of the reduction (data "
-                        "ranks' row blocks) cannot describe; dump with --cp 1 or --no-fsdp-over-cp",
-                        dtype_name(t->par.reduce_type), cp);
     if (o->fault && !parallel_has_fsdp(&t->par))
         comm_exit_usage("--fault %s breaks FSDP's gradient reduction: it needs --dp-shard x --dp-replicate (x --cp, "
                         "unless --no-fsdp-over-cp) of 2 or more", o->fault);

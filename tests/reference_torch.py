@@ -18,9 +18,10 @@ DIR holds what a chapter's --dump wrote (docs/dump-format.md):
 and, in init.safetensors' metadata, an optional "run_options" JSON object with a chapter's own
 settings. This script reads two: "float8" (chapter 07): the block linears named in
 "float8_linears" then run on float8 operands, as described under "float8 training" below; and
-"reduce" ({"dtype": "bf16", "data_ranks": N}, chapters 04 and 08 with --reduce-dtype bf16): the
-gradients were summed in bf16 over N data ranks, each holding an equal block of the batch's rows
-in order, which step_loss_reduced replays (each block's gradient rounded, the sum rounded once).
+"reduce" ({"dtype": "bf16", "data_ranks": N[, "passes": P][, "microbatches": M]}, chapters 04 and
+08 with --reduce-dtype bf16): the gradients were summed in bf16 over N data ranks, each holding an
+equal block of the batch's rows in order, once per pass and microbatch, which step_loss_reduced
+replays (each rank's gradient rounded, their sum rounded once).
 
 This script rebuilds the model from the formulas alone (nothing from the C code), replays every
 step with autograd and torch.optim.AdamW, and compares:
@@ -787,44 +788,54 @@ def read_reduce(options, path):
     if r is None:
         return None
     if not isinstance(r, dict) or r.get("dtype") != "bf16" or not isinstance(r.get("data_ranks"), int) \
-            or r["data_ranks"] < 1 or not isinstance(r.get("passes", 1), int) or r.get("passes", 1) < 1 \
-            or set(r) - {"dtype", "data_ranks", "passes"}:
+            or r["data_ranks"] < 1 or set(r) - {"dtype", "data_ranks", "passes", "microbatches"} \
+            or any(not isinstance(r.get(k, 1), int) or r.get(k, 1) < 1 for k in ("passes", "microbatches")):
         raise DumpError(f"{path}: run_options.reduce is {r!r}, expected {{\"dtype\": \"bf16\", "
-                        f"\"data_ranks\": N >= 1[, \"passes\": P >= 1]}}")
+                        f"\"data_ranks\": N >= 1[, \"passes\": P >= 1][, \"microbatches\": M >= 1]}}")
     return r
 
 
 def step_loss_reduced(params, config, tokens, targets, reduce):
-    """The step's loss and gradients as --reduce-dtype bf16 sums them: the batch's rows in
-    reduce["passes"] (default 1) equal blocks in order (chapter 08's --accum), each in
-    reduce["data_ranks"] equal blocks in order, data rank r's share of the pass; each rank's
-    gradient of the global mean loss (divided by the valid targets of the whole step), summed over
-    its passes in full precision, rounded to bf16; the ranks' gradients summed and the sum rounded
-    to bf16 once. (The run rounds its partial sums too, at each of the collective's combining
-    steps, in the library's order: a difference of the same size as the roundings modelled here,
-    inside the bf16 tolerance.)"""
-    ranks, passes = reduce["data_ranks"], reduce.get("passes", 1)
-    if tokens.shape[0] % (ranks * passes):
-        raise DumpError(f"{tokens.shape[0]} sequences do not split into {passes} pass(es) over {ranks} data ranks")
+    """The step's loss and gradients as --reduce-dtype bf16 sums them. The batch's rows are
+    reduce["passes"] (default 1) equal blocks in order (chapter 08's --accum), each split in
+    reduce["data_ranks"] equal blocks in order (data rank r's share), each of those in
+    reduce["microbatches"] (default 1) equal blocks (a pipeline's microbatches). Every (pass,
+    microbatch) is one reduction: each rank's gradient of its rows (of the global mean loss,
+    divided by the valid targets of the whole step) rounded to bf16, the ranks' sum rounded to
+    bf16 once; the reductions then add up in full precision (the run: in its fp32 gradient shards).
+    What this leaves out: the run rounds its partial sums too, at each of the collective's combining
+    steps in the library's order, and partial gradients that a later sum completes (the norms'
+    gradients split over tp under sequence parallelism, a cp rank's share of each sequence) are
+    rounded before that sum. Each is one rounding more of the same size, inside the bf16 tolerance."""
+    ranks, passes, micro = reduce["data_ranks"], reduce.get("passes", 1), reduce.get("microbatches", 1)
+    if tokens.shape[0] % (ranks * passes * micro):
+        raise DumpError(f"{tokens.shape[0]} sequences do not split into {passes} pass(es) over {ranks} data "
+                        f"ranks of {micro} microbatch(es)")
     count = max(int((targets != IGNORE_INDEX).sum()), 1)
-    blocks = [(t.chunk(ranks), y.chunk(ranks)) for t, y in zip(tokens.chunk(passes), targets.chunk(passes))]
+    # rows[a][r][m]: pass a, data rank r, microbatch m
+    rows = [[list(zip(t.chunk(micro), y.chunk(micro))) for t, y in zip(tp.chunk(ranks), yp.chunk(ranks))]
+            for tp, yp in zip(tokens.chunk(passes), targets.chunk(passes))]
     total, summed = 0.0, {name: torch.zeros_like(p) for name, p in params.items()}
-    for r in range(ranks):
-        t = torch.cat([b[0][r] for b in blocks])
-        y = torch.cat([b[1][r] for b in blocks])
-        for p in params.values():
-            p.grad = None
-        logits = forward(params, config, t)
-        V = logits.shape[-1]
-        loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1), ignore_index=IGNORE_INDEX,
-                               reduction="sum") / count
-        loss.backward()
-        total += loss.item()
-        for name, p in params.items():
-            if p.grad is not None:
-                summed[name] += to_bf16(p.grad)
+    for a in range(passes):
+        for m in range(micro):
+            reduced = {name: torch.zeros_like(p) for name, p in params.items()}
+            for r in range(ranks):
+                t, y = rows[a][r][m]
+                for p in params.values():
+                    p.grad = None
+                logits = forward(params, config, t)
+                V = logits.shape[-1]
+                loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1), ignore_index=IGNORE_INDEX,
+                                       reduction="sum") / count
+                loss.backward()
+                total += loss.item()
+                for name, p in params.items():
+                    if p.grad is not None:
+                        reduced[name] += to_bf16(p.grad)
+            for name in params:
+                summed[name] += to_bf16(reduced[name])
     for name, p in params.items():
-        p.grad = to_bf16(summed[name])
+        p.grad = summed[name]
     return total
 
 
@@ -952,8 +963,9 @@ def run(directory):
         print(f"  mixed precision: bf16 GEMM operands (every linear, the output layer's too), "
               f"fp32 elsewhere; tolerances loss {loss_rtol:.2e}, gradients {grad_rtol:.2e}")
     if reduce is not None:
-        print(f"  gradients summed in bf16 over {reduce['data_ranks']} data rank(s): each rank's share "
-              f"rounded to bf16, the sum rounded once (step_loss_reduced)")
+        print(f"  gradients summed in bf16 over {reduce['data_ranks']} data rank(s), "
+              f"{reduce.get('passes', 1)} pass(es) x {reduce.get('microbatches', 1)} microbatch(es) a step "
+              f"reduced apart: each rank's share rounded to bf16, the sum rounded once (step_loss_reduced)")
     if "experts" in config:
         print(f"  mixture of experts: {config['experts']} experts of hidden {config['expert_dim']}, top-"
               f"{config['top_k']}{', a shared expert' if config['shared_expert'] else ''}, balancing loss "

@@ -264,6 +264,9 @@ static void meta_float(st_writer *w, const char *key, float v) {
 }
 
 int dump_set_run_options(const char *json) {
+    if (json && run_options)   /* one object: a chapter with two settings to record merges them */
+        return fail("run_options set twice ('%.40s', then '%.40s'): one JSON object holds a run's settings",
+                    run_options, json);
     free(run_options);
     run_options = NULL;
     if (!json) return 0;
