@@ -119,10 +119,16 @@ int main(int argc, char **argv) {
     double ag_ring = co.async_tp ? 4 * L + 1 + (co.ac == AC_FULL ? 2 * L : 0) : 0;
     double rs_ring = co.async_tp ? 4 * L + 1 + (co.ac == AC_FULL ? L : 0) : 0;
     double ring_msgs = (p - 1) * (ag_ring + rs_ring);
+    /* --dtype bf16: the gathers whose readers are GEMMs move bf16, 2 bytes an element, every one but
+     * the embedding's dy (sp_all_gather_seq_bf16); the async-TP rings still move fp32 */
+    double gathers = boundaries + regathers - ag_ring, bf16_gathers = co.sp && c->precision == DTYPE_BF16 ? gathers - 1 : 0;
+    const char *gather_formula = co.async_tp ? (co.ac == AC_FULL ? "2 x BTD*4 (embedding, head)" : "(2 + 2L re-gathers) x BTD*4")
+                                             : "(4L+2 + 2L+1 re-gathers) x BTD*4";
+    if (bf16_gathers > 0)
+        gather_formula = co.async_tp ? (co.ac == AC_FULL ? "BTD*2 (head) + BTD*4 (embedding)" : "(1 + 2L) x BTD*2 + BTD*4 (embedding)")
+                                     : "(6L+2) x BTD*2 + BTD*4 (embedding's dy)";
     comm_expectation with_sp[] = {
-        {tp, COLL_ALL_GATHER, boundaries + regathers - ag_ring, (boundaries + regathers - ag_ring) * X,
-         co.async_tp ? (co.ac == AC_FULL ? "2 x BTD*4 (embedding, head)" : "(2 + 2L re-gathers) x BTD*4")
-                     : "(4L+2 + 2L+1 re-gathers) x BTD*4"},
+        {tp, COLL_ALL_GATHER, gathers, (gathers - bf16_gathers) * X + bf16_gathers * X / 2, gather_formula},
         {tp, COLL_REDUCE_SCATTER, boundaries + recomputed - rs_ring, (boundaries + recomputed - rs_ring) * X,
          co.async_tp ? "1 x BTD*4 (embedding)" : co.ac == AC_FULL ? "(4L+2 + L recomputed) x BTD*4" : "(4L+2) x BTD*4"},
         {tp, COLL_ALL_REDUCE, 3 + norm_ar, 3 * N4 + norm_ar * (2 * L + 1) * D * 4,
@@ -134,7 +140,7 @@ int main(int argc, char **argv) {
          co.ac == AC_FULL ? "(5L+2) x BTD*4 + 3 x BT*4" : "(4L+2) x BTD*4 + 3 x BT*4"}};
     int mismatches = co.sp ? report_communication(&tp, 1, o.steps, with_sp, co.async_tp ? 5 : 3)
                            : report_communication(&tp, 1, o.steps, without_sp, 1);
-    mismatches += report_traffic_beside_chapter_01(&o, tp, co.sp, co.ac, boundaries, regathers, recomputed);
+    mismatches += report_traffic_beside_chapter_01(&o, tp, co.sp, co.ac, boundaries, regathers, recomputed, bf16_gathers);
     if (co.async_tp) mismatches += async_tp_report(&plan, o.out_dir, o.steps);
 
     /* ---- memory per rank ---- */

@@ -53,10 +53,26 @@ void sp_reduce_scatter_seq_backward(comm_group *tp, float *dy_full, const float 
     /* END ASSIGNMENT */
 }
 
-/* The plan's region: the four operators above, with the state's chunk buffer. */
+void sp_all_gather_seq_bf16(comm_group *tp, float *x_full, const float *x_local, float *chunks, int B, int Ts, int C) {
+    int p = tp->size;
+    size_t n = (size_t)B * Ts * C, all = (size_t)p * n;
+    /* bf16 buffers inside the fp32 ones: the shard in x_full's bytes (written last), the gathered
+     * chunks and their sequence order in the two halves of the scratch [p n floats] */
+    uint16_t *shard = (uint16_t *)x_full, *by_rank = (uint16_t *)chunks, *by_token = by_rank + all;
+    cast_to_bf16(shard, x_local, n);
+    comm_all_gather_typed(tp, DTYPE_BF16, shard, by_rank, n);
+    /* the layout kernel moves rows of C elements whatever they hold: a row of C bf16 is C/2
+     * floats' bytes (C, the model's dim, is even: RoPE pairs the head's channels) */
+    seq_chunks_to_sequence((float *)by_token, (const float *)by_rank, p, B, Ts, C / 2);
+    cast_from_bf16(x_full, by_token, all);
+}
+
+/* The plan's region: the four operators above, with the state's chunk buffer; under --dtype bf16
+ * the two gathers whose readers are GEMMs move bf16 (sp_all_gather_seq_bf16). */
 static float *chunks_of(void *state) { return ((sp_state *)state)->chunks; }
 static void enter_forward(void *state, const llama_plan *p, float *x_full, const float *x_local, int B, int Ts, int C) {
-    sp_all_gather_seq_forward(p->groups.tp, x_full, x_local, chunks_of(state), B, Ts, C);
+    if (((sp_state *)state)->gather_bf16 && C % 2 == 0) sp_all_gather_seq_bf16(p->groups.tp, x_full, x_local, chunks_of(state), B, Ts, C);
+    else sp_all_gather_seq_forward(p->groups.tp, x_full, x_local, chunks_of(state), B, Ts, C);
 }
 static void enter_backward(void *state, const llama_plan *p, float *dx_local, float *dx_full, int B, int Ts, int C) {
     sp_all_gather_seq_backward(p->groups.tp, dx_local, dx_full, chunks_of(state), B, Ts, C);
@@ -65,10 +81,20 @@ static void exit_forward(void *state, const llama_plan *p, float *y_local, float
     sp_reduce_scatter_seq_forward(p->groups.tp, y_local, y_partial, chunks_of(state), B, Ts, C);
 }
 static void exit_backward(void *state, const llama_plan *p, float *dy_full, const float *dy_local, int B, int Ts, int C) {
+    if (((sp_state *)state)->gather_bf16 && C % 2 == 0) sp_all_gather_seq_bf16(p->groups.tp, dy_full, dy_local, chunks_of(state), B, Ts, C);
+    else sp_reduce_scatter_seq_backward(p->groups.tp, dy_full, dy_local, chunks_of(state), B, Ts, C);
+}
+/* The vocabulary ends' exit is the embedding's: its dy is added into table rows, not read by a
+ * GEMM, so it is gathered in fp32 whatever --dtype says. */
+static void embedding_exit_backward(void *state, const llama_plan *p, float *dy_full, const float *dy_local, int B,
+                                    int Ts, int C) {
     sp_reduce_scatter_seq_backward(p->groups.tp, dy_full, dy_local, chunks_of(state), B, Ts, C);
 }
 static region_ops sequence_parallel_region(sp_state *s) {
     return (region_ops){s, enter_forward, enter_backward, exit_forward, exit_backward};
+}
+static region_ops sequence_parallel_vocab_region(sp_state *s) {
+    return (region_ops){s, enter_forward, enter_backward, exit_forward, embedding_exit_backward};
 }
 
 /* ==============================================================================================
@@ -191,7 +217,8 @@ void sequence_parallel_apply(llama_plan *plan, const llama_config *c, int B, boo
     if (!sp) return;
     plan->sequence.shards = p;
     plan->region = sequence_parallel_region(s);
-    plan->vocab = sequence_parallel_region(s);   /* the embedding's exit and the output's entry too */
+    plan->vocab = sequence_parallel_vocab_region(s);   /* the embedding's exit and the output's entry too */
+    s->gather_bf16 = c->precision == DTYPE_BF16;
     plan_wrap(plan->reduce_grads, s->below_reduce, ((grad_reduce_ops){s, sp_norm_grads_all_reduce}));
     s->chunks = device_alloc_floats((size_t)B * T * c->dim, MEM_BUFFERS);
     s->norm_grads = device_alloc_floats((2 * (size_t)c->n_layers + 1) * c->dim, MEM_BUFFERS);
@@ -213,9 +240,21 @@ static const char *rope_local_positions(llama_plan *p) {
     p->sequence.positions = local_positions;
     return NULL;
 }
+/* --fault embedding-dy-bf16: the embedding's dy gathered in bf16 too, though its backward adds it
+ * into table rows (no GEMM rounds it): one rounding the baseline does not make, of the size the
+ * bf16 tolerance lets through; the all-gathers' bytes (the embedding's at 4 bytes an element)
+ * catch it. */
+static const char *embedding_dy_bf16(llama_plan *p) {
+    sp_state *s = plan_state(p, &sequence_parallel_technique);
+    if (p->sequence.shards == 1 || !s->gather_bf16)
+        return "needs the bf16 gathers of sequence parallelism: --dtype bf16 with tp > 1, without --no-sp";
+    p->vocab.exit_backward = exit_backward;
+    return NULL;
+}
 const plan_fault sequence_parallel_faults[] = {
     {"skip-norm-grad-allreduce", "the norm weights' gradients are not summed over tp", skip_norm_grad_allreduce},
     {"rope-local-positions", "RoPE numbers each rank's tokens from 0 within its shard", rope_local_positions},
+    {"embedding-dy-bf16", "the embedding's dy is gathered in bf16, though no GEMM reads it", embedding_dy_bf16},
     {0}};
 
 /* ---- the mesh's rule (sequence_parallel.h) ---- */

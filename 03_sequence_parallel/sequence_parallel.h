@@ -62,6 +62,15 @@ void sp_reduce_scatter_seq_forward(comm_group *tp, float *y_local, const float *
  *                                                               Issues: 1 all-gather of B*T*C. */
 void sp_reduce_scatter_seq_backward(comm_group *tp, float *dy_full, const float *dy_local,
                                     float *chunks, int B, int Ts, int C);
+/* Mixed precision's all-gather (--dtype bf16): Shard(seq) -> Replicate as above, moving bf16, for
+ * a tensor whose every reader is a GEMM that rounds its operands to bf16 anyway (the norm outputs
+ * entering the column-parallel linears, the final norm's entering the output layer, and dy
+ * entering the row-parallel linears' backward): the GEMMs see bit for bit what the fp32 gather
+ * gives them, and half the bytes move: x_local rounded to bf16, gathered, laid out in sequence
+ * order as bf16 (in the scratch `chunks`) and widened into x_full. C must be even. The embedding's
+ * dy, which its backward adds into table rows (no GEMM), is gathered in fp32.
+ *                                                       Issues: 1 all-gather of B*T*C bf16 elements. */
+void sp_all_gather_seq_bf16(comm_group *tp, float *x_full, const float *x_local, float *chunks, int B, int Ts, int C);
 /* The norm weights (attention_norm and ffn_norm of every layer, and norm) saw only this rank's
  * tokens: sum their gradients over tp, packed. The plan's reduce_grads, after the one it wraps.
  * Issues: 1 all-reduce of (2L+1)*D floats. */
@@ -78,6 +87,7 @@ unsigned ac_keep_mask(const llama_layer *layer, ac_mode ac);
 typedef struct {
     ac_mode ac;
     float *chunks;             /* [p, B, Ts, D]: the re-layout of a sequence collective (SP)    */
+    bool gather_bf16;          /* --dtype bf16: the gathers GEMMs read move as bf16 (SP)        */
     float *norm_grads;         /* [(2L+1) D]: the norm gradients packed for one all-reduce (SP) */
     float *attn_out_scratch;   /* [B*T, Hl*hd]: selective AC's recomputed attention output     */
     grad_reduce_ops below_reduce;   /* the gradient reduction the plan owed before SP's          */

@@ -18,7 +18,7 @@ static double layer_act_bytes(const llama_dims *d, ac_mode ac) {
  * all-reduce of n bytes sends 2(p-1)/p n per rank; an all-gather or a reduce-scatter whose
  * whole tensor is n bytes sends (p-1)/p n. */
 int report_traffic_beside_chapter_01(const run_options *o, comm_group *tp, bool sp, ac_mode ac,
-                                     double boundaries, double regathers, double recomputed) {
+                                     double boundaries, double regathers, double recomputed, double bf16_gathers) {
     int p = tp->size;
     double X = 4.0 * o->batch * o->model.seq_len * o->model.dim, N4 = 4.0 * o->batch * o->model.seq_len;
     double ring = p > 1 ? (double)(p - 1) / p : 0.0, measured, formula;
@@ -30,7 +30,8 @@ int report_traffic_beside_chapter_01(const run_options *o, comm_group *tp, bool 
         double ring_sent = tp->stats[COLL_SEND].wire_bytes / o->steps;
         measured = (tp->stats[COLL_ALL_GATHER].wire_bytes + tp->stats[COLL_REDUCE_SCATTER].wire_bytes) / o->steps + ring_sent;
         double pairs = boundaries * 2 * ring * X, regather = regathers * ring * X, recompute = recomputed * ring * X;
-        formula = pairs + regather + recompute;
+        double halved = bf16_gathers * ring * X / 2;   /* --dtype bf16: those gathers at 2 bytes an element */
+        formula = pairs + regather + recompute - halved;
         log0("    here:       the same %.0f boundaries, each an all-gather + a reduce-scatter: %s sent (the same bytes)\n",
              boundaries, fmt_bytes(pairs));
         log0("                + %.0f re-gathers of the norm outputs, of which each rank kept only its shard: %s\n",
@@ -38,6 +39,9 @@ int report_traffic_beside_chapter_01(const run_options *o, comm_group *tp, bool 
         if (ac == AC_FULL)
             log0("                + %.0f reduce-scatters of the forward recomputed by full AC: %s\n", recomputed,
                  fmt_bytes(recompute));
+        if (halved > 0)
+            log0("                - %.0f all-gathers of values a GEMM rounds to bf16 anyway, moved as bf16: -%s\n",
+                 bf16_gathers, fmt_bytes(halved));
         if (ring_sent > 0)
             log0("                of which sent point to point by the async-TP rings: %s\n", fmt_bytes(ring_sent));
         log0("                measured all-gather + reduce-scatter%s: %s | formula %s %s\n",

@@ -66,9 +66,15 @@ int report_traffic(const parallel_options *o, device_mesh *mesh, const llama_mod
          * layer's 1 and 1 are rings of tp-1 point-to-point steps of B Ts D x 4 each */
         double rings = o->async_tp ? 2 * (4.0 * Lr + (out ? 1 : 0)) : 0;
         if (o->async_tp) { ag -= rings / 2; rs -= rings / 2; }
-        e[n++] = (comm_expectation){q, COLL_ALL_GATHER, passes * ag, passes * ag * full,
-                                    o->async_tp ? (out ? "n (2L+2) x B Tl D x 4" : "n (2Lr+1) x B Tl D x 4")
-                                                : out ? "n (6L+3) x B Tl D x 4" : "n (6Lr+1) x B Tl D x 4"};
+        /* --dtype bf16: every gather a GEMM reads moves bf16, all but the embedding's dy (03's
+         * sp_all_gather_seq_bf16: 2 bytes an element); the async-TP rings still move fp32 */
+        double bf16_ag = o->sp && m->c.precision == DTYPE_BF16 ? ag - 1 : 0;
+        const char *f = o->async_tp ? (out ? "n (2L+2) x B Tl D x 4" : "n (2Lr+1) x B Tl D x 4")
+                                    : out ? "n (6L+3) x B Tl D x 4" : "n (6Lr+1) x B Tl D x 4";
+        if (bf16_ag > 0)
+            f = o->async_tp ? (out ? "n ((2L+1) x 2 + 4) x B Tl D" : "n (2Lr x 2 + 4) x B Tl D")
+                            : out ? "n ((6L+2) x 2 + 4) x B Tl D" : "n (6Lr x 2 + 4) x B Tl D";
+        e[n++] = (comm_expectation){q, COLL_ALL_GATHER, passes * ag, passes * (ag - bf16_ag / 2) * full, f};
         e[n++] = (comm_expectation){q, COLL_REDUCE_SCATTER, passes * rs, passes * rs * full,
                                     o->async_tp ? "n x B Tl D x 4" : out ? "n (4L+2) x B Tl D x 4" : "n (4Lr+1) x B Tl D x 4"};
         if (o->async_tp) {
