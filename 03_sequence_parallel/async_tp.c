@@ -55,6 +55,8 @@ typedef struct {
     projection_ops below;        /* the groups done the plain way, for a chunk too large       */
     float *buf[3];               /* [B, Ts, D] each: chunks in flight                          */
     size_t chunk_floats;
+    bool gather_bf16;            /* --dtype bf16: the gather rings move bf16 (their readers are
+                                  * GEMMs that round to bf16 anyway, as sp_all_gather_seq_bf16's) */
     int skip_step;               /* --fault async-tp-skip-chunk: the all-gathers' step to skip, -1 */
     async_tp_stats stats;
     long long n_events;
@@ -155,20 +157,28 @@ static void chunk_gemms(atp_state *s, const llama_plan *p, const ring_gemms *g, 
 /* ---- the rings ------------------------------------------------------------------------------- */
 /* The region's gather, local [B, Ts, C] -> full [B, T, C], decomposed: p steps; at step k the
  * GEMMs of the chunk here run while the next chunk arrives from r - 1 and the one just received
- * goes on to r + 1 (p - 1 transfers of B*Ts*C floats: the bytes a ring all-gather sends). */
+ * goes on to r + 1 (p - 1 transfers of B*Ts*C elements: the bytes a ring all-gather sends). Under
+ * --dtype bf16 the chunks travel as bf16 (this rank's rounded once, into the upper half of
+ * buf[1]; each arrival widened into buf[2] before it joins `full`). */
 static void ring_all_gather(atp_state *s, const llama_plan *p, const ring_gemms *g, float *full, const float *local,
                             int B, int Ts, int C, const char *kind) {
     int P = s->p, r = s->r;
     size_t n = (size_t)B * Ts * C;
+    dtype t = s->gather_bf16 && C % 2 == 0 ? DTYPE_BF16 : DTYPE_F32;
     chunk_into_full(full, local, r, P, B, Ts, C);      /* this rank's own rows */
-    const float *send = local;
+    const void *send = local;
+    if (t == DTYPE_BF16) {
+        uint16_t *own = (uint16_t *)s->buf[1] + n;     /* (buf[1]'s lower half receives at step 1) */
+        cast_to_bf16(own, local, n);
+        send = own;
+    }
     for (int k = 0; k < P; k++) {
         comm_request recvd = {0}, sent = {0};
-        float *recv = s->buf[k % 2];
+        void *recv = s->buf[k % 2];
         device_mark pre = device_mark_now(), posted = device_mark_now();
         if (k < P - 1 && k != s->skip_step) {                       /* the next chunk travels ... */
-            recvd = comm_link_irecv(s->links, recv, n, s->prev);
-            sent = comm_link_isend(s->links, send, n, s->next);
+            recvd = comm_link_irecv_typed(s->links, t, recv, n, s->prev);
+            sent = comm_link_isend_typed(s->links, t, send, n, s->next);
         }
         comm_request *q[] = {&recvd, &sent};
         chunk_gemms(s, p, g, async_tp_chunk(r, P, k, false), B, Ts, NULL, q, 2);   /* ... while this one computes */
@@ -177,7 +187,9 @@ static void ring_all_gather(atp_state *s, const llama_plan *p, const ring_gemms 
         wait_counted(s, &recvd);
         log_event(s, kind, k, pre, posted, computed, device_mark_now());
         if (k < P - 1) {
-            chunk_into_full(full, recv, async_tp_chunk(r, P, k + 1, false), P, B, Ts, C);
+            const float *arrived = recv;
+            if (t == DTYPE_BF16) cast_from_bf16(s->buf[2], recv, n), arrived = s->buf[2];
+            chunk_into_full(full, arrived, async_tp_chunk(r, P, k + 1, false), P, B, Ts, C);
             send = recv;
         }
         s->stats.steps++;
@@ -329,6 +341,7 @@ void async_tp_apply(llama_plan *plan, const llama_config *c, int B) {
     s->chunk_floats = (size_t)B * (T / s->p) * c->dim;
     for (int i = 0; i < 3; i++) s->buf[i] = device_alloc_floats(s->chunk_floats, MEM_BUFFERS);
     s->skip_step = -1;
+    s->gather_bf16 = c->precision == DTYPE_BF16;
     /* the projection groups replaced whole: the regions stay sequence parallelism's (the
      * embedding's exit, and the re-gathers before a layer's backward, run them as they are) */
     plan_wrap(plan->proj, s->below, ((projection_ops){.state = s, .splits_rows = true, .in_forward = atp_in_forward,

@@ -120,8 +120,13 @@ int main(int argc, char **argv) {
     double rs_ring = co.async_tp ? 4 * L + 1 + (co.ac == AC_FULL ? L : 0) : 0;
     double ring_msgs = (p - 1) * (ag_ring + rs_ring);
     /* --dtype bf16: the gathers whose readers are GEMMs move bf16, 2 bytes an element, every one but
-     * the embedding's dy (sp_all_gather_seq_bf16); the async-TP rings still move fp32 */
-    double gathers = boundaries + regathers - ag_ring, bf16_gathers = co.sp && c->precision == DTYPE_BF16 ? gathers - 1 : 0;
+     * the embedding's dy (sp_all_gather_seq_bf16), and so do the async-TP gather rings' chunks (the
+     * reduce-scatter rings sum partial results: fp32) */
+    bool bf16 = co.sp && c->precision == DTYPE_BF16;
+    double gathers = boundaries + regathers - ag_ring, bf16_gathers = bf16 ? gathers - 1 : 0;
+    double ring_bytes = (p - 1) * (ag_ring * (bf16 ? X / 2 : X) + rs_ring * X) / p;
+    const char *ring_formula = co.ac == AC_FULL ? "(p-1)(11L+2) x BTD*4/p" : "(p-1)(8L+2) x BTD*4/p";
+    if (bf16) ring_formula = co.ac == AC_FULL ? "(p-1)((6L+1) x 2 + (5L+1) x 4) x BTD/p" : "(p-1)(4L+1)(2 + 4) x BTD/p";
     const char *gather_formula = co.async_tp ? (co.ac == AC_FULL ? "2 x BTD*4 (embedding, head)" : "(2 + 2L re-gathers) x BTD*4")
                                              : "(4L+2 + 2L+1 re-gathers) x BTD*4";
     if (bf16_gathers > 0)
@@ -133,14 +138,15 @@ int main(int argc, char **argv) {
          co.async_tp ? "1 x BTD*4 (embedding)" : co.ac == AC_FULL ? "(4L+2 + L recomputed) x BTD*4" : "(4L+2) x BTD*4"},
         {tp, COLL_ALL_REDUCE, 3 + norm_ar, 3 * N4 + norm_ar * (2 * L + 1) * D * 4,
          norm_ar ? "3 x BT*4 (loss) + (2L+1)D*4 (norms)" : "3 x BT*4 (loss)"},
-        {tp, COLL_SEND, ring_msgs, ring_msgs * X / p, co.ac == AC_FULL ? "(p-1)(11L+2) x BTD*4/p" : "(p-1)(8L+2) x BTD*4/p"},
-        {tp, COLL_RECV, ring_msgs, ring_msgs * X / p, co.ac == AC_FULL ? "(p-1)(11L+2) x BTD*4/p" : "(p-1)(8L+2) x BTD*4/p"}};
+        {tp, COLL_SEND, ring_msgs, ring_bytes, ring_formula},
+        {tp, COLL_RECV, ring_msgs, ring_bytes, ring_formula}};
     comm_expectation without_sp[] = {
         {tp, COLL_ALL_REDUCE, boundaries + recomputed + 3, (boundaries + recomputed) * X + 3 * N4,
          co.ac == AC_FULL ? "(5L+2) x BTD*4 + 3 x BT*4" : "(4L+2) x BTD*4 + 3 x BT*4"}};
     int mismatches = co.sp ? report_communication(&tp, 1, o.steps, with_sp, co.async_tp ? 5 : 3)
                            : report_communication(&tp, 1, o.steps, without_sp, 1);
-    mismatches += report_traffic_beside_chapter_01(&o, tp, co.sp, co.ac, boundaries, regathers, recomputed, bf16_gathers);
+    mismatches += report_traffic_beside_chapter_01(&o, tp, co.sp, co.ac, boundaries, regathers, recomputed,
+                                                   bf16_gathers + (bf16 ? ag_ring : 0));
     if (co.async_tp) mismatches += async_tp_report(&plan, o.out_dir, o.steps);
 
     /* ---- memory per rank ---- */

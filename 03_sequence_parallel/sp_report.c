@@ -40,7 +40,7 @@ int report_traffic_beside_chapter_01(const run_options *o, comm_group *tp, bool 
             log0("                + %.0f reduce-scatters of the forward recomputed by full AC: %s\n", recomputed,
                  fmt_bytes(recompute));
         if (halved > 0)
-            log0("                - %.0f all-gathers of values a GEMM rounds to bf16 anyway, moved as bf16: -%s\n",
+            log0("                - %.0f all-gathers (or gather rings) of values a GEMM rounds to bf16 anyway, moved as bf16: -%s\n",
                  bf16_gathers, fmt_bytes(halved));
         if (ring_sent > 0)
             log0("                of which sent point to point by the async-TP rings: %s\n", fmt_bytes(ring_sent));

@@ -77,11 +77,12 @@ int report_traffic(const parallel_options *o, device_mesh *mesh, const llama_mod
         e[n++] = (comm_expectation){q, COLL_ALL_GATHER, passes * ag, passes * (ag - bf16_ag / 2) * full, f};
         e[n++] = (comm_expectation){q, COLL_REDUCE_SCATTER, passes * rs, passes * rs * full,
                                     o->async_tp ? "n x B Tl D x 4" : out ? "n (4L+2) x B Tl D x 4" : "n (4Lr+1) x B Tl D x 4"};
-        if (o->async_tp) {
-            double msgs = passes * (tp - 1) * rings;
+        if (o->async_tp) {   /* (--dtype bf16: the gather rings' half of the messages at 2 bytes an element) */
+            double msgs = passes * (tp - 1) * rings, bytes = msgs * full / tp * (bf16_ag > 0 ? 0.75 : 1);
             const char *f = out ? "n (tp-1)(8L+2) x B Tl D x 4/tp" : "n (tp-1) 8Lr x B Tl D x 4/tp";
-            e[n++] = (comm_expectation){q, COLL_SEND, msgs, msgs * full / tp, f};
-            e[n++] = (comm_expectation){q, COLL_RECV, msgs, msgs * full / tp, f};
+            if (bf16_ag > 0) f = out ? "n (tp-1)(4L+1)(2 + 4) x B Tl D/tp" : "n (tp-1) 4Lr (2 + 4) x B Tl D/tp";
+            e[n++] = (comm_expectation){q, COLL_SEND, msgs, bytes, f};
+            e[n++] = (comm_expectation){q, COLL_RECV, msgs, bytes, f};
         }
         double loss = out ? 3 * passes : 0;
         e[n++] = (comm_expectation){q, COLL_ALL_REDUCE, loss + 1, loss * 4.0 * d->B * d->T + 4 * norm_floats,
