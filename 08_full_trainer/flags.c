@@ -34,7 +34,8 @@ static const char *usage =
     "  --accum N             micro-batches of --batch sequences per optimizer step (default 1)\n"
     "  --eval-every N        validation loss every N steps and at the end (default 50; 0: never)\n"
     "  --eval-batches N      validation batches per evaluation (default 4)\n"
-    "  --peak-tflops X       the device's peak for MFU (default: measured by a GEMM probe)\n"
+    "  --peak-tflops X       one device's peak for MFU (default: its datasheet's on a known GPU, else a\n"
+    "                        GEMM probe); on the CUDA build --dtype defaults to bf16 (fp32 with --fp8)\n"
     "checkpoints and outputs:\n"
     "  --ckpt-dir DIR --ckpt-every N   sharded checkpoints every N steps and at the end\n"
     "  --resume              continue from DIR's latest checkpoint (any mesh)\n"
@@ -130,6 +131,10 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
     snprintf(full_usage, sizeof full_usage, "%s%s", usage, plan_calculator_usage);
     run_parse(o, argc, argv, flags, chapter_flag, t, full_usage);
     o->model.vocab_multiple = t->vocab_multiple;
+    /* on a GPU the trainer computes as every anchor does, in bf16 (tensor cores), unless --dtype
+     * says otherwise, or --fp8 asks float8 over fp32 (float8 over bf16 is not supported yet) */
+    if (!o->dtype_given && strcmp(device_backend_name(), "cuda") == 0 && t->par.fp8.recipe == FLOAT8_OFF)
+        o->model.precision = DTYPE_BF16;
     if (t->plan) return;
     /* flags this run would ignore: refused, as --microbatches without a pipeline is */
     const int *g = t->par.degree;

@@ -187,10 +187,22 @@ int main(int argc, char **argv) {
 
     /* ---- train ---- */
     t.flops_per_token = llama_flops_per_token(c);   /* 6 N + 6 L T D (causal) */
-    t.peak_flops = co.peak_tflops > 0 ? co.peak_tflops * 1e12 : probe_peak_flops(c->precision);
-    log0("MFU against %.2f GFLOP/s (%s%s), %.2f MFLOP per token\n", t.peak_flops / 1e9,
-         co.peak_tflops > 0 ? "--peak-tflops" : "measured: a GEMM probe on every rank at once, summed",
-         co.peak_tflops > 0 ? "" : c->precision == DTYPE_BF16 ? ", bf16 operands" : "", t.flops_per_token / 1e6);
+    /* the peak: a device's (--peak-tflops, else its datasheet's for --dtype's operands) times the
+     * devices the ranks use (ranks sharing one count it once); without either, a GEMM probe */
+    char device_name[128];
+    double sheet = device_peak_flops(c->precision, device_name, sizeof device_name);
+    double per_device = co.peak_tflops > 0 ? co.peak_tflops * 1e12 : sheet;
+    double devices = comm_host_sum(comm_world(), 1.0 / comm_device_sharers());
+    t.peak_flops = per_device > 0 ? per_device * devices : probe_peak_flops(c->precision);
+    if (per_device > 0)
+        log0("MFU against %.2f TFLOP/s (%s: %.1f TFLOP/s %s x %.0f device(s)), %.2f MFLOP per token\n", t.peak_flops / 1e12,
+             co.peak_tflops > 0 ? "--peak-tflops" : "the datasheet", per_device / 1e12,
+             co.peak_tflops > 0 ? "a device" : c->precision == DTYPE_BF16 ? "dense bf16" : "fp32", devices,
+             t.flops_per_token / 1e6);
+    else
+        log0("MFU against %.2f GFLOP/s (measured: a GEMM probe on every rank at once, summed%s), %.2f MFLOP per token\n",
+             t.peak_flops / 1e9, c->precision == DTYPE_BF16 ? ", bf16 operands" : "", t.flops_per_token / 1e6);
+    if (sheet > 0 && co.peak_tflops <= 0) log0("device: %s\n", device_name);
     char path[512];
     snprintf(path, sizeof path, "%s/metrics.csv", o.out_dir);
     if (comm_world()->rank == 0 && !o.check)

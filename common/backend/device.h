@@ -35,6 +35,11 @@ const char *device_backend_name(void);          /* "cpu" or "cuda" */
  * "host" (every rank of a node shares the host's memory). comm_init compares the names of a
  * node's ranks to choose the collectives and to know how many ranks share this device. */
 void device_identity(char *name, size_t size);
+/* The device's datasheet peak in FLOP/s for GEMMs of `t` operands (dense, no sparsity; fp32
+ * without TF32, as cublasSgemm runs here), and its name in `name`: CUDA, for the GPUs whose
+ * datasheets the table in device_cuda.cu holds (H100, H200, A100), else 0; CPU, 0 (no datasheet:
+ * chapter 08 measures a GEMM probe instead). */
+double device_peak_flops(dtype t, char *name, size_t size);
 /* Bytes this rank can still allocate: the device's free memory (CPU: the host's MemAvailable;
  * CUDA: cudaMemGetInfo) divided among the `ranks_sharing` ranks that use the same device
  * (comm_device_sharers). 0 when unknown. */

@@ -19,6 +19,12 @@ void device_shutdown(void) {
     for (void *p = mem_cache_drain(); p != NULL; p = mem_cache_drain()) free(p);
 }
 const char *device_backend_name(void) { return "cpu"; }
+
+double device_peak_flops(dtype t, char *name, size_t size) {
+    (void)t;
+    snprintf(name, size, "cpu");
+    return 0;
+}
 void device_identity(char *name, size_t size) { snprintf(name, size, "host"); }
 
 double device_memory_available(int ranks_sharing) {

@@ -7,6 +7,7 @@
  */
 #include <limits.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -151,6 +152,21 @@ void device_shutdown(void) {
 }
 
 const char *device_backend_name(void) { return "cuda"; }
+
+/* Dense peaks from NVIDIA's datasheets, TFLOP/s: bf16 tensor cores and fp32 CUDA cores (SXM
+ * parts; the PCIe ones are lower: pass --peak-tflops there). */
+double device_peak_flops(dtype t, char *name, size_t size) {
+    static const struct { const char *model; double bf16, fp32; } sheet[] = {
+        {"H200", 989.4, 66.9}, {"H100", 989.4, 66.9}, {"A100", 312.0, 19.5}};
+    int dev = 0;
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    snprintf(name, size, "%s", prop.name);
+    for (size_t i = 0; i < sizeof sheet / sizeof sheet[0]; i++)
+        if (strstr(prop.name, sheet[i].model)) return 1e12 * (t == DTYPE_BF16 ? sheet[i].bf16 : sheet[i].fp32);
+    return 0;
+}
 
 /* The PCI bus id names a GPU whatever each rank may see of the node: with per-rank
  * CUDA_VISIBLE_DEVICES (SLURM, some launchers) every rank's GPU is its device 0, yet the ids of

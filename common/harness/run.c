@@ -115,7 +115,7 @@ int run_options_parse(run_options *o, int code, const char *arg, const char *cha
     case RUN_OPT_FAULT: o->fault = arg; break;
     case RUN_OPT_TIMEOUT: guard_set_timeout(cli_float("--timeout", arg, 0.0f, 1e6f)); break;
     case RUN_OPT_CLIP: o->opt.clip_grad_norm = cli_float("--clip-grad-norm", arg, 1e-6f, 1e6f); break;
-    case RUN_OPT_DTYPE: m->precision = (dtype)cli_choice("--dtype", arg, dtype_names); break;
+    case RUN_OPT_DTYPE: m->precision = (dtype)cli_choice("--dtype", arg, dtype_names), o->dtype_given = true; break;
     case RUN_OPT_BASELINE_DTYPE: o->baseline_dtype = cli_choice("--baseline-dtype", arg, dtype_names); break;
     case RUN_OPT_HELP:
         log0("%s", chapter_usage);

@@ -39,6 +39,7 @@ typedef struct {
     bool kv_heads_follow_heads; /* set before parsing: without --n-kv-heads, n_kv_heads =
                                  * n_heads (no grouping), so every tp dividing the heads runs */
     bool kv_heads_given;     /* --n-kv-heads was on the command line                    */
+    bool dtype_given;        /* --dtype was on the command line (08 on CUDA defaults to bf16) */
     int baseline_dtype;      /* --baseline-dtype: the --check baseline's precision; -1: --dtype's.
                               * Another than --dtype compares curves, not parity (run.c)   */
 } run_options;
