@@ -164,7 +164,7 @@ static void ring_all_gather(atp_state *s, const llama_plan *p, const ring_gemms 
                             int B, int Ts, int C, const char *kind) {
     int P = s->p, r = s->r;
     size_t n = (size_t)B * Ts * C;
-    dtype t = s->gather_bf16 && C % 2 == 0 ? DTYPE_BF16 : DTYPE_F32;
+    dtype t = s->gather_bf16 ? DTYPE_BF16 : DTYPE_F32;
     chunk_into_full(full, local, r, P, B, Ts, C);      /* this rank's own rows */
     const void *send = local;
     if (t == DTYPE_BF16) {

@@ -70,8 +70,10 @@ void sp_all_gather_seq_bf16(comm_group *tp, float *x_full, const float *x_local,
 /* The plan's region: the four operators above, with the state's chunk buffer; under --dtype bf16
  * the two gathers whose readers are GEMMs move bf16 (sp_all_gather_seq_bf16). */
 static float *chunks_of(void *state) { return ((sp_state *)state)->chunks; }
+/* (sp_all_gather_seq_bf16 lays bf16 rows out as floats: C even, as the model's dim always is) */
+static bool gathers_bf16(void *state, int C) { return ((sp_state *)state)->gather_bf16 && C % 2 == 0; }
 static void enter_forward(void *state, const llama_plan *p, float *x_full, const float *x_local, int B, int Ts, int C) {
-    if (((sp_state *)state)->gather_bf16 && C % 2 == 0) sp_all_gather_seq_bf16(p->groups.tp, x_full, x_local, chunks_of(state), B, Ts, C);
+    if (gathers_bf16(state, C)) sp_all_gather_seq_bf16(p->groups.tp, x_full, x_local, chunks_of(state), B, Ts, C);
     else sp_all_gather_seq_forward(p->groups.tp, x_full, x_local, chunks_of(state), B, Ts, C);
 }
 static void enter_backward(void *state, const llama_plan *p, float *dx_local, float *dx_full, int B, int Ts, int C) {
@@ -81,7 +83,7 @@ static void exit_forward(void *state, const llama_plan *p, float *y_local, float
     sp_reduce_scatter_seq_forward(p->groups.tp, y_local, y_partial, chunks_of(state), B, Ts, C);
 }
 static void exit_backward(void *state, const llama_plan *p, float *dy_full, const float *dy_local, int B, int Ts, int C) {
-    if (((sp_state *)state)->gather_bf16 && C % 2 == 0) sp_all_gather_seq_bf16(p->groups.tp, dy_full, dy_local, chunks_of(state), B, Ts, C);
+    if (gathers_bf16(state, C)) sp_all_gather_seq_bf16(p->groups.tp, dy_full, dy_local, chunks_of(state), B, Ts, C);
     else sp_reduce_scatter_seq_backward(p->groups.tp, dy_full, dy_local, chunks_of(state), B, Ts, C);
 }
 /* The vocabulary ends' exit is the embedding's: its dy is added into table rows, not read by a

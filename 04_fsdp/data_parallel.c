@@ -49,13 +49,13 @@ void data_parallel_refuse_reduce_type(dtype reduce_type, dtype precision) {
                         dtype_name(precision), dtype_name(reduce_type));
 }
 
-const char *data_parallel_run_options_json(const dp_options *o, int data_ranks, int passes, int microbatches, char *buf,
+const char *data_parallel_run_options_json(dtype reduce_type, int data_ranks, int passes, int microbatches, char *buf,
                                            size_t len) {
-    if (o->reduce_type == DTYPE_F32) return NULL;
+    if (reduce_type == DTYPE_F32) return NULL;
     char passes_key[32] = "", micro_key[32] = "";   /* (only when above 1) */
     if (passes > 1) snprintf(passes_key, sizeof passes_key, ",\"passes\":%d", passes);
     if (microbatches > 1) snprintf(micro_key, sizeof micro_key, ",\"microbatches\":%d", microbatches);
-    snprintf(buf, len, "{\"reduce\":{\"dtype\":\"%s\",\"data_ranks\":%d%s%s}}", dtype_name(o->reduce_type), data_ranks,
+    snprintf(buf, len, "{\"reduce\":{\"dtype\":\"%s\",\"data_ranks\":%d%s%s}}", dtype_name(reduce_type), data_ranks,
              passes_key, micro_key);
     return buf;
 }

@@ -127,7 +127,7 @@ void data_parallel_refuse_reduce_type(dtype reduce_type, dtype precision);
  * made several forward-backward passes (chapter 08's --accum: the rows in that many equal blocks
  * in order, each split over the data ranks alike), and "microbatches" when each data rank's rows
  * went through a pipeline in that many equal blocks: each (pass, microbatch) is reduced apart. */
-const char *data_parallel_run_options_json(const dp_options *o, int data_ranks, int passes, int microbatches, char *buf,
+const char *data_parallel_run_options_json(dtype reduce_type, int data_ranks, int passes, int microbatches, char *buf,
                                            size_t len);
 
 /* Data parallelism's rule for mesh_create (mesh.h): the global batch of `batch` sequences in equal

@@ -36,11 +36,16 @@ typedef struct {
  * The finished gradients, all-reduced in buckets while backward goes on.
  * ============================================================================================== */
 
-/* The open bucket, grads [bucket_off, bucket_off + bucket_count) of the whole block, issued.
- * `moved` is the gradient block as it moves: the gradients themselves, or under a bf16 reduction
- * their bf16 copy wire_in, into which the bucket's range is rounded first (grad_wire_send).
- * Issues: 1 all-reduce (sum) of bucket_count elements of s->grad_wire over the data ranks,
- * non-blocking: waited for in ddp_reduce_grads. */
+/* Element `off` of the gradient block as it moves: the gradients themselves, or under a bf16
+ * reduction their bf16 copy wire_in (elements of s->grad_wire). */
+static void *moved_at(const dp_state *s, size_t off) {
+    return dtype_at(s->grad_wire == DTYPE_F32 ? (void *)s->t->grads : s->wire_in, s->grad_wire, off);
+}
+
+/* The open bucket, grads [bucket_off, bucket_off + bucket_count) of the whole block, issued, as
+ * it moves (moved_at: under a bf16 reduction its range is rounded into the copy first,
+ * grad_wire_send). Issues: 1 all-reduce (sum) of bucket_count elements of s->grad_wire over the
+ * data ranks, non-blocking: waited for in ddp_reduce_grads. */
 static void flush_bucket(ddp_state *d) {
     dp_state *s = &d->dp;
     if (!d->bucket_count) return;
@@ -48,10 +53,9 @@ static void flush_bucket(ddp_state *d) {
     dp_mark_now(&d->req_issued[d->n_reqs]);
     d->req_off[d->n_reqs] = d->bucket_off;
     d->req_count[d->n_reqs] = d->bucket_count;
-    void *moved = s->grad_wire == DTYPE_F32 ? (void *)s->t->grads : s->wire_in;
-    grad_wire_send(s, s->t->grads + d->bucket_off, dtype_at(moved, s->grad_wire, d->bucket_off), d->bucket_count);
-    /* BEGIN ASSIGNMENT: start the all-reduce (sum over the data ranks) of the bucket's gradients (in moved, as s->grad_wire) */
-    d->reqs[d->n_reqs++] = s->all_reduce(s->batch, s->grad_wire, dtype_at(moved, s->grad_wire, d->bucket_off), d->bucket_count, COMM_SUM);
+    grad_wire_send(s, s->t->grads + d->bucket_off, moved_at(s, d->bucket_off), d->bucket_count);
+    /* BEGIN ASSIGNMENT: start the all-reduce (sum over the data ranks) of the bucket's gradients (moved_at, as s->grad_wire) */
+    d->reqs[d->n_reqs++] = s->all_reduce(s->batch, s->grad_wire, moved_at(s, d->bucket_off), d->bucket_count, COMM_SUM);
     /* END ASSIGNMENT */
     d->bucket_count = 0;
 }
@@ -107,8 +111,7 @@ static void ddp_reduce_grads(void *state, const llama_plan *p, llama_model *m) {
     dp_ensure_buffers(s, ddp_allocate);
     for (int k = 0; k < d->n_reqs; k++) {
         comm_wait(&d->reqs[k]);
-        if (s->wire_in)
-            grad_wire_back(s, s->t->grads + d->req_off[k], dtype_at(s->wire_in, s->grad_wire, d->req_off[k]), d->req_count[k]);
+        grad_wire_back(s, s->t->grads + d->req_off[k], moved_at(s, d->req_off[k]), d->req_count[k]);
         dp_event_add(s, "comm", &d->req_issued[k], "all_reduce %d", k);
     }
     d->n_reqs = 0;

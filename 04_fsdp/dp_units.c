@@ -128,6 +128,9 @@ void grad_wire_back(const dp_state *s, float *g, const void *wire, size_t n) {
     if (s->grad_wire != DTYPE_F32) cast_from_bf16(g, wire, n);
 }
 
+/* Where a unit's summed gradients land as they move: s->stage_out, or its bf16 twin wire_out. */
+static void *moved_sums(const dp_state *s) { return s->grad_wire == DTYPE_F32 ? (void *)s->stage_out : s->wire_out; }
+
 /* Every rank's shards: by_rank [S, count] from shards [count] (this rank's row).
  * Issues: 1 all-gather of S * count floats over dp_shard, non-blocking: wait on the request. */
 comm_request gather_shards(dp_state *s, const float *shards, float *by_rank, size_t count) {
@@ -148,7 +151,7 @@ comm_request gather_shards(dp_state *s, const float *shards, float *by_rank, siz
 comm_request start_grad_reduce(dp_state *s, const float *by_rank, size_t count) {
     comm_request req = {0};
     const void *send = grad_wire_send(s, (float *)by_rank, s->wire_in, (size_t)s->S * count);
-    void *sums = s->grad_wire == DTYPE_F32 ? (void *)s->stage_out : s->wire_out;
+    void *sums = moved_sums(s);
     /* BEGIN ASSIGNMENT: start the reduce-scatter of the unit's full gradients over dp_shard (send, as s->grad_wire, into sums) */
     req = s->reduce_scatter(s->shard, s->grad_wire, send, sums, count);
     /* END ASSIGNMENT */
@@ -160,7 +163,7 @@ comm_request start_grad_reduce(dp_state *s, const float *by_rank, size_t count) 
  * fp32. Issues: under HSDP 1 all-reduce of count elements of s->grad_wire over dp_replicate. */
 void finish_grad_reduce(dp_state *s, comm_request *req, size_t count) {
     comm_wait(req);
-    void *sums = s->grad_wire == DTYPE_F32 ? (void *)s->stage_out : s->wire_out;
+    void *sums = moved_sums(s);
     /* BEGIN ASSIGNMENT: all-reduce this rank's summed shards over dp_replicate (HSDP; sums, as s->grad_wire) */
     if (s->R > 1) comm_all_reduce_typed(s->replicate, s->grad_wire, sums, count, COMM_SUM);
     /* END ASSIGNMENT */
@@ -406,35 +409,18 @@ static const char *skip_grad_reduce(llama_plan *p) {
     return NULL;
 }
 /* --fault grad-reduce-bf16: the gradients are summed in bf16 where fp32 was asked (mixed
- * precision's reduce_dtype, --reduce-dtype fp32): each rank's gradient rounded to bf16, the sum
- * rounded at each step of the collective, blocking, in buffers of its own. Half the bytes move,
- * which the traffic table's formula (4 bytes an element) catches under any --dtype; in fp32 the
- * gradients' parity catches it too (2^-9 relative). */
-static comm_request reduce_scatter_bf16(comm_group *g, dtype t, const void *send, void *recv, size_t count) {
-    size_t n = count * (size_t)g->size;
-    uint16_t *all = device_alloc_elems(n, DTYPE_BF16, MEM_BUFFERS), *mine = device_alloc_elems(count, DTYPE_BF16, MEM_BUFFERS);
-    cast_to_bf16(all, send, n);
-    comm_reduce_scatter_typed(g, DTYPE_BF16, all, mine, count);
-    cast_from_bf16(recv, mine, count);
-    device_free(all);
-    device_free(mine);
-    return (comm_request){0};   /* complete: it blocked */
-}
-static comm_request all_reduce_bf16(comm_group *g, dtype t, void *buf, size_t count, comm_op op) {
-    uint16_t *h = device_alloc_elems(count, DTYPE_BF16, MEM_BUFFERS);
-    cast_to_bf16(h, buf, count);
-    comm_all_reduce_typed(g, DTYPE_BF16, h, count, op);
-    cast_from_bf16(buf, h, count);
-    device_free(h);
-    return (comm_request){0};
-}
+ * precision's reduce_dtype, --reduce-dtype fp32): the reductions move bf16 copies, as under
+ * --reduce-dtype bf16, while the options (and so the formulas) still say fp32. Half the bytes
+ * move, which the traffic table's formula (4 bytes an element) catches under any --dtype, and the
+ * copies' buffers the memory table's; in fp32 the gradients' parity catches it too (2^-9
+ * relative). (Applied after the buffers were planned and before they are allocated: the
+ * allocation sees the bf16 copies.) */
 static const char *grad_reduce_bf16(llama_plan *p) {
     dp_state *s = plan_state(p, &data_parallel_technique);
     if (s->grad_wire != DTYPE_F32)
         return "the gradients are reduced in bf16 already (--reduce-dtype bf16): the fault sums them in bf16 where "
                "fp32 was asked; run it without --reduce-dtype";
-    s->reduce_scatter = reduce_scatter_bf16;
-    s->all_reduce = all_reduce_bf16;
+    s->grad_wire = DTYPE_BF16;
     return NULL;
 }
 const plan_fault data_parallel_faults[] = {

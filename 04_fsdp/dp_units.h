@@ -40,7 +40,7 @@ struct dp_state {
      * buffers, or bf16 (--reduce-dtype bf16), the bf16 copies below */
     comm_request (*reduce_scatter)(comm_group *g, dtype t, const void *send, void *recv, size_t count);
     comm_request (*all_reduce)(comm_group *g, dtype t, void *buf, size_t count, comm_op op);
-    dtype grad_wire;                   /* o.reduce_type                                           */
+    dtype grad_wire;                   /* o.reduce_type (--fault grad-reduce-bf16: bf16 whatever)  */
     void *wire_in, *wire_out;          /* bf16 only: the copies that move, [S * U] and [U] for the
                                         * largest unit (zero1, zero2, fsdp), or wire_in [the whole
                                         * gradient block] (ddp: each bucket at its offset)        */

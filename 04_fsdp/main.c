@@ -44,7 +44,6 @@ enum { OPT_MODE = 1, OPT_SHARD, OPT_REPLICATE, OPT_TP, OPT_BUCKET, OPT_NO_RESHAR
 typedef struct { dp_options dp; int shard, replicate, tp; bool bucket_given, no_reshard_given, no_prefetch_given; } chapter_options;
 static void chapter_flag(int code, const char *arg, void *ctx) {
     static const char *const modes[] = {"ddp", "zero1", "zero2", "fsdp", NULL};
-    static const char *const dtypes[] = {"fp32", "bf16", NULL};   /* (dtype's order) */
     chapter_options *co = ctx;
     if (code == OPT_MODE) co->dp.mode = (dp_mode)cli_choice("--dp-mode", arg, modes);
     else if (code == OPT_SHARD) co->shard = cli_int("--dp-shard", arg, 1, 4096);
@@ -52,7 +51,7 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     else if (code == OPT_TP) co->tp = cli_int("--tp", arg, 1, 4096);
     else if (code == OPT_BUCKET) co->dp.bucket_floats = (size_t)cli_int("--bucket-kb", arg, 1, 1 << 20) * 256, co->bucket_given = true;
     else if (code == OPT_NO_RESHARD) co->dp.reshard_after_forward = false, co->no_reshard_given = true;
-    else if (code == OPT_REDUCE_DTYPE) co->dp.reduce_type = (dtype)cli_choice("--reduce-dtype", arg, dtypes);
+    else if (code == OPT_REDUCE_DTYPE) co->dp.reduce_type = cli_dtype("--reduce-dtype", arg);
     else co->dp.prefetch = false, co->no_prefetch_given = true;
 }
 
@@ -94,7 +93,7 @@ int main(int argc, char **argv) {
     llama_plan plan = tensor_parallel_or_single(mesh, c);
     data_parallel_apply(&plan, mesh, c, &co.dp);   /* (its buffers: allocated at first use) */
     char reduce_json[96];   /* --dump: the gradients' reduction type, for the replay */
-    run_dump_describe(&o, data_parallel_run_options_json(&co.dp, R * S, 1, 1, reduce_json, sizeof reduce_json));
+    run_dump_describe(&o, data_parallel_run_options_json(co.dp.reduce_type, R * S, 1, 1, reduce_json, sizeof reduce_json));
     run_apply_fault(&o, &plan);
     llama_model *model = run_model(&o, &plan);   /* refuses up front what cannot fit */
     double mem[3] = {mem_current(MEM_PARAMS), mem_current(MEM_GRADS), mem_current(MEM_OPTIM)};

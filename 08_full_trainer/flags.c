@@ -54,7 +54,6 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     static const char *const acs[] = {"none", "selective", "full", NULL};
     static const char *const methods[] = {"ring", "allgather", "alltoall", NULL};
     static const char *const recipes[] = {"off", "tensorwise", "rowwise", "delayed", NULL};
-    static const char *const dtypes[] = {"fp32", "bf16", NULL};   /* (dtype's order) */
     trainer_options *co = ctx;
     int *g = co->par.degree;
     switch (code) {
@@ -93,7 +92,7 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     case OPT_PLAN: co->plan = true; break;
     case OPT_ASYNC_TP: co->par.async_tp = true; break;
     case OPT_NO_FSDP_OVER_CP: co->par.fsdp_over_cp = false; break;
-    case OPT_REDUCE_DTYPE: co->par.reduce_type = (dtype)cli_choice("--reduce-dtype", arg, dtypes); break;
+    case OPT_REDUCE_DTYPE: co->par.reduce_type = cli_dtype("--reduce-dtype", arg); break;
     case OPT_VOCAB_MULTIPLE: co->vocab_multiple = cli_int("--vocab-multiple", arg, 1, 1 << 20); break;
     default:
         if (!plan_calculator_flag(&co->calc, code, arg)) comm_exit_usage("internal: flag %d not handled", code);

@@ -105,10 +105,9 @@ int main(int argc, char **argv) {
                                                       sizeof float8_json));
     }
     if (co.par.reduce_type != DTYPE_F32) {   /* --dump: the gradients summed in bf16 (04) */
-        dp_options reduce = {.reduce_type = co.par.reduce_type};
         char reduce_json[96];
         int M = co.par.degree[MESH_PP] > 1 ? co.par.pp.microbatches : 1;
-        run_dump_describe(&o, data_parallel_run_options_json(&reduce, co.par.degree[MESH_DP_REPLICATE] *
+        run_dump_describe(&o, data_parallel_run_options_json(co.par.reduce_type, co.par.degree[MESH_DP_REPLICATE] *
                                                              co.par.degree[MESH_DP_SHARD], co.accum, M, reduce_json,
                                                              sizeof reduce_json));
     }

@@ -67,7 +67,7 @@ int report_traffic(const parallel_options *o, device_mesh *mesh, const llama_mod
         double rings = o->async_tp ? 2 * (4.0 * Lr + (out ? 1 : 0)) : 0;
         if (o->async_tp) { ag -= rings / 2; rs -= rings / 2; }
         /* --dtype bf16: every gather a GEMM reads moves bf16, all but the embedding's dy (03's
-         * sp_all_gather_seq_bf16: 2 bytes an element); the async-TP rings still move fp32 */
+         * sp_all_gather_seq_bf16: 2 bytes an element); so do the async-TP gather rings (below) */
         double bf16_ag = o->sp && m->c.precision == DTYPE_BF16 ? ag - 1 : 0;
         const char *f = o->async_tp ? (out ? "n (2L+2) x B Tl D x 4" : "n (2Lr+1) x B Tl D x 4")
                                     : out ? "n (6L+3) x B Tl D x 4" : "n (6Lr+1) x B Tl D x 4";

@@ -58,6 +58,12 @@ int cli_choice(const char *flag, const char *value, const char *const *choices) 
     comm_exit_usage("%s '%s' is not valid: expected one of %s", flag, value, list);
 }
 
+dtype cli_dtype(const char *flag, const char *value) {
+    const char *names[DTYPE_NTYPES + 1] = {NULL};
+    for (int t = 0; t < DTYPE_NTYPES; t++) names[t] = dtype_name((dtype)t);
+    return (dtype)cli_choice(flag, value, names);
+}
+
 void cli_unknown(int argc, char **argv, int optind_after) {
     const char *arg = optind_after - 1 < argc ? argv[optind_after - 1] : "?";
     comm_exit_usage("%s: unknown flag or missing value; run with --help for the list of flags", arg);

@@ -3,6 +3,7 @@
 #pragma once
 #include <stdint.h>
 #include "cdefs.h"
+#include "dtype.h"
 
 C_BEGIN
 
@@ -13,6 +14,8 @@ float cli_float(const char *flag, const char *value, float min, float max);
 uint64_t cli_u64(const char *flag, const char *value);
 /* One of the NULL-terminated `choices`; returns its index. */
 int cli_choice(const char *flag, const char *value, const char *const *choices);
+/* An element type by its name (dtype.h's dtype_name: fp32, bf16). */
+dtype cli_dtype(const char *flag, const char *value);
 /* The flag getopt_long could not parse (unknown, or missing its value): exit 2. */
 void cli_unknown(int argc, char **argv, int optind_after) __attribute__((noreturn));
 

@@ -89,7 +89,6 @@ static void usage_common(const run_options *parsed) {
     if (!o->faults || !o->faults[0].name) log0("                     (this chapter has none)\n");
 }
 
-static const char *const dtype_names[] = {"fp32", "bf16", NULL};   /* in dtype's order */
 
 int run_options_parse(run_options *o, int code, const char *arg, const char *chapter_usage) {
     llama_config *m = &o->model;
@@ -115,8 +114,8 @@ int run_options_parse(run_options *o, int code, const char *arg, const char *cha
     case RUN_OPT_FAULT: o->fault = arg; break;
     case RUN_OPT_TIMEOUT: guard_set_timeout(cli_float("--timeout", arg, 0.0f, 1e6f)); break;
     case RUN_OPT_CLIP: o->opt.clip_grad_norm = cli_float("--clip-grad-norm", arg, 1e-6f, 1e6f); break;
-    case RUN_OPT_DTYPE: m->precision = (dtype)cli_choice("--dtype", arg, dtype_names), o->dtype_given = true; break;
-    case RUN_OPT_BASELINE_DTYPE: o->baseline_dtype = cli_choice("--baseline-dtype", arg, dtype_names); break;
+    case RUN_OPT_DTYPE: m->precision = cli_dtype("--dtype", arg), o->dtype_given = true; break;
+    case RUN_OPT_BASELINE_DTYPE: o->baseline_dtype = (int)cli_dtype("--baseline-dtype", arg); break;
     case RUN_OPT_HELP:
         log0("%s", chapter_usage);
         usage_common(o);
