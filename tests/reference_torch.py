@@ -752,6 +752,18 @@ def forward(params, config, tokens, float8=None, aux=None):
     return out @ params["output.weight"].T
 
 
+def rows_backward(params, config, tokens, targets, count, float8=None):
+    """One forward-backward pass over some of the step's rows: the sum of their token losses
+    divided by `count`, the valid targets of the whole step, its gradients accumulated into
+    params' .grad; returns that loss."""
+    logits = forward(params, config, tokens, float8)
+    V = logits.shape[-1]
+    loss = F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=IGNORE_INDEX,
+                           reduction="sum") / count
+    loss.backward()
+    return loss.item()
+
+
 def step_loss(params, config, tokens, targets, float8=None):
     """The step's loss, its gradients accumulated into params' .grad (autograd). A float8 run
     with "passes" P > 1 (chapter 08's --accum) made P forward-backward passes, one per equal block
@@ -772,12 +784,7 @@ def step_loss(params, config, tokens, targets, float8=None):
     total = 0.0
     for k, (t, y) in enumerate(zip(tokens.chunk(passes), targets.chunk(passes))):
         float8.pass_now = k
-        logits = forward(params, config, t, float8)
-        V = logits.shape[-1]
-        loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1), ignore_index=IGNORE_INDEX,
-                               reduction="sum") / count
-        loss.backward()
-        total += loss.item()
+        total += rows_backward(params, config, t, y, count, float8)
     return total
 
 
@@ -823,12 +830,7 @@ def step_loss_reduced(params, config, tokens, targets, reduce):
                 t, y = rows[a][r][m]
                 for p in params.values():
                     p.grad = None
-                logits = forward(params, config, t)
-                V = logits.shape[-1]
-                loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1), ignore_index=IGNORE_INDEX,
-                                       reduction="sum") / count
-                loss.backward()
-                total += loss.item()
+                total += rows_backward(params, config, t, y, count)
                 for name, p in params.items():
                     if p.grad is not None:
                         reduced[name] += to_bf16(p.grad)
