@@ -6,9 +6,11 @@
 #include "float8.h"
 #include "float8_all_gather.h"
 #include "float8_linear.h"
+#include "llama_kernels.h"
 
 typedef struct {
     comm_group *tp;
+    dtype high;                     /* the high precision cast from: fp32, or bf16 (--dtype) */
     float *scalar;                  /* one device float, for the amax's all-reduces */
     double worst_sqnr;              /* the lowest SQNR of a shard's cast, in dB       */
 } gather_state;
@@ -43,6 +45,10 @@ static comm_request start(void *ctx, comm_group *g, const param_tensor *x, const
         *pending = NULL;
         return comm_iall_gather(g, shard, full, count);
     }
+    /* under --dtype bf16 the high precision is bf16 (float8_linear.c): the shard's bf16 values are
+     * cast, so the amax, the scale and the codes are the ones the float8 linear would find */
+    float *rounded = s->high == DTYPE_BF16 ? bf16_values(shard, count) : NULL;
+    if (rounded) shard = rounded;
     gather_pending *p = malloc(sizeof *p);
     p->scale = 1.0f;
     p->count = count * g->size;
@@ -62,6 +68,7 @@ static comm_request start(void *ctx, comm_group *g, const param_tensor *x, const
     /* END ASSIGNMENT */
     *pending = p;
     note_sqnr(s, shard, p->send, count, p->scale);
+    device_free(rounded);
     return req;
 }
 
@@ -75,9 +82,10 @@ static void finish(void *ctx, const param_tensor *x, float *full, size_t count, 
     free(p);
 }
 
-dp_gather_ops float8_all_gather_ops(comm_group *tp) {
+dp_gather_ops float8_all_gather_ops(comm_group *tp, dtype high) {
     gather_state *s = calloc(1, sizeof *s);
     s->tp = tp && tp->size > 1 ? tp : NULL;
+    s->high = high;
     s->scalar = device_alloc_floats(1, MEM_BUFFERS);
     s->worst_sqnr = INFINITY;
     return (dp_gather_ops){start, finish, s};

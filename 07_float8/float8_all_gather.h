@@ -19,8 +19,10 @@
 #include "../04_fsdp/data_parallel.h"
 #include "plan.h"
 
-/* The gather operations for dp_options.gather, over the plan's tp group (NULL: no tp). */
-dp_gather_ops float8_all_gather_ops(comm_group *tp);
+/* The gather operations for dp_options.gather, over the plan's tp group (NULL: no tp), casting from
+ * `high` (the model's precision: under bf16 each shard is rounded to bf16 first, as the float8
+ * linear rounds its operands, so the codes are the linear's). */
+dp_gather_ops float8_all_gather_ops(comm_group *tp, dtype high);
 void float8_all_gather_free(dp_gather_ops *ops);
 /* The lowest SQNR (dB) of a shard's cast against its fp32 values, over the run, on this rank. */
 double float8_all_gather_worst_sqnr(const dp_gather_ops *ops);

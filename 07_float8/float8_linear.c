@@ -616,13 +616,8 @@ static float *forward_scales(float8_state *s, linear_site at) {
 /* y [N, out] (=) = x [N, in] W [out, in]^T on E4M3 operands. Issues: tensorwise/delayed one
  * all-reduce (MAX, 1 float) for W when tp cuts it and one for x when tp cuts x (row-parallel);
  * rowwise, on a row-parallel site, one of N floats for x's rows and one of out for W's rows. */
-static void float8_linear_forward(void *state, const llama_plan *p, linear_site at, float *y, const float *x,
-                               const float *W, int N, int in, int out) {
-    float8_state *s = state;
-    if (!in_blocks(at)) {
-        s->below.forward(s->below.state, p, at, y, x, W, N, in, out);
-        return;
-    }
+static void forward_from(float8_state *s, const llama_plan *p, linear_site at, float *y, const float *x,
+                         const float *W, int N, int in, int out) {
     clock_in(s, at);
     bool col = column_parallel(s, at), row = row_parallel(s, at);
     float *xq = device_alloc_floats((size_t)N * in, MEM_BUFFERS), *Wq = device_alloc_floats((size_t)out * in, MEM_BUFFERS);
@@ -651,13 +646,8 @@ static void float8_linear_forward(void *state, const llama_plan *p, linear_site 
  * (its amax agreed over tp on a column-parallel site). Rowwise: each GEMM casts its operands along
  * its own contraction: dx's over out (dy's rows, W's columns; agreed over tp on a column-parallel
  * site), dW's over the tokens (dy's and x's columns; never cut). */
-static void float8_linear_backward(void *state, const llama_plan *p, linear_site at, float *dx, dx_write how,
-                                float *dW, const float *dy, const float *x, const float *W, int N, int in, int out) {
-    float8_state *s = state;
-    if (!in_blocks(at)) {
-        s->below.backward(s->below.state, p, at, dx, how, dW, dy, x, W, N, in, out);
-        return;
-    }
+static void backward_from(float8_state *s, const llama_plan *p, linear_site at, float *dx, dx_write how, float *dW,
+                          const float *dy, const float *x, const float *W, int N, int in, int out) {
     clock_in(s, at);
     bool col = column_parallel(s, at);
     bool rowwise = s->o.recipe == FLOAT8_ROWWISE;
@@ -718,18 +708,57 @@ static void float8_linear_backward(void *state, const llama_plan *p, linear_site
     if (rowwise) device_free(dy_cols);
 }
 
+/* The operator. The output layer goes below (the plan's linear before float8: fp32, or bf16
+ * operands under --dtype bf16). A block linear's operands are cast from the high precision: fp32,
+ * or under --dtype bf16, bf16 as torchao has it when the model computes in bf16: each operand is
+ * rounded to bf16 first (x and W forward; dy, W and x backward, as linear_local rounds them), and
+ * its amax, scale and cast see those values. What then goes below (rowwise's emulation: operands
+ * decoded with power-of-two scales, bf16 values already) runs as fp32, rounded nowhere twice. */
+static void float8_linear_forward(void *state, const llama_plan *p, linear_site at, float *y, const float *x,
+                                  const float *W, int N, int in, int out) {
+    float8_state *s = state;
+    if (!in_blocks(at)) {
+        s->below.forward(s->below.state, p, at, y, x, W, N, in, out);
+    } else if (at.compute != DTYPE_BF16) {
+        forward_from(s, p, at, y, x, W, N, in, out);
+    } else {
+        float *xb = linear_bf16_values(x, (size_t)N * in), *Wb = linear_bf16_values(W, (size_t)out * in);
+        at.compute = DTYPE_F32;
+        forward_from(s, p, at, y, xb, Wb, N, in, out);
+        device_free(xb);
+        device_free(Wb);
+    }
+}
+static void float8_linear_backward(void *state, const llama_plan *p, linear_site at, float *dx, dx_write how,
+                                   float *dW, const float *dy, const float *x, const float *W, int N, int in, int out) {
+    float8_state *s = state;
+    if (!in_blocks(at)) {
+        s->below.backward(s->below.state, p, at, dx, how, dW, dy, x, W, N, in, out);
+    } else if (at.compute != DTYPE_BF16) {
+        backward_from(s, p, at, dx, how, dW, dy, x, W, N, in, out);
+    } else {
+        float *dyb = linear_bf16_values(dy, (size_t)N * out), *Wb = linear_bf16_values(W, (size_t)out * in);
+        float *xb = linear_bf16_values(x, (size_t)N * in);
+        at.compute = DTYPE_F32;
+        backward_from(s, p, at, dx, how, dW, dyb, xb, Wb, N, in, out);
+        device_free(dyb);
+        device_free(Wb);
+        device_free(xb);
+    }
+}
+
 /* ---- set-up -----------------------------------------------------------------------------------*/
 
-void float8_refuse_bf16(float8_recipe r, const char *flag, int precision) {
-    /* float8's casts read fp32 inputs and keep an fp32 high-precision path (the output layer, the
-     * reference GEMMs); bf16 as that high precision, as torchao has it, is not built yet */
-    if (r != FLOAT8_OFF && precision == DTYPE_BF16)
-        comm_exit_usage("%s bf16 with --fp8: not supported yet; float8 casts from fp32 here, use %s fp32", flag, flag);
+void float8_refuse_baseline_dtype(float8_recipe r, int baseline_dtype, dtype run) {
+    if (r != FLOAT8_OFF && baseline_dtype >= 0 && baseline_dtype != (int)run)
+        comm_exit_usage("--baseline-dtype %s with --fp8 and --dtype %s: the float8 baseline checks the run's casts code "
+                        "for code, so it computes in the run's precision (leave --baseline-dtype out)",
+                        dtype_name((dtype)baseline_dtype), dtype_name(run));
 }
 
 void float8_apply(llama_plan *plan, const llama_config *c, const float8_options *o) {
+    (void)c;
     if (o->recipe == FLOAT8_OFF) return;
-    float8_refuse_bf16(o->recipe, "--dtype", c->precision);
     /* float8 scales each linear's whole input (agreed over tp): a projection group that runs its
      * linears on pieces of the rows (async TP's ring, proj.splits_rows) would scale piece by piece */
     if (plan->proj.splits_rows)

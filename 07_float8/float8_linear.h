@@ -74,9 +74,10 @@ typedef struct {
 enum { FLOAT8_CAST_X = 0, FLOAT8_CAST_W, FLOAT8_CAST_DY, FLOAT8_OUT_Y, FLOAT8_OUT_DX, FLOAT8_OUT_DW, FLOAT8_NROLES };
 const char *float8_role_name(int role);
 
-/* Refuses (one line, exit 2) float8 with a model in bf16: `flag` names whose precision it is
- * (--dtype for the run, --baseline-dtype for the --check baseline), `precision` a dtype or -1. */
-void float8_refuse_bf16(float8_recipe r, const char *flag, int precision);
+/* Refuses (one line, exit 2) float8 with a --check baseline in another precision than the run's
+ * (--baseline-dtype, -1: the run's): the float8 baseline checks the run's casts code for code,
+ * which casts from other high-precision values cannot match. */
+void float8_refuse_baseline_dtype(float8_recipe r, int baseline_dtype, dtype run);
 
 /* Wraps plan->linear with the float8 linear (does nothing for FLOAT8_OFF). The plan's tp group and
  * layouts must be final (apply it after chapter 01's plan). */

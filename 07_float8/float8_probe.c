@@ -1,4 +1,5 @@
-/* float8_probe.c: SQNR of float8's casts and products against fp32 (float8_probe.h). */
+/* float8_probe.c: SQNR of float8's casts and products against the high precision, fp32 or bf16
+ * (float8_probe.h). */
 #include <math.h>
 #include <stdlib.h>
 #include "comm.h"
@@ -31,20 +32,33 @@ static void observe_cast(void *state, int role, linear_site at, const float *hi,
     note(state, role, at, hi, q, n);
 }
 
-/* y [N, out] = float8's product, beside fp32's x [N, in] W [out, in]^T. No collective. */
+/* An operand of the reference product as float8 casts it from: x [n] itself in fp32, or (--dtype
+ * bf16, the high precision bf16) a copy of its bf16 values, which the caller frees. Not counted
+ * among the linears' roundings: the probe is not the run. */
+typedef struct { const float *v; float *copy; } high_operand;
+static high_operand high_values(linear_site at, const float *x, size_t n) {
+    if (at.compute != DTYPE_BF16) return (high_operand){x, NULL};
+    float *copy = bf16_values(x, n);
+    return (high_operand){copy, copy};
+}
+
+/* y [N, out] = float8's product, beside the high precision's x [N, in] W [out, in]^T (an fp32
+ * GEMM). No collective. */
 static void probe_forward(void *state, const llama_plan *p, linear_site at, float *y, const float *x, const float *W,
                           int N, int in, int out) {
     probe_state *s = state;
     s->below.forward(s->below.state, p, at, y, x, W, N, in, out);
     if (!float8_casts_site(at)) return;
     float *ref = device_alloc_floats((size_t)N * out, MEM_BUFFERS);
-    linear_forward(ref, x, W, N, in, out);
+    high_operand xh = high_values(at, x, (size_t)N * in), Wh = high_values(at, W, (size_t)out * in);
+    linear_forward(ref, xh.v, Wh.v, N, in, out);
     note(s, FLOAT8_OUT_Y, at, ref, y, (size_t)N * out);
-    device_free(ref);
+    device_free(ref); device_free(xh.copy); device_free(Wh.copy);
 }
 
 /* dx [N, in] (as `how` says) and dW [out, in] (+=): float8's products, each measured alone (before
- * it is added where `how` and the accumulation ask) beside fp32's dy W and dy^T x. No collective. */
+ * it is added where `how` and the accumulation ask) beside the high precision's dy W and dy^T x.
+ * No collective. */
 static void probe_backward(void *state, const llama_plan *p, linear_site at, float *dx, dx_write how, float *dW,
                            const float *dy, const float *x, const float *W, int N, int in, int out) {
     probe_state *s = state;
@@ -57,9 +71,10 @@ static void probe_backward(void *state, const llama_plan *p, linear_site at, flo
     float *dW_alone = dW ? device_alloc_floats(n_w, MEM_BUFFERS) : NULL;
     if (dW_alone) device_zero(dW_alone, n_w * sizeof(float));
     s->below.backward(s->below.state, p, at, dx_alone, DX_SET, dW_alone, dy, x, W, N, in, out);
+    high_operand dyh = high_values(at, dy, (size_t)N * out), xh = high_values(at, x, n_x), Wh = high_values(at, W, n_w);
     if (dx) {
         float *ref = device_alloc_floats(n_x, MEM_BUFFERS);
-        linear_backward(ref, NULL, dy, x, W, N, in, out);
+        linear_backward(ref, NULL, dyh.v, xh.v, Wh.v, N, in, out);
         note(s, FLOAT8_OUT_DX, at, ref, dx_alone, n_x);
         device_free(ref);
         if (dx_alone != dx) {
@@ -70,12 +85,13 @@ static void probe_backward(void *state, const llama_plan *p, linear_site at, flo
     if (dW) {
         float *ref = device_alloc_floats(n_w, MEM_BUFFERS);
         device_zero(ref, n_w * sizeof(float));
-        linear_backward(NULL, ref, dy, x, W, N, in, out);
+        linear_backward(NULL, ref, dyh.v, xh.v, Wh.v, N, in, out);
         note(s, FLOAT8_OUT_DW, at, ref, dW_alone, n_w);
         device_free(ref);
         add_inplace(dW, dW_alone, n_w);
         device_free(dW_alone);
     }
+    device_free(dyh.copy); device_free(xh.copy); device_free(Wh.copy);
 }
 
 void float8_probe_apply(llama_plan *plan) {

@@ -33,13 +33,16 @@ static const char *kind_name(param_kind k) {
 
 /* The worst SQNR of each cast and product in step 1 (judged, as torchao's single-step tests) and
  * over the whole run (shown: a delayed scale that lags a growing amax clips), over every rank. */
-int float8_report_accuracy(const llama_plan *plan, float8_recipe r, const dp_gather_ops *gather) {
+int float8_report_accuracy(const llama_plan *plan, float8_recipe r, const dp_gather_ops *gather, dtype high) {
     double first[FLOAT8_NROLES], worst[FLOAT8_NROLES];
     linear_site at[FLOAT8_NROLES];
     float8_worst_sqnr(plan, first, worst, at);
     int bad = 0;
-    log0("float8 against fp32: the lowest SQNR = 20 log10(|fp32| / |fp32 - float8|) over every linear (this rank's "
-         "part of each tensor), in step 1 (judged) and over the run (shown):\n");
+    /* (under --dtype bf16 the casts start from bf16 values, and the products are measured against
+     * the same GEMM on them: float8's error over bf16's) */
+    const char *h = dtype_name(high);
+    log0("float8 against %s: the lowest SQNR = 20 log10(|%s| / |%s - float8|) over every linear (this rank's "
+         "part of each tensor), in step 1 (judged) and over the run (shown):\n", h, h, h);
     log0("  %-12s %-9s %9s  %-14s %9s  %s\n", "", "format", "step 1", "threshold", "the run", "where");
     for (int role = 0; role < FLOAT8_NROLES; role++) {
         double one = -comm_host_max(comm_world(), -first[role]);

@@ -17,7 +17,7 @@ int float8_report_traffic(const run_options *o, device_mesh *mesh, const llama_p
                           float8_recipe r, bool float8_gather);
 /* The lowest SQNR of each cast and product, in step 1 (judged against torchao's thresholds) and
  * over the run (shown), over every rank; with the float8 all-gather (gather != NULL), its casts. */
-int float8_report_accuracy(const llama_plan *plan, float8_recipe r, const dp_gather_ops *gather);
+int float8_report_accuracy(const llama_plan *plan, float8_recipe r, const dp_gather_ops *gather, dtype high);
 /* The exact test: the tp shards' float8 bytes of every block weight against one device's cast. */
 int float8_report_sharded_cast(const llama_plan *plan, llama_model *m);
 /* --cast-sample: layer 0's w1 scaled tensorwise into E4M3, before and after the cast, to `path`. */

@@ -78,7 +78,7 @@ int main(int argc, char **argv) {
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     const llama_config *c = &o.model;
 
-    float8_refuse_bf16(co.fp8.recipe, "--baseline-dtype", o.baseline_dtype);   /* (float8_apply: --dtype's) */
+    float8_refuse_baseline_dtype(co.fp8.recipe, o.baseline_dtype, c->precision);
     if (co.history_given && co.fp8.recipe != FLOAT8_DELAYED)
         comm_exit_usage("--amax-history keeps the amaxes of delayed scaling: it needs --fp8 delayed, not %s",
                         float8_recipe_name(co.fp8.recipe));
@@ -99,7 +99,7 @@ int main(int argc, char **argv) {
     llama_plan plan = tensor_parallel_or_single(mesh, c);
     dp_gather_ops gather = {0};
     if (S > 1) {
-        if (co.gather_in_float8) gather = float8_all_gather_ops(plan.groups.tp);
+        if (co.gather_in_float8) gather = float8_all_gather_ops(plan.groups.tp, c->precision);
         dp_options dp = {.mode = DP_FSDP, .reshard_after_forward = true, .prefetch = true, .bucket_floats = 64 * 256,
                          .gather = co.gather_in_float8 ? &gather : NULL, .shard_over_cp = false};
         data_parallel_apply(&plan, mesh, c, &dp);
@@ -153,9 +153,9 @@ int main(int argc, char **argv) {
     log0("\n");
     int mismatches = 0;
     mismatches += float8_report_traffic(&o, mesh, &plan, model, co.fp8.recipe, co.gather_in_float8);
-    if (c->precision == DTYPE_BF16) mismatches += bf16_report_roundings(&o, model);   /* --fp8 off --dtype bf16 */
+    if (c->precision == DTYPE_BF16) mismatches += bf16_report_roundings(&o, model);   /* float8 on or off */
     if (co.fp8.recipe != FLOAT8_OFF) {
-        mismatches += float8_report_accuracy(&plan, co.fp8.recipe, co.gather_in_float8 ? &gather : NULL);
+        mismatches += float8_report_accuracy(&plan, co.fp8.recipe, co.gather_in_float8 ? &gather : NULL, c->precision);
         if (o.check) mismatches += float8_report_casts(&baseline);
         if (S == 1) mismatches += float8_report_sharded_cast(&plan, model);   /* (its amax all-reduces after the table) */
         else log0("sharded cast: not run under fsdp (the weights are stored in dp shards); step 1's casts above "

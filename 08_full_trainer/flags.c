@@ -130,10 +130,9 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
     snprintf(full_usage, sizeof full_usage, "%s%s", usage, plan_calculator_usage);
     run_parse(o, argc, argv, flags, chapter_flag, t, full_usage);
     o->model.vocab_multiple = t->vocab_multiple;
-    /* on a GPU the trainer computes as every anchor does, in bf16 (tensor cores), unless --dtype
-     * says otherwise, or --fp8 asks float8 over fp32 (float8 over bf16 is not supported yet) */
-    if (!o->dtype_given && strcmp(device_backend_name(), "cuda") == 0 && t->par.fp8.recipe == FLOAT8_OFF)
-        o->model.precision = DTYPE_BF16;
+    /* on a GPU the trainer computes as every anchor does, in bf16 (tensor cores; with --fp8, bf16 is
+     * float8's high precision, as torchao's), unless --dtype says otherwise */
+    if (!o->dtype_given && strcmp(device_backend_name(), "cuda") == 0) o->model.precision = DTYPE_BF16;
     if (t->plan) return;
     /* flags this run would ignore: refused, as --microbatches without a pipeline is */
     const int *g = t->par.degree;
@@ -176,7 +175,7 @@ void trainer_validate(run_options *o, trainer_options *t) {
     if (t->resume && (o->check || o->dump_dir))
         comm_exit_usage("--resume with %s is not valid: the baseline and the dump's replay start from step 1's "
                         "parameters, a resumed run from a checkpoint's", o->check ? "--check" : "--dump");
-    float8_refuse_bf16(t->par.fp8.recipe, "--baseline-dtype", o->baseline_dtype);   /* (float8_apply: --dtype's) */
+    float8_refuse_baseline_dtype(t->par.fp8.recipe, o->baseline_dtype, o->model.precision);
     if (t->par.fp8.recipe != FLOAT8_OFF && t->par.ac == AC_FULL)
         comm_exit_usage("--fp8 with --ac full is not valid here: the recompute would run every float8 linear's "
                         "forward twice a step, casting again (delayed scaling: recording the amax twice); use --ac "

@@ -9,7 +9,7 @@ root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
 mpirun_base=${MPIRUN_BASE:-$(tools/mpirun_base.sh)}
 py=/usr/bin/python3
 $py -c "import torch" 2>/dev/null || { echo "PyTorch is missing for $py: run make deps"; exit 1; }
-n=0; bad=0; float8_dump=; any_float8_dump=; bf16_dump=; moe_dump=
+n=0; bad=0; float8_dump=; any_float8_dump=; bf16_dump=; float8_bf16_dump=; moe_dump=
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # every chapter's dump runs first; then one PyTorch process replays them all (starting PyTorch
 # once instead of once a dump), each report in DIR/reference.txt and one "DIR STATUS" line each
@@ -36,13 +36,15 @@ if [ ${#dirs[@]} -gt 0 ]; then
             echo "${what[$dir]}: PyTorch disagrees (status ${status:-none})"
             tail -30 "$dir/reference.txt" 2>/dev/null || tail -30 "$tmp/replay_err.txt"; bad=$((bad+1))
         elif grep -q "explained by rounding ties" "$dir/reference.txt"; then
-            float8_dump=$dir                     # a float8 dump whose ties were searched (the last)
+            float8_dump=${float8_dump:-$dir}     # a float8 dump whose ties were searched (the first: the
+                                                 # smallest model's, whose exhausted search, tampered, is quick)
         elif grep -q "^  float8: " "$dir/reference.txt"; then
             any_float8_dump=${any_float8_dump:-$dir}
         elif grep -q "^  mixed precision: bf16" "$dir/reference.txt"; then
             bf16_dump=${bf16_dump:-$dir}
         fi
         if grep -q "^  mixture of experts: " "$dir/reference.txt"; then moe_dump=${moe_dump:-$dir}; fi
+        if grep -q "float8's casts from those bf16 values" "$dir/reference.txt"; then float8_bf16_dump=${float8_bf16_dump:-$dir}; fi
     done
 fi
 ok_dumps=$((n-bad))
@@ -71,8 +73,11 @@ tamper "$float8_dump" loss "float8 dump"
 # A bf16 dump is replayed with its roundings, at bf16's tolerances: the same dump with its dtype
 # removed (replayed in fp32, at fp32's) must FAIL, or the replay is not looking at the roundings.
 tamper "$bf16_dump" dtype "bf16 dump"
+# ... and a float8 dump in bf16 has its casts replayed from bf16 values: with its dtype removed (cast
+# from fp32 values, judged at fp32's tolerances) it must FAIL too.
+tamper "$float8_bf16_dump" dtype "float8 dump in bf16"
 # A mixture of experts' dump is replayed with its load-balancing loss: the same dump with aux_alpha
 # set to 0 (the replay leaves that loss out) must FAIL, or the replay does not check it.
 tamper "$moe_dump" aux "mixture-of-experts dump"
-echo "$ok_dumps of $n dumps reproduced by PyTorch (fp32: losses 1e-5, step-1 gradients 1e-4; bf16: docs/design.md); $tampered of 4 tampered dumps (2 float8, 1 bf16, 1 mixture of experts) failed, as they must"
+echo "$ok_dumps of $n dumps reproduced by PyTorch (fp32: losses 1e-5, step-1 gradients 1e-4; bf16: docs/design.md); $tampered of 5 tampered dumps (2 float8, 1 bf16, 1 float8 in bf16, 1 mixture of experts) failed, as they must"
 [ $bad -eq 0 ] && [ $n -gt 0 ]

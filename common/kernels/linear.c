@@ -48,6 +48,19 @@ static uint16_t *bf16_copy(const float *x, size_t n) {
     return h;
 }
 
+float *bf16_values(const float *x, size_t n) {
+    uint16_t *h = device_alloc_elems(n, DTYPE_BF16, MEM_BUFFERS);
+    float *v = device_alloc_floats(n, MEM_BUFFERS);
+    cast_to_bf16(h, x, n);
+    cast_from_bf16(v, h, n);   /* exact: a bf16 value is an fp32 value */
+    device_free(h);
+    return v;
+}
+float *linear_bf16_values(const float *x, size_t n) {
+    rounded += n;
+    return bf16_values(x, n);
+}
+
 /* y[N, out] = bf16(x) bf16(W)^T, accumulated in fp32 */
 void linear_forward_in(dtype compute, float *y, const float *x, const float *W, int N, int in, int out) {
     if (compute != DTYPE_BF16) { linear_forward(y, x, W, N, in, out); return; }

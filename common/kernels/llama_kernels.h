@@ -63,7 +63,14 @@ void linear_backward_accumulate(float *dx, float *dW, const float *dy, const flo
 void linear_forward_in(dtype compute, float *y, const float *x, const float *W, int N, int in, int out);
 void linear_backward_in(dtype compute, float *dx, float dx_beta, float *dW, const float *dy, const float *x,
                         const float *W, int N, int in, int out);
-/* The elements the two functions above have rounded to bf16 on this rank, since the start (every
+/* x[n] rounded to bf16 and widened back: a new fp32 buffer (MEM_BUFFERS; the caller frees it)
+ * holding the values a bf16 tensor would hold. For code that takes bf16 as its high precision
+ * but works on fp32 buffers (chapter 07's float8 casts under --dtype bf16). The linear_ form is a
+ * linear's operand, counted with the GEMMs' operand copies below; bf16_values is not counted
+ * (FSDP's float8 all-gather of a weight shard). */
+float *bf16_values(const float *x, size_t n);
+float *linear_bf16_values(const float *x, size_t n);
+/* The elements the functions above have rounded to bf16 on this rank, since the start (every
  * operand copy counts its elements); uncount takes back n of them (the --check baseline's, which
  * are not this rank's run). */
 size_t linear_bf16_rounded(void);
