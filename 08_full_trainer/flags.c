@@ -35,7 +35,7 @@ static const char *usage =
     "  --eval-every N        validation loss every N steps and at the end (default 50; 0: never)\n"
     "  --eval-batches N      validation batches per evaluation (default 4)\n"
     "  --peak-tflops X       one device's peak for MFU (default: its datasheet's on a known GPU, else a\n"
-    "                        GEMM probe); on the CUDA build --dtype defaults to bf16 (fp32 with --fp8)\n"
+    "                        GEMM probe); on the CUDA build --dtype defaults to bf16\n"
     "checkpoints and outputs:\n"
     "  --ckpt-dir DIR --ckpt-every N   sharded checkpoints every N steps and at the end\n"
     "  --resume              continue from DIR's latest checkpoint (any mesh)\n"

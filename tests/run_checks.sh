@@ -18,7 +18,11 @@
 # the epoch, date +%s) it starts no layout after T, cuts every run's timeout to end by T, and says
 # how many it did not run (make gpu-check's time budget). With CHECKS_LINES="L1 L2 ..." it runs
 # only the layouts on those lines of checks.txt (make gpu-check takes the chapters' layouts in
-# turns, one line at a time, so that a budget that runs out leaves no chapter untried).
+# turns, one line at a time, so that a budget that runs out leaves no chapter untried). With
+# CHECKS_KINDS="pass script" (any of pass fail unit script) it runs only the layouts of those kinds
+# and says how many others it skipped (make test's second run, under the NCCL emulation: the
+# deliberate bugs and the unit tests test the parity check and the arithmetic, which the
+# collectives' backend does not change, so they run once, under MPI).
 # In a student copy (its .student-copy file, written by make assignment-NN), or with GRADE=1, a
 # chapter with an exercises.txt is then graded per exercise (tools/grade.py): a table of points
 # after the layouts, and grade.json (GRADE_JSON=FILE to put it elsewhere). With CHECKS_RESULTS=FILE
@@ -31,7 +35,7 @@ dir=$(ls -d "${nn}"_*/ 2>/dev/null | head -1)
 bin=$root/$backend/$nn
 tag=$nn${COMM:+ [COMM=$COMM]}   # the layout lines say which collectives ran them (README "Running on GPUs")
 mpirun_base=${MPIRUN_BASE:-$(tools/mpirun_base.sh)}
-passed=0; failed=0; stopped=""; skipped=0; late=0
+passed=0; failed=0; stopped=""; skipped=0; late=0; other_kinds=0
 # cut by CHECKS_DEADLINE (timeout's status 124 once it has passed): not run, not failed
 cut_short() { [ "$1" -eq 124 ] && [ -n "${CHECKS_DEADLINE:-}" ] && [ "$(date +%s)" -ge "$CHECKS_DEADLINE" ]; }
 # a run's timeout: N seconds, or until CHECKS_DEADLINE when that comes first
@@ -61,6 +65,7 @@ while read -r np expect flags; do
     lineno=$((lineno+1))
     case "$np" in ''|'#'*) continue;; esac
     [ -n "${CHECKS_LINES:-}" ] && [[ " $CHECKS_LINES " != *" $lineno "* ]] && continue
+    [ -n "${CHECKS_KINDS:-}" ] && [[ " $CHECKS_KINDS " != *" $expect "* ]] && { other_kinds=$((other_kinds+1)); continue; }
     [ -n "${MAX_NP:-}" ] && [ "$np" -gt "$MAX_NP" ] 2>/dev/null && { skipped=$((skipped+1)); continue; }
     [ "${STOP_AT_FIRST_FAILURE:-0}" = 1 ] && [ $failed -gt 0 ] && { stopped=", stopped at the first failure"; break; }
     [ -n "${CHECKS_DEADLINE:-}" ] && [ "$(date +%s)" -ge "$CHECKS_DEADLINE" ] && { late=$((late+1)); continue; }
@@ -126,5 +131,6 @@ if [ -n "$todo" ] && [ -z "$graded" ]; then
 fi
 [ $late -gt 0 ] && stopped=", $late not run or cut short: CHECKS_DEADLINE passed$stopped"
 [ $skipped -gt 0 ] && stopped=", $skipped skipped: more than MAX_NP=$MAX_NP ranks$stopped"
+[ $other_kinds -gt 0 ] && stopped=", $other_kinds not of the kinds CHECKS_KINDS=\"$CHECKS_KINDS\" skipped$stopped"
 echo "check-$nn: $passed passed, $failed failed ($passed/$((passed + failed)) layouts$stopped)"
 [ $failed -eq 0 ]
