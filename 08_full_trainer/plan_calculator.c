@@ -50,6 +50,7 @@ void plan_calc_defaults(plan_calc_options *o) {
     o->virtual_stages = 1;
     o->ac = AC_SELECTIVE;
     o->precision = PLAN_FP32;
+    o->reduce = PLAN_FP32;
     o->shard_cp = true;
     o->top = 15;
 }
@@ -74,6 +75,7 @@ const char plan_calculator_usage[] =
     "  --plan-ac none|selective|full  activation checkpointing (default selective)\n"
     "  --plan-fp8                     float8 linears and FSDP all-gather (chapter 07)\n"
     "  --plan-precision fp32|bf16     activations and messages (default fp32, as this tutorial)\n"
+    "  --plan-reduce-dtype fp32|bf16  the gradients' reductions (default fp32; bf16 needs bf16 precision)\n"
     "  --plan-no-shard-cp             FSDP over dp_shard only (--no-fsdp-over-cp), not dp_shard x cp\n"
     "  --plan-top N                   lines of the candidates' table (default 15)\n";
 
@@ -133,6 +135,7 @@ bool plan_calculator_flag(plan_calc_options *o, int code, const char *arg) {
     case PLAN_OPT_AC: o->ac = (ac_mode)cli_choice("--plan-ac", arg, ac_modes); break;
     case PLAN_OPT_FP8: o->fp8 = true; break;
     case PLAN_OPT_PRECISION: o->precision = (plan_precision)cli_choice("--plan-precision", arg, precisions); break;
+    case PLAN_OPT_REDUCE: o->reduce = (plan_precision)cli_choice("--plan-reduce-dtype", arg, precisions); break;
     case PLAN_OPT_NO_SHARD_CP: o->shard_cp = false; break;
     case PLAN_OPT_TOP: o->top = cli_int("--plan-top", arg, 1, 1000); break;
     default: return false;
@@ -370,8 +373,9 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
     /* the vocabulary as the output GEMM sees it: padded where tp splits it (02) */
     double D = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, F = c.ffn_dim, Vocab = t > 1 ? llama_padded_vocab(&c, t) : c.vocab_size;
     double e_act = o->precision == PLAN_BF16 ? 2 : 4;   /* activations, tp / cp / pp messages, gathers */
-    const double e_grad = 4;                              /* gradients reduced in fp32 (torchtitan's
-                                                           * default reduce dtype; this tutorial's) */
+    /* the gradients' reductions: fp32 (torchtitan's default reduce dtype, this tutorial's), or bf16
+     * (04's --reduce-dtype bf16: each rank's gradients rounded into bf16 copies beside the fp32 ones) */
+    double e_grad = o->reduce == PLAN_BF16 ? 2 : 4;
     r->microbatches = M;
     r->shard_ranks = S;
     long bubble_num, bubble_den;
@@ -438,12 +442,13 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
         if (st.last) act += (V == 1 ? sets : (sets + V - 1) / V) * r->act_head_bytes;
         double fsdp = 0;
         if (S > 1) {
-            double staging = e_grad * st.unit_max * (S + 1) / S;   /* 04: a unit by rank, and 1/S of it */
+            /* 04: a unit by rank, and 1/S of it, in fp32; under a bf16 reduction their bf16 twins too */
+            double staging = (4 + (o->reduce == PLAN_BF16 ? 2 : 0)) * st.unit_max * (S + 1) / S;
             if (P == 1)   /* 04: the gathered ends and three layers (computing, prefetched, sending its
-                           * reduce-scatter), a unit's full gradients */
-                fsdp = e_act * (st.ends_gathered + 3 * u.layer_gathered) + e_grad * (st.ends_gathered + u.layer_gathered);
+                           * reduce-scatter), a unit's full gradients (fp32) */
+                fsdp = e_act * (st.ends_gathered + 3 * u.layer_gathered) + 4 * (st.ends_gathered + u.layer_gathered);
             else          /* under a pipeline the stage stays gathered, its gradients whole, for the step */
-                fsdp = (e_act + e_grad) * st.gathered;
+                fsdp = (e_act + 4) * st.gathered;
             fsdp += staging;
         }
         double total = 16 * st.floats + act + fsdp + r->attn_buffer_bytes;
@@ -472,8 +477,9 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
         }
         if (C > 1)     /* 06: the ring, L (3C - 2) K/V blocks of this rank's rows and kv heads */
             cp = (double)M * st.layers * (3.0 * C - 2) * 2.0 * mb * Tl * d.Hkvl * hd * e_act;
-        if (C > 1 && !o->shard_cp)   /* 06: the cp ranks sum their gradients (shards, under FSDP) */
-            cp += 2 * ring(C) * e_grad * st.floats;
+        if (C > 1 && !o->shard_cp)   /* 06: the cp ranks sum their gradients (shards, under FSDP), in
+                                      * fp32 whatever the data ranks' reduce dtype (08's trainer) */
+            cp += 2 * ring(C) * 4 * st.floats;
         if (P > 1)     /* 05: the stage's messages; with SP the residual stream is each tp rank's
                         * T / (cp tp) rows */
             pp = (double)stage_sends[s] * mb * d.Ts * D * e_act;
@@ -619,9 +625,10 @@ static void print_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], c
          r->act_set_layers > 1 ? "s" : "", fmt_bytes(r->act_layer_bytes), ac_mode_name(o->ac),
          r->worst_stage == P - 1 ? " + the head's" : "");
     if (r->shard_ranks > 1)
-        log0("    FSDP buffers           %12s   %s + 4(S+1)/S largest unit (04)\n", fmt_bytes(r->fsdp_buffer_bytes),
+        log0("    FSDP buffers           %12s   %s + %s(S+1)/S largest unit (04)\n", fmt_bytes(r->fsdp_buffer_bytes),
              P == 1 ? "gathered ends + 3 layers, full grads of ends + 1 layer"
-                    : "the stage gathered and its full gradients, kept for the step");
+                    : "the stage gathered and its full gradients, kept for the step",
+             o->reduce == PLAN_BF16 ? "(4+2)" : "4");
     log0("    attention working set  %12s   the ring's scratch, one layer (06)\n", fmt_bytes(r->attn_buffer_bytes));
     log0("    total                  %12s   of %.0f GiB: %s\n", fmt_bytes(r->total_bytes), o->gpu_mem_gib,
          r->fits ? "fits" : "DOES NOT FIT");
@@ -658,6 +665,9 @@ int plan_calculator_run(const plan_calc_options *o) {
     if (o->global_batch % c.seq_len)
         comm_exit_usage("--plan-global-batch %lld is not a whole number of --plan-seq-len %d sequences: use a multiple "
                         "of %d", o->global_batch, c.seq_len, c.seq_len);
+    if (o->reduce == PLAN_BF16 && o->precision != PLAN_BF16)   /* (the trainer's rule, data_parallel.h) */
+        comm_exit_usage("--plan-reduce-dtype bf16 needs --plan-precision bf16: gradients are summed in bf16 only in a "
+                        "bf16 mixed-precision run");
     /* the asked-for mesh is refused before anything is printed: one line, exit 2 */
     char why[512];
     plan_calc_result given;
@@ -683,9 +693,10 @@ int plan_calculator_run(const plan_calc_options *o) {
          "%.0f TFLOP/s per GPU%s\n", o->gpus, o->gpu_mem_gib, o->gpus_per_node, nodes, nodes > 1 ? "s" : "",
          o->intra_gbs, o->inter_gbs, peak, o->tflops > 0 ? "" : o->precision == PLAN_BF16 ? " (H100 dense bf16)" : " (H100 fp32, no TF32)");
     log0("  batch: %lld tokens a step = %lld sequences of %d; microbatches of %d; %s schedule%s; AC %s; %s activations "
-         "and messages%s\n", o->global_batch, seqs, c.seq_len, o->microbatch, pp_schedule_name(o->schedule),
+         "and messages%s%s\n", o->global_batch, seqs, c.seq_len, o->microbatch, pp_schedule_name(o->schedule),
          o->virtual_stages > 1 ? " with virtual stages" : "", ac_mode_name(o->ac),
-         o->precision == PLAN_BF16 ? "bf16" : "fp32", o->fp8 ? "; float8 linears and all-gathers" : "");
+         o->precision == PLAN_BF16 ? "bf16" : "fp32", o->fp8 ? "; float8 linears and all-gathers" : "",
+         o->reduce == PLAN_BF16 ? "; gradients reduced in bf16" : "");
     log0("  recipe: Megatron TP + SP (01-03), ring CP with zigzag (06), FSDP over %s (04; weights gathered once a "
          "step under a pipeline), HSDP replicas over dp_replicate\n", o->shard_cp ? "dp_shard x cp" : "dp_shard");
 

@@ -58,6 +58,8 @@ typedef struct plan_calc_options {
     ac_mode ac;                    /* --plan-ac (selective)                                         */
     bool fp8;                      /* --plan-fp8: 07's float8 linears and float8 all-gather         */
     plan_precision precision;      /* --plan-precision fp32 (this tutorial) | bf16                  */
+    plan_precision reduce;         /* --plan-reduce-dtype: the gradients' reductions, fp32 (FSDP2's
+                                    * default reduce_dtype, 08's) | bf16 (08's --reduce-dtype bf16) */
     bool shard_cp;                 /* FSDP over dp_shard x cp (torchtitan, 08); --plan-no-shard-cp:
                                     * over dp_shard only, the cp ranks all-reduce their shards (08's
                                     * --no-fsdp-over-cp)                                              */
@@ -71,7 +73,7 @@ enum {
     PLAN_OPT_MODEL = 2000, PLAN_OPT_DIM, PLAN_OPT_LAYERS, PLAN_OPT_HEADS, PLAN_OPT_KV_HEADS, PLAN_OPT_FFN,
     PLAN_OPT_VOCAB, PLAN_OPT_SEQ, PLAN_OPT_BATCH, PLAN_OPT_MICRO, PLAN_OPT_GPUS, PLAN_OPT_MEM,
     PLAN_OPT_PER_NODE, PLAN_OPT_INTRA, PLAN_OPT_INTER, PLAN_OPT_TFLOPS, PLAN_OPT_MESH, PLAN_OPT_SCHEDULE,
-    PLAN_OPT_VIRTUAL, PLAN_OPT_AC, PLAN_OPT_FP8, PLAN_OPT_PRECISION, PLAN_OPT_NO_SHARD_CP, PLAN_OPT_TOP,
+    PLAN_OPT_VIRTUAL, PLAN_OPT_AC, PLAN_OPT_FP8, PLAN_OPT_PRECISION, PLAN_OPT_REDUCE, PLAN_OPT_NO_SHARD_CP, PLAN_OPT_TOP,
     PLAN_OPT_END
 };
 /* Entries to splice into main's struct option array (no trailing comma). */
@@ -89,6 +91,7 @@ enum {
     {"plan-schedule", required_argument, 0, PLAN_OPT_SCHEDULE},                                            \
     {"plan-virtual-stages", required_argument, 0, PLAN_OPT_VIRTUAL}, {"plan-ac", required_argument, 0, PLAN_OPT_AC}, \
     {"plan-fp8", no_argument, 0, PLAN_OPT_FP8}, {"plan-precision", required_argument, 0, PLAN_OPT_PRECISION}, \
+    {"plan-reduce-dtype", required_argument, 0, PLAN_OPT_REDUCE},                                          \
     {"plan-no-shard-cp", no_argument, 0, PLAN_OPT_NO_SHARD_CP}, {"plan-top", required_argument, 0, PLAN_OPT_TOP}
 
 /* True when `code` is one of the calculator's flags (and applies it); a bad value ends every rank

@@ -205,6 +205,20 @@ static void check_traffic(void) {
     double S_kept = 2 * plan_calc_stage_floats(&one, fsdp_tp, 0);
     CHECK_CLOSE(r.dp_bytes, M * (3 * S_psi_S - S_kept) * 0.5 * 4, 0, 1e-12, "dp bytes, 04's FSDP formula");
     CHECK(r.cp_bytes == 0 && r.pp_bytes == 0, "no cp or pp traffic without cp or pp");
+    /* --plan-reduce-dtype bf16 (08's --reduce-dtype bf16): the reduce-scatter moves 2 bytes an
+     * element, the gathers as before (bf16 precision: the linears' weights and the rest in 2), and
+     * FSDP's staging gains its bf16 twins, (S Psi_unit + Psi_unit) x 2 */
+    plan_calc_result f32 = r, b16;
+    o.precision = PLAN_BF16;
+    CHECK(plan_calc_mesh(&o, fsdp_tp, &f32, why, sizeof why) == 0, "bf16 refused: %s", why);
+    o.reduce = PLAN_BF16;
+    CHECK(plan_calc_mesh(&o, fsdp_tp, &b16, why, sizeof why) == 0, "bf16 reduce refused: %s", why);
+    CHECK_CLOSE(b16.dp_bytes, M * (3 * S_psi_S - S_kept) * 0.5 * 2, 0, 1e-12, "dp bytes, bf16 gathers and reduce-scatters");
+    CHECK_CLOSE(f32.dp_bytes - b16.dp_bytes, M * S_psi_S * 0.5 * 2, 0, 1e-12, "the reduce-scatters' bytes halve");
+    CHECK(b16.fsdp_buffer_bytes > f32.fsdp_buffer_bytes && b16.tp_bytes == f32.tp_bytes,
+          "the bf16 twins of the staging (%.0f > %.0f bytes); tp unchanged", b16.fsdp_buffer_bytes, f32.fsdp_buffer_bytes);
+    o.precision = PLAN_FP32;
+    o.reduce = PLAN_FP32;
 
     /* cp 2 x tp 2: 06's ring, L (3C-2) blocks of 2 B Tl Hkv/tp hd x 4 per microbatch; with FSDP over
      * dp_shard only, the cp ranks' all-reduce of their gradients, 2 (C-1)/C x 4 Psi */
