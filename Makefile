@@ -96,7 +96,10 @@ WERROR    ?= -Werror
 # `make BLAS_CFLAGS=-I... BLAS_LIBS=...` sets them by hand.
 BLAS_CFLAGS ?= $(eval BLAS_CFLAGS := $(shell tools/blas.sh cflags))$(BLAS_CFLAGS)
 BLAS_LIBS   ?= $(eval BLAS_LIBS := $(shell tools/blas.sh libs))$(BLAS_LIBS)
-CFLAGS    += -fopenmp-simd -DREPO_ROOT='"$(CURDIR)"' -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter $(COMMON_INC) $(BLAS_CFLAGS) -MMD -MP
+# What every compile adds to CFLAGS, kept apart from it: a CFLAGS from the environment (CFLAGS=-O1
+# make check-03) is exported to the recursive makes, and appending to it there would hand them
+# this rule's -DREPO_ROOT twice (a redefinition, an error under -Werror).
+BUILD_CFLAGS = $(CFLAGS) -fopenmp-simd -DREPO_ROOT='"$(CURDIR)"' -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wno-unused-parameter $(COMMON_INC) $(BLAS_CFLAGS) -MMD -MP
 LDLIBS_CPU   = $(LDFLAGS) $(BLAS_LIBS) -ldnnl -lgomp -lcjson -lz -lm -lpthread
 CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
 LDLIBS_CUDA := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lcjson -lz -lm -lpthread
@@ -167,12 +170,12 @@ objs = $(patsubst %,$(BUILD_ROOT)/$(1)/%.o,$(basename $(2)))
 $(BUILD_ROOT)/cpu/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(call say,CC,$<)
-	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+	$(Q)$(CC) $(BUILD_CFLAGS) -c $< -o $@
 
 $(BUILD_ROOT)/cuda/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(call say,CC,$<)
-	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+	$(Q)$(CC) $(BUILD_CFLAGS) -c $< -o $@
 
 $(BUILD_ROOT)/cuda/%.o: %.cu
 	@mkdir -p $(dir $@)

@@ -12,7 +12,7 @@
  *   per gather of a block weight [rows, cols], S shards:  1 MAX all-reduce of 1 float (dp_shard,
  *   and tp), 1 all-gather of S x shard bytes instead of S x shard x 4
  *
- * The norms, the embedding and the output layer stay fp32 and travel as before. Tensorwise
+ * The norms, the embedding and the output layer are gathered as before (fp32). Tensorwise
  * scaling only (a rowwise or delayed scale is not the one the gathered bytes were cast with).
  */
 #pragma once
@@ -24,7 +24,8 @@
  * linear rounds its operands, so the codes are the linear's). */
 dp_gather_ops float8_all_gather_ops(comm_group *tp, dtype high);
 void float8_all_gather_free(dp_gather_ops *ops);
-/* The lowest SQNR (dB) of a shard's cast against its fp32 values, over the run, on this rank. */
+/* The lowest SQNR (dB) of a shard's cast against its high-precision values (fp32, or bf16 under
+ * --dtype bf16), over the run, on this rank. */
 double float8_all_gather_worst_sqnr(const dp_gather_ops *ops);
 
 /* Is tensor kind `kind` gathered as float8 (a block weight: wq wk wv wo w1 w2 w3)? */

@@ -737,8 +737,11 @@ static void float8_linear_backward(void *state, const llama_plan *p, linear_site
     } else if (at.compute != DTYPE_BF16) {
         backward_from(s, p, at, dx, how, dW, dy, x, W, N, in, out);
     } else {
-        float *dyb = linear_bf16_values(dy, (size_t)N * out), *Wb = linear_bf16_values(W, (size_t)out * in);
-        float *xb = linear_bf16_values(x, (size_t)N * in);
+        /* (counted as linear_local counts them: W for dx, x for dW; a split backward, ZB-H1's, asks
+         * for one at a time, and the casts of both still start from bf16 values) */
+        float *dyb = linear_bf16_values(dy, (size_t)N * out);
+        float *Wb = dx ? linear_bf16_values(W, (size_t)out * in) : bf16_values(W, (size_t)out * in);
+        float *xb = dW ? linear_bf16_values(x, (size_t)N * in) : bf16_values(x, (size_t)N * in);
         at.compute = DTYPE_F32;
         backward_from(s, p, at, dx, how, dW, dyb, xb, Wb, N, in, out);
         device_free(dyb);

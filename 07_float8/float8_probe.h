@@ -1,10 +1,10 @@
 /* float8_probe.h: chapter 07's instruments around the float8 linear: how far each cast and each
- * product lands from fp32, as SQNR = 20 log10(|ref| / |ref - got|) in dB over a whole tensor
+ * product lands from the high precision (fp32, or bf16 under --dtype bf16), as SQNR = 20 log10(|ref| / |ref - got|) in dB over a whole tensor
  * (torchao's compute_error).
  *
  * A technique of its own, applied over float8_apply by the lesson (07's main.c), never by a
  * trainer: it wraps the plan's linear (float8's) and, on every linear float8 casts, computes the
- * products' fp32 references (one fp32 GEMM more per GEMM: y = x W^T; dx = dy W; dW = dy^T x) and
+ * products' references (one fp32 GEMM more per GEMM, on the high precision's values: y = x W^T; dx = dy W; dW = dy^T x) and
  * reads the casts' float8 values as float8 makes them (float8_observe_casts). Each comparison
  * copies both tensors to the host. What it measures changes no number of the run.
  */

@@ -11,7 +11,7 @@
  *
  * Two comparisons. With --check, rank 0 trains the single-device baseline under the SAME float8
  * recipe beside the parallel run (same scales, same casts), at the fp32 tolerances. And every run
- * measures float8 against fp32: the SQNR of each cast and each product against its fp32 value,
+ * measures float8 against its high precision (fp32, or bf16): the SQNR of each cast and each product,
  * judged against torchao's thresholds; `make plot-07` draws the loss curves of fp32 and of each
  * recipe on the same data.
  *
@@ -127,8 +127,8 @@ int main(int argc, char **argv) {
     if (S > 1) log0("fsdp: dp-shard %d; every dp rank scales its own rows' activations (x, dy), and so does the "
                     "baseline, row block by row block\n", S);
     log0("model: dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d; batch %d x %d tokens; float8: wq wk wv wo "
-         "w1 w2 w3 of every layer (the output layer stays fp32)\n", c->dim, c->n_layers, c->n_heads, c->n_kv_heads,
-         c->ffn_dim, c->vocab_size, o.batch, c->seq_len);
+         "w1 w2 w3 of every layer (the output layer stays %s)\n", c->dim, c->n_layers, c->n_heads, c->n_kv_heads,
+         c->ffn_dim, c->vocab_size, o.batch, c->seq_len, c->precision == DTYPE_BF16 ? "a bf16 linear" : "fp32");
 
     /* ---- train, with the float8 baseline beside it ---- */
     char path[512], label[64];

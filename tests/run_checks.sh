@@ -118,7 +118,7 @@ done < "$dir/checks.txt"
 # the grade per exercise: in a student copy, or asked for (GRADE=1); not when stopped early
 graded=""
 if [ -f "$dir/exercises.txt" ] && { [ -f .student-copy ] || [ "${GRADE:-0}" = 1 ]; } &&
-   [ "${STOP_AT_FIRST_FAILURE:-0}" != 1 ] && [ -z "${MAX_NP:-}" ]; then
+   [ "${STOP_AT_FIRST_FAILURE:-0}" != 1 ] && [ -z "${MAX_NP:-}" ] && [ -z "${CHECKS_KINDS:-}" ]; then
     python3 tools/grade.py "$nn" "$results" --json "${GRADE_JSON:-grade.json}" && graded=yes
 fi
 [ -n "${CHECKS_RESULTS:-}" ] && cp "$results" "$CHECKS_RESULTS"
