@@ -226,11 +226,25 @@ def run(want, tmp):
             total += 1
             t0 = time.time()
             saved = {}
+            # what the wrong answer's build rewrites, kept with its times and put back after it: the
+            # planted files' objects and the binaries that link them; with each planted file's time
+            # put back too, the next wrong answer's make compiles its own file only, not this one's
+            # again (a .h is left to make: every object that includes it is rebuilt)
+            kept = {}
+            for f, _, _ in m["hunks"]:
+                if f.endswith(".c"):
+                    kept[os.path.join(box, "build/cpu", f[:-2] + ".o")] = None
+            for t in build_targets(chapter_dir, nn):
+                kept[os.path.join(box, t)] = None
+            for path in kept:
+                if os.path.exists(path):
+                    kept[path] = os.path.join(tmp, "kept_" + str(len([k for k in kept.values() if k])))
+                    shutil.copy2(path, kept[path])
             for f, old, new in m["hunks"]:
                 p = os.path.join(box, f)
                 with open(p) as fh:
                     text = fh.read()
-                saved.setdefault(p, text)
+                saved.setdefault(p, (text, os.stat(p)))
                 with open(p, "w") as fh:        # read before opening for writing, which empties the file
                     fh.write(text.replace(old, new, 1))
             what = f"{nn} {m['exercise']}/{m['name']}"
@@ -284,8 +298,16 @@ def run(want, tmp):
                 if os.environ.get("MUTATIONS_SHOW"):   # the report, to choose a telling EXPECT
                     print("\n".join("      | " + x for x in report.strip().split("\n")))
             finally:
-                for p, text in saved.items():
-                    open(p, "w").write(text)
+                for p, (text, st) in saved.items():
+                    with open(p, "w") as fh:
+                        fh.write(text)
+                    if p.endswith(".c"):
+                        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))   # as before the wrong answer
+                for path, copy in kept.items():
+                    if copy:
+                        shutil.copy2(copy, path)      # (copy2 keeps the times)
+                    elif os.path.exists(path):
+                        os.remove(path)               # (not there before: make builds it again)
     n_ex = sum(len(exs) for _, exs, _, _ in plan.values())
     print(f"{ok} of {total} wrong answers lose their exercise's points with a message naming the mistake "
           f"({n_ex} exercises of {len(plan)} chapters, each with two at least"
