@@ -122,7 +122,9 @@ run_job() {   # run_job N JOB: in the background; DIR/done once its lines and co
     local dir=$tmp/job$1; mkdir -p "$dir"
     (
         case $2 in
-            checks) chapter_checks "$dir" ;;
+            # (make test: the chapters' unit lines are the unit tests part 2 ran, on the same ranks)
+            checks) if [ -z "$only" ]; then CHECKS_KINDS="pass fail script" chapter_checks "$dir"
+                    else chapter_checks "$dir"; fi ;;
             checks-nccl-sim) COMM=nccl-sim CHECKS_KINDS="pass script" chapter_checks "$dir" ;;
             *) scripted_test "$dir" "$2" ;;
         esac >"$dir/lines.txt"
