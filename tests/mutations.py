@@ -222,6 +222,7 @@ def run(want, tmp):
     env.pop("GRADE", None)
     for nn, (chapter_dir, exs, muts, allok) in plan.items():
         gj = os.path.join(tmp, f"g{nn}.json")
+        targets = build_targets(chapter_dir, nn)
         for m in muts:
             total += 1
             t0 = time.time()
@@ -230,15 +231,12 @@ def run(want, tmp):
             # planted files' objects and the binaries that link them; with each planted file's time
             # put back too, the next wrong answer's make compiles its own file only, not this one's
             # again (a .h is left to make: every object that includes it is rebuilt)
-            kept = {}
-            for f, _, _ in m["hunks"]:
-                if f.endswith(".c"):
-                    kept[os.path.join(box, "build/cpu", f[:-2] + ".o")] = None
-            for t in build_targets(chapter_dir, nn):
-                kept[os.path.join(box, t)] = None
-            for path in kept:
-                if os.path.exists(path):
-                    kept[path] = os.path.join(tmp, "kept_" + str(len([k for k in kept.values() if k])))
+            kept = {}   # path in the sandbox -> its copy (None: it was not there)
+            objects = [os.path.join("build/cpu", f[:-2] + ".o") for f, _, _ in m["hunks"] if f.endswith(".c")]
+            for i, rel in enumerate(dict.fromkeys(objects + targets)):
+                path = os.path.join(box, rel)
+                kept[path] = os.path.join(tmp, f"kept_{i}") if os.path.exists(path) else None
+                if kept[path]:
                     shutil.copy2(path, kept[path])
             for f, old, new in m["hunks"]:
                 p = os.path.join(box, f)
@@ -253,7 +251,7 @@ def run(want, tmp):
                 # build-NN builds (the chapter's binary, the unit tests its checks.txt names),
                 # named directly: without build-NN's banner and dependency check, a second apiece
                 rc, text = sh(f"CFLAGS='-O1 -g -fno-math-errno' make --no-print-directory -s BACKEND=cpu BUILD_ROOT=build "
-                              f"{' '.join(build_targets(chapter_dir, nn))}", box)
+                              f"{' '.join(targets)}", box)
                 if rc != 0:
                     print(f"FAIL  {what}: the wrong answer does not build (a wrong answer must compile):")
                     print("\n".join("      | " + x for x in text.strip().split("\n")[-12:]))

@@ -89,7 +89,6 @@ static void usage_common(const run_options *parsed) {
     if (!o->faults || !o->faults[0].name) log0("                     (this chapter has none)\n");
 }
 
-
 int run_options_parse(run_options *o, int code, const char *arg, const char *chapter_usage) {
     llama_config *m = &o->model;
     switch (code) {
