@@ -8,10 +8,13 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include "comm.h"
 #include "device.h"
 #include "gemm.h"
 #include "init.h"
+#include "kernels.h"
+#include "test_device.h"
 #include "test_util.h"
 
 /* C[M,N] = alpha op(A) op(B) + beta C with row-major leading dimensions, in double. */
@@ -150,6 +153,54 @@ int main(int argc, char **argv) {
                 CHECK(r1 <= 1 && r2 <= 1, "widened ta=%d tb=%d C %s: error %.3g and %.3g of the bound", ta, tb,
                       dtype_name((dtype)c), r1, r2);
             }
+
+    /* the operands in the type the backend's bf16 product reads (gemm_bf16_operand_type, what
+     * linear.c hands it): bf16 where it multiplies bf16 (cuBLAS; oneDNN with AVX-512), fp32
+     * holding bf16 values where it would only widen them (forced here). round_to_bf16 is the two
+     * casts in one pass (in place, a NaN, an infinity and two ties included), and on the CPU the
+     * sgemm of its rounded operands is the widened bf16 product bit for bit: the claim that lets
+     * linear.c skip the bf16 copies there. */
+    {
+        bool cpu = strcmp(device_backend_name(), "cpu") == 0;
+        gemm_bf16_force_widen(true);
+        dtype forced = gemm_bf16_operand_type();
+        gemm_bf16_force_widen(false);
+        CHECK(forced == (cpu ? DTYPE_F32 : DTYPE_BF16), "gemm_bf16_operand_type with widening forced: %s",
+              dtype_name(forced));
+        float v[8] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -2.5e-3f, 3.0e38f, INFINITY, NAN, 0.1f, -0.0f}, got[8];
+        float *dv = tu_upload(v, 8);
+        round_to_bf16(dv, dv, 8);
+        device_copy_to_host(got, dv, sizeof got);
+        int same = 0;
+        for (int i = 0; i < 8; i++) {
+            float want = bf16_to_float(bf16_from_float(v[i]));
+            same += memcmp(&got[i], &want, sizeof want) == 0;
+        }
+        CHECK(same == 8, "round_to_bf16 (in place): %d of 8 values differ from bf16_from_float then bf16_to_float",
+              8 - same);
+        device_free(dv);
+        if (cpu) {
+            const int m = 33, n = 70, k = 129;
+            float *A = random_host("rA", (size_t)m * k), *B = random_host("rB", (size_t)k * n);
+            float *widened = malloc((size_t)m * n * sizeof(float)), *rounded = malloc((size_t)m * n * sizeof(float));
+            float *dA = tu_upload(A, (size_t)m * k), *dB = tu_upload(B, (size_t)k * n);
+            float *dC = device_alloc_floats((size_t)m * n, MEM_BUFFERS);
+            round_to_bf16(dA, dA, (size_t)m * k);
+            round_to_bf16(dB, dB, (size_t)k * n);
+            matmul(dC, dA, dB, m, n, k, false, true, 1.0f, 0.0f);
+            device_copy_to_host(rounded, dC, (size_t)m * n * sizeof(float));
+            void *hA = bf16_device(A, (size_t)m * k), *hB = bf16_device(B, (size_t)k * n);
+            gemm_bf16_force_widen(true);
+            matmul_typed(dC, DTYPE_F32, hA, hB, DTYPE_BF16, m, n, k, false, true, 1.0f, 0.0f);
+            gemm_bf16_force_widen(false);
+            device_copy_to_host(widened, dC, (size_t)m * n * sizeof(float));
+            CHECK(memcmp(widened, rounded, (size_t)m * n * sizeof(float)) == 0,
+                  "sgemm of round_to_bf16's operands differs from the widened bf16 product (max %g)",
+                  max_diff(widened, rounded, (size_t)m * n));
+            device_free(dA); device_free(dB); device_free(dC); device_free(hA); device_free(hB);
+            free(A); free(B); free(widened); free(rounded);
+        }
+    }
 
     /* the tuple itself: C = A B^T (a linear layer) must become cuBLAS (T, N, out, rows, in) */
     gemm_args g = gemm_args_from_row_major(false, true, 4, 6, 8, 0, 0, 0);

@@ -18,6 +18,7 @@
 #include <string.h>
 #include "comm.h"
 #include "device.h"
+#include "gemm.h"
 #include "kernels.h"
 #include "llama_kernels.h"
 #include "test_device.h"
@@ -868,6 +869,9 @@ int main(int argc, char **argv) {
     test_residual_rmsnorm();
     test_linear();
     test_linear_bf16();
+    gemm_bf16_force_widen(true);   /* the linear's other operand type: fp32 holding bf16 values */
+    test_linear_bf16();
+    gemm_bf16_force_widen(false);
     test_rope();
     test_attention(2, 5, 4, 2, 4);   /* grouped-query: two query heads per kv head */
     test_attention(1, 4, 2, 2, 8);   /* plain multi-head */

@@ -51,6 +51,13 @@ void gemm_check_types(dtype ab, dtype c);
 /* The CPU: bf16 products widened to an fp32 sgemm (the path of a CPU without AVX-512) when on;
  * by default when the environment sets GEMM_BF16_WIDEN (read once). The GPU has one path: no-op. */
 void gemm_bf16_force_widen(bool on);
+/* The element type a bf16 product's operands are best handed over in: DTYPE_BF16 where the
+ * backend multiplies bf16 itself (cuBLAS; oneDNN on a CPU with AVX-512), DTYPE_F32 where the
+ * typed call would only widen them to an fp32 sgemm (oneDNN 2.x on AVX2, or widening forced). An
+ * fp32 operand holding bf16 values (kernels.h's round_to_bf16) then multiplies to the same bits
+ * as the bf16 one widened, without the bf16 copy and its widening: one pass over the operand,
+ * not two (docs/performance.md, "bf16 on a CPU without AVX-512"). */
+dtype gemm_bf16_operand_type(void);
 
 /* Row-major conveniences built on the calls above. */
 /* C[M,N] = alpha * op(A) op(B) + beta * C, packed operands. */

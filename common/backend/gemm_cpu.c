@@ -2,6 +2,7 @@
  * (bf16) products through oneDNN's matmul. */
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,4 +156,26 @@ void gemm_colmajor_typed(const gemm_args *g, float alpha, const void *first, con
     dnnl_primitive_desc_destroy(pd);
     if (post_ops) dnnl_post_ops_destroy(post_ops);
     dnnl_primitive_attr_destroy(attr);
+}
+
+/* Whether oneDNN offers a bf16 matmul on this CPU, asked once with a small product (the answer
+ * does not depend on the shape: oneDNN 2.x's bf16 kernels need AVX-512). */
+static bool onednn_has_bf16(void) {
+    static int known = -1;
+    if (known < 0) {
+        dnnl_memory_desc_t md = matrix_desc(16, 16, 16, 1, DTYPE_BF16), c_md = matrix_desc(16, 16, 16, 1, DTYPE_F32);
+        dnnl_matmul_desc_t desc;
+        dnnl_primitive_desc_t pd;
+        dnnl_stream_t stream;
+        DNNL(dnnl_matmul_desc_init(&desc, &md, &md, NULL, &c_md));
+        dnnl_status_t offered = dnnl_primitive_desc_create(&pd, &desc, NULL, cpu_engine(&stream), NULL);
+        known = offered == dnnl_success;
+        if (known) dnnl_primitive_desc_destroy(pd);
+    }
+    return known;
+}
+
+dtype gemm_bf16_operand_type(void) {
+    if (forced_widen < 0) forced_widen = getenv("GEMM_BF16_WIDEN") != NULL;
+    return !forced_widen && onednn_has_bf16() ? DTYPE_BF16 : DTYPE_F32;
 }

@@ -32,5 +32,9 @@ void scale_inplace(float *y, float a, size_t n);
 void cast_to_bf16(uint16_t *out, const float *x, size_t n);
 /* out[n] = x[n] widened to fp32 (exact: a bf16 value is an fp32 value with 16 zero low bits). */
 void cast_from_bf16(float *out, const uint16_t *x, size_t n);
+/* out[n] = x[n] rounded to bf16 and kept in fp32 (the two casts above in one pass, no bf16
+ * buffer; out may be x): the operand a bf16 product reads where the GEMM itself is fp32 (a CPU
+ * without bf16 instructions, gemm.h's gemm_bf16_operand_type) or code that works on fp32 buffers. */
+void round_to_bf16(float *out, const float *x, size_t n);
 
 C_END

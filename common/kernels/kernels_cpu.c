@@ -43,3 +43,8 @@ void cast_from_bf16(float *restrict out, const uint16_t *restrict x, size_t n) {
 #pragma omp simd
     for (size_t i = 0; i < n; i++) out[i] = bf16_to_float(x[i]);
 }
+
+void round_to_bf16(float *out, const float *x, size_t n) {   /* (not restrict: out may be x) */
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) out[i] = bf16_to_float(bf16_from_float(x[i]));
+}

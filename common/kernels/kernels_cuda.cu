@@ -148,3 +148,14 @@ void cast_from_bf16(float *out, const uint16_t *x, size_t n) {
     cast_from_bf16_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(out, x, n);
     CUDA_CHECK_LAUNCH();
 }
+
+static __global__ void round_to_bf16_kernel(float *out, const float *x, size_t n) {
+    GRID_STRIDE_LOOP(i, n) out[i] = bf16_to_float(bf16_from_float(x[i]));
+}
+
+/* out[n] = x[n] rounded to bf16, kept in fp32 (out may be x: each thread reads then writes its own) */
+void round_to_bf16(float *out, const float *x, size_t n) {
+    if (n == 0) return;
+    round_to_bf16_kernel<<<cuda_blocks(n), CUDA_THREADS, 0, cuda_stream()>>>(out, x, n);
+    CUDA_CHECK_LAUNCH();
+}

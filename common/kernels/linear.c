@@ -40,20 +40,21 @@ static size_t rounded;
 size_t linear_bf16_rounded(void) { return rounded; }
 void linear_bf16_uncount(size_t n) { rounded -= n; }
 
-/* A bf16 copy of x[n] for the call's GEMMs (MEM_BUFFERS; freed by the caller). */
-static uint16_t *bf16_copy(const float *x, size_t n) {
-    uint16_t *h = device_alloc_elems(n, DTYPE_BF16, MEM_BUFFERS);
-    cast_to_bf16(h, x, n);
+/* x[n] rounded to bf16 for the call's GEMMs (MEM_BUFFERS; freed by the caller), in the element
+ * type the backend's bf16 product reads (gemm_bf16_operand_type): bf16, or the same values held in
+ * fp32 where the product would widen them to an fp32 sgemm anyway (a CPU without AVX-512). Either
+ * way the GEMM multiplies the same values: the same bits. */
+static void *bf16_operand(const float *x, size_t n, dtype t) {
+    void *h = device_alloc_elems(n, t, MEM_BUFFERS);
+    if (t == DTYPE_BF16) cast_to_bf16(h, x, n);
+    else round_to_bf16(h, x, n);
     rounded += n;
     return h;
 }
 
 float *bf16_values(const float *x, size_t n) {
-    uint16_t *h = device_alloc_elems(n, DTYPE_BF16, MEM_BUFFERS);
     float *v = device_alloc_floats(n, MEM_BUFFERS);
-    cast_to_bf16(h, x, n);
-    cast_from_bf16(v, h, n);   /* exact: a bf16 value is an fp32 value */
-    device_free(h);
+    round_to_bf16(v, x, n);
     return v;
 }
 float *linear_bf16_values(const float *x, size_t n) {
@@ -64,8 +65,9 @@ float *linear_bf16_values(const float *x, size_t n) {
 /* y[N, out] = bf16(x) bf16(W)^T, accumulated in fp32 */
 void linear_forward_in(dtype compute, float *y, const float *x, const float *W, int N, int in, int out) {
     if (compute != DTYPE_BF16) { linear_forward(y, x, W, N, in, out); return; }
-    uint16_t *xh = bf16_copy(x, (size_t)N * in), *Wh = bf16_copy(W, (size_t)out * in);
-    matmul_typed(y, DTYPE_F32, xh, Wh, DTYPE_BF16, N, out, in, false, true, 1.0f, 0.0f);
+    dtype t = gemm_bf16_operand_type();
+    void *xh = bf16_operand(x, (size_t)N * in, t), *Wh = bf16_operand(W, (size_t)out * in, t);
+    matmul_typed(y, DTYPE_F32, xh, Wh, t, N, out, in, false, true, 1.0f, 0.0f);
     device_free(xh);
     device_free(Wh);
 }
@@ -74,15 +76,16 @@ void linear_forward_in(dtype compute, float *y, const float *x, const float *W, 
 void linear_backward_in(dtype compute, float *dx, float dx_beta, float *dW, const float *dy, const float *x,
                         const float *W, int N, int in, int out) {
     if (compute != DTYPE_BF16) { linear_backward_beta(dx, dx_beta, dW, dy, x, W, N, in, out); return; }
-    uint16_t *dyh = bf16_copy(dy, (size_t)N * out);
+    dtype t = gemm_bf16_operand_type();
+    void *dyh = bf16_operand(dy, (size_t)N * out, t);
     if (dx) {
-        uint16_t *Wh = bf16_copy(W, (size_t)out * in);
-        matmul_typed(dx, DTYPE_F32, dyh, Wh, DTYPE_BF16, N, in, out, false, false, 1.0f, dx_beta);
+        void *Wh = bf16_operand(W, (size_t)out * in, t);
+        matmul_typed(dx, DTYPE_F32, dyh, Wh, t, N, in, out, false, false, 1.0f, dx_beta);
         device_free(Wh);
     }
     if (dW) {
-        uint16_t *xh = bf16_copy(x, (size_t)N * in);
-        matmul_typed(dW, DTYPE_F32, dyh, xh, DTYPE_BF16, out, in, N, true, false, 1.0f, 1.0f);
+        void *xh = bf16_operand(x, (size_t)N * in, t);
+        matmul_typed(dW, DTYPE_F32, dyh, xh, t, out, in, N, true, false, 1.0f, 1.0f);
         device_free(xh);
     }
     device_free(dyh);

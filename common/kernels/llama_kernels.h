@@ -58,8 +58,9 @@ void linear_backward_accumulate(float *dx, float *dW, const float *dy, const flo
  * rounds the GEMMs' operands to bf16 (x and W forward; dy, W and x backward) and runs bf16 GEMMs
  * that accumulate in fp32 (gemm.h's matmul_typed): y, dx and dW stay fp32, so the master weights
  * and their gradients never lose bits, and a row-parallel output's partial sums are added in fp32
- * before anything rounds them. The bf16 copies live for the call (MEM_BUFFERS). dx_beta: 0 sets
- * dx, 1 adds to it. */
+ * before anything rounds them. The rounded copies live for the call (MEM_BUFFERS), in the type
+ * the backend's bf16 product reads (gemm.h's gemm_bf16_operand_type: bf16, or fp32 holding the
+ * bf16 values on a CPU whose product is an fp32 sgemm anyway). dx_beta: 0 sets dx, 1 adds to it. */
 void linear_forward_in(dtype compute, float *y, const float *x, const float *W, int N, int in, int out);
 void linear_backward_in(dtype compute, float *dx, float dx_beta, float *dW, const float *dy, const float *x,
                         const float *W, int N, int in, int out);
