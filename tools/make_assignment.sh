@@ -58,7 +58,10 @@ dest=$(mktemp -d "$abs.tmp.$$.XXXXXXXX" 2>/dev/null) ||
 errlog=$(mktemp 2>/dev/null) || errlog=/dev/null
 exec 3>&2 2>>"$errlog"
 fail() {
-    local last; last=$(grep . "$errlog" 2>/dev/null | head -1 | sed 's/^tar: //' | cut -c1-200)
+    # the log's first line (grep -m1 stops by itself: `grep | head -1` left grep writing into a
+    # closed pipe, and with SIGPIPE ignored and pipefail on, its status 2 ended the script under
+    # set -e here, before the one line: the exit 2 without a message t_full_disk once saw)
+    local last; last=$(grep -m1 . "$errlog" 2>/dev/null | sed 's/^tar: //' | cut -c1-200) || last=""
     echo "make assignment-$nn: $1${last:+ ($last)}; nothing written (DEST=$final is left as it was)" >&3
     exit 2
 }
