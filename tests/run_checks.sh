@@ -90,7 +90,12 @@ while read -r np expect flags; do
         fi
         continue
     fi
-    timeout "$(limit 300)" $mpirun_base -np "$np" "$bin" --check --out "$log/out" $flags </dev/null >"$out" 2>&1
+    # Every rank of a layout that fails ends by itself (a parity failure, a refused input: each
+    # rank returns its status after MPI_Finalize), yet after a non-zero exit Open MPI would wait
+    # its odls_base_sigkill_timeout (1 s) before signalling ranks that are already gone: 0 takes a
+    # second off each failing run (the deliberate bugs, every wrong answer of tests/mutations.py,
+    # the student copies' layouts), as in t_bad_input. A rank that hangs still meets the timeout.
+    timeout "$(limit 300)" $mpirun_base --mca odls_base_sigkill_timeout 0 -np "$np" "$bin" --check --out "$log/out" $flags </dev/null >"$out" 2>&1
     rc=$?
     cut_short $rc && { late=$((late+1)); continue; }
     # a "fail" layout must be caught by the parity check itself, not by anything else
