@@ -21,14 +21,7 @@
 #include "device.h"
 #include "gemm.h"
 #include "log.h"
-
-static float *filled(size_t n) {
-    float *h = malloc(n * sizeof(float)), *d = device_alloc_floats(n, MEM_BUFFERS);
-    for (size_t i = 0; i < n; i++) h[i] = (float)((int)(i % 13) - 6) * 0.01f;
-    device_copy_to_device(d, h, n * sizeof(float));
-    free(h);
-    return d;
-}
+#include "bench_util.h"
 
 /* One group of `n` projections x[N, D] -> y_i[N, out_i], forward and backward. */
 typedef struct {
@@ -94,12 +87,12 @@ int main(int argc, char **argv) {
         g->D = D;
         g->total = 0;
         for (int i = 0; i < g->n; i++) g->total += g->out[i];
-        g->x = filled((size_t)N * D);
-        g->W = filled((size_t)g->total * D);
-        g->dW = filled((size_t)g->total * D);
-        g->y = filled((size_t)N * g->total);
-        g->dx = filled((size_t)N * D);
-        for (int i = 0; i < g->n; i++) g->part[i] = filled((size_t)N * g->out[i]);
+        g->x = bench_filled((size_t)N * D);
+        g->W = bench_filled((size_t)g->total * D);
+        g->dW = bench_filled((size_t)g->total * D);
+        g->y = bench_filled((size_t)N * g->total);
+        g->dx = bench_filled((size_t)N * D);
+        for (int i = 0; i < g->n; i++) g->part[i] = bench_filled((size_t)N * g->out[i]);
         double best[3] = {1e30, 1e30, 1e30};
         for (int r = 0; r < reps + 1; r++) {   /* the first round warms up */
             double t[3] = {timed(separate_arg, g, 0), timed(one_gemm, g, 0), cpu ? timed(one_gemm, g, 1) : 0};
