@@ -17,6 +17,7 @@
 #include "cli.h"
 #include "comm.h"
 #include "device.h"
+#include "gemm.h"
 #include "log.h"
 #include "mesh.h"
 #include "model.h"
@@ -111,8 +112,17 @@ int main(int argc, char **argv) {
     /* a layer keeps every activation (its blocks' table); the head its norm, the logits and, under
      * loss parallelism, the loss's row max and sum of exponentials */
     double saved = L * llama_layer_act_bytes(d, ACT_KEEP_ALL) + llama_head_act_bytes(d, 2 * (int)lp);
-    double others[] = {N * D, N * (F / p), B * (H / p) * T * T}, largest_other = 0;
-    for (int i = 0; i < 3; i++) largest_other = fmax(largest_other, others[i]);
+    /* under --dtype bf16 a linear's rounded copy of its weight lives for its call too (linear.c), in
+     * the type its GEMM reads (gemm_bf16_operand_type: s = 2 or 4 bytes): the output layer's
+     * [Vl, D], wq's and wo's [H hd/tp, D] (transposed), w1's, w2's and w3's [F/tp, D]; beside the
+     * activations only when D is above about B*T */
+    double s = c->precision == DTYPE_BF16 ? (double)dtype_size(gemm_bf16_operand_type()) : 0;
+    double others[] = {N * D, N * (F / p), B * (H / p) * T * T, s / 4 * Vl * D, s / 4 * (F / p) * D, s / 4 * (H * hd / p) * D};
+    double largest_other = 0;
+    for (int i = 0; i < 6; i++) largest_other = fmax(largest_other, others[i]);
+    const char *largest_formula =
+        lp ? (s ? "max(4 BT Vp/tp, 4 BTD, 4 BTF/tp, 4 B T^2 H/tp, s D max(Vp, F, H hd)/tp)" : "4 max(BT Vp/tp, BTD, BTF/tp, B T^2 H/tp)")
+           : (s ? "max(4 BTV, 4 BTD, 4 BTF/tp, 4 B T^2 H/tp, s D max(V, F/tp, H hd/tp))" : "4 max(BTV, BTD, BTF/tp, B T^2 H/tp)");
     double largest_measured = comm_host_max(comm_world(), fmax(largest_model, largest_buffer()));
     memory_row mem[] = {
         {"parameters", param_bytes, 4 * (2 * Vl * D + (2 * L + 1) * D + L * (2 * H * hd * D + 2 * Hkv * hd * D + 3 * F * D) / p),
@@ -121,8 +131,7 @@ int main(int argc, char **argv) {
          lp ? "4 (L(4ND + 2N + 2N hd (H+Hkv)/tp + B T^2 H/tp + 3NF/tp) + 2ND + N + N Vp/tp + 2N)"
             : "4 (L(4ND + 2N + 2N hd (H+Hkv)/tp + B T^2 H/tp + 3NF/tp) + 2ND + N + NV)"},
         {"logits", logits_bytes, 4 * N * Vl, lp ? "B*T*Vp/tp*4" : "B*T*V*4"},
-        {"largest buffer, any rank", largest_measured, 4 * fmax(N * Vl, largest_other),
-         lp ? "4 max(BT Vp/tp, BTD, BTF/tp, B T^2 H/tp)" : "4 max(BTV, BTD, BTF/tp, B T^2 H/tp)"}};
+        {"largest buffer, any rank", largest_measured, 4 * fmax(N * Vl, largest_other), largest_formula}};
     mismatches += report_memory("memory per rank", mem, 4);
     log0("  logits per rank: %s with loss parallel (B*T*Vp/tp*4, Vp = %d), %s without (B*T*V*4); this run measured the "
          "%s\n", fmt_bytes(4 * N * Vp / p), Vp, fmt_bytes(4 * N * V), lp ? "first" : "second");

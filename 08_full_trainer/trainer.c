@@ -37,20 +37,23 @@ void trainer_batch(run_loop *loop, const text_corpus *corpus, int step) {
 double probe_peak_flops(dtype compute) {
     /* long enough (a quarter of a second) that ranks sharing a core really run at the same time;
      * in the run's precision (--dtype): bf16 operands reach a higher peak where the hardware has
-     * bf16 arithmetic (AVX512-BF16 and AMX here, tensor cores on a GPU), so MFU is against that */
+     * bf16 arithmetic (AVX512-BF16 and AMX here, tensor cores on a GPU), so MFU is against that;
+     * the operands in the type the linears hand their GEMMs (gemm_bf16_operand_type: on a CPU
+     * without AVX-512, fp32 holding bf16 values, an sgemm like fp32's) */
     enum { N = 384 };
-    void *a = device_alloc_elems((size_t)N * N, compute, MEM_BUFFERS), *b = device_alloc_elems((size_t)N * N, compute, MEM_BUFFERS);
+    dtype operands = compute == DTYPE_BF16 ? gemm_bf16_operand_type() : compute;
+    void *a = device_alloc_elems((size_t)N * N, operands, MEM_BUFFERS), *b = device_alloc_elems((size_t)N * N, operands, MEM_BUFFERS);
     float *c = device_alloc_floats((size_t)N * N, MEM_BUFFERS), *fill = device_alloc_floats((size_t)N * N, MEM_BUFFERS);
     init_constant_device(fill, (size_t)N * N, 0.5f);
-    if (compute == DTYPE_BF16) cast_to_bf16(a, fill, (size_t)N * N), cast_to_bf16(b, fill, (size_t)N * N);
+    if (operands == DTYPE_BF16) cast_to_bf16(a, fill, (size_t)N * N), cast_to_bf16(b, fill, (size_t)N * N);
     else device_copy(a, fill, (size_t)N * N * sizeof(float)), device_copy(b, fill, (size_t)N * N * sizeof(float));
-    matmul_typed(c, DTYPE_F32, a, b, compute, N, N, N, false, false, 1.0f, 0.0f);   /* warm up: threads, caches */
+    matmul_typed(c, DTYPE_F32, a, b, operands, N, N, N, false, false, 1.0f, 0.0f);   /* warm up: threads, caches */
     comm_barrier(comm_world());                           /* every rank probes at the same time */
     device_synchronize();
     double t0 = wall_seconds(), seconds = 0;
     long reps = 0;
     while (seconds < 0.25) {
-        matmul_typed(c, DTYPE_F32, a, b, compute, N, N, N, false, false, 1.0f, 0.0f);
+        matmul_typed(c, DTYPE_F32, a, b, operands, N, N, N, false, false, 1.0f, 0.0f);
         device_synchronize();
         reps++;
         seconds = wall_seconds() - t0;

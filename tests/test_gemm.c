@@ -179,26 +179,31 @@ int main(int argc, char **argv) {
         CHECK(same == 8, "round_to_bf16 (in place): %d of 8 values differ from bf16_from_float then bf16_to_float",
               8 - same);
         device_free(dv);
-        if (cpu) {
+        if (cpu) {   /* the linear's three products: y = x W^T; dx (+)= dy W; dW += dy^T x */
             const int m = 33, n = 70, k = 129;
-            float *A = random_host("rA", (size_t)m * k), *B = random_host("rB", (size_t)k * n);
-            float *widened = malloc((size_t)m * n * sizeof(float)), *rounded = malloc((size_t)m * n * sizeof(float));
-            float *dA = tu_upload(A, (size_t)m * k), *dB = tu_upload(B, (size_t)k * n);
-            float *dC = device_alloc_floats((size_t)m * n, MEM_BUFFERS);
-            round_to_bf16(dA, dA, (size_t)m * k);
-            round_to_bf16(dB, dB, (size_t)k * n);
-            matmul(dC, dA, dB, m, n, k, false, true, 1.0f, 0.0f);
-            device_copy_to_host(rounded, dC, (size_t)m * n * sizeof(float));
-            void *hA = bf16_device(A, (size_t)m * k), *hB = bf16_device(B, (size_t)k * n);
-            gemm_bf16_force_widen(true);
-            matmul_typed(dC, DTYPE_F32, hA, hB, DTYPE_BF16, m, n, k, false, true, 1.0f, 0.0f);
-            gemm_bf16_force_widen(false);
-            device_copy_to_host(widened, dC, (size_t)m * n * sizeof(float));
-            CHECK(memcmp(widened, rounded, (size_t)m * n * sizeof(float)) == 0,
-                  "sgemm of round_to_bf16's operands differs from the widened bf16 product (max %g)",
-                  max_diff(widened, rounded, (size_t)m * n));
-            device_free(dA); device_free(dB); device_free(dC); device_free(hA); device_free(hB);
-            free(A); free(B); free(widened); free(rounded);
+            const struct { bool ta, tb; float beta; } shape[3] = {{false, true, 0.0f}, {false, false, 1.0f},
+                                                                  {true, false, 1.0f}};
+            for (int v = 0; v < 3; v++) {
+                size_t na = (size_t)m * k, nb = (size_t)k * n, nc = (size_t)m * n;
+                float *A = random_host("rA", na), *B = random_host("rB", nb), *C0 = random_host("rC", nc);
+                float *widened = malloc(nc * sizeof(float)), *rounded = malloc(nc * sizeof(float));
+                float *dA = tu_upload(A, na), *dB = tu_upload(B, nb), *dC = tu_upload(C0, nc);
+                round_to_bf16(dA, dA, na);
+                round_to_bf16(dB, dB, nb);
+                matmul(dC, dA, dB, m, n, k, shape[v].ta, shape[v].tb, 1.0f, shape[v].beta);
+                device_copy_to_host(rounded, dC, nc * sizeof(float));
+                void *hA = bf16_device(A, na), *hB = bf16_device(B, nb);
+                device_copy_to_device(dC, C0, nc * sizeof(float));
+                gemm_bf16_force_widen(true);
+                matmul_typed(dC, DTYPE_F32, hA, hB, DTYPE_BF16, m, n, k, shape[v].ta, shape[v].tb, 1.0f, shape[v].beta);
+                gemm_bf16_force_widen(false);
+                device_copy_to_host(widened, dC, nc * sizeof(float));
+                CHECK(memcmp(widened, rounded, nc * sizeof(float)) == 0,
+                      "ta=%d tb=%d beta %g: sgemm of round_to_bf16's operands differs from the widened bf16 product "
+                      "(max %g)", shape[v].ta, shape[v].tb, shape[v].beta, max_diff(widened, rounded, nc));
+                device_free(dA); device_free(dB); device_free(dC); device_free(hA); device_free(hB);
+                free(A); free(B); free(C0); free(widened); free(rounded);
+            }
         }
     }
 

@@ -17,9 +17,9 @@
 # linear's GEMM operands in bf16, fp32 accumulation) beside PyTorch's under torch.autocast("cpu",
 # torch.bfloat16), same threads (PyTorch with malloc keeping its memory, its faster setting). The
 # goals (issue 37) depend on the CPU: with AVX512-BF16 (avx512_bf16 in /proc/cpuinfo), the C bf16
-# step at most 0.6x the C fp32 step and faster than PyTorch's bf16 step; without it, where the bf16
-# products are fp32 sgemms on operands rounded to bf16 (gemm.h's gemm_bf16_operand_type), the bf16
-# step at most 1.1x the fp32 one. A benchmark, not a test: the numbers depend on the machine and
+# step at most 0.6x the C fp32 step and faster than PyTorch's bf16 step; without it (oneDNN
+# emulating bf16 on AVX-512, or without AVX-512 fp32 sgemms on operands rounded to bf16: gemm.h's
+# gemm_bf16_operand_type), the bf16 step at most 1.1x the fp32 one. A benchmark, not a test: the numbers depend on the machine and
 # its load.
 set -eu
 bin=$1
@@ -41,7 +41,10 @@ pytorch() {   # pytorch [ENV=VALUE ...]: one run of bench_baseline.py; prints it
     env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 ${core:+OPENBLAS_CORETYPE=$core} "$@" \
         $py "$(dirname "$0")/bench_baseline.py" $steps $D $L $H $F $V $T $B ${BF16:-}
 }
+# the CPU's bf16: AVX512-BF16 instructions (the goals' line); else oneDNN 2.x's bf16 needs AVX-512
+# (avx512bw: emulated, more slowly), and without it the products are sgemms (gemm_bf16_operand_type)
 bf16_cpu=0; grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && bf16_cpu=1
+onednn=0; grep -qw avx512bw /proc/cpuinfo 2>/dev/null && onednn=1
 c_ms=(); py_ms=(); pk_ms=(); probe=(); cb_ms=(); pb_ms=()
 for rep in $(seq ${REPS:-3}); do
     c_ms+=("$($mpirun -np 1 "$bin" $args | steady_step_ms)")
@@ -61,7 +64,7 @@ cb=$(median "${cb_ms[@]}"); pb=$(median "${pb_ms[@]}")
 # token, llama_flops_per_token's definition (common/model/llama.h)
 flops=$(awk -v D=$D -v L=$L -v F=$F -v V=$V -v T=$T -v B=$B 'BEGIN {
     N = L * (4 * D * D + 3 * D * F + 2 * D) + D + V * D; print (6 * N + 6 * L * T * D) * B * T }')
-awk -v c="$c" -v p="$p" -v k="$k" -v g="$g" -v f="$flops" -v n="${REPS:-3}" -v cb="$cb" -v pb="$pb" -v bf16_cpu=$bf16_cpu 'BEGIN {
+awk -v c="$c" -v p="$p" -v k="$k" -v g="$g" -v f="$flops" -v n="${REPS:-3}" -v cb="$cb" -v pb="$pb" -v bf16_cpu=$bf16_cpu -v onednn=$onednn 'BEGIN {
     printf "single-device step, dim 512, 4 layers, seq 256, batch 8, one thread, median of %d runs\n", n
     row = "  %-36s %8.1f ms  %6.1f GFLOP/s  (%3.0f%% of the GEMM probe)\n"
     printf row, "this project (C, OpenBLAS)", c, f / c / 1e6, 100 * f / c / 1e6 / g
@@ -71,12 +74,13 @@ awk -v c="$c" -v p="$p" -v k="$k" -v g="$g" -v f="$flops" -v n="${REPS:-3}" -v c
     printf "  GEMM probe %.1f GFLOP/s (512^3, one core); model FLOPs 6 N + 6 L T D a token\n", g
     printf "mixed precision, the same step (bf16 GEMM operands, fp32 accumulation; GFLOP/s, not against the fp32 probe):\n"
     row16 = "  %-36s %8.1f ms  %6.1f GFLOP/s\n"
-    printf row16, (bf16_cpu ? "this project, --dtype bf16 (oneDNN)" : "this project, --dtype bf16 (sgemm)"), cb, f / cb / 1e6
+    printf row16, (onednn ? "this project, --dtype bf16 (oneDNN)" : "this project, --dtype bf16 (sgemm)"), cb, f / cb / 1e6
     printf row16, (bf16_cpu ? "PyTorch eager, autocast bf16, keeps memory" : "PyTorch autocast bf16 (one run)"), pb, f / pb / 1e6
     if (bf16_cpu)
         printf "  ratio C bf16 / C fp32: %.2f (goal <= 0.6: this CPU has AVX512-BF16); C bf16 / PyTorch bf16: %.2f (goal < 1)\n", cb / c, cb / pb
     else
-        printf "  ratio C bf16 / C fp32: %.2f (goal <= 1.1: this CPU has no AVX512-BF16, the products are fp32 sgemms); C bf16 / PyTorch bf16: %.2f\n", cb / c, cb / pb }'
+        printf "  ratio C bf16 / C fp32: %.2f (goal <= 1.1: this CPU has no AVX512-BF16%s); C bf16 / PyTorch bf16: %.2f\n", cb / c,
+               (onednn ? ", oneDNN emulates bf16" : ", the products are fp32 sgemms"), cb / pb }'
 # QKV and W1/W3 as single GEMMs, measured on the same BLAS (tools/bench_projections.c)
 $mpirun -np 1 "$(dirname "$bin")/tools/bench_projections" $((B * T)) $D $D $D $F ${REPS:-3}
 # a linear's GEMMs in fp32 and with bf16 operands (tools/bench_gemm_bf16.c; mixed precision, issue 37)

@@ -49,7 +49,7 @@ esac
 [ -e "$dest" ] && { echo "make assignment-$nn: $dest exists; remove it or pick another DEST=" >&2; exit 2; }
 # The copy is made in a folder of its own beside DEST and renamed into place once whole: a failure
 # (a full disk, a malformed marker) leaves nothing behind, says what in one line (the tools'
-# own messages go to a log whose last line the one line quotes), and a retry starts afresh.
+# own messages go to a log whose first line the one line quotes), and a retry starts afresh.
 final=$dest
 parent=$(dirname "$abs")
 mkdir -p "$parent" 2>/dev/null || { echo "make assignment-$nn: cannot create $(dirname "$dest")" >&2; exit 2; }

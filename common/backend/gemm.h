@@ -56,7 +56,7 @@ void gemm_bf16_force_widen(bool on);
  * typed call would only widen them to an fp32 sgemm (oneDNN 2.x on AVX2, or widening forced). An
  * fp32 operand holding bf16 values (kernels.h's round_to_bf16) then multiplies to the same bits
  * as the bf16 one widened, without the bf16 copy and its widening: one pass over the operand,
- * not two (docs/performance.md, "bf16 on a CPU without AVX-512"). */
+ * not two (docs/performance.md, "Mixed precision on a CPU without AVX-512"). */
 dtype gemm_bf16_operand_type(void);
 
 /* Row-major conveniences built on the calls above. */
