@@ -12,9 +12,10 @@
  *   dispatch   send [N*k, D] = m[token of each row]                          (moe_gather_rows)
  *              counts: to every expert's rank                              (experts.counts)
  *              rows:   to the experts' ranks -> moe_x [rows, D]             (experts.rows)
- *   experts    for each source rank q and local expert e, its rows' chunk:
+ *   experts    the rows permuted into expert order (each expert's rows in one block), then
+ *              for each local expert e:                                      (permute_rows)
  *              a = x w1_e^T, b = x w3_e^T, g = silu(a) * b, y = g w2_e^T     (the plan's linear)
- *   combine    rows back -> moe_y [N*k, D] in slot order                   (experts.rows)
+ *   combine    y permuted back; rows back -> moe_y [N*k, D] in slot order  (experts.rows)
  *              h_out += sum_j gate * moe_y[slot]                             (moe_combine)
  * The backward runs the same steps in reverse: the combine's backward gives each copy's
  * gradient (gate * dh) and each gate's (dh . y); they travel to the experts, through the experts'
@@ -188,21 +189,46 @@ static void exchange_rows(const llama_plan *p, const route *r, const llama_dims 
     else p->experts.rows(p->experts.state, p, tokens_side, sent, experts_side, got, d->D);
 }
 
-/* ---- the experts, chunk by chunk -------------------------------------------------------------- */
+/* ---- the experts, one expert at a time ------------------------------------------------------- */
 
-/* The chunks of the experts' side, in its order: the rows of source rank q for local expert e,
- * q-major (as the all-to-all lays them down), the empty ones left out. */
+/* The all-to-all lays the received rows down by source rank, [q][e]: rank 0's rows for local
+ * experts 0 .. El-1, then rank 1's, and so on. The experts run in expert order instead, [e][q]:
+ * each expert's rows in one block, the source ranks in order within it (so in the batch's order,
+ * as the single device has them). One GEMM per expert and weight, not one per (q, e) chunk: with
+ * many ranks and few rows a chunk's weight gradient (dW += dy^T x, the whole [F_e, D] read and
+ * written for a few rows) made the chunk loop three times slower (APPENDIX.md, measured with
+ * tools/bench_expert_gemm.c), and this is the permutation torchtitan makes before its grouped
+ * GEMM. The price: the rows copied into expert order and back, and one more [R, D] buffer. */
+
+/* Each local expert's block of rows in expert order (empty experts left out). */
 typedef struct { int e; size_t off, n; } chunk;
 static int chunks_of(chunk *c, const route *r, const llama_dims *d) {
     int n = 0;
     size_t off = 0;
+    for (int e = 0; e < d->El; e++) {
+        size_t rows = 0;
+        for (int q = 0; q < d->ep; q++) rows += r->recv[(size_t)q * d->El + e];
+        if (rows) c[n++] = (chunk){e, off, rows};
+        off += rows;
+    }
+    return n;
+}
+
+/* Rows [rows received, D] between the all-to-all's order [q][e] and expert order [e][q]:
+ * to_experts copies src ([q][e]) into dst ([e][q]), else back. One copy per (q, e) chunk. */
+static void permute_rows(const route *r, const llama_dims *d, float *dst, const float *src, bool to_experts) {
+    size_t at[d->El], off = 0, first = 0, D = (size_t)d->D;   /* at[e]: the next row of expert e's block */
+    for (int e = 0; e < d->El; e++) {
+        at[e] = first;
+        for (int q = 0; q < d->ep; q++) first += r->recv[(size_t)q * d->El + e];
+    }
     for (int q = 0; q < d->ep; q++)
         for (int e = 0; e < d->El; e++) {
-            size_t rows = r->recv[(size_t)q * d->El + e];
-            if (rows) c[n++] = (chunk){e, off, rows};
-            off += rows;
+            size_t n = r->recv[(size_t)q * d->El + e], bytes = n * D * sizeof(float);
+            if (to_experts) device_copy(dst + at[e] * D, src + off * D, bytes);
+            else device_copy(dst + off * D, src + at[e] * D, bytes);
+            at[e] += n, off += n;
         }
-    return n;
 }
 
 static size_t rows_received(const route *r, const llama_dims *d) {
@@ -342,11 +368,16 @@ static void moe_forward(const layer_pass *x) {
                 rows_received(&r, d), d->R);
         exit(1);
     }
-    exchange_rows(p, &r, d, m->dmoe_y, a->moe_x, true);
+    exchange_rows(p, &r, d, m->dmoe_y, m->dmoe_x, true);
+    permute_rows(&r, d, a->moe_x, m->dmoe_x, true);   /* into expert order: the saved x */
     unsigned fault = expert_parallel_faults_on(p);
-    /* the experts, into dmoe_x; their outputs back (moe_y, slot order); the weighted combine */
+    /* the experts, into dmoe_x (expert order); their outputs back in the all-to-all's order
+     * (`rows`, [R, D]) to their tokens' ranks (moe_y, slot order); the weighted combine */
     experts_forward(x, &r, m->dmoe_x);
-    exchange_rows(p, &r, d, a->moe_y, m->dmoe_x, false);
+    float *rows = device_alloc_floats(d->R * (size_t)D, MEM_BUFFERS);   /* (the same size every layer: kept) */
+    permute_rows(&r, d, rows, m->dmoe_x, false);
+    exchange_rows(p, &r, d, a->moe_y, rows, false);
+    device_free(rows);
     moe_combine(x->h_out, a->moe_y, r.slot_dev, fault & EP_FAULT_NO_GATES ? NULL : a->moe_gates, N, k, D);
 
     /* the load-balancing loss, added to the model's */
@@ -377,7 +408,11 @@ static void moe_backward(const layer_pass *x) {
      * gate's, dh . y; the copies' gradients to the experts (dmoe_x), through them, and back */
     moe_combine_backward(m->dmoe_y, m->dmoe_gates, x->dh, a->moe_y, r.slot_dev, a->moe_gates, N, k, D);
     exchange_rows(p, &r, d, m->dmoe_y, m->dmoe_x, true);
-    experts_backward(x, &r, m->dmoe_x);
+    float *rows = device_alloc_floats(d->R * (size_t)D, MEM_BUFFERS);   /* [R, D], expert order */
+    permute_rows(&r, d, rows, m->dmoe_x, true);
+    experts_backward(x, &r, rows);
+    permute_rows(&r, d, m->dmoe_x, rows, false);
+    device_free(rows);
     exchange_rows(p, &r, d, m->dmoe_y, m->dmoe_x, false);
     /* every token's copies' input gradients, summed into dxn (weight 1 each) */
     moe_combine(dxn, m->dmoe_y, r.slot_dev, NULL, N, k, D);

@@ -156,8 +156,8 @@ fi
 if [ -n "${a2a[ep2]:-}" ]; then
     echo "09 ep 2: the ep group's all-to-alls took $(median ${a2a[ep2]}) ms of its $(median ${ms[ep2]}) ms step (rank 0, waiting for the other rank included);"
     echo "  the busier rank's experts got ${ranks_imbalance[ep2]:-?} x the mean rank's copies (the router's load at these steps): the other waits at the combine"
-    # the experts' GEMMs at the ep 2 rank's size: the chunk loop of moe.c against one GEMM per
-    # expert and a padded batch (09's APPENDIX.md), the busiest expert at 1.5x the mean
+    # the experts' GEMMs at the ep 2 rank's size: moe.c's one GEMM per expert against a loop over the
+    # received chunks and a padded batch (09's APPENDIX.md), the busiest expert at 1.5x the mean
     $mpirun -np 1 "$build/tools/bench_expert_gemm" 2048 256 1024 4 2 "$reps" 1.5 | sed 's/^/09 /'
 fi
 echo "reference: the one-rank run of the same binary and global batch (03: blocking SP); speed-up = reference / ms/step;"

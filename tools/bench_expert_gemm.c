@@ -8,10 +8,11 @@
  * an element-wise pass the same in every variant, left out), backward dg = dy w2, dw2 += dy^T g,
  * dx = da w1 + db w3, dw1 += da^T x, dw3 += db^T x: nine products, 18 n D F FLOPs on n rows.
  * Three ways to run them, through gemm.h (OpenBLAS on the cpu build, cuBLAS on the cuda build):
- *   chunks      one product per (source rank, expert) chunk, on the rows where they lie: what
- *               moe.c does (up to El x ep calls per weight)
+ *   chunks      one product per (source rank, expert) chunk, on the rows where they lie (up to
+ *               El x ep calls per weight: what moe.c did first)
  *   per expert  x and dy first copied into expert order, y and dx copied back (the permutation
- *               torchtitan makes before its grouped GEMM), one product per expert (El calls)
+ *               torchtitan makes before its grouped GEMM), one product per expert (El calls):
+ *               what moe.c does
  *   padded      the same copies, every expert's rows padded to the busiest one's, and one
  *               strided-batched call per weight (cublasSgemmStridedBatched; a loop on the CPU):
  *               a batched GEMM without groups, the padding's FLOPs included
@@ -158,7 +159,7 @@ int main(int argc, char **argv) {
     printf("a rank's experts, forward and backward (9 GEMMs an expert), R = %d rows for %d experts from %d ranks "
            "(the busiest expert %d rows, %.2fx the mean), D = %d, F = %d, best of %d (gemm.h on the %s build):\n",
            s.R, s.El, s.ep, s.most, (double)s.most * s.El / s.R, s.D, s.F, reps, device_backend_name());
-    const char *names[3] = {"chunks (moe.c: per source rank and expert)", "per expert (rows permuted first)",
+    const char *names[3] = {"chunks (per source rank and expert)", "per expert (rows permuted first: moe.c)",
                             "padded batch (rows permuted, padded)"};
     int calls[3] = {0, s.El, 1};
     for (int i = 0; i < s.ep * s.El; i++) calls[0] += s.rows[i] > 0;
