@@ -868,10 +868,13 @@ int main(int argc, char **argv) {
     test_rmsnorm();
     test_residual_rmsnorm();
     test_linear();
-    test_linear_bf16();
-    gemm_bf16_force_widen(true);   /* the linear's other operand type: fp32 holding bf16 values */
+    test_linear_bf16();   /* in the operand type this backend's bf16 products read, and in both forced: */
+    gemm_bf16_force_widen(true);   /* fp32 holding bf16 values (a CPU without AVX-512's) */
     test_linear_bf16();
     gemm_bf16_force_widen(false);
+    gemm_bf16_force_bf16_operands(true);   /* bf16 copies (oneDNN's or cuBLAS's; widened where neither) */
+    test_linear_bf16();
+    gemm_bf16_force_bf16_operands(false);
     test_rope();
     test_attention(2, 5, 4, 2, 4);   /* grouped-query: two query heads per kv head */
     test_attention(1, 4, 2, 2, 8);   /* plain multi-head */

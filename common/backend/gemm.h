@@ -58,6 +58,10 @@ void gemm_bf16_force_widen(bool on);
  * as the bf16 one widened, without the bf16 copy and its widening: one pass over the operand,
  * not two (docs/performance.md, "Mixed precision on a CPU without AVX-512"). */
 dtype gemm_bf16_operand_type(void);
+/* Tests: gemm_bf16_operand_type answers bf16 while on, whatever the CPU, so that the linear's bf16
+ * copies are exercised where its products would take fp32 operands (they are then widened: the
+ * path above). The GPU's answer is bf16 anyway: no-op. */
+void gemm_bf16_force_bf16_operands(bool on);
 
 /* Row-major conveniences built on the calls above. */
 /* C[M,N] = alpha * op(A) op(B) + beta * C, packed operands. */

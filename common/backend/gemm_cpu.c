@@ -176,7 +176,11 @@ static bool onednn_has_bf16(void) {
     return known;
 }
 
+static bool forced_bf16_operands;
+void gemm_bf16_force_bf16_operands(bool on) { forced_bf16_operands = on; }
+
 dtype gemm_bf16_operand_type(void) {
+    if (forced_bf16_operands) return DTYPE_BF16;
     if (forced_widen < 0) forced_widen = getenv("GEMM_BF16_WIDEN") != NULL;
     return !forced_widen && onednn_has_bf16() ? DTYPE_BF16 : DTYPE_F32;
 }

@@ -59,3 +59,4 @@ void gemm_colmajor_typed(const gemm_args *g, float alpha, const void *first, con
 /* The GPU has one bf16 path (cublasGemmEx): nothing to force; its operands are bf16. */
 void gemm_bf16_force_widen(bool on) { (void)on; }
 dtype gemm_bf16_operand_type(void) { return DTYPE_BF16; }
+void gemm_bf16_force_bf16_operands(bool on) { (void)on; }
