@@ -372,12 +372,10 @@ static void moe_forward(const layer_pass *x) {
     permute_rows(&r, d, a->moe_x, m->dmoe_x, true);   /* into expert order: the saved x */
     unsigned fault = expert_parallel_faults_on(p);
     /* the experts, into dmoe_x (expert order); their outputs back in the all-to-all's order
-     * (`rows`, [R, D]) to their tokens' ranks (moe_y, slot order); the weighted combine */
+     * (moe_rows) to their tokens' ranks (moe_y, slot order); the weighted combine */
     experts_forward(x, &r, m->dmoe_x);
-    float *rows = device_alloc_floats(d->R * (size_t)D, MEM_BUFFERS);   /* (the same size every layer: kept) */
-    permute_rows(&r, d, rows, m->dmoe_x, false);
-    exchange_rows(p, &r, d, a->moe_y, rows, false);
-    device_free(rows);
+    permute_rows(&r, d, m->moe_rows, m->dmoe_x, false);
+    exchange_rows(p, &r, d, a->moe_y, m->moe_rows, false);
     moe_combine(x->h_out, a->moe_y, r.slot_dev, fault & EP_FAULT_NO_GATES ? NULL : a->moe_gates, N, k, D);
 
     /* the load-balancing loss, added to the model's */
@@ -408,11 +406,9 @@ static void moe_backward(const layer_pass *x) {
      * gate's, dh . y; the copies' gradients to the experts (dmoe_x), through them, and back */
     moe_combine_backward(m->dmoe_y, m->dmoe_gates, x->dh, a->moe_y, r.slot_dev, a->moe_gates, N, k, D);
     exchange_rows(p, &r, d, m->dmoe_y, m->dmoe_x, true);
-    float *rows = device_alloc_floats(d->R * (size_t)D, MEM_BUFFERS);   /* [R, D], expert order */
-    permute_rows(&r, d, rows, m->dmoe_x, true);
-    experts_backward(x, &r, rows);
-    permute_rows(&r, d, m->dmoe_x, rows, false);
-    device_free(rows);
+    permute_rows(&r, d, m->moe_rows, m->dmoe_x, true);   /* into expert order */
+    experts_backward(x, &r, m->moe_rows);
+    permute_rows(&r, d, m->dmoe_x, m->moe_rows, false);
     exchange_rows(p, &r, d, m->dmoe_y, m->dmoe_x, false);
     /* every token's copies' input gradients, summed into dxn (weight 1 each) */
     moe_combine(dxn, m->dmoe_y, r.slot_dev, NULL, N, k, D);

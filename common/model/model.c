@@ -174,10 +174,10 @@ double llama_head_act_bytes(const llama_dims *d, int loss_saved_per_row) {
 /* The activations whose gradients the backward keeps in scratch (one buffer each, reused by every
  * layer): dattn_out, dq, dk, dv, dprobs, dffn_g, dffn_a, dffn_b; and a mixture of experts' (empty
  * for a dense layer): dmoe_x, dmoe_y (also the dispatch's buffers), dmoe_a, dmoe_b, dmoe_g,
- * drouter_probs, dmoe_gates. */
+ * drouter_probs, dmoe_gates, and moe_rows (x's shape: the received rows permuted). */
 static const int grad_scratch[] = {ACT_ATTN_OUT, ACT_Q, ACT_K, ACT_V, ACT_PROBS, ACT_FFN_G, ACT_FFN_A, ACT_FFN_B,
                                    ACT_MOE_X, ACT_MOE_Y, ACT_MOE_A, ACT_MOE_B, ACT_MOE_G, ACT_ROUTER_PROBS,
-                                   ACT_MOE_GATES};
+                                   ACT_MOE_GATES, ACT_MOE_X};
 
 double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, double *state_bytes,
                          double *act_bytes, double *largest_numel) {
@@ -340,7 +340,8 @@ llama_model *llama_create(const llama_config *c, const llama_plan *plan, int B, 
     m->dh = device_alloc_floats(Ns * D, MEM_BUFFERS);
     /* each activation's gradient, of its shape (grad_scratch's order) */
     float **grad[] = {&m->dattn_out, &m->dq, &m->dk, &m->dv, &m->dprobs, &m->dffn_g, &m->dffn_a, &m->dffn_b,
-                      &m->dmoe_x, &m->dmoe_y, &m->dmoe_a, &m->dmoe_b, &m->dmoe_g, &m->drouter_probs, &m->dmoe_gates};
+                      &m->dmoe_x, &m->dmoe_y, &m->dmoe_a, &m->dmoe_b, &m->dmoe_g, &m->drouter_probs, &m->dmoe_gates,
+                      &m->moe_rows};
     _Static_assert(sizeof grad / sizeof *grad == sizeof grad_scratch / sizeof *grad_scratch,
                    "one scratch buffer for each activation grad_scratch names, in its order");
     for (size_t i = 0; i < sizeof grad / sizeof *grad; i++) {
@@ -363,7 +364,7 @@ void llama_free(llama_model *m) {
     float *bufs[] = {m->loss_scratch, m->attn_in, m->ffn_in, m->y_partial, m->dy_full, m->dxn,
                      m->dxn_full, m->dh, m->dattn_out, m->dq, m->dk, m->dv,
                      m->dprobs, m->dffn_g, m->dffn_a, m->dffn_b, m->dmoe_x, m->dmoe_y, m->dmoe_a,
-                     m->dmoe_b, m->dmoe_g, m->drouter_probs, m->dmoe_gates};
+                     m->dmoe_b, m->dmoe_g, m->drouter_probs, m->dmoe_gates, m->moe_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) device_free(bufs[i]);   /* NULL: no-op */
     device_free(m->positions);
     device_free(m->rope_cos_sin);

@@ -124,6 +124,8 @@ struct llama_model {
     /* a mixture-of-experts layer's scratch (NULL for a dense model): the dispatch's buffers and
      * the gradients of its activations */
     float *dmoe_x;                  /* [R, D]   the experts' side of an exchange                  */
+    float *moe_rows;                /* [R, D]   the same rows in the other order (the all-to-all's
+                                     *          or the experts': chapter 09's permutation)        */
     float *dmoe_y;                  /* [N*k, D] the tokens' side                                 */
     float *dmoe_a, *dmoe_b, *dmoe_g; /* [R, F_e]                                                  */
     float *drouter_probs;           /* [N, E]                                                    */
