@@ -201,14 +201,14 @@ static void exchange_rows(const llama_plan *p, const route *r, const llama_dims 
  * GEMM. The price: the rows copied into expert order and back, and one more [R, D] buffer. */
 
 /* Each local expert's block of rows in expert order (empty experts left out). */
-typedef struct { int e; size_t off, n; } chunk;
-static int chunks_of(chunk *c, const route *r, const llama_dims *d) {
+typedef struct { int e; size_t off, n; } expert_block;
+static int expert_blocks(expert_block *c, const route *r, const llama_dims *d) {
     int n = 0;
     size_t off = 0;
     for (int e = 0; e < d->El; e++) {
         size_t rows = 0;
         for (int q = 0; q < d->ep; q++) rows += r->recv[(size_t)q * d->El + e];
-        if (rows) c[n++] = (chunk){e, off, rows};
+        if (rows) c[n++] = (expert_block){e, off, rows};
         off += rows;
     }
     return n;
@@ -237,15 +237,15 @@ static size_t rows_received(const route *r, const llama_dims *d) {
     return n;
 }
 
-/* y [rows, D] (=) = w2_e (silu(x w1_e^T) * (x w3_e^T)) for each chunk; a, b, g saved. */
+/* y [rows, D] (=) = w2_e (silu(x w1_e^T) * (x w3_e^T)) for each expert's block; a, b, g saved. */
 static void experts_forward(const layer_pass *x, const route *r, float *y) {
     llama_model *m = x->m;
     const llama_plan *p = m->plan;
     const llama_dims *d = &m->d;
     llama_layer_acts *a = x->a;
     size_t D = d->D, F = d->Fe;
-    chunk c[d->E];
-    int nc = chunks_of(c, r, d);
+    expert_block c[d->El];
+    int nc = expert_blocks(c, r, d);
     for (int i = 0; i < nc; i++) {
         size_t e = c[i].e, off = c[i].off, n = c[i].n;
         const float *w1 = x->w->expert_w1 + e * F * D, *w3 = x->w->expert_w3 + e * F * D;
@@ -272,9 +272,9 @@ static void experts_backward(const layer_pass *x, const route *r, float *dy) {
     const llama_dims *d = &m->d;
     const llama_layer_acts *a = x->a;
     size_t D = d->D, F = d->Fe;
-    chunk c[d->E];
-    int nc = chunks_of(c, r, d);
-    /* every chunk's dg = dy w2_e and d w2_e += dy^T g, before any dx overwrites dy */
+    expert_block c[d->El];
+    int nc = expert_blocks(c, r, d);
+    /* every block's dg = dy w2_e and d w2_e += dy^T g, before any dx overwrites dy */
     for (int i = 0; i < nc; i++) {
         size_t e = c[i].e, off = c[i].off, n = c[i].n;
         p->linear.backward(p->linear.state, p, llama_site(m, P_EXPERT_W2, x->l), m->dmoe_g + off * F, DX_SET,
