@@ -19,8 +19,8 @@
 # goals (issue 37) depend on the CPU: with AVX512-BF16 (avx512_bf16 in /proc/cpuinfo), the C bf16
 # step at most 0.6x the C fp32 step and faster than PyTorch's bf16 step; without it (oneDNN
 # emulating bf16 on AVX-512, or without AVX-512 fp32 sgemms on operands rounded to bf16: gemm.h's
-# gemm_bf16_operand_type), the bf16 step at most 1.1x the fp32 one. A benchmark, not a test: the numbers depend on the machine and
-# its load.
+# gemm_bf16_operand_type), the bf16 step at most 1.1x the fp32 one. A benchmark, not a test: the
+# numbers depend on the machine and its load.
 set -eu
 bin=$1
 . "$(dirname "$0")/bench_lib.sh"   # median, steady_step_ms

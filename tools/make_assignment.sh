@@ -61,8 +61,8 @@ fail() {
     # the log's first line (grep -m1 stops by itself: `grep | head -1` left grep writing into a
     # closed pipe, and with SIGPIPE ignored and pipefail on, its status 2 ended the script under
     # set -e here, before the one line: the exit 2 without a message t_full_disk once saw)
-    local last; last=$(grep -m1 . "$errlog" 2>/dev/null | sed 's/^tar: //' | cut -c1-200) || last=""
-    echo "make assignment-$nn: $1${last:+ ($last)}; nothing written (DEST=$final is left as it was)" >&3
+    local first; first=$(grep -m1 . "$errlog" 2>/dev/null | sed 's/^tar: //' | cut -c1-200) || first=""
+    echo "make assignment-$nn: $1${first:+ ($first)}; nothing written (DEST=$final is left as it was)" >&3
     exit 2
 }
 trap 'rm -rf "$dest"; [ "$errlog" = /dev/null ] || rm -f "$errlog"' EXIT

@@ -99,6 +99,10 @@ static void widened_gemm(const gemm_args *g, float alpha, const void *first, con
  * read with its strides swapped. */
 static int forced_widen = -1;   /* -1: the environment's GEMM_BF16_WIDEN, at the first bf16 GEMM */
 void gemm_bf16_force_widen(bool on) { forced_widen = on; }
+static bool widening_forced(void) {
+    if (forced_widen < 0) forced_widen = getenv("GEMM_BF16_WIDEN") != NULL;   /* read once, not a GEMM */
+    return forced_widen;
+}
 
 void gemm_colmajor_typed(const gemm_args *g, float alpha, const void *first, const void *second, dtype ab,
                          float beta, void *C, dtype c) {
@@ -107,8 +111,7 @@ void gemm_colmajor_typed(const gemm_args *g, float alpha, const void *first, con
         gemm_colmajor(g, alpha, first, second, beta, C);
         return;
     }
-    if (forced_widen < 0) forced_widen = getenv("GEMM_BF16_WIDEN") != NULL;   /* read once, not a GEMM */
-    if (forced_widen) {   /* the path of a CPU without AVX-512, forced (test_gemm) */
+    if (widening_forced()) {   /* the path of a CPU without AVX-512, forced (test_gemm) */
         widened_gemm(g, alpha, first, second, beta, C, c);
         return;
     }
@@ -181,6 +184,5 @@ void gemm_bf16_force_bf16_operands(bool on) { forced_bf16_operands = on; }
 
 dtype gemm_bf16_operand_type(void) {
     if (forced_bf16_operands) return DTYPE_BF16;
-    if (forced_widen < 0) forced_widen = getenv("GEMM_BF16_WIDEN") != NULL;
-    return !forced_widen && onednn_has_bf16() ? DTYPE_BF16 : DTYPE_F32;
+    return !widening_forced() && onednn_has_bf16() ? DTYPE_BF16 : DTYPE_F32;
 }

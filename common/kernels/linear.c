@@ -40,18 +40,6 @@ static size_t rounded;
 size_t linear_bf16_rounded(void) { return rounded; }
 void linear_bf16_uncount(size_t n) { rounded -= n; }
 
-/* x[n] rounded to bf16 for the call's GEMMs (MEM_BUFFERS; freed by the caller), in the element
- * type the backend's bf16 product reads (gemm_bf16_operand_type): bf16, or the same values held in
- * fp32 where the product would widen them to an fp32 sgemm anyway (a CPU without AVX-512). Either
- * way the GEMM multiplies the same values: the same bits. */
-static void *bf16_operand(const float *x, size_t n, dtype t) {
-    void *h = device_alloc_elems(n, t, MEM_BUFFERS);
-    if (t == DTYPE_BF16) cast_to_bf16(h, x, n);
-    else round_to_bf16(h, x, n);
-    rounded += n;
-    return h;
-}
-
 float *bf16_values(const float *x, size_t n) {
     float *v = device_alloc_floats(n, MEM_BUFFERS);
     round_to_bf16(v, x, n);
@@ -60,6 +48,18 @@ float *bf16_values(const float *x, size_t n) {
 float *linear_bf16_values(const float *x, size_t n) {
     rounded += n;
     return bf16_values(x, n);
+}
+
+/* x[n] rounded to bf16 for the call's GEMMs (MEM_BUFFERS; freed by the caller), in the element
+ * type the backend's bf16 product reads (gemm_bf16_operand_type): bf16, or the same values held in
+ * fp32 where the product would widen them to an fp32 sgemm anyway (a CPU without AVX-512). Either
+ * way the GEMM multiplies the same values: the same bits. */
+static void *bf16_operand(const float *x, size_t n, dtype t) {
+    if (t != DTYPE_BF16) return linear_bf16_values(x, n);
+    uint16_t *h = device_alloc_elems(n, DTYPE_BF16, MEM_BUFFERS);
+    cast_to_bf16(h, x, n);
+    rounded += n;
+    return h;
 }
 
 /* y[N, out] = bf16(x) bf16(W)^T, accumulated in fp32 */
