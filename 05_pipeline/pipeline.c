@@ -214,6 +214,8 @@ static void forward_action(pp_state *s, float *h_in, int mb, int c) {
     set_alloc(s, mb, c);
     llama_saved *set = &s->sets[slot(s, mb, c)];
     m->saved = set;
+    set->loss_scale = s->loss_scale;   /* (a layer's auxiliary loss scales by it: chapter 09's) */
+    m->aux_loss = 0;
     if (c == 0) {
         llama_embed_forward(m, s->tokens + mb * rows);   /* h0 = set->layers[0].h_in */
     } else {
@@ -222,6 +224,7 @@ static void forward_action(pp_state *s, float *h_in, int mb, int c) {
     }
     float *out = l1 < L ? device_alloc_floats(act_floats(s), MEM_BUFFERS) : set->h_final;
     for (int l = l0; l < l1; l++) llama_layer_forward(m, l, l + 1 < l1 ? set->layers[l + 1].h_in : out);
+    if (m->aux_loss != 0) s->loss += m->aux_loss;   /* the chunk's layers' auxiliary losses (09) */
     if (l1 == L) s->loss += llama_head_forward(m, s->targets + mb * rows, s->loss_scale);
     else send_output(s, out, false, mb, c + 1);
 }
@@ -313,7 +316,8 @@ static float pipeline_forward_backward(void *state, const llama_plan *p, llama_m
     device_mark_release(&step_start);
     device_mark_release(&step_end);
     *dh0 = s->dh0;
-    /* the loss lives on the last chunk's rank: the sum over the pipeline gives it to every stage */
+    /* the loss lives on the last chunk's rank (a layer's auxiliary loss on its chunk's): the sum over
+     * the pipeline gives it to every stage */
     return (float)comm_host_sum(s->pp, s->loss);
 }
 

@@ -65,7 +65,8 @@ int report_pipeline_memory(const llama_plan *plan) {
 int report_pipeline_messages(const run_options *o, const llama_plan *plan, const llama_model *m) {
     const pp_schedule *s = pipeline_schedule(plan);
     comm_group *pp = plan->groups.mesh->group[MESH_PP];
-    bool counted = plan->groups.mesh->coord[MESH_TP] == 0;   /* one pipeline: every tp rank runs its own */
+    bool counted = true;   /* one pipeline: every tp rank (and data rank, chapter 09's) runs its own */
+    for (int dim = 0; dim < MESH_NDIMS; dim++) counted &= dim == MESH_PP || plan->groups.mesh->coord[dim] == 0;
     double sends = counted ? (double)pp->stats[COLL_SEND].calls / o->steps : 0;
     double bytes = counted ? pp->stats[COLL_SEND].payload_bytes / o->steps : 0;
     sends = comm_host_sum(comm_world(), sends);

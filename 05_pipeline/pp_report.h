@@ -9,7 +9,7 @@
 /* Per rank: the most (microbatch, chunk) activation sets held at once, and their bytes as the
  * allocator counted them, beside the schedule's closed form x one set's bytes. Exact. */
 int report_pipeline_memory(const llama_plan *plan);
-/* Per step, over one pipeline (the ranks of tp coordinate 0): messages and payload beside
+/* Per step, over one pipeline (the ranks whose coordinates are 0 but for pp): messages and payload beside
  * 2 M (P V - 1) messages of B/M * T * D floats. */
 int report_pipeline_messages(const run_options *o, const llama_plan *plan, const llama_model *m);
 /* The last step: every rank's idle share beside the schedule's bubble (timing: printed, judged

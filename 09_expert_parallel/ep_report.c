@@ -6,32 +6,36 @@
 #include "comm.h"
 #include "device.h"
 #include "ep_report.h"
+#include "expert_parallel.h"
 #include "files.h"
 #include "log.h"
 #include "parity.h"
 #include "report.h"
 
-/* The last forward's copies per expert load[E] and dropped, summed over the layers and the data
- * ranks (the counts every layer saved: what this rank sent); returns their total. */
-static double last_load(const llama_plan *p, llama_model *m, double *load, double *dropped) {
-    const llama_dims *d = &m->d;
-    int E = d->E, L = m->c.n_layers;
-    float *counts = malloc((2 * (size_t)E + 1) * sizeof(float));
-    *dropped = 0;
-    for (int e = 0; e < E; e++) load[e] = 0;
-    for (int l = 0; l < L; l++) {
-        device_copy_to_host(counts, m->saved->layers[l].moe_counts, (2 * (size_t)E + 1) * sizeof(float));
-        for (int e = 0; e < E; e++) load[e] += counts[e];
-        *dropped += counts[2 * E];
-    }
-    free(counts);
-    comm_group *batch = p->groups.batch;
+/* The layers this rank holds (L, or a pipeline stage's L / pp: chapter 05) and the passes a
+ * step makes through them (1, or the pipeline's M microbatches). */
+static int layers_here(const llama_model *m) {
+    int n = 0;
+    for (int l = 0; l < m->c.n_layers; l++) n += m->params->t[param_index(m->params, P_ROUTER, l)].here;
+    return n;
+}
+static int passes(const llama_plan *p) { return p->schedule.microbatches > 1 ? p->schedule.microbatches : 1; }
+
+/* The last step's copies per expert load[E] and dropped, summed over the layers, the microbatches
+ * and the data ranks (each rank's tally of what it sent: expert_parallel.h), and over the pipeline's
+ * stages; returns their total. */
+static double last_load(const llama_plan *p, const llama_model *m, double *load, double *dropped) {
+    comm_group *sum_over[2] = {p->groups.batch, p->groups.mesh->group[MESH_PP]};
+    int E = m->d.E;
+    expert_parallel_last_load(p, load, dropped);
     double total = 0;
     for (int e = 0; e < E; e++) {
-        if (batch) load[e] = comm_host_sum(batch, load[e]);
+        for (int g = 0; g < 2; g++)
+            if (sum_over[g] && sum_over[g]->size > 1) load[e] = comm_host_sum(sum_over[g], load[e]);
         total += load[e];
     }
-    if (batch) *dropped = comm_host_sum(batch, *dropped);
+    for (int g = 0; g < 2; g++)
+        if (sum_over[g] && sum_over[g]->size > 1) *dropped = comm_host_sum(sum_over[g], *dropped);
     return total;
 }
 
@@ -42,7 +46,8 @@ int ep_report_load(const llama_plan *p, llama_model *m) {
     double total = last_load(p, m, load, &dropped);
     comm_group *batch = p->groups.batch;
     for (int e = 0; e < E; e++) most = fmax(most, load[e]);
-    double mean = total / E, want = (double)d->N * (batch ? batch->size : 1) * d->k * L;
+    double tokens = (double)d->N * passes(p) * (batch ? batch->size : 1);   /* N: the step's, every data rank's */
+    double mean = total / E, want = tokens * d->k * L;
     log0("expert load, last step: tokens per expert over %d layers (balanced: N k L / E = %.0f each)\n", L, want / E);
     for (int e = 0; e < E; e++)
         log0("  expert %3d  %8.0f  %5.2fx%s\n", e, load[e], load[e] / mean, load[e] == most ? "  (most)" : "");
@@ -50,7 +55,7 @@ int ep_report_load(const llama_plan *p, llama_model *m) {
         log0("  dropped %.0f copies (%.2f%%): each expert took at most %d of a sequence's (ceil(c T k / E))\n", dropped,
              100 * dropped / want, d->capacity);
     log0("  total %.0f%s = N k L = %.0f x %d x %d; imbalance max / mean = %.3f\n", total + dropped,
-         d->capacity ? " with the dropped" : "", (double)d->N * (batch ? batch->size : 1), d->k, L, most / mean);
+         d->capacity ? " with the dropped" : "", tokens, d->k, L, most / mean);
     if (d->ep > 1) {   /* what each ep rank's experts computed: the busiest sets the pace of the exchange */
         double busiest = 0;
         log0("  per ep rank (its %d experts' copies, summed over the data ranks' replicas):", d->El);
@@ -118,16 +123,18 @@ void ep_load_log_close(ep_load_log *log) {
 }
 
 /* The elements of the experts' weights and of everything else, in the whole model and as this
- * rank holds them under the plan (the experts split over ep, the tp-split tensors over tp). */
+ * rank holds them under the plan (the experts split over ep, the tp-split tensors over tp, and
+ * over pp only its stage's tensors); n_dense: the dense tensors held. */
 typedef struct { double experts, dense, experts_held, dense_held; int n_dense; } param_split;
-static param_split split_counts(const llama_config *c, const llama_plan *p) {
+static param_split split_counts(const llama_model *m, const llama_plan *p) {
     param_split x = {0};
+    const param_table *t = m->params;
     double ep = p->groups.ep ? p->groups.ep->size : 1, tp = p->groups.tp ? p->groups.tp->size : 1;
-    for (int i = 0; i < llama_num_params(c); i++) {
-        param_spec s = llama_param_spec(c, i);
-        double n = (double)s.rows * s.cols;
-        if (param_kind_is_expert(s.kind)) x.experts += n, x.experts_held += n / ep;
-        else x.dense += n, x.dense_held += n / (p->layout[s.kind] == SHARD_REPLICATED ? 1 : tp), x.n_dense++;
+    for (int i = 0; i < t->n; i++) {
+        param_spec s = t->t[i].spec;
+        double n = (double)s.rows * s.cols, here = t->t[i].here;
+        if (param_kind_is_expert(s.kind)) x.experts += n, x.experts_held += here * n / ep;
+        else x.dense += n, x.dense_held += here * n / (p->layout[s.kind] == SHARD_REPLICATED ? 1 : tp), x.n_dense += here;
     }
     return x;
 }
@@ -136,7 +143,7 @@ int ep_report_parameters(const llama_plan *p, llama_model *m, double param_bytes
     const llama_dims *d = &m->d;
     const llama_config *c = &m->c;
     double L = c->n_layers, E = d->E, k = d->k, D = d->D, Fe = d->Fe;
-    param_split x = split_counts(c, p);
+    param_split x = split_counts(m, p);
     double experts = x.experts, dense = x.dense, active = llama_active_parameter_count(c);
     log0("parameters: %.0f in all, %.0f of them the experts' (3 L E D F_e = %.0f); active per token %.0f "
          "(outside the embedding; k of E experts: 6 x active = %.3g FLOPs a token, attention aside)\n",
@@ -147,7 +154,8 @@ int ep_report_parameters(const llama_plan *p, llama_model *m, double param_bytes
     unsigned dispatch = 1u << ACT_MOE_X | 1u << ACT_MOE_A | 1u << ACT_MOE_B | 1u << ACT_MOE_G | 1u << ACT_MOE_Y;
     memory_row rows[] = {
         {"parameters", param_bytes, 4 * (x.dense_held + x.experts_held),
-         "4 (dense whole, or / tp where tp splits it + 3 L E D F_e / ep)"},
+         layers_here(m) < c->n_layers ? "4 (this stage's: dense whole, or / tp where tp splits it + 3 (L/pp) E D F_e / ep)"
+                                      : "4 (dense whole, or / tp where tp splits it + 3 L E D F_e / ep)"},
         {"dispatch, one layer", (double)llama_layer_act_bytes_measured(d, dispatch), per_layer,
          d->capacity ? "4 (R (D + 3 F_e) + N k D), R = min(ep N min(k, E/ep), ep (E/ep) B C) rows at most"
                      : "4 (R (D + 3 F_e) + N k D), R = ep N min(k, E/ep) rows at most (dropless)"}};
@@ -175,8 +183,10 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     comm_group *ep = p->groups.ep;
     /* the gradients: the dense tensors' summed over every data rank, the experts' over the ranks
      * that hold the same ones (dp_replicate), one all-reduce a tensor */
-    double L = m->c.n_layers;
-    param_split x = split_counts(&m->c, p);
+    /* under a pipeline (chapter 05) this rank runs its stage's L/pp layers, M times a step */
+    double L = layers_here(m), M = passes(p);
+    bool piped = L < m->c.n_layers || M > 1;
+    param_split x = split_counts(m, p);
     comm_group *batch = p->groups.batch, *replicate = p->groups.mesh->group[MESH_DP_REPLICATE], *tp = p->groups.tp;
     comm_expectation expect[3];
     comm_group *groups[3];
@@ -189,14 +199,16 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     if (replicate->size > 1) {
         groups[ng++] = replicate;
         expect[n++] = (comm_expectation){replicate, COLL_ALL_REDUCE, 3 * L, 4 * x.experts_held,
-                                         "3 L experts' tensors: 4 x 3 L E D F_e / ep"};
+                                         piped ? "3 L/pp experts' tensors: 4 x 3 (L/pp) E D F_e / ep"
+                                               : "3 L experts' tensors: 4 x 3 L E D F_e / ep"};
     }
     if (tp && tp->size > 1) {   /* chapter 01's f and g: attention's region, and the shared expert's */
         double regions = m->c.moe.shared_expert ? 2 : 1, N = m->d.N, D = m->d.D;
         groups[ng++] = tp;
-        expect[n++] = (comm_expectation){tp, COLL_ALL_REDUCE, 2 * regions * L, 2 * regions * L * N * D * 4,
-                                         m->c.moe.shared_expert ? "4 L x N D 4 (attention, shared expert)"
-                                                                : "2 L x N D 4 (attention's f and g)"};
+        const char *text[2][2] = {{"2 L x N D 4 (attention's f and g)", "4 L x N D 4 (attention, shared expert)"},
+                                  {"2 (L/pp) M x N D 4 (attention's f and g)", "4 (L/pp) M x N D 4 (attention, shared expert)"}};
+        expect[n++] = (comm_expectation){tp, COLL_ALL_REDUCE, 2 * regions * L * M, 2 * regions * L * M * N * D * 4,
+                                         text[piped][m->c.moe.shared_expert]};
     }
     int bad = ng ? report_communication(groups, ng, o->steps, expect, n) : 0;
     if (!ep || ep->size == 1) {
@@ -212,11 +224,14 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     double bytes = comm_host_sum(ep, s->payload_bytes) / steps;
     double want_calls, want_bytes;
     const char *calls_formula, *bytes_formula;
-    alltoall_formulas(L, P, d->N, d->k, d->D, d->E, &want_calls, &want_bytes, &calls_formula, &bytes_formula);
+    alltoall_formulas(L * M, P, d->N, d->k, d->D, d->E, &want_calls, &want_bytes, &calls_formula, &bytes_formula);
     /* under a capacity the dropped copies travel nowhere: the formula, every copy sent, is then a
      * bound (the rows exchanged are the kept ones, which the router decides step by step) */
     bool capped = d->capacity > 0;
     log0("traffic on the ep group (%d ranks), per step, summed over its ranks:\n", ep->size);
+    if (piped)
+        log0("  (a pipeline stage's ep group: L = L/pp x M = %.0f x %.0f layer passes a step, N = %d a microbatch's "
+             "tokens)\n", L, M, d->N);
     log0("  all_to_all   calls %6.0f per rank  (formula %s = %.0f)\n", calls, calls_formula, want_calls);
     log0("  all_to_all   bytes %10.0f  (formula %s = %.0f%s)\n", bytes, bytes_formula, want_bytes,
          capped ? ", with nothing dropped: a bound" : "");

@@ -24,7 +24,7 @@ int ep_report_parameters(const llama_plan *p, llama_model *m, double param_bytes
  * expert received (summed over the layers and ranks), the copies dropped, the imbalance (max /
  * mean), and rank 0's time in the ep group's all-to-alls and its step time (ms). Open after
  * run_loop_begin (which resets the communication counters); ep_load_log_step after each run_step,
- * whose forward's counts the layers still hold. Collective over the world. */
+ * whose tally the technique holds (expert_parallel_last_load). Collective over the world. */
 typedef struct ep_load_log ep_load_log;
 ep_load_log *ep_load_log_open(const llama_plan *p, llama_model *m, const char *path);
 void ep_load_log_step(ep_load_log *log, const run_step_result *r);

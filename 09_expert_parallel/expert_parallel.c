@@ -18,11 +18,16 @@ typedef struct {
     comm_group *batch, *replicate;   /* every data rank; the ranks that hold the same experts */
     bool skip_expert_reduce;         /* the fault: experts' gradients not reduced over dp_replicate */
     unsigned block_faults;           /* the MoE block's (EP_FAULT_*)                               */
+    int E;                           /* the load's tally: copies this rank sent to each expert,    */
+    double *load_now, *load_last;    /* [E] over the forwards of the step running, and of the last */
+    double dropped_now, dropped_last; /* (every layer and microbatch; rotated by reduce_grads)     */
 } ep_state;
 
 static void free_state(void *state) {
     ep_state *s = state;
     device_free(s->counts_dev);
+    free(s->load_now);
+    free(s->load_last);
     free(s);
 }
 const plan_technique expert_parallel_technique = {"expert parallel", free_state};
@@ -30,10 +35,14 @@ const plan_technique expert_parallel_technique = {"expert parallel", free_state}
 /* After the backward: each tensor's gradient summed over the ranks that hold the same slice of it
  * and saw different tokens (expert_parallel.h's table). One all-reduce per tensor. */
 static void reduce_grads(void *state, const llama_plan *p, llama_model *m) {
-    const ep_state *s = state;
+    ep_state *s = state;
     param_table *t = m->params;
+    /* the step's forwards are done: their load becomes the last step's */
+    for (int e = 0; e < s->E; e++) s->load_last[e] = s->load_now[e], s->load_now[e] = 0;
+    s->dropped_last = s->dropped_now, s->dropped_now = 0;
     if (s->below.reduce) s->below.reduce(s->below.state, p, m);
     for (int i = 0; i < t->n; i++) {
+        if (!t->t[i].here) continue;   /* another pipeline stage's (chapter 05) */
         bool expert = param_kind_is_expert(t->t[i].spec.kind);
         comm_group *g = expert ? s->replicate : s->batch;
         if (expert && s->skip_expert_reduce) continue;
@@ -80,10 +89,28 @@ void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_conf
         comm_exit_usage("expert parallelism: the MoE block keeps every activation; apply it to a plan without "
                         "activation checkpointing");
     s->counts_dev = device_alloc_floats(2 * (size_t)c->moe.experts, MEM_BUFFERS);
+    s->E = c->moe.experts;
+    s->load_now = calloc((size_t)s->E, sizeof *s->load_now);
+    s->load_last = calloc((size_t)s->E, sizeof *s->load_last);
     plan->groups.ep = s->ep = mesh->group[MESH_DP_SHARD];
     plan->groups.expert_dims = MESH_BIT(MESH_DP_SHARD);
     plan->experts = (expert_exchange_ops){s, exchange_counts, exchange_rows};
     plan_wrap(plan->reduce_grads, s->below, ((grad_reduce_ops){s, reduce_grads}));
+}
+
+/* ---- the load's tally ---- */
+
+void expert_parallel_count_load(const llama_plan *p, const size_t *per_expert, size_t dropped) {
+    ep_state *s = plan_state(p, &expert_parallel_technique);
+    if (!s) return;   /* (the baseline's plan) */
+    for (int e = 0; e < s->E; e++) s->load_now[e] += (double)per_expert[e];
+    s->dropped_now += (double)dropped;
+}
+
+void expert_parallel_last_load(const llama_plan *p, double *load, double *dropped) {
+    const ep_state *s = plan_state(p, &expert_parallel_technique);
+    for (int e = 0; e < s->E; e++) load[e] = s->load_last[e];
+    *dropped = s->dropped_last;
 }
 
 /* ---- the mesh's rule ---- */
@@ -91,12 +118,16 @@ void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_conf
 static const char *ep_divides(const mesh_rule *r, const mesh_view *v, char *why, size_t len) {
     long long experts = r->size[0], batch = r->size[1];
     int ep = v->s.dp_shard, dp = v->s.dp_replicate * ep;
+    const char *data = v->s.pp > 1 ? "NP / (tp pp)" : "NP / tp";   /* the data ranks: chapter 05's stages aside */
+    char degree[48];
+    if (r->option) snprintf(degree, sizeof degree, "--ep %d", ep);
+    else snprintf(degree, sizeof degree, "ep = %s = %d", data, ep);
     if (experts % ep)
-        return mesh_refuse(why, len, "%s %d does not divide --experts %lld: each ep rank holds whole experts, "
-                           "%lld / ep of them", r->option ? "--ep" : "ep = NP / tp =", ep, experts, experts);
+        return mesh_refuse(why, len, "%s does not divide --experts %lld: each ep rank holds whole experts, "
+                           "%lld / ep of them", degree, experts, experts);
     if (batch % dp)
-        return mesh_refuse(why, len, "--batch %lld is not divisible by the %d data-parallel ranks (NP / tp): each "
-                           "takes batch / %d sequences", batch, dp, dp);
+        return mesh_refuse(why, len, "--batch %lld is not divisible by the %d data-parallel ranks (%s): each "
+                           "takes batch / %d sequences", batch, dp, data, dp);
     return NULL;
 }
 mesh_rule ep_mesh_rule(const llama_config *c, long long batch, bool ep_given) {

@@ -18,6 +18,11 @@
  * Collectives per MoE layer and step, on the ep group (moe.c): forward an all-to-all of the
  * counts and two all-to-alls with counts (dispatch, combine), backward two more; then the
  * gradient all-reduces above.
+ *
+ * Inside chapter 05's pipeline (applied before this, over the mesh's pp dimension) each stage has
+ * its own ep group, the ranks of the same pipeline coordinate: a MoE layer exchanges its tokens
+ * with the ranks that hold the same layers, once per microbatch, and each rank reduces the
+ * gradients of the tensors its stage holds.
  */
 #pragma once
 #include "mesh.h"
@@ -45,5 +50,13 @@ enum {
     EP_FAULT_SKIP_AUX_GRAD = 2,     /* the load-balancing loss's gradient is left out                   */
 };
 unsigned expert_parallel_faults_on(const llama_plan *p);
+
+/* The experts' load, tallied on each rank: every MoE layer's forward adds the copies this rank
+ * sent to each expert (per_expert [E]) and the copies it dropped; the gradients' reduction closes
+ * the step. last_load gives the last step's tally (summed over this rank's layers and
+ * microbatches; load [E]); count_load does nothing on a plan without expert parallelism (the
+ * baseline's). */
+void expert_parallel_count_load(const llama_plan *p, const size_t *per_expert, size_t dropped);
+void expert_parallel_last_load(const llama_plan *p, double *load, double *dropped);
 
 C_END

@@ -12,7 +12,8 @@
  *   make run-09                                   ep 2 (NP=2): 4 experts, top-2
  *   make run-09 NP=4 ARGS="--experts 8 --top-k 1" Switch-style routing over 4 ranks
  *   make run-09 NP=4 ARGS="--ep 2"                experts over 2 ranks, replicated over 2
- *   make check-09                                 ep 1, 2, 4, 8; top-1 and top-2; tp; a capacity; the bugs
+ *   make run-09 NP=4 ARGS="--pp 2"                chapter 05's pipeline: 2 stages, each with ep 2
+ *   make check-09                                 ep 1, 2, 4, 8; top-1 and top-2; tp; pp; a capacity; the bugs
  *   make plot-09                                  the load over the steps with and without the balancing loss
  */
 #include <math.h>
@@ -27,13 +28,15 @@
 #include "outputs.h"
 #include "run.h"
 #include "../01_transformer_tp/tp.h"
+#include "../05_pipeline/pipeline.h"
+#include "../05_pipeline/pp_report.h"
 #include "../08_full_trainer/checkpoint.h"
 #include "ep_report.h"
 #include "expert_parallel.h"
 #include "moe.h"
 
 static const char *usage =
-    "usage: 09 [flags]   (under mpirun: NP = dp_replicate x ep x tp ranks; each data rank takes\n"
+    "usage: 09 [flags]   (under mpirun: NP = pp x dp_replicate x ep x tp ranks; each data rank takes\n"
     "                     batch / (dp_replicate x ep) sequences)\n"
     "  --experts E          routed experts per layer (default 4)\n"
     "  --top-k K            experts per token (default 2)\n"
@@ -44,12 +47,17 @@ static const char *usage =
     "                       the rest dropped (default: dropless)\n"
     "  --ep P               ranks the experts are split over (default: NP / tp); the rest replicate them\n"
     "  --tp T               chapter 01's tensor parallelism of the dense parts (default 1)\n"
+    "  --pp P               chapter 05's pipeline: the layers in P stages, each with its ep group (default 1)\n"
+    "  --microbatches M     the pipeline's microbatches (default 1 without --pp, pp with it)\n"
+    "  --schedule S         the pipeline's schedule: gpipe|1f1b|interleaved|zb-h1 (default 1f1b)\n"
+    "  --virtual-stages V   chunks per pipeline rank (interleaved; default 2 with it, else 1)\n"
     "  --save DIR           after the last step, a checkpoint in DIR (chapter 08's: it loads on any mesh)\n"
     "  --resume DIR         start from DIR's latest checkpoint, on this run's mesh (any ep and tp), and\n"
     "                       train --steps more (not with --check: the baseline starts at step 1)\n";
 
-enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_CAPACITY, OPT_EP, OPT_TP, OPT_SAVE, OPT_RESUME };
-typedef struct { moe_config *moe; int ep, tp; const char *save, *resume; } chapter_options;
+enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_CAPACITY, OPT_EP, OPT_TP, OPT_PP, OPT_MICRO,
+       OPT_SCHEDULE, OPT_VIRTUAL, OPT_SAVE, OPT_RESUME };
+typedef struct { moe_config *moe; int ep, tp, pp; pp_options pipe; bool pipe_given; const char *save, *resume; } chapter_options;
 static void chapter_flag(int code, const char *arg, void *ctx) {
     chapter_options *co = ctx;
     moe_config *x = co->moe;
@@ -61,6 +69,13 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     else if (code == OPT_CAPACITY) x->capacity_factor = cli_float("--capacity-factor", arg, 0.01f, 64.0f);
     else if (code == OPT_EP) co->ep = cli_int("--ep", arg, 1, 4096);
     else if (code == OPT_TP) co->tp = cli_int("--tp", arg, 1, 4096);
+    else if (code == OPT_PP) co->pp = cli_int("--pp", arg, 1, 4096);
+    else if (code == OPT_MICRO) co->pipe.microbatches = cli_int("--microbatches", arg, 1, 4096), co->pipe_given = true;
+    else if (code == OPT_SCHEDULE) {
+        static const char *const schedules[] = {"gpipe", "1f1b", "interleaved", "zb-h1", NULL};
+        co->pipe.schedule = (pp_schedule_kind)cli_choice("--schedule", arg, schedules);
+        co->pipe_given = true;
+    } else if (code == OPT_VIRTUAL) co->pipe.virtual_stages = cli_int("--virtual-stages", arg, 1, 64), co->pipe_given = true;
     else if (code == OPT_SAVE) co->save = arg;
     else co->resume = arg;
 }
@@ -75,9 +90,11 @@ int main(int argc, char **argv) {
         {"experts", required_argument, 0, OPT_EXPERTS}, {"top-k", required_argument, 0, OPT_TOP_K},
         {"expert-dim", required_argument, 0, OPT_EXPERT_DIM}, {"shared-expert", no_argument, 0, OPT_SHARED},
         {"aux-alpha", required_argument, 0, OPT_AUX}, {"capacity-factor", required_argument, 0, OPT_CAPACITY},
-        {"ep", required_argument, 0, OPT_EP}, {"tp", required_argument, 0, OPT_TP},
+        {"ep", required_argument, 0, OPT_EP}, {"tp", required_argument, 0, OPT_TP}, {"pp", required_argument, 0, OPT_PP},
+        {"microbatches", required_argument, 0, OPT_MICRO}, {"schedule", required_argument, 0, OPT_SCHEDULE},
+        {"virtual-stages", required_argument, 0, OPT_VIRTUAL},
         {"save", required_argument, 0, OPT_SAVE}, {"resume", required_argument, 0, OPT_RESUME}, {0, 0, 0, 0}};
-    chapter_options co = {.moe = &o.model.moe, .ep = 0, .tp = 1, .save = NULL, .resume = NULL};
+    chapter_options co = {.moe = &o.model.moe, .ep = 0, .tp = 1, .pp = 1, .pipe = {.schedule = PP_1F1B}};
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     char why[256];
     if (moe_config_check(&o.model, why, sizeof why)) comm_exit_usage("%s", why);
@@ -87,20 +104,34 @@ int main(int argc, char **argv) {
     o.model.layer = moe_layer_for(&o.model);   /* the baseline's layer too */
     const llama_config *c = &o.model;
 
-    /* ---- mesh: dp_replicate x dp_shard x tp, the experts split over dp_shard (ep) ---- */
+    /* ---- mesh: pp x dp_replicate x dp_shard x tp, the experts split over dp_shard (ep) ---- */
+    bool piped = co.pp > 1 || co.pipe_given;   /* chapter 05's pipeline, each stage with its ep group */
+    if (!co.pipe.microbatches) co.pipe.microbatches = piped ? co.pp : 1;
+    if (!co.pipe.virtual_stages) co.pipe.virtual_stages = co.pipe.schedule == PP_INTERLEAVED ? 2 : 1;
     mesh_requirements needs = {0};
     mesh_require(&needs, tp_mesh_rule(c));
     mesh_require(&needs, ep_mesh_rule(c, o.batch, co.ep != 0));
+    if (piped) {
+        mesh_require(&needs, pipeline_layers_rule(c->n_layers, co.pipe.virtual_stages, false));
+        mesh_require(&needs, pipeline_microbatches_rule(o.batch, co.pipe.microbatches, 0));
+    }
     int world = comm_world()->size;
     if (world % co.tp) comm_exit_usage("--tp %d does not divide the %d ranks (NP)", co.tp, world);
-    int ep = co.ep ? co.ep : world / co.tp;
-    if ((world / co.tp) % ep)
-        comm_exit_usage("--ep %d does not divide the %d data ranks (NP / tp): NP = dp_replicate x ep x tp", ep,
+    if ((world / co.tp) % co.pp)
+        comm_exit_usage("--pp %d does not divide the %d ranks NP / tp: NP = pp x dp_replicate x ep x tp", co.pp,
                         world / co.tp);
-    device_mesh *mesh = mesh_create((mesh_shape){.dp_replicate = MESH_REST, .dp_shard = ep, .tp = co.tp}, &needs);
+    int data = world / (co.tp * co.pp), ep = co.ep ? co.ep : data;
+    if (data % ep)
+        comm_exit_usage("--ep %d does not divide the %d data ranks (%s): NP = %sdp_replicate x ep x tp", ep, data,
+                        co.pp > 1 ? "NP / (tp pp)" : "NP / tp", co.pp > 1 ? "pp x " : "");
+    device_mesh *mesh =
+        mesh_create((mesh_shape){.pp = co.pp, .dp_replicate = MESH_REST, .dp_shard = ep, .tp = co.tp}, &needs);
+    if (piped) pipeline_validate(co.pp, &co.pipe);
 
-    /* ---- the plan: chapter 01's inside each data rank (when tp > 1), the experts and the batch split ---- */
+    /* ---- the plan: chapter 01's inside each data rank (when tp > 1), chapter 05's pipeline around
+     * it (when pp > 1), the experts and the batch split ---- */
     llama_plan plan = tensor_parallel_or_single(mesh, c);
+    if (piped) pipeline_apply(&plan, mesh, c, &co.pipe);
     expert_parallel_apply(&plan, mesh, c);
     run_apply_fault(&o, &plan);
     /* the checkpoints' directories, checked with --out and --dump before anything is allocated */
@@ -132,12 +163,17 @@ int main(int argc, char **argv) {
     const llama_dims *d = &model->d;
     double param_bytes = mem_current(MEM_PARAMS);
 
-    log0("chapter 09: mixture of experts, %d experts, top-%d, dp_replicate %d x ep %d x tp %d, backend %s\n", d->E,
-         d->k, mesh->shape.dp_replicate, mesh->shape.dp_shard, mesh->shape.tp, device_backend_name());
+    char stages[96] = "";
+    if (piped)
+        snprintf(stages, sizeof stages, "pp %d (%s, %d microbatches) x ", mesh->shape.pp,
+                 pp_schedule_name(co.pipe.schedule), co.pipe.microbatches);
+    log0("chapter 09: mixture of experts, %d experts, top-%d, %sdp_replicate %d x ep %d x tp %d, backend %s\n", d->E,
+         d->k, stages, mesh->shape.dp_replicate, mesh->shape.dp_shard, mesh->shape.tp, device_backend_name());
     plan_describe(&plan);   /* which technique installed which operator; the groups */
     log0("model: dim %d, %d layers, %d heads (%d kv), experts %d x hidden %d%s, vocab %d; global batch %d x %d "
-         "tokens, %d per rank\n", c->dim, c->n_layers, c->n_heads, c->n_kv_heads, d->E, d->Fe,
-         c->moe.shared_expert ? " + a shared expert" : "", c->vocab_size, o.batch, c->seq_len, d->B);
+         "tokens, %d per rank%s\n", c->dim, c->n_layers, c->n_heads, c->n_kv_heads, d->E, d->Fe,
+         c->moe.shared_expert ? " + a shared expert" : "", c->vocab_size, o.batch, c->seq_len,
+         d->B * co.pipe.microbatches, piped ? " in microbatches (a microbatch's figures below: B, N)" : "");
     if (d->capacity)
         log0("per rank: %d of %d experts (from expert %d); capacity %d rows per expert and sequence (ceil(c T k / E), "
              "c = %g): at most %zu rows reach them per layer\n", d->El, d->E, d->e0, d->capacity, c->moe.capacity_factor, d->R);
@@ -156,7 +192,7 @@ int main(int argc, char **argv) {
     for (int step = first; step < first + o.steps; step++) {
         run_synthetic_batch(&loop, step);
         run_step_result r = run_step(&loop, step, NAN);
-        ep_load_log_step(log, &r);   /* the load of this step's forward, before anything else runs */
+        ep_load_log_step(log, &r);   /* the load of this step (the technique tallied it), before the update */
         run_step_check(&loop, &r);
         run_update(&loop, &r);
     }
@@ -175,6 +211,10 @@ int main(int argc, char **argv) {
     int mismatches = ep_report_parameters(&plan, model, param_bytes);
     mismatches += ep_report_load(&plan, model);
     mismatches += ep_report_traffic(&o, &plan, model);
+    if (piped) {   /* chapter 05's: the activation sets a stage held at its peak, the messages between stages */
+        mismatches += report_pipeline_memory(&plan);
+        mismatches += report_pipeline_messages(&o, &plan, model);
+    }
     run_clock_report(&clock, o.steps);
 
     llama_free(model);

@@ -358,6 +358,7 @@ static void moe_forward(const layer_pass *x) {
     top_k(r.choice, gates, probs, N, E, k);
     device_copy_to_device(a->moe_gates, gates, (size_t)N * k * sizeof(float));
     route_plan(&r, d);
+    expert_parallel_count_load(p, r.per_expert, r.dropped);   /* (the step's load, for the report) */
     exchange_counts(p, &r, d);
     route_save(&r, d, a);
 
