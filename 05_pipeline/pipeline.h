@@ -19,7 +19,8 @@
  *
  * The microbatches' losses are each the sum of their token losses over the global count of
  * valid targets (DESIGN.md), so the gradients accumulated over the microbatches are exactly the
- * baseline's.
+ * baseline's. A layer's auxiliary loss (chapter 09's load balance, a sum over sequences) is added
+ * to the loss by the stage whose chunk computed it, scaled alike.
  *
  * A microbatch's activations for a chunk (a llama_saved set) exist from the start of its F until
  * the end of its B (or W): the allocator counts them, so the memory a schedule costs is measured.
