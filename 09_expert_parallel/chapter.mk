@@ -7,6 +7,8 @@ TECHNIQUE_09 := 09_expert_parallel/moe.c 09_expert_parallel/expert_parallel.c
 LINKS_09 := 00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c
 # --pp: chapter 05's pipeline, its schedules and its reports, the experts' ranks inside each stage.
 LINKS_09 += 05_pipeline/pipeline.c 05_pipeline/schedule.c 05_pipeline/pp_report.c
+# --cp: chapter 06's context parallelism, each sequence's rows over the cp ranks.
+LINKS_09 += 06_context_parallel/context_parallel.c
 # --save and --resume: chapter 08's sharded checkpoints, which load into any mesh (another ep too).
 LINKS_09 += 08_full_trainer/checkpoint.c
 # The unit tests of this chapter's files, linked with them (all but main.c).

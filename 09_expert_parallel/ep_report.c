@@ -22,19 +22,19 @@ static int layers_here(const llama_model *m) {
 static int passes(const llama_plan *p) { return p->schedule.microbatches > 1 ? p->schedule.microbatches : 1; }
 
 /* The last step's copies per expert load[E] and dropped, summed over the layers, the microbatches
- * and the data ranks (each rank's tally of what it sent: expert_parallel.h), and over the pipeline's
- * stages; returns their total. */
+ * and the data ranks (each rank's tally of what it sent: expert_parallel.h), over the cp ranks
+ * (other rows of the same sequences) and over the pipeline's stages; returns their total. */
 static double last_load(const llama_plan *p, const llama_model *m, double *load, double *dropped) {
-    comm_group *sum_over[2] = {p->groups.batch, p->groups.mesh->group[MESH_PP]};
+    comm_group *sum_over[3] = {p->groups.batch, p->groups.cp, p->groups.mesh->group[MESH_PP]};
     int E = m->d.E;
     expert_parallel_last_load(p, load, dropped);
     double total = 0;
     for (int e = 0; e < E; e++) {
-        for (int g = 0; g < 2; g++)
+        for (int g = 0; g < 3; g++)
             if (sum_over[g] && sum_over[g]->size > 1) load[e] = comm_host_sum(sum_over[g], load[e]);
         total += load[e];
     }
-    for (int g = 0; g < 2; g++)
+    for (int g = 0; g < 3; g++)
         if (sum_over[g] && sum_over[g]->size > 1) *dropped = comm_host_sum(sum_over[g], *dropped);
     return total;
 }
@@ -46,7 +46,8 @@ int ep_report_load(const llama_plan *p, llama_model *m) {
     double total = last_load(p, m, load, &dropped);
     comm_group *batch = p->groups.batch;
     for (int e = 0; e < E; e++) most = fmax(most, load[e]);
-    double tokens = (double)d->N * passes(p) * (batch ? batch->size : 1);   /* N: the step's, every data rank's */
+    double cp = p->groups.cp ? p->groups.cp->size : 1;
+    double tokens = (double)d->N * passes(p) * (batch ? batch->size : 1) * cp;   /* N: the step's, every rank's */
     double mean = total / E, want = tokens * d->k * L;
     log0("expert load, last step: tokens per expert over %d layers (balanced: N k L / E = %.0f each)\n", L, want / E);
     for (int e = 0; e < E; e++)
@@ -188,7 +189,7 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     bool piped = L < m->c.n_layers || M > 1;
     param_split x = split_counts(m, p);
     comm_group *batch = p->groups.batch, *replicate = p->groups.mesh->group[MESH_DP_REPLICATE], *tp = p->groups.tp;
-    comm_expectation expect[3];
+    comm_expectation expect[4];
     comm_group *groups[3];
     int n = 0, ng = 0;
     if (batch->size > 1) {
@@ -210,7 +211,15 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
         expect[n++] = (comm_expectation){tp, COLL_ALL_REDUCE, 2 * regions * L * M, 2 * regions * L * M * N * D * 4,
                                          text[piped][m->c.moe.shared_expert]};
     }
-    int bad = ng ? report_communication(groups, ng, o->steps, expect, n) : 0;
+    comm_group *cp = p->groups.cp;
+    if (cp && cp->size > 1) {   /* chapter 06's sum of the gradients, and the balancing loss's counts per
+                                 * sequence (moe.c); the attention's own traffic is 06's (its README) */
+        double B = m->d.B, E = m->d.E;
+        expect[n++] = (comm_expectation){cp, COLL_ALL_REDUCE, 1 + 2 * L * M, 4.0 * m->params->whole_numel + 2 * L * M * B * E * 4,
+                                         piped ? "Psi x 4 (06's gradients) + 2 (L/pp) M x B E 4 (the sequences' counts)"
+                                               : "Psi x 4 (06's gradients) + 2 L x B E 4 (the sequences' counts)"};
+    }
+    int bad = n ? report_communication(groups, ng, o->steps, expect, n) : 0;
     if (!ep || ep->size == 1) {
         log0("traffic: one ep rank, every expert here: no all-to-all\n");
         return bad;

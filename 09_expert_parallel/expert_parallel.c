@@ -17,6 +17,7 @@ typedef struct {
     float *counts_dev;               /* [2E] the counts' all-to-all, sent and received (kept)     */
     comm_group *batch, *replicate;   /* every data rank; the ranks that hold the same experts */
     bool skip_expert_reduce;         /* the fault: experts' gradients not reduced over dp_replicate */
+    bool local_shares;               /* the fault: the sequences' counts not summed over cp        */
     unsigned block_faults;           /* the MoE block's (EP_FAULT_*)                               */
     int E;                           /* the load's tally: copies this rank sent to each expert,    */
     double *load_now, *load_last;    /* [E] over the forwards of the step running, and of the last */
@@ -77,6 +78,19 @@ static void exchange_rows(void *state, const llama_plan *p, float *recv, const s
     /* END ASSIGNMENT */
 }
 
+/* The balancing loss's per-sequence counts x [n] (host) summed over the cp group, whose ranks hold
+ * the other rows of the same sequences: one all-reduce of n floats (exact integers). */
+static void sequence_sum(void *state, const llama_plan *p, float *x, size_t n) {
+    const ep_state *s = state;
+    comm_group *cp = p->groups.cp;
+    if (!cp || cp->size == 1 || !n || s->local_shares) return;
+    float *dev = device_alloc_floats(n, MEM_BUFFERS);
+    device_copy_to_device(dev, x, n * sizeof(float));
+    comm_all_reduce(cp, dev, n, COMM_SUM);
+    device_copy_to_host(x, dev, n * sizeof(float));
+    device_free(dev);
+}
+
 void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c) {
     ep_state *s = calloc(1, sizeof *s);
     plan_push(plan, &expert_parallel_technique, s, 0);
@@ -94,7 +108,11 @@ void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_conf
     s->load_last = calloc((size_t)s->E, sizeof *s->load_last);
     plan->groups.ep = s->ep = mesh->group[MESH_DP_SHARD];
     plan->groups.expert_dims = MESH_BIT(MESH_DP_SHARD);
-    plan->experts = (expert_exchange_ops){s, exchange_counts, exchange_rows};
+    if (plan->groups.cp && plan->groups.cp->size > 1 && c->moe.capacity_factor > 0)
+        comm_exit_usage("--capacity-factor with --cp %d: a capacity takes a sequence's copies in token order, and "
+                        "context parallelism splits each sequence over the cp ranks (each would decide for its rows "
+                        "alone); use dropless routing (no --capacity-factor) with --cp", plan->groups.cp->size);
+    plan->experts = (expert_exchange_ops){s, exchange_counts, exchange_rows, sequence_sum};
     plan_wrap(plan->reduce_grads, s->below, ((grad_reduce_ops){s, reduce_grads}));
 }
 
@@ -142,6 +160,13 @@ static const char *skip_expert_reduce(llama_plan *p) {
     s->skip_expert_reduce = true;
     return NULL;
 }
+static const char *local_shares(llama_plan *p) {
+    ep_state *s = plan_state(p, &expert_parallel_technique);
+    if (!p->groups.cp || p->groups.cp->size == 1)
+        return "local-shares leaves out the sum of the sequences' counts over cp: it needs --cp 2 or more";
+    s->local_shares = true;
+    return NULL;
+}
 unsigned expert_parallel_faults_on(const llama_plan *p) {
     const ep_state *s = plan_state(p, &expert_parallel_technique);
     return s ? s->block_faults : 0;
@@ -179,12 +204,12 @@ static void reversed_counts(void *state, const llama_plan *p, size_t *recv, cons
 }
 static const char *drop_chunk(llama_plan *p) {
     ep_state *s = plan_state(p, &expert_parallel_technique);
-    plan_wrap(p->experts, s->exchange, ((expert_exchange_ops){s, p->experts.counts, dropping_rows}));
+    plan_wrap(p->experts, s->exchange, ((expert_exchange_ops){s, p->experts.counts, dropping_rows, p->experts.sequence_sum}));
     return NULL;
 }
 static const char *wrong_counts(llama_plan *p) {
     ep_state *s = plan_state(p, &expert_parallel_technique);
-    plan_wrap(p->experts, s->exchange, ((expert_exchange_ops){s, reversed_counts, p->experts.rows}));
+    plan_wrap(p->experts, s->exchange, ((expert_exchange_ops){s, reversed_counts, p->experts.rows, p->experts.sequence_sum}));
     return NULL;
 }
 const plan_fault expert_parallel_faults[] = {
@@ -193,4 +218,5 @@ const plan_fault expert_parallel_faults[] = {
     {"skip-aux-grad", "the load-balancing loss's gradient is left out of the router's", skip_aux_grad},
     {"wrong-counts", "the received counts are read for the local experts in reverse order", wrong_counts},
     {"skip-expert-reduce", "the experts' gradients are not summed over dp_replicate", skip_expert_reduce},
+    {"local-shares", "the balancing loss counts a sequence's copies on this cp rank's rows only", local_shares},
     {0}};

@@ -22,7 +22,11 @@
  * Inside chapter 05's pipeline (applied before this, over the mesh's pp dimension) each stage has
  * its own ep group, the ranks of the same pipeline coordinate: a MoE layer exchanges its tokens
  * with the ranks that hold the same layers, once per microbatch, and each rank reduces the
- * gradients of the tensors its stage holds.
+ * gradients of the tensors its stage holds. Under chapter 06's context parallelism (applied
+ * before this) each cp coordinate has its own ep group, the experts are replicated over cp (06's
+ * all-reduce sums their gradients), and the balancing loss's per-sequence counts are summed over
+ * cp (experts.sequence_sum: one all-reduce of B E floats per MoE layer, forward and backward). A
+ * capacity is refused there: it counts a sequence's copies in token order.
  */
 #pragma once
 #include "mesh.h"
@@ -38,7 +42,9 @@ mesh_rule ep_mesh_rule(const llama_config *c, long long batch, bool ep_given);
 
 /* Splits the experts over the mesh's dp_shard group and the batch over the data ranks; installs
  * the gradient reduction above, after any the plan already has. The plan is the single device's
- * or chapter 01's (megatron_plan: the experts and the router stay whole on every tp rank). */
+ * or chapter 01's (megatron_plan: the experts and the router stay whole on every tp rank), with
+ * chapter 06's context parallelism and chapter 05's pipeline applied or not (in that order, as
+ * chapter 08 applies them). Refuses (one line, exit 2) a capacity under cp > 1. */
 void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c);
 
 /* The deliberate bugs (--fault), for the checks that prove the parity check catches them. Those of

@@ -13,7 +13,8 @@
  *   make run-09 NP=4 ARGS="--experts 8 --top-k 1" Switch-style routing over 4 ranks
  *   make run-09 NP=4 ARGS="--ep 2"                experts over 2 ranks, replicated over 2
  *   make run-09 NP=4 ARGS="--pp 2"                chapter 05's pipeline: 2 stages, each with ep 2
- *   make check-09                                 ep 1, 2, 4, 8; top-1 and top-2; tp; pp; a capacity; the bugs
+ *   make run-09 NP=4 ARGS="--cp 2"                chapter 06's context parallelism under ep 2
+ *   make check-09                                 ep 1, 2, 4, 8; top-1 and top-2; tp; pp; cp; a capacity; the bugs
  *   make plot-09                                  the load over the steps with and without the balancing loss
  */
 #include <math.h>
@@ -30,14 +31,15 @@
 #include "../01_transformer_tp/tp.h"
 #include "../05_pipeline/pipeline.h"
 #include "../05_pipeline/pp_report.h"
+#include "../06_context_parallel/context_parallel.h"
 #include "../08_full_trainer/checkpoint.h"
 #include "ep_report.h"
 #include "expert_parallel.h"
 #include "moe.h"
 
 static const char *usage =
-    "usage: 09 [flags]   (under mpirun: NP = pp x dp_replicate x ep x tp ranks; each data rank takes\n"
-    "                     batch / (dp_replicate x ep) sequences)\n"
+    "usage: 09 [flags]   (under mpirun: NP = pp x dp_replicate x ep x cp x tp ranks; each data rank\n"
+    "                     takes batch / (dp_replicate x ep) sequences)\n"
     "  --experts E          routed experts per layer (default 4)\n"
     "  --top-k K            experts per token (default 2)\n"
     "  --expert-dim F       each expert's hidden size (default 64)\n"
@@ -47,6 +49,8 @@ static const char *usage =
     "                       the rest dropped (default: dropless)\n"
     "  --ep P               ranks the experts are split over (default: NP / tp); the rest replicate them\n"
     "  --tp T               chapter 01's tensor parallelism of the dense parts (default 1)\n"
+    "  --cp C               chapter 06's context parallelism: each sequence over C ranks (default 1)\n"
+    "  --cp-method M        its attention: ring|allgather|alltoall (default ring)\n"
     "  --pp P               chapter 05's pipeline: the layers in P stages, each with its ep group (default 1)\n"
     "  --microbatches M     the pipeline's microbatches (default 1 without --pp, pp with it)\n"
     "  --schedule S         the pipeline's schedule: gpipe|1f1b|interleaved|zb-h1 (default 1f1b)\n"
@@ -56,8 +60,15 @@ static const char *usage =
     "                       train --steps more (not with --check: the baseline starts at step 1)\n";
 
 enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_CAPACITY, OPT_EP, OPT_TP, OPT_PP, OPT_MICRO,
-       OPT_SCHEDULE, OPT_VIRTUAL, OPT_SAVE, OPT_RESUME };
-typedef struct { moe_config *moe; int ep, tp, pp; pp_options pipe; bool pipe_given; const char *save, *resume; } chapter_options;
+       OPT_SCHEDULE, OPT_VIRTUAL, OPT_CP, OPT_CP_METHOD, OPT_SAVE, OPT_RESUME };
+typedef struct {
+    moe_config *moe;
+    int ep, tp, pp, cp;
+    pp_options pipe;
+    bool pipe_given, cp_method_given;
+    cp_options context;
+    const char *save, *resume;
+} chapter_options;
 static void chapter_flag(int code, const char *arg, void *ctx) {
     chapter_options *co = ctx;
     moe_config *x = co->moe;
@@ -75,6 +86,11 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
         static const char *const schedules[] = {"gpipe", "1f1b", "interleaved", "zb-h1", NULL};
         co->pipe.schedule = (pp_schedule_kind)cli_choice("--schedule", arg, schedules);
         co->pipe_given = true;
+    } else if (code == OPT_CP) co->cp = cli_int("--cp", arg, 1, 4096);
+    else if (code == OPT_CP_METHOD) {
+        static const char *const methods[] = {"ring", "allgather", "alltoall", NULL};
+        co->context.method = (cp_method)cli_choice("--cp-method", arg, methods);
+        co->cp_method_given = true;
     } else if (code == OPT_VIRTUAL) co->pipe.virtual_stages = cli_int("--virtual-stages", arg, 1, 64), co->pipe_given = true;
     else if (code == OPT_SAVE) co->save = arg;
     else co->resume = arg;
@@ -92,9 +108,11 @@ int main(int argc, char **argv) {
         {"aux-alpha", required_argument, 0, OPT_AUX}, {"capacity-factor", required_argument, 0, OPT_CAPACITY},
         {"ep", required_argument, 0, OPT_EP}, {"tp", required_argument, 0, OPT_TP}, {"pp", required_argument, 0, OPT_PP},
         {"microbatches", required_argument, 0, OPT_MICRO}, {"schedule", required_argument, 0, OPT_SCHEDULE},
-        {"virtual-stages", required_argument, 0, OPT_VIRTUAL},
+        {"virtual-stages", required_argument, 0, OPT_VIRTUAL}, {"cp", required_argument, 0, OPT_CP},
+        {"cp-method", required_argument, 0, OPT_CP_METHOD},
         {"save", required_argument, 0, OPT_SAVE}, {"resume", required_argument, 0, OPT_RESUME}, {0, 0, 0, 0}};
-    chapter_options co = {.moe = &o.model.moe, .ep = 0, .tp = 1, .pp = 1, .pipe = {.schedule = PP_1F1B}};
+    chapter_options co = {.moe = &o.model.moe, .ep = 0, .tp = 1, .pp = 1, .cp = 1, .pipe = {.schedule = PP_1F1B},
+                          .context = {.method = CP_RING, .balance = CP_ZIGZAG}};
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     char why[256];
     if (moe_config_check(&o.model, why, sizeof why)) comm_exit_usage("%s", why);
@@ -104,12 +122,18 @@ int main(int argc, char **argv) {
     o.model.layer = moe_layer_for(&o.model);   /* the baseline's layer too */
     const llama_config *c = &o.model;
 
-    /* ---- mesh: pp x dp_replicate x dp_shard x tp, the experts split over dp_shard (ep) ---- */
+    /* ---- mesh: pp x dp_replicate x dp_shard x cp x tp, the experts split over dp_shard (ep) ---- */
     bool piped = co.pp > 1 || co.pipe_given;   /* chapter 05's pipeline, each stage with its ep group */
     if (!co.pipe.microbatches) co.pipe.microbatches = piped ? co.pp : 1;
     if (!co.pipe.virtual_stages) co.pipe.virtual_stages = co.pipe.schedule == PP_INTERLEAVED ? 2 : 1;
+    if (co.cp_method_given && co.cp == 1)
+        comm_exit_usage("--cp-method: with one cp rank (--cp 1) no sequence is split; use --cp 2 or more");
     mesh_requirements needs = {0};
     mesh_require(&needs, tp_mesh_rule(c));
+    if (co.cp > 1) {
+        mesh_require(&needs, cp_sequence_rule(c->seq_len, false));
+        if (co.context.method == CP_ALLTOALL) mesh_require(&needs, cp_heads_rule(c));
+    }
     mesh_require(&needs, ep_mesh_rule(c, o.batch, co.ep != 0));
     if (piped) {
         mesh_require(&needs, pipeline_layers_rule(c->n_layers, co.pipe.virtual_stages, false));
@@ -117,20 +141,28 @@ int main(int argc, char **argv) {
     }
     int world = comm_world()->size;
     if (world % co.tp) comm_exit_usage("--tp %d does not divide the %d ranks (NP)", co.tp, world);
-    if ((world / co.tp) % co.pp)
-        comm_exit_usage("--pp %d does not divide the %d ranks NP / tp: NP = pp x dp_replicate x ep x tp", co.pp,
+    if ((world / co.tp) % (co.pp * co.cp)) {
+        char given[64];   /* the degrees given, as given */
+        if (co.pp > 1 && co.cp > 1) snprintf(given, sizeof given, "--pp %d x --cp %d", co.pp, co.cp);
+        else snprintf(given, sizeof given, co.cp > 1 ? "--cp %d" : "--pp %d", co.cp > 1 ? co.cp : co.pp);
+        comm_exit_usage("%s does not divide the %d ranks NP / tp: NP = pp x dp_replicate x ep x cp x tp", given,
                         world / co.tp);
-    int data = world / (co.tp * co.pp), ep = co.ep ? co.ep : data;
+    }
+    int data = world / (co.tp * co.pp * co.cp), ep = co.ep ? co.ep : data;
     if (data % ep)
-        comm_exit_usage("--ep %d does not divide the %d data ranks (%s): NP = %sdp_replicate x ep x tp", ep, data,
-                        co.pp > 1 ? "NP / (tp pp)" : "NP / tp", co.pp > 1 ? "pp x " : "");
-    device_mesh *mesh =
-        mesh_create((mesh_shape){.pp = co.pp, .dp_replicate = MESH_REST, .dp_shard = ep, .tp = co.tp}, &needs);
+        comm_exit_usage("--ep %d does not divide the %d data ranks (%s): NP = %sdp_replicate x ep x %stp", ep, data,
+                        co.pp > 1 || co.cp > 1 ? "NP / (tp pp cp)" : "NP / tp", co.pp > 1 ? "pp x " : "",
+                        co.cp > 1 ? "cp x " : "");
+    device_mesh *mesh = mesh_create(
+        (mesh_shape){.pp = co.pp, .dp_replicate = MESH_REST, .dp_shard = ep, .cp = co.cp, .tp = co.tp}, &needs);
+    if (co.cp > 1) context_parallel_validate(co.cp);
     if (piped) pipeline_validate(co.pp, &co.pipe);
 
-    /* ---- the plan: chapter 01's inside each data rank (when tp > 1), chapter 05's pipeline around
-     * it (when pp > 1), the experts and the batch split ---- */
+    /* ---- the plan: chapter 01's inside each data rank (when tp > 1), chapter 06's sequence split
+     * (when cp > 1) and chapter 05's pipeline (when pp > 1) around it, the experts and the batch
+     * split ---- */
     llama_plan plan = tensor_parallel_or_single(mesh, c);
+    if (co.cp > 1) context_parallel_apply(&plan, mesh, c, &co.context);
     if (piped) pipeline_apply(&plan, mesh, c, &co.pipe);
     expert_parallel_apply(&plan, mesh, c);
     run_apply_fault(&o, &plan);
@@ -164,11 +196,13 @@ int main(int argc, char **argv) {
     double param_bytes = mem_current(MEM_PARAMS);
 
     char stages[96] = "";
+    char contexts[64] = "";
     if (piped)
         snprintf(stages, sizeof stages, "pp %d (%s, %d microbatches) x ", mesh->shape.pp,
                  pp_schedule_name(co.pipe.schedule), co.pipe.microbatches);
-    log0("chapter 09: mixture of experts, %d experts, top-%d, %sdp_replicate %d x ep %d x tp %d, backend %s\n", d->E,
-         d->k, stages, mesh->shape.dp_replicate, mesh->shape.dp_shard, mesh->shape.tp, device_backend_name());
+    if (co.cp > 1) snprintf(contexts, sizeof contexts, "cp %d (%s) x ", co.cp, cp_method_name(co.context.method));
+    log0("chapter 09: mixture of experts, %d experts, top-%d, %sdp_replicate %d x ep %d x %stp %d, backend %s\n", d->E,
+         d->k, stages, mesh->shape.dp_replicate, mesh->shape.dp_shard, contexts, mesh->shape.tp, device_backend_name());
     plan_describe(&plan);   /* which technique installed which operator; the groups */
     log0("model: dim %d, %d layers, %d heads (%d kv), experts %d x hidden %d%s, vocab %d; global batch %d x %d "
          "tokens, %d per rank%s\n", c->dim, c->n_layers, c->n_heads, c->n_kv_heads, d->E, d->Fe,

@@ -296,16 +296,22 @@ static void experts_backward(const layer_pass *x, const route *r, float *dy) {
 
 /* ---- the load-balancing loss ------------------------------------------------------------------ */
 
-/* f[B, E] of each sequence: the share of its tokens' copies sent to each expert. */
-static void sequence_shares(double *f, const route *r, const llama_dims *d) {
+/* f[B, E] of each sequence: the share of its tokens' copies sent to each expert. Under context
+ * parallelism (chapter 06) this rank holds T of each sequence's seq_len rows: the copies are
+ * counted here and summed over the ranks holding the others (the plan's sequence_sum). */
+static void sequence_shares(double *f, const route *r, const llama_plan *p, const llama_dims *d, int seq_len) {
     int B = d->B, T = d->T, k = d->k, E = d->E;
-    memset(f, 0, (size_t)B * E * sizeof *f);
+    float *copies = calloc((size_t)B * E, sizeof *copies);   /* exact integers */
     for (int t = 0; t < B * T; t++)
-        for (int j = 0; j < k; j++) f[(size_t)(t / T) * E + r->choice[(size_t)t * k + j]] += 1.0 / ((double)k * T);
+        for (int j = 0; j < k; j++) copies[(size_t)(t / T) * E + r->choice[(size_t)t * k + j]] += 1;
+    p->experts.sequence_sum(p->experts.state, p, copies, (size_t)B * E);
+    for (size_t i = 0; i < (size_t)B * E; i++) f[i] = copies[i] / ((double)k * seq_len);
+    free(copies);
 }
 
 /* aux = loss scale * sum over sequences of T alpha E sum_e f_e P_e (moe.h), from probs [N, E] on
- * the host. */
+ * the host. P_e is a mean over the sequence's tokens: under context parallelism this rank adds its
+ * rows' part of T P_e (the loss is summed over the cp ranks), f being the whole sequence's. */
 static double aux_loss(const double *f, const float *probs, const llama_dims *d, const moe_config *c, float scale) {
     int B = d->B, T = d->T, E = d->E;
     double total = 0;
@@ -381,7 +387,7 @@ static void moe_forward(const layer_pass *x) {
 
     /* the load-balancing loss, added to the model's */
     double *f = malloc((size_t)d->B * E * sizeof *f);
-    sequence_shares(f, &r, d);
+    sequence_shares(f, &r, p, d, m->c.seq_len);
     m->aux_loss += (float)aux_loss(f, probs, d, &m->c.moe, m->saved->loss_scale);
     free(f);
     free(probs);
@@ -419,7 +425,7 @@ static void moe_backward(const layer_pass *x) {
     float *dprobs = calloc((size_t)N * E, sizeof(float)), *dgates = malloc((size_t)N * k * sizeof(float));
     device_copy_to_host(dgates, m->dmoe_gates, (size_t)N * k * sizeof(float));
     double *f = malloc((size_t)d->B * E * sizeof *f);
-    sequence_shares(f, &r, d);
+    sequence_shares(f, &r, p, d, m->c.seq_len);
     if (!(expert_parallel_faults_on(p) & EP_FAULT_SKIP_AUX_GRAD))   /* (the deliberate bug leaves it out) */
         aux_gradient(dprobs, f, d, &m->c.moe, m->saved->loss_scale);
     for (int t = 0; t < N; t++)

@@ -20,7 +20,9 @@
  *   aux = sum over the batch's sequences of T * alpha E sum_e f_{s,e} P_{s,e}, times the loss scale
  * (1 / the global count of valid targets, as the cross-entropy's), so it is the same however the
  * batch is split over data-parallel ranks; with every target valid it is the mean over sequences.
- * f is a count (no gradient).
+ * f is a count (no gradient). Under context parallelism a rank holds part of each sequence's
+ * tokens: f's counts are summed over the cp ranks (the plan's experts.sequence_sum), and each rank
+ * adds its own tokens' part of T P_{s,e}.
  */
 /* BEGIN SOLUTION 09: the balancing loss's gradient */
 /* Its gradient: d aux / d p_{t,e} = loss scale * alpha E f_{s,e}, on every token t of sequence s. */

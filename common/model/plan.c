@@ -95,7 +95,8 @@ static void local_rows(void *state, const llama_plan *p, float *recv, const size
                        const size_t *send_rows, int width) {
     device_copy(recv, send, send_rows[0] * (size_t)width * sizeof(float));
 }
-const expert_exchange_ops expert_exchange_local = {NULL, local_counts, local_rows};
+static void local_sequence_sum(void *state, const llama_plan *p, float *x, size_t n) {}
+const expert_exchange_ops expert_exchange_local = {NULL, local_counts, local_rows, local_sequence_sum};
 
 /* Every rank holds its slices for good: the tensors are the table's, nothing to gather or free. */
 static void resident_acquire(void *state, const llama_plan *p, llama_model *m, int unit, bool backward,

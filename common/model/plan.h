@@ -174,13 +174,18 @@ typedef struct {
  *   rows    send [rows, width], the rows for rank 0 first (send_rows[q] to rank q) -> recv, the
  *           rows from rank 0 first (recv_rows[q] from rank q); the block sends its tokens' copies
  *           to the experts, their outputs back, and the same two ways in the backward
- * Single device (expert_exchange_local): the counts and the rows copied (every expert is here).
+ *   sequence_sum  x [n] (=) summed over the ranks that hold the other rows of this rank's
+ *           sequences (chapter 06's cp group): the load-balancing loss's per-sequence counts,
+ *           which need whole sequences
+ * Single device (expert_exchange_local): the counts and the rows copied (every expert is here),
+ * the sequence sums left as they are (every row of a sequence is here).
  * Host arrays of counts, device buffers of rows. */
 typedef struct {
     void *state;
     void (*counts)(void *state, const llama_plan *p, size_t *recv, const size_t *send, int E);
     void (*rows)(void *state, const llama_plan *p, float *recv, const size_t *recv_rows, const float *send,
                  const size_t *send_rows, int width);
+    void (*sequence_sum)(void *state, const llama_plan *p, float *x, size_t n);
 } expert_exchange_ops;
 
 /* Weight access. Before a unit's forward (backward = false) or backward, acquire gives the
