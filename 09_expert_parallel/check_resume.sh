@@ -4,8 +4,8 @@
 #   2. the same run stopped after 3 steps with --save (chapter 08's sharded checkpoint: each rank
 #      writes its experts' slices and the pieces of the rest it is the one to hold)
 #   3. resumed for steps 4-6 on the same mesh: bit-identical losses; on ep 2 x dp_replicate 2, on
-#      pp 2 x ep 2 (chapter 05's stages) and on ep 2 x cp 2 (chapter 06's; when RANKS is 4) and on one
-#      rank, every expert there: within 1e-5 relative
+#      pp 2 x ep 2 (chapter 05's stages), on ep 2 x cp 2 (chapter 06's) and on ep 4 = dp_shard 2 x
+#      cp 2 (when RANKS is 4) and on one rank, every expert there: within 1e-5 relative
 #   4. a checkpoint of 8 experts refused by a model of 4, in one line
 set -u
 bin=$1; np=$2
@@ -23,7 +23,7 @@ run b "$np" --steps 3 --save "$tmp/ckpt" || { tail -5 "$tmp/b.txt"; fail "the ru
 run same "$np" --steps 3 --resume "$tmp/ckpt" || { tail -5 "$tmp/same.txt"; fail "resumed on the same mesh"; }
 diff <(losses a | tail -3) <(losses same) >/dev/null || { diff <(losses a | tail -3) <(losses same); fail "same mesh: not bit-identical"; }
 echo "same mesh (ep $np): steps 4-6 bit-identical: $(losses same | awk '{print $2}' | tr '\n' ' ')"
-others=("1|--ep 1"); [ "$np" = 4 ] && others+=("4|--ep 2" "4|--pp 2" "4|--cp 2")
+others=("1|--ep 1"); [ "$np" = 4 ] && others+=("4|--ep 2" "4|--pp 2" "4|--cp 2" "4|--cp 2 --ep-over-cp")
 for other in "${others[@]}"; do
     n=${other%%|*}; flags=${other#*|}
     run other "$n" $flags --steps 3 --resume "$tmp/ckpt" || { tail -5 "$tmp/other.txt"; fail "resumed on $flags"; }

@@ -188,13 +188,15 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     double L = layers_here(m), M = passes(p);
     bool piped = L < m->c.n_layers || M > 1;
     param_split x = split_counts(m, p);
-    comm_group *batch = p->groups.batch, *replicate = p->groups.mesh->group[MESH_DP_REPLICATE], *tp = p->groups.tp;
+    comm_group *dense = expert_parallel_dense_group(p), *replicate = p->groups.mesh->group[MESH_DP_REPLICATE];
+    comm_group *tp = p->groups.tp, *cp = p->groups.cp;
+    bool over_cp = (p->groups.expert_dims & MESH_BIT(MESH_CP)) != 0;   /* the ep group spans cp: its sum too */
     comm_expectation expect[4];
     comm_group *groups[3];
     int n = 0, ng = 0;
-    if (batch->size > 1) {
-        groups[ng++] = batch;
-        expect[n++] = (comm_expectation){batch, COLL_ALL_REDUCE, x.n_dense, 4 * x.dense_held,
+    if (dense->size > 1) {   /* the data ranks (and the cp ranks, when the ep group spans them) */
+        groups[ng++] = dense;
+        expect[n++] = (comm_expectation){dense, COLL_ALL_REDUCE, x.n_dense, 4 * x.dense_held,
                                          "every dense tensor's slice: 4 x its elements"};
     }
     if (replicate->size > 1) {
@@ -211,13 +213,17 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
         expect[n++] = (comm_expectation){tp, COLL_ALL_REDUCE, 2 * regions * L * M, 2 * regions * L * M * N * D * 4,
                                          text[piped][m->c.moe.shared_expert]};
     }
-    comm_group *cp = p->groups.cp;
-    if (cp && cp->size > 1) {   /* chapter 06's sum of the gradients, and the balancing loss's counts per
-                                 * sequence (moe.c); the attention's own traffic is 06's (its README) */
-        double B = m->d.B, E = m->d.E;
-        expect[n++] = (comm_expectation){cp, COLL_ALL_REDUCE, 1 + 2 * L * M, 4.0 * m->params->whole_numel + 2 * L * M * B * E * 4,
-                                         piped ? "Psi x 4 (06's gradients) + 2 (L/pp) M x B E 4 (the sequences' counts)"
-                                               : "Psi x 4 (06's gradients) + 2 L x B E 4 (the sequences' counts)"};
+    if (cp && cp->size > 1) {   /* chapter 06's sum of the gradients (unless the sum over dp x cp above
+                                 * made it), and the balancing loss's counts per sequence (moe.c); the
+                                 * attention's own traffic is 06's (its README) */
+        double B = m->d.B, E = m->d.E, sums = over_cp ? 0 : 1;
+        const char *text[2][2] = {{"Psi x 4 (06's gradients) + 2 L x B E 4 (the sequences' counts)",
+                                   "2 L x B E 4 (the sequences' counts)"},
+                                  {"Psi x 4 (06's gradients) + 2 (L/pp) M x B E 4 (the sequences' counts)",
+                                   "2 (L/pp) M x B E 4 (the sequences' counts)"}};
+        expect[n++] = (comm_expectation){cp, COLL_ALL_REDUCE, sums + 2 * L * M,
+                                         sums * 4.0 * m->params->whole_numel + 2 * L * M * B * E * 4,
+                                         text[piped][over_cp]};
     }
     int bad = n ? report_communication(groups, ng, o->steps, expect, n) : 0;
     if (!ep || ep->size == 1) {

@@ -16,6 +16,8 @@ typedef struct {
     comm_group *ep;                  /* the ranks the experts are split over                       */
     float *counts_dev;               /* [2E] the counts' all-to-all, sent and received (kept)     */
     comm_group *batch, *replicate;   /* every data rank; the ranks that hold the same experts */
+    comm_group *dense;               /* the ranks a dense tensor's gradient is summed over: the
+                                      * data ranks, and the cp ranks too when the ep group spans cp */
     bool skip_expert_reduce;         /* the fault: experts' gradients not reduced over dp_replicate */
     bool local_shares;               /* the fault: the sequences' counts not summed over cp        */
     unsigned block_faults;           /* the MoE block's (EP_FAULT_*)                               */
@@ -45,7 +47,7 @@ static void reduce_grads(void *state, const llama_plan *p, llama_model *m) {
     for (int i = 0; i < t->n; i++) {
         if (!t->t[i].here) continue;   /* another pipeline stage's (chapter 05) */
         bool expert = param_kind_is_expert(t->t[i].spec.kind);
-        comm_group *g = expert ? s->replicate : s->batch;
+        comm_group *g = expert ? s->replicate : s->dense;
         if (expert && s->skip_expert_reduce) continue;
         if (g->size > 1) comm_all_reduce(g, param_in(t, t->grads, i), param_stored_numel(t, t->grads, i), COMM_SUM);
     }
@@ -91,12 +93,15 @@ static void sequence_sum(void *state, const llama_plan *p, float *x, size_t n) {
     device_free(dev);
 }
 
-void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c) {
+void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, bool over_cp) {
     ep_state *s = calloc(1, sizeof *s);
     plan_push(plan, &expert_parallel_technique, s, 0);
     int dims[2] = {MESH_DP_REPLICATE, MESH_DP_SHARD};
-    s->batch = mesh_group_over(mesh, dims, 2, "dp");
+    s->batch = s->dense = mesh_group_over(mesh, dims, 2, "dp");
     s->replicate = mesh->group[MESH_DP_REPLICATE];
+    over_cp = over_cp && mesh->shape.cp > 1;
+    if (over_cp && !plan->groups.cp)   /* (a programming error: the chapter applies cp first) */
+        comm_exit_usage("expert parallelism over dp_shard x cp needs context parallelism applied first");
     plan->groups.mesh = mesh;
     plan->groups.batch = s->batch;
     if (plan->checkpoint.keep != ACT_KEEP_ALL)
@@ -106,8 +111,18 @@ void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_conf
     s->E = c->moe.experts;
     s->load_now = calloc((size_t)s->E, sizeof *s->load_now);
     s->load_last = calloc((size_t)s->E, sizeof *s->load_last);
-    plan->groups.ep = s->ep = mesh->group[MESH_DP_SHARD];
-    plan->groups.expert_dims = MESH_BIT(MESH_DP_SHARD);
+    if (over_cp) {   /* torchtitan's: the ep group carved out of dp_shard x cp; the experts split
+                      * over it, every dense tensor's gradient summed over the data and cp ranks
+                      * here, which chapter 06's own sum over cp then leaves to this one */
+        int ep_dims[2] = {MESH_DP_SHARD, MESH_CP}, dense_dims[3] = {MESH_DP_REPLICATE, MESH_DP_SHARD, MESH_CP};
+        plan->groups.ep = s->ep = mesh_group_over(mesh, ep_dims, 2, "ep (dp_shard x cp)");
+        plan->groups.expert_dims = MESH_BIT(MESH_DP_SHARD) | MESH_BIT(MESH_CP);
+        s->dense = mesh_group_over(mesh, dense_dims, 3, "dp x cp");
+        plan->groups.grads_summed_dims |= MESH_BIT(MESH_DP_REPLICATE) | MESH_BIT(MESH_DP_SHARD) | MESH_BIT(MESH_CP);
+    } else {
+        plan->groups.ep = s->ep = mesh->group[MESH_DP_SHARD];
+        plan->groups.expert_dims = MESH_BIT(MESH_DP_SHARD);
+    }
     if (plan->groups.cp && plan->groups.cp->size > 1 && c->moe.capacity_factor > 0)
         comm_exit_usage("--capacity-factor with --cp %d: a capacity takes a sequence's copies in token order, and "
                         "context parallelism splits each sequence over the cp ranks (each would decide for its rows "
@@ -125,6 +140,11 @@ void expert_parallel_count_load(const llama_plan *p, const size_t *per_expert, s
     s->dropped_now += (double)dropped;
 }
 
+comm_group *expert_parallel_dense_group(const llama_plan *p) {
+    const ep_state *s = plan_state(p, &expert_parallel_technique);
+    return s->dense;
+}
+
 void expert_parallel_last_load(const llama_plan *p, double *load, double *dropped) {
     const ep_state *s = plan_state(p, &expert_parallel_technique);
     for (int e = 0; e < s->E; e++) load[e] = s->load_last[e];
@@ -133,12 +153,19 @@ void expert_parallel_last_load(const llama_plan *p, double *load, double *droppe
 
 /* ---- the mesh's rule ---- */
 
+const char *ep_data_ranks_text(int pp, int cp) {
+    static const char *const text[2][2] = {{"NP / tp", "NP / (tp cp)"}, {"NP / (tp pp)", "NP / (tp pp cp)"}};
+    return text[pp > 1][cp > 1];
+}
+
 static const char *ep_divides(const mesh_rule *r, const mesh_view *v, char *why, size_t len) {
     long long experts = r->size[0], batch = r->size[1];
-    int ep = v->s.dp_shard, dp = v->s.dp_replicate * ep;
-    const char *data = v->s.pp > 1 ? "NP / (tp pp)" : "NP / tp";   /* the data ranks: chapter 05's stages aside */
-    char degree[48];
-    if (r->option) snprintf(degree, sizeof degree, "--ep %d", ep);
+    bool over_cp = r->size[2] && v->s.cp > 1;
+    int dp = v->s.dp_replicate * v->s.dp_shard, ep = v->s.dp_shard * (over_cp ? v->s.cp : 1);
+    const char *data = ep_data_ranks_text(v->s.pp, v->s.cp);   /* the data ranks: pp's stages and cp aside */
+    char degree[96];
+    if (over_cp) snprintf(degree, sizeof degree, "ep = dp_shard x cp = %d x %d = %d", v->s.dp_shard, v->s.cp, ep);
+    else if (r->option) snprintf(degree, sizeof degree, "--ep %d", ep);
     else snprintf(degree, sizeof degree, "ep = %s = %d", data, ep);
     if (experts % ep)
         return mesh_refuse(why, len, "%s does not divide --experts %lld: each ep rank holds whole experts, "
@@ -148,8 +175,8 @@ static const char *ep_divides(const mesh_rule *r, const mesh_view *v, char *why,
                            "takes batch / %d sequences", batch, dp, data, dp);
     return NULL;
 }
-mesh_rule ep_mesh_rule(const llama_config *c, long long batch, bool ep_given) {
-    return (mesh_rule){.check = ep_divides, .size = {c->moe.experts, batch}, .option = ep_given};
+mesh_rule ep_mesh_rule(const llama_config *c, long long batch, bool ep_given, bool over_cp) {
+    return (mesh_rule){.check = ep_divides, .size = {c->moe.experts, batch, over_cp}, .option = ep_given};
 }
 
 /* ---- faults ---- */

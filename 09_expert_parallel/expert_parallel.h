@@ -36,16 +36,25 @@ C_BEGIN
 
 extern const plan_technique expert_parallel_technique;
 
-/* The mesh's rule: ep (dp_shard) divides --experts, and the data ranks divide --batch (ep_given:
- * --ep was on the command line, else ep is NP / tp, and the refusal names it so). */
-mesh_rule ep_mesh_rule(const llama_config *c, long long batch, bool ep_given);
+/* The mesh's rule: ep (dp_shard, or dp_shard x cp when over_cp) divides --experts, and the data
+ * ranks divide --batch (ep_given: --ep was on the command line, else ep is the data ranks, and the
+ * refusal names it so). ep_data_ranks_text: how the data ranks are counted, "NP / tp", or with the
+ * pipeline's stages and cp ranks aside, "NP / (tp pp cp)". */
+mesh_rule ep_mesh_rule(const llama_config *c, long long batch, bool ep_given, bool over_cp);
+const char *ep_data_ranks_text(int pp, int cp);
 
-/* Splits the experts over the mesh's dp_shard group and the batch over the data ranks; installs
- * the gradient reduction above, after any the plan already has. The plan is the single device's
+/* Splits the experts over the mesh's dp_shard group (over_cp, with cp > 1: over dp_shard x cp, as
+ * torchtitan carves ep out of them; then the dense tensors' gradients are summed over the data and
+ * cp ranks here, and the plan declares it: groups.grads_summed_dims, so chapter 06's own sum over
+ * cp skips itself) and the batch over the data ranks; installs the gradient reduction above,
+ * after any the plan already has. The plan is the single device's
  * or chapter 01's (megatron_plan: the experts and the router stay whole on every tp rank), with
  * chapter 06's context parallelism and chapter 05's pipeline applied or not (in that order, as
  * chapter 08 applies them). Refuses (one line, exit 2) a capacity under cp > 1. */
-void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c);
+void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, bool over_cp);
+/* The group a dense tensor's gradient is summed over: the data ranks, or the data and cp ranks
+ * (over_cp). */
+comm_group *expert_parallel_dense_group(const llama_plan *p);
 
 /* The deliberate bugs (--fault), for the checks that prove the parity check catches them. Those of
  * the exchange wrap the plan's operator; the MoE block asks which of its own are on (a plan

@@ -14,6 +14,7 @@
  *   make run-09 NP=4 ARGS="--ep 2"                experts over 2 ranks, replicated over 2
  *   make run-09 NP=4 ARGS="--pp 2"                chapter 05's pipeline: 2 stages, each with ep 2
  *   make run-09 NP=4 ARGS="--cp 2"                chapter 06's context parallelism under ep 2
+ *   make run-09 NP=4 ARGS="--cp 2 --ep-over-cp"   the ep group over dp_shard x cp: ep 4, as torchtitan
  *   make check-09                                 ep 1, 2, 4, 8; top-1 and top-2; tp; pp; cp; a capacity; the bugs
  *   make plot-09                                  the load over the steps with and without the balancing loss
  */
@@ -51,6 +52,8 @@ static const char *usage =
     "  --tp T               chapter 01's tensor parallelism of the dense parts (default 1)\n"
     "  --cp C               chapter 06's context parallelism: each sequence over C ranks (default 1)\n"
     "  --cp-method M        its attention: ring|allgather|alltoall (default ring)\n"
+    "  --ep-over-cp         the ep group is dp_shard x cp (torchtitan's): the experts split over the cp\n"
+    "                       ranks too; --ep is then that group's size, a multiple of --cp\n"
     "  --pp P               chapter 05's pipeline: the layers in P stages, each with its ep group (default 1)\n"
     "  --microbatches M     the pipeline's microbatches (default 1 without --pp, pp with it)\n"
     "  --schedule S         the pipeline's schedule: gpipe|1f1b|interleaved|zb-h1 (default 1f1b)\n"
@@ -60,12 +63,13 @@ static const char *usage =
     "                       train --steps more (not with --check: the baseline starts at step 1)\n";
 
 enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_CAPACITY, OPT_EP, OPT_TP, OPT_PP, OPT_MICRO,
-       OPT_SCHEDULE, OPT_VIRTUAL, OPT_CP, OPT_CP_METHOD, OPT_SAVE, OPT_RESUME };
+       OPT_SCHEDULE, OPT_VIRTUAL, OPT_CP, OPT_CP_METHOD, OPT_EP_OVER_CP, OPT_SAVE,
+       OPT_RESUME };
 typedef struct {
     moe_config *moe;
     int ep, tp, pp, cp;
     pp_options pipe;
-    bool pipe_given, cp_method_given;
+    bool pipe_given, cp_method_given, ep_over_cp;
     cp_options context;
     const char *save, *resume;
 } chapter_options;
@@ -91,7 +95,8 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
         static const char *const methods[] = {"ring", "allgather", "alltoall", NULL};
         co->context.method = (cp_method)cli_choice("--cp-method", arg, methods);
         co->cp_method_given = true;
-    } else if (code == OPT_VIRTUAL) co->pipe.virtual_stages = cli_int("--virtual-stages", arg, 1, 64), co->pipe_given = true;
+    } else if (code == OPT_EP_OVER_CP) co->ep_over_cp = true;
+    else if (code == OPT_VIRTUAL) co->pipe.virtual_stages = cli_int("--virtual-stages", arg, 1, 64), co->pipe_given = true;
     else if (code == OPT_SAVE) co->save = arg;
     else co->resume = arg;
 }
@@ -109,7 +114,7 @@ int main(int argc, char **argv) {
         {"ep", required_argument, 0, OPT_EP}, {"tp", required_argument, 0, OPT_TP}, {"pp", required_argument, 0, OPT_PP},
         {"microbatches", required_argument, 0, OPT_MICRO}, {"schedule", required_argument, 0, OPT_SCHEDULE},
         {"virtual-stages", required_argument, 0, OPT_VIRTUAL}, {"cp", required_argument, 0, OPT_CP},
-        {"cp-method", required_argument, 0, OPT_CP_METHOD},
+        {"cp-method", required_argument, 0, OPT_CP_METHOD}, {"ep-over-cp", no_argument, 0, OPT_EP_OVER_CP},
         {"save", required_argument, 0, OPT_SAVE}, {"resume", required_argument, 0, OPT_RESUME}, {0, 0, 0, 0}};
     chapter_options co = {.moe = &o.model.moe, .ep = 0, .tp = 1, .pp = 1, .cp = 1, .pipe = {.schedule = PP_1F1B},
                           .context = {.method = CP_RING, .balance = CP_ZIGZAG}};
@@ -128,13 +133,15 @@ int main(int argc, char **argv) {
     if (!co.pipe.virtual_stages) co.pipe.virtual_stages = co.pipe.schedule == PP_INTERLEAVED ? 2 : 1;
     if (co.cp_method_given && co.cp == 1)
         comm_exit_usage("--cp-method: with one cp rank (--cp 1) no sequence is split; use --cp 2 or more");
+    if (co.ep_over_cp && co.cp == 1)
+        comm_exit_usage("--ep-over-cp carves the ep group out of dp_shard x cp: it needs --cp 2 or more");
     mesh_requirements needs = {0};
     mesh_require(&needs, tp_mesh_rule(c));
     if (co.cp > 1) {
         mesh_require(&needs, cp_sequence_rule(c->seq_len, false));
         if (co.context.method == CP_ALLTOALL) mesh_require(&needs, cp_heads_rule(c));
     }
-    mesh_require(&needs, ep_mesh_rule(c, o.batch, co.ep != 0));
+    mesh_require(&needs, ep_mesh_rule(c, o.batch, co.ep != 0, co.ep_over_cp));
     if (piped) {
         mesh_require(&needs, pipeline_layers_rule(c->n_layers, co.pipe.virtual_stages, false));
         mesh_require(&needs, pipeline_microbatches_rule(o.batch, co.pipe.microbatches, 0));
@@ -148,13 +155,22 @@ int main(int argc, char **argv) {
         comm_exit_usage("%s does not divide the %d ranks NP / tp: NP = pp x dp_replicate x ep x cp x tp", given,
                         world / co.tp);
     }
-    int data = world / (co.tp * co.pp * co.cp), ep = co.ep ? co.ep : data;
-    if (data % ep)
-        comm_exit_usage("--ep %d does not divide the %d data ranks (%s): NP = %sdp_replicate x ep x %stp", ep, data,
-                        co.pp > 1 || co.cp > 1 ? "NP / (tp pp cp)" : "NP / tp", co.pp > 1 ? "pp x " : "",
-                        co.cp > 1 ? "cp x " : "");
+    int data = world / (co.tp * co.pp * co.cp), shard = co.ep ? co.ep : data;   /* the dp_shard degree */
+    if (co.ep_over_cp && co.ep) {   /* --ep names the whole ep group, dp_shard x cp */
+        if (co.ep % co.cp)
+            comm_exit_usage("--ep %d with --ep-over-cp: the ep group is dp_shard x cp, a multiple of --cp %d", co.ep,
+                            co.cp);
+        shard = co.ep / co.cp;
+    }
+    if (data % shard) {
+        if (co.ep_over_cp)
+            comm_exit_usage("--ep %d / --cp %d = %d does not divide the %d data ranks (%s)", co.ep, co.cp, shard, data,
+                            ep_data_ranks_text(co.pp, co.cp));
+        comm_exit_usage("--ep %d does not divide the %d data ranks (%s): NP = %sdp_replicate x ep x %stp", shard, data,
+                        ep_data_ranks_text(co.pp, co.cp), co.pp > 1 ? "pp x " : "", co.cp > 1 ? "cp x " : "");
+    }
     device_mesh *mesh = mesh_create(
-        (mesh_shape){.pp = co.pp, .dp_replicate = MESH_REST, .dp_shard = ep, .cp = co.cp, .tp = co.tp}, &needs);
+        (mesh_shape){.pp = co.pp, .dp_replicate = MESH_REST, .dp_shard = shard, .cp = co.cp, .tp = co.tp}, &needs);
     if (co.cp > 1) context_parallel_validate(co.cp);
     if (piped) pipeline_validate(co.pp, &co.pipe);
 
@@ -164,7 +180,7 @@ int main(int argc, char **argv) {
     llama_plan plan = tensor_parallel_or_single(mesh, c);
     if (co.cp > 1) context_parallel_apply(&plan, mesh, c, &co.context);
     if (piped) pipeline_apply(&plan, mesh, c, &co.pipe);
-    expert_parallel_apply(&plan, mesh, c);
+    expert_parallel_apply(&plan, mesh, c, co.ep_over_cp);
     run_apply_fault(&o, &plan);
     /* the checkpoints' directories, checked with --out and --dump before anything is allocated */
     const char *dir = co.save ? co.save : co.resume;
@@ -201,8 +217,14 @@ int main(int argc, char **argv) {
         snprintf(stages, sizeof stages, "pp %d (%s, %d microbatches) x ", mesh->shape.pp,
                  pp_schedule_name(co.pipe.schedule), co.pipe.microbatches);
     if (co.cp > 1) snprintf(contexts, sizeof contexts, "cp %d (%s) x ", co.cp, cp_method_name(co.context.method));
-    log0("chapter 09: mixture of experts, %d experts, top-%d, %sdp_replicate %d x ep %d x %stp %d, backend %s\n", d->E,
-         d->k, stages, mesh->shape.dp_replicate, mesh->shape.dp_shard, contexts, mesh->shape.tp, device_backend_name());
+    if (d->ep != mesh->shape.dp_shard)   /* --ep-over-cp: the ep group is dp_shard x cp */
+        log0("chapter 09: mixture of experts, %d experts, top-%d, %sdp_replicate %d x dp_shard %d x %stp %d, ep = "
+             "dp_shard x cp = %d, backend %s\n", d->E, d->k, stages, mesh->shape.dp_replicate, mesh->shape.dp_shard,
+             contexts, mesh->shape.tp, d->ep, device_backend_name());
+    else
+        log0("chapter 09: mixture of experts, %d experts, top-%d, %sdp_replicate %d x ep %d x %stp %d, backend %s\n",
+             d->E, d->k, stages, mesh->shape.dp_replicate, mesh->shape.dp_shard, contexts, mesh->shape.tp,
+             device_backend_name());
     plan_describe(&plan);   /* which technique installed which operator; the groups */
     log0("model: dim %d, %d layers, %d heads (%d kv), experts %d x hidden %d%s, vocab %d; global batch %d x %d "
          "tokens, %d per rank%s\n", c->dim, c->n_layers, c->n_heads, c->n_kv_heads, d->E, d->Fe,
@@ -218,9 +240,9 @@ int main(int argc, char **argv) {
     /* ---- train, with the baseline beside it; each step's expert load and all-to-all time into
      * OUT/expert_load.csv (plot.gp draws it) ---- */
     char path[512], load_path[512], label[64];
-    snprintf(path, sizeof path, "%s/loss_e%d_k%d_ep%d.csv", o.out_dir, d->E, d->k, mesh->shape.dp_shard);
+    snprintf(path, sizeof path, "%s/loss_e%d_k%d_ep%d.csv", o.out_dir, d->E, d->k, d->ep);
     snprintf(load_path, sizeof load_path, "%s/expert_load.csv", o.out_dir);
-    snprintf(label, sizeof label, "moe E%d k%d ep%d", d->E, d->k, mesh->shape.dp_shard);
+    snprintf(label, sizeof label, "moe E%d k%d ep%d", d->E, d->k, d->ep);
     run_loop loop = run_loop_begin(&o, model, run_baseline_create(&o, NULL, false), label, path);
     ep_load_log *log = ep_load_log_open(&plan, model, load_path);
     for (int step = first; step < first + o.steps; step++) {
