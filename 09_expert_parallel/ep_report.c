@@ -190,7 +190,7 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     param_split x = split_counts(m, p);
     comm_group *dense = expert_parallel_dense_group(p), *replicate = p->groups.mesh->group[MESH_DP_REPLICATE];
     comm_group *tp = p->groups.tp, *cp = p->groups.cp;
-    bool over_cp = (p->groups.expert_dims & MESH_BIT(MESH_CP)) != 0;   /* the ep group spans cp: its sum too */
+    bool over_cp = expert_parallel_over_cp(p);   /* the ep group spans cp: so does the dense sum */
     comm_expectation expect[4];
     comm_group *groups[3];
     int n = 0, ng = 0;
@@ -215,7 +215,8 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     }
     if (cp && cp->size > 1) {   /* chapter 06's sum of the gradients (unless the sum over dp x cp above
                                  * made it), and the balancing loss's counts per sequence (moe.c); the
-                                 * attention's own traffic is 06's (its README) */
+                                 * attention's own traffic is 06's (its README): so the cp group is
+                                 * not in groups[], whose every collective must be predicted here */
         double B = m->d.B, E = m->d.E, sums = over_cp ? 0 : 1;
         const char *text[2][2] = {{"Psi x 4 (06's gradients) + 2 L x B E 4 (the sequences' counts)",
                                    "2 L x B E 4 (the sequences' counts)"},

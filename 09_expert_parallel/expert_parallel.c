@@ -1,8 +1,9 @@
 /* expert_parallel.c: expert parallelism as a plan (expert_parallel.h). The dispatch and the
  * combine are the MoE block's (moe.c), which reads the plan's ep group; this file places the
- * tensors, splits the batch and reduces the gradients. Applied over the single device's plan or
- * chapter 01's tensor parallelism (the dense parts split over tp; each tp rank routes and runs
- * the experts of its ep group alike). */
+ * tensors, splits the batch, sums the balancing loss's counts over cp and reduces the gradients.
+ * Applied over the single device's plan or chapter 01's tensor parallelism (the dense parts split
+ * over tp; each tp rank routes and runs the experts of its ep group alike), with chapter 06's
+ * context parallelism and chapter 05's pipeline applied before it or not. */
 #include <stdio.h>
 #include <stdlib.h>
 #include "comm.h"
@@ -11,15 +12,17 @@
 #include "model.h"
 
 typedef struct {
-    grad_reduce_ops below;           /* the reduction of an earlier technique (none yet), run first */
+    grad_reduce_ops below;           /* the reduction of an earlier technique (06's over cp), run first */
     expert_exchange_ops exchange;    /* the faults' wrappers call the exchange they wrap           */
     comm_group *ep;                  /* the ranks the experts are split over                       */
     float *counts_dev;               /* [2E] the counts' all-to-all, sent and received (kept)     */
     comm_group *batch, *replicate;   /* every data rank; the ranks that hold the same experts */
     comm_group *dense;               /* the ranks a dense tensor's gradient is summed over: the
                                       * data ranks, and the cp ranks too when the ep group spans cp */
+    bool over_cp;                    /* the ep group is dp_shard x cp (--ep-over-cp)               */
+    float *shares_dev;               /* [shares_cap] the sequences' counts summed over cp (kept)   */
+    size_t shares_cap;
     bool skip_expert_reduce;         /* the fault: experts' gradients not reduced over dp_replicate */
-    bool local_shares;               /* the fault: the sequences' counts not summed over cp        */
     unsigned block_faults;           /* the MoE block's (EP_FAULT_*)                               */
     int E;                           /* the load's tally: copies this rank sent to each expert,    */
     double *load_now, *load_last;    /* [E] over the forwards of the step running, and of the last */
@@ -29,6 +32,7 @@ typedef struct {
 static void free_state(void *state) {
     ep_state *s = state;
     device_free(s->counts_dev);
+    device_free(s->shares_dev);
     free(s->load_now);
     free(s->load_last);
     free(s);
@@ -81,16 +85,20 @@ static void exchange_rows(void *state, const llama_plan *p, float *recv, const s
 }
 
 /* The balancing loss's per-sequence counts x [n] (host) summed over the cp group, whose ranks hold
- * the other rows of the same sequences: one all-reduce of n floats (exact integers). */
+ * the other rows of the same sequences: one all-reduce of n floats (exact integers), through a
+ * device buffer kept from one call to the next (n = B E, a microbatch's sequences). */
 static void sequence_sum(void *state, const llama_plan *p, float *x, size_t n) {
-    const ep_state *s = state;
+    ep_state *s = state;
     comm_group *cp = p->groups.cp;
-    if (!cp || cp->size == 1 || !n || s->local_shares) return;
-    float *dev = device_alloc_floats(n, MEM_BUFFERS);
-    device_copy_to_device(dev, x, n * sizeof(float));
-    comm_all_reduce(cp, dev, n, COMM_SUM);
-    device_copy_to_host(x, dev, n * sizeof(float));
-    device_free(dev);
+    if (!cp || cp->size == 1 || !n) return;
+    if (n > s->shares_cap) {
+        device_free(s->shares_dev);
+        s->shares_dev = device_alloc_floats(n, MEM_BUFFERS);
+        s->shares_cap = n;
+    }
+    device_copy_to_device(s->shares_dev, x, n * sizeof(float));
+    comm_all_reduce(cp, s->shares_dev, n, COMM_SUM);
+    device_copy_to_host(x, s->shares_dev, n * sizeof(float));
 }
 
 void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, bool over_cp) {
@@ -99,9 +107,11 @@ void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_conf
     int dims[2] = {MESH_DP_REPLICATE, MESH_DP_SHARD};
     s->batch = s->dense = mesh_group_over(mesh, dims, 2, "dp");
     s->replicate = mesh->group[MESH_DP_REPLICATE];
-    over_cp = over_cp && mesh->shape.cp > 1;
-    if (over_cp && !plan->groups.cp)   /* (a programming error: the chapter applies cp first) */
-        comm_exit_usage("expert parallelism over dp_shard x cp needs context parallelism applied first");
+    s->over_cp = over_cp = over_cp && mesh->shape.cp > 1;
+    if (over_cp && !plan->groups.cp) {   /* (a programming error: the chapter applies cp first) */
+        fprintf(stderr, "expert_parallel_apply: the ep group over dp_shard x cp needs context parallelism applied first\n");
+        exit(1);
+    }
     plan->groups.mesh = mesh;
     plan->groups.batch = s->batch;
     if (plan->checkpoint.keep != ACT_KEEP_ALL)
@@ -145,6 +155,11 @@ comm_group *expert_parallel_dense_group(const llama_plan *p) {
     return s->dense;
 }
 
+bool expert_parallel_over_cp(const llama_plan *p) {
+    const ep_state *s = plan_state(p, &expert_parallel_technique);
+    return s->over_cp;
+}
+
 void expert_parallel_last_load(const llama_plan *p, double *load, double *dropped) {
     const ep_state *s = plan_state(p, &expert_parallel_technique);
     for (int e = 0; e < s->E; e++) load[e] = s->load_last[e];
@@ -156,6 +171,31 @@ void expert_parallel_last_load(const llama_plan *p, double *load, double *droppe
 const char *ep_data_ranks_text(int pp, int cp) {
     static const char *const text[2][2] = {{"NP / tp", "NP / (tp cp)"}, {"NP / (tp pp)", "NP / (tp pp cp)"}};
     return text[pp > 1][cp > 1];
+}
+
+int ep_shard_degree(int world, int tp, int pp, int cp, int ep, bool over_cp) {
+    if (world % tp) comm_exit_usage("--tp %d does not divide the %d ranks (NP)", tp, world);
+    if ((world / tp) % (pp * cp)) {
+        char given[64];   /* the degrees given, as given */
+        if (pp > 1 && cp > 1) snprintf(given, sizeof given, "--pp %d x --cp %d", pp, cp);
+        else snprintf(given, sizeof given, cp > 1 ? "--cp %d" : "--pp %d", cp > 1 ? cp : pp);
+        comm_exit_usage("%s does not divide the %d ranks (NP / tp): NP = pp x dp_replicate x dp_shard x cp x tp", given,
+                        world / tp);
+    }
+    int data = world / (tp * pp * cp), shard = ep ? ep : data;
+    if (over_cp && ep) {   /* --ep names the whole ep group, dp_shard x cp */
+        if (ep % cp)
+            comm_exit_usage("--ep %d with --ep-over-cp: the ep group is dp_shard x cp, a multiple of --cp %d", ep, cp);
+        shard = ep / cp;
+    }
+    if (data % shard) {
+        if (over_cp)
+            comm_exit_usage("--ep %d / --cp %d = %d does not divide the %d data ranks (%s)", ep, cp, shard, data,
+                            ep_data_ranks_text(pp, cp));
+        comm_exit_usage("--ep %d does not divide the %d data ranks (%s): NP = %sdp_replicate x ep x %stp", shard, data,
+                        ep_data_ranks_text(pp, cp), pp > 1 ? "pp x " : "", cp > 1 ? "cp x " : "");
+    }
+    return shard;
 }
 
 static const char *ep_divides(const mesh_rule *r, const mesh_view *v, char *why, size_t len) {
@@ -183,15 +223,19 @@ mesh_rule ep_mesh_rule(const llama_config *c, long long batch, bool ep_given, bo
 static const char *skip_expert_reduce(llama_plan *p) {
     ep_state *s = plan_state(p, &expert_parallel_technique);
     if (!s || s->replicate->size == 1)
-        return "skip-expert-reduce leaves out the experts' all-reduce over dp_replicate: it needs --ep below NP / tp";
+        return s && s->over_cp ? "skip-expert-reduce leaves out the experts' all-reduce over dp_replicate: it needs "
+                                 "--ep below the data ranks times cp, dp_replicate 2 or more"
+                               : "skip-expert-reduce leaves out the experts' all-reduce over dp_replicate: it needs "
+                                 "--ep below the data ranks (NP / tp, pp and cp aside), dp_replicate 2 or more";
     s->skip_expert_reduce = true;
     return NULL;
 }
+static void no_sequence_sum(void *state, const llama_plan *p, float *x, size_t n) {}
 static const char *local_shares(llama_plan *p) {
     ep_state *s = plan_state(p, &expert_parallel_technique);
     if (!p->groups.cp || p->groups.cp->size == 1)
         return "local-shares leaves out the sum of the sequences' counts over cp: it needs --cp 2 or more";
-    s->local_shares = true;
+    plan_wrap(p->experts, s->exchange, ((expert_exchange_ops){s, p->experts.counts, p->experts.rows, no_sequence_sum}));
     return NULL;
 }
 unsigned expert_parallel_faults_on(const llama_plan *p) {
@@ -208,7 +252,8 @@ static const char *skip_aux_grad(llama_plan *p) { return block_fault(p, EP_FAULT
 
 /* The exchange's own bugs wrap the operator: the first non-empty chunk an exchange delivers is
  * zeroed; the counts of each peer are read for this rank's experts in reverse order (the totals
- * per peer unchanged, so the rows' all-to-all still matches its sizes). */
+ * per peer unchanged, so the rows' all-to-all still matches its sizes); the sequences' counts are
+ * left as each cp rank counted them (local_shares, below). */
 static void dropping_rows(void *state, const llama_plan *p, float *recv, const size_t *recv_rows, const float *send,
                           const size_t *send_rows, int width) {
     const ep_state *s = state;
@@ -231,12 +276,14 @@ static void reversed_counts(void *state, const llama_plan *p, size_t *recv, cons
 }
 static const char *drop_chunk(llama_plan *p) {
     ep_state *s = plan_state(p, &expert_parallel_technique);
-    plan_wrap(p->experts, s->exchange, ((expert_exchange_ops){s, p->experts.counts, dropping_rows, p->experts.sequence_sum}));
+    plan_wrap(p->experts, s->exchange,
+              ((expert_exchange_ops){s, p->experts.counts, dropping_rows, p->experts.sequence_sum}));
     return NULL;
 }
 static const char *wrong_counts(llama_plan *p) {
     ep_state *s = plan_state(p, &expert_parallel_technique);
-    plan_wrap(p->experts, s->exchange, ((expert_exchange_ops){s, reversed_counts, p->experts.rows, p->experts.sequence_sum}));
+    plan_wrap(p->experts, s->exchange,
+              ((expert_exchange_ops){s, reversed_counts, p->experts.rows, p->experts.sequence_sum}));
     return NULL;
 }
 const plan_fault expert_parallel_faults[] = {

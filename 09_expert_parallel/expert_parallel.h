@@ -4,16 +4,21 @@
  *
  * The mesh is data-parallel, dp_replicate x dp_shard ranks, each with its share of the batch
  * (B / (dp_replicate dp_shard) sequences), times tp when chapter 01's tensor parallelism splits the
- * dense parts (attention, the shared expert) inside each data rank. The experts are split over dp_shard, the ep group (as torchtitan carves ep
- * out of the data-parallel ranks): rank r of it holds experts [r E/ep, (r+1) E/ep) of every layer
- * and is sent every copy of a token, from any rank of its group, routed to one of them. Over
- * dp_replicate the experts are replicated (ep < NP).
+ * dense parts (attention, the shared expert) inside each data rank. The experts are split over
+ * dp_shard, the ep group (as torchtitan carves ep out of the data-parallel ranks): rank r of it
+ * holds experts [r E/ep, (r+1) E/ep) of every layer and is sent every copy of a token, from any
+ * rank of its group, routed to one of them. Over dp_replicate the experts are replicated.
  *
  *   tensors        held                              gradient reduced after backward
  *   experts' w     E/ep experts of each, by rows     all-reduce over dp_replicate (every token of
  *                                                    the ep group already reached them)
  *   everything     whole (replicated)                all-reduce over dp_replicate x dp_shard
  *   else
+ *
+ * With --ep-over-cp the ep group is dp_shard x cp instead: the experts' gradients are still summed
+ * over dp_replicate alone, the dense tensors' over dp_replicate x dp_shard x cp (and chapter 06's
+ * own sum over cp skips itself). Without it the experts are replicated over cp too, and 06 sums
+ * every gradient over cp before this reduction runs.
  *
  * Collectives per MoE layer and step, on the ep group (moe.c): forward an all-to-all of the
  * counts and two all-to-alls with counts (dispatch, combine), backward two more; then the
@@ -38,10 +43,14 @@ extern const plan_technique expert_parallel_technique;
 
 /* The mesh's rule: ep (dp_shard, or dp_shard x cp when over_cp) divides --experts, and the data
  * ranks divide --batch (ep_given: --ep was on the command line, else ep is the data ranks, and the
- * refusal names it so). ep_data_ranks_text: how the data ranks are counted, "NP / tp", or with the
- * pipeline's stages and cp ranks aside, "NP / (tp pp cp)". */
+ * refusal names it so); the rule's sizes are {experts, batch, over_cp (1: ep spans cp)}.
+ * ep_data_ranks_text: how the data ranks are counted, "NP / tp", or with the pipeline's stages and
+ * cp ranks aside, "NP / (tp pp cp)". ep_shard_degree: the dp_shard degree of a run on `world` ranks
+ * (ep 0: --ep not given, every data rank; under over_cp --ep counts dp_shard x cp), or one line and
+ * exit 2 when the degrees do not divide. */
 mesh_rule ep_mesh_rule(const llama_config *c, long long batch, bool ep_given, bool over_cp);
 const char *ep_data_ranks_text(int pp, int cp);
+int ep_shard_degree(int world, int tp, int pp, int cp, int ep, bool over_cp);
 
 /* Splits the experts over the mesh's dp_shard group (over_cp, with cp > 1: over dp_shard x cp, as
  * torchtitan carves ep out of them; then the dense tensors' gradients are summed over the data and
@@ -55,6 +64,8 @@ void expert_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_conf
 /* The group a dense tensor's gradient is summed over: the data ranks, or the data and cp ranks
  * (over_cp). */
 comm_group *expert_parallel_dense_group(const llama_plan *p);
+/* Whether the ep group spans cp (--ep-over-cp applied with cp > 1). */
+bool expert_parallel_over_cp(const llama_plan *p);
 
 /* The deliberate bugs (--fault), for the checks that prove the parity check catches them. Those of
  * the exchange wrap the plan's operator; the MoE block asks which of its own are on (a plan

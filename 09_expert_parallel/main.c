@@ -39,8 +39,9 @@
 #include "moe.h"
 
 static const char *usage =
-    "usage: 09 [flags]   (under mpirun: NP = pp x dp_replicate x ep x cp x tp ranks; each data rank\n"
-    "                     takes batch / (dp_replicate x ep) sequences)\n"
+    "usage: 09 [flags]   (under mpirun: NP = pp x dp_replicate x dp_shard x cp x tp ranks; the experts\n"
+    "                     split over ep = dp_shard, or dp_shard x cp (--ep-over-cp); each data rank\n"
+    "                     takes batch / (dp_replicate x dp_shard) sequences)\n"
     "  --experts E          routed experts per layer (default 4)\n"
     "  --top-k K            experts per token (default 2)\n"
     "  --expert-dim F       each expert's hidden size (default 64)\n"
@@ -48,7 +49,8 @@ static const char *usage =
     "  --aux-alpha A        weight of the load-balancing loss (default 0.01)\n"
     "  --capacity-factor C  each expert takes at most ceil(C T k / E) copies of a sequence's tokens,\n"
     "                       the rest dropped (default: dropless)\n"
-    "  --ep P               ranks the experts are split over (default: NP / tp); the rest replicate them\n"
+    "  --ep P               ranks the experts are split over (default: the data ranks, NP / (tp pp cp));\n"
+    "                       the rest replicate them\n"
     "  --tp T               chapter 01's tensor parallelism of the dense parts (default 1)\n"
     "  --cp C               chapter 06's context parallelism: each sequence over C ranks (default 1)\n"
     "  --cp-method M        its attention: ring|allgather|alltoall (default ring)\n"
@@ -59,7 +61,7 @@ static const char *usage =
     "  --schedule S         the pipeline's schedule: gpipe|1f1b|interleaved|zb-h1 (default 1f1b)\n"
     "  --virtual-stages V   chunks per pipeline rank (interleaved; default 2 with it, else 1)\n"
     "  --save DIR           after the last step, a checkpoint in DIR (chapter 08's: it loads on any mesh)\n"
-    "  --resume DIR         start from DIR's latest checkpoint, on this run's mesh (any ep and tp), and\n"
+    "  --resume DIR         start from DIR's latest checkpoint, on this run's mesh (any ep, tp, pp, cp), and\n"
     "                       train --steps more (not with --check: the baseline starts at step 1)\n";
 
 enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_CAPACITY, OPT_EP, OPT_TP, OPT_PP, OPT_MICRO,
@@ -146,29 +148,7 @@ int main(int argc, char **argv) {
         mesh_require(&needs, pipeline_layers_rule(c->n_layers, co.pipe.virtual_stages, false));
         mesh_require(&needs, pipeline_microbatches_rule(o.batch, co.pipe.microbatches, 0));
     }
-    int world = comm_world()->size;
-    if (world % co.tp) comm_exit_usage("--tp %d does not divide the %d ranks (NP)", co.tp, world);
-    if ((world / co.tp) % (co.pp * co.cp)) {
-        char given[64];   /* the degrees given, as given */
-        if (co.pp > 1 && co.cp > 1) snprintf(given, sizeof given, "--pp %d x --cp %d", co.pp, co.cp);
-        else snprintf(given, sizeof given, co.cp > 1 ? "--cp %d" : "--pp %d", co.cp > 1 ? co.cp : co.pp);
-        comm_exit_usage("%s does not divide the %d ranks NP / tp: NP = pp x dp_replicate x ep x cp x tp", given,
-                        world / co.tp);
-    }
-    int data = world / (co.tp * co.pp * co.cp), shard = co.ep ? co.ep : data;   /* the dp_shard degree */
-    if (co.ep_over_cp && co.ep) {   /* --ep names the whole ep group, dp_shard x cp */
-        if (co.ep % co.cp)
-            comm_exit_usage("--ep %d with --ep-over-cp: the ep group is dp_shard x cp, a multiple of --cp %d", co.ep,
-                            co.cp);
-        shard = co.ep / co.cp;
-    }
-    if (data % shard) {
-        if (co.ep_over_cp)
-            comm_exit_usage("--ep %d / --cp %d = %d does not divide the %d data ranks (%s)", co.ep, co.cp, shard, data,
-                            ep_data_ranks_text(co.pp, co.cp));
-        comm_exit_usage("--ep %d does not divide the %d data ranks (%s): NP = %sdp_replicate x ep x %stp", shard, data,
-                        ep_data_ranks_text(co.pp, co.cp), co.pp > 1 ? "pp x " : "", co.cp > 1 ? "cp x " : "");
-    }
+    int shard = ep_shard_degree(comm_world()->size, co.tp, co.pp, co.cp, co.ep, co.ep_over_cp);   /* dp_shard */
     device_mesh *mesh = mesh_create(
         (mesh_shape){.pp = co.pp, .dp_replicate = MESH_REST, .dp_shard = shard, .cp = co.cp, .tp = co.tp}, &needs);
     if (co.cp > 1) context_parallel_validate(co.cp);
@@ -217,7 +197,7 @@ int main(int argc, char **argv) {
         snprintf(stages, sizeof stages, "pp %d (%s, %d microbatches) x ", mesh->shape.pp,
                  pp_schedule_name(co.pipe.schedule), co.pipe.microbatches);
     if (co.cp > 1) snprintf(contexts, sizeof contexts, "cp %d (%s) x ", co.cp, cp_method_name(co.context.method));
-    if (d->ep != mesh->shape.dp_shard)   /* --ep-over-cp: the ep group is dp_shard x cp */
+    if (expert_parallel_over_cp(&plan))   /* the ep group is dp_shard x cp */
         log0("chapter 09: mixture of experts, %d experts, top-%d, %sdp_replicate %d x dp_shard %d x %stp %d, ep = "
              "dp_shard x cp = %d, backend %s\n", d->E, d->k, stages, mesh->shape.dp_replicate, mesh->shape.dp_shard,
              contexts, mesh->shape.tp, d->ep, device_backend_name());
