@@ -22,20 +22,15 @@ static int layers_here(const llama_model *m) {
 static int passes(const llama_plan *p) { return p->schedule.microbatches > 1 ? p->schedule.microbatches : 1; }
 
 /* The last step's copies per expert load[E] and dropped, summed over the layers, the microbatches
- * and the data ranks (each rank's tally of what it sent: expert_parallel.h), over the cp ranks
- * (other rows of the same sequences) and over the pipeline's stages; returns their total. */
+ * and every rank (each rank's tally of what it sent: expert_parallel.h): the data ranks, the cp
+ * ranks (other rows of the same sequences) and the pipeline's stages hold different copies, while
+ * the tp ranks of a data rank route the same ones alike, so the world's sum counts each copy tp
+ * times. Returns their total. */
 static double last_load(const llama_plan *p, const llama_model *m, double *load, double *dropped) {
-    comm_group *sum_over[3] = {p->groups.batch, p->groups.cp, p->groups.mesh->group[MESH_PP]};
-    int E = m->d.E;
+    double tp = p->groups.tp ? p->groups.tp->size : 1, total = 0;
     expert_parallel_last_load(p, load, dropped);
-    double total = 0;
-    for (int e = 0; e < E; e++) {
-        for (int g = 0; g < 3; g++)
-            if (sum_over[g] && sum_over[g]->size > 1) load[e] = comm_host_sum(sum_over[g], load[e]);
-        total += load[e];
-    }
-    for (int g = 0; g < 3; g++)
-        if (sum_over[g] && sum_over[g]->size > 1) *dropped = comm_host_sum(sum_over[g], *dropped);
+    for (int e = 0; e < m->d.E; e++) total += load[e] = comm_host_sum(comm_world(), load[e]) / tp;
+    *dropped = comm_host_sum(comm_world(), *dropped) / tp;
     return total;
 }
 

@@ -230,12 +230,13 @@ static const char *skip_expert_reduce(llama_plan *p) {
     s->skip_expert_reduce = true;
     return NULL;
 }
-static void no_sequence_sum(void *state, const llama_plan *p, float *x, size_t n) {}
 static const char *local_shares(llama_plan *p) {
     ep_state *s = plan_state(p, &expert_parallel_technique);
     if (!p->groups.cp || p->groups.cp->size == 1)
         return "local-shares leaves out the sum of the sequences' counts over cp: it needs --cp 2 or more";
-    plan_wrap(p->experts, s->exchange, ((expert_exchange_ops){s, p->experts.counts, p->experts.rows, no_sequence_sum}));
+    /* the single device's sequence_sum, which leaves the counts as they are */
+    plan_wrap(p->experts, s->exchange,
+              ((expert_exchange_ops){s, p->experts.counts, p->experts.rows, expert_exchange_local.sequence_sum}));
     return NULL;
 }
 unsigned expert_parallel_faults_on(const llama_plan *p) {

@@ -67,7 +67,8 @@ part "unit tests"
 #    emulation) and every scripted test tests/t_*.sh (bad input, dumps checked by PyTorch, ...),
 #    as jobs run TEST_JOBS at a time (default 3). Most of them wait more than they compute (mpirun's
 #    start-up and clean-up, a rank stopped on purpose, a guard's timeout): side by side they fill
-#    the second core, and a third job fills the waits (on 2 cores: 17m08s against 18m50s with 2). The longest start first; each job's lines are printed whole when it ends.
+#    the second core, and a third job fills the waits (on 2 cores: 17m08s against 18m50s with 2).
+#    The longest start first; each job's lines are printed whole when it ends.
 #    The scripted tests never write into the tree (t_assignment tries its untracked file in a copy).
 jobs_max=${TEST_JOBS:-3}
 case $jobs_max in ''|*[!0-9]*|0) echo "TEST_JOBS=$jobs_max: expected a whole number of at least 1"; exit 2;; esac
