@@ -66,11 +66,13 @@ void dp_mark_now(device_mark *m) {
  * layouts costs one strided copy per tensor (device_copy_2d).
  * ============================================================================================== */
 
-/* U: the floats of this rank's shards of unit u (0 when none is stored here: another stage's). */
+/* U: the floats of this rank's shards of unit u (0 when none is stored here: another stage's), of
+ * the tensors its collectives move (dp_moves); they lie first in the unit's range (params.h). */
 size_t unit_shard_floats(const dp_state *s, int u) {
     int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, u, idx);
     size_t U = 0;
-    for (int k = 0; k < n; k++) U += dp_shard_of(&s->t->t[idx[k]]);
+    for (int k = 0; k < n; k++)
+        if (dp_moves(s, &s->t->t[idx[k]])) U += dp_shard_of(&s->t->t[idx[k]]);
     return U;
 }
 
@@ -84,7 +86,7 @@ void unit_copy(dp_state *s, int u, float *by_rank, float *by_tensor, float *whol
     for (int k = 0; k < n; k++) {
         const param_tensor *x = &s->t->t[idx[k]];
         size_t c = dp_shard_of(x);
-        if (!c) continue;   /* another stage's tensor */
+        if (!c || !dp_moves(s, x)) continue;   /* another stage's tensor, or one held whole */
         float *t = by_tensor ? by_tensor + (size_t)s->S * at : param_in(s->t, whole, idx[k]);
         size_t real = by_tensor ? dp_padded(s, x) : (size_t)x->units * x->width;
         size_t chunks = real / c, rest = real % c;   /* whole chunks, then part of one */
@@ -174,19 +176,20 @@ void finish_grad_reduce(dp_state *s, comm_request *req, size_t count) {
  * zero2, fsdp: a unit's full gradients during its backward, reduce-scattered right after it.
  * ============================================================================================== */
 
-/* Views of a full-size gradient buffer, zeroed, for unit u's backward: grad_full[0] [ends'
- * padded floats] for the ends, grad_full[1] [a layer's] for a layer. No collective. */
-unit_weights full_grads(dp_state *s, int u) {
+/* Unit u's gradient views *w (the table's, dp_acquire_resident), those of the tensors its
+ * collectives move replaced by views of a zeroed full-size buffer for its backward: grad_full[0]
+ * [ends' padded floats] for the ends, grad_full[1] [a layer's] for a layer. A tensor held whole
+ * keeps the table's view: its backward adds into its stored gradient. No collective. */
+void full_grads(dp_state *s, int u, unit_weights *w) {
     float *g = s->grad_full[u == s->L ? 0 : 1];
     int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, u, idx);
-    unit_weights w = {0};
     for (int k = 0; k < n; k++) {
         const param_tensor *x = &s->t->t[idx[k]];
+        if (!dp_moves(s, x)) continue;
         device_zero(g, dp_padded(s, x) * sizeof(float));
-        w.of[x->spec.kind] = g;
+        w->of[x->spec.kind] = g;
         g += dp_padded(s, x);
     }
-    return w;
 }
 
 /* After unit u's backward, the previous unit's reduce-scatter finished (finish_unit_reduce):
@@ -208,7 +211,7 @@ void finish_unit_reduce(dp_state *s) {
     if (s->rs_unit < 0) return;
     size_t U = unit_shard_floats(s, s->rs_unit), off, count;
     finish_grad_reduce(s, &s->rs_req, U);
-    param_unit_range(s->t, s->t->grads, s->rs_unit, &off, &count);   /* the shards' gradients: count == U */
+    param_unit_range(s->t, s->t->grads, s->rs_unit, &off, &count);   /* the moved tensors' shards: its first U */
     add_inplace(s->t->grads + off, s->stage_out, U);
     dp_event_add(s, "comm", &s->rs_issued, s->rs_unit == s->L ? "reduce_scatter ends" : "reduce_scatter %d", s->rs_unit);
     s->rs_unit = -1;
@@ -227,6 +230,10 @@ static void plan_unit_sizes(dp_state *s, const llama_plan *plan, device_mesh *me
     size_t *unit_sum = calloc((size_t)s->L + 1, sizeof *unit_sum);   /* S * U of each unit */
     for (int i = 0; i < llama_num_params(c); i++) {
         param_spec sp = llama_param_spec(c, i);
+        if (param_held_whole(sp.kind, plan->groups.shard_dims, plan->groups.expert_dims)) {
+            s->whole_held = true;   /* held whole: moved by no unit's collective (09's experts) */
+            continue;
+        }
         int r0, nr, c0, nc;
         shard_slice(plan->layout[sp.kind], param_split_rows(c, sp, plan->layout[sp.kind], p), sp.cols, r, p, &r0, &nr,
                     &c0, &nc);   /* (the vocabulary's rows padded over tp: 02) */
@@ -279,7 +286,17 @@ dp_state *dp_push(llama_plan *plan, device_mesh *mesh, const llama_config *c, co
      * data ranks, and over cp too when the gradients are reduce-scattered into shards over it */
     plan->groups.grads_summed_dims = MESH_BIT(MESH_DP_REPLICATE) | MESH_BIT(MESH_DP_SHARD) |
                                      (over_cp && storage[PARAM_GRADS] != STORE_WHOLE ? MESH_BIT(MESH_CP) : 0);
+    /* 09's experts: split over the ranks of plan->groups.expert_dims already, they can be held
+     * whole when the shard group lies inside those ranks, and only then (param_held_whole) */
+    unsigned experts = plan->groups.expert_dims, beyond = plan->groups.shard_dims & ~experts;
+    if (experts && beyond && s->S > 1)
+        comm_exit_usage("data_parallel_apply: the shard group (%s) spans ranks the experts are not split over; shard "
+                        "over the ranks the experts are split over (an expert's own shard group is not built)",
+                        s->shard->name);
     plan_unit_sizes(s, plan, mesh, c);
+    if (s->whole_held && o->mode != DP_FSDP)
+        comm_exit_usage("data_parallel_apply: tensors held whole by the shard ranks (the experts) are built for fsdp "
+                        "only, not %s", dp_mode_name(o->mode));
     return s;
 }
 

@@ -54,6 +54,10 @@ struct dp_state {
     bool planning;                     /* `allocate` runs as a count (dp_plan_buffers)           */
     double measured_bytes;             /* what allocating them added to MEM_BUFFERS              */
     bool allocated;                    /* the buffers are allocated (dp_ensure_buffers)          */
+    bool whole_held;                   /* some tensors are held whole by every shard rank (09's
+                                        * experts under FSDP: dp_moves); their gradients are the
+                                        * technique's that split them (09 sums them over
+                                        * dp_replicate), as the tensors are                      */
     dp_event events[MAX_EVENTS];
     int n_events;
 };
@@ -91,6 +95,14 @@ void dp_mark_now(device_mark *m);
 /* A tensor's padded size: S shards of shard_units rows (elements) of `width`. */
 static inline size_t dp_padded(const dp_state *s, const param_tensor *x) { return (size_t)s->S * x->shard_units * x->width; }
 static inline size_t dp_shard_of(const param_tensor *x) { return (size_t)x->shard_units * x->width; }
+/* Whether a unit's collectives move tensor x: split over the shard group, and stored on this
+ * pipeline stage. A tensor that each rank of the shard group holds whole (09's experts, split
+ * over the same ranks already: params.h's held_whole) is neither gathered nor reduce-scattered: its
+ * values and gradients are used where the table stores them, and its gradient's sum over the
+ * ranks that hold the same one is left to the technique that split it (09's, over dp_replicate). */
+static inline bool dp_moves(const dp_state *s, const param_tensor *x) {
+    return x->here && !x->held_whole;
+}
 size_t unit_shard_floats(const dp_state *s, int u);
 void unit_copy(dp_state *s, int u, float *by_rank, float *by_tensor, float *whole, bool to_ranks);
 comm_request gather_shards(dp_state *s, const float *shards, float *by_rank, size_t count);
@@ -100,6 +112,6 @@ void *grad_wire_send(const dp_state *s, float *g, void *wire, size_t n);
 void grad_wire_back(const dp_state *s, float *g, const void *wire, size_t n);
 
 /* ---- zero2, fsdp: a unit's full gradients and their overlapped reduce-scatter ---- */
-unit_weights full_grads(dp_state *s, int u);
+void full_grads(dp_state *s, int u, unit_weights *g);
 void start_unit_reduce(dp_state *s, int u, float *by_rank);
 void finish_unit_reduce(dp_state *s);

@@ -126,7 +126,7 @@ static void gather_unit(fsdp_state *f, int u) {
     slot->n_req = 0;
     for (int k = 0; k < n; k++) {
         const param_tensor *x = &s->t->t[idx[k]];
-        if (!x->here) continue;   /* another pipeline stage's: nothing to gather (and no room) */
+        if (!dp_moves(s, x)) continue;   /* another stage's (nothing to gather, no room), or held whole */
         const float *shard = param_in(s->t, s->t->params, idx[k]);
         int r = slot->n_req++;
         slot->idx[r] = idx[k];
@@ -136,19 +136,19 @@ static void gather_unit(fsdp_state *f, int u) {
     }
 }
 
-/* Waits for slot's gathers; its tensors as views. */
-static unit_weights slot_views(fsdp_state *f, unit_slot *slot) {
+/* Waits for slot's gathers; its tensors as views in *w, which holds the table's views of the
+ * unit (dp_acquire_resident): a tensor held whole keeps its view of the stored values. */
+static void slot_views(fsdp_state *f, unit_slot *slot, unit_weights *w) {
     dp_state *s = &f->dp;
     land_slot(f, slot);
-    unit_weights w = {0};
     int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, slot->unit, idx);
     float *p = slot->data;
     for (int k = 0; k < n; k++) {
         const param_tensor *x = &s->t->t[idx[k]];
-        w.of[x->spec.kind] = p;
+        if (!dp_moves(s, x)) continue;
+        w->of[x->spec.kind] = p;
         p += dp_padded(s, x);
     }
-    return w;
 }
 
 /* Every slot that holds a unit's values freed (a gather still landing waited for first): the
@@ -221,9 +221,9 @@ static void fsdp_acquire(void *state, const llama_plan *p, llama_model *m, int u
     if (s->o.prefetch && u == s->L && !backward) drop_gathered(f);
     unit_slot *slot = slot_holding(f, u);
     if (!slot) { gather_unit(f, u); slot = slot_holding(f, u); }
-    *w = slot_views(f, slot);
+    slot_views(f, slot, w);
     if (s->o.prefetch) gather_unit(f, next_unit(s, u, backward));   /* overlaps u's compute */
-    if (backward) *g = full_grads(s, u);
+    if (backward) full_grads(s, u, g);
     dp_mark_now(&s->t_acquired);
 }
 
@@ -316,7 +316,7 @@ void fsdp_gather_counts(const param_table *t, int L, bool twice, bool keep_last,
     *bf16_elems = 0;
     for (int i = 0; i < t->n; i++) {
         const param_tensor *x = &t->t[i];
-        if (!x->here) continue;   /* another pipeline stage's */
+        if (!x->here || x->held_whole) continue;   /* another stage's, or held whole */
         /* BEGIN ASSIGNMENT: the bf16 gathers: how many times a step all-gathers tensor x, and the elements of those gathers that move as bf16 (add them to *calls and *bf16_elems) */
         bool kept = twice && keep_last && (x->spec.layer < 0 || x->spec.layer == L - 1);
         double gathers = twice && !kept ? 2 : 1, elems = (double)t->shard_ranks * x->shard_units * x->width;

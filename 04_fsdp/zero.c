@@ -88,7 +88,7 @@ static void zero2_acquire(void *state, const llama_plan *p, llama_model *m, int 
     dp_state *s = state;
     dp_ensure_buffers(s, zero2_allocate);
     dp_acquire_resident(s, m, u, backward, w, g);
-    if (backward) *g = full_grads(s, u);
+    if (backward) full_grads(s, u, g);
     dp_mark_now(&s->t_acquired);
 }
 

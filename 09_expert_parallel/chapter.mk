@@ -7,6 +7,9 @@ TECHNIQUE_09 := 09_expert_parallel/moe.c 09_expert_parallel/expert_parallel.c
 LINKS_09 := 00_naive_tp_mlp/tensor_parallel.c 01_transformer_tp/tp.c
 # --pp: chapter 05's pipeline, its schedules and its reports, the experts' ranks inside each stage.
 LINKS_09 += 05_pipeline/pipeline.c 05_pipeline/schedule.c 05_pipeline/pp_report.c
+# --fsdp: chapter 04's FSDP of the dense tensors over the ep group (data_parallel.c dispatches to
+# every mode, so all of them link).
+LINKS_09 += 04_fsdp/data_parallel.c 04_fsdp/dp_units.c 04_fsdp/ddp.c 04_fsdp/zero.c 04_fsdp/fsdp.c
 # --cp: chapter 06's context parallelism, each sequence's rows over the cp ranks.
 LINKS_09 += 06_context_parallel/context_parallel.c
 # --save and --resume: chapter 08's sharded checkpoints, which load into any mesh (another ep too).

@@ -120,17 +120,28 @@ void ep_load_log_close(ep_load_log *log) {
 
 /* The elements of the experts' weights and of everything else, in the whole model and as this
  * rank holds them under the plan (the experts split over ep, the tp-split tensors over tp, and
- * over pp only its stage's tensors); n_dense: the dense tensors held. */
-typedef struct { double experts, dense, experts_held, dense_held; int n_dense; } param_split;
+ * over pp only its stage's tensors); n_dense: the dense tensors held. Under chapter 04's FSDP
+ * (groups.shard: S ranks) dense_shards is this rank's shards of them, Psi_S: each tensor's
+ * first dimension (a matrix's rows, a vector's elements) in S chunks of ceil(units / S). */
+typedef struct { double experts, dense, experts_held, dense_held, dense_shards; int n_dense; } param_split;
 static param_split split_counts(const llama_model *m, const llama_plan *p) {
     param_split x = {0};
     const param_table *t = m->params;
     double ep = p->groups.ep ? p->groups.ep->size : 1, tp = p->groups.tp ? p->groups.tp->size : 1;
+    long long S = p->groups.shard ? p->groups.shard->size : 1;
     for (int i = 0; i < t->n; i++) {
         param_spec s = t->t[i].spec;
         double n = (double)s.rows * s.cols, here = t->t[i].here;
-        if (param_kind_is_expert(s.kind)) x.experts += n, x.experts_held += here * n / ep;
-        else x.dense += n, x.dense_held += here * n / (p->layout[s.kind] == SHARD_REPLICATED ? 1 : tp), x.n_dense += here;
+        if (param_kind_is_expert(s.kind)) { x.experts += n, x.experts_held += here * n / ep; continue; }
+        bool split = p->layout[s.kind] != SHARD_REPLICATED;
+        x.dense += n, x.dense_held += here * n / (split ? tp : 1), x.n_dense += here;
+        /* the tp slice [units, width]: rows split by SHARD_ROWS, columns by SHARD_COLS */
+        long long rows = split && p->layout[s.kind] == SHARD_ROWS
+                             ? param_split_rows(&m->c, s, SHARD_ROWS, (int)tp) / (long long)tp   /* (02's padding) */
+                             : s.rows;
+        long long cols = split && p->layout[s.kind] == SHARD_COLS ? s.cols / (long long)tp : s.cols;
+        long long units = s.is_vector ? cols : rows, width = s.is_vector ? 1 : cols;
+        x.dense_shards += here * (double)((units + S - 1) / S * width);
     }
     return x;
 }
@@ -148,13 +159,20 @@ int ep_report_parameters(const llama_plan *p, llama_model *m, double param_bytes
     /* what a layer keeps of the dispatch, as the allocator counts it: the rows received (x) and
      * their expert's a, b, g, and the outputs back (y) */
     unsigned dispatch = 1u << ACT_MOE_X | 1u << ACT_MOE_A | 1u << ACT_MOE_B | 1u << ACT_MOE_G | 1u << ACT_MOE_Y;
+    bool staged = layers_here(m) < c->n_layers, fsdp = p->groups.shard != NULL;
+    const char *held[2][2] = {{"4 (dense whole, or / tp where tp splits it + 3 L E D F_e / ep)",
+                               "4 (this stage's: dense whole, or / tp where tp splits it + 3 (L/pp) E D F_e / ep)"},
+                              {"4 (Psi_S, the dense tensors' shards over S + 3 L E D F_e / ep)",
+                               "4 (this stage's: Psi_S, the dense shards over S + 3 (L/pp) E D F_e / ep)"}};
     memory_row rows[] = {
-        {"parameters", param_bytes, 4 * (x.dense_held + x.experts_held),
-         layers_here(m) < c->n_layers ? "4 (this stage's: dense whole, or / tp where tp splits it + 3 (L/pp) E D F_e / ep)"
-                                      : "4 (dense whole, or / tp where tp splits it + 3 L E D F_e / ep)"},
+        {"parameters", param_bytes, 4 * ((fsdp ? x.dense_shards : x.dense_held) + x.experts_held), held[fsdp][staged]},
         {"dispatch, one layer", (double)llama_layer_act_bytes_measured(d, dispatch), per_layer,
          d->capacity ? "4 (R (D + 3 F_e) + N k D), R = min(ep N min(k, E/ep), ep (E/ep) B C) rows at most"
                      : "4 (R (D + 3 F_e) + N k D), R = ep N min(k, E/ep) rows at most (dropless)"}};
+    if (fsdp)   /* chapter 04's: every dense tensor in S shards; the experts stay whole (params.h's shards 1) */
+        log0("  (FSDP: the dense tensors' %.0f elements%s in S = %d shards of ceil(rows / S) rows each: Psi_S = %.0f; "
+             "the experts' %.0f whole, split over the same ranks already)\n", x.dense_held,
+             p->groups.tp ? " of the tp slice" : "", p->groups.shard->size, x.dense_shards, x.experts_held);
     if (d->capacity)
         log0("  (R = %.0f: every rank's %.0f tokens may choose this rank's experts, each of which takes at most C = %d "
              "copies of each of a rank's B = %d sequences)\n", R, N, d->capacity, d->B);
@@ -186,19 +204,50 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     comm_group *dense = expert_parallel_dense_group(p), *replicate = p->groups.mesh->group[MESH_DP_REPLICATE];
     comm_group *tp = p->groups.tp, *cp = p->groups.cp;
     bool over_cp = expert_parallel_over_cp(p);   /* the ep group spans cp: so does the dense sum */
-    comm_expectation expect[4];
-    comm_group *groups[3];
+    comm_expectation expect[6];
+    comm_group *groups[4];
     int n = 0, ng = 0;
-    if (dense->size > 1) {   /* the data ranks (and the cp ranks, when the ep group spans them) */
+    comm_group *shard = p->groups.shard;   /* chapter 04's FSDP of the dense tensors, or NULL */
+    double units = 0, kept = 0;            /* FSDP: the units this rank gathers (its layers and the
+                                            * ends), the shards of those that stay gathered */
+    if (shard) {
+        const param_table *t = m->params;
+        bool ends = false;
+        for (int i = 0; i < t->n; i++) {
+            const param_tensor *y = &t->t[i];
+            if (!y->here || param_kind_is_expert(y->spec.kind)) continue;
+            ends |= y->spec.layer < 0;
+            if (!piped && (y->spec.layer < 0 || y->spec.layer == m->c.n_layers - 1))
+                kept += (double)y->shard_units * y->width;
+        }
+        units = L + ends;
+    }
+    if (shard && shard->size > 1) {   /* 04's: each unit gathered before its forward and again before
+                                       * its backward (without a pipeline, the ends and the last layer
+                                       * stay gathered between them), its gradients reduce-scattered
+                                       * after; per microbatch under a pipeline. (The shard group is
+                                       * the ep group, or as large: its all-to-alls are below, so it is
+                                       * not among the groups whose every collective is predicted.) */
+        double S = shard->size;
+        expect[n++] = (comm_expectation){shard, COLL_ALL_GATHER, M * (2 * units - (piped ? 0 : 2)),
+                                         M * S * 4 * (2 * x.dense_shards - kept),
+                                         piped ? "M x 2 x S Psi_S x 4 (fwd + bwd)" : "(2 S Psi_S - ends - last layer) x 4"};
+        expect[n++] = (comm_expectation){shard, COLL_REDUCE_SCATTER, M * units, M * S * 4 * x.dense_shards,
+                                         piped ? "M x S Psi_S x 4 (grads)" : "S Psi_S x 4 (grads)"};
+    } else if (!shard && dense->size > 1) {   /* the data ranks (and the cp ranks, when the ep group spans them) */
         groups[ng++] = dense;
         expect[n++] = (comm_expectation){dense, COLL_ALL_REDUCE, x.n_dense, 4 * x.dense_held,
                                          "every dense tensor's slice: 4 x its elements"};
     }
-    if (replicate->size > 1) {
+    if (replicate->size > 1) {   /* the experts' (and under FSDP, HSDP's sum of each unit's shards) */
+        const char *text[2][2] = {{"3 L experts' tensors: 4 x 3 L E D F_e / ep",
+                                   "3 L/pp experts' tensors: 4 x 3 (L/pp) E D F_e / ep"},
+                                  {"4 x (3 L E D F_e / ep + Psi_S): experts, HSDP",
+                                   "4 x (3 (L/pp) E D F_e / ep + M Psi_S): experts, HSDP"}};
         groups[ng++] = replicate;
-        expect[n++] = (comm_expectation){replicate, COLL_ALL_REDUCE, 3 * L, 4 * x.experts_held,
-                                         piped ? "3 L/pp experts' tensors: 4 x 3 (L/pp) E D F_e / ep"
-                                               : "3 L experts' tensors: 4 x 3 L E D F_e / ep"};
+        expect[n++] = (comm_expectation){replicate, COLL_ALL_REDUCE, 3 * L + (shard ? M * units : 0),
+                                         4 * (x.experts_held + (shard ? M * x.dense_shards : 0)),
+                                         text[shard != NULL][piped]};
     }
     if (tp && tp->size > 1) {   /* chapter 01's f and g: attention's region, and the shared expert's */
         double regions = m->c.moe.shared_expert ? 2 : 1, N = m->d.N, D = m->d.D;
@@ -213,13 +262,18 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
                                  * attention's own traffic is 06's (its README): so the cp group is
                                  * not in groups[], whose every collective must be predicted here */
         double B = m->d.B, E = m->d.E, sums = over_cp ? 0 : 1;
+        /* (06's sum runs on the gradients as stored: under FSDP the dense shards and the experts) */
+        double block = shard ? x.dense_shards + x.experts_held : (double)m->params->whole_numel;
         const char *text[2][2] = {{"Psi x 4 (06's gradients) + 2 L x B E 4 (the sequences' counts)",
                                    "2 L x B E 4 (the sequences' counts)"},
                                   {"Psi x 4 (06's gradients) + 2 (L/pp) M x B E 4 (the sequences' counts)",
                                    "2 (L/pp) M x B E 4 (the sequences' counts)"}};
+        char sharded[128];   /* (under FSDP 06 sums the shards: "Psi" becomes what they hold) */
+        if (shard && !over_cp)
+            snprintf(sharded, sizeof sharded, "(Psi_S + experts) x 4 (06's)%s", strchr(text[piped][0], '+') - 1);
         expect[n++] = (comm_expectation){cp, COLL_ALL_REDUCE, sums + 2 * L * M,
-                                         sums * 4.0 * m->params->whole_numel + 2 * L * M * B * E * 4,
-                                         text[piped][over_cp]};
+                                         sums * 4.0 * block + 2 * L * M * B * E * 4,
+                                         shard && !over_cp ? sharded : text[piped][over_cp]};
     }
     int bad = n ? report_communication(groups, ng, o->steps, expect, n) : 0;
     if (!ep || ep->size == 1) {

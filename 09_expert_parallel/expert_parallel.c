@@ -23,6 +23,7 @@ typedef struct {
     float *shares_dev;               /* [shares_cap] the sequences' counts summed over cp (kept)   */
     size_t shares_cap;
     bool skip_expert_reduce;         /* the fault: experts' gradients not reduced over dp_replicate */
+    bool experts_as_dense;           /* the fault: experts' gradients summed over the dense group   */
     unsigned block_faults;           /* the MoE block's (EP_FAULT_*)                               */
     int E;                           /* the load's tally: copies this rank sent to each expert,    */
     double *load_now, *load_last;    /* [E] over the forwards of the step running, and of the last */
@@ -40,10 +41,14 @@ static void free_state(void *state) {
 const plan_technique expert_parallel_technique = {"expert parallel", free_state};
 
 /* After the backward: each tensor's gradient summed over the ranks that hold the same slice of it
- * and saw different tokens (expert_parallel.h's table). One all-reduce per tensor. */
+ * and saw different tokens (expert_parallel.h's table). One all-reduce per tensor; under chapter
+ * 04's FSDP (applied after this: it set groups.shard, and runs this after its own reduction) the
+ * dense tensors' gradients are its, reduce-scattered into their shards, and only the experts' are
+ * summed here. */
 static void reduce_grads(void *state, const llama_plan *p, llama_model *m) {
     ep_state *s = state;
     param_table *t = m->params;
+    bool dense_sharded = p->groups.shard != NULL;
     /* the step's forwards are done: their load becomes the last step's */
     for (int e = 0; e < s->E; e++) s->load_last[e] = s->load_now[e], s->load_now[e] = 0;
     s->dropped_last = s->dropped_now, s->dropped_now = 0;
@@ -51,8 +56,8 @@ static void reduce_grads(void *state, const llama_plan *p, llama_model *m) {
     for (int i = 0; i < t->n; i++) {
         if (!t->t[i].here) continue;   /* another pipeline stage's (chapter 05) */
         bool expert = param_kind_is_expert(t->t[i].spec.kind);
-        comm_group *g = expert ? s->replicate : s->dense;
-        if (expert && s->skip_expert_reduce) continue;
+        comm_group *g = expert && !s->experts_as_dense ? s->replicate : s->dense;
+        if ((expert && s->skip_expert_reduce) || (!expert && dense_sharded)) continue;
         if (g->size > 1) comm_all_reduce(g, param_in(t, t->grads, i), param_stored_numel(t, t->grads, i), COMM_SUM);
     }
 }
@@ -230,6 +235,14 @@ static const char *skip_expert_reduce(llama_plan *p) {
     s->skip_expert_reduce = true;
     return NULL;
 }
+static const char *experts_as_dense(llama_plan *p) {
+    ep_state *s = plan_state(p, &expert_parallel_technique);
+    if (s->ep->size == 1)
+        return "experts-as-dense sums the experts' gradients over every data rank, as a dense tensor's: it needs ep 2 "
+               "or more (one ep rank holds every expert, and its data ranks replicate them)";
+    s->experts_as_dense = true;
+    return NULL;
+}
 static const char *local_shares(llama_plan *p) {
     ep_state *s = plan_state(p, &expert_parallel_technique);
     if (!p->groups.cp || p->groups.cp->size == 1)
@@ -293,5 +306,7 @@ const plan_fault expert_parallel_faults[] = {
     {"skip-aux-grad", "the load-balancing loss's gradient is left out of the router's", skip_aux_grad},
     {"wrong-counts", "the received counts are read for the local experts in reverse order", wrong_counts},
     {"skip-expert-reduce", "the experts' gradients are not summed over dp_replicate", skip_expert_reduce},
+    {"experts-as-dense", "the experts' gradients are summed over every data rank, as a dense tensor's (the ep ranks "
+                         "hold different experts)", experts_as_dense},
     {"local-shares", "the balancing loss counts a sequence's copies on this cp rank's rows only", local_shares},
     {0}};

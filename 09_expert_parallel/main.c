@@ -15,6 +15,7 @@
  *   make run-09 NP=4 ARGS="--pp 2"                chapter 05's pipeline: 2 stages, each with ep 2
  *   make run-09 NP=4 ARGS="--cp 2"                chapter 06's context parallelism under ep 2
  *   make run-09 NP=4 ARGS="--cp 2 --ep-over-cp"   the ep group over dp_shard x cp: ep 4, as torchtitan
+ *   make run-09 NP=4 ARGS="--fsdp"                chapter 04's FSDP: the dense tensors sharded over ep 4
  *   make check-09                                 ep 1, 2, 4, 8; top-1 and top-2; tp; pp; cp; a capacity; the bugs
  *   make plot-09                                  the load over the steps with and without the balancing loss
  */
@@ -30,6 +31,7 @@
 #include "outputs.h"
 #include "run.h"
 #include "../01_transformer_tp/tp.h"
+#include "../04_fsdp/data_parallel.h"
 #include "../05_pipeline/pipeline.h"
 #include "../05_pipeline/pp_report.h"
 #include "../06_context_parallel/context_parallel.h"
@@ -56,6 +58,8 @@ static const char *usage =
     "  --cp-method M        its attention: ring|allgather|alltoall (default ring)\n"
     "  --ep-over-cp         the ep group is dp_shard x cp (torchtitan's): the experts split over the cp\n"
     "                       ranks too; --ep is then that group's size, a multiple of --cp\n"
+    "  --fsdp               chapter 04's FSDP: the dense tensors sharded over the ep group (each rank's\n"
+    "                       experts stay whole: they are split over the same ranks already)\n"
     "  --pp P               chapter 05's pipeline: the layers in P stages, each with its ep group (default 1)\n"
     "  --microbatches M     the pipeline's microbatches (default 1 without --pp, pp with it)\n"
     "  --schedule S         the pipeline's schedule: gpipe|1f1b|interleaved|zb-h1 (default 1f1b)\n"
@@ -65,13 +69,13 @@ static const char *usage =
     "                       train --steps more (not with --check: the baseline starts at step 1)\n";
 
 enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_CAPACITY, OPT_EP, OPT_TP, OPT_PP, OPT_MICRO,
-       OPT_SCHEDULE, OPT_VIRTUAL, OPT_CP, OPT_CP_METHOD, OPT_EP_OVER_CP, OPT_SAVE,
+       OPT_SCHEDULE, OPT_VIRTUAL, OPT_CP, OPT_CP_METHOD, OPT_EP_OVER_CP, OPT_FSDP, OPT_SAVE,
        OPT_RESUME };
 typedef struct {
     moe_config *moe;
     int ep, tp, pp, cp;
     pp_options pipe;
-    bool pipe_given, cp_method_given, ep_over_cp;
+    bool pipe_given, cp_method_given, ep_over_cp, fsdp;
     cp_options context;
     const char *save, *resume;
 } chapter_options;
@@ -98,6 +102,7 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
         co->context.method = (cp_method)cli_choice("--cp-method", arg, methods);
         co->cp_method_given = true;
     } else if (code == OPT_EP_OVER_CP) co->ep_over_cp = true;
+    else if (code == OPT_FSDP) co->fsdp = true;
     else if (code == OPT_VIRTUAL) co->pipe.virtual_stages = cli_int("--virtual-stages", arg, 1, 64), co->pipe_given = true;
     else if (code == OPT_SAVE) co->save = arg;
     else co->resume = arg;
@@ -117,6 +122,7 @@ int main(int argc, char **argv) {
         {"microbatches", required_argument, 0, OPT_MICRO}, {"schedule", required_argument, 0, OPT_SCHEDULE},
         {"virtual-stages", required_argument, 0, OPT_VIRTUAL}, {"cp", required_argument, 0, OPT_CP},
         {"cp-method", required_argument, 0, OPT_CP_METHOD}, {"ep-over-cp", no_argument, 0, OPT_EP_OVER_CP},
+        {"fsdp", no_argument, 0, OPT_FSDP},
         {"save", required_argument, 0, OPT_SAVE}, {"resume", required_argument, 0, OPT_RESUME}, {0, 0, 0, 0}};
     chapter_options co = {.moe = &o.model.moe, .ep = 0, .tp = 1, .pp = 1, .cp = 1, .pipe = {.schedule = PP_1F1B},
                           .context = {.method = CP_RING, .balance = CP_ZIGZAG}};
@@ -161,6 +167,9 @@ int main(int argc, char **argv) {
     if (co.cp > 1) context_parallel_apply(&plan, mesh, c, &co.context);
     if (piped) pipeline_apply(&plan, mesh, c, &co.pipe);
     expert_parallel_apply(&plan, mesh, c, co.ep_over_cp);
+    if (co.fsdp)   /* chapter 04's FSDP over the ep group: the dense tensors sharded, the experts whole */
+        data_parallel_apply(&plan, mesh, c, &(dp_options){.mode = DP_FSDP, .reshard_after_forward = true,
+                                                          .prefetch = !piped, .shard_over_cp = co.ep_over_cp});
     run_apply_fault(&o, &plan);
     /* the checkpoints' directories, checked with --out and --dump before anything is allocated */
     const char *dir = co.save ? co.save : co.resume;

@@ -15,6 +15,10 @@ int param_split_rows(const llama_config *c, param_spec s, shard_layout layout, i
     return vocab_rows ? llama_padded_vocab(c, tp) : s.rows;
 }
 
+bool param_held_whole(param_kind kind, unsigned shard_dims, unsigned expert_dims) {
+    return expert_dims && param_kind_is_expert(kind) && (param_shard_dims(shard_dims) & ~expert_dims) == 0;
+}
+
 param_table *param_table_create(const llama_config *c, device_mesh *mesh,
                                 const shard_layout layout[P_NKINDS],
                                 const block_storage storage[PARAM_NBLOCKS], unsigned shard_dims,
@@ -33,6 +37,8 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
     int p_ep = t->expert_dims ? mesh_size_over(&mesh->shape, t->expert_dims) : 1;
     int r_ep = t->expert_dims ? mesh_rank_over(&mesh->shape, mesh->coord, t->expert_dims) : 0;
     int S = t->shard_ranks, s = t->shard_rank;
+    bool sharded_blocks = false;
+    for (int b = 0; b < PARAM_NBLOCKS; b++) sharded_blocks |= t->storage[b] != STORE_WHOLE;
     t->n = llama_num_params(c);
     t->t = calloc((size_t)t->n, sizeof *t->t);
     for (int i = 0; i < t->n; i++) {
@@ -58,23 +64,35 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
         int real_rows = x->spec.rows - x->r0;
         if (x->nr > real_rows) x->nr = real_rows > 0 ? real_rows : 0;
         x->real_units = x->spec.is_vector ? x->nc : x->nr;
-        x->shard_units = (x->units + S - 1) / S;
-        x->own_first = s * x->shard_units;
+        x->held_whole = param_held_whole(x->spec.kind, t->shard_dims, t->expert_dims);
+        if (by_expert && !x->held_whole && S > 1 && sharded_blocks) {   /* (a plan refuses it first) */
+            fprintf(stderr, "param_table_create: %s would need a shard group of its own (the shard group spans "
+                    "ranks the experts are not split over)\n", x->spec.name);
+            exit(1);
+        }
+        x->shard_units = x->held_whole ? x->units : (x->units + S - 1) / S;
+        x->own_first = x->held_whole ? 0 : s * x->shard_units;
         x->own_units = x->real_units - x->own_first;
         if (x->own_units > x->shard_units) x->own_units = x->shard_units;
         if (x->own_units < 0) x->own_units = 0;
         if (!x->here) x->units = x->real_units = x->shard_units = x->own_units = 0;   /* another stage's */
     }
-    /* Offsets, unit by unit, so that a unit is one contiguous range in every block. */
+    /* Offsets, unit by unit, so that a unit is one contiguous range in every block; in the shard
+     * block its tensors split over the shard group first, then those held whole (held_whole). */
     for (int u = 0; u <= c->n_layers; u++) {
         int idx[PARAM_UNIT_MAX], n = llama_unit_tensors(c, u, idx);
         for (int k = 0; k < n; k++) {
             param_tensor *x = &t->t[idx[k]];
             x->offset_whole = t->whole_numel;
-            x->offset_shard = t->shard_numel;
             t->whole_numel += (size_t)x->units * x->width;
-            t->shard_numel += (size_t)x->shard_units * x->width;
         }
+        for (int whole = 0; whole < 2; whole++)
+            for (int k = 0; k < n; k++) {
+                param_tensor *x = &t->t[idx[k]];
+                if (x->held_whole != whole) continue;
+                x->offset_shard = t->shard_numel;
+                t->shard_numel += (size_t)x->shard_units * x->width;
+            }
     }
 #define BLOCK_NUMEL(b) (t->storage[b] == STORE_SHARD ? t->shard_numel : t->whole_numel)
     t->params = device_alloc_floats(BLOCK_NUMEL(PARAM_VALUES), MEM_PARAMS);
@@ -135,9 +153,14 @@ size_t param_stored_numel(const param_table *t, const float *block, int i) {
 void param_unit_range(const param_table *t, const float *block, int u, size_t *offset, size_t *count) {
     int idx[PARAM_UNIT_MAX], n = llama_unit_tensors(&t->c, u, idx);
     bool shard = param_storage_of(t, block) == STORE_SHARD;
-    const param_tensor *first = &t->t[idx[0]], *last = &t->t[idx[n - 1]];
-    *offset = shard ? first->offset_shard : first->offset_whole;
-    *count = (shard ? last->offset_shard : last->offset_whole) + param_stored_numel(t, block, idx[n - 1]) - *offset;
+    *offset = SIZE_MAX;
+    *count = 0;
+    for (int k = 0; k < n; k++) {   /* (in a shard block the first tensor in the table's order may lie later) */
+        const param_tensor *x = &t->t[idx[k]];
+        size_t at = shard ? x->offset_shard : x->offset_whole;
+        if (at < *offset) *offset = at;
+        *count += param_stored_numel(t, block, idx[k]);
+    }
 }
 
 int param_unit_tensors(const param_table *t, int u, int idx[PARAM_UNIT_MAX]) { return llama_unit_tensors(&t->c, u, idx); }

@@ -49,13 +49,24 @@ typedef struct {
                                * first nr are real and the rest padding (param_split_rows)     */
     int real_units;           /* the tp slice's units that hold the tensor: units but for the
                                * vocabulary's padding rows (zero, never updated)               */
-    int shard_units;          /* units per dp shard, ceil(units / S)                           */
+    bool held_whole;          /* not split over the shard group: each of its ranks holds its own
+                               * whole (09's experts, split over those ranks already:
+                               * param_held_whole); a sharded block stores it whole             */
+    int shard_units;          /* units per dp shard, ceil(units / S) (units when held_whole)   */
     int own_first, own_units; /* this rank's real units of the tp slice (own_units may be 0)   */
     size_t offset_whole;      /* where it starts in a whole block (floats)                     */
     size_t offset_shard;      /* where its shard starts in a shard block (floats)              */
     bool here;                /* stored on this rank: false for another pipeline stage's tensors
                                * (then it occupies nothing and its pointers are NULL)            */
 } param_tensor;
+
+/* Whether a tensor of `kind` is held whole by every rank of the shard group (over the mesh
+ * dimensions shard_dims) rather than split over it: an expert's weight when the shard group lies
+ * inside the dimensions the experts are split over (expert_dims, 09): those ranks hold different
+ * experts already, so there is nothing to share (torchtitan's dp_shard_mod_ep = 1). An expert's
+ * weight whose shard group spans other ranks too would need a shard group of its own, which is not
+ * built: a plan refuses it (data_parallel_apply). */
+bool param_held_whole(param_kind kind, unsigned shard_dims, unsigned expert_dims);
 
 /* Pointers to the tensors of one unit inside one of the blocks (params, grads, adam_m, adam_v),
  * by name or by param_kind. A unit is a layer (its nine tensors; the others NULL) or the model's
@@ -95,7 +106,9 @@ typedef struct {
     block_storage storage[PARAM_NBLOCKS];
     size_t whole_numel, shard_numel;   /* floats of a whole block, of a shard block           */
     /* In the blocks the tensors lie unit by unit (layer 0, ..., layer L-1, then the ends:
-     * tok_embeddings, norm, output), so a unit's tensors are one contiguous range. */
+     * tok_embeddings, norm, output), so a unit's tensors are one contiguous range; in a shard
+     * block those split over the shard group come first, those held whole after them
+     * (held_whole: 09's experts), so the part a unit's collectives move is contiguous too. */
     float *params, *grads, *adam_m, *adam_v;   /* MEM_PARAMS, MEM_GRADS, MEM_OPTIM, MEM_OPTIM */
 } param_table;
 
@@ -134,7 +147,9 @@ block_storage param_storage_of(const param_table *t, const float *block);
  * (llama_unit_tensors), at most PARAM_UNIT_MAX. */
 #define PARAM_UNIT_MAX LLAMA_UNIT_MAX_TENSORS
 int param_unit_tensors(const param_table *t, int u, int idx[PARAM_UNIT_MAX]);
-/* The floats of unit u (its tensors one after the other) in a block: offset and count. */
+/* The floats of unit u (its tensors one after the other) in a block: offset and count (in a
+ * shard block the tensors split over the shard group first: they are the range's first
+ * floats). */
 void param_unit_range(const param_table *t, const float *block, int u, size_t *offset, size_t *count);
 /* The tensors of unit u inside a block: layer u for u < L, the ends for u == L. */
 unit_weights param_unit(const param_table *t, float *block, int u);
