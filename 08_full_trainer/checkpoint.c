@@ -336,6 +336,7 @@ static char *index_json(const llama_model *m, const checkpoint_meta *meta, const
         cJSON_AddNumberToObject(model, "top_k", c->moe.top_k);
         cJSON_AddNumberToObject(model, "expert_dim", c->moe.expert_dim);
         cJSON_AddNumberToObject(model, "shared_expert", c->moe.shared_expert);
+        if (c->layer_every > 1) cJSON_AddNumberToObject(model, "moe_every", c->layer_every);   /* absent: 1 */
     }
 
     /* the writer's mesh and storage: for the reader's information, loading does not need them */
@@ -677,16 +678,19 @@ static int check_model(const cJSON *model, const llama_config *c, const char *wh
                         v, ints[k].key, ints[k].have);
     }
     /* the experts (absent: a dense model, 0) */
-    const struct { const char *key; int have; } experts[] = {
-        {"experts", c->moe.experts}, {"top_k", c->moe.top_k}, {"expert_dim", c->moe.expert_dim},
-        {"shared_expert", c->moe.shared_expert}};
+    /* (moe_every, absent: 1, every layer a mixture) */
+    int every = c->moe.experts > 0 && c->layer_every > 1 ? c->layer_every : 1;
+    const struct { const char *key; int have, absent; } experts[] = {
+        {"experts", c->moe.experts, 0}, {"top_k", c->moe.top_k, 0}, {"expert_dim", c->moe.expert_dim, 0},
+        {"shared_expert", c->moe.shared_expert, 0}, {"moe_every", every, 1}};
     for (size_t k = 0; k < sizeof experts / sizeof experts[0]; k++) {
-        int v = 0;
+        int v = experts[k].absent;
         if (cJSON_GetObjectItemCaseSensitive(model, experts[k].key) && json_int(model, experts[k].key, &v) != 0)
             return fail(err, errlen, "checkpoint %s: the index's model has no integer \"%s\"", where, experts[k].key);
-        if (v != (c->moe.experts > 0 ? experts[k].have : 0))
+        int want = c->moe.experts > 0 ? experts[k].have : experts[k].absent;
+        if (v != want)
             return fail(err, errlen, "checkpoint %s was written for %s %d; this model has %s %d", where,
-                        experts[k].key, v, experts[k].key, c->moe.experts > 0 ? experts[k].have : 0);
+                        experts[k].key, v, experts[k].key, want);
     }
     const struct { const char *key; float have; } floats[] = {{"norm_eps", c->norm_eps}, {"rope_theta", c->rope_theta}};
     for (size_t k = 0; k < 2; k++) {

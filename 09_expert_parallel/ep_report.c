@@ -12,11 +12,20 @@
 #include "parity.h"
 #include "report.h"
 
-/* The layers this rank holds (L, or a pipeline stage's L / pp: chapter 05) and the passes a
- * step makes through them (1, or the pipeline's M microbatches). */
-static int layers_here(const llama_model *m) {
+/* The layers this rank holds (every one, or a pipeline stage's: chapter 05), all of them or only
+ * the mixtures of experts (every layer, or with --moe-every K every K-th: the formulas' L counts
+ * those); the passes a step makes through them (1, or the pipeline's M microbatches). */
+static int layers_here(const llama_model *m, bool moe_only) {
     int n = 0;
-    for (int l = 0; l < m->c.n_layers; l++) n += m->params->t[param_index(m->params, P_ROUTER, l)].here;
+    for (int l = 0; l < m->c.n_layers; l++)
+        if (!moe_only || llama_layer_has(&m->c, l, P_ROUTER))
+            n += m->params->t[param_index(m->params, moe_only ? P_ROUTER : P_WQ, l)].here;
+    return n;
+}
+/* The model's mixtures of experts, on every rank or not. */
+static int moe_layers(const llama_config *c) {
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++) n += llama_layer_has(c, l, P_ROUTER);
     return n;
 }
 static int passes(const llama_plan *p) { return p->schedule.microbatches > 1 ? p->schedule.microbatches : 1; }
@@ -36,7 +45,7 @@ static double last_load(const llama_plan *p, const llama_model *m, double *load,
 
 int ep_report_load(const llama_plan *p, llama_model *m) {
     const llama_dims *d = &m->d;
-    int E = d->E, L = m->c.n_layers;
+    int E = d->E, L = moe_layers(&m->c);
     double *load = calloc((size_t)E, sizeof *load), dropped, most = 0;
     double total = last_load(p, m, load, &dropped);
     comm_group *batch = p->groups.batch;
@@ -149,9 +158,12 @@ static param_split split_counts(const llama_model *m, const llama_plan *p) {
 int ep_report_parameters(const llama_plan *p, llama_model *m, double param_bytes) {
     const llama_dims *d = &m->d;
     const llama_config *c = &m->c;
-    double L = c->n_layers, E = d->E, k = d->k, D = d->D, Fe = d->Fe;
+    double L = moe_layers(c), E = d->E, k = d->k, D = d->D, Fe = d->Fe;
     param_split x = split_counts(m, p);
     double experts = x.experts, dense = x.dense, active = llama_active_parameter_count(c);
+    if (L < c->n_layers)   /* --moe-every: the formulas' L counts the mixtures */
+        log0("(--moe-every %d: L = %.0f of the %d layers are mixtures of experts, the others Llama's dense feed-forward; "
+             "L below counts the mixtures)\n", c->layer_every, L, c->n_layers);
     log0("parameters: %.0f in all, %.0f of them the experts' (3 L E D F_e = %.0f); active per token %.0f "
          "(outside the embedding; k of E experts: 6 x active = %.3g FLOPs a token, attention aside)\n",
          dense + experts, experts, 3 * L * E * D * Fe, active, 6 * active);
@@ -159,7 +171,7 @@ int ep_report_parameters(const llama_plan *p, llama_model *m, double param_bytes
     /* what a layer keeps of the dispatch, as the allocator counts it: the rows received (x) and
      * their expert's a, b, g, and the outputs back (y) */
     unsigned dispatch = 1u << ACT_MOE_X | 1u << ACT_MOE_A | 1u << ACT_MOE_B | 1u << ACT_MOE_G | 1u << ACT_MOE_Y;
-    bool staged = layers_here(m) < c->n_layers, fsdp = p->groups.shard != NULL;
+    bool staged = layers_here(m, false) < c->n_layers, fsdp = p->groups.shard != NULL;
     const char *held[2][2] = {{"4 (dense whole, or / tp where tp splits it + 3 L E D F_e / ep)",
                                "4 (this stage's: dense whole, or / tp where tp splits it + 3 (L/pp) E D F_e / ep)"},
                               {"4 (Psi_S, the dense tensors' shards over S + 3 L E D F_e / ep)",
@@ -198,8 +210,8 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     /* the gradients: the dense tensors' summed over every data rank, the experts' over the ranks
      * that hold the same ones (dp_replicate), one all-reduce a tensor */
     /* under a pipeline (chapter 05) this rank runs its stage's L/pp layers, M times a step */
-    double L = layers_here(m), M = passes(p);
-    bool piped = L < m->c.n_layers || M > 1;
+    double L = layers_here(m, true), all = layers_here(m, false), M = passes(p);   /* the mixtures, every layer */
+    bool piped = all < m->c.n_layers || M > 1;
     param_split x = split_counts(m, p);
     comm_group *dense = expert_parallel_dense_group(p), *replicate = p->groups.mesh->group[MESH_DP_REPLICATE];
     comm_group *tp = p->groups.tp, *cp = p->groups.cp;
@@ -220,7 +232,7 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
             if (!piped && (y->spec.layer < 0 || y->spec.layer == m->c.n_layers - 1))
                 kept += (double)y->shard_units * y->width;
         }
-        units = L + ends;
+        units = all + ends;
     }
     if (shard && shard->size > 1) {   /* 04's: each unit gathered before its forward and again before
                                        * its backward (without a pipeline, the ends and the last layer
@@ -249,13 +261,20 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
                                          4 * (x.experts_held + (shard ? M * x.dense_shards : 0)),
                                          text[shard != NULL][piped]};
     }
-    if (tp && tp->size > 1) {   /* chapter 01's f and g: attention's region, and the shared expert's */
-        double regions = m->c.moe.shared_expert ? 2 : 1, N = m->d.N, D = m->d.D;
+    if (tp && tp->size > 1) {   /* chapter 01's f and g: attention's region in every layer, the shared
+                                 * expert's in a mixture, the dense feed-forward's in the others */
+        bool shared = m->c.moe.shared_expert, mixed = all > L;   /* (mixed: --moe-every) */
+        double regions = all + (shared ? L : 0) + (all - L), N = m->d.N, D = m->d.D;
         groups[ng++] = tp;
-        const char *text[2][2] = {{"2 L x N D 4 (attention's f and g)", "4 L x N D 4 (attention, shared expert)"},
-                                  {"2 (L/pp) M x N D 4 (attention's f and g)", "4 (L/pp) M x N D 4 (attention, shared expert)"}};
-        expect[n++] = (comm_expectation){tp, COLL_ALL_REDUCE, 2 * regions * L * M, 2 * regions * L * M * N * D * 4,
-                                         text[piped][m->c.moe.shared_expert]};
+        const char *text[2][2][2] = {{{"2 L x N D 4 (attention's f and g)", "4 L x N D 4 (attention, shared expert)"},
+                                      {"2 (L/pp) M x N D 4 (attention's f and g)",
+                                       "4 (L/pp) M x N D 4 (attention, shared expert)"}},
+                                     {{"2 (L + 2 L_d) x N D 4 (attention; L_d dense FFNs)",
+                                       "4 (L + L_d) x N D 4 (attention; shared expert or FFN)"},
+                                      {"2 (L + 2 L_d) M x N D 4 (a stage's; L_d dense FFNs)",
+                                       "4 (L + L_d) M x N D 4 (a stage's; shared expert or FFN)"}}};
+        expect[n++] = (comm_expectation){tp, COLL_ALL_REDUCE, 2 * regions * M, 2 * regions * M * N * D * 4,
+                                         text[mixed][piped][shared]};
     }
     if (cp && cp->size > 1) {   /* chapter 06's sum of the gradients (unless the sum over dp x cp above
                                  * made it), and the balancing loss's counts per sequence (moe.c); the

@@ -16,6 +16,7 @@
  *   make run-09 NP=4 ARGS="--cp 2"                chapter 06's context parallelism under ep 2
  *   make run-09 NP=4 ARGS="--cp 2 --ep-over-cp"   the ep group over dp_shard x cp: ep 4, as torchtitan
  *   make run-09 NP=4 ARGS="--fsdp"                chapter 04's FSDP: the dense tensors sharded over ep 4
+ *   make run-09 ARGS="--moe-every 2 --n-layers 4" the mixture on every other layer, Llama's FFN between
  *   make check-09                                 ep 1, 2, 4, 8; top-1 and top-2; tp; pp; cp; a capacity; the bugs
  *   make plot-09                                  the load over the steps with and without the balancing loss
  */
@@ -51,6 +52,8 @@ static const char *usage =
     "  --aux-alpha A        weight of the load-balancing loss (default 0.01)\n"
     "  --capacity-factor C  each expert takes at most ceil(C T k / E) copies of a sequence's tokens,\n"
     "                       the rest dropped (default: dropless)\n"
+    "  --moe-every K        the mixture on every K-th layer (layers K-1, 2K-1, ...; Llama 4's K = 2), Llama's\n"
+    "                       dense feed-forward on the others (default 1: every layer)\n"
     "  --ep P               ranks the experts are split over (default: the data ranks, NP / (tp pp cp));\n"
     "                       the rest replicate them\n"
     "  --tp T               chapter 01's tensor parallelism of the dense parts (default 1)\n"
@@ -68,11 +71,12 @@ static const char *usage =
     "  --resume DIR         start from DIR's latest checkpoint, on this run's mesh (any ep, tp, pp, cp), and\n"
     "                       train --steps more (not with --check: the baseline starts at step 1)\n";
 
-enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_CAPACITY, OPT_EP, OPT_TP, OPT_PP, OPT_MICRO,
+enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_CAPACITY, OPT_MOE_EVERY, OPT_EP, OPT_TP, OPT_PP, OPT_MICRO,
        OPT_SCHEDULE, OPT_VIRTUAL, OPT_CP, OPT_CP_METHOD, OPT_EP_OVER_CP, OPT_FSDP, OPT_SAVE,
        OPT_RESUME };
 typedef struct {
     moe_config *moe;
+    int *moe_every;   /* llama_config.layer_every */
     int ep, tp, pp, cp;
     pp_options pipe;
     bool pipe_given, cp_method_given, ep_over_cp, fsdp;
@@ -88,6 +92,7 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     else if (code == OPT_SHARED) x->shared_expert = true;
     else if (code == OPT_AUX) x->aux_alpha = cli_float("--aux-alpha", arg, 0.0f, 100.0f);
     else if (code == OPT_CAPACITY) x->capacity_factor = cli_float("--capacity-factor", arg, 0.01f, 64.0f);
+    else if (code == OPT_MOE_EVERY) *co->moe_every = cli_int("--moe-every", arg, 1, 4096);
     else if (code == OPT_EP) co->ep = cli_int("--ep", arg, 1, 4096);
     else if (code == OPT_TP) co->tp = cli_int("--tp", arg, 1, 4096);
     else if (code == OPT_PP) co->pp = cli_int("--pp", arg, 1, 4096);
@@ -118,13 +123,15 @@ int main(int argc, char **argv) {
         {"experts", required_argument, 0, OPT_EXPERTS}, {"top-k", required_argument, 0, OPT_TOP_K},
         {"expert-dim", required_argument, 0, OPT_EXPERT_DIM}, {"shared-expert", no_argument, 0, OPT_SHARED},
         {"aux-alpha", required_argument, 0, OPT_AUX}, {"capacity-factor", required_argument, 0, OPT_CAPACITY},
+        {"moe-every", required_argument, 0, OPT_MOE_EVERY},
         {"ep", required_argument, 0, OPT_EP}, {"tp", required_argument, 0, OPT_TP}, {"pp", required_argument, 0, OPT_PP},
         {"microbatches", required_argument, 0, OPT_MICRO}, {"schedule", required_argument, 0, OPT_SCHEDULE},
         {"virtual-stages", required_argument, 0, OPT_VIRTUAL}, {"cp", required_argument, 0, OPT_CP},
         {"cp-method", required_argument, 0, OPT_CP_METHOD}, {"ep-over-cp", no_argument, 0, OPT_EP_OVER_CP},
         {"fsdp", no_argument, 0, OPT_FSDP},
         {"save", required_argument, 0, OPT_SAVE}, {"resume", required_argument, 0, OPT_RESUME}, {0, 0, 0, 0}};
-    chapter_options co = {.moe = &o.model.moe, .ep = 0, .tp = 1, .pp = 1, .cp = 1, .pipe = {.schedule = PP_1F1B},
+    o.model.layer_every = 1;
+    chapter_options co = {.moe = &o.model.moe, .moe_every = &o.model.layer_every, .ep = 0, .tp = 1, .pp = 1, .cp = 1, .pipe = {.schedule = PP_1F1B},
                           .context = {.method = CP_RING, .balance = CP_ZIGZAG}};
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
     char why[256];
@@ -215,9 +222,13 @@ int main(int argc, char **argv) {
              d->E, d->k, stages, mesh->shape.dp_replicate, mesh->shape.dp_shard, contexts, mesh->shape.tp,
              device_backend_name());
     plan_describe(&plan);   /* which technique installed which operator; the groups */
-    log0("model: dim %d, %d layers, %d heads (%d kv), experts %d x hidden %d%s, vocab %d; global batch %d x %d "
+    char every[64] = "";   /* --moe-every: which layers are mixtures */
+    if (c->layer_every > 1)
+        snprintf(every, sizeof every, " in layers %d, %d, ... (one in %d)", c->layer_every - 1, 2 * c->layer_every - 1,
+                 c->layer_every);
+    log0("model: dim %d, %d layers, %d heads (%d kv), experts %d x hidden %d%s%s, vocab %d; global batch %d x %d "
          "tokens, %d per rank%s\n", c->dim, c->n_layers, c->n_heads, c->n_kv_heads, d->E, d->Fe,
-         c->moe.shared_expert ? " + a shared expert" : "", c->vocab_size, o.batch, c->seq_len,
+         c->moe.shared_expert ? " + a shared expert" : "", every, c->vocab_size, o.batch, c->seq_len,
          d->B * co.pipe.microbatches, piped ? " in microbatches (a microbatch's figures below: B, N)" : "");
     if (d->capacity)
         log0("per rank: %d of %d experts (from expert %d); capacity %d rows per expert and sequence (ceil(c T k / E), "

@@ -41,6 +41,9 @@ const char *moe_config_check(const llama_config *c, char *why, size_t len) {
     else if (x->expert_dim < 1) snprintf(why, len, "--expert-dim %d: an expert's hidden size must be positive", x->expert_dim);
     else if (!(x->aux_alpha >= 0)) snprintf(why, len, "--aux-alpha %g: the load-balancing loss's weight must be >= 0", x->aux_alpha);
     else if (!(x->capacity_factor >= 0)) snprintf(why, len, "--capacity-factor %g: must be positive (or 0: dropless)", x->capacity_factor);
+    else if (c->layer_every < 1 || c->layer_every > c->n_layers)
+        snprintf(why, len, "--moe-every %d: the mixture replaces every K-th layer's feed-forward, K from 1 to "
+                 "--n-layers %d (above it no layer would be a mixture)", c->layer_every, c->n_layers);
     else if ((long long)x->experts * x->expert_dim > INT_MAX || (long long)x->experts * c->dim > INT_MAX)
         snprintf(why, len, "--experts %d x --expert-dim %d (and x --dim %d): the experts' stacked weights need fewer "
                  "than 2^31 rows", x->experts, x->expert_dim, c->dim);

@@ -197,7 +197,16 @@ def read_config(metadata, path):
             config[key] = float(metadata[key]) if key == "aux_alpha" else int(metadata[key])
         if "capacity_factor" in metadata:   # absent: dropless
             config["capacity_factor"] = float(metadata["capacity_factor"])
+        config["moe_every"] = int(metadata.get("moe_every", 1))   # absent: every layer a mixture
+        if config["moe_every"] < 1:
+            raise DumpError(f"{path}: metadata moe_every {config['moe_every']} is not a positive layer count")
     return config
+
+
+def is_moe(config, i):
+    """Layer i's feed-forward is the mixture of experts: every layer's, or with moe_every K the
+    layers i with (i + 1) % K == 0 (Llama's dense feed-forward on the others)."""
+    return "experts" in config and (i + 1) % config.get("moe_every", 1) == 0
 
 
 def read_run_options(metadata, path):
@@ -251,7 +260,7 @@ def expected_shapes(config):
             f"layers.{i}.attention.wo.weight": (D, q_dim),
             f"layers.{i}.ffn_norm.weight": (D,),
         })
-        if "experts" not in config:
+        if not is_moe(config, i):
             shapes.update({
                 f"layers.{i}.feed_forward.w1.weight": (F_, D),
                 f"layers.{i}.feed_forward.w2.weight": (D, F_),
@@ -754,7 +763,7 @@ def forward(params, config, tokens, float8=None, aux=None):
 
         # feed-forward block: h += w2(silu(w1 m) * w3 m),  m = rmsnorm(h); or the experts'
         m = rmsnorm(h, w("ffn_norm"), eps)
-        if "experts" in config:
+        if is_moe(config, i):
             h = h + moe_feed_forward(m, i, params, config, linear, aux if aux is not None else [])
             continue
         h = h + linear(F.silu(linear(m, "feed_forward.w1")) * linear(m, "feed_forward.w3"),
@@ -992,7 +1001,9 @@ def run(directory):
         print(f"  mixture of experts: {config['experts']} experts of hidden {config['expert_dim']}, top-"
               f"{config['top_k']}{', a shared expert' if config['shared_expert'] else ''}, balancing loss "
               f"alpha {config['aux_alpha']:g}, "
-              + (f"capacity factor {config['capacity_factor']:g}" if "capacity_factor" in config else "dropless"))
+              + (f"capacity factor {config['capacity_factor']:g}" if "capacity_factor" in config else "dropless")
+              + (f"; on one layer in {config['moe_every']}, Llama's feed-forward on the others"
+                 if config["moe_every"] > 1 else ""))
     float8 = None
     failures = 0
     if f8 is not None:

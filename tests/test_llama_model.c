@@ -128,7 +128,7 @@ static void test_param_table(void) {
     int seen[64] = {0};
     for (int u = 0; u <= c.n_layers; u++) {
         int idx[LLAMA_UNIT_MAX_TENSORS], k = llama_unit_tensors(&c, u, idx);
-        CHECK(k == (u < c.n_layers ? llama_layer_tensors(&c) : LLAMA_END_TENSORS), "unit %d has %d tensors", u, k);
+        CHECK(k == (u < c.n_layers ? llama_layer_tensors(&c, u) : LLAMA_END_TENSORS), "unit %d has %d tensors", u, k);
         for (int j = 0; j < k; j++) {
             param_spec s = llama_param_spec(&c, idx[j]);
             CHECK(s.layer == (u < c.n_layers ? u : -1), "unit %d holds %s", u, s.name);

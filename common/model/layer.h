@@ -90,8 +90,18 @@ struct llama_layer {
 /* Llama's layer (blocks.c), and its blocks for a layer that keeps some of them. */
 extern const llama_layer llama_layer_default;
 extern const layer_block llama_attention_norm, llama_attention, llama_ffn_norm, llama_feed_forward;
+/* The model's own layer (llama_config.layer, or Llama's), and layer l's: the own one, or under
+ * layer_every Llama's on the layers in between (llama_layer_in: the rule, for a layer `own` (NULL:
+ * Llama's) used every `every` layers). */
 static inline const llama_layer *llama_layer_of(const llama_config *c) {
     return c->layer ? c->layer : &llama_layer_default;
+}
+static inline const llama_layer *llama_layer_in(const llama_layer *own, int every, int l) {
+    if (!own) own = &llama_layer_default;
+    return every <= 1 || (l + 1) % every == 0 ? own : &llama_layer_default;
+}
+static inline const llama_layer *llama_layer_at(const llama_config *c, int l) {
+    return llama_layer_in(c->layer, c->layer_every, l);
 }
 
 C_END

@@ -78,23 +78,37 @@ static const block_tensor end_tensors[LLAMA_END_TENSORS] = {
     {.kind = P_OUTPUT, .name = "output.weight", .rows = DIM_V, .cols = DIM_D, .init_std = NORMAL_STD},
 };
 
-/* Layer tensor k (0 .. llama_layer_tensors - 1): the blocks' tensors, in block order. */
-static const block_tensor *layer_tensor(const llama_config *c, int k) {
-    const llama_layer *layer = llama_layer_of(c);
+/* Layer l's tensor k (0 .. llama_layer_tensors(c, l) - 1): its blocks' tensors, in block order. */
+static const block_tensor *layer_tensor(const llama_config *c, int l, int k) {
+    const llama_layer *layer = llama_layer_at(c, l);
     for (int b = 0; b < layer->n; k -= layer->block[b]->n_tensors, b++)
         if (k < layer->block[b]->n_tensors) return &layer->block[b]->tensor[k];
     return NULL;
 }
 
-int llama_layer_tensors(const llama_config *c) {
-    const llama_layer *layer = llama_layer_of(c);
+int llama_layer_tensors(const llama_config *c, int l) {
+    const llama_layer *layer = llama_layer_at(c, l);
     int n = 0;
     for (int b = 0; b < layer->n; b++) n += layer->block[b]->n_tensors;
     return n;
 }
 
+bool llama_layer_has(const llama_config *c, int l, param_kind kind) {
+    for (int k = 0; k < llama_layer_tensors(c, l); k++)
+        if (layer_tensor(c, l, k)->kind == kind) return true;
+    return false;
+}
+
+/* The table index of layer l's first tensor (l == n_layers: of the final norm): the embedding's
+ * 0, then the layers' tensors one layer after the other. */
+static int layer_first(const llama_config *c, int l) {
+    int i = 1;
+    for (int j = 0; j < l; j++) i += llama_layer_tensors(c, j);
+    return i;
+}
+
 int llama_num_params(const llama_config *c) {
-    return LLAMA_END_TENSORS + llama_layer_tensors(c) * c->n_layers;
+    return layer_first(c, c->n_layers) + LLAMA_END_TENSORS - 1;
 }
 
 double llama_parameter_count(const llama_config *c, bool with_embedding) {
@@ -121,14 +135,16 @@ double llama_flops_per_token(const llama_config *c) {
 }
 
 param_spec llama_param_spec(const llama_config *c, int index) {
-    int n = llama_num_params(c), K = llama_layer_tensors(c), head = 1 + K * c->n_layers;
+    int n = llama_num_params(c), head = layer_first(c, c->n_layers);
     if (index < 0 || index >= n) {
         fprintf(stderr, "llama_param_spec: index %d is not in [0, %d)\n", index, n);
         exit(2);
     }
     bool in_layer = index > 0 && index < head;
-    int layer = in_layer ? (index - 1) / K : -1;
-    const block_tensor *x = in_layer    ? layer_tensor(c, (index - 1) % K)
+    int layer = -1, first = 1;   /* the layer holding it, and that layer's first index */
+    if (in_layer)
+        for (layer = 0; index >= first + llama_layer_tensors(c, layer); layer++) first += llama_layer_tensors(c, layer);
+    const block_tensor *x = in_layer    ? layer_tensor(c, layer, index - first)
                             : index == 0 ? &end_tensors[0]
                                          : &end_tensors[1 + index - head];
     param_spec s;
@@ -153,21 +169,21 @@ int llama_param_index(const llama_config *c, const char *name) {
 }
 
 int llama_param_index_of(const llama_config *c, param_kind kind, int layer) {
-    int K = llama_layer_tensors(c), head = 1 + K * c->n_layers;
     if (kind == P_TOK_EMBEDDINGS) return 0;
     for (int k = 1; k < LLAMA_END_TENSORS; k++)
-        if (end_tensors[k].kind == kind) return head + k - 1;
-    for (int k = 0; k < K; k++)
-        if (layer_tensor(c, k)->kind == kind) return 1 + K * layer + k;
-    fprintf(stderr, "llama_param_index_of: %d is not a kind of tensor of this model\n", (int)kind);
+        if (end_tensors[k].kind == kind) return layer_first(c, c->n_layers) + k - 1;
+    if (layer >= 0 && layer < c->n_layers)
+        for (int k = 0; k < llama_layer_tensors(c, layer); k++)
+            if (layer_tensor(c, layer, k)->kind == kind) return layer_first(c, layer) + k;
+    fprintf(stderr, "llama_param_index_of: %d is not a kind of tensor of layer %d of this model\n", (int)kind, layer);
     exit(2);
 }
 
 int llama_unit_tensors(const llama_config *c, int u, int idx[LLAMA_UNIT_MAX_TENSORS]) {
     bool ends = u == c->n_layers;
-    int n = ends ? LLAMA_END_TENSORS : llama_layer_tensors(c);
+    int n = ends ? LLAMA_END_TENSORS : llama_layer_tensors(c, u), first = ends ? 0 : layer_first(c, u);
     for (int k = 0; k < n; k++)
-        idx[k] = llama_param_index_of(c, ends ? end_tensors[k].kind : layer_tensor(c, k)->kind, ends ? -1 : u);
+        idx[k] = ends ? llama_param_index_of(c, end_tensors[k].kind, -1) : first + k;
     return n;
 }
 

@@ -54,6 +54,9 @@ typedef struct {
                            * (--vocab-multiple; 0: mesh.h's default rule). Not part of the model: the
                            * padding rows are zero, never read, and exports hold vocab_size rows. */
     const llama_layer *layer;   /* what a layer is, as blocks (layer.h); NULL: Llama's */
+    int layer_every;      /* `layer` on the layers l with (l + 1) % layer_every == 0 and Llama's on
+                           * the others (Llama 4's interleaved MoE, torchtitan's
+                           * interleave_moe_layer_step: 09's --moe-every); 0 or 1: on every one */
     dtype precision;      /* the compute precision (--dtype): DTYPE_F32, or DTYPE_BF16: every linear's
                            * GEMMs take bf16 operands and accumulate in fp32 (linear.c). Parameters,
                            * gradients, AdamW state and every other kernel stay fp32. Not part of the
@@ -107,9 +110,11 @@ typedef struct {
                          * 1 (the norm weights) */
 } param_spec;
 
-/* A layer's tensors (Llama's: attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3; each kind at
- * most once) and the ends' (tok_embeddings, norm, output): the two kinds of unit (params.h). */
-int llama_layer_tensors(const llama_config *c);
+/* Layer l's tensors (Llama's: attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3; each kind at
+ * most once; layer_every: the layers may differ) and the ends' (tok_embeddings, norm, output): the
+ * two kinds of unit (params.h). llama_layer_has: whether layer l has a tensor of `kind`. */
+int llama_layer_tensors(const llama_config *c, int l);
+bool llama_layer_has(const llama_config *c, int l, param_kind kind);
 #define LLAMA_END_TENSORS 3
 #define LLAMA_UNIT_MAX_TENSORS P_NKINDS   /* an array for any unit's */
 

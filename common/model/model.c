@@ -48,6 +48,7 @@ static llama_dims plan_dims(const llama_config *c, const llama_plan *plan, int B
     d.probs = plan->attention.saved_numel ? plan->attention.saved_numel(plan->attention.state, plan, B, d.T, d.Hl)
                                           : (size_t)B * d.Hl * d.T * d.T;
     d.layer = llama_layer_of(c);
+    d.layer_every = c->layer_every;
     /* the experts (09): El of the E on each of the ep ranks */
     d.E = c->moe.experts;
     d.k = c->moe.top_k;
@@ -139,12 +140,24 @@ static act_sizes act_sizes_of(const llama_dims *d, int loss_saved_per_row) {
 
 static double act_elems(const act_sizes *z, act_shape s) { return z->rows[s.rows] * (s.times * z->cols[s.cols]); }
 
-/* Bytes of the layer activations `keep` names (ACT_* bits): each one's elements times the size of
- * its element type. */
-static double layer_bytes(const llama_dims *d, const act_sizes *z, unsigned keep) {
+/* Layer l's blocks (d->layer, or Llama's in between under layer_every). */
+static const llama_layer *dims_layer(const llama_dims *d, int l) { return llama_layer_in(d->layer, d->layer_every, l); }
+
+/* The elements of activation `act` in the layer that holds most of it: a buffer every layer
+ * shares (what none keeps, the backward's scratch) is sized by it. With layer_every the layers
+ * are of two kinds (e.g. a mixture of experts and Llama's dense feed-forward). */
+static double act_elems_most(const llama_dims *d, const act_sizes *z, int act) {
+    double n = act_elems(z, layer_act_shape(d->layer, act));
+    if (d->layer_every > 1) n = fmax(n, act_elems(z, layer_act_shape(&llama_layer_default, act)));
+    return n;
+}
+
+/* Bytes of the activations `keep` names (ACT_* bits) of a layer of blocks `layer`: each one's
+ * elements times the size of its element type. */
+static double layer_bytes(const llama_layer *layer, const act_sizes *z, unsigned keep) {
     double n = 0;
     for (int i = 0; i < ACT_NLAYER; i++) {
-        act_shape s = layer_act_shape(d->layer, i);
+        act_shape s = layer_act_shape(layer, i);
         if (keep & (1u << i)) n += act_elems(z, s) * (double)dtype_size(s.type);
     }
     return n;
@@ -163,7 +176,7 @@ size_t llama_act_numel(const llama_dims *d, int act) {
 
 double llama_layer_act_bytes(const llama_dims *d, unsigned keep) {
     act_sizes z = act_sizes_of(d, 0);
-    return layer_bytes(d, &z, keep);
+    return layer_bytes(d->layer, &z, keep);
 }
 
 double llama_head_act_bytes(const llama_dims *d, int loss_saved_per_row) {
@@ -199,16 +212,17 @@ double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, d
     llama_dims d = plan_dims(c, plan, B);
     act_sizes z = act_sizes_of(&d, plan->loss.saved_per_row);
     double N = z.rows[ROWS_REGION], Ns = z.rows[ROWS_STREAM], D = z.cols[COLS_D], V = z.cols[COLS_V];
-    int held_layers = 0;
-    for (int l = 0; l < c->n_layers; l++) held_layers += plan_holds(plan, c->n_layers, P_WQ, l);
     /* the backward's scratch: each of these activations' gradient (llama_create) */
     double grads = 0, widest = 0;
     for (size_t i = 0; i < sizeof grad_scratch / sizeof *grad_scratch; i++) {
-        double n = act_elems(&z, layer_act_shape(d.layer, grad_scratch[i]));
+        double n = act_elems_most(&d, &z, grad_scratch[i]);
         grads += n;
         widest = fmax(widest, n);
     }
-    double acts = held_layers * layer_bytes(&d, &z, ACT_KEEP_ALL)     /* an upper bound: every tensor kept */
+    double layers = 0;   /* an upper bound: every tensor of every layer held kept */
+    for (int l = 0; l < c->n_layers; l++)
+        if (plan_holds(plan, c->n_layers, P_WQ, l)) layers += layer_bytes(dims_layer(&d, l), &z, ACT_KEEP_ALL);
+    double acts = layers
                   + 4 * (head_elems(&z) + N                             /* the head's, the loss's scratch */
                          + 5 * N * D + 2 * Ns * D + grads + 3 * N);     /* scratch (fp32) */
     double tensors[] = {N * V, N * D, widest};
@@ -219,16 +233,19 @@ double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, d
     return state + acts;
 }
 
-/* A layer's activations: what `keep` names is the layer's own (MEM_ACTIVATIONS), the rest points
- * into `shared`. With shared == NULL the dropped tensors are allocated as the shared set. */
-static void layer_acts_alloc(llama_layer_acts *a, const llama_dims *d, unsigned keep,
+/* The activations of a layer of blocks `layer`: what `keep` names is the layer's own
+ * (MEM_ACTIVATIONS), the rest points into `shared`. With shared == NULL (layer NULL) the dropped
+ * tensors are allocated as the shared set, each as large as the layer that holds most of it. */
+static void layer_acts_alloc(llama_layer_acts *a, const llama_dims *d, const llama_layer *layer, unsigned keep,
                              const llama_layer_acts *shared) {
+    act_sizes z = act_sizes_of(d, 0);
     for (int i = 0; i < ACT_NLAYER; i++) {
         bool kept = keep & (1u << i);
-        dtype t = layer_act_shape(d->layer, i).type;   /* its element type, as its block declares */
-        size_t n = llama_act_numel(d, i);                /* 0: a slot no block of this layer uses */
-        if (shared) a->t[i] = kept ? (n ? device_alloc_elems(n, t, MEM_ACTIVATIONS) : NULL) : shared->t[i];
-        else a->t[i] = kept || !n ? NULL : device_alloc_elems(n, t, MEM_BUFFERS);
+        act_shape s = layer_act_shape(shared ? layer : d->layer, i);   /* its element type, as its block declares */
+        /* 0: a slot no block of this layer uses */
+        size_t n = (size_t)(shared ? act_elems(&z, s) : act_elems_most(d, &z, i));
+        if (shared) a->t[i] = kept ? (n ? device_alloc_elems(n, s.type, MEM_ACTIVATIONS) : NULL) : shared->t[i];
+        else a->t[i] = kept || !n ? NULL : device_alloc_elems(n, s.type, MEM_BUFFERS);
     }
 }
 static void layer_acts_free(llama_layer_acts *a, const llama_layer_acts *shared) {
@@ -238,9 +255,9 @@ static void layer_acts_free(llama_layer_acts *a, const llama_layer_acts *shared)
 
 size_t llama_layer_act_bytes_measured(const llama_dims *d, unsigned keep) {
     llama_layer_acts shared, a;
-    layer_acts_alloc(&shared, d, keep, NULL);
+    layer_acts_alloc(&shared, d, NULL, keep, NULL);
     size_t before = mem_current(MEM_ACTIVATIONS);
-    layer_acts_alloc(&a, d, keep, &shared);
+    layer_acts_alloc(&a, d, d->layer, keep, &shared);
     size_t bytes = mem_current(MEM_ACTIVATIONS) - before;
     layer_acts_free(&a, &shared);
     layer_acts_free(&shared, NULL);
@@ -260,7 +277,7 @@ void llama_saved_alloc(llama_model *m, llama_saved *s, int l0, int l1) {
     s->layers = calloc((size_t)m->c.n_layers, sizeof *s->layers);
     for (int l = l0; l < l1; l++) {
         size_t before = mem_current(MEM_ACTIVATIONS);
-        layer_acts_alloc(&s->layers[l], d, m->plan->checkpoint.keep, &m->shared);
+        layer_acts_alloc(&s->layers[l], d, dims_layer(d, l), m->plan->checkpoint.keep, &m->shared);
         m->layer_act_bytes[l] = mem_current(MEM_ACTIVATIONS) - before;
         s->layer_bytes += m->layer_act_bytes[l];
     }
@@ -307,7 +324,7 @@ llama_model *llama_create(const llama_config *c, const llama_plan *plan, int B, 
 
     /* What the layers keep, measured layer by layer by the allocator: the model's own set, unless
      * the plan keeps one per microbatch itself (a pipeline schedule). */
-    layer_acts_alloc(&m->shared, d, plan->checkpoint.keep, NULL);
+    layer_acts_alloc(&m->shared, d, NULL, plan->checkpoint.keep, NULL);
     m->layer_act_bytes = calloc(L, sizeof *m->layer_act_bytes);
     if (!plan->schedule.forward_backward) {
         llama_saved_alloc(m, &m->own, 0, (int)L);
@@ -344,8 +361,9 @@ llama_model *llama_create(const llama_config *c, const llama_plan *plan, int B, 
                       &m->moe_rows};
     _Static_assert(sizeof grad / sizeof *grad == sizeof grad_scratch / sizeof *grad_scratch,
                    "one scratch buffer for each activation grad_scratch names, in its order");
+    act_sizes z = act_sizes_of(d, 0);
     for (size_t i = 0; i < sizeof grad / sizeof *grad; i++) {
-        size_t n = llama_act_numel(d, grad_scratch[i]);
+        size_t n = (size_t)act_elems_most(d, &z, grad_scratch[i]);
         *grad[i] = n ? device_alloc_floats(n, MEM_BUFFERS) : NULL;   /* (a dense layer has no experts) */
     }
     return m;
@@ -380,7 +398,7 @@ void llama_free(llama_model *m) {
  * --------------------------------------------------------------------------------------------- */
 /* h_in = saved->layers[l].h_in [Ns, D] -> h_out [Ns, D] (NULL: a recomputation), from weights w. */
 static void layer_forward(llama_model *m, int l, float *h_out, const unit_weights *w) {
-    const llama_layer *layer = m->d.layer;
+    const llama_layer *layer = dims_layer(&m->d, l);
     layer_pass x = {.m = m, .l = l, .w = w, .a = &m->saved->layers[l], .h_out = h_out};
     for (int b = 0; b < layer->n; b++) layer->block[b]->forward(&x);
 }
@@ -413,7 +431,7 @@ static void layer_restore(llama_model *m, int l, const unit_weights *w) {
  * --------------------------------------------------------------------------------------------- */
 void llama_layer_backward(llama_model *m, int l, float *dh) {
     const llama_plan *p = m->plan;
-    const llama_layer *layer = m->d.layer;
+    const llama_layer *layer = dims_layer(&m->d, l);
     unit_weights w, g;
     p->weights.acquire(p->weights.state, p, m, l, true, &w, &g);
     layer_restore(m, l, &w);

@@ -42,6 +42,8 @@ typedef struct {
     size_t R;
     const llama_layer *layer;       /* the layer's blocks (layer.h), whose activations these shape
                                      * (NULL: Llama's)                                              */
+    int layer_every;                /* `layer` every layer_every layers, Llama's in between (0, 1:
+                                     * every layer is `layer`; llama_config.layer_every)            */
 } llama_dims;
 
 /* What one layer saves for backward, by name or by ACT_* index (plan.h). A tensor the plan's
