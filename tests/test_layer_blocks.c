@@ -11,6 +11,8 @@
  *     splits w1 and w3 by rows and w2 by columns) on every rank of the world agree: the loss
  *     within 1e-5 and every gradient within 1e-4 of the largest (the chapters' tolerances), from
  *     the same initialisation and batch.
+ * And the same with the wide block on every other layer (llama_config.layer_every 2, as chapter 09
+ * interleaves its mixture): each layer's tensors and activations its own block's.
  * On 1 rank the plan is Megatron's at tp 1; on 2 ranks each rank holds half the 2F units.
  */
 #include <math.h>
@@ -105,6 +107,26 @@ static void test_tables(const llama_config *wide) {
     CHECK(more == 3.0 * dw.N * F, "a layer saves %.0f more floats, not 3 N F = %d", more, 3 * dw.N * F);
 }
 
+/* ---- every other layer: layer_every 2 puts the wide block on layers 1, 3, ..., Llama's on the
+ * others; the table follows each layer, and every index round-trips ------------------------------ */
+static void test_interleaved(const llama_config *every2) {
+    int F = every2->ffn_dim;
+    for (int i = 0; i < llama_num_params(every2); i++) {
+        param_spec s = llama_param_spec(every2, i);
+        CHECK(llama_param_index_of(every2, s.kind, s.layer) == i, "llama_param_index_of(%s) != %d", s.name, i);
+        if (s.kind != P_W1) continue;
+        int want = (s.layer + 1) % every2->layer_every == 0 ? 2 * F : F;
+        CHECK(s.rows == want, "%s has %d rows; layer %d's block has %d", s.name, s.rows, s.layer, want);
+    }
+    for (int u = 0; u <= every2->n_layers; u++) {   /* each unit's tensors: its own, in the table's order */
+        int idx[LLAMA_UNIT_MAX_TENSORS], k = llama_unit_tensors(every2, u, idx);
+        for (int j = 0; j < k; j++) {
+            param_spec s = llama_param_spec(every2, idx[j]);
+            CHECK(s.layer == (u < every2->n_layers ? u : -1), "unit %d holds %s", u, s.name);
+        }
+    }
+}
+
 /* ---- the baseline and tensor parallelism agree ------------------------------------------------- */
 static void test_parity(const llama_config *c) {
     bool root = comm_world()->rank == 0;
@@ -171,6 +193,12 @@ int main(int argc, char **argv) {
     llama_config c = llama_config_default();
     c.layer = &wide_layer;
     test_tables(&c);
+    test_parity(&c);
+    /* the wide block on every other layer of four: the layers' activations and the shared scratch
+     * (sized by the wider block) follow each layer's own blocks */
+    c.layer_every = 2;
+    c.n_layers = 4;
+    test_interleaved(&c);
     test_parity(&c);
     comm_finalize();
     return tu_finish("test_layer_blocks");

@@ -25,6 +25,7 @@ llama_config llama_config_default(void) {
     c.rope_theta = 10000.0f;
     c.vocab_multiple = 0;   /* the default rule (mesh.h) */
     c.layer = NULL;         /* Llama's layer (layer.h) */
+    c.layer_every = 1;      /* on every layer */
     c.precision = DTYPE_F32;   /* fp32 compute; --dtype bf16 sets DTYPE_BF16 */
     c.moe = (moe_config){0};   /* dense */
     return c;
