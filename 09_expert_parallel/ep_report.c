@@ -6,6 +6,7 @@
 #include "comm.h"
 #include "device.h"
 #include "ep_report.h"
+#include "../04_fsdp/data_parallel.h"   /* fsdp_gather_counts: FSDP's bf16 gathers (--fsdp --dtype bf16) */
 #include "expert_parallel.h"
 #include "files.h"
 #include "log.h"
@@ -240,10 +241,14 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
                                        * after; per microbatch under a pipeline. (The shard group is
                                        * the ep group, or as large: its all-to-alls are below, so it is
                                        * not among the groups whose every collective is predicted.) */
-        double S = shard->size;
-        expect[n++] = (comm_expectation){shard, COLL_ALL_GATHER, M * (2 * units - (piped ? 0 : 2)),
-                                         M * S * 4 * (2 * x.dense_shards - kept),
-                                         piped ? "M x 2 x S Psi_S x 4 (fwd + bwd)" : "(2 S Psi_S - ends - last layer) x 4"};
+        double S = shard->size, gathers = 2 * units - (piped ? 0 : 2), bf16_elems = 0;
+        if (m->c.precision == DTYPE_BF16)   /* 04's policy: tensor by tensor, the linears' weights as bf16 */
+            fsdp_gather_counts(m->params, m->c.n_layers, true, !piped, &gathers, &bf16_elems);
+        const char *text[2][2] = {{"(2 S Psi_S - ends - last layer) x 4", "M x 2 x S Psi_S x 4 (fwd + bwd)"},
+                                  {"(2 S Psi_S - ends - last) x 4 - 2 x linears'", "M x (2 x S Psi_S x 4 - 2 x linears')"}};
+        expect[n++] = (comm_expectation){shard, COLL_ALL_GATHER, M * gathers,
+                                         M * (S * 4 * (2 * x.dense_shards - kept) - 2 * bf16_elems),
+                                         text[bf16_elems > 0][piped]};
         expect[n++] = (comm_expectation){shard, COLL_REDUCE_SCATTER, M * units, M * S * 4 * x.dense_shards,
                                          piped ? "M x S Psi_S x 4 (grads)" : "S Psi_S x 4 (grads)"};
     } else if (!shard && dense->size > 1) {   /* the data ranks (and the cp ranks, when the ep group spans them) */
