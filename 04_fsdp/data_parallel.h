@@ -138,7 +138,7 @@ double data_parallel_buffer_bytes(const llama_plan *plan);
 /* The technique as the plan's stack records it (plan_free frees its state and buffers). */
 extern const plan_technique data_parallel_technique;
 
-/* FSDP's mixed-precision policy: with --dtype bf16 the linears' weights (wq .. w3, output) are
+/* FSDP's mixed-precision policy: with --dtype bf16 the linears' weights (wq .. w3, output; 09's router) are
  * all-gathered as bf16 (2 bytes an element), each tensor in its own all-gather; true for those
  * kinds. fsdp_gather_counts (exercise 6): a bf16 step's all-gathers of values over the shard group,
  * tensor by tensor (`twice`: reshard_after_forward; `keep_last`: prefetch), and the elements of

@@ -61,7 +61,8 @@ void dp_mark_now(device_mark *m) {
  *   by rank    [ rank 0: wq's chunk 0, wk's chunk 0, ... ][ rank 1: wq's chunk 1, ... ] ...   [S, U]
  *
  * Rank r's row of the by-rank layout is exactly what the sharded blocks store (params.h: a unit's
- * tensors lie one after the other), so the unit's all-gather sends the stored shards as they are,
+ * tensors lie one after the other, those held whole after the rest, outside the layouts), so the
+ * unit's all-gather sends the stored shards as they are,
  * and its reduce-scatter hands each rank the gradients of its stored shards. Copying between the
  * layouts costs one strided copy per tensor (device_copy_2d).
  * ============================================================================================== */
@@ -284,15 +285,17 @@ dp_state *dp_push(llama_plan *plan, device_mesh *mesh, const llama_config *c, co
     memcpy(plan->storage, storage, sizeof plan->storage);
     /* declared for the techniques below (06's sum over cp): the gradients' reduction sums over the
      * data ranks, and over cp too when the gradients are reduce-scattered into shards over it */
-    plan->groups.grads_summed_dims = MESH_BIT(MESH_DP_REPLICATE) | MESH_BIT(MESH_DP_SHARD) |
-                                     (over_cp && storage[PARAM_GRADS] != STORE_WHOLE ? MESH_BIT(MESH_CP) : 0);
-    /* 09's experts: split over the ranks of plan->groups.expert_dims already, they can be held
-     * whole when the shard group lies inside those ranks, and only then (param_held_whole) */
-    unsigned experts = plan->groups.expert_dims, beyond = plan->groups.shard_dims & ~experts;
-    if (experts && beyond && s->S > 1)
-        comm_exit_usage("data_parallel_apply: the shard group (%s) spans ranks the experts are not split over; shard "
-                        "over the ranks the experts are split over (an expert's own shard group is not built)",
-                        s->shard->name);
+    plan->groups.grads_summed_dims |= MESH_BIT(MESH_DP_REPLICATE) | MESH_BIT(MESH_DP_SHARD) |
+                                      (over_cp && storage[PARAM_GRADS] != STORE_WHOLE ? MESH_BIT(MESH_CP) : 0);
+    /* 09's experts, split over the ranks of plan->groups.expert_dims already: held whole when the
+     * shard group is those ranks (param_held_whole), and each rank's gradients of them summed by
+     * the technique that split them. A shard group wider than them would need a shard group of the
+     * experts' own (not built); a narrower one would leave the dense tensors' sum over the other
+     * expert ranks (cp) to a reduction that would sum different experts too. */
+    unsigned experts = plan->groups.expert_dims;
+    if (experts && experts != plan->groups.shard_dims)
+        comm_exit_usage("data_parallel_apply: the shard group (%s) is not the group the experts are split over; shard "
+                        "over exactly those ranks (an expert's own shard group is not built)", s->shard->name);
     plan_unit_sizes(s, plan, mesh, c);
     if (s->whole_held && o->mode != DP_FSDP)
         comm_exit_usage("data_parallel_apply: tensors held whole by the shard ranks (the experts) are built for fsdp "

@@ -116,7 +116,7 @@ static void gather_unit(fsdp_state *f, int u) {
         slot->n_req = 0;
         if (!U) return;   /* nothing of it is stored here */
         if (f->landing) land_slot(f, f->landing);
-        param_unit_range(s->t, s->t->params, u, &off, &count);   /* this rank's shards: count == U */
+        param_unit_range(s->t, s->t->params, u, &off, &count);   /* this rank's shards: the first U of count */
         slot->req[0] = gather_shards(s, s->t->params + off, s->stage_in, U);
         slot->n_req = 1;
         f->landing = slot;
@@ -274,12 +274,13 @@ void fsdp_free(dp_state *s) {
 
 /* FSDP2's MixedPrecisionPolicy(param_dtype=bf16) casts each shard to bf16 before its all-gather,
  * half the bytes. Here the tensors whose every use rounds them to bf16 anyway are gathered so:
- * the linears' weights, the GEMMs' operands (linear.c); the norms' weights and the embedding table
- * are read in fp32 and gathered in fp32. The gathered values are then bit for bit what the fp32
- * gather gives the bf16 run: a linear's cast of a bf16 value is that value. */
+ * the linears' weights, the GEMMs' operands (linear.c: chapter 09's router is one too); the norms'
+ * weights and the embedding table are read in fp32 and gathered in fp32. The gathered values are
+ * then bit for bit what the fp32 gather gives the bf16 run: a linear's cast of a bf16 value is that
+ * value. */
 bool fsdp_gathers_bf16(param_kind kind) {
     return kind == P_WQ || kind == P_WK || kind == P_WV || kind == P_WO || kind == P_W1 || kind == P_W2 ||
-           kind == P_W3 || kind == P_OUTPUT;
+           kind == P_W3 || kind == P_OUTPUT || kind == P_ROUTER;
 }
 
 typedef struct { uint16_t *send, *recv; size_t count; } bf16_pending;   /* the shard's bf16, every shard's */
@@ -326,7 +327,7 @@ void fsdp_gather_counts(const param_table *t, int L, bool twice, bool keep_last,
     }
 }
 
-/* FSDP on the plan: everything sharded; the slots, a unit's full gradients and the stages as
+/* FSDP on the plan: everything sharded (but a tensor held whole: params.h); the slots, a unit's full gradients and the stages as
  * transient buffers. The slots: the ends, and the layers: every one when they stay gathered from
  * forward to backward (a unit's slot then sends its reduce-scatter too); else one computing, one
  * prefetched, and one sending the reduce-scatter that overlaps the next unit's backward. */

@@ -56,6 +56,7 @@ typedef struct {
     device_mark *marks;                     /* [2 actions]: each action's start and end, this step */
     int n_events;
     pp_measured meas;
+    size_t *chunk_set_bytes;             /* [P V] one set's bytes of each chunk (meas's)          */
 } pp_state;
 
 
@@ -196,6 +197,7 @@ static void set_alloc(pp_state *s, int mb, int chunk) {
     s->live_bytes += s->sets[i].layer_bytes;
     if (s->live_sets > s->meas.peak_sets) { s->meas.peak_sets = s->live_sets; s->meas.peak_set_bytes = s->live_bytes; }
     s->meas.set_bytes = s->sets[i].layer_bytes;
+    s->chunk_set_bytes[chunk] = s->sets[i].layer_bytes;
 }
 
 static void set_free(pp_state *s, int mb, int chunk) {
@@ -346,7 +348,7 @@ static void pipeline_free_state(void *state) {
     device_free(s->dh0);
     pp_schedule_free(s->sched);
     comm_links_free(s->links);
-    free(s->sets); free(s->deferred); free(s->mailbox);
+    free(s->sets); free(s->deferred); free(s->mailbox); free(s->chunk_set_bytes);
     free(s->recv); free(s->posted); free(s->events); free(s->marks); free(s->sends);
     free(s);
 }
@@ -374,6 +376,8 @@ void pipeline_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, 
     s->sched = pp_schedule_build(o->schedule, s->P, s->M, s->V, why, sizeof why);   /* validated */
     int sets = s->M * s->P * s->V, n = s->sched->n[s->rank];
     s->sets = calloc((size_t)sets, sizeof *s->sets);
+    s->chunk_set_bytes = calloc((size_t)s->P * s->V, sizeof *s->chunk_set_bytes);
+    s->meas.chunk_set_bytes = s->chunk_set_bytes;
     s->deferred = calloc((size_t)sets, sizeof *s->deferred);
     s->mailbox = calloc(2 * (size_t)sets, sizeof *s->mailbox);
     s->recv = calloc((size_t)n, sizeof *s->recv);

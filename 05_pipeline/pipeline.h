@@ -63,6 +63,8 @@ typedef struct {
     int peak_sets;                /* most (microbatch, chunk) activation sets held at once        */
     size_t peak_set_bytes;        /* the allocator's count of their layer activations at that peak */
     size_t set_bytes;             /* one set's layer activations (every chunk has L / (P V) layers) */
+    const size_t *chunk_set_bytes; /* [P V] one set's of each chunk this rank ran (the layers of
+                                   * chapter 09's --moe-every differ from chunk to chunk), 0 else */
     double step_seconds;          /* the step's wall time on this rank                             */
     double busy_seconds;          /* the sum of its actions' compute                               */
 } pp_measured;

@@ -24,12 +24,32 @@ static int pp_coord(const llama_plan *plan, int world_rank) {
     return coord[MESH_PP];
 }
 
+/* The bytes rank r holds when its count of sets first reaches its peak, from its list of actions
+ * (F allocates its set; B, or zb-h1's W, frees it) and the bytes of one set of each chunk: the
+ * formula's sets times one set's bytes when every chunk's set is alike, and the sum of the
+ * chunks' own otherwise (chapter 09's --moe-every: a chunk of mixtures holds more). */
+static double peak_bytes_of(const pp_schedule *s, int r, const size_t *chunk_bytes) {
+    double live = 0, at_peak = 0;
+    int sets = 0, peak = 0;
+    for (int k = 0; k < s->n[r]; k++) {
+        const pp_action *a = &s->a[r][k];
+        if (a->op == PP_F) {
+            live += (double)chunk_bytes[a->chunk];
+            if (++sets > peak) peak = sets, at_peak = live;
+        } else if (a->op == PP_B || a->op == PP_W) {
+            live -= (double)chunk_bytes[a->chunk];
+            sets--;
+        }
+    }
+    return at_peak;
+}
+
 int report_pipeline_memory(const llama_plan *plan) {
     const pp_schedule *s = pipeline_schedule(plan);
     pp_measured me = pipeline_measured(plan);
     int r = plan->groups.mesh->coord[MESH_PP];
     int formula = pp_peak_in_flight_formula(s->kind, s->P, s->M, s->V, r);
-    double expect_bytes = (double)formula * me.set_bytes;
+    double expect_bytes = peak_bytes_of(s, r, me.chunk_set_bytes);
     /* What the 1F1B family is for, judged apart from any formula: with at least 2P microbatches a
      * rank runs a backward before its last forward, so it never holds all M V sets (every forward
      * first is GPipe's order, whose memory 1F1B exists to avoid). */

@@ -6,7 +6,7 @@
 #include "comm.h"
 #include "device.h"
 #include "ep_report.h"
-#include "../04_fsdp/data_parallel.h"   /* fsdp_gather_counts: FSDP's bf16 gathers (--fsdp --dtype bf16) */
+#include "../04_fsdp/data_parallel.h"   /* fsdp_gathers_bf16: FSDP's bf16 gathers (--fsdp --dtype bf16) */
 #include "expert_parallel.h"
 #include "files.h"
 #include "log.h"
@@ -206,13 +206,51 @@ static void alltoall_formulas(double L, double P, double N, double k, double D, 
     /* END ASSIGNMENT */
 }
 
+/* Chapter 04's FSDP collectives of one pass (a step, or a microbatch under a pipeline) on this
+ * rank, from the tensors it moves (held whole: the experts, moved by none): a layer's unit is
+ * gathered before its forward and its backward, and reduce-scattered after its backward; without
+ * a pipeline prefetch keeps the ends and the last layer gathered from forward to backward (one
+ * gather each); under chapter 05's pipeline every unit is gathered per use, and a stage holding
+ * both the embedding and the head acquires the ends unit for each (ends_twice). Under --dtype bf16
+ * the gathers go tensor by tensor, the linears' at 2 bytes an element (04's policy:
+ * fsdp_gathers_bf16). gathered_bytes is per shard rank (times S for the bytes a gather moves). */
+typedef struct {
+    bool piped, ends_twice, bf16;
+    double gathers, gathered_bytes, scatters, scattered_floats;
+} fsdp_traffic;
+static fsdp_traffic fsdp_traffic_of(const llama_plan *p, const llama_model *m) {
+    const param_table *t = m->params;
+    fsdp_traffic f = {.piped = p->schedule.forward_backward != NULL, .bf16 = m->c.precision == DTYPE_BF16};
+    int L = m->c.n_layers;
+    bool embedding = t->t[param_index(t, P_TOK_EMBEDDINGS, -1)].here, head = t->t[param_index(t, P_OUTPUT, -1)].here;
+    f.ends_twice = f.piped && embedding && head;
+    for (int u = 0; u <= L; u++) {
+        int idx[PARAM_UNIT_MAX], k = param_unit_tensors(t, u, idx);
+        double uses = u < L ? 1 : f.ends_twice ? 2 : 1;   /* acquisitions per forward (and per backward) */
+        double gathers = 2 * uses - (!f.piped && (u == L || u == L - 1) ? 1 : 0), moved = 0;
+        for (int j = 0; j < k; j++) {
+            const param_tensor *x = &t->t[idx[j]];
+            if (!x->here || x->held_whole) continue;
+            double floats = (double)x->shard_units * x->width;
+            bool half = f.bf16 && fsdp_gathers_bf16(x->spec.kind);
+            f.gathered_bytes += gathers * floats * (half ? 2 : 4);
+            if (f.bf16) f.gathers += gathers;   /* tensor by tensor */
+            f.scattered_floats += uses * floats;
+            moved += floats;
+        }
+        if (moved > 0 && !f.bf16) f.gathers += gathers;   /* the unit in one */
+        if (moved > 0) f.scatters += uses;
+    }
+    return f;
+}
+
 int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m) {
     comm_group *ep = p->groups.ep;
     /* the gradients: the dense tensors' summed over every data rank, the experts' over the ranks
      * that hold the same ones (dp_replicate), one all-reduce a tensor */
     /* under a pipeline (chapter 05) this rank runs its stage's L/pp layers, M times a step */
     double L = layers_here(m, true), all = layers_here(m, false), M = passes(p);   /* the mixtures, every layer */
-    bool piped = all < m->c.n_layers || M > 1;
+    bool piped = p->schedule.forward_backward != NULL;   /* chapter 05's pipeline (one stage or more) */
     param_split x = split_counts(m, p);
     comm_group *dense = expert_parallel_dense_group(p), *replicate = p->groups.mesh->group[MESH_DP_REPLICATE];
     comm_group *tp = p->groups.tp, *cp = p->groups.cp;
@@ -220,37 +258,28 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     comm_expectation expect[6];
     comm_group *groups[4];
     int n = 0, ng = 0;
+    double hsdp_calls = 0, hsdp_floats = 0;   /* FSDP under HSDP: each reduce-scatter's sums, over dp_replicate */
     comm_group *shard = p->groups.shard;   /* chapter 04's FSDP of the dense tensors, or NULL */
-    double units = 0, kept = 0;            /* FSDP: the units this rank gathers (its layers and the
-                                            * ends), the shards of those that stay gathered */
     if (shard) {
-        const param_table *t = m->params;
-        bool ends = false;
-        for (int i = 0; i < t->n; i++) {
-            const param_tensor *y = &t->t[i];
-            if (!y->here || param_kind_is_expert(y->spec.kind)) continue;
-            ends |= y->spec.layer < 0;
-            if (!piped && (y->spec.layer < 0 || y->spec.layer == m->c.n_layers - 1))
-                kept += (double)y->shard_units * y->width;
+        fsdp_traffic f = fsdp_traffic_of(p, m);
+        double S = shard->size;
+        hsdp_calls = M * f.scatters, hsdp_floats = M * f.scattered_floats;
+        /* (the shard group is the ep group, or as large: its all-to-alls are below, so it is not
+         * among the groups whose every collective is predicted; the expert-parallel plan's own
+         * dense group is, and must carry nothing: FSDP reduced the dense tensors) */
+        groups[ng++] = dense;
+        const char *gathered[2][3] = {{"(2 S Psi_S - ends - last layer) x 4", "M x 2 x S Psi_S x 4 (fwd + bwd)",
+                                       "M x 2 x (S Psi_S + ends) x 4 (the ends twice)"},
+                                      {"(2 S Psi_S - ends - last) x 4 - 2 x linears'", "M x (2 S Psi_S x 4 - 2 x linears')",
+                                       "M x (2 (S Psi_S + ends) x 4 - 2 x linears')"}};
+        const char *scattered[3] = {"S Psi_S x 4 (grads)", "M x S Psi_S x 4 (grads)", "M x (S Psi_S + ends) x 4"};
+        int how = !f.piped ? 0 : f.ends_twice ? 2 : 1;
+        if (S > 1) {
+            expect[n++] = (comm_expectation){shard, COLL_ALL_GATHER, M * f.gathers, M * S * f.gathered_bytes,
+                                             gathered[f.bf16][how]};
+            expect[n++] = (comm_expectation){shard, COLL_REDUCE_SCATTER, M * f.scatters,
+                                             M * S * 4 * f.scattered_floats, scattered[how]};
         }
-        units = all + ends;
-    }
-    if (shard && shard->size > 1) {   /* 04's: each unit gathered before its forward and again before
-                                       * its backward (without a pipeline, the ends and the last layer
-                                       * stay gathered between them), its gradients reduce-scattered
-                                       * after; per microbatch under a pipeline. (The shard group is
-                                       * the ep group, or as large: its all-to-alls are below, so it is
-                                       * not among the groups whose every collective is predicted.) */
-        double S = shard->size, gathers = 2 * units - (piped ? 0 : 2), bf16_elems = 0;
-        if (m->c.precision == DTYPE_BF16)   /* 04's policy: tensor by tensor, the linears' weights as bf16 */
-            fsdp_gather_counts(m->params, m->c.n_layers, true, !piped, &gathers, &bf16_elems);
-        const char *text[2][2] = {{"(2 S Psi_S - ends - last layer) x 4", "M x 2 x S Psi_S x 4 (fwd + bwd)"},
-                                  {"(2 S Psi_S - ends - last) x 4 - 2 x linears'", "M x (2 x S Psi_S x 4 - 2 x linears')"}};
-        expect[n++] = (comm_expectation){shard, COLL_ALL_GATHER, M * gathers,
-                                         M * (S * 4 * (2 * x.dense_shards - kept) - 2 * bf16_elems),
-                                         text[bf16_elems > 0][piped]};
-        expect[n++] = (comm_expectation){shard, COLL_REDUCE_SCATTER, M * units, M * S * 4 * x.dense_shards,
-                                         piped ? "M x S Psi_S x 4 (grads)" : "S Psi_S x 4 (grads)"};
     } else if (!shard && dense->size > 1) {   /* the data ranks (and the cp ranks, when the ep group spans them) */
         groups[ng++] = dense;
         expect[n++] = (comm_expectation){dense, COLL_ALL_REDUCE, x.n_dense, 4 * x.dense_held,
@@ -260,11 +289,10 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
         const char *text[2][2] = {{"3 L experts' tensors: 4 x 3 L E D F_e / ep",
                                    "3 L/pp experts' tensors: 4 x 3 (L/pp) E D F_e / ep"},
                                   {"4 x (3 L E D F_e / ep + Psi_S): experts, HSDP",
-                                   "4 x (3 (L/pp) E D F_e / ep + M Psi_S): experts, HSDP"}};
+                                   "4 x (3 (L/pp) E D F_e / ep + the RS's floats): experts, HSDP"}};
         groups[ng++] = replicate;
-        expect[n++] = (comm_expectation){replicate, COLL_ALL_REDUCE, 3 * L + (shard ? M * units : 0),
-                                         4 * (x.experts_held + (shard ? M * x.dense_shards : 0)),
-                                         text[shard != NULL][piped]};
+        expect[n++] = (comm_expectation){replicate, COLL_ALL_REDUCE, 3 * L + hsdp_calls,
+                                         4 * (x.experts_held + hsdp_floats), text[shard != NULL][piped]};
     }
     if (tp && tp->size > 1) {   /* chapter 01's f and g: attention's region in every layer, the shared
                                  * expert's in a mixture, the dense feed-forward's in the others */
@@ -292,12 +320,11 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
                                    "2 L x B E 4 (the sequences' counts)"},
                                   {"Psi x 4 (06's gradients) + 2 (L/pp) M x B E 4 (the sequences' counts)",
                                    "2 (L/pp) M x B E 4 (the sequences' counts)"}};
-        char sharded[128];   /* (under FSDP 06 sums the shards: "Psi" becomes what they hold) */
-        if (shard && !over_cp)
-            snprintf(sharded, sizeof sharded, "(Psi_S + experts) x 4 (06's)%s", strchr(text[piped][0], '+') - 1);
+        const char *sharded[2] = {"(Psi_S + experts) x 4 (06's) + 2 L x B E 4 (the sequences' counts)",
+                                  "(Psi_S + experts) x 4 (06's) + 2 (L/pp) M x B E 4 (the sequences' counts)"};
         expect[n++] = (comm_expectation){cp, COLL_ALL_REDUCE, sums + 2 * L * M,
                                          sums * 4.0 * block + 2 * L * M * B * E * 4,
-                                         shard && !over_cp ? sharded : text[piped][over_cp]};
+                                         shard && !over_cp ? sharded[piped] : text[piped][over_cp]};
     }
     int bad = n ? report_communication(groups, ng, o->steps, expect, n) : 0;
     if (!ep || ep->size == 1) {
@@ -318,9 +345,9 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
      * bound (the rows exchanged are the kept ones, which the router decides step by step) */
     bool capped = d->capacity > 0;
     log0("traffic on the ep group (%d ranks), per step, summed over its ranks:\n", ep->size);
-    if (piped)
-        log0("  (a pipeline stage's ep group: L = L/pp x M = %.0f x %.0f layer passes a step, N = %d a microbatch's "
-             "tokens)\n", L, M, d->N);
+    if (piped)   /* (under --moe-every a stage's mixtures need not be L/pp) */
+        log0("  (a pipeline stage's ep group: L = %s x M = %.0f x %.0f layer passes a step, N = %d a microbatch's "
+             "tokens)\n", m->c.layer_every > 1 ? "the stage's mixtures" : "L/pp", L, M, d->N);
     log0("  all_to_all   calls %6.0f per rank  (formula %s = %.0f)\n", calls, calls_formula, want_calls);
     log0("  all_to_all   bytes %10.0f  (formula %s = %.0f%s)\n", bytes, bytes_formula, want_bytes,
          capped ? ", with nothing dropped: a bound" : "");

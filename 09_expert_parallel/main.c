@@ -130,7 +130,6 @@ int main(int argc, char **argv) {
         {"cp-method", required_argument, 0, OPT_CP_METHOD}, {"ep-over-cp", no_argument, 0, OPT_EP_OVER_CP},
         {"fsdp", no_argument, 0, OPT_FSDP},
         {"save", required_argument, 0, OPT_SAVE}, {"resume", required_argument, 0, OPT_RESUME}, {0, 0, 0, 0}};
-    o.model.layer_every = 1;
     chapter_options co = {.moe = &o.model.moe, .moe_every = &o.model.layer_every, .ep = 0, .tp = 1, .pp = 1, .cp = 1, .pipe = {.schedule = PP_1F1B},
                           .context = {.method = CP_RING, .balance = CP_ZIGZAG}};
     run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
@@ -166,6 +165,9 @@ int main(int argc, char **argv) {
         (mesh_shape){.pp = co.pp, .dp_replicate = MESH_REST, .dp_shard = shard, .cp = co.cp, .tp = co.tp}, &needs);
     if (co.cp > 1) context_parallel_validate(co.cp);
     if (piped) pipeline_validate(co.pp, &co.pipe);
+    if (co.fsdp && piped && co.pipe.schedule == PP_ZB_H1)   /* (chapter 08 refuses it too) */
+        comm_exit_usage("--schedule zb-h1 defers the weight gradients past the moment FSDP reduce-scatters them: with "
+                        "--fsdp use gpipe, 1f1b or interleaved");
 
     /* ---- the plan: chapter 01's inside each data rank (when tp > 1), chapter 06's sequence split
      * (when cp > 1) and chapter 05's pipeline (when pp > 1) around it, the experts and the batch
@@ -222,10 +224,17 @@ int main(int argc, char **argv) {
              d->E, d->k, stages, mesh->shape.dp_replicate, mesh->shape.dp_shard, contexts, mesh->shape.tp,
              device_backend_name());
     plan_describe(&plan);   /* which technique installed which operator; the groups */
-    char every[64] = "";   /* --moe-every: which layers are mixtures */
-    if (c->layer_every > 1)
-        snprintf(every, sizeof every, " in layers %d, %d, ... (one in %d)", c->layer_every - 1, 2 * c->layer_every - 1,
-                 c->layer_every);
+    char every[96] = "";   /* --moe-every: which layers are mixtures */
+    for (int l = 0, n = 0; c->layer_every > 1 && l < c->n_layers; l++)
+        if (llama_layer_has(c, l, P_ROUTER)) {
+            size_t at = strlen(every);
+            if (n++ == 4) { snprintf(every + at, sizeof every - at, ", ..."); break; }
+            snprintf(every + at, sizeof every - at, "%s%d", n == 1 ? " in layers " : ", ", l);
+        }
+    if (c->layer_every > 1) {
+        size_t at = strlen(every);
+        snprintf(every + at, sizeof every - at, " (one in %d)", c->layer_every);
+    }
     log0("model: dim %d, %d layers, %d heads (%d kv), experts %d x hidden %d%s%s, vocab %d; global batch %d x %d "
          "tokens, %d per rank%s\n", c->dim, c->n_layers, c->n_heads, c->n_kv_heads, d->E, d->Fe,
          c->moe.shared_expert ? " + a shared expert" : "", every, c->vocab_size, o.batch, c->seq_len,

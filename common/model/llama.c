@@ -46,10 +46,12 @@ adamw_config adamw_config_default(void) {
  * The parameter table, described once (as llm.c's fill_in_parameter_sizes): a layer's tensors are
  * its blocks' (layer.h), in block order; the model's ends are below. Everything else is derived:
  * the count, the names, the shapes, the initialisation (params.c), a unit's tensors (params.h),
- * the checkpoint and dump names. Table indices, with K = llama_layer_tensors (Llama's: 9):
- *   0                     tok_embeddings.weight
- *   1 + K*l + 0 .. K-1    layer l's (Llama's: attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3)
- *   1 + K*L, 2 + K*L      norm.weight, output.weight
+ * the checkpoint and dump names. Table indices, with K_l = llama_layer_tensors(c, l) (Llama's: 9;
+ * under layer_every the layers' K_l differ) and first(l) = 1 + K_0 + ... + K_{l-1}:
+ *   0                                  tok_embeddings.weight
+ *   first(l) + 0 .. K_l - 1            layer l's (Llama's: attention_norm, wq, wk, wv, wo, ffn_norm,
+ *                                      w1, w2, w3)
+ *   first(L), first(L) + 1             norm.weight, output.weight
  * ------------------------------------------------------------------------------------------ */
 
 int model_dim_size(const llama_config *c, model_dim x) {

@@ -169,11 +169,6 @@ static double head_elems(const act_sizes *z) {
     return n;
 }
 
-size_t llama_act_numel(const llama_dims *d, int act) {
-    act_sizes z = act_sizes_of(d, 0);
-    return (size_t)act_elems(&z, layer_act_shape(d->layer, act));
-}
-
 double llama_layer_act_bytes(const llama_dims *d, unsigned keep) {
     act_sizes z = act_sizes_of(d, 0);
     return layer_bytes(d->layer, &z, keep);
@@ -205,8 +200,10 @@ double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, d
                        : plan->layout[s.kind] == SHARD_REPLICATED           ? 1
                                                                              : p;
         double numel = (double)s.rows * s.cols / split;
+        /* a sharded block holds a tensor's shard, or the whole of one held whole (09's experts) */
+        bool whole = param_held_whole(s.kind, plan->groups.shard_dims, plan->groups.expert_dims);
         for (int b = 0; b < PARAM_NBLOCKS; b++)               /* values, gradients, m and v */
-            state += (b == PARAM_OPTIM ? 8 : 4) * numel / (plan->storage[b] == STORE_SHARD ? S : 1);
+            state += (b == PARAM_OPTIM ? 8 : 4) * numel / (plan->storage[b] == STORE_SHARD && !whole ? S : 1);
         largest = fmax(largest, numel);
     }
     llama_dims d = plan_dims(c, plan, B);
@@ -241,9 +238,14 @@ static void layer_acts_alloc(llama_layer_acts *a, const llama_dims *d, const lla
     act_sizes z = act_sizes_of(d, 0);
     for (int i = 0; i < ACT_NLAYER; i++) {
         bool kept = keep & (1u << i);
-        act_shape s = layer_act_shape(shared ? layer : d->layer, i);   /* its element type, as its block declares */
-        /* 0: a slot no block of this layer uses */
-        size_t n = (size_t)(shared ? act_elems(&z, s) : act_elems_most(d, &z, i));
+        /* its element type, as the block that declares it says (of the shared set: the layer that
+         * holds most of it); 0 elements: a slot no block of this layer uses */
+        act_shape s = layer_act_shape(shared ? layer : d->layer, i);
+        if (!shared && d->layer_every > 1) {
+            act_shape t = layer_act_shape(&llama_layer_default, i);
+            if (act_elems(&z, t) > act_elems(&z, s)) s = t;
+        }
+        size_t n = (size_t)act_elems(&z, s);
         if (shared) a->t[i] = kept ? (n ? device_alloc_elems(n, s.type, MEM_ACTIVATIONS) : NULL) : shared->t[i];
         else a->t[i] = kept || !n ? NULL : device_alloc_elems(n, s.type, MEM_BUFFERS);
     }

@@ -166,16 +166,15 @@ static inline linear_site llama_site(const llama_model *m, param_kind kind, int 
 llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B);
 /* What a forward saves, described once in model.c (each tensor's shape in these dims), and the
  * formulas derived from it:
- * elements of layer activation `act` (ACT_*) for those shapes; */
-size_t llama_act_numel(const llama_dims *d, int act);
-/* fp32 bytes one layer keeps with the policy `keep` (ACT_* bits): the sum of their sizes; */
+ * bytes one layer of the model's own blocks (d->layer; under layer_every Llama's layers in between
+ * keep theirs) keeps with the policy `keep` (ACT_* bits): the sum of their sizes; */
 double llama_layer_act_bytes(const llama_dims *d, unsigned keep);
 /* fp32 bytes the head keeps in every mode: h_final and final_xn [Ns, D], final_rstd [Ns], the logits
  * [N, Vl] and the loss's `loss_saved_per_row` floats per row (its row max and sum of exponentials
  * under loss parallelism, chapter 02). */
 double llama_head_act_bytes(const llama_dims *d, int loss_saved_per_row);
-/* Bytes one layer keeps with the policy `keep` (ACT_* bits), measured: allocated as the model
- * does and counted by the allocator, then freed. */
+/* Bytes one layer of the model's own blocks (d->layer) keeps with the policy `keep` (ACT_* bits),
+ * measured: allocated as the model does and counted by the allocator, then freed. */
 size_t llama_layer_act_bytes_measured(const llama_dims *d, unsigned keep);
 
 /* An upper bound of what the model under `plan` allocates on this rank for [B, c->seq_len]
