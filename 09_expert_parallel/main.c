@@ -50,6 +50,8 @@ static const char *usage =
     "  --expert-dim F       each expert's hidden size (default 64)\n"
     "  --shared-expert      a dense SwiGLU of --ffn-dim every token also passes through\n"
     "  --aux-alpha A        weight of the load-balancing loss (default 0.01)\n"
+    "  --router R           softmax (the gates the chosen probabilities) or sigmoid (DeepSeek-V3: the gates\n"
+    "                       the chosen scores over their sum) (default softmax)\n"
     "  --capacity-factor C  each expert takes at most ceil(C T k / E) copies of a sequence's tokens,\n"
     "                       the rest dropped (default: dropless)\n"
     "  --moe-every K        the mixture on every K-th layer (layers K-1, 2K-1, ...; Llama 4's K = 2), Llama's\n"
@@ -71,7 +73,7 @@ static const char *usage =
     "  --resume DIR         start from DIR's latest checkpoint, on this run's mesh (any ep, tp, pp, cp), and\n"
     "                       train --steps more (not with --check: the baseline starts at step 1)\n";
 
-enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_CAPACITY, OPT_MOE_EVERY, OPT_EP, OPT_TP, OPT_PP, OPT_MICRO,
+enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_ROUTER, OPT_CAPACITY, OPT_MOE_EVERY, OPT_EP, OPT_TP, OPT_PP, OPT_MICRO,
        OPT_SCHEDULE, OPT_VIRTUAL, OPT_CP, OPT_CP_METHOD, OPT_EP_OVER_CP, OPT_FSDP, OPT_SAVE,
        OPT_RESUME };
 typedef struct {
@@ -91,7 +93,10 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     else if (code == OPT_EXPERT_DIM) x->expert_dim = cli_int("--expert-dim", arg, 1, 1 << 20);
     else if (code == OPT_SHARED) x->shared_expert = true;
     else if (code == OPT_AUX) x->aux_alpha = cli_float("--aux-alpha", arg, 0.0f, 100.0f);
-    else if (code == OPT_CAPACITY) x->capacity_factor = cli_float("--capacity-factor", arg, 0.01f, 64.0f);
+    else if (code == OPT_ROUTER) {
+        static const char *const routers[] = {"softmax", "sigmoid", NULL};
+        x->router = (moe_router)cli_choice("--router", arg, routers);
+    } else if (code == OPT_CAPACITY) x->capacity_factor = cli_float("--capacity-factor", arg, 0.01f, 64.0f);
     else if (code == OPT_MOE_EVERY) *co->moe_every = cli_int("--moe-every", arg, 1, 4096);
     else if (code == OPT_EP) co->ep = cli_int("--ep", arg, 1, 4096);
     else if (code == OPT_TP) co->tp = cli_int("--tp", arg, 1, 4096);
@@ -122,7 +127,8 @@ int main(int argc, char **argv) {
     static const struct option flags[] = {
         {"experts", required_argument, 0, OPT_EXPERTS}, {"top-k", required_argument, 0, OPT_TOP_K},
         {"expert-dim", required_argument, 0, OPT_EXPERT_DIM}, {"shared-expert", no_argument, 0, OPT_SHARED},
-        {"aux-alpha", required_argument, 0, OPT_AUX}, {"capacity-factor", required_argument, 0, OPT_CAPACITY},
+        {"aux-alpha", required_argument, 0, OPT_AUX},
+        {"router", required_argument, 0, OPT_ROUTER}, {"capacity-factor", required_argument, 0, OPT_CAPACITY},
         {"moe-every", required_argument, 0, OPT_MOE_EVERY},
         {"ep", required_argument, 0, OPT_EP}, {"tp", required_argument, 0, OPT_TP}, {"pp", required_argument, 0, OPT_PP},
         {"microbatches", required_argument, 0, OPT_MICRO}, {"schedule", required_argument, 0, OPT_SCHEDULE},
@@ -192,8 +198,9 @@ int main(int argc, char **argv) {
     llama_model *model = run_model_paths(&o, &plan, paths, 2);   /* refuses up front what cannot fit */
     int first = 1;   /* the first step: 1, or the checkpoint's next */
     char settings[256];
-    snprintf(settings, sizeof settings, "{\"chapter\":\"09\",\"batch\":%d,\"lr\":%.9g,\"aux_alpha\":%.9g,\"capacity_factor\":%.9g}",
-             o.batch, o.opt.lr, c->moe.aux_alpha, c->moe.capacity_factor);
+    snprintf(settings, sizeof settings, "{\"chapter\":\"09\",\"batch\":%d,\"lr\":%.9g,\"aux_alpha\":%.9g,\"capacity_factor\":%.9g%s}",
+             o.batch, o.opt.lr, c->moe.aux_alpha, c->moe.capacity_factor,
+             c->moe.router == MOE_SIGMOID ? ",\"router\":\"sigmoid\"" : "");   /* (softmax: as before) */
     if (co.resume) {
         checkpoint_meta meta;
         char err[512];

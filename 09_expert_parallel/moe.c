@@ -7,7 +7,7 @@
  *
  * One layer's forward; the exchanges are the plan's (expert_exchange_ops: all-to-alls over the ep
  * group of P ranks under expert parallelism, copies on one device):
- *   router     logits [N, E] = m W_r^T; probs = softmax                   (the plan's linear)
+ *   router     logits [N, E] = m W_r^T; probs = softmax, or sigmoid       (the plan's linear)
  *   route      top-k, gates, slot and the counts per expert, on the host (moe_route)
  *   dispatch   send [N*k, D] = m[token of each row]                          (moe_gather_rows)
  *              counts: to every expert's rank                              (experts.counts)
@@ -20,7 +20,8 @@
  * The backward runs the same steps in reverse: the combine's backward gives each copy's
  * gradient (gate * dh) and each gate's (dh . y); they travel to the experts, through the experts'
  * backward, and back; the copies' input gradients are summed per token; the gates' gradients
- * (plus the load-balancing loss's) go through the softmax and the router.
+ * (plus the load-balancing loss's) go through the softmax (or the normalisations and the sigmoid)
+ * and the router.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -83,6 +84,25 @@ static void top_k(int *choice, float *gates, const float *probs, int N, int E, i
             gates[(size_t)t * k + j] = p[best];
         }
     }
+}
+
+/* Each row of x [rows, n] (host) divided by its sum, in place: DeepSeek-V3's sigmoid router gives
+ * a token's chosen scores over their sum as its gates, and the balancing loss each token's scores
+ * over their sum. */
+static void normalise_rows(float *x, size_t rows, int n) {
+    for (size_t r = 0; r < rows; r++) {
+        float *v = x + r * n, sum = 0.0f;
+        for (int i = 0; i < n; i++) sum += v[i];
+        for (int i = 0; i < n; i++) v[i] /= sum;
+    }
+}
+
+/* The backward of y = x / sum(x) over a row of n: dx_i = (dy_i - sum_j dy_j y_j) / sum(x), from dy
+ * and y [n] and that sum. dx [n] (=); dx may be dy. */
+static void normalise_backward(float *dx, const float *dy, const float *y, float sum, int n) {
+    float dot = 0.0f;
+    for (int i = 0; i < n; i++) dot += dy[i] * y[i];
+    for (int i = 0; i < n; i++) dx[i] = (dy[i] - dot) / sum;
 }
 
 /* Which copies their experts take. Dropless (d->capacity 0): all of them. Under a capacity, each
@@ -355,16 +375,20 @@ static void moe_forward(const layer_pass *x) {
     if (m->c.moe.shared_expert) llama_feed_forward.forward(x);
     else device_copy(x->h_out, a->h_mid, (size_t)d->Ns * D * sizeof(float));
 
-    /* router: logits [N, E] (in drouter_probs, free now) = m W_r^T; probs = softmax */
+    /* router: logits [N, E] (in drouter_probs, free now) = m W_r^T; probs = softmax (or the
+     * scores, each logit's sigmoid: --router sigmoid) */
+    bool sigmoid = m->c.moe.router == MOE_SIGMOID;
     p->linear.forward(p->linear.state, p, llama_site(m, P_ROUTER, x->l), m->drouter_probs, a->ffn_xn, x->w->router, N,
                       D, E);
-    moe_router_softmax(a->router_probs, m->drouter_probs, N, E);
+    moe_router_scores(a->router_probs, m->drouter_probs, N, E, sigmoid);
 
-    /* route, on the host: top-k, gates, the dispatch's order, the counts */
+    /* route, on the host: top-k, gates (the chosen probabilities, or scores over their sum), the
+     * dispatch's order, the counts */
     route r = route_alloc(d);
     float *probs = malloc((size_t)N * E * sizeof(float)), *gates = malloc((size_t)N * k * sizeof(float));
     device_copy_to_host(probs, a->router_probs, (size_t)N * E * sizeof(float));
     top_k(r.choice, gates, probs, N, E, k);
+    if (sigmoid) normalise_rows(gates, (size_t)N, k);
     device_copy_to_device(a->moe_gates, gates, (size_t)N * k * sizeof(float));
     route_plan(&r, d);
     expert_parallel_count_load(p, r.per_expert, r.dropped);   /* (the step's load, for the report) */
@@ -388,9 +412,11 @@ static void moe_forward(const layer_pass *x) {
     exchange_rows(p, &r, d, a->moe_y, m->moe_rows, false);
     moe_combine(x->h_out, a->moe_y, r.slot_dev, fault & EP_FAULT_NO_GATES ? NULL : a->moe_gates, N, k, D);
 
-    /* the load-balancing loss, added to the model's */
+    /* the load-balancing loss, added to the model's (P from the probabilities, or from each
+     * token's scores over their sum) */
     double *f = malloc((size_t)d->B * E * sizeof *f);
     sequence_shares(f, &r, p, d, m->c.seq_len);
+    if (sigmoid) normalise_rows(probs, (size_t)N, E);
     m->aux_loss += (float)aux_loss(f, probs, d, &m->c.moe, m->saved->loss_scale);
     free(f);
     free(probs);
@@ -424,23 +450,49 @@ static void moe_backward(const layer_pass *x) {
     moe_combine(dxn, m->dmoe_y, r.slot_dev, NULL, N, k, D);
 
     /* the router: d probs [N, E] = the balancing loss's gradient, plus each gate's gradient at its
-     * expert; then through the softmax (in place) */
+     * expert; then through the softmax (in place). Under --router sigmoid both reach the scores s
+     * through a normalisation: the loss's P through each token's s over its sum over the E
+     * experts, the gates through the chosen s over their sum (normalise_backward); then the
+     * sigmoid's backward. */
+    bool sigmoid = m->c.moe.router == MOE_SIGMOID;
     float *dprobs = calloc((size_t)N * E, sizeof(float)), *dgates = malloc((size_t)N * k * sizeof(float));
+    float *scores = sigmoid ? malloc((size_t)N * E * sizeof(float)) : NULL;
+    float *gates = sigmoid ? malloc((size_t)N * k * sizeof(float)) : NULL;
     device_copy_to_host(dgates, m->dmoe_gates, (size_t)N * k * sizeof(float));
     double *f = malloc((size_t)d->B * E * sizeof *f);
     sequence_shares(f, &r, p, d, m->c.seq_len);
     if (!(expert_parallel_faults_on(p) & EP_FAULT_SKIP_AUX_GRAD))   /* (the deliberate bug leaves it out) */
         aux_gradient(dprobs, f, d, &m->c.moe, m->saved->loss_scale);
-    for (int t = 0; t < N; t++)
-        for (int j = 0; j < k; j++) dprobs[(size_t)t * E + r.choice[(size_t)t * k + j]] += dgates[(size_t)t * k + j];
+    if (sigmoid) {
+        device_copy_to_host(scores, a->router_probs, (size_t)N * E * sizeof(float));
+        device_copy_to_host(gates, a->moe_gates, (size_t)N * k * sizeof(float));
+        float *shares = malloc((size_t)E * sizeof(float)), *chosen = malloc((size_t)k * sizeof(float));
+        for (int t = 0; t < N; t++) {
+            const float *s = scores + (size_t)t * E;
+            const int *c = r.choice + (size_t)t * k;
+            float all = 0.0f, picked = 0.0f;
+            for (int e = 0; e < E; e++) all += s[e], shares[e] = s[e];
+            for (int e = 0; e < E; e++) shares[e] /= all;   /* the balancing loss's s' = s / sum */
+            normalise_backward(dprobs + (size_t)t * E, dprobs + (size_t)t * E, shares, all, E);
+            for (int j = 0; j < k; j++) picked += s[c[j]];
+            normalise_backward(chosen, dgates + (size_t)t * k, gates + (size_t)t * k, picked, k);
+            for (int j = 0; j < k; j++) dprobs[(size_t)t * E + c[j]] += chosen[j];
+        }
+        free(shares);
+        free(chosen);
+    } else
+        for (int t = 0; t < N; t++)
+            for (int j = 0; j < k; j++) dprobs[(size_t)t * E + r.choice[(size_t)t * k + j]] += dgates[(size_t)t * k + j];
     device_copy_to_device(m->drouter_probs, dprobs, (size_t)N * E * sizeof(float));
-    moe_router_softmax_backward(m->drouter_probs, m->drouter_probs, a->router_probs, N, E);
+    moe_router_scores_backward(m->drouter_probs, m->drouter_probs, a->router_probs, N, E, sigmoid);
     /* dxn += dlogits W_r;  d W_r += dlogits^T m */
     p->linear.backward(p->linear.state, p, llama_site(m, P_ROUTER, x->l), dxn, DX_ADD, x->g->router, m->drouter_probs,
                        a->ffn_xn, x->w->router, N, D, E);
     free(f);
     free(dprobs);
     free(dgates);
+    free(scores);
+    free(gates);
     route_free(&r);
 }
 

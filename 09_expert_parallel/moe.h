@@ -23,6 +23,12 @@
  * f is a count (no gradient). Under context parallelism a rank holds part of each sequence's
  * tokens: f's counts are summed over the cp ranks (the plan's experts.sequence_sum), and each rank
  * adds its own tokens' part of T P_{s,e}.
+ *
+ * DeepSeek-V3's router (--router sigmoid, its section 2.1.2): scores s = sigmoid(m W_r^T) expert by
+ * expert in place of p; the top-k of s (the same tie rule); the gates the chosen scores over their
+ * sum, g_{t,j} = s_{t,e} / sum_i s_{t,e_{t,i}}; and the balancing loss on each token's scores over
+ * their sum over the E experts, P_{s,e} = mean over s's tokens of s_{t,e} / sum_f s_{t,f}. (Its
+ * auxiliary-loss-free bias, a per-expert offset added for the top-k alone, is not built.)
  */
 /* BEGIN SOLUTION 09: the balancing loss's gradient */
 /* Its gradient: d aux / d p_{t,e} = loss scale * alpha E f_{s,e}, on every token t of sequence s. */

@@ -197,9 +197,14 @@ def read_config(metadata, path):
             config[key] = float(metadata[key]) if key == "aux_alpha" else int(metadata[key])
         if "capacity_factor" in metadata:   # absent: dropless
             config["capacity_factor"] = float(metadata["capacity_factor"])
-        config["moe_every"] = int(metadata.get("moe_every", 1))   # absent: every layer a mixture
-        if config["moe_every"] < 1:
-            raise DumpError(f"{path}: metadata moe_every {config['moe_every']} is not a positive layer count")
+        if "moe_every" in metadata:   # absent: every layer a mixture
+            config["moe_every"] = int(metadata["moe_every"])
+            if config["moe_every"] < 1:
+                raise DumpError(f"{path}: metadata moe_every {config['moe_every']} is not a positive layer count")
+        if "router" in metadata:      # absent: softmax
+            config["router"] = metadata["router"]
+            if config["router"] not in ("softmax", "sigmoid"):
+                raise DumpError(f"{path}: metadata router '{config['router']}' is not softmax or sigmoid")
     return config
 
 
@@ -696,10 +701,15 @@ def moe_feed_forward(m, i, params, config, linear, aux):
     B, T, D = m.shape
     E, k, Fe = config["experts"], config["top_k"], config["expert_dim"]
     x = m.reshape(B * T, D)
-    p = torch.softmax(linear(x, "moe.router.gate"), dim=-1)                        # [N, E]
+    logits = linear(x, "moe.router.gate")                                          # [N, E]
+    sigmoid = config.get("router") == "sigmoid"
+    # softmax: the probabilities; sigmoid (DeepSeek-V3): each expert's score on its own
+    p = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)       # [N, E]
     # top-k: the largest first; among equal probabilities the lower expert (a stable sort)
     order = torch.sort(-p.detach(), dim=-1, stable=True).indices[:, :k]           # [N, k]
     gates = p.gather(1, order)                                                    # [N, k]
+    if sigmoid:   # the chosen scores over their sum
+        gates = gates / gates.sum(-1, keepdim=True)
     # a capacity: each expert takes the first C = ceil(c T k / E) copies of each sequence, in
     # token order (a token's copies in j order); the others are dropped (no output, no gradient)
     kept = torch.ones_like(order, dtype=torch.bool)
@@ -723,9 +733,11 @@ def moe_feed_forward(m, i, params, config, linear, aux):
     if config["shared_expert"]:
         out = out + linear(F.silu(linear(x, "moe.shared_expert.w1")) * linear(x, "moe.shared_expert.w3"),
                            "moe.shared_expert.w2")
-    # the balancing loss: f a count (no gradient), P the mean probability, per sequence
+    # the balancing loss: f a count (no gradient), P the mean probability (sigmoid: of each token's
+    # scores over their sum), per sequence
     f = F.one_hot(order, E).sum(1).reshape(B, T, E).sum(1).to(p.dtype) / (k * T)   # [B, E]
-    P = p.reshape(B, T, E).mean(1)                                                # [B, E]
+    shares = p / p.sum(-1, keepdim=True) if sigmoid else p
+    P = shares.reshape(B, T, E).mean(1)                                           # [B, E]
     aux.append((T * config["aux_alpha"] * E * (f * P).sum(-1)).sum())
     return out.reshape(B, T, D)
 
@@ -988,7 +1000,8 @@ def run(directory):
         loss_rtol, grad_rtol = 4 * BF16_U / math.sqrt(tokens_per_step), 4 * BF16_U
     print(f"reference_torch: {directory}, {len(steps)} steps, {len(init)} tensors, "
           f"reference in {str(DTYPE).replace('torch.', '')}")
-    print("  config: " + ", ".join(f"{k} {v:g}" for k, v in config.items() if k != "bf16"))
+    print("  config: " + ", ".join(f"{k} {v:g}" if not isinstance(v, str) else f"{k} {v}"
+                                   for k, v in config.items() if k != "bf16"))
     if config.get("bf16"):
         print(f"  mixed precision: bf16 GEMM operands (every linear, the output layer's too"
               + ("; float8's casts from those bf16 values" if f8 is not None else "")
@@ -1002,8 +1015,9 @@ def run(directory):
               f"{config['top_k']}{', a shared expert' if config['shared_expert'] else ''}, balancing loss "
               f"alpha {config['aux_alpha']:g}, "
               + (f"capacity factor {config['capacity_factor']:g}" if "capacity_factor" in config else "dropless")
+              + (", sigmoid router (the gates the chosen scores over their sum)" if config.get("router") == "sigmoid" else "")
               + (f"; on one layer in {config['moe_every']}, Llama's feed-forward on the others"
-                 if config["moe_every"] > 1 else ""))
+                 if config.get("moe_every", 1) > 1 else ""))
     float8 = None
     failures = 0
     if f8 is not None:

@@ -314,6 +314,7 @@ int dump_params(const char *dir, const char *file, const llama_config *c, const 
         meta_float(w, "aux_alpha", c->moe.aux_alpha);
         if (c->moe.capacity_factor > 0) meta_float(w, "capacity_factor", c->moe.capacity_factor);
         if (c->layer_every > 1) meta_int(w, "moe_every", c->layer_every);   /* absent: every layer */
+        if (c->moe.router == MOE_SIGMOID) st_writer_meta(w, "router", "sigmoid");   /* absent: softmax */
     }
     if (run_options) st_writer_meta(w, "run_options", run_options);   /* the chapter's, for the replay */
 

@@ -6,8 +6,10 @@
  * kernels move rows between the tokens' [N, D] and that buffer; the routing itself (top-k, the
  * slots, the counts) is decided on the host, which the all-to-all needs the counts on anyway.
  *
- *   moe_router_softmax            probs[N, E] (=) = softmax of each row of logits[N, E]
- *   moe_router_softmax_backward   dlogits[N, E] (=) = p * (dp - sum_e dp p), row by row
+ *   moe_router_scores             scores[N, E] (=) = softmax of each row of logits[N, E], or
+ *                                 (sigmoid) the sigmoid of each element (DeepSeek-V3's router)
+ *   moe_router_scores_backward    dlogits[N, E] (=) = p * (dp - sum_e dp p), row by row; or
+ *                                 (sigmoid) ds * s * (1 - s)
  *   moe_gather_rows               dst[i] (=) = src[index[i]], i < n: the dispatch's copies
  *   moe_combine                   h[t] += sum_j gate(t, j) y[slot[t*k+j]]: the weighted combine
  *                                 (gates NULL: every weight 1, which sums a token's copies'
@@ -26,8 +28,8 @@
 
 C_BEGIN
 
-void moe_router_softmax(float *probs, const float *logits, int N, int E);
-void moe_router_softmax_backward(float *dlogits, const float *dprobs, const float *probs, int N, int E);
+void moe_router_scores(float *scores, const float *logits, int N, int E, int sigmoid);
+void moe_router_scores_backward(float *dlogits, const float *dscores, const float *scores, int N, int E, int sigmoid);
 void moe_gather_rows(float *dst, const float *src, const int *index, int n, int D);
 void moe_combine(float *h, const float *y, const int *slot, const float *gates, int N, int k, int D);
 void moe_combine_backward(float *dy, float *dgates, const float *dh, const float *y, const int *slot,

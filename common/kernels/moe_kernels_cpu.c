@@ -3,13 +3,13 @@
 #include "moe_kernels.h"
 #include "moe_math.h"
 
-void moe_router_softmax(float *probs, const float *logits, int N, int E) {
-    for (int n = 0; n < N; n++) moe_softmax_row(probs + (size_t)n * E, logits + (size_t)n * E, E);
+void moe_router_scores(float *scores, const float *logits, int N, int E, int sigmoid) {
+    for (int n = 0; n < N; n++) moe_scores_row(scores + (size_t)n * E, logits + (size_t)n * E, E, sigmoid);
 }
 
-void moe_router_softmax_backward(float *dlogits, const float *dprobs, const float *probs, int N, int E) {
+void moe_router_scores_backward(float *dlogits, const float *dscores, const float *scores, int N, int E, int sigmoid) {
     for (int n = 0; n < N; n++)
-        moe_softmax_backward_row(dlogits + (size_t)n * E, dprobs + (size_t)n * E, probs + (size_t)n * E, E);
+        moe_scores_backward_row(dlogits + (size_t)n * E, dscores + (size_t)n * E, scores + (size_t)n * E, E, sigmoid);
 }
 
 void moe_gather_rows(float *dst, const float *src, const int *index, int n, int D) {

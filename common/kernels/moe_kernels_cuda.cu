@@ -1,7 +1,7 @@
 /* moe_kernels_cuda.cu: the CUDA twin of moe_kernels_cpu.c (see moe_kernels.h).
  *
  * Same argument lists, same formulas (moe_math.h). The router's rows are short (E experts, a few
- * dozen at most), so its softmax is one thread per row; the row movements are one thread per
+ * dozen at most), so its softmax (or sigmoid) is one thread per row; the row movements are one thread per
  * element of the output, each summing its token's copies in order (no atomics); the gates'
  * gradient is one block per copy, its dot product reduced by cub::BlockReduce.
  */
@@ -13,21 +13,22 @@
 #define DOT_THREADS 128
 typedef cub::BlockReduce<float, DOT_THREADS> BlockReduceFloat;
 
-static __global__ void softmax_kernel(float *probs, const float *logits, int N, int E) {
-    GRID_STRIDE_LOOP(n, N) moe_softmax_row(probs + n * E, logits + n * E, E);
+static __global__ void scores_kernel(float *scores, const float *logits, int N, int E, int sigmoid) {
+    GRID_STRIDE_LOOP(n, N) moe_scores_row(scores + n * E, logits + n * E, E, sigmoid);
 }
-void moe_router_softmax(float *probs, const float *logits, int N, int E) {
+void moe_router_scores(float *scores, const float *logits, int N, int E, int sigmoid) {
     if (N == 0) return;
-    softmax_kernel<<<cuda_blocks(N), CUDA_THREADS, 0, cuda_stream()>>>(probs, logits, N, E);
+    scores_kernel<<<cuda_blocks(N), CUDA_THREADS, 0, cuda_stream()>>>(scores, logits, N, E, sigmoid);
     CUDA_CHECK_LAUNCH();
 }
 
-static __global__ void softmax_backward_kernel(float *dlogits, const float *dprobs, const float *probs, int N, int E) {
-    GRID_STRIDE_LOOP(n, N) moe_softmax_backward_row(dlogits + n * E, dprobs + n * E, probs + n * E, E);
+static __global__ void scores_backward_kernel(float *dlogits, const float *dscores, const float *scores, int N, int E,
+                                              int sigmoid) {
+    GRID_STRIDE_LOOP(n, N) moe_scores_backward_row(dlogits + n * E, dscores + n * E, scores + n * E, E, sigmoid);
 }
-void moe_router_softmax_backward(float *dlogits, const float *dprobs, const float *probs, int N, int E) {
+void moe_router_scores_backward(float *dlogits, const float *dscores, const float *scores, int N, int E, int sigmoid) {
     if (N == 0) return;
-    softmax_backward_kernel<<<cuda_blocks(N), CUDA_THREADS, 0, cuda_stream()>>>(dlogits, dprobs, probs, N, E);
+    scores_backward_kernel<<<cuda_blocks(N), CUDA_THREADS, 0, cuda_stream()>>>(dlogits, dscores, scores, N, E, sigmoid);
     CUDA_CHECK_LAUNCH();
 }
 

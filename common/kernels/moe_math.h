@@ -5,6 +5,8 @@
  * largest logit (so no exponential overflows). Its backward, from dp = d loss / d p:
  *   d loss / d x_e = p_e (dp_e - sum_f dp_f p_f)
  * (the Jacobian of the softmax, diag(p) - p p^T, applied to dp).
+ * Or DeepSeek-V3's sigmoid, expert by expert: s_e = 1 / (1 + e^-x_e), whose backward is
+ *   d loss / d x_e = ds_e s_e (1 - s_e).
  */
 #pragma once
 #include <math.h>
@@ -23,6 +25,17 @@ HD static inline void moe_softmax_backward_row(float *dx, const float *dp, const
     float dot = 0.0f;
     for (int e = 0; e < E; e++) dot += dp[e] * p[e];
     for (int e = 0; e < E; e++) dx[e] = p[e] * (dp[e] - dot);
+}
+
+/* One row of the router's scores: s[E] (=) from x[E], the softmax's or (sigmoid) each expert's own
+ * sigmoid; and its backward, dx[E] (=) from ds[E] and s[E]. */
+HD static inline void moe_scores_row(float *s, const float *x, int E, int sigmoid) {
+    if (!sigmoid) { moe_softmax_row(s, x, E); return; }
+    for (int e = 0; e < E; e++) s[e] = 1.0f / (1.0f + expf(-x[e]));
+}
+HD static inline void moe_scores_backward_row(float *dx, const float *ds, const float *s, int E, int sigmoid) {
+    if (!sigmoid) { moe_softmax_backward_row(dx, ds, s, E); return; }
+    for (int e = 0; e < E; e++) dx[e] = ds[e] * s[e] * (1.0f - s[e]);
 }
 
 /* Element c of token t's combined row: sum over its k copies, in order, of gate * y; a dropped

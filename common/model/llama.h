@@ -37,6 +37,7 @@ typedef struct llama_layer llama_layer;   /* the layer's blocks (layer.h) */
 /* A mixture-of-experts feed-forward (chapter 09): the sizes its block's tensors and activations
  * are written in. experts 0: a dense model. The block itself, its routing and its loss are the
  * chapter's (09_expert_parallel/moe.c), set as llama_config.layer. */
+typedef enum { MOE_SOFTMAX = 0, MOE_SIGMOID } moe_router;   /* the router's scores (09's --router) */
 typedef struct {
     int experts;          /* E routed experts per layer (0: none, the dense feed-forward)        */
     int top_k;            /* k experts per token                                                 */
@@ -45,6 +46,9 @@ typedef struct {
     float aux_alpha;      /* the weight of the load-balancing loss                              */
     float capacity_factor; /* c > 0: each expert takes at most ceil(c T k / E) copies of each
                            * sequence's tokens, the rest dropped; 0: dropless                    */
+    moe_router router;    /* softmax scores, the gates the chosen ones (Switch, GShard, Mixtral);
+                           * or sigmoid scores, the gates the chosen ones over their sum, the
+                           * balancing loss on the scores over their sum (DeepSeek-V3)          */
 } moe_config;
 
 typedef struct {
