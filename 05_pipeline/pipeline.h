@@ -62,7 +62,8 @@ typedef struct { pp_action a; double t0, t1; } pp_event;
 typedef struct {
     int peak_sets;                /* most (microbatch, chunk) activation sets held at once        */
     size_t peak_set_bytes;        /* the allocator's count of their layer activations at that peak */
-    size_t set_bytes;             /* one set's layer activations (every chunk has L / (P V) layers) */
+    size_t set_bytes;             /* the last set's layer activations (every chunk has L / (P V)
+                                   * layers; 09's --moe-every makes them differ: chunk_set_bytes) */
     const size_t *chunk_set_bytes; /* [P V] one set's of each chunk this rank ran (the layers of
                                    * chapter 09's --moe-every differ from chunk to chunk), 0 else */
     double step_seconds;          /* the step's wall time on this rank                             */

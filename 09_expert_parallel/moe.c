@@ -506,7 +506,7 @@ static void moe_backward(const layer_pass *x) {
     TENSOR(P_EXPERT_W2, "moe.experts.w2", DIM_ED, DIM_FE, 0.02f),           /* [E*D, F_e] */ \
     TENSOR(P_EXPERT_W3, "moe.experts.w3", DIM_EF, DIM_D, 0.02f)             /* [E*F_e, D] */
 #define MOE_ACTS                                                                             \
-    ACT(ACT_ROUTER_PROBS, ROWS_REGION, COLS_E, CHEAP),    /* [N, E]       softmax(logits)  */ \
+    ACT(ACT_ROUTER_PROBS, ROWS_REGION, COLS_E, CHEAP),    /* [N, E]  softmax (sigmoid) of logits */ \
     ACT(ACT_MOE_CHOICE, ROWS_REGION, COLS_K, CHEAP),      /* [N, k]       experts chosen   */ \
     ACT(ACT_MOE_GATES, ROWS_REGION, COLS_K, CHEAP),       /* [N, k]       their weights    */ \
     ACT(ACT_MOE_COUNTS, ROWS_1, COLS_COUNTS, CHEAP),      /* [2E + 1]     the counts       */ \

@@ -695,8 +695,9 @@ def attention(q, k, v):
 
 def moe_feed_forward(m, i, params, config, linear, aux):
     """A mixture-of-experts layer's feed-forward output for m [B, T, D] (docs/dump-format.md),
-    built from the definition: softmax router, top-k with ties to the lower expert, gates the
-    probabilities, each copy through its expert's SwiGLU, the gated sum (+ the shared expert).
+    built from the definition: softmax router (or sigmoid scores), top-k with ties to the lower
+    expert, gates the probabilities (the chosen scores over their sum), each copy through its
+    expert's SwiGLU, the gated sum (+ the shared expert).
     Appends the layer's balancing term, sum over sequences of T alpha E sum_e f_{s,e} P_{s,e}, to aux."""
     B, T, D = m.shape
     E, k, Fe = config["experts"], config["top_k"], config["expert_dim"]
