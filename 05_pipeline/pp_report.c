@@ -61,8 +61,7 @@ int report_pipeline_memory(const llama_plan *plan) {
     int mismatches = (int)comm_host_sum(comm_world(), bad);
     log0("activations held at the peak, per rank (allocator | formula; one set = a microbatch's "
          "activations of one chunk, %s%s):\n", fmt_bytes((double)me.set_bytes),
-         peak_bytes_of(s, r, me.chunk_set_bytes) != (double)formula * me.set_bytes ? " for rank 0's last chunk: the "
-                                                                                     "chunks differ" : "");
+         expect_bytes != (double)formula * me.set_bytes ? " for rank 0's last chunk: the chunks differ" : "");
     const char *rule = s->kind == PP_GPIPE ? "M" : s->kind == PP_1F1B ? "min(M, P - r)" :
                        s->kind == PP_INTERLEAVED ? "warmup + 1" : "min(M, P)";
     /* BEGIN SOLUTION 05: the interleaved peak */

@@ -182,7 +182,7 @@ int ep_report_parameters(const llama_plan *p, llama_model *m, double param_bytes
         {"dispatch, one layer", (double)llama_layer_act_bytes_measured(d, dispatch), per_layer,
          d->capacity ? "4 (R (D + 3 F_e) + N k D), R = min(ep N min(k, E/ep), ep (E/ep) B C) rows at most"
                      : "4 (R (D + 3 F_e) + N k D), R = ep N min(k, E/ep) rows at most (dropless)"}};
-    if (fsdp)   /* chapter 04's: every dense tensor in S shards; the experts stay whole (params.h's shards 1) */
+    if (fsdp)   /* chapter 04's: every dense tensor in S shards; the experts stay whole (params.h's held_whole) */
         log0("  (FSDP: the dense tensors' %.0f elements%s in S = %d shards of ceil(rows / S) rows each: Psi_S = %.0f; "
              "the experts' %.0f whole, split over the same ranks already)\n", x.dense_held,
              p->groups.tp ? " of the tp slice" : "", p->groups.shard->size, x.dense_shards, x.experts_held);
@@ -206,8 +206,8 @@ static void alltoall_formulas(double L, double P, double N, double k, double D, 
     /* END ASSIGNMENT */
 }
 
-/* Chapter 04's FSDP collectives of one pass (a step, or a microbatch under a pipeline) on this
- * rank, from the tensors it moves (held whole: the experts, moved by none): a layer's unit is
+/* Chapter 04's FSDP collectives of one pass (a step, or a microbatch under a pipeline: piped) on
+ * this rank, from the tensors it moves (held whole: the experts, moved by none): a layer's unit is
  * gathered before its forward and its backward, and reduce-scattered after its backward; without
  * a pipeline prefetch keeps the ends and the last layer gathered from forward to backward (one
  * gather each); under chapter 05's pipeline every unit is gathered per use, and a stage holding
@@ -215,19 +215,19 @@ static void alltoall_formulas(double L, double P, double N, double k, double D, 
  * the gathers go tensor by tensor, the linears' at 2 bytes an element (04's policy:
  * fsdp_gathers_bf16). gathered_bytes is per shard rank (times S for the bytes a gather moves). */
 typedef struct {
-    bool piped, ends_twice, bf16;
+    bool ends_twice, bf16;
     double gathers, gathered_bytes, scatters, scattered_floats;
 } fsdp_traffic;
-static fsdp_traffic fsdp_traffic_of(const llama_plan *p, const llama_model *m) {
+static fsdp_traffic fsdp_traffic_of(const llama_model *m, bool piped) {
     const param_table *t = m->params;
-    fsdp_traffic f = {.piped = p->schedule.forward_backward != NULL, .bf16 = m->c.precision == DTYPE_BF16};
+    fsdp_traffic f = {.bf16 = m->c.precision == DTYPE_BF16};
     int L = m->c.n_layers;
     bool embedding = t->t[param_index(t, P_TOK_EMBEDDINGS, -1)].here, head = t->t[param_index(t, P_OUTPUT, -1)].here;
-    f.ends_twice = f.piped && embedding && head;
+    f.ends_twice = piped && embedding && head;
     for (int u = 0; u <= L; u++) {
         int idx[PARAM_UNIT_MAX], k = param_unit_tensors(t, u, idx);
         double uses = u < L ? 1 : f.ends_twice ? 2 : 1;   /* acquisitions per forward (and per backward) */
-        double gathers = 2 * uses - (!f.piped && (u == L || u == L - 1) ? 1 : 0), moved = 0;
+        double gathers = 2 * uses - (!piped && (u == L || u == L - 1) ? 1 : 0), moved = 0;
         for (int j = 0; j < k; j++) {
             const param_tensor *x = &t->t[idx[j]];
             if (!x->here || x->held_whole) continue;
@@ -261,7 +261,7 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     double hsdp_calls = 0, hsdp_floats = 0;   /* FSDP under HSDP: each reduce-scatter's sums, over dp_replicate */
     comm_group *shard = p->groups.shard;   /* chapter 04's FSDP of the dense tensors, or NULL */
     if (shard) {
-        fsdp_traffic f = fsdp_traffic_of(p, m);
+        fsdp_traffic f = fsdp_traffic_of(m, piped);
         double S = shard->size;
         hsdp_calls = M * f.scatters, hsdp_floats = M * f.scattered_floats;
         /* (the shard group is the ep group, or as large: its all-to-alls are below, so it is not
@@ -273,14 +273,14 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
                                       {"(2 S Psi_S - ends - last) x 4 - 2 x linears'", "M x (2 S Psi_S x 4 - 2 x linears')",
                                        "M x (2 (S Psi_S + ends) x 4 - 2 x linears')"}};
         const char *scattered[3] = {"S Psi_S x 4 (grads)", "M x S Psi_S x 4 (grads)", "M x (S Psi_S + ends) x 4"};
-        int how = !f.piped ? 0 : f.ends_twice ? 2 : 1;
+        int how = !piped ? 0 : f.ends_twice ? 2 : 1;
         if (S > 1) {
             expect[n++] = (comm_expectation){shard, COLL_ALL_GATHER, M * f.gathers, M * S * f.gathered_bytes,
                                              gathered[f.bf16][how]};
             expect[n++] = (comm_expectation){shard, COLL_REDUCE_SCATTER, M * f.scatters,
                                              M * S * 4 * f.scattered_floats, scattered[how]};
         }
-    } else if (!shard && dense->size > 1) {   /* the data ranks (and the cp ranks, when the ep group spans them) */
+    } else if (dense->size > 1) {   /* the data ranks (and the cp ranks, when the ep group spans them) */
         groups[ng++] = dense;
         expect[n++] = (comm_expectation){dense, COLL_ALL_REDUCE, x.n_dense, 4 * x.dense_held,
                                          "every dense tensor's slice: 4 x its elements"};

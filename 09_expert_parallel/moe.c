@@ -97,11 +97,12 @@ static void normalise_rows(float *x, size_t rows, int n) {
     }
 }
 
-/* The backward of y = x / sum(x) over a row of n: dx_i = (dy_i - sum_j dy_j y_j) / sum(x), from dy
- * and y [n] and that sum. dx [n] (=); dx may be dy. */
-static void normalise_backward(float *dx, const float *dy, const float *y, float sum, int n) {
-    float dot = 0.0f;
-    for (int i = 0; i < n; i++) dot += dy[i] * y[i];
+/* The backward of normalise_rows for one row of n, from the values before it, x [n]: with
+ * y = x / sum(x), dx_i = (dy_i - sum_j dy_j y_j) / sum(x). dx [n] (=); dx may be dy. */
+static void normalise_backward(float *dx, const float *dy, const float *x, int n) {
+    float sum = 0.0f, dot = 0.0f;
+    for (int i = 0; i < n; i++) sum += x[i];
+    for (int i = 0; i < n; i++) dot += dy[i] * (x[i] / sum);
     for (int i = 0; i < n; i++) dx[i] = (dy[i] - dot) / sum;
 }
 
@@ -457,7 +458,6 @@ static void moe_backward(const layer_pass *x) {
     bool sigmoid = m->c.moe.router == MOE_SIGMOID;
     float *dprobs = calloc((size_t)N * E, sizeof(float)), *dgates = malloc((size_t)N * k * sizeof(float));
     float *scores = sigmoid ? malloc((size_t)N * E * sizeof(float)) : NULL;
-    float *gates = sigmoid ? malloc((size_t)N * k * sizeof(float)) : NULL;
     device_copy_to_host(dgates, m->dmoe_gates, (size_t)N * k * sizeof(float));
     double *f = malloc((size_t)d->B * E * sizeof *f);
     sequence_shares(f, &r, p, d, m->c.seq_len);
@@ -465,21 +465,18 @@ static void moe_backward(const layer_pass *x) {
         aux_gradient(dprobs, f, d, &m->c.moe, m->saved->loss_scale);
     if (sigmoid) {
         device_copy_to_host(scores, a->router_probs, (size_t)N * E * sizeof(float));
-        device_copy_to_host(gates, a->moe_gates, (size_t)N * k * sizeof(float));
-        float *shares = malloc((size_t)E * sizeof(float)), *chosen = malloc((size_t)k * sizeof(float));
+        float *picked = malloc((size_t)k * sizeof(float)), *dpicked = malloc((size_t)k * sizeof(float));
         for (int t = 0; t < N; t++) {
             const float *s = scores + (size_t)t * E;
             const int *c = r.choice + (size_t)t * k;
-            float all = 0.0f, picked = 0.0f;
-            for (int e = 0; e < E; e++) all += s[e], shares[e] = s[e];
-            for (int e = 0; e < E; e++) shares[e] /= all;   /* the balancing loss's s' = s / sum */
-            normalise_backward(dprobs + (size_t)t * E, dprobs + (size_t)t * E, shares, all, E);
-            for (int j = 0; j < k; j++) picked += s[c[j]];
-            normalise_backward(chosen, dgates + (size_t)t * k, gates + (size_t)t * k, picked, k);
-            for (int j = 0; j < k; j++) dprobs[(size_t)t * E + c[j]] += chosen[j];
+            /* the balancing loss's s' = s / sum over E, then the gates' chosen s over their sum */
+            normalise_backward(dprobs + (size_t)t * E, dprobs + (size_t)t * E, s, E);
+            for (int j = 0; j < k; j++) picked[j] = s[c[j]];
+            normalise_backward(dpicked, dgates + (size_t)t * k, picked, k);
+            for (int j = 0; j < k; j++) dprobs[(size_t)t * E + c[j]] += dpicked[j];
         }
-        free(shares);
-        free(chosen);
+        free(picked);
+        free(dpicked);
     } else
         for (int t = 0; t < N; t++)
             for (int j = 0; j < k; j++) dprobs[(size_t)t * E + r.choice[(size_t)t * k + j]] += dgates[(size_t)t * k + j];
@@ -492,7 +489,6 @@ static void moe_backward(const layer_pass *x) {
     free(dprobs);
     free(dgates);
     free(scores);
-    free(gates);
     route_free(&r);
 }
 
