@@ -306,7 +306,7 @@ bench-%: chapter-exists-% all
 	@$(call chapter_dir,$*)/bench.sh $(BUILD)/$*
 
 # make bench: every technique at 2 ranks (chapter 08's meshes at 8) against one rank, each speed-up
-# beside its bound and judged against issue 26's goals (tools/bench_all.sh; REPS, STEPS, STEPS08, ONLY=01,04).
+# beside its bound and judged against issue 26's goals (tools/bench_all.sh; REPS, STEPS, STEPS08, STEPS09, ONLY=01,04).
 bench: all
 	@./tools/bench_all.sh $(BUILD)
 
@@ -371,7 +371,7 @@ help:
 	@echo "make build-NN         what make check-NN runs: the chapter's binary and the unit tests its checks.txt names"
 	@echo "make test-NN          one chapter's tests quickly: its unit tests and its layouts under MPI and the NCCL emulation"
 	@echo "make plot-NN          gnuplot PNGs of what the chapter measured, in out/NN/"
-	@echo "make bench            every technique against one rank and its bound (REPS, STEPS, STEPS08, ONLY=01,04,...)"
+	@echo "make bench            every technique against one rank and its bound (REPS, STEPS, STEPS08, STEPS09, ONLY=01,04,...)"
 	@echo "make bench-NN         the chapter's benchmark, if it has one (never part of make test)"
 	@echo "make bench-baseline   the single-device step beside the same model in PyTorch (ms, GFLOP/s, ratio), QKV / W1-W3 as one GEMM or several, a linear's GEMMs in fp32 and bf16"
 	@echo "make bench-grade      make grade on a class: N submissions of chapter NN (default 30 of 08), JOBS at once (default 2), timed against 30 in 30 minutes"

@@ -1,7 +1,8 @@
 # The technique, which a later chapter may include and link (the plan of the whole mesh; the sharded
-# checkpoints, which chapter 09 resumes from on another ep degree);
+# checkpoints, which chapter 09 resumes from on another ep degree; the --plan calculator, which
+# chapter 09 runs with its mixture-of-experts layer);
 # the chapter's other files are its own (tests/t_layers.sh).
-TECHNIQUE_08 := 08_full_trainer/parallelize.c 08_full_trainer/checkpoint.c
+TECHNIQUE_08 := 08_full_trainer/parallelize.c 08_full_trainer/checkpoint.c 08_full_trainer/plan_calculator.c
 # Chapter 08 links the technique of every earlier chapter and copies none: chapter 00's building
 # blocks (f and g), 01's Megatron plan, 02's vocabulary-parallel ends, 03's sequence parallelism
 # and checkpointing, 04's FSDP/HSDP, 05's pipeline and its schedules, 06's context parallelism,

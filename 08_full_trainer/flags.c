@@ -126,7 +126,7 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
         {"plan", no_argument, 0, OPT_PLAN}, {"async-tp", no_argument, 0, OPT_ASYNC_TP},
         {"no-fsdp-over-cp", no_argument, 0, OPT_NO_FSDP_OVER_CP}, {"reduce-dtype", required_argument, 0, OPT_REDUCE_DTYPE},
         {"vocab-multiple", required_argument, 0, OPT_VOCAB_MULTIPLE}, PLAN_CALC_FLAGS, {0, 0, 0, 0}};
-    char full_usage[8192];
+    char full_usage[12288];
     snprintf(full_usage, sizeof full_usage, "%s%s", usage, plan_calculator_usage);
     run_parse(o, argc, argv, flags, chapter_flag, t, full_usage);
     o->model.vocab_multiple = t->vocab_multiple;
@@ -135,6 +135,8 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
     if (!o->dtype_given && strcmp(device_backend_name(), "cuda") == 0) o->model.precision = DTYPE_BF16;
     if (t->plan) return;
     /* flags this run would ignore: refused, as --microbatches without a pipeline is */
+    if (t->calc.flag_given)
+        comm_exit_usage("--%s configures the --plan calculator: it needs --plan (no training then)", t->calc.flag_given);
     const int *g = t->par.degree;
     if (t->schedule_given && g[MESH_PP] == 1)
         comm_exit_usage("--schedule orders a pipeline's microbatches: it needs --pp 2 or more");

@@ -19,15 +19,27 @@
 // ----------------------------------------------------------------------------------------------
 // the models and the options
 
-/* Llama 3 / 3.1 (Grattafiori et al. 2024, the paper's table of model sizes): head dim 128 in all
- * three, vocabulary 128256. */
-typedef struct { const char *name, *label; int dim, n_layers, n_heads, n_kv_heads, ffn_dim; } llama3_size;
-static const llama3_size llama3_sizes[] = {
-    {"8b", "Llama 3 8B", 4096, 32, 32, 8, 14336},
-    {"70b", "Llama 3 70B", 8192, 80, 64, 8, 28672},
-    {"405b", "Llama 3 405B", 16384, 126, 128, 8, 53248},
+/* The presets. Llama 3 / 3.1 (Grattafiori et al. 2024, the paper's table of model sizes): head dim
+ * 128 in all three, vocabulary 128256. Mixtral 8x7B (Jiang et al. 2024): Mistral 7B's layers with 8
+ * SwiGLU experts of Mistral's feed-forward size in place of its feed-forward, top-2, vocabulary
+ * 32000: 46.7 B parameters, 12.9 B active. DeepSeek-V3-like (DeepSeek-AI 2024, its section 4.2):
+ * its 61 layers, dim 7168, 128 heads, 256 routed experts of 2048 and one shared of 2048, top-8,
+ * vocabulary 129280, with this tutorial's layer: grouped-query attention where DeepSeek has MLA, a
+ * mixture on every layer where its first three are dense, and no multi-token-prediction module:
+ * 705 B parameters where the paper counts 671 B (37.75 B active outside the embedding, 37 B). */
+typedef struct {
+    const char *name, *label;
+    int dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab;
+    int experts, top_k, expert_dim;   /* 0: a dense model */
+    bool shared_expert;
+} plan_model_preset;
+static const plan_model_preset plan_presets[] = {
+    [PLAN_LLAMA3_8B] = {"8b", "Llama 3 8B", 4096, 32, 32, 8, 14336, 128256},
+    [PLAN_LLAMA3_70B] = {"70b", "Llama 3 70B", 8192, 80, 64, 8, 28672, 128256},
+    [PLAN_LLAMA3_405B] = {"405b", "Llama 3 405B", 16384, 126, 128, 8, 53248, 128256},
+    [PLAN_MIXTRAL_8X7B] = {"mixtral-8x7b", "Mixtral 8x7B", 4096, 32, 32, 8, 14336, 32000, 8, 2, 14336, false},
+    [PLAN_DEEPSEEK_V3] = {"deepseek-v3", "DeepSeek-V3-like", 7168, 61, 128, 128, 2048, 129280, 256, 8, 2048, true},
 };
-enum { LLAMA3_VOCAB = 128256 };
 
 /* H100 SXM peaks, TFLOP/s: fp32 without TF32 (what cublasSgemm runs in this tutorial), dense bf16,
  * dense fp8. */
@@ -53,13 +65,21 @@ void plan_calc_defaults(plan_calc_options *o) {
     o->reduce = PLAN_FP32;
     o->shard_cp = true;
     o->top = 15;
+    o->moe_every = 1;
 }
 
 const char plan_calculator_usage[] =
     "plan calculator (with --plan; no training, one rank is enough):\n"
-    "  --plan-model 8b|70b|405b       Llama 3 / 3.1 size (default 8b)\n"
+    "  --plan-model M                 8b|70b|405b (Llama 3 / 3.1), or a mixture of experts (chapter 09's\n"
+    "                                 binary plans those): mixtral-8x7b|deepseek-v3 (default 8b)\n"
     "  --plan-dim D --plan-layers L --plan-heads H --plan-kv-heads K --plan-ffn F --plan-vocab V\n"
     "                                 explicit dimensions over the preset's\n"
+    "  --plan-experts E --plan-top-k K --plan-expert-ffn F_e --plan-shared-expert --plan-moe-every N\n"
+    "                                 the sizes of a mixture of experts, over the preset's (09 --plan)\n"
+    "  --plan-capacity-factor C       experts take at most C T k / E copies of a sequence (default:\n"
+    "                                 dropless, the dispatch buffers sized for the worst case)\n"
+    "  --plan-ep N                    the experts over N ranks of FSDP's shard group (default: every\n"
+    "                                 N that divides it and E)\n"
     "  --plan-seq-len T               tokens of a sequence (default 8192)\n"
     "  --plan-global-batch N          TOKENS per optimizer step (default 1048576; a multiple of T)\n"
     "  --plan-microbatch B            sequences per forward of a dp rank (default 1)\n"
@@ -97,11 +117,11 @@ static void parse_mesh(plan_calc_options *o, const char *arg) {
 }
 
 bool plan_calculator_flag(plan_calc_options *o, int code, const char *arg) {
-    static const char *const models[] = {"8b", "70b", "405b", NULL};
+    static const char *const models[] = {"8b", "70b", "405b", "mixtral-8x7b", "deepseek-v3", NULL};   /* plan_preset's order */
     static const char *const ac_modes[] = {"none", "selective", "full", NULL};          /* ac_mode's order */
     static const char *const precisions[] = {"fp32", "bf16", NULL};
     switch (code) {
-    case PLAN_OPT_MODEL: o->preset = cli_choice("--plan-model", arg, models); break;
+    case PLAN_OPT_MODEL: o->preset = (plan_preset)cli_choice("--plan-model", arg, models); break;
     case PLAN_OPT_DIM: o->dim = cli_int("--plan-dim", arg, 2, 1 << 20); break;
     case PLAN_OPT_LAYERS: o->n_layers = cli_int("--plan-layers", arg, 1, 100000); break;
     case PLAN_OPT_HEADS: o->n_heads = cli_int("--plan-heads", arg, 1, 1 << 16); break;
@@ -138,24 +158,50 @@ bool plan_calculator_flag(plan_calc_options *o, int code, const char *arg) {
     case PLAN_OPT_REDUCE: o->reduce = (plan_precision)cli_choice("--plan-reduce-dtype", arg, precisions); break;
     case PLAN_OPT_NO_SHARD_CP: o->shard_cp = false; break;
     case PLAN_OPT_TOP: o->top = cli_int("--plan-top", arg, 1, 1000); break;
+    case PLAN_OPT_EXPERTS: o->experts = cli_int("--plan-experts", arg, 1, 1 << 16); break;
+    case PLAN_OPT_TOP_K: o->top_k = cli_int("--plan-top-k", arg, 1, 1 << 16); break;
+    case PLAN_OPT_EXPERT_FFN: o->expert_dim = cli_int("--plan-expert-ffn", arg, 1, 1 << 22); break;
+    case PLAN_OPT_SHARED: o->shared_expert = true; break;
+    case PLAN_OPT_MOE_EVERY: o->moe_every = cli_int("--plan-moe-every", arg, 1, 100000); break;
+    case PLAN_OPT_CAPACITY: o->capacity_factor = cli_float("--plan-capacity-factor", arg, 0.01f, 64.0f); break;
+    case PLAN_OPT_EP: o->ep = cli_int("--plan-ep", arg, 1, 1 << 16); break;
     default: return false;
+    }
+    if (!o->flag_given) {   /* its name, for a run that would ignore it */
+        static const struct option names[] = {PLAN_CALC_FLAGS};
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+            if (names[i].val == code) o->flag_given = names[i].name;
     }
     return true;
 }
 
 llama_config plan_calc_model(const plan_calc_options *o) {
-    const llama3_size *p = &llama3_sizes[o->preset];
+    const plan_model_preset *p = &plan_presets[o->preset];
     llama_config c = llama_config_default();   /* norm eps and RoPE theta: not used here */
     c.dim = o->dim > 0 ? o->dim : p->dim;
     c.n_layers = o->n_layers > 0 ? o->n_layers : p->n_layers;
     c.n_heads = o->n_heads > 0 ? o->n_heads : p->n_heads;
     c.n_kv_heads = o->n_kv_heads > 0 ? o->n_kv_heads : p->n_kv_heads;
     c.ffn_dim = o->ffn_dim > 0 ? o->ffn_dim : p->ffn_dim;
-    c.vocab_size = o->vocab > 0 ? o->vocab : LLAMA3_VOCAB;
+    c.vocab_size = o->vocab > 0 ? o->vocab : p->vocab;
     c.vocab_multiple = o->vocab_multiple;
     c.seq_len = o->seq_len;
+    /* a mixture of experts: the preset's, or one asked for over a dense preset (top-2, experts of
+     * the feed-forward's size unless given) */
+    c.moe.experts = o->experts > 0 ? o->experts : p->experts;
+    if (c.moe.experts > 0) {
+        c.moe.top_k = o->top_k > 0 ? o->top_k : p->top_k > 0 ? p->top_k : 2;
+        c.moe.expert_dim = o->expert_dim > 0 ? o->expert_dim : p->expert_dim > 0 ? p->expert_dim : c.ffn_dim;
+        c.moe.shared_expert = o->shared_expert || p->shared_expert;
+        c.moe.capacity_factor = (float)o->capacity_factor;
+        c.layer_every = o->moe_every;
+        c.layer = o->moe_chapter ? o->moe_chapter->layer_for(&c) : NULL;
+    }
     return c;
 }
+
+/* Whether the options describe a mixture of experts. */
+static bool is_moe(const llama_config *c) { return c->moe.experts > 0; }
 
 /* The model's table (llama.h), summed: the count does not depend on how anyone wrote it down. */
 // ----------------------------------------------------------------------------------------------
@@ -184,6 +230,22 @@ int plan_calc_rank_layers(int n_layers, int pp, int v, int rank, bool *holds) {
     return count;
 }
 
+/* The activations of rank's largest (microbatch, chunk) set: its chunk's layers, each by its kind
+ * (kind_act: [1] the model's own layer's bytes, [0] Llama's in between). */
+static int layer_kind(const llama_config *c, int l);
+static double rank_largest_set(const llama_config *c, int pp, int v, int rank, const double kind_act[2]) {
+    int n = pp * v, first = 0;
+    double most = 0;
+    for (int ch = 0; ch < n; ch++) {
+        int k = chunk_layers(c->n_layers, n, ch);
+        double bytes = 0;
+        for (int l = first; ch % pp == rank && l < first + k; l++) bytes += kind_act[layer_kind(c, l)];
+        most = fmax(most, bytes);
+        first += k;
+    }
+    return most;
+}
+
 /* The most layers one of rank's chunks holds: a (microbatch, chunk) activation set's size. */
 static int rank_largest_chunk(int L, int pp, int v, int rank) {
     int most = 0;
@@ -195,17 +257,20 @@ static int rank_largest_chunk(int L, int pp, int v, int rank) {
 // what one GPU stores
 
 /* One tensor on one GPU: its tp slice (01, 02; the vocabulary's padded, param_split_rows) as
- * [units, width] (rows, or a vector's elements), sharded over S ranks by FSDP (04). */
+ * [units, width] (rows, or a vector's elements), sharded over S ranks by FSDP (04). An expert's
+ * weight (09) is first split over the ep ranks (E / ep experts' rows each), then sharded over the
+ * S / ep ranks that hold the same experts. */
 /* BEGIN SOLUTION 08: state per GPU */
 /* (units cut in S chunks of ceil(units / S), the last ones padded, as params.c pads them) */
 /* END SOLUTION */
 typedef struct { double shard, gathered; } tensor_floats;
-static tensor_floats floats_of(const llama_config *c, param_kind kind, shard_layout layout, int tp, int S) {
-    param_spec s = llama_param_spec(c, llama_param_index_of(c, kind, kind == P_TOK_EMBEDDINGS || kind == P_NORM ||
-                                                                         kind == P_OUTPUT ? -1 : 0));
+static tensor_floats floats_of(const llama_config *c, param_kind kind, int layer, shard_layout layout, int tp, int S,
+                               int ep) {
+    param_spec s = llama_param_spec(c, llama_param_index_of(c, kind, layer));
     int r0, nr, c0, nc;
     shard_slice(layout, param_split_rows(c, s, layout, tp), s.cols, 0, tp, &r0, &nr, &c0, &nc);
     long long units = s.is_vector ? nc : nr, width = s.is_vector ? 1 : nc;
+    if (param_kind_is_expert(kind)) units /= ep, S /= ep;   /* (ep divides E and S: plan_calc_mesh_ep) */
     tensor_floats f = {0, 0};
     /* BEGIN ASSIGNMENT: the floats one GPU stores of this tensor, its tp slice's `units` rows of `width` sharded over S ranks (f.shard), and the floats an all-gather of them rebuilds (f.gathered) */
     long long shard_units = (units + S - 1) / S;
@@ -214,46 +279,73 @@ static tensor_floats floats_of(const llama_config *c, param_kind kind, shard_lay
     return f;
 }
 
-/* The unit figures every stage is made of: one layer, and each of the three ends. */
+/* One layer's figures: its shard floats, of which its linears' weights (what float8 gathers) and
+ * the experts'; gathered, of which the experts' (over the S / ep ranks that share them). */
+typedef struct { double shard, blocks, experts, gathered, experts_gathered; } layer_floats;
+/* The unit figures every stage is made of: a layer of each kind (the model's own, and Llama's
+ * between a mixture's every moe_every-th; the same for a dense model), and each of the three ends. */
 typedef struct {
-    double layer, layer_blocks, layer_gathered;   /* a layer's shard floats, of which its seven block
-                                                   * weights', and gathered                            */
+    layer_floats kind[2];   /* [1] the model's own layer, [0] Llama's where layer_every puts it */
     tensor_floats embedding, norm, output;
 } unit_floats;
-static unit_floats unit_floats_of(const llama_config *c, int tp, int S) {
+/* Layer l's kind: 1 the model's own layer, 0 Llama's in between (layer.h's llama_layer_at). */
+static int layer_kind(const llama_config *c, int l) { return llama_layer_at(c, l) == llama_layer_of(c); }
+static unit_floats unit_floats_of(const llama_config *c, int tp, int S, int ep) {
     shard_layout layout[P_NKINDS];
     megatron_layouts(layout);           /* 01: column-parallel wq wk wv w1 w3, row-parallel wo w2   */
     if (tp > 1) vocab_parallel_layouts(layout);   /* 02: the embedding and the output split by
                                                    * vocabulary (padded), as the trainer does at tp > 1 */
     unit_floats u = {0};
-    int idx[LLAMA_UNIT_MAX_TENSORS], n = llama_unit_tensors(c, 0, idx);   /* a layer's, as its blocks declare them */
-    for (int k = 0; k < n; k++) {
-        param_spec s = llama_param_spec(c, idx[k]);
-        tensor_floats f = floats_of(c, s.kind, layout[s.kind], tp, S);
-        u.layer += f.shard;
-        u.layer_gathered += f.gathered;
-        if (!s.is_vector) u.layer_blocks += f.shard;   /* the linears' weights, not the norms' */
+    bool seen[2] = {false, false};
+    for (int l = 0; l < c->n_layers && l < (c->layer_every > 1 ? c->layer_every : 1); l++) {   /* one of each kind */
+        if (seen[layer_kind(c, l)]) continue;
+        seen[layer_kind(c, l)] = true;
+        layer_floats *x = &u.kind[layer_kind(c, l)];
+        int idx[LLAMA_UNIT_MAX_TENSORS], n = llama_unit_tensors(c, l, idx);   /* its blocks' tensors */
+        for (int k = 0; k < n; k++) {
+            param_spec s = llama_param_spec(c, idx[k]);
+            tensor_floats f = floats_of(c, s.kind, l, layout[s.kind], tp, S, ep);
+            x->shard += f.shard;
+            x->gathered += f.gathered;
+            if (param_kind_is_expert(s.kind)) x->experts += f.shard, x->experts_gathered += f.gathered;
+            else if (!s.is_vector) x->blocks += f.shard;   /* the linears' weights, not the norms' */
+        }
     }
-    u.embedding = floats_of(c, P_TOK_EMBEDDINGS, layout[P_TOK_EMBEDDINGS], tp, S);
-    u.norm = floats_of(c, P_NORM, layout[P_NORM], tp, S);
-    u.output = floats_of(c, P_OUTPUT, layout[P_OUTPUT], tp, S);
+    u.embedding = floats_of(c, P_TOK_EMBEDDINGS, -1, layout[P_TOK_EMBEDDINGS], tp, S, ep);
+    u.norm = floats_of(c, P_NORM, -1, layout[P_NORM], tp, S, ep);
+    u.output = floats_of(c, P_OUTPUT, -1, layout[P_OUTPUT], tp, S, ep);
     return u;
 }
 
-/* A stage: its layers, and the ends it holds (chunk 0's embedding on rank 0, the last chunk's
- * norm and output on rank P - 1, as chapter 05 places them). */
+/* A stage: its layers (n_own of them the model's own kind: a mixture's), and the ends it holds
+ * (chunk 0's embedding on rank 0, the last chunk's norm and output on rank P - 1, as chapter 05
+ * places them). */
 typedef struct {
-    int layers;
+    int layers, n_own;
     bool first, last;
-    double floats, block_floats, gathered, ends_gathered, unit_max;   /* unit_max: its largest unit gathered */
+    double floats, block_floats, gathered, experts_gathered, ends_gathered;
+    double unit_max;        /* its largest unit gathered */
+    double layer_max;       /* its largest layer gathered */
 } stage_floats;
-static stage_floats stage_floats_of(const unit_floats *u, int L, int P, int V, int stage) {
+static stage_floats stage_floats_of(const llama_config *c, const unit_floats *u, int P, int V, int stage) {
     stage_floats s = {0};
-    s.layers = plan_calc_rank_layers(L, P, V, stage, NULL);
+    int L = c->n_layers;
+    bool *holds = calloc((size_t)L, sizeof *holds);
+    if (!holds) { fprintf(stderr, "plan: out of host memory\n"); exit(1); }
+    s.layers = plan_calc_rank_layers(L, P, V, stage, holds);
     s.first = stage == 0;
     s.last = stage == P - 1;
-    s.floats = s.layers * u->layer;
-    s.block_floats = s.layers * u->layer_blocks;
+    for (int l = 0; l < L; l++) {
+        if (!holds[l]) continue;
+        const layer_floats *x = &u->kind[layer_kind(c, l)];
+        s.n_own += layer_kind(c, l);
+        s.floats += x->shard;
+        s.block_floats += x->blocks;
+        s.gathered += x->gathered;
+        s.experts_gathered += x->experts_gathered;
+        s.layer_max = fmax(s.layer_max, x->gathered);
+    }
+    free(holds);
     if (s.first) {
         s.floats += u->embedding.shard;
         s.ends_gathered += u->embedding.gathered;
@@ -262,8 +354,8 @@ static stage_floats stage_floats_of(const unit_floats *u, int L, int P, int V, i
         s.floats += u->norm.shard + u->output.shard;
         s.ends_gathered += u->norm.gathered + u->output.gathered;
     }
-    s.gathered = s.layers * u->layer_gathered + s.ends_gathered;
-    s.unit_max = fmax(s.layers ? u->layer_gathered : 0, s.ends_gathered);
+    s.gathered += s.ends_gathered;
+    s.unit_max = fmax(s.layer_max, s.ends_gathered);
     return s;
 }
 
@@ -297,8 +389,8 @@ double plan_calc_stage_floats(const plan_calc_options *o, const int mesh[MESH_ND
     llama_config c = plan_calc_model(o);
     int g[MESH_NDIMS];
     if (!resolve_mesh(o, mesh, g, NULL, 0)) return -1;
-    unit_floats u = unit_floats_of(&c, g[MESH_TP], shard_group(o, g));
-    return stage_floats_of(&u, c.n_layers, g[MESH_PP], o->virtual_stages, stage).floats;
+    unit_floats u = unit_floats_of(&c, g[MESH_TP], shard_group(o, g), o->ep > 0 ? o->ep : 1);
+    return stage_floats_of(&c, &u, g[MESH_PP], o->virtual_stages, stage).floats;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -340,9 +432,22 @@ static bool group_in_node(const int g[MESH_NDIMS], int d, int gpus_per_node) {
 
 int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_calc_result *r, char *why,
                    size_t whylen) {
+    return plan_calc_mesh_ep(o, mesh, o->ep > 0 ? o->ep : 1, r, why, whylen);
+}
+
+int plan_calc_mesh_ep(const plan_calc_options *o, const int mesh[MESH_NDIMS], int ep, plan_calc_result *r, char *why,
+                      size_t whylen) {
     memset(r, 0, sizeof *r);
     llama_config c = plan_calc_model(o);
     int T = c.seq_len;
+    if (is_moe(&c) && !c.layer)
+        REFUSE("%s is a mixture of experts, whose layer is chapter 09's: plan it with 09 --plan (the same flags)",
+               o->experts ? "--plan-experts" : plan_presets[o->preset].name);
+    if (is_moe(&c) && o->fp8) REFUSE("--plan-fp8 with a mixture of experts: not planned (chapter 09 has no float8 experts)");
+    if (is_moe(&c) && o->ac == AC_FULL)
+        REFUSE("--plan-ac full with a mixture of experts: not planned (chapter 09 recomputes no mixture, whose "
+               "all-to-alls recomputation would repeat)");
+    if (!is_moe(&c) && ep != 1) REFUSE("--plan-ep %d: a dense model has no experts to split", ep);
     if (o->global_batch % T) REFUSE("the global batch of %lld tokens is not whole sequences of %d", o->global_batch, T);
     long long seqs = o->global_batch / T;
     /* the trainer's techniques' rules (mesh.h, parallel_mesh_requirements): whole heads, kv heads,
@@ -370,6 +475,11 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
 
     /* ---- sizes ---- */
     int S = shard_group(o, g), mb = o->microbatch, Tl = T / C, hd = llama_head_dim(&c), L = c.n_layers;
+    /* 09: the experts split over ep ranks of FSDP's shard group, whole experts on each */
+    if (is_moe(&c) && (S % ep || c.moe.experts % ep))
+        REFUSE("ep %d does not divide %s (%d) and the %d experts", ep, o->shard_cp ? "dp_shard x cp" : "dp_shard", S,
+               c.moe.experts);
+    r->ep = ep;
     /* the vocabulary as the output GEMM sees it: padded where tp splits it (02) */
     double D = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, F = c.ffn_dim, Vocab = t > 1 ? llama_padded_vocab(&c, t) : c.vocab_size;
     double e_act = o->precision == PLAN_BF16 ? 2 : 4;   /* activations, tp / cp / pp messages, gathers */
@@ -388,11 +498,23 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
     d.D = c.dim; d.hd = hd; d.Hl = c.n_heads / t; d.Hkvl = c.n_kv_heads / t; d.Fl = c.ffn_dim / t;
     d.Vl = (int)Vocab / t; d.v0 = 0;
     d.layer = llama_layer_of(&c);                        /* the blocks whose activations these are */
+    /* a mixture's (09): E / ep experts here; the rows they may receive, R, by the trainer's rule
+     * (model.c: dropless, every rank's tokens may choose them; or under a capacity) */
+    d.E = c.moe.experts; d.k = c.moe.top_k; d.Fe = c.moe.expert_dim; d.ep = ep; d.El = is_moe(&c) ? d.E / ep : 0;
+    d.capacity = is_moe(&c) && c.moe.capacity_factor > 0 ? moe_capacity(&c.moe, T) : 0;
     /* what 03's checkpointing mode keeps of the blocks' activations; without checkpointing the attention
      * saves, instead of the softmax B Hl T^2 of the single-device operator, 06's log-sum-exp (the
      * operator planned: blockwise, it never holds the whole softmax) */
     d.probs = (size_t)mb * d.Hl * Tl;                    /* 06: the log-sum-exp, B H Tl */
-    r->act_layer_bytes = llama_layer_act_bytes(&d, ac_keep_mask(d.layer, o->ac)) * e_act / 4;
+    double kind_act[2];                                  /* [1] the model's own layer, [0] Llama's */
+    for (int kind = 0; kind < 2; kind++) {
+        llama_dims dk = d;
+        dk.layer = kind ? llama_layer_of(&c) : &llama_layer_default;
+        kind_act[kind] = llama_layer_act_bytes(&dk, ac_keep_mask(dk.layer, o->ac)) * e_act / 4;
+    }
+    r->act_layer_bytes = kind_act[1];
+    r->act_dense_layer_bytes = c.layer && c.layer_every > 1 ? kind_act[0] : 0;
+    r->expert_rows = is_moe(&c) ? llama_expert_rows(&d, d.N) : 0;
     r->act_head_bytes = llama_head_act_bytes(&d, 2) * e_act / 4;   /* 02's loss saves 2 floats a row */
     double attn_fwd, attn_bwd;                           /* 06: the ring's scratch, one layer at a time */
     cp_working_set_formula(CP_RING, C, mb, Tl, d.Hl, d.Hkvl, hd, &attn_fwd, &attn_bwd);
@@ -400,14 +522,21 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
 
     /* ---- compute: FLOPs per token (fwd + bwd = 3 x fwd; causal attention sees T/2 keys on
      * average, 2 T H hd FLOPs a token forward; recomputation adds forwards) ---- */
-    double linear_params = 2 * D * H * hd + 2 * D * Hkv * hd + 3 * D * F;
+    /* a layer's linears' parameters per GPU (what a token multiplies by): the attention's and the
+     * feed-forward's over tp; a mixture's (09) router and k experts are not split by tp (the tp ranks
+     * of a data rank all run its whole mixture), its shared expert is */
+    double attn_params = (2 * D * H * hd + 2 * D * Hkv * hd) / t;
+    double kind_linear[2] = {attn_params + 3 * D * F / t, attn_params + 3 * D * F / t};
+    if (is_moe(&c))
+        kind_linear[1] = attn_params + D * c.moe.experts + c.moe.top_k * 3 * D * c.moe.expert_dim +
+                         (c.moe.shared_expert ? 3 * D * F / t : 0);
     double attn_fwd_flops = 2.0 * T * H * hd;
     double linear_passes = o->ac == AC_FULL ? 8 : 6, attn_passes = o->ac == AC_NONE ? 3 : 4;
     double peak = o->tflops > 0 ? o->tflops : o->precision == PLAN_BF16 ? H100_BF16 : H100_FP32;
     double rate = peak * 1e12, rate_linear = o->fp8 ? (o->tflops > 0 ? 2 * o->tflops : H100_FP8) * 1e12 : rate;
     r->model_flops = (double)seqs * T * llama_flops_per_token(&c);   /* the trainer's MFU's, 6 N + 6 L T D */
 
-    unit_floats u = unit_floats_of(&c, t, S);
+    unit_floats u = unit_floats_of(&c, t, S, ep);
     double bw[MESH_NDIMS];
     for (int dim = 0; dim < MESH_NDIMS; dim++) {
         r->across_nodes[dim] = !group_in_node(g, dim, o->gpus_per_node);
@@ -417,6 +546,12 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
      * consecutive ranks; HSDP's replicas are further apart still */
     bool fsdp_across = r->across_nodes[MESH_DP_SHARD];
     double bw_fsdp = 1e9 * (fsdp_across ? o->inter_gbs : o->intra_gbs);
+    /* 09's ep group: ep ranks of the shard group, cp's (then dp_shard's) first, each tp apart: ep x tp
+     * consecutive ranks (ep x cp x tp when the shards span dp_shard alone) */
+    long long ep_span = (long long)ep * t * (o->shard_cp ? 1 : C);
+    bool ep_across = !(ep_span <= o->gpus_per_node && o->gpus_per_node % ep_span == 0);
+    double bw_ep = 1e9 * (ep_across ? o->inter_gbs : o->intra_gbs);
+    r->ep_across_nodes = ep_across;
 
     /* 05: the messages each pipeline rank sends in a step (an activation forward, a gradient back),
      * counted from the schedule's lists */
@@ -431,14 +566,14 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
     r->layers_min = INT_MAX;
     r->total_bytes = -1;
     for (int s = 0; s < P; s++) {
-        stage_floats st = stage_floats_of(&u, L, P, V, s);
+        stage_floats st = stage_floats_of(&c, &u, P, V, s);
         r->layers_min = st.layers < r->layers_min ? st.layers : r->layers_min;
         r->layers_max = st.layers > r->layers_max ? st.layers : r->layers_max;
 
         /* memory: 04's 16 bytes a stored parameter; 05's sets in flight of 03's layers */
         int sets = pp_peak_in_flight_formula(o->schedule, P, M, V, s);
         int set_layers = rank_largest_chunk(L, P, V, s);
-        double act = (double)sets * set_layers * r->act_layer_bytes;
+        double act = (double)sets * rank_largest_set(&c, P, V, s, kind_act);
         if (st.last) act += (V == 1 ? sets : (sets + V - 1) / V) * r->act_head_bytes;
         double fsdp = 0;
         if (S > 1) {
@@ -446,7 +581,7 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
             double staging = (4 + (o->reduce == PLAN_BF16 ? 2 : 0)) * st.unit_max * (S + 1) / S;
             if (P == 1)   /* 04: the gathered ends and three layers (computing, prefetched, sending its
                            * reduce-scatter), a unit's full gradients (fp32) */
-                fsdp = e_act * (st.ends_gathered + 3 * u.layer_gathered) + 4 * (st.ends_gathered + u.layer_gathered);
+                fsdp = e_act * (st.ends_gathered + 3 * st.layer_max) + 4 * (st.ends_gathered + st.layer_max);
             else          /* under a pipeline the stage stays gathered, its gradients whole, for the step */
                 fsdp = (e_act + 4) * st.gathered;
             fsdp += staging;
@@ -466,7 +601,7 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
         }
 
         /* traffic per step: each of the M microbatches passes every layer of the stage */
-        double tp = 0, cp = 0, pp = 0, dpb = 0, dpr = 0;
+        double tp = 0, cp = 0, pp = 0, dpb = 0, dpr = 0, epb = 0;
         if (t > 1) {   /* 03: per boundary an all-gather + a reduce-scatter of this cp rank's rows */
             double X = (double)mb * Tl * D * e_act;
             double boundaries = 4.0 * st.layers + st.first + st.last, regathers = 2.0 * st.layers + st.last;
@@ -484,12 +619,24 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
                         * T / (cp tp) rows */
             pp = (double)stage_sends[s] * mb * d.Ts * D * e_act;
         if (S > 1) {   /* 04: FSDP; 07: the block weights gathered as float8 bytes */
-            double gather = e_act * S * st.floats - (o->fp8 ? (e_act - 1) * S * st.block_floats : 0);
-            double scatter = e_grad * S * st.floats;
+            /* the dense tensors over the S ranks; 09's experts over the S / ep that share them */
+            const layer_floats *last = &u.kind[layer_kind(&c, L - 1)];
+            double dense = st.gathered - st.experts_gathered;
+            double gather = e_act * dense - (o->fp8 ? (e_act - 1) * S * st.block_floats : 0);
+            double scatter = e_grad * dense;
             /* without a pipeline the ends and the last layer are gathered once a pass, not twice */
-            double kept = e_act * (st.ends_gathered + u.layer_gathered) - (o->fp8 ? (e_act - 1) * S * u.layer_blocks : 0);
-            dpb = (P == 1 ? M * (2 * gather - kept + scatter) : gather + scatter) * ring(S);
+            double kept = e_act * (st.ends_gathered + last->gathered - last->experts_gathered) -
+                          (o->fp8 ? (e_act - 1) * S * last->blocks : 0);
+            double x_gather = e_act * st.experts_gathered, x_scatter = e_grad * st.experts_gathered;
+            double x_kept = e_act * last->experts_gathered;
+            dpb = (P == 1 ? M * (2 * gather - kept + scatter) : gather + scatter) * ring(S) +
+                  (P == 1 ? M * (2 * x_gather - x_kept + x_scatter) : x_gather + x_scatter) * ring(S / ep);
         }
+        if (ep > 1)    /* 09: its formula for the stage's mixtures, M passes each (the rows' D floats at
+                        * e_act bytes: D e_act / 4 floats of 4), a rank's share of the group's bytes,
+                        * (ep - 1) / ep of it sent (the copies routed evenly) */
+            epb = ring(ep) * o->moe_chapter->alltoall_bytes((double)M * st.n_own, ep, (double)mb * Tl, c.moe.top_k,
+                                                            D * e_act / 4, c.moe.experts) / ep;
         if (R > 1) dpr = 2 * ring(R) * e_grad * st.floats;   /* 04: HSDP's all-reduce of the shard */
         r->tp_bytes = fmax(r->tp_bytes, tp);
         r->cp_bytes = fmax(r->cp_bytes, cp);
@@ -499,10 +646,13 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
         r->cp_s = fmax(r->cp_s, cp / bw[MESH_CP]);
         r->pp_s = fmax(r->pp_s, pp / bw[MESH_PP]);
         r->dp_s = fmax(r->dp_s, dpb / bw_fsdp + dpr / bw[MESH_DP_REPLICATE]);
+        r->ep_bytes = fmax(r->ep_bytes, epb);
+        r->moe_layers_max = st.n_own > r->moe_layers_max && is_moe(&c) ? st.n_own : r->moe_layers_max;
+        r->ep_s = fmax(r->ep_s, epb / bw_ep);
 
         /* compute: this cp rank's tokens, split over tp */
         double tokens = (double)M * mb * Tl;
-        double lin = tokens * st.layers * linear_passes * linear_params / t;
+        double lin = tokens * linear_passes * ((st.layers - st.n_own) * kind_linear[0] + st.n_own * kind_linear[1]);
         double other = tokens * (st.layers * attn_passes * attn_fwd_flops + (st.last ? 6 * Vocab * D : 0)) / t;
         r->flops_per_gpu = fmax(r->flops_per_gpu, lin + other);
         r->compute_s = fmax(r->compute_s, lin / rate_linear + other / rate);
@@ -510,13 +660,14 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
     free(stage_sends);
     r->fits = r->total_bytes <= o->gpu_mem_gib * 1073741824.0;
     double busy = r->compute_s / (1 - r->bubble);
-    r->step_s = busy + r->tp_s + r->cp_s + r->pp_s + r->dp_s;
+    r->step_s = busy + r->tp_s + r->cp_s + r->pp_s + r->dp_s + r->ep_s;
     /* with overlap the step is at least the compute and at least each link's traffic */
     double links[2] = {0, 0};   /* [0] inside nodes, [1] across */
     links[r->across_nodes[MESH_TP]] += r->tp_s;
     links[r->across_nodes[MESH_CP]] += r->cp_s;
     links[r->across_nodes[MESH_PP]] += r->pp_s;
     links[r->across_nodes[MESH_DP_REPLICATE]] += r->dp_s;
+    links[ep_across] += r->ep_s;
     r->step_overlap_s = fmax(busy, fmax(links[0], links[1]));
     r->mfu = r->model_flops / (o->gpus * r->step_s * rate);
     return 0;
@@ -525,7 +676,7 @@ int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_
 // ----------------------------------------------------------------------------------------------
 // the report
 
-typedef struct { int mesh[MESH_NDIMS]; plan_calc_result r; } candidate;
+typedef struct { int mesh[MESH_NDIMS], ep; plan_calc_result r; } candidate;
 
 /* Meshes that fit first, the fastest (no overlap) first; then the ones that do not, smallest first. */
 static int by_fit_then_time(const void *a, const void *b) {
@@ -536,7 +687,8 @@ static int by_fit_then_time(const void *a, const void *b) {
 }
 
 /* Every mesh the cluster admits: tp a power of two inside a node, cp a power of two, pp any
- * degree whose chunks are whole, dp_replicate x dp_shard the rest (every split). */
+ * degree whose chunks are whole, dp_replicate x dp_shard the rest (every split); for a mixture of
+ * experts each ep that divides the shard group and E (or --plan-ep alone). */
 static candidate *enumerate(const plan_calc_options *o, int *n_out, int *n_fit) {
     llama_config c = plan_calc_model(o);
     int n = 0, cap = 1024, fit = 0;
@@ -549,12 +701,16 @@ static candidate *enumerate(const plan_calc_options *o, int *n_out, int *n_fit) 
                 int dp = (int)(o->gpus / inner);
                 for (int dps = 1; dps <= dp; dps++) {
                     if (dp % dps) continue;
-                    candidate k = {.mesh = {pp, dp / dps, dps, cp, tp}};
-                    char why[512];   /* a refusal quotes the schedule's own message (up to 199 bytes) */
-                    if (plan_calc_mesh(o, k.mesh, &k.r, why, sizeof why) != 0) continue;
-                    if (n == cap) all = realloc(all, (cap *= 2) * sizeof *all);
-                    all[n++] = k;
-                    fit += k.r.fits;
+                    int S = dps * (o->shard_cp ? cp : 1);
+                    for (int ep = 1; ep <= S; ep++) {
+                        if (is_moe(&c) ? S % ep || c.moe.experts % ep || (o->ep && ep != o->ep) : ep > 1) continue;
+                        candidate k = {.mesh = {pp, dp / dps, dps, cp, tp}, .ep = ep};
+                        char why[512];   /* a refusal quotes the schedule's own message (up to 199 bytes) */
+                        if (plan_calc_mesh_ep(o, k.mesh, ep, &k.r, why, sizeof why) != 0) continue;
+                        if (n == cap) all = realloc(all, (cap *= 2) * sizeof *all);
+                        all[n++] = k;
+                        fit += k.r.fits;
+                    }
                 }
             }
         }
@@ -563,6 +719,22 @@ static candidate *enumerate(const plan_calc_options *o, int *n_out, int *n_fit) 
     *n_out = n;
     *n_fit = fit;
     return all;
+}
+
+/* The --plan-mesh's figures: with its --plan-ep, or for a mixture without one the ep that fits
+ * and is fastest (as the table orders them); 0, or -1 and why. */
+static int given_mesh(const plan_calc_options *o, const llama_config *c, plan_calc_result *r, char *why, size_t len) {
+    if (!is_moe(c) || o->ep) return plan_calc_mesh(o, o->mesh, r, why, len);
+    int g[MESH_NDIMS];
+    if (!resolve_mesh(o, o->mesh, g, why, len)) return -1;
+    int S = shard_group(o, g), found = 0;
+    for (int ep = 1; ep <= S; ep++) {
+        candidate k = {.ep = ep};
+        if (S % ep || c->moe.experts % ep || plan_calc_mesh_ep(o, o->mesh, ep, &k.r, why, len) != 0) continue;
+        if (!found++ || by_fit_then_time(&k, &(candidate){.r = *r}) < 0) *r = k.r;
+    }
+    if (!found && !why[0]) snprintf(why, len, "no ep divides both the shard group (%d) and the %d experts", S, c->moe.experts);
+    return found ? 0 : -1;
 }
 
 static const char *seconds(double s) {
@@ -605,8 +777,13 @@ static void print_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], c
     resolve_mesh(o, mesh, g, NULL, 0);   /* plan_calc_mesh accepted it */
     char name[128], formula[160];
     int P = g[MESH_PP], V = o->virtual_stages, M = r->microbatches;
-    log0("\nmesh %s = %d GPUs; FSDP shards over %s = %d\n", mesh_text(g, name, sizeof name), o->gpus,
+    llama_config c = plan_calc_model(o);
+    log0("\nmesh %s = %d GPUs; FSDP shards over %s = %d", mesh_text(g, name, sizeof name), o->gpus,
          o->shard_cp ? "dp_shard x cp" : "dp_shard", r->shard_ranks);
+    if (is_moe(&c))
+        log0("; the experts over ep %d of them (%d each), each expert's weights over the S/ep = %d left",
+             r->ep, c.moe.experts / r->ep, r->shard_ranks / r->ep);
+    log0("\n");
     if (r->layers_min == r->layers_max)
         log0("  pipeline: %d stage%s of %d layers", P, P > 1 ? "s" : "", r->layers_max);
     else
@@ -616,14 +793,24 @@ static void print_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], c
          V > 1 ? ", interleaved" : "", M, M > 1 ? "es" : "", o->microbatch, o->microbatch > 1 ? "s" : "",
          pp_schedule_name(o->schedule), 100 * r->bubble);
     log0("  memory per GPU (stage %d, the fullest):\n", r->worst_stage);
-    log0("    parameters (fp32)      %12s   4 Psi_S   (04, on 01/02's tp slices and 05's stage)\n",
-         fmt_bytes(r->params_bytes));
+    log0("    parameters (fp32)      %12s   4 Psi_S   (04, on 01/02's tp slices and 05's stage%s)\n",
+         fmt_bytes(r->params_bytes), is_moe(&c) ? "; 09's experts: E/ep each, over S/ep" : "");
     log0("    gradients (fp32)       %12s   4 Psi_S   (04)\n", fmt_bytes(r->grads_bytes));
     log0("    AdamW m, v (fp32)      %12s   8 Psi_S   (04)\n", fmt_bytes(r->optim_bytes));
-    log0("    activations            %12s   %d set%s in flight (05) of %d layer%s x %s (03, --plan-ac %s)%s\n",
-         fmt_bytes(r->act_bytes), r->act_sets, r->act_sets > 1 ? "s" : "", r->act_set_layers,
-         r->act_set_layers > 1 ? "s" : "", fmt_bytes(r->act_layer_bytes), ac_mode_name(o->ac),
-         r->worst_stage == P - 1 ? " + the head's" : "");
+    if (!is_moe(&c))
+        log0("    activations            %12s   %d set%s in flight (05) of %d layer%s x %s (03, --plan-ac %s)%s\n",
+             fmt_bytes(r->act_bytes), r->act_sets, r->act_sets > 1 ? "s" : "", r->act_set_layers,
+             r->act_set_layers > 1 ? "s" : "", fmt_bytes(r->act_layer_bytes), ac_mode_name(o->ac),
+             r->worst_stage == P - 1 ? " + the head's" : "");
+    else {   /* a mixture's layer keeps its dispatch buffers: R rows at most reach a GPU's experts */
+        char dense[64] = "";
+        if (r->act_dense_layer_bytes > 0) snprintf(dense, sizeof dense, ", a dense one %s", fmt_bytes(r->act_dense_layer_bytes));
+        log0("    activations            %12s   %d set%s in flight (05) of %d layer%s: a mixture's %s (03, 09: R = %.0f "
+             "rows %s)%s, --plan-ac %s%s\n", fmt_bytes(r->act_bytes), r->act_sets, r->act_sets > 1 ? "s" : "",
+             r->act_set_layers, r->act_set_layers > 1 ? "s" : "", fmt_bytes(r->act_layer_bytes), r->expert_rows,
+             o->capacity_factor > 0 ? "under the capacity" : "at most, dropless: ep N min(k, E/ep)", dense,
+             ac_mode_name(o->ac), r->worst_stage == P - 1 ? "; + the head's" : "");
+    }
     if (r->shard_ranks > 1)
         log0("    FSDP buffers           %12s   %s + %s(S+1)/S largest unit (04)\n", fmt_bytes(r->fsdp_buffer_bytes),
              P == 1 ? "gathered ends + 3 layers, full grads of ends + 1 layer"
@@ -642,12 +829,18 @@ static void print_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], c
     traffic_line("cp", degree_text(g[MESH_CP]), r->across_nodes[MESH_CP], r->cp_bytes, r->cp_s, formula);
     traffic_line("pp", degree_text(g[MESH_PP]), r->across_nodes[MESH_PP], r->pp_bytes, r->pp_s,
                  "the stage's sends in 05's schedule x B Tl/t D, of 2 M (PV-1) messages (05)");
-    snprintf(formula, sizeof formula, "%s x (S-1)/S x S Psi_S%s (04)%s",
+    snprintf(formula, sizeof formula, "%s x (S-1)/S x S Psi_S%s%s (04)%s",
              P == 1 ? "M x (2 gathers + 1 reduce-scatter)" : "(1 gather + 1 reduce-scatter)",
-             g[MESH_DP_REPLICATE] > 1 ? " + 2 (R-1)/R x 4 Psi_S" : "", o->fp8 ? " float8 gathers (07)" : "");
+             is_moe(&c) ? ", the experts' over S/ep" : "", g[MESH_DP_REPLICATE] > 1 ? " + 2 (R-1)/R x 4 Psi_S" : "",
+             o->fp8 ? " float8 gathers (07)" : "");
     char dp_group[32];   /* HSDP's replicas x FSDP's shard group */
     snprintf(dp_group, sizeof dp_group, "%dx%d", g[MESH_DP_REPLICATE], r->shard_ranks);
     traffic_line("dp", dp_group, r->across_nodes[MESH_DP_REPLICATE], r->dp_bytes, r->dp_s, formula);
+    if (is_moe(&c)) {
+        snprintf(formula, sizeof formula, "(ep-1)/ep x a rank's share of 09's formula (exercise 4), M L = %d x %d "
+                 "mixtures, N = B Tl", r->microbatches, r->moe_layers_max);
+        traffic_line("ep", degree_text(r->ep), r->ep_across_nodes, r->ep_bytes, r->ep_s, formula);
+    }
     double peak = o->tflops > 0 ? o->tflops : o->precision == PLAN_BF16 ? H100_BF16 : H100_FP32;
     log0("  compute: %.1f TFLOP per GPU per step (recomputation included) at %.0f TFLOP/s%s: %s; / (1 - bubble): %s\n",
          r->flops_per_gpu / 1e12, peak, o->fp8 ? " (float8 linears twice as fast)" : "", seconds(r->compute_s),
@@ -665,15 +858,39 @@ int plan_calculator_run(const plan_calc_options *o) {
     if (o->global_batch % c.seq_len)
         comm_exit_usage("--plan-global-batch %lld is not a whole number of --plan-seq-len %d sequences: use a multiple "
                         "of %d", o->global_batch, c.seq_len, c.seq_len);
+    if (is_moe(&c) && !c.layer)   /* 08's binary: the MoE layer is a later chapter's */
+        comm_exit_usage("%s is a mixture of experts, whose layer is chapter 09's: plan it with 09 --plan (the same flags)",
+                        o->experts ? "--plan-experts" : plan_presets[o->preset].name);
+    if (is_moe(&c) && c.moe.top_k > c.moe.experts)
+        comm_exit_usage("--plan-top-k %d is more than the %d experts: a token chooses k of E distinct experts",
+                        c.moe.top_k, c.moe.experts);
+    if (is_moe(&c) && c.layer_every > c.n_layers)
+        comm_exit_usage("--plan-moe-every %d is more than the %d layers: no layer would be a mixture", c.layer_every,
+                        c.n_layers);
+    if (is_moe(&c) && o->fp8)
+        comm_exit_usage("--plan-fp8 with a mixture of experts: not planned (chapter 09 has no float8 experts)");
+    if (is_moe(&c) && o->ac == AC_FULL)
+        comm_exit_usage("--plan-ac full with a mixture of experts: not planned (chapter 09 recomputes no mixture, whose "
+                        "all-to-alls recomputation would repeat); use selective or none");
+    if (is_moe(&c) && o->ep && c.moe.experts % o->ep)
+        comm_exit_usage("--plan-ep %d does not divide the %d experts: each rank holds E / ep whole experts", o->ep,
+                        c.moe.experts);
+    if (!is_moe(&c) && (o->top_k || o->expert_dim || o->shared_expert || o->moe_every != 1 || o->capacity_factor || o->ep))
+        comm_exit_usage("--plan-top-k, --plan-expert-ffn, --plan-shared-expert, --plan-moe-every, --plan-capacity-factor "
+                        "and --plan-ep need a mixture of experts (--plan-model mixtral-8x7b|deepseek-v3 or --plan-experts)");
+    if (o->ep && o->mesh_given && o->mesh[MESH_DP_SHARD] > 0 &&
+        (o->mesh[MESH_DP_SHARD] * (o->shard_cp ? o->mesh[MESH_CP] : 1)) % o->ep)
+        comm_exit_usage("--plan-ep %d does not divide the --plan-mesh's shard group %s (%d)", o->ep,
+                        o->shard_cp ? "dp_shard x cp" : "dp_shard", o->mesh[MESH_DP_SHARD] * (o->shard_cp ? o->mesh[MESH_CP] : 1));
     if (o->reduce == PLAN_BF16 && o->precision != PLAN_BF16)   /* (the trainer's rule, data_parallel.h) */
         comm_exit_usage("--plan-reduce-dtype bf16 needs --plan-precision bf16: gradients are summed in bf16 only in a "
                         "bf16 mixed-precision run");
     /* the asked-for mesh is refused before anything is printed: one line, exit 2 */
     char why[512];
     plan_calc_result given;
-    if (o->mesh_given && plan_calc_mesh(o, o->mesh, &given, why, sizeof why) != 0)
-        comm_exit_usage("--plan-mesh %d,%d,%d,%d,%d: %s", o->mesh[0], o->mesh[1], o->mesh[2], o->mesh[3], o->mesh[4],
-                        why);
+    if (o->mesh_given && given_mesh(o, &c, &given, why, sizeof why) != 0)
+        comm_exit_usage("--plan-mesh %d,%d,%d,%d,%d%s: %s", o->mesh[0], o->mesh[1], o->mesh[2], o->mesh[3], o->mesh[4],
+                        o->ep ? " with --plan-ep" : "", why);
     bool custom = o->dim || o->n_layers || o->n_heads || o->n_kv_heads || o->ffn_dim || o->vocab;
     double n_params = llama_parameter_count(&c, true);
     long long seqs = o->global_batch / c.seq_len;
@@ -684,8 +901,16 @@ int plan_calculator_run(const plan_calc_options *o) {
     if (n_params >= 1e9) snprintf(count, sizeof count, "%.2f B", n_params / 1e9);
     else snprintf(count, sizeof count, "%.3f M", n_params / 1e6);
     log0("plan: %s%s: dim %d, %d layers, %d heads (%d kv, head dim %d), ffn %d, vocab %d: %s parameters\n",
-         custom ? "explicit dimensions over " : "", llama3_sizes[o->preset].label, c.dim, c.n_layers, c.n_heads,
-         c.n_kv_heads, llama_head_dim(&c), c.ffn_dim, c.vocab_size, count);
+         custom || o->experts ? "explicit dimensions over " : "", plan_presets[o->preset].label, c.dim, c.n_layers,
+         c.n_heads, c.n_kv_heads, llama_head_dim(&c), c.ffn_dim, c.vocab_size, count);
+    if (is_moe(&c)) {   /* 09: k of the E experts a token, on every moe_every-th layer */
+        int mixtures = c.n_layers / (c.layer_every > 1 ? c.layer_every : 1);
+        log0("  mixture of experts (09): %d routed experts of hidden %d, top-%d%s, on %d of the %d layers%s; %.2f B "
+             "active a token outside the embedding (6 x that + attention: the FLOPs MFU counts); dispatch %s\n", c.moe.experts,
+             c.moe.expert_dim, c.moe.top_k, c.moe.shared_expert ? ", a shared expert of the ffn's size" : "", mixtures,
+             c.n_layers, c.layer_every > 1 ? " (Llama's feed-forward between)" : "", llama_active_parameter_count(&c) / 1e9,
+             c.moe.capacity_factor > 0 ? "under a capacity factor" : "dropless (buffers for the worst case)");
+    }
     log0("  state: 16 bytes a parameter, %.2f TB (%s) in all: fp32 values 4 + gradients 4 + AdamW m, v 8 (this "
          "tutorial); bf16 mixed precision keeps 16 too (ZeRO's 2 + 2 + 12 with an fp32 master copy)\n",
          16 * n_params / 1e12, fmt_bytes(16 * n_params));
@@ -717,23 +942,27 @@ int plan_calculator_run(const plan_calc_options *o) {
         return 0;
     }
     log0("\ncandidate meshes: %d that split the model and the batch, %d fit in %.0f GiB; %s\n", n, fit, o->gpu_mem_gib,
-         fit ? "the fastest (estimated step, no overlap), the best dp split of each (pp, cp, tp); busy = compute / "
-               "(1 - bubble):" : "none fits; the smallest:");
-    log0("   pp  dp_r  dp_s   cp  tp     M  bubble   memory/GPU       tp       cp       pp       dp     busy"
-         "     step   MFU\n");
+         !fit ? "none fits; the smallest:" : is_moe(&c) ? "the fastest (estimated step, no overlap), the best dp split of each "
+               "(pp, cp, tp, ep); busy = compute / (1 - bubble):" : "the fastest (estimated step, no overlap), the best dp "
+               "split of each (pp, cp, tp); busy = compute / (1 - bubble):");
+    bool moe = is_moe(&c);
+    log0("   pp  dp_r  dp_s   cp  tp%s     M  bubble   memory/GPU       tp       cp       pp       dp%s     busy"
+         "     step   MFU\n", moe ? "   ep" : "", moe ? "       ep" : "");
     int shown = 0;
     for (int i = 0; i < n && shown < o->top; i++) {
         const candidate *k = &all[i];
         if (fit && !k->r.fits) break;
-        bool seen = false;   /* the best dp_replicate x dp_shard of each (pp, cp, tp) only */
+        bool seen = false;   /* the best dp_replicate x dp_shard of each (pp, cp, tp) (and ep) only */
         for (int j = 0; j < i && !seen; j++)
             seen = all[j].mesh[MESH_PP] == k->mesh[MESH_PP] && all[j].mesh[MESH_CP] == k->mesh[MESH_CP] &&
-                   all[j].mesh[MESH_TP] == k->mesh[MESH_TP];
+                   all[j].mesh[MESH_TP] == k->mesh[MESH_TP] && all[j].ep == k->ep;
         if (seen) continue;
         const plan_calc_result *r = &k->r;
-        log0("  %3d %5d %5d %4d %3d %5d  %5.1f%%  %11s %8s %8s %8s %8s %8s %8s %4.1f%%\n", k->mesh[0], k->mesh[1],
-             k->mesh[2], k->mesh[3], k->mesh[4], r->microbatches, 100 * r->bubble, fmt_bytes(r->total_bytes),
-             seconds(r->tp_s), seconds(r->cp_s), seconds(r->pp_s), seconds(r->dp_s),
+        char ep_col[16] = "", ep_time[16] = "";
+        if (moe) snprintf(ep_col, sizeof ep_col, " %4d", k->ep), snprintf(ep_time, sizeof ep_time, " %8s", seconds(r->ep_s));
+        log0("  %3d %5d %5d %4d %3d%s %5d  %5.1f%%  %11s %8s %8s %8s %8s%s %8s %8s %4.1f%%\n", k->mesh[0], k->mesh[1],
+             k->mesh[2], k->mesh[3], k->mesh[4], ep_col, r->microbatches, 100 * r->bubble, fmt_bytes(r->total_bytes),
+             seconds(r->tp_s), seconds(r->cp_s), seconds(r->pp_s), seconds(r->dp_s), ep_time,
              seconds(r->compute_s / (1 - r->bubble)), seconds(r->step_s), 100 * r->mfu);
         shown++;
     }
@@ -741,7 +970,7 @@ int plan_calculator_run(const plan_calc_options *o) {
         int g[MESH_NDIMS];
         resolve_mesh(o, o->mesh, g, NULL, 0);
         for (int i = 0; i < n; i++)
-            if (memcmp(all[i].mesh, g, sizeof g) == 0) {
+            if (memcmp(all[i].mesh, g, sizeof g) == 0 && all[i].ep == given.ep) {
                 if (all[i].r.fits)
                     log0("the --plan-mesh is number %d of the %d meshes that fit (every dp split counted): %s a step "
                          "against the first's %s\n", i + 1, fit, seconds(all[i].r.step_s), seconds(all[0].r.step_s));

@@ -20,6 +20,15 @@
  *   pp traffic                             05: 2 M (P V - 1) messages of the residual stream
  *   dp traffic                             04: FSDP's all-gathers and reduce-scatter, HSDP's
  *                                          all-reduce over the replicas; 07's float8 all-gather
+ *   ep traffic (a mixture of experts)      09: its all-to-all formula, (ep - 1) / ep of a rank's
+ *                                          payload sent (the copies routed evenly)
+ *
+ * A mixture of experts (Mixtral, DeepSeek-V3) is planned when chapter 09's binary brings its layer
+ * and its all-to-all formula (plan_moe_chapter); chapter 08's own binary plans dense models and
+ * refuses a mixture with one line. The experts are split over ep ranks carved out of FSDP's shard
+ * group (torchtitan's), each expert's weights FSDP-sharded over the S / ep ranks left (S = ep: held
+ * whole, as 09's --fsdp holds them); they are not split by tp (09 has no expert tensor parallelism:
+ * the tp ranks of a data rank all run its whole mixture).
  *
  * The recipe planned is torchtitan's (which the Llama 3 paper's FSDP resembles): FSDP shards over
  * dp_shard x cp, and under a pipeline the weights stay gathered for the whole step, gradients
@@ -37,10 +46,22 @@
 #include "../05_pipeline/schedule.h"                    /* pp_schedule_kind   */
 
 typedef enum { PLAN_FP32 = 0, PLAN_BF16 } plan_precision;
+/* What the chapter that defines a mixture of experts (09) gives the calculator: its layer (the MoE
+ * block's tensors and activations, from which the parameter table and the activation formulas
+ * derive) and its all-to-all formula (09's exercise 4: the bytes its ep group's all-to-alls move
+ * in the forward and backward passes of L mixture layers, summed over the group's P ranks, each
+ * routing N tokens of k copies of D floats, E experts). */
+typedef struct {
+    const llama_layer *(*layer_for)(const llama_config *c);
+    double (*alltoall_bytes)(double L, double P, double N, double k, double D, double E);
+} plan_moe_chapter;
+/* The presets: Llama 3 / 3.1's three sizes, and two mixtures of experts (plan_calculator.c's table). */
+typedef enum { PLAN_LLAMA3_8B = 0, PLAN_LLAMA3_70B, PLAN_LLAMA3_405B, PLAN_MIXTRAL_8X7B, PLAN_DEEPSEEK_V3 } plan_preset;
 
 /* Everything the calculator is told. plan_calc_defaults fills it; the flags change it. */
 typedef struct plan_calc_options {
-    int preset;                    /* --plan-model: 0 8b, 1 70b, 2 405b (Llama 3 / 3.1)             */
+    plan_preset preset;            /* --plan-model: 8b, 70b, 405b (Llama 3 / 3.1), mixtral-8x7b,
+                                    * deepseek-v3 (a DeepSeek-V3-like mixture)                      */
     int dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab;   /* --plan-dim ...: > 0 overrides the preset */
     int vocab_multiple;            /* the vocabulary's padding over tp (02; 0: mesh.h's default rule) */
     int seq_len;                   /* --plan-seq-len, tokens of one sequence                        */
@@ -64,6 +85,17 @@ typedef struct plan_calc_options {
                                     * over dp_shard only, the cp ranks all-reduce their shards (08's
                                     * --no-fsdp-over-cp)                                              */
     int top;                       /* --plan-top, lines of the candidates' table (15)               */
+    /* a mixture of experts: --plan-experts E (> 0 over the preset's; 0 keeps it), --plan-top-k,
+     * --plan-expert-ffn F_e, --plan-shared-expert, --plan-moe-every, --plan-capacity-factor (0:
+     * dropless, whose dispatch buffers take the worst case, as chapter 09's trainer allocates) */
+    int experts, top_k, expert_dim, moe_every;
+    bool shared_expert;
+    double capacity_factor;
+    int ep;                        /* --plan-ep: the experts' ranks (0: every degree that divides the
+                                    * shard group and E)                                            */
+    const plan_moe_chapter *moe_chapter;   /* chapter 09's, set by its binary; NULL (08's): a
+                                    * mixture is refused                                            */
+    const char *flag_given;        /* the first --plan-* flag given (a trainer refuses it without --plan) */
 } plan_calc_options;
 
 void plan_calc_defaults(plan_calc_options *o);
@@ -74,7 +106,8 @@ enum {
     PLAN_OPT_VOCAB, PLAN_OPT_SEQ, PLAN_OPT_BATCH, PLAN_OPT_MICRO, PLAN_OPT_GPUS, PLAN_OPT_MEM,
     PLAN_OPT_PER_NODE, PLAN_OPT_INTRA, PLAN_OPT_INTER, PLAN_OPT_TFLOPS, PLAN_OPT_MESH, PLAN_OPT_SCHEDULE,
     PLAN_OPT_VIRTUAL, PLAN_OPT_AC, PLAN_OPT_FP8, PLAN_OPT_PRECISION, PLAN_OPT_REDUCE, PLAN_OPT_NO_SHARD_CP, PLAN_OPT_TOP,
-    PLAN_OPT_END
+    PLAN_OPT_EXPERTS, PLAN_OPT_TOP_K, PLAN_OPT_EXPERT_FFN, PLAN_OPT_SHARED, PLAN_OPT_MOE_EVERY, PLAN_OPT_CAPACITY,
+    PLAN_OPT_EP, PLAN_OPT_END
 };
 /* Entries to splice into main's struct option array (no trailing comma). */
 #define PLAN_CALC_FLAGS                                                                                      \
@@ -92,7 +125,11 @@ enum {
     {"plan-virtual-stages", required_argument, 0, PLAN_OPT_VIRTUAL}, {"plan-ac", required_argument, 0, PLAN_OPT_AC}, \
     {"plan-fp8", no_argument, 0, PLAN_OPT_FP8}, {"plan-precision", required_argument, 0, PLAN_OPT_PRECISION}, \
     {"plan-reduce-dtype", required_argument, 0, PLAN_OPT_REDUCE},                                          \
-    {"plan-no-shard-cp", no_argument, 0, PLAN_OPT_NO_SHARD_CP}, {"plan-top", required_argument, 0, PLAN_OPT_TOP}
+    {"plan-no-shard-cp", no_argument, 0, PLAN_OPT_NO_SHARD_CP}, {"plan-top", required_argument, 0, PLAN_OPT_TOP}, \
+    {"plan-experts", required_argument, 0, PLAN_OPT_EXPERTS}, {"plan-top-k", required_argument, 0, PLAN_OPT_TOP_K}, \
+    {"plan-expert-ffn", required_argument, 0, PLAN_OPT_EXPERT_FFN},                                        \
+    {"plan-shared-expert", no_argument, 0, PLAN_OPT_SHARED}, {"plan-moe-every", required_argument, 0, PLAN_OPT_MOE_EVERY}, \
+    {"plan-capacity-factor", required_argument, 0, PLAN_OPT_CAPACITY}, {"plan-ep", required_argument, 0, PLAN_OPT_EP}
 
 /* True when `code` is one of the calculator's flags (and applies it); a bad value ends every rank
  * with one line naming the flag, the value and what is valid, exit status 2. */
@@ -119,6 +156,12 @@ typedef struct {
     int act_set_layers;               /* layers of one set there (its largest chunk)               */
     double tp_bytes, cp_bytes, pp_bytes, dp_bytes;   /* sent per GPU per step (ring model)         */
     double tp_s, cp_s, pp_s, dp_s;    /* each at its link's bandwidth                             */
+    int ep;                           /* a mixture of experts: the experts' ranks (1: dense)       */
+    double ep_bytes, ep_s;            /* the all-to-alls' bytes sent per GPU per step, their time  */
+    bool ep_across_nodes;             /* the ep group spans nodes                                  */
+    double act_dense_layer_bytes;     /* a dense layer's activations when the layers differ        */
+    double expert_rows;               /* R: the most rows a GPU's experts may receive in a layer   */
+    int moe_layers_max;               /* mixtures on the busiest stage                             */
     bool across_nodes[MESH_NDIMS];    /* the dimension's groups span nodes (network bandwidth)     */
     double bubble;                    /* the schedule's idle fraction (05)                         */
     int microbatches;                 /* M per dp rank and step                                    */
@@ -135,7 +178,11 @@ typedef struct {
 } plan_calc_result;
 
 /* 0 and r filled, or -1 with one line in why when the model or the batch cannot be split by the
- * mesh (pp, dp_replicate, dp_shard, cp, tp; a dp_shard of -1 takes the rest of the GPUs). */
+ * mesh (pp, dp_replicate, dp_shard, cp, tp; a dp_shard of -1 takes the rest of the GPUs) and ep
+ * (1 for a dense model; for a mixture a divisor of the shard group and of E). */
+int plan_calc_mesh_ep(const plan_calc_options *o, const int mesh[MESH_NDIMS], int ep, plan_calc_result *r, char *why,
+                      size_t whylen);
+/* ... with o->ep, or 1 when it is 0 */
 int plan_calc_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], plan_calc_result *r, char *why,
                    size_t whylen);
 
@@ -150,5 +197,6 @@ llama_config plan_calc_model(const plan_calc_options *o);
 int plan_calc_rank_layers(int n_layers, int pp, int v, int rank, bool *holds);
 /* Floats of one block (values, or gradients; AdamW holds two) that a GPU of pipeline stage
  * `stage` stores under the mesh: its share of each of its tensors under tp and FSDP (a dp_shard of
- * -1 takes the rest of the GPUs; -1 when that is not whole). */
+ * -1 takes the rest of the GPUs; -1 when that is not whole), the experts split over ep (o->ep, or
+ * 1 when 0) and sharded over the S / ep ranks left. */
 double plan_calc_stage_floats(const plan_calc_options *o, const int mesh[MESH_NDIMS], int stage);

@@ -14,5 +14,11 @@ LINKS_09 += 04_fsdp/data_parallel.c 04_fsdp/dp_units.c 04_fsdp/ddp.c 04_fsdp/zer
 LINKS_09 += 06_context_parallel/context_parallel.c
 # --save and --resume: chapter 08's sharded checkpoints, which load into any mesh (another ep too).
 LINKS_09 += 08_full_trainer/checkpoint.c
-# The unit tests of this chapter's files, linked with them (all but main.c).
-TESTS_09 :=
+# --plan: chapter 08's calculator, given this chapter's layer, and what it links (08's plan of the
+# mesh and its rules, 02's vocabulary split, 03's checkpointing modes, and what 08's plan applies).
+LINKS_09 += 08_full_trainer/plan_calculator.c 08_full_trainer/parallelize.c 02_loss_parallel/vocab_parallel.c \
+            03_sequence_parallel/sequence_parallel.c 03_sequence_parallel/async_tp.c 07_float8/float8_linear.c \
+            07_float8/float8_all_gather.c
+# The unit tests of this chapter's files, linked with them (all but main.c): 08's --plan with this
+# chapter's layer.
+TESTS_09 := test_moe_plan

@@ -8,6 +8,7 @@
 #include "ep_report.h"
 #include "../04_fsdp/data_parallel.h"   /* fsdp_gathers_bf16: FSDP's bf16 gathers (--fsdp --dtype bf16) */
 #include "expert_parallel.h"
+#include "moe.h"
 #include "files.h"
 #include "log.h"
 #include "parity.h"
@@ -206,6 +207,14 @@ static void alltoall_formulas(double L, double P, double N, double k, double D, 
     /* END ASSIGNMENT */
 }
 
+double ep_alltoall_bytes(double L, double P, double N, double k, double D, double E) {
+    double calls, bytes;
+    const char *calls_text, *bytes_text;
+    alltoall_formulas(L, P, N, k, D, E, &calls, &bytes, &calls_text, &bytes_text);
+    return bytes;
+}
+const plan_moe_chapter ep_plan_moe_chapter = {moe_layer_for, ep_alltoall_bytes};
+
 /* Chapter 04's FSDP collectives of one pass (a step, or a microbatch under a pipeline: piped) on
  * this rank, from the tensors it moves (held whole: the experts, moved by none): a layer's unit is
  * gathered before its forward and its backward, and reduce-scattered after its backward; without
@@ -362,4 +371,81 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
         parity_fail(what);
     }
     return bad;
+}
+
+int ep_report_plan(const run_options *o, const llama_plan *p, llama_model *m, const pp_options *pipe, double param_bytes) {
+    const llama_config *c = &m->c;
+    const device_mesh *mesh = p->groups.mesh;
+    comm_group *ep = p->groups.ep;
+    /* (its parameters are fp32 under either --dtype, and this trainer's all-to-alls move fp32 copies:
+     * the calculator plans --plan-precision fp32, its default) */
+    const char *why_not = p->groups.tp ? "tp > 1 (it plans 02's and 03's splits of the dense parts)"
+                        : !p->groups.shard && ep && ep->size > 1 ? "the dense tensors replicated (it plans FSDP: --fsdp)"
+                        : NULL;
+    if (why_not) {
+        log0("08's --plan calculator (09 --plan) is not compared on this run: %s\n", why_not);
+        return 0;
+    }
+    /* the calculator's options: this model, batch and mesh (FSDP over the ep group: dp_shard, or
+     * dp_shard x cp with --ep-over-cp) */
+    plan_calc_options q;
+    plan_calc_defaults(&q);
+    q.dim = c->dim; q.n_layers = c->n_layers; q.n_heads = c->n_heads; q.n_kv_heads = c->n_kv_heads;
+    q.ffn_dim = c->ffn_dim; q.vocab = c->vocab_size; q.seq_len = c->seq_len;
+    q.experts = c->moe.experts; q.top_k = c->moe.top_k; q.expert_dim = c->moe.expert_dim;
+    q.capacity_factor = c->moe.capacity_factor;
+    q.shared_expert = c->moe.shared_expert; q.moe_every = c->layer_every > 1 ? c->layer_every : 1;
+    q.moe_chapter = &ep_plan_moe_chapter;
+    q.ep = ep ? ep->size : 1;
+    q.shard_cp = expert_parallel_over_cp(p);
+    q.global_batch = (long long)o->batch * c->seq_len;
+    q.microbatch = m->d.B;   /* the sequences of one forward (a microbatch under a pipeline) */
+    q.virtual_stages = pipe->virtual_stages > 0 ? pipe->virtual_stages : 1;
+    q.ac = AC_NONE;          /* this chapter keeps every activation */
+    q.schedule = pipe->schedule;
+    q.gpus = comm_world()->size;
+    int g[MESH_NDIMS];
+    memcpy(g, mesh->shape.degree, sizeof g);
+    char why[512] = "", cmd[640];
+    plan_calc_result r;
+    /* the command that plans this run (its figures above the table) */
+    char every[32] = "", pipeline[64] = "";
+    char capacity[48] = "";
+    if (q.moe_every > 1) snprintf(every, sizeof every, " --plan-moe-every %d", q.moe_every);
+    if (q.capacity_factor > 0) snprintf(capacity, sizeof capacity, " --plan-capacity-factor %g", q.capacity_factor);
+    if (g[MESH_PP] > 1)
+        snprintf(pipeline, sizeof pipeline, " --plan-schedule %s --plan-virtual-stages %d", pp_schedule_name(q.schedule),
+                 q.virtual_stages);
+    snprintf(cmd, sizeof cmd, "09 --plan --plan-dim %d --plan-layers %d --plan-heads %d --plan-kv-heads %d --plan-ffn %d "
+             "--plan-vocab %d --plan-seq-len %d --plan-global-batch %lld --plan-microbatch %d --plan-experts %d "
+             "--plan-top-k %d --plan-expert-ffn %d%s%s%s --plan-gpus %d --plan-mesh %d,%d,%d,%d,%d --plan-ep %d%s%s --plan-ac none",
+             q.dim, q.n_layers, q.n_heads, q.n_kv_heads, q.ffn_dim, q.vocab, q.seq_len, q.global_batch, q.microbatch,
+             q.experts, q.top_k, q.expert_dim, q.shared_expert ? " --plan-shared-expert" : "", every, capacity, q.gpus, g[0], g[1],
+             g[2], g[3], g[4], q.ep, q.shard_cp || g[MESH_CP] == 1 ? "" : " --plan-no-shard-cp", pipeline);
+    if (plan_calc_mesh(&q, g, &r, why, sizeof why) != 0) {
+        log0("08's --plan calculator (%s) refuses this mesh: %s\n", cmd, why);
+        return 1;
+    }
+    int stage = mesh->coord[MESH_PP];
+    double floats = plan_calc_stage_floats(&q, g, stage);
+    /* the all-to-alls: what the wire model counts is the chunks that leave the rank, which the
+     * router decides; the calculator assumes them even, (ep - 1) / ep of the copies (its busiest
+     * stage's: every stage's when the stages hold as many mixtures) */
+    double sent = ep ? ep->stats[COLL_ALL_TO_ALL].wire_bytes / o->steps : 0;
+    memory_row rows[1] = {{"parameters", param_bytes, 4 * floats, "4 Psi_S of 08's calculator, this rank's stage"}};
+    bool root = comm_world()->rank == 0;
+    int bad = param_bytes != 4 * floats || (double)m->d.R != r.expert_rows;
+    log0("08's --plan calculator on this mesh (%s):\n", cmd);
+    if (root) report_memory("  per rank, beside the run's allocation", rows, 1);
+    int ranks_bad = (int)comm_host_sum(comm_world(), bad);
+    log0("  the rows a layer's dispatch may bring this rank's experts: R = %zu, the calculator's %.0f (its activations' "
+         "R)\n", m->d.R, r.expert_rows);
+    log0("  parameters and R on every rank: %s (%d of %d ranks differ from the calculator)\n", ranks_bad ? "MISMATCH" : "ok",
+         ranks_bad, comm_world()->size);
+    if (ranks_bad) parity_fail("a rank's parameters or dispatch rows differ from 08's --plan");
+    if (ep && ep->size > 1)
+        log0("  all-to-all bytes sent per rank and step: measured %.0f (rank 0: the chunks that left it) | plan %.0f (its "
+             "ep line: the copies routed evenly, (ep-1)/ep of them leave): %.3f x the plan, as the router sent them\n",
+             sent, r.ep_bytes, sent / r.ep_bytes);
+    return ranks_bad > 0;
 }

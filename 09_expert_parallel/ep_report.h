@@ -4,6 +4,8 @@
 #include "model.h"
 #include "plan.h"
 #include "run.h"
+#include "../05_pipeline/pipeline.h"   /* pp_options */
+#include "../08_full_trainer/plan_calculator.h"   /* 09 --plan: chapter 08's calculator */
 
 C_BEGIN
 
@@ -19,6 +21,22 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
  * formula (the allocator's count of the parameter block); the dispatch's activations (the rows
  * this rank's experts may receive, dropless) beside theirs. Returns the number of mismatches. */
 int ep_report_parameters(const llama_plan *p, llama_model *m, double param_bytes);
+
+/* The bytes the ep group's all-to-alls move in the forward and backward passes of L mixture layers,
+ * summed over its P ranks (N tokens a rank, k copies of D floats each, E experts): exercise 4's
+ * formula, which the traffic report judges and chapter 08's calculator plans with. */
+double ep_alltoall_bytes(double L, double P, double N, double k, double D, double E);
+/* What 09 --plan gives chapter 08's calculator: this chapter's layer and that formula. */
+extern const plan_moe_chapter ep_plan_moe_chapter;
+
+/* Chapter 08's --plan calculator (09 --plan) on this run's own mesh, beside what the run measured:
+ * the parameters this rank stores (judged on every rank: the calculator's formula must be the
+ * allocator's count) and the bytes this rank sent in the ep group's all-to-alls per step (judged:
+ * the calculator's "ep" traffic line). On the meshes the calculator plans: FSDP over the ep group
+ * (--fsdp, or one data rank) and tp 1 (it plans 02's vocabulary split and 03's sequence parallelism
+ * at tp > 1, which this chapter does not run); elsewhere one line says why not.
+ * Returns the number of mismatches. Collective over the world. */
+int ep_report_plan(const run_options *o, const llama_plan *p, llama_model *m, const pp_options *pipe, double param_bytes);
 
 /* Each step's expert load, as OUT/expert_load.csv written by world rank 0: step, the tokens each
  * expert received (summed over the layers and ranks), the copies dropped, the imbalance (max /

@@ -37,6 +37,7 @@
 #include "../05_pipeline/pp_report.h"
 #include "../06_context_parallel/context_parallel.h"
 #include "../08_full_trainer/checkpoint.h"
+#include "../08_full_trainer/plan_calculator.h"
 #include "ep_report.h"
 #include "expert_parallel.h"
 #include "moe.h"
@@ -71,11 +72,13 @@ static const char *usage =
     "  --virtual-stages V   chunks per pipeline rank (interleaved; default 2 with it, else 1)\n"
     "  --save DIR           after the last step, a checkpoint in DIR (chapter 08's: it loads on any mesh)\n"
     "  --resume DIR         start from DIR's latest checkpoint, on this run's mesh (any ep, tp, pp, cp), and\n"
-    "                       train --steps more (not with --check: the baseline starts at step 1)\n";
+    "                       train --steps more (not with --check: the baseline starts at step 1)\n"
+    "  --plan               no training: chapter 08's calculator with this chapter's layer, for a mixture of\n"
+    "                       experts at scale (--plan-model mixtral-8x7b|deepseek-v3, the --plan-* flags below)\n";
 
 enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_ROUTER, OPT_CAPACITY, OPT_MOE_EVERY, OPT_EP, OPT_TP, OPT_PP, OPT_MICRO,
        OPT_SCHEDULE, OPT_VIRTUAL, OPT_CP, OPT_CP_METHOD, OPT_EP_OVER_CP, OPT_FSDP, OPT_SAVE,
-       OPT_RESUME };
+       OPT_RESUME, OPT_PLAN };
 typedef struct {
     moe_config *moe;
     int *moe_every;   /* llama_config.layer_every */
@@ -84,6 +87,8 @@ typedef struct {
     bool pipe_given, cp_method_given, ep_over_cp, fsdp;
     cp_options context;
     const char *save, *resume;
+    bool plan;
+    plan_calc_options calc;   /* --plan's (chapter 08's calculator) */
 } chapter_options;
 static void chapter_flag(int code, const char *arg, void *ctx) {
     chapter_options *co = ctx;
@@ -115,7 +120,9 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     else if (code == OPT_FSDP) co->fsdp = true;
     else if (code == OPT_VIRTUAL) co->pipe.virtual_stages = cli_int("--virtual-stages", arg, 1, 64), co->pipe_given = true;
     else if (code == OPT_SAVE) co->save = arg;
-    else co->resume = arg;
+    else if (code == OPT_RESUME) co->resume = arg;
+    else if (code == OPT_PLAN) co->plan = true;
+    else if (!plan_calculator_flag(&co->calc, code, arg)) comm_exit_usage("internal: flag %d not handled", code);
 }
 
 int main(int argc, char **argv) {
@@ -135,10 +142,24 @@ int main(int argc, char **argv) {
         {"virtual-stages", required_argument, 0, OPT_VIRTUAL}, {"cp", required_argument, 0, OPT_CP},
         {"cp-method", required_argument, 0, OPT_CP_METHOD}, {"ep-over-cp", no_argument, 0, OPT_EP_OVER_CP},
         {"fsdp", no_argument, 0, OPT_FSDP},
-        {"save", required_argument, 0, OPT_SAVE}, {"resume", required_argument, 0, OPT_RESUME}, {0, 0, 0, 0}};
+        {"save", required_argument, 0, OPT_SAVE}, {"resume", required_argument, 0, OPT_RESUME},
+        {"plan", no_argument, 0, OPT_PLAN}, PLAN_CALC_FLAGS, {0, 0, 0, 0}};
     chapter_options co = {.moe = &o.model.moe, .moe_every = &o.model.layer_every, .ep = 0, .tp = 1, .pp = 1, .cp = 1, .pipe = {.schedule = PP_1F1B},
                           .context = {.method = CP_RING, .balance = CP_ZIGZAG}};
-    run_parse(&o, argc, argv, flags, chapter_flag, &co, usage);
+    plan_calc_defaults(&co.calc);
+    static char full_usage[12288];
+    snprintf(full_usage, sizeof full_usage, "%s%s", usage, plan_calculator_usage);
+    run_parse(&o, argc, argv, flags, chapter_flag, &co, full_usage);
+
+    /* ---- --plan: chapter 08's calculator with this chapter's layer (a mixture at scale) ---- */
+    if (co.plan) {
+        co.calc.moe_chapter = &ep_plan_moe_chapter;   /* this chapter's layer and all-to-all formula */
+        int status = plan_calculator_run(&co.calc);
+        comm_finalize();
+        return status;
+    }
+    if (co.calc.flag_given)
+        comm_exit_usage("--%s configures the --plan calculator: it needs --plan (no training then)", co.calc.flag_given);
     char why[256];
     if (moe_config_check(&o.model, why, sizeof why)) comm_exit_usage("%s", why);
     if (co.resume && o.check)
@@ -283,6 +304,7 @@ int main(int argc, char **argv) {
     int mismatches = ep_report_parameters(&plan, model, param_bytes);
     mismatches += ep_report_load(&plan, model);
     mismatches += ep_report_traffic(&o, &plan, model);
+    mismatches += ep_report_plan(&o, &plan, model, &co.pipe, param_bytes);   /* 08's --plan on this mesh */
     if (piped) {   /* chapter 05's: the activation sets a stage held at its peak, the messages between stages */
         mismatches += report_pipeline_memory(&plan);
         mismatches += report_pipeline_messages(&o, &plan, model);

@@ -26,7 +26,11 @@
 #   09 ep 2 (a mixture of experts whose experts hold most of the FLOPs: 8 experts of hidden 1024,
 #      top-2, at dim 256) against one rank holding every expert    bound 2   goal >= 1.7x; the
 #      all-to-all's share of the 2-rank step (its time in the ep group's all-to-alls) printed after
-#      the table
+#      the table. Both run STEPS09 steps (default 20) and are timed by the median of the second
+#      half's (expert_load.csv's step_ms): at the first steps the router is untrained and one rank's
+#      experts get up to 1.24x the other's copies (the other waits at every combine); the balancing
+#      loss evens them within about ten steps (09's APPENDIX: the ranks' copies step by step). The
+#      first steps' speed-up (steps 2 and 3) is printed after the table too.
 #   03 --async-tp against blocking sequence parallelism at tp 2: speed-up of async over blocking,
 #      bound = blocking step / (blocking step - its time in communication calls): every transfer
 #      hidden. No goal (informative).
@@ -53,7 +57,7 @@ mpirun=${MPIRUN_BASE:-$here/mpirun_base.sh}
 # Open MPI's single-copy CMA where it works (tools/bench_lib.sh, with_single_copy)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 mpirun=$(with_single_copy "$mpirun" "$build/01" 2>"$tmp/transport"); transport=$(cat "$tmp/transport")
-reps=${REPS:-3}; steps=${STEPS:-3}; steps08=${STEPS08:-6}; only=${ONLY:-01,03,04,05,06,08,09}
+reps=${REPS:-3}; steps=${STEPS:-3}; steps08=${STEPS08:-6}; steps09=${STEPS09:-20}; only=${ONLY:-01,03,04,05,06,08,09}
 mkdir -p out/bench
 
 big="--dim 512 --n-layers 4 --n-heads 8 --n-kv-heads 8 --ffn-dim 1408 --seq-len 256 --batch 8"
@@ -103,15 +107,33 @@ add ep2   09 2 "$moe"                                    ep1   2    ">=1.7" "09 
 
 start_load=$(cut -d' ' -f1-3 /proc/loadavg); started=$(date '+%Y-%m-%d %H:%M')
 
-declare -A ms comm theory gathered a2a ranks_imbalance
+declare -A ms comm theory gathered a2a ranks_imbalance early early_imbalance
+# 09's expert_load.csv: step, the E experts' copies, dropped, imbalance, all_to_all_ms, step_ms.
+# moe_steps FILE FIRST LAST COLUMN: that column of the rows of steps FIRST..LAST (COLUMN: a number
+# counted from the end, 1 the last); rank_imbalance FILE FIRST LAST EP: each step's busiest rank's
+# copies over the mean rank's (rank r holds experts r E/EP ... (r+1) E/EP - 1).
+moe_steps() { awk -F, -v a="$2" -v b="$3" -v c="$4" 'NR > 1 && $1 >= a && $1 <= b { print $(NF + 1 - c) }' "$1"; }
+rank_imbalance() {
+    awk -F, -v a="$2" -v b="$3" -v ep="$4" 'NR > 1 && $1 >= a && $1 <= b {
+        E = NF - 5; most = 0; all = 0
+        for (r = 0; r < ep; r++) { s = 0; for (e = r * E / ep; e < (r + 1) * E / ep; e++) s += $(2 + e); all += s; if (s > most) most = s }
+        printf "%.3f\n", most / (all / ep) }' "$1"
+}
 for rep in $(seq "$reps"); do
     for c in "${cases[@]}"; do
         IFS='|' read -r key ch np flags base bound goal label <<<"$c"
-        n_steps=$steps; [ "$ch" = 08 ] && n_steps=$steps08
+        n_steps=$steps; [ "$ch" = 08 ] && n_steps=$steps08; [ "$ch" = 09 ] && n_steps=$steps09
         out=$($mpirun -np "$np" "$build/$ch" $flags --steps "$n_steps" --out "$tmp/$key" 2>&1) ||
             { echo "bench: $label failed:"; echo "$out" | tail -3; exit 1; }
         if [ "$ch" = 08 ]; then   # metrics.csv: step_ms is column 7; rows after the header and step 1
             t=$(awk -F, 'NR > 2 { print $7 }' "$tmp/$key/metrics.csv" | median)
+        elif [ "$ch" = 09 ]; then   # the second half's median; the first steps' mean aside
+            csv=$tmp/$key/expert_load.csv; half=$((n_steps / 2 + 1))
+            t=$(moe_steps "$csv" "$half" "$n_steps" 1 | median)
+            early[$key]+="$(moe_steps "$csv" 2 3 1 | awk '{ s += $1; n++ } END { if (n) printf "%.1f", s / n }') "
+            a2a[$key]+="$(moe_steps "$csv" "$half" "$n_steps" 2 | median) "
+            ranks_imbalance[$key]+="$(rank_imbalance "$csv" "$half" "$n_steps" "$np" | median) "
+            early_imbalance[$key]+="$(rank_imbalance "$csv" 2 3 "$np" | sort -g | tail -1) "
         else
             t=$(echo "$out" | steady_step_ms)
         fi
@@ -119,15 +141,13 @@ for rep in $(seq "$reps"); do
         gathered[$key]=$(echo "$out" | awk '$1 == "dp_shard" && $2 == "all_gather" { print $4, $5; exit }')
         comm[$key]+="$(echo "$out" | sed -nE 's/^time per step: .*communication ([0-9.]+) ms.*/\1/p') "
         theory[$key]=$(echo "$out" | sed -nE 's/^bubble of the last step.*theory ([0-9.]+)%.*/\1/p')
-        a2a[$key]+="$(echo "$out" | sed -nE 's/^  all_to_all   time +([0-9.]+) ms per step.*/\1/p') "
-        ranks_imbalance[$key]=$(echo "$out" | sed -nE 's/^  per ep rank .*max \/ mean = ([0-9.]+):.*/\1/p')
     done
 done
 end_load=$(cut -d' ' -f1-3 /proc/loadavg)
 
 {
-echo "make bench, $started: $reps interleaved runs of each case, $steps steps each (08: $steps08), timed on the steps after the first"
-echo "(their mean; 08: their median); the table: the medians of the runs"
+echo "make bench, $started: $reps interleaved runs of each case, $steps steps each (08: $steps08; 09: $steps09), timed on the steps"
+echo "after the first (their mean; 08: their median; 09: the median of the second half's); the table: the medians of the runs"
 echo "$transport"
 echo "machine: $(nproc) cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)); load average (1, 5, 15 min) at the start $start_load, at the end $end_load"
 printf '%-40s %5s %11s %11s %9s %7s %9s %-8s %s\n' case ranks "ms/step" reference speed-up bound "of bound" goal verdict
@@ -154,8 +174,12 @@ if [ -n "${gathered[fsdp]:-}" ] && [ -n "${gathered[fsdpb]:-}" ]; then
     echo "04 fsdp's all-gather payload per step (traffic table): fp32 ${gathered[fsdp]}, --dtype bf16 ${gathered[fsdpb]} (the linears' weights 2 bytes an element)"
 fi
 if [ -n "${a2a[ep2]:-}" ]; then
-    echo "09 ep 2: the ep group's all-to-alls took $(median ${a2a[ep2]}) ms of its $(median ${ms[ep2]}) ms step (rank 0, waiting for the other rank included);"
-    echo "  the busier rank's experts got ${ranks_imbalance[ep2]:-?} x the mean rank's copies (the router's load at these steps): the other waits at the combine"
+    half=$((steps09 / 2 + 1))
+    echo "09 ep 2, steps $half-$steps09: the ep group's all-to-alls took $(printf %.1f "$(median ${a2a[ep2]})") ms of its $(printf %.1f "$(median ${ms[ep2]})") ms step (rank 0's, waiting for the"
+    echo "  other rank included); the busier rank's experts got $(median ${ranks_imbalance[ep2]}) x the mean rank's copies (median over those steps)"
+    awk -v m="$(median ${early[ep2]})" -v b="$(median ${early[ep1]})" -v i="$(median ${early_imbalance[ep2]})" 'BEGIN {
+        printf "09 ep 2, steps 2-3 (the router untrained): %.1f ms a step against %.1f on one rank: %.2fx; the busier\n", m, b, b / m
+        printf "  rank got up to %s x the mean copies there, and the other waits for it at every combine\n", i }'
     # the experts' GEMMs at the ep 2 rank's size: moe.c's one GEMM per expert against a loop over the
     # received chunks and a padded batch (09's APPENDIX.md), the busiest expert at 1.5x the mean
     $mpirun -np 1 "$build/tools/bench_expert_gemm" 2048 256 1024 4 2 "$reps" 1.5 | sed 's/^/09 /'

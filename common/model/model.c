@@ -65,7 +65,7 @@ static llama_dims plan_dims(const llama_config *c, const llama_plan *plan, int B
  * one device; under expert parallelism, every rank's N tokens, each sending at most min(k, El)
  * copies here (its k experts are distinct). With a capacity of C rows per expert and sequence, at
  * most ep x El x (sequences a rank holds) x C, when that is less. */
-static double expert_rows(const llama_dims *d, double N) {
+double llama_expert_rows(const llama_dims *d, double N) {
     double dropless = d->ep == 1 ? N * d->k : (double)d->ep * N * (d->k < d->El ? d->k : d->El);
     if (d->capacity == 0) return dropless;
     double capped = (double)d->ep * d->El * (N / d->T) * d->capacity;
@@ -76,7 +76,7 @@ llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B)
     llama_dims d = plan_dims(c, plan, B);
     d.N = B * d.T;
     d.Ns = B * d.Ts;
-    d.R = (size_t)expert_rows(&d, d.N);
+    d.R = (size_t)llama_expert_rows(&d, d.N);
     return d;
 }
 
@@ -130,7 +130,7 @@ static act_sizes act_sizes_of(const llama_dims *d, int loss_saved_per_row) {
     z.cols[COLS_PROBS] = (double)d->probs;
     z.cols[COLS_LOSS] = loss_saved_per_row;
     z.rows[ROWS_ROUTED] = z.rows[ROWS_REGION] * d->k;
-    z.rows[ROWS_EXPERT] = expert_rows(d, z.rows[ROWS_REGION]);
+    z.rows[ROWS_EXPERT] = llama_expert_rows(d, z.rows[ROWS_REGION]);
     z.cols[COLS_E] = d->E;
     z.cols[COLS_K] = d->k;
     z.cols[COLS_FE] = d->Fe;

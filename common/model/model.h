@@ -164,6 +164,9 @@ static inline linear_site llama_site(const llama_model *m, param_kind kind, int 
 
 /* The shapes a plan gives this rank for a [B, c->seq_len] batch. */
 llama_dims llama_dims_make(const llama_config *c, const llama_plan *plan, int B);
+/* The most rows this rank's experts may receive in one layer when it routes N tokens (d's R for
+ * N = d->N; chapter 08's --plan sizes a mixture's dispatch buffers with it). */
+double llama_expert_rows(const llama_dims *d, double N);
 /* What a forward saves, described once in model.c (each tensor's shape in these dims), and the
  * formulas derived from it:
  * bytes one layer of the model's own blocks (d->layer; under layer_every Llama's layers in between
