@@ -101,7 +101,7 @@ static inline size_t dp_shard_of(const param_tensor *x) { return (size_t)x->shar
  * values and gradients are used where the table stores them, and its gradient's sum over the
  * ranks that hold the same one is left to the technique that split it (09's, over dp_replicate). */
 static inline bool dp_moves(const dp_state *s, const param_tensor *x) {
-    return x->here && !x->held_whole;
+    return param_sharded_here(x);
 }
 size_t unit_shard_floats(const dp_state *s, int u);
 void unit_copy(dp_state *s, int u, float *by_rank, float *by_tensor, float *whole, bool to_ranks);

@@ -317,7 +317,7 @@ void fsdp_gather_counts(const param_table *t, int L, bool twice, bool keep_last,
     *bf16_elems = 0;
     for (int i = 0; i < t->n; i++) {
         const param_tensor *x = &t->t[i];
-        if (!x->here || x->held_whole) continue;   /* another stage's, or held whole */
+        if (!param_sharded_here(x)) continue;   /* another stage's, or held whole */
         /* BEGIN ASSIGNMENT: the bf16 gathers: how many times a step all-gathers tensor x, and the elements of those gathers that move as bf16 (add them to *calls and *bf16_elems) */
         bool kept = twice && keep_last && (x->spec.layer < 0 || x->spec.layer == L - 1);
         double gathers = twice && !kept ? 2 : 1, elems = (double)t->shard_ranks * x->shard_units * x->width;

@@ -202,6 +202,9 @@ llama_config plan_calc_model(const plan_calc_options *o) {
 
 /* Whether the options describe a mixture of experts. */
 static bool is_moe(const llama_config *c) { return c->moe.experts > 0; }
+/* Layer l's kind: 1 the model's own layer (a mixture's), 0 Llama's in between under layer_every
+ * (layer.h's llama_layer_at); every layer of a dense model is of kind 1. */
+static int layer_kind(const llama_config *c, int l) { return llama_layer_at(c, l) == llama_layer_of(c); }
 
 /* The model's table (llama.h), summed: the count does not depend on how anyone wrote it down. */
 // ----------------------------------------------------------------------------------------------
@@ -232,7 +235,6 @@ int plan_calc_rank_layers(int n_layers, int pp, int v, int rank, bool *holds) {
 
 /* The activations of rank's largest (microbatch, chunk) set: its chunk's layers, each by its kind
  * (kind_act: [1] the model's own layer's bytes, [0] Llama's in between). */
-static int layer_kind(const llama_config *c, int l);
 static double rank_largest_set(const llama_config *c, int pp, int v, int rank, const double kind_act[2]) {
     int n = pp * v, first = 0;
     double most = 0;
@@ -288,8 +290,6 @@ typedef struct {
     layer_floats kind[2];   /* [1] the model's own layer, [0] Llama's where layer_every puts it */
     tensor_floats embedding, norm, output;
 } unit_floats;
-/* Layer l's kind: 1 the model's own layer, 0 Llama's in between (layer.h's llama_layer_at). */
-static int layer_kind(const llama_config *c, int l) { return llama_layer_at(c, l) == llama_layer_of(c); }
 static unit_floats unit_floats_of(const llama_config *c, int tp, int S, int ep) {
     shard_layout layout[P_NKINDS];
     megatron_layouts(layout);           /* 01: column-parallel wq wk wv w1 w3, row-parallel wo w2   */

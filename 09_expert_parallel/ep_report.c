@@ -239,7 +239,7 @@ static fsdp_traffic fsdp_traffic_of(const llama_model *m, bool piped) {
         double gathers = 2 * uses - (!piped && (u == L || u == L - 1) ? 1 : 0), moved = 0;
         for (int j = 0; j < k; j++) {
             const param_tensor *x = &t->t[idx[j]];
-            if (!x->here || x->held_whole) continue;
+            if (!param_sharded_here(x)) continue;   /* another stage's, or held whole */
             double floats = (double)x->shard_units * x->width;
             bool half = f.bf16 && fsdp_gathers_bf16(x->spec.kind);
             f.gathered_bytes += gathers * floats * (half ? 2 : 4);

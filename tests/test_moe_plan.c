@@ -165,11 +165,14 @@ int main(int argc, char **argv) {
         CHECK(plan_calc_mesh(&o, mesh, &r, why, sizeof why) != 0 && strstr(why, "dense"), "ep of a dense model: %s", why);
     }
 
-    /* the whole report for a mixture on a small cluster: it prints and returns 0 */
+    /* the whole report for a mixture, of a --plan-mesh without --plan-ep (the ep that fits and is
+     * fastest on it, then the table with an ep column): it prints and returns 0 */
     plan_calc_options o = small_moe();
+    const int given[MESH_NDIMS] = {1, 1, 8, 1, 1};
+    memcpy(o.mesh, given, sizeof given);
+    o.mesh_given = true;
     o.gpus = 8;
-    o.gpus_per_node = 4;
-    o.top = 3;
+    o.top = 4;
     CHECK(plan_calculator_run(&o) == 0, "the report failed");
 
     int rc = tu_finish("test_moe_plan");

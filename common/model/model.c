@@ -143,12 +143,14 @@ static double act_elems(const act_sizes *z, act_shape s) { return z->rows[s.rows
 /* Layer l's blocks (d->layer, or Llama's in between under layer_every). */
 static const llama_layer *dims_layer(const llama_dims *d, int l) { return llama_layer_in(d->layer, d->layer_every, l); }
 
-/* The elements of activation `act` in the layer that holds most of it: a buffer every layer
- * shares (what none keeps, the backward's scratch) is sized by it. With layer_every the layers
- * are of two kinds (e.g. a mixture of experts and Llama's dense feed-forward). */
-static double act_elems_most(const llama_dims *d, const act_sizes *z, int act) {
-    double n = act_elems(z, layer_act_shape(d->layer, act));
-    if (d->layer_every > 1) n = fmax(n, act_elems(z, layer_act_shape(&llama_layer_default, act)));
+/* The elements of activation `act` in the layer that holds most of it, of the layers this rank
+ * holds (plan_holds: a pipeline stage's): a buffer every layer shares (what none keeps, the
+ * backward's scratch) is sized by it. With layer_every the layers are of two kinds (e.g. a mixture
+ * of experts and Llama's dense feed-forward), and a stage holding no mixture needs none of its. */
+static double act_elems_most(const llama_dims *d, const act_sizes *z, int act, const llama_plan *plan, int n_layers) {
+    double n = 0;
+    for (int l = 0; l < n_layers; l++)
+        if (plan_holds(plan, n_layers, P_WQ, l)) n = fmax(n, act_elems(z, layer_act_shape(dims_layer(d, l), act)));
     return n;
 }
 
@@ -212,7 +214,7 @@ double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, d
     /* the backward's scratch: each of these activations' gradient (llama_create) */
     double grads = 0, widest = 0;
     for (size_t i = 0; i < sizeof grad_scratch / sizeof *grad_scratch; i++) {
-        double n = act_elems_most(&d, &z, grad_scratch[i]);
+        double n = act_elems_most(&d, &z, grad_scratch[i], plan, c->n_layers);
         grads += n;
         widest = fmax(widest, n);
     }
@@ -365,7 +367,7 @@ llama_model *llama_create(const llama_config *c, const llama_plan *plan, int B, 
                    "one scratch buffer for each activation grad_scratch names, in its order");
     act_sizes z = act_sizes_of(d, 0);
     for (size_t i = 0; i < sizeof grad / sizeof *grad; i++) {
-        size_t n = (size_t)act_elems_most(d, &z, grad_scratch[i]);
+        size_t n = (size_t)act_elems_most(d, &z, grad_scratch[i], plan, c->n_layers);
         *grad[i] = n ? device_alloc_floats(n, MEM_BUFFERS) : NULL;   /* (a dense layer has no experts) */
     }
     return m;

@@ -67,6 +67,10 @@ typedef struct {
  * weight whose shard group spans other ranks too would need a shard group of its own, which is not
  * built: a plan refuses it (data_parallel_apply). */
 bool param_held_whole(param_kind kind, unsigned shard_dims, unsigned expert_dims);
+/* Whether FSDP's collectives move tensor x on this rank: stored here (this pipeline stage's) and
+ * split over the shard group (not held whole). Chapter 04's units and its counts, and chapter 09's
+ * traffic formulas, all ask this. */
+static inline bool param_sharded_here(const param_tensor *x) { return x->here && !x->held_whole; }
 
 /* Pointers to the tensors of one unit inside one of the blocks (params, grads, adam_m, adam_v),
  * by name or by param_kind. A unit is a layer (its nine tensors; the others NULL) or the model's
