@@ -97,6 +97,8 @@ const char plan_calculator_usage[] =
     "  --plan-precision fp32|bf16     activations and messages (default fp32, as this tutorial)\n"
     "  --plan-reduce-dtype fp32|bf16  the gradients' reductions (default fp32; bf16 needs bf16 precision)\n"
     "  --plan-no-shard-cp             FSDP over dp_shard only (--no-fsdp-over-cp), not dp_shard x cp\n"
+    "  --plan-dp fsdp|zero1           the data ranks' sharing (chapter 04): FSDP (default), or ZeRO-1 (values\n"
+    "                                 and gradients whole, the AdamW state sharded; DeepSeek-V3's)\n"
     "  --plan-top N                   lines of the candidates' table (default 15)\n";
 
 /* --plan-mesh "pp,dp_replicate,dp_shard,cp,tp": five degrees, dp_shard may be -1. */
@@ -120,6 +122,7 @@ bool plan_calculator_flag(plan_calc_options *o, int code, const char *arg) {
     static const char *const models[] = {"8b", "70b", "405b", "mixtral-8x7b", "deepseek-v3", NULL};   /* plan_preset's order */
     static const char *const ac_modes[] = {"none", "selective", "full", NULL};          /* ac_mode's order */
     static const char *const precisions[] = {"fp32", "bf16", NULL};
+    static const char *const dp_modes[] = {"fsdp", "zero1", NULL};                     /* plan_dp_mode's order */
     switch (code) {
     case PLAN_OPT_MODEL: o->preset = (plan_preset)cli_choice("--plan-model", arg, models); break;
     case PLAN_OPT_DIM: o->dim = cli_int("--plan-dim", arg, 2, 1 << 20); break;
@@ -165,6 +168,7 @@ bool plan_calculator_flag(plan_calc_options *o, int code, const char *arg) {
     case PLAN_OPT_MOE_EVERY: o->moe_every = cli_int("--plan-moe-every", arg, 1, 100000); break;
     case PLAN_OPT_CAPACITY: o->capacity_factor = cli_float("--plan-capacity-factor", arg, 0.01f, 64.0f); break;
     case PLAN_OPT_EP: o->ep = cli_int("--plan-ep", arg, 1, 1 << 16); break;
+    case PLAN_OPT_DP: o->dp_mode = (plan_dp_mode)cli_choice("--plan-dp", arg, dp_modes); break;
     default: return false;
     }
     if (!o->flag_given) {   /* its name, for a run that would ignore it */
@@ -266,13 +270,21 @@ static int rank_largest_chunk(int L, int pp, int v, int rank) {
 /* (units cut in S chunks of ceil(units / S), the last ones padded, as params.c pads them) */
 /* END SOLUTION */
 typedef struct { double shard, gathered; } tensor_floats;
-static tensor_floats floats_of(const llama_config *c, param_kind kind, int layer, shard_layout layout, int tp, int S,
-                               int ep) {
+/* The tensor's tp slice as [units, width] on one GPU, an expert's of its E / ep experts. */
+static void slice_of(const llama_config *c, param_kind kind, int layer, shard_layout layout, int tp, int ep,
+                     long long *units, long long *width) {
     param_spec s = llama_param_spec(c, llama_param_index_of(c, kind, layer));
     int r0, nr, c0, nc;
     shard_slice(layout, param_split_rows(c, s, layout, tp), s.cols, 0, tp, &r0, &nr, &c0, &nc);
-    long long units = s.is_vector ? nc : nr, width = s.is_vector ? 1 : nc;
-    if (param_kind_is_expert(kind)) units /= ep, S /= ep;   /* (ep divides E and S: plan_calc_mesh_ep) */
+    *units = s.is_vector ? nc : nr;
+    *width = s.is_vector ? 1 : nc;
+    if (param_kind_is_expert(kind)) *units /= ep;   /* (ep divides E: plan_calc_mesh_ep) */
+}
+static tensor_floats floats_of(const llama_config *c, param_kind kind, int layer, shard_layout layout, int tp, int S,
+                               int ep) {
+    long long units, width;
+    slice_of(c, kind, layer, layout, tp, ep, &units, &width);
+    if (param_kind_is_expert(kind)) S /= ep;   /* the ranks that hold the same experts (ep divides S) */
     tensor_floats f = {0, 0};
     /* BEGIN ASSIGNMENT: the floats one GPU stores of this tensor, its tp slice's `units` rows of `width` sharded over S ranks (f.shard), and the floats an all-gather of them rebuilds (f.gathered) */
     long long shard_units = (units + S - 1) / S;
@@ -283,12 +295,13 @@ static tensor_floats floats_of(const llama_config *c, param_kind kind, int layer
 
 /* One layer's figures: its shard floats, of which its linears' weights (what float8 gathers) and
  * the experts'; gathered, of which the experts' (over the S / ep ranks that share them). */
-typedef struct { double shard, blocks, experts, gathered, experts_gathered; } layer_floats;
+typedef struct { double shard, blocks, experts, gathered, experts_gathered, whole; } layer_floats;
 /* The unit figures every stage is made of: a layer of each kind (the model's own, and Llama's
  * between a mixture's every moe_every-th; the same for a dense model), and each of the three ends. */
 typedef struct {
     layer_floats kind[2];   /* [1] the model's own layer, [0] Llama's where layer_every puts it */
     tensor_floats embedding, norm, output;
+    double ends_whole[3];   /* the embedding's, the norm's and the output's slices unsharded */
 } unit_floats;
 static unit_floats unit_floats_of(const llama_config *c, int tp, int S, int ep) {
     shard_layout layout[P_NKINDS];
@@ -305,15 +318,23 @@ static unit_floats unit_floats_of(const llama_config *c, int tp, int S, int ep) 
         for (int k = 0; k < n; k++) {
             param_spec s = llama_param_spec(c, idx[k]);
             tensor_floats f = floats_of(c, s.kind, l, layout[s.kind], tp, S, ep);
+            long long units, width;
+            slice_of(c, s.kind, l, layout[s.kind], tp, ep, &units, &width);
             x->shard += f.shard;
             x->gathered += f.gathered;
+            x->whole += (double)(units * width);
             if (param_kind_is_expert(s.kind)) x->experts += f.shard, x->experts_gathered += f.gathered;
             else if (!s.is_vector) x->blocks += f.shard;   /* the linears' weights, not the norms' */
         }
     }
-    u.embedding = floats_of(c, P_TOK_EMBEDDINGS, -1, layout[P_TOK_EMBEDDINGS], tp, S, ep);
-    u.norm = floats_of(c, P_NORM, -1, layout[P_NORM], tp, S, ep);
-    u.output = floats_of(c, P_OUTPUT, -1, layout[P_OUTPUT], tp, S, ep);
+    const param_kind ends[3] = {P_TOK_EMBEDDINGS, P_NORM, P_OUTPUT};
+    tensor_floats *end_floats[3] = {&u.embedding, &u.norm, &u.output};
+    for (int e = 0; e < 3; e++) {
+        long long units, width;
+        *end_floats[e] = floats_of(c, ends[e], -1, layout[ends[e]], tp, S, ep);
+        slice_of(c, ends[e], -1, layout[ends[e]], tp, ep, &units, &width);
+        u.ends_whole[e] = (double)(units * width);
+    }
     return u;
 }
 
@@ -324,6 +345,7 @@ typedef struct {
     int layers, n_own;
     bool first, last;
     double floats, block_floats, gathered, experts_gathered, ends_gathered;
+    double whole;           /* its tensors unsharded (ZeRO-1's values and gradients) */
     double unit_max;        /* its largest unit gathered */
     double layer_max;       /* its largest layer gathered */
 } stage_floats;
@@ -340,6 +362,7 @@ static stage_floats stage_floats_of(const llama_config *c, const unit_floats *u,
         const layer_floats *x = &u->kind[layer_kind(c, l)];
         s.n_own += layer_kind(c, l);
         s.floats += x->shard;
+        s.whole += x->whole;
         s.block_floats += x->blocks;
         s.gathered += x->gathered;
         s.experts_gathered += x->experts_gathered;
@@ -348,10 +371,12 @@ static stage_floats stage_floats_of(const llama_config *c, const unit_floats *u,
     free(holds);
     if (s.first) {
         s.floats += u->embedding.shard;
+        s.whole += u->ends_whole[0];
         s.ends_gathered += u->embedding.gathered;
     }
     if (s.last) {
         s.floats += u->norm.shard + u->output.shard;
+        s.whole += u->ends_whole[1] + u->ends_whole[2];
         s.ends_gathered += u->norm.gathered + u->output.gathered;
     }
     s.gathered += s.ends_gathered;
@@ -480,6 +505,7 @@ int plan_calc_mesh_ep(const plan_calc_options *o, const int mesh[MESH_NDIMS], in
         REFUSE("ep %d does not divide %s (%d) and the %d experts", ep, o->shard_cp ? "dp_shard x cp" : "dp_shard", S,
                c.moe.experts);
     r->ep = ep;
+    bool zero1 = o->dp_mode == PLAN_DP_ZERO1;
     /* the vocabulary as the output GEMM sees it: padded where tp splits it (02) */
     double D = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, F = c.ffn_dim, Vocab = t > 1 ? llama_padded_vocab(&c, t) : c.vocab_size;
     double e_act = o->precision == PLAN_BF16 ? 2 : 4;   /* activations, tp / cp / pp messages, gathers */
@@ -576,22 +602,26 @@ int plan_calc_mesh_ep(const plan_calc_options *o, const int mesh[MESH_NDIMS], in
         double act = (double)sets * rank_largest_set(&c, P, V, s, kind_act);
         if (st.last) act += (V == 1 ? sets : (sets + V - 1) / V) * r->act_head_bytes;
         double fsdp = 0;
+        /* what a rank keeps of the values and the gradients: shards (FSDP), or whole (ZeRO-1) */
+        double held = zero1 ? st.whole : st.floats;
         if (S > 1) {
             /* 04: a unit by rank, and 1/S of it, in fp32; under a bf16 reduction their bf16 twins too */
             double staging = (4 + (o->reduce == PLAN_BF16 ? 2 : 0)) * st.unit_max * (S + 1) / S;
-            if (P == 1)   /* 04: the gathered ends and three layers (computing, prefetched, sending its
+            if (zero1)    /* 04: the values are whole; only the collectives' staging */
+                fsdp = 0;
+            else if (P == 1)   /* 04: the gathered ends and three layers (computing, prefetched, sending its
                            * reduce-scatter), a unit's full gradients (fp32) */
                 fsdp = e_act * (st.ends_gathered + 3 * st.layer_max) + 4 * (st.ends_gathered + st.layer_max);
             else          /* under a pipeline the stage stays gathered, its gradients whole, for the step */
                 fsdp = (e_act + 4) * st.gathered;
             fsdp += staging;
         }
-        double total = 16 * st.floats + act + fsdp + r->attn_buffer_bytes;
+        double total = 8 * held + 8 * st.floats + act + fsdp + r->attn_buffer_bytes;
         if (total > r->total_bytes) {
             r->total_bytes = total;
             r->worst_stage = s;
-            r->params_bytes = 4 * st.floats;
-            r->grads_bytes = 4 * st.floats;
+            r->params_bytes = 4 * held;
+            r->grads_bytes = 4 * held;
             r->optim_bytes = 8 * st.floats;
             r->act_bytes = act;
             r->act_sets = sets;
@@ -631,6 +661,9 @@ int plan_calc_mesh_ep(const plan_calc_options *o, const int mesh[MESH_NDIMS], in
             double x_kept = e_act * last->experts_gathered;
             dpb = (P == 1 ? M * (2 * gather - kept + scatter) : gather + scatter) * ring(S) +
                   (P == 1 ? M * (2 * x_gather - x_kept + x_scatter) : x_gather + x_scatter) * ring(S / ep);
+            if (zero1)   /* 04: once a step, whatever M: the accumulated gradients reduce-scattered, the
+                          * updated fp32 values all-gathered */
+                dpb = (e_grad + 4) * (dense * ring(S) + st.experts_gathered * ring(S / ep));
         }
         if (ep > 1)    /* 09: its formula for the stage's mixtures, M passes each (the rows' D floats at
                         * e_act bytes: D e_act / 4 floats of 4), a rank's share of the group's bytes,
@@ -778,8 +811,10 @@ static void print_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], c
     char name[128], formula[160];
     int P = g[MESH_PP], V = o->virtual_stages, M = r->microbatches;
     llama_config c = plan_calc_model(o);
-    log0("\nmesh %s = %d GPUs; FSDP shards over %s = %d", mesh_text(g, name, sizeof name), o->gpus,
-         o->shard_cp ? "dp_shard x cp" : "dp_shard", r->shard_ranks);
+    bool zero1 = o->dp_mode == PLAN_DP_ZERO1;
+    log0("\nmesh %s = %d GPUs; %s over %s = %d", mesh_text(g, name, sizeof name), o->gpus,
+         zero1 ? "ZeRO-1 shards the AdamW state" : "FSDP shards", o->shard_cp ? "dp_shard x cp" : "dp_shard",
+         r->shard_ranks);
     if (is_moe(&c))
         log0("; the experts over ep %d of them (%d each), each expert's weights over the S/ep = %d left",
              r->ep, c.moe.experts / r->ep, r->shard_ranks / r->ep);
@@ -793,9 +828,10 @@ static void print_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], c
          V > 1 ? ", interleaved" : "", M, M > 1 ? "es" : "", o->microbatch, o->microbatch > 1 ? "s" : "",
          pp_schedule_name(o->schedule), 100 * r->bubble);
     log0("  memory per GPU (stage %d, the fullest):\n", r->worst_stage);
-    log0("    parameters (fp32)      %12s   4 Psi_S   (04, on 01/02's tp slices and 05's stage%s)\n",
-         fmt_bytes(r->params_bytes), is_moe(&c) ? "; 09's experts: E/ep each, over S/ep" : "");
-    log0("    gradients (fp32)       %12s   4 Psi_S   (04)\n", fmt_bytes(r->grads_bytes));
+    log0("    parameters (fp32)      %12s   4 %s   (04, on 01/02's tp slices and 05's stage%s)\n",
+         fmt_bytes(r->params_bytes), zero1 ? "Psi  " : "Psi_S",
+         !is_moe(&c) ? "" : zero1 ? "; 09's experts: E/ep each" : "; 09's experts: E/ep each, over S/ep");
+    log0("    gradients (fp32)       %12s   4 %s   (04)\n", fmt_bytes(r->grads_bytes), zero1 ? "Psi  " : "Psi_S");
     log0("    AdamW m, v (fp32)      %12s   8 Psi_S   (04)\n", fmt_bytes(r->optim_bytes));
     if (!is_moe(&c))
         log0("    activations            %12s   %d set%s in flight (05) of %d layer%s x %s (03, --plan-ac %s)%s\n",
@@ -811,7 +847,10 @@ static void print_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], c
              o->capacity_factor > 0 ? "under the capacity" : "at most, dropless: ep N min(k, E/ep)", dense,
              ac_mode_name(o->ac), r->worst_stage == P - 1 ? "; + the head's" : "");
     }
-    if (r->shard_ranks > 1)
+    if (r->shard_ranks > 1 && zero1)
+        log0("    ZeRO-1 staging         %12s   %s(S+1)/S largest unit (04)\n", fmt_bytes(r->fsdp_buffer_bytes),
+             o->reduce == PLAN_BF16 ? "(4+2)" : "4");
+    else if (r->shard_ranks > 1)
         log0("    FSDP buffers           %12s   %s + %s(S+1)/S largest unit (04)\n", fmt_bytes(r->fsdp_buffer_bytes),
              P == 1 ? "gathered ends + 3 layers, full grads of ends + 1 layer"
                     : "the stage gathered and its full gradients, kept for the step",
@@ -830,7 +869,8 @@ static void print_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], c
     traffic_line("pp", degree_text(g[MESH_PP]), r->across_nodes[MESH_PP], r->pp_bytes, r->pp_s,
                  "the stage's sends in 05's schedule x B Tl/t D, of 2 M (PV-1) messages (05)");
     snprintf(formula, sizeof formula, "%s x (S-1)/S x S Psi_S%s%s (04)%s",
-             P == 1 ? "M x (2 gathers + 1 reduce-scatter)" : "(1 gather + 1 reduce-scatter)",
+             zero1 ? "(1 reduce-scatter + 1 gather of the updated values)"
+             : P == 1 ? "M x (2 gathers + 1 reduce-scatter)" : "(1 gather + 1 reduce-scatter)",
              is_moe(&c) ? ", the experts' over S/ep" : "", g[MESH_DP_REPLICATE] > 1 ? " + 2 (R-1)/R x 4 Psi_S" : "",
              o->fp8 ? " float8 gathers (07)" : "");
     char dp_group[32];   /* HSDP's replicas x FSDP's shard group */
@@ -922,8 +962,13 @@ int plan_calculator_run(const plan_calc_options *o) {
          o->virtual_stages > 1 ? " with virtual stages" : "", ac_mode_name(o->ac),
          o->precision == PLAN_BF16 ? "bf16" : "fp32", o->fp8 ? "; float8 linears and all-gathers" : "",
          o->reduce == PLAN_BF16 ? "; gradients reduced in bf16" : "");
-    log0("  recipe: Megatron TP + SP (01-03), ring CP with zigzag (06), FSDP over %s (04; weights gathered once a "
-         "step under a pipeline), HSDP replicas over dp_replicate\n", o->shard_cp ? "dp_shard x cp" : "dp_shard");
+    if (o->dp_mode == PLAN_DP_ZERO1)
+        log0("  recipe: Megatron TP + SP (01-03), ring CP with zigzag (06), ZeRO-1 over %s (04: the values and the "
+             "gradients whole, the AdamW state sharded; one reduce-scatter and one all-gather a step), HSDP replicas "
+             "over dp_replicate\n", o->shard_cp ? "dp_shard x cp" : "dp_shard");
+    else
+        log0("  recipe: Megatron TP + SP (01-03), ring CP with zigzag (06), FSDP over %s (04; weights gathered once a "
+             "step under a pipeline), HSDP replicas over dp_replicate\n", o->shard_cp ? "dp_shard x cp" : "dp_shard");
 
     int n = 0, fit = 0;
     candidate *all = enumerate(o, &n, &fit);

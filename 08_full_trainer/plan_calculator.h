@@ -46,6 +46,11 @@
 #include "../05_pipeline/schedule.h"                    /* pp_schedule_kind   */
 
 typedef enum { PLAN_FP32 = 0, PLAN_BF16 } plan_precision;
+/* How the data ranks share the state (chapter 04's modes): FSDP (ZeRO-3: values, gradients and
+ * AdamW state sharded; the values gathered before use), or ZeRO-1 (values and gradients whole, the
+ * AdamW state sharded; one reduce-scatter of the gradients and one all-gather of the updated
+ * values a step, however many microbatches: DeepSeek-V3's data parallelism). */
+typedef enum { PLAN_DP_FSDP = 0, PLAN_DP_ZERO1 } plan_dp_mode;
 /* What the chapter that defines a mixture of experts (09) gives the calculator: its layer (the MoE
  * block's tensors and activations, from which the parameter table and the activation formulas
  * derive) and its all-to-all formula (09's exercise 4: the bytes its ep group's all-to-alls move
@@ -81,6 +86,7 @@ typedef struct plan_calc_options {
     plan_precision precision;      /* --plan-precision fp32 (this tutorial) | bf16                  */
     plan_precision reduce;         /* --plan-reduce-dtype: the gradients' reductions, fp32 (FSDP2's
                                     * default reduce_dtype, 08's) | bf16 (08's --reduce-dtype bf16) */
+    plan_dp_mode dp_mode;          /* --plan-dp fsdp (default, 08's trainer) | zero1                 */
     bool shard_cp;                 /* FSDP over dp_shard x cp (torchtitan, 08); --plan-no-shard-cp:
                                     * over dp_shard only, the cp ranks all-reduce their shards (08's
                                     * --no-fsdp-over-cp)                                              */
@@ -107,7 +113,7 @@ enum {
     PLAN_OPT_PER_NODE, PLAN_OPT_INTRA, PLAN_OPT_INTER, PLAN_OPT_TFLOPS, PLAN_OPT_MESH, PLAN_OPT_SCHEDULE,
     PLAN_OPT_VIRTUAL, PLAN_OPT_AC, PLAN_OPT_FP8, PLAN_OPT_PRECISION, PLAN_OPT_REDUCE, PLAN_OPT_NO_SHARD_CP, PLAN_OPT_TOP,
     PLAN_OPT_EXPERTS, PLAN_OPT_TOP_K, PLAN_OPT_EXPERT_FFN, PLAN_OPT_SHARED, PLAN_OPT_MOE_EVERY, PLAN_OPT_CAPACITY,
-    PLAN_OPT_EP, PLAN_OPT_END
+    PLAN_OPT_EP, PLAN_OPT_DP, PLAN_OPT_END
 };
 /* Entries to splice into main's struct option array (no trailing comma). */
 #define PLAN_CALC_FLAGS                                                                                      \
@@ -129,7 +135,8 @@ enum {
     {"plan-experts", required_argument, 0, PLAN_OPT_EXPERTS}, {"plan-top-k", required_argument, 0, PLAN_OPT_TOP_K}, \
     {"plan-expert-ffn", required_argument, 0, PLAN_OPT_EXPERT_FFN},                                        \
     {"plan-shared-expert", no_argument, 0, PLAN_OPT_SHARED}, {"plan-moe-every", required_argument, 0, PLAN_OPT_MOE_EVERY}, \
-    {"plan-capacity-factor", required_argument, 0, PLAN_OPT_CAPACITY}, {"plan-ep", required_argument, 0, PLAN_OPT_EP}
+    {"plan-capacity-factor", required_argument, 0, PLAN_OPT_CAPACITY}, {"plan-ep", required_argument, 0, PLAN_OPT_EP}, \
+    {"plan-dp", required_argument, 0, PLAN_OPT_DP}
 
 /* True when `code` is one of the calculator's flags (and applies it); a bad value ends every rank
  * with one line naming the flag, the value and what is valid, exit status 2. */

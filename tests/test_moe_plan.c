@@ -13,8 +13,11 @@
  *   - the ep traffic: chapter 09's all-to-all formula (its exercise 4, judged by its runs) for the
  *     stage's mixtures and microbatches, a rank's share, (ep - 1) / ep of it sent; with bf16
  *     activations the rows at 2 bytes an element, the counts at 4;
- *   - refusals: an ep that divides neither the shard group nor E, float8 with experts, a mixture
- *     without its layer (what 08's own binary has), ep on a dense model.
+ *   - ZeRO-1 (--plan-dp zero1): whole values and gradients, the AdamW state sharded, one
+ *     reduce-scatter and one all-gather a step whatever the microbatches, dense and with experts;
+ *   - refusals: an ep that divides neither the shard group nor E, float8 with experts, full
+ *     checkpointing of a mixture, a mixture without its layer (what 08's own binary has), ep on a
+ *     dense model.
  * The calculator's state per GPU against the trainer's allocation on the meshes both run is judged
  * by chapter 09's runs themselves (ep_report_plan, every rank, in make check-09's FSDP layouts).
  */
@@ -137,6 +140,30 @@ int main(int argc, char **argv) {
                         "bf16 ep bytes: the rows halved");
         }
     }
+
+    /* ZeRO-1 (--plan-dp zero1, chapter 04's): the values and the gradients whole (the experts E / ep
+     * of them), the AdamW state sharded; a step moves one reduce-scatter of the gradients and one
+     * all-gather of the updated values, the dense tensors over S, the experts over S / ep, however
+     * many microbatches */
+    for (int moe = 0; moe <= 1; moe++)
+        for (int batch = 1; batch <= 2; batch++) {
+            plan_calc_options o = small_moe();
+            if (!moe) o.experts = 0, o.shared_expert = false;
+            o.dp_mode = PLAN_DP_ZERO1;
+            o.gpus = 8;
+            o.ep = moe ? 4 : 0;
+            o.global_batch *= batch;
+            const int mesh[MESH_NDIMS] = {1, 1, 8, 1, 1};
+            llama_config c = plan_calc_model(&o);
+            plan_calc_result r;
+            char why[256] = "";
+            CHECK(plan_calc_mesh(&o, mesh, &r, why, sizeof why) == 0, "zero1 refused: %s", why);
+            double n = llama_parameter_count(&c, true), X = moe ? 4.0 * 3 * 8 * 48 * 64 : 0;   /* the experts' */
+            CHECK(r.params_bytes == 4 * (n - X + X / 4) && r.grads_bytes == r.params_bytes && r.optim_bytes == n,
+                  "zero1%s: values %.0f, gradients %.0f, AdamW %.0f bytes", moe ? " with experts" : "", r.params_bytes,
+                  r.grads_bytes, r.optim_bytes);
+            CHECK_CLOSE(r.dp_bytes, 8 * ((n - X) * 7 / 8 + X / 4 / 2), 0, 1e-12, "zero1's bytes a step");
+        }
 
     /* refusals, each with its reason */
     {
