@@ -128,12 +128,23 @@ void trainer_parse_flags(run_options *o, trainer_options *t, int argc, char **ar
         {"vocab-multiple", required_argument, 0, OPT_VOCAB_MULTIPLE}, PLAN_CALC_FLAGS, {0, 0, 0, 0}};
     char full_usage[12288];
     snprintf(full_usage, sizeof full_usage, "%s%s", usage, plan_calculator_usage);
+    const run_options defaults = *o;
     run_parse(o, argc, argv, flags, chapter_flag, t, full_usage);
     o->model.vocab_multiple = t->vocab_multiple;
     /* on a GPU the trainer computes as every anchor does, in bf16 (tensor cores; with --fp8, bf16 is
      * float8's high precision, as torchao's), unless --dtype says otherwise */
     if (!o->dtype_given && strcmp(device_backend_name(), "cuda") == 0) o->model.precision = DTYPE_BF16;
-    if (t->plan) return;
+    if (t->plan) {   /* it trains nothing: the trained model's and mesh's flags are refused, not ignored */
+        const char *model_flag = run_model_flag_given(o, &defaults);
+        if (model_flag)
+            comm_exit_usage("%s configures the trained model; --plan plans with the --plan-* flags (--plan-dim, "
+                            "--plan-layers, --plan-global-batch, ...)", model_flag);
+        const int mesh_default[MESH_NDIMS] = {1, 1, -1, 1, 1};
+        if (memcmp(t->par.degree, mesh_default, sizeof mesh_default))
+            comm_exit_usage("--pp, --dp-replicate, --dp-shard, --cp and --tp configure the trained mesh; --plan plans "
+                            "one with --plan-mesh pp,dp_replicate,dp_shard,cp,tp");
+        return;
+    }
     /* flags this run would ignore: refused, as --microbatches without a pipeline is */
     if (t->calc.flag_given)
         comm_exit_usage("--%s configures the --plan calculator: it needs --plan (no training then)", t->calc.flag_given);

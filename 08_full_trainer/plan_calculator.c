@@ -24,7 +24,8 @@
  * SwiGLU experts of Mistral's feed-forward size in place of its feed-forward, top-2, vocabulary
  * 32000: 46.7 B parameters, 12.9 B active. DeepSeek-V3-like (DeepSeek-AI 2024, its section 4.2):
  * its 61 layers, dim 7168, 128 heads, 256 routed experts of 2048 and one shared of 2048, top-8,
- * vocabulary 129280, with this tutorial's layer: grouped-query attention where DeepSeek has MLA, a
+ * vocabulary 129280, with this tutorial's layer: multi-head attention of 128 heads of dim 56 where
+ * DeepSeek has MLA (128 heads of 128, and 64 for RoPE, over compressed keys and values), a
  * mixture on every layer where its first three are dense, and no multi-token-prediction module:
  * 705 B parameters where the paper counts 671 B (37.75 B active outside the embedding, 37 B). */
 typedef struct {
@@ -65,7 +66,6 @@ void plan_calc_defaults(plan_calc_options *o) {
     o->reduce = PLAN_FP32;
     o->shard_cp = true;
     o->top = 15;
-    o->moe_every = 1;
 }
 
 const char plan_calculator_usage[] =
@@ -198,7 +198,7 @@ llama_config plan_calc_model(const plan_calc_options *o) {
         c.moe.expert_dim = o->expert_dim > 0 ? o->expert_dim : p->expert_dim > 0 ? p->expert_dim : c.ffn_dim;
         c.moe.shared_expert = o->shared_expert || p->shared_expert;
         c.moe.capacity_factor = (float)o->capacity_factor;
-        c.layer_every = o->moe_every;
+        c.layer_every = o->moe_every > 0 ? o->moe_every : 1;
         c.layer = o->moe_chapter ? o->moe_chapter->layer_for(&c) : NULL;
     }
     return c;
@@ -206,9 +206,12 @@ llama_config plan_calc_model(const plan_calc_options *o) {
 
 /* Whether the options describe a mixture of experts. */
 static bool is_moe(const llama_config *c) { return c->moe.experts > 0; }
-/* Layer l's kind: 1 the model's own layer (a mixture's), 0 Llama's in between under layer_every
- * (layer.h's llama_layer_at); every layer of a dense model is of kind 1. */
-static int layer_kind(const llama_config *c, int l) { return llama_layer_at(c, l) == llama_layer_of(c); }
+/* Layer l's kind: LAYER_OWN, the model's own layer (a mixture's), or LAYER_LLAMA, Llama's in
+ * between under layer_every (layer.h's llama_layer_at); every layer of a dense model is its own. */
+enum { LAYER_LLAMA = 0, LAYER_OWN = 1 };
+static int layer_kind(const llama_config *c, int l) {
+    return llama_layer_at(c, l) == llama_layer_of(c) ? LAYER_OWN : LAYER_LLAMA;
+}
 
 /* The model's table (llama.h), summed: the count does not depend on how anyone wrote it down. */
 // ----------------------------------------------------------------------------------------------
@@ -238,7 +241,7 @@ int plan_calc_rank_layers(int n_layers, int pp, int v, int rank, bool *holds) {
 }
 
 /* The activations of rank's largest (microbatch, chunk) set: its chunk's layers, each by its kind
- * (kind_act: [1] the model's own layer's bytes, [0] Llama's in between). */
+ * (kind_act[LAYER_OWN], kind_act[LAYER_LLAMA]: a layer's bytes). */
 static double rank_largest_set(const llama_config *c, int pp, int v, int rank, const double kind_act[2]) {
     int n = pp * v, first = 0;
     double most = 0;
@@ -299,7 +302,8 @@ typedef struct { double shard, blocks, experts, gathered, experts_gathered, whol
 /* The unit figures every stage is made of: a layer of each kind (the model's own, and Llama's
  * between a mixture's every moe_every-th; the same for a dense model), and each of the three ends. */
 typedef struct {
-    layer_floats kind[2];   /* [1] the model's own layer, [0] Llama's where layer_every puts it */
+    layer_floats kind[2];   /* [LAYER_OWN] the model's own layer, [LAYER_LLAMA] Llama's where
+                             * layer_every puts it */
     tensor_floats embedding, norm, output;
     double ends_whole[3];   /* the embedding's, the norm's and the output's slices unsharded */
 } unit_floats;
@@ -320,10 +324,13 @@ static unit_floats unit_floats_of(const llama_config *c, int tp, int S, int ep) 
             tensor_floats f = floats_of(c, s.kind, l, layout[s.kind], tp, S, ep);
             long long units, width;
             slice_of(c, s.kind, l, layout[s.kind], tp, ep, &units, &width);
+            /* an expert held whole (ep = S: each rank's own experts) is never gathered, and its
+             * gradient stays where the table stores it: no FSDP buffer, no FSDP traffic */
+            bool expert = param_kind_is_expert(s.kind), moved = !expert || S / ep > 1;
             x->shard += f.shard;
-            x->gathered += f.gathered;
             x->whole += (double)(units * width);
-            if (param_kind_is_expert(s.kind)) x->experts += f.shard, x->experts_gathered += f.gathered;
+            if (moved) x->gathered += f.gathered;
+            if (expert) x->experts += f.shard, x->experts_gathered += moved ? f.gathered : 0;
             else if (!s.is_vector) x->blocks += f.shard;   /* the linears' weights, not the norms' */
         }
     }
@@ -466,12 +473,15 @@ int plan_calc_mesh_ep(const plan_calc_options *o, const int mesh[MESH_NDIMS], in
     llama_config c = plan_calc_model(o);
     int T = c.seq_len;
     if (is_moe(&c) && !c.layer)
-        REFUSE("%s is a mixture of experts, whose layer is chapter 09's: plan it with 09 --plan (the same flags)",
+        REFUSE("%s: a mixture of experts, whose layer is chapter 09's: plan it with 09 --plan (the same flags)",
                o->experts ? "--plan-experts" : plan_presets[o->preset].name);
     if (is_moe(&c) && o->fp8) REFUSE("--plan-fp8 with a mixture of experts: not planned (chapter 09 has no float8 experts)");
+    if (is_moe(&c) && c.moe.capacity_factor > 0 && mesh[MESH_CP] > 1)   /* (chapter 09's rule) */
+        REFUSE("a capacity factor with cp %d: a capacity takes a sequence's copies in token order, and cp splits "
+               "each sequence over its ranks (chapter 09 refuses it too)", mesh[MESH_CP]);
     if (is_moe(&c) && o->ac == AC_FULL)
-        REFUSE("--plan-ac full with a mixture of experts: not planned (chapter 09 recomputes no mixture, whose "
-               "all-to-alls recomputation would repeat)");
+        REFUSE("--plan-ac full with a mixture of experts: not planned (recomputing a mixture repeats its "
+               "all-to-alls, which chapter 09's formula does not count: it recomputes nothing)");
     if (!is_moe(&c) && ep != 1) REFUSE("--plan-ep %d: a dense model has no experts to split", ep);
     if (o->global_batch % T) REFUSE("the global batch of %lld tokens is not whole sequences of %d", o->global_batch, T);
     long long seqs = o->global_batch / T;
@@ -502,8 +512,8 @@ int plan_calc_mesh_ep(const plan_calc_options *o, const int mesh[MESH_NDIMS], in
     int S = shard_group(o, g), mb = o->microbatch, Tl = T / C, hd = llama_head_dim(&c), L = c.n_layers;
     /* 09: the experts split over ep ranks of FSDP's shard group, whole experts on each */
     if (is_moe(&c) && (S % ep || c.moe.experts % ep))
-        REFUSE("ep %d does not divide %s (%d) and the %d experts", ep, o->shard_cp ? "dp_shard x cp" : "dp_shard", S,
-               c.moe.experts);
+        REFUSE("ep %d does not divide both %s (%d) and the %d experts", ep, o->shard_cp ? "dp_shard x cp" : "dp_shard",
+               S, c.moe.experts);
     r->ep = ep;
     bool zero1 = o->dp_mode == PLAN_DP_ZERO1;
     /* the vocabulary as the output GEMM sees it: padded where tp splits it (02) */
@@ -532,15 +542,18 @@ int plan_calc_mesh_ep(const plan_calc_options *o, const int mesh[MESH_NDIMS], in
      * saves, instead of the softmax B Hl T^2 of the single-device operator, 06's log-sum-exp (the
      * operator planned: blockwise, it never holds the whole softmax) */
     d.probs = (size_t)mb * d.Hl * Tl;                    /* 06: the log-sum-exp, B H Tl */
-    double kind_act[2];                                  /* [1] the model's own layer, [0] Llama's */
-    for (int kind = 0; kind < 2; kind++) {
+    double kind_act[2];                                  /* a layer of each kind (LAYER_OWN, LAYER_LLAMA) */
+    for (int kind = LAYER_LLAMA; kind <= LAYER_OWN; kind++) {
         llama_dims dk = d;
-        dk.layer = kind ? llama_layer_of(&c) : &llama_layer_default;
+        dk.layer = kind == LAYER_OWN ? llama_layer_of(&c) : &llama_layer_default;
         kind_act[kind] = llama_layer_act_bytes(&dk, ac_keep_mask(dk.layer, o->ac)) * e_act / 4;
     }
-    r->act_layer_bytes = kind_act[1];
-    r->act_dense_layer_bytes = c.layer && c.layer_every > 1 ? kind_act[0] : 0;
+    r->act_layer_bytes = kind_act[LAYER_OWN];
+    r->act_dense_layer_bytes = c.layer && c.layer_every > 1 ? kind_act[LAYER_LLAMA] : 0;
     r->expert_rows = is_moe(&c) ? llama_expert_rows(&d, d.N) : 0;
+    llama_dims dropless = d;
+    dropless.capacity = 0;
+    r->expert_rows_capped = is_moe(&c) && r->expert_rows < llama_expert_rows(&dropless, d.N);
     r->act_head_bytes = llama_head_act_bytes(&d, 2) * e_act / 4;   /* 02's loss saves 2 floats a row */
     double attn_fwd, attn_bwd;                           /* 06: the ring's scratch, one layer at a time */
     cp_working_set_formula(CP_RING, C, mb, Tl, d.Hl, d.Hkvl, hd, &attn_fwd, &attn_bwd);
@@ -554,7 +567,7 @@ int plan_calc_mesh_ep(const plan_calc_options *o, const int mesh[MESH_NDIMS], in
     double attn_params = (2 * D * H * hd + 2 * D * Hkv * hd) / t;
     double kind_linear[2] = {attn_params + 3 * D * F / t, attn_params + 3 * D * F / t};
     if (is_moe(&c))
-        kind_linear[1] = attn_params + D * c.moe.experts + c.moe.top_k * 3 * D * c.moe.expert_dim +
+        kind_linear[LAYER_OWN] = attn_params + D * c.moe.experts + c.moe.top_k * 3 * D * c.moe.expert_dim +
                          (c.moe.shared_expert ? 3 * D * F / t : 0);
     double attn_fwd_flops = 2.0 * T * H * hd;
     double linear_passes = o->ac == AC_FULL ? 8 : 6, attn_passes = o->ac == AC_NONE ? 3 : 4;
@@ -657,10 +670,11 @@ int plan_calc_mesh_ep(const plan_calc_options *o, const int mesh[MESH_NDIMS], in
             /* without a pipeline the ends and the last layer are gathered once a pass, not twice */
             double kept = e_act * (st.ends_gathered + last->gathered - last->experts_gathered) -
                           (o->fp8 ? (e_act - 1) * S * last->blocks : 0);
-            double x_gather = e_act * st.experts_gathered, x_scatter = e_grad * st.experts_gathered;
-            double x_kept = e_act * last->experts_gathered;
+            double expert_gather = e_act * st.experts_gathered, expert_scatter = e_grad * st.experts_gathered;
+            double expert_kept = e_act * last->experts_gathered;
             dpb = (P == 1 ? M * (2 * gather - kept + scatter) : gather + scatter) * ring(S) +
-                  (P == 1 ? M * (2 * x_gather - x_kept + x_scatter) : x_gather + x_scatter) * ring(S / ep);
+                  (P == 1 ? M * (2 * expert_gather - expert_kept + expert_scatter) : expert_gather + expert_scatter) *
+                      ring(S / ep);
             if (zero1)   /* 04: once a step, whatever M: the accumulated gradients reduce-scattered, the
                           * updated fp32 values all-gathered */
                 dpb = (e_grad + 4) * (dense * ring(S) + st.experts_gathered * ring(S / ep));
@@ -685,7 +699,8 @@ int plan_calc_mesh_ep(const plan_calc_options *o, const int mesh[MESH_NDIMS], in
 
         /* compute: this cp rank's tokens, split over tp */
         double tokens = (double)M * mb * Tl;
-        double lin = tokens * linear_passes * ((st.layers - st.n_own) * kind_linear[0] + st.n_own * kind_linear[1]);
+        double lin = tokens * linear_passes *
+                     ((st.layers - st.n_own) * kind_linear[LAYER_LLAMA] + st.n_own * kind_linear[LAYER_OWN]);
         double other = tokens * (st.layers * attn_passes * attn_fwd_flops + (st.last ? 6 * Vocab * D : 0)) / t;
         r->flops_per_gpu = fmax(r->flops_per_gpu, lin + other);
         r->compute_s = fmax(r->compute_s, lin / rate_linear + other / rate);
@@ -816,8 +831,9 @@ static void print_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], c
          zero1 ? "ZeRO-1 shards the AdamW state" : "FSDP shards", o->shard_cp ? "dp_shard x cp" : "dp_shard",
          r->shard_ranks);
     if (is_moe(&c))
-        log0("; the experts over ep %d of them (%d each), each expert's weights over the S/ep = %d left",
-             r->ep, c.moe.experts / r->ep, r->shard_ranks / r->ep);
+        log0("; the experts over ep %d of them (%d each%s), each expert's %s over the S/ep = %d left", r->ep,
+             c.moe.experts / r->ep, o->ep ? "" : ": the ep that fits and is fastest, no --plan-ep given",
+             zero1 ? "AdamW state" : "weights", r->shard_ranks / r->ep);
     log0("\n");
     if (r->layers_min == r->layers_max)
         log0("  pipeline: %d stage%s of %d layers", P, P > 1 ? "s" : "", r->layers_max);
@@ -844,7 +860,7 @@ static void print_mesh(const plan_calc_options *o, const int mesh[MESH_NDIMS], c
         log0("    activations            %12s   %d set%s in flight (05) of %d layer%s: a mixture's %s (03, 09: R = %.0f "
              "rows %s)%s, --plan-ac %s%s\n", fmt_bytes(r->act_bytes), r->act_sets, r->act_sets > 1 ? "s" : "",
              r->act_set_layers, r->act_set_layers > 1 ? "s" : "", fmt_bytes(r->act_layer_bytes), r->expert_rows,
-             o->capacity_factor > 0 ? "under the capacity" : "at most, dropless: ep N min(k, E/ep)", dense,
+             r->expert_rows_capped ? "under the capacity: ep (E/ep) B C" : "at most, dropless: ep N min(k, E/ep)", dense,
              ac_mode_name(o->ac), r->worst_stage == P - 1 ? "; + the head's" : "");
     }
     if (r->shard_ranks > 1 && zero1)
@@ -899,23 +915,31 @@ int plan_calculator_run(const plan_calc_options *o) {
         comm_exit_usage("--plan-global-batch %lld is not a whole number of --plan-seq-len %d sequences: use a multiple "
                         "of %d", o->global_batch, c.seq_len, c.seq_len);
     if (is_moe(&c) && !c.layer)   /* 08's binary: the MoE layer is a later chapter's */
-        comm_exit_usage("%s is a mixture of experts, whose layer is chapter 09's: plan it with 09 --plan (the same flags)",
+        comm_exit_usage("%s: a mixture of experts, whose layer is chapter 09's: plan it with 09 --plan (the same flags)",
                         o->experts ? "--plan-experts" : plan_presets[o->preset].name);
     if (is_moe(&c) && c.moe.top_k > c.moe.experts)
-        comm_exit_usage("--plan-top-k %d is more than the %d experts: a token chooses k of E distinct experts",
-                        c.moe.top_k, c.moe.experts);
+        comm_exit_usage("top-k %d (%s) is more than the %d experts: a token chooses k of E distinct experts",
+                        c.moe.top_k, o->top_k ? "--plan-top-k" : "the preset's, or 2", c.moe.experts);
     if (is_moe(&c) && c.layer_every > c.n_layers)
         comm_exit_usage("--plan-moe-every %d is more than the %d layers: no layer would be a mixture", c.layer_every,
                         c.n_layers);
     if (is_moe(&c) && o->fp8)
         comm_exit_usage("--plan-fp8 with a mixture of experts: not planned (chapter 09 has no float8 experts)");
     if (is_moe(&c) && o->ac == AC_FULL)
-        comm_exit_usage("--plan-ac full with a mixture of experts: not planned (chapter 09 recomputes no mixture, whose "
-                        "all-to-alls recomputation would repeat); use selective or none");
+        comm_exit_usage("--plan-ac full with a mixture of experts: not planned (recomputing a mixture repeats its "
+                        "all-to-alls, which chapter 09's formula does not count: it recomputes nothing); use selective "
+                        "or none");
     if (is_moe(&c) && o->ep && c.moe.experts % o->ep)
         comm_exit_usage("--plan-ep %d does not divide the %d experts: each rank holds E / ep whole experts", o->ep,
                         c.moe.experts);
-    if (!is_moe(&c) && (o->top_k || o->expert_dim || o->shared_expert || o->moe_every != 1 || o->capacity_factor || o->ep))
+    if (is_moe(&c) && (double)c.moe.experts * fmax(c.moe.expert_dim, c.dim) > INT_MAX)   /* (a tensor's rows) */
+        comm_exit_usage("%d experts of hidden %d at dim %d: the experts' stacked weights have %.0f rows, more than a "
+                        "tensor's 2^31 - 1", c.moe.experts, c.moe.expert_dim, c.dim,
+                        (double)c.moe.experts * fmax(c.moe.expert_dim, c.dim));
+    if (is_moe(&c) && c.moe.capacity_factor > 0 && o->mesh_given && o->mesh[MESH_CP] > 1)   /* (09's rule) */
+        comm_exit_usage("--plan-capacity-factor with cp %d: a capacity takes a sequence's copies in token order, and "
+                        "cp splits each sequence over its ranks (chapter 09 refuses it too)", o->mesh[MESH_CP]);
+    if (!is_moe(&c) && (o->top_k || o->expert_dim || o->shared_expert || o->moe_every || o->capacity_factor || o->ep))
         comm_exit_usage("--plan-top-k, --plan-expert-ffn, --plan-shared-expert, --plan-moe-every, --plan-capacity-factor "
                         "and --plan-ep need a mixture of experts (--plan-model mixtral-8x7b|deepseek-v3 or --plan-experts)");
     if (o->ep && o->mesh_given && o->mesh[MESH_DP_SHARD] > 0 &&
@@ -926,11 +950,17 @@ int plan_calculator_run(const plan_calc_options *o) {
         comm_exit_usage("--plan-reduce-dtype bf16 needs --plan-precision bf16: gradients are summed in bf16 only in a "
                         "bf16 mixed-precision run");
     /* the asked-for mesh is refused before anything is printed: one line, exit 2 */
-    char why[512];
+    char why[512] = "";
     plan_calc_result given;
     if (o->mesh_given && given_mesh(o, &c, &given, why, sizeof why) != 0)
         comm_exit_usage("--plan-mesh %d,%d,%d,%d,%d%s: %s", o->mesh[0], o->mesh[1], o->mesh[2], o->mesh[3], o->mesh[4],
                         o->ep ? " with --plan-ep" : "", why);
+    int n = 0, fit = 0;
+    candidate *all = enumerate(o, &n, &fit);
+    if (n == 0 && o->ep)   /* (without --plan-ep every ep is tried: then "no mesh" below is the model's) */
+        comm_exit_usage("--plan-ep %d: no mesh of the %d GPUs admits it with this model and batch (ep must divide the "
+                        "shard group %s and the %d experts); leave --plan-ep out to try every ep", o->ep, o->gpus,
+                        o->shard_cp ? "dp_shard x cp" : "dp_shard", c.moe.experts);
     bool custom = o->dim || o->n_layers || o->n_heads || o->n_kv_heads || o->ffn_dim || o->vocab;
     double n_params = llama_parameter_count(&c, true);
     long long seqs = o->global_batch / c.seq_len;
@@ -945,10 +975,14 @@ int plan_calculator_run(const plan_calc_options *o) {
          c.n_heads, c.n_kv_heads, llama_head_dim(&c), c.ffn_dim, c.vocab_size, count);
     if (is_moe(&c)) {   /* 09: k of the E experts a token, on every moe_every-th layer */
         int mixtures = c.n_layers / (c.layer_every > 1 ? c.layer_every : 1);
-        log0("  mixture of experts (09): %d routed experts of hidden %d, top-%d%s, on %d of the %d layers%s; %.2f B "
-             "active a token outside the embedding (6 x that + attention: the FLOPs MFU counts); dispatch %s\n", c.moe.experts,
-             c.moe.expert_dim, c.moe.top_k, c.moe.shared_expert ? ", a shared expert of the ffn's size" : "", mixtures,
-             c.n_layers, c.layer_every > 1 ? " (Llama's feed-forward between)" : "", llama_active_parameter_count(&c) / 1e9,
+        double active = llama_active_parameter_count(&c);
+        char active_text[32];
+        if (active >= 1e9) snprintf(active_text, sizeof active_text, "%.2f B", active / 1e9);
+        else snprintf(active_text, sizeof active_text, "%.3f M", active / 1e6);
+        log0("  mixture of experts (09): %d routed experts of hidden %d, top-%d%s, on %d of the %d layers%s; %s "
+             "active a token outside the embedding (6 x that + attention: the FLOPs MFU counts); dispatch %s\n",
+             c.moe.experts, c.moe.expert_dim, c.moe.top_k, c.moe.shared_expert ? ", a shared expert of the ffn's size" : "",
+             mixtures, c.n_layers, c.layer_every > 1 ? " (Llama's feed-forward between)" : "", active_text,
              c.moe.capacity_factor > 0 ? "under a capacity factor" : "dropless (buffers for the worst case)");
     }
     log0("  state: 16 bytes a parameter, %.2f TB (%s) in all: fp32 values 4 + gradients 4 + AdamW m, v 8 (this "
@@ -970,8 +1004,6 @@ int plan_calculator_run(const plan_calc_options *o) {
         log0("  recipe: Megatron TP + SP (01-03), ring CP with zigzag (06), FSDP over %s (04; weights gathered once a "
              "step under a pipeline), HSDP replicas over dp_replicate\n", o->shard_cp ? "dp_shard x cp" : "dp_shard");
 
-    int n = 0, fit = 0;
-    candidate *all = enumerate(o, &n, &fit);
     if (o->mesh_given) {
         print_mesh(o, o->mesh, &given);
     } else if (n > 0) {

@@ -94,7 +94,7 @@ typedef struct plan_calc_options {
     /* a mixture of experts: --plan-experts E (> 0 over the preset's; 0 keeps it), --plan-top-k,
      * --plan-expert-ffn F_e, --plan-shared-expert, --plan-moe-every, --plan-capacity-factor (0:
      * dropless, whose dispatch buffers take the worst case, as chapter 09's trainer allocates) */
-    int experts, top_k, expert_dim, moe_every;
+    int experts, top_k, expert_dim, moe_every;   /* 0: not given (the preset's, top-2, F, every layer) */
     bool shared_expert;
     double capacity_factor;
     int ep;                        /* --plan-ep: the experts' ranks (0: every degree that divides the
@@ -162,6 +162,7 @@ typedef struct {
     int act_sets;                     /* (microbatch, chunk) sets in flight on the worst stage     */
     int act_set_layers;               /* layers of one set there (its largest chunk)               */
     double tp_bytes, cp_bytes, pp_bytes, dp_bytes;   /* sent per GPU per step (ring model)         */
+    bool expert_rows_capped;          /* R is the capacity's bound, below the dropless one          */
     double tp_s, cp_s, pp_s, dp_s;    /* each at its link's bandwidth                             */
     int ep;                           /* a mixture of experts: the experts' ranks (1: dense)       */
     double ep_bytes, ep_s;            /* the all-to-alls' bytes sent per GPU per step, their time  */

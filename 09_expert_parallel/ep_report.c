@@ -443,7 +443,7 @@ int ep_report_plan(const run_options *o, const llama_plan *p, llama_model *m, co
     log0("  parameters and R on every rank: %s (%d of %d ranks differ from the calculator)\n", ranks_bad ? "MISMATCH" : "ok",
          ranks_bad, comm_world()->size);
     if (ranks_bad) parity_fail("a rank's parameters or dispatch rows differ from 08's --plan");
-    if (ep && ep->size > 1)
+    if (ep && ep->size > 1 && r.ep_bytes > 0)
         log0("  all-to-all bytes sent per rank and step: measured %.0f (rank 0: the chunks that left it) | plan %.0f (its "
              "ep line: the copies routed evenly, (ep-1)/ep of them leave): %.3f x the plan, as the router sent them\n",
              sent, r.ep_bytes, sent / r.ep_bytes);

@@ -30,9 +30,10 @@ double ep_alltoall_bytes(double L, double P, double N, double k, double D, doubl
 extern const plan_moe_chapter ep_plan_moe_chapter;
 
 /* Chapter 08's --plan calculator (09 --plan) on this run's own mesh, beside what the run measured:
- * the parameters this rank stores (judged on every rank: the calculator's formula must be the
- * allocator's count) and the bytes this rank sent in the ep group's all-to-alls per step (judged:
- * the calculator's "ep" traffic line). On the meshes the calculator plans: FSDP over the ep group
+ * the parameters this rank stores and the rows a layer's dispatch may bring its experts (judged on
+ * every rank: the calculator's formulas must be the allocator's counts), and the bytes this rank
+ * sent in the ep group's all-to-alls per step beside the calculator's "ep" line (printed, not
+ * judged: the calculator routes evenly, the run as its router does). On the meshes the calculator plans: FSDP over the ep group
  * (--fsdp, or one data rank) and tp 1 (it plans 02's vocabulary split and 03's sequence parallelism
  * at tp > 1, which this chapter does not run); elsewhere one line says why not.
  * Returns the number of mismatches. Collective over the world. */

@@ -87,12 +87,14 @@ typedef struct {
     bool pipe_given, cp_method_given, ep_over_cp, fsdp;
     cp_options context;
     const char *save, *resume;
+    int train_flag;           /* the first of this chapter's training flags given (a code), 0: none */
     bool plan;
     plan_calc_options calc;   /* --plan's (chapter 08's calculator) */
 } chapter_options;
 static void chapter_flag(int code, const char *arg, void *ctx) {
     chapter_options *co = ctx;
     moe_config *x = co->moe;
+    if (!co->train_flag && code != OPT_PLAN && code < PLAN_OPT_MODEL) co->train_flag = code;
     if (code == OPT_EXPERTS) x->experts = cli_int("--experts", arg, 1, 4096);
     else if (code == OPT_TOP_K) x->top_k = cli_int("--top-k", arg, 1, 4096);
     else if (code == OPT_EXPERT_DIM) x->expert_dim = cli_int("--expert-dim", arg, 1, 1 << 20);
@@ -149,10 +151,19 @@ int main(int argc, char **argv) {
     plan_calc_defaults(&co.calc);
     static char full_usage[12288];
     snprintf(full_usage, sizeof full_usage, "%s%s", usage, plan_calculator_usage);
+    const run_options defaults = o;
     run_parse(&o, argc, argv, flags, chapter_flag, &co, full_usage);
 
     /* ---- --plan: chapter 08's calculator with this chapter's layer (a mixture at scale) ---- */
-    if (co.plan) {
+    if (co.plan) {   /* (it trains nothing: a flag of the trained model or mesh is refused, not ignored) */
+        for (const struct option *f = flags; f->name && co.train_flag; f++)
+            if (f->val == co.train_flag)
+                comm_exit_usage("--%s configures a training run; --plan plans with the --plan-* flags (--plan-experts, "
+                                "--plan-mesh, --plan-ep, ...)", f->name);
+        const char *model_flag = run_model_flag_given(&o, &defaults);
+        if (model_flag)
+            comm_exit_usage("%s configures the trained model; --plan plans with the --plan-* flags (--plan-dim, "
+                            "--plan-layers, --plan-global-batch, ...)", model_flag);
         co.calc.moe_chapter = &ep_plan_moe_chapter;   /* this chapter's layer and all-to-all formula */
         int status = plan_calculator_run(&co.calc);
         comm_finalize();

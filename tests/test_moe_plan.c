@@ -13,6 +13,7 @@
  *   - the ep traffic: chapter 09's all-to-all formula (its exercise 4, judged by its runs) for the
  *     stage's mixtures and microbatches, a rank's share, (ep - 1) / ep of it sent; with bf16
  *     activations the rows at 2 bytes an element, the counts at 4;
+ *   - FSDP's buffers: the experts held whole (ep = S) take none, gathered (ep < S) they do;
  *   - ZeRO-1 (--plan-dp zero1): whole values and gradients, the AdamW state sharded, one
  *     reduce-scatter and one all-gather a step whatever the microbatches, dense and with experts;
  *   - refusals: an ep that divides neither the shard group nor E, float8 with experts, full
@@ -110,6 +111,32 @@ int main(int argc, char **argv) {
     c = plan_calc_model(&ds);
     double D = 7168, layer = 4 * D * D + 2 * D + 256 * D + 257 * 3 * D * 2048;
     CHECK_CLOSE(llama_parameter_count(&c, true), 61 * layer + 2 * 129280 * D + D, 0, 1e-12, "DeepSeek-V3-like");
+    /* ... active a token: 8 of the 256 experts and the shared one, the output and the final norm, no
+     * embedding (a lookup) */
+    double active_layer = 4 * D * D + 2 * D + 256 * D + 9 * 3 * D * 2048;
+    CHECK_CLOSE(llama_active_parameter_count(&c), 61 * active_layer + 129280 * D + D, 0, 1e-12, "DeepSeek-V3-like active");
+
+    /* FSDP's buffers hold what it gathers. At ep = S the experts are each rank's own, never gathered:
+     * their size changes nothing there (S = ep = 4 without a pipeline, S = ep = 2 in pp 2's stages);
+     * at ep 2 of S 4 they are gathered over 2 ranks, and their buffers grow with them. */
+    struct { int mesh[MESH_NDIMS], ep; bool whole; } fsdp_cases[] = {
+        {{1, 1, 4, 1, 1}, 4, true}, {{2, 1, 2, 1, 1}, 2, true}, {{1, 1, 4, 1, 1}, 2, false}};
+    for (size_t i = 0; i < sizeof fsdp_cases / sizeof fsdp_cases[0]; i++) {
+        double buffers[2];
+        for (int wide = 0; wide <= 1; wide++) {
+            plan_calc_options o = small_moe();
+            o.gpus = 4;
+            o.ep = fsdp_cases[i].ep;
+            o.expert_dim = wide ? 96 : 48;
+            plan_calc_result r;
+            char why[256] = "";
+            CHECK(plan_calc_mesh(&o, fsdp_cases[i].mesh, &r, why, sizeof why) == 0, "refused: %s", why);
+            buffers[wide] = r.fsdp_buffer_bytes;
+        }
+        CHECK(fsdp_cases[i].whole ? buffers[0] == buffers[1] : buffers[1] > buffers[0],
+              "pp %d, S %d, ep %d: FSDP's buffers %.0f bytes with experts of 48, %.0f of 96", fsdp_cases[i].mesh[0],
+              fsdp_cases[i].mesh[2], fsdp_cases[i].ep, buffers[0], buffers[1]);
+    }
 
     for (int S = 1; S <= 8; S *= 2)
         for (int ep = 1; ep <= S; ep *= 2)
@@ -199,6 +226,7 @@ int main(int argc, char **argv) {
     memcpy(o.mesh, given, sizeof given);
     o.mesh_given = true;
     o.gpus = 8;
+    o.gpus_per_node = 4;   /* (the ep group across nodes for ep 8) */
     o.top = 4;
     CHECK(plan_calculator_run(&o) == 0, "the report failed");
 

@@ -27,8 +27,8 @@
 #      top-2, at dim 256) against one rank holding every expert    bound 2   goal >= 1.7x; the
 #      all-to-all's share of the 2-rank step (its time in the ep group's all-to-alls) printed after
 #      the table. Both run STEPS09 steps (default 20) and are timed by the median of the second
-#      half's (expert_load.csv's step_ms): at the first steps the router is untrained and one rank's
-#      experts get up to 1.24x the other's copies (the other waits at every combine); the balancing
+#      half's (expert_load.csv's step_ms): at the first steps the router is untrained and the busier
+#      rank's experts get up to 1.23x the mean rank's copies (the other waits at every combine); the balancing
 #      loss evens them within about ten steps (09's APPENDIX: the ranks' copies step by step). The
 #      first steps' speed-up (steps 2 and 3) is printed after the table too.
 #   03 --async-tp against blocking sequence parallelism at tp 2: speed-up of async over blocking,

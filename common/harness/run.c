@@ -156,6 +156,14 @@ static void dump_require(const run_options *o, int rc) {
     comm_require_all(rc == 0, "--dump %s: %s", o->dump_dir, dump_error());
 }
 
+const char *run_model_flag_given(const run_options *o, const run_options *defaults) {
+    const llama_config *c = &o->model, *d = &defaults->model;
+    return c->dim != d->dim ? "--dim" : c->n_layers != d->n_layers ? "--n-layers" : c->n_heads != d->n_heads ? "--n-heads"
+         : c->n_kv_heads != d->n_kv_heads ? "--n-kv-heads" : c->ffn_dim != d->ffn_dim ? "--ffn-dim"
+         : c->vocab_size != d->vocab_size ? "--vocab" : c->seq_len != d->seq_len ? "--seq-len"
+         : o->batch != defaults->batch ? "--batch" : NULL;
+}
+
 void run_parse(run_options *o, int argc, char **argv, const struct option *flags,
                void (*chapter_flag)(int code, const char *arg, void *ctx), void *ctx,
                const char *chapter_usage) {

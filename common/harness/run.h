@@ -78,6 +78,10 @@ int run_options_parse(run_options *o, int code, const char *arg, const char *cha
 void run_parse(run_options *o, int argc, char **argv, const struct option *flags,
                void (*chapter_flag)(int code, const char *arg, void *ctx), void *ctx,
                const char *chapter_usage);
+/* The first shared flag that set the trained model's shape or batch differently from `defaults`
+ * (the chapter's, before parsing): "--dim", "--n-layers", ..., or NULL. A run that trains nothing
+ * (chapters 08 and 09's --plan, whose model is the --plan-* flags') refuses it rather than ignore it. */
+const char *run_model_flag_given(const run_options *o, const run_options *defaults);
 /* After parsing: applies kv_heads_follow_heads; the model must be valid for a [batch, seq_len]
  * batch and --fault must name one of the chapter's faults (exit 2). The output directories are
  * checked by run_model, after every other refusal, so a refused run creates nothing. */
