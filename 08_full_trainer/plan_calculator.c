@@ -273,21 +273,15 @@ static int rank_largest_chunk(int L, int pp, int v, int rank) {
 /* (units cut in S chunks of ceil(units / S), the last ones padded, as params.c pads them) */
 /* END SOLUTION */
 typedef struct { double shard, gathered; } tensor_floats;
-/* The tensor's tp slice as [units, width] on one GPU, an expert's of its E / ep experts. */
-static void slice_of(const llama_config *c, param_kind kind, int layer, shard_layout layout, int tp, int ep,
-                     long long *units, long long *width) {
+/* (*whole: the floats of the tp slice unsharded, what ZeRO-1 keeps of its values and gradients) */
+static tensor_floats floats_of(const llama_config *c, param_kind kind, int layer, shard_layout layout, int tp, int S,
+                               int ep, double *whole) {
     param_spec s = llama_param_spec(c, llama_param_index_of(c, kind, layer));
     int r0, nr, c0, nc;
     shard_slice(layout, param_split_rows(c, s, layout, tp), s.cols, 0, tp, &r0, &nr, &c0, &nc);
-    *units = s.is_vector ? nc : nr;
-    *width = s.is_vector ? 1 : nc;
-    if (param_kind_is_expert(kind)) *units /= ep;   /* (ep divides E: plan_calc_mesh_ep) */
-}
-static tensor_floats floats_of(const llama_config *c, param_kind kind, int layer, shard_layout layout, int tp, int S,
-                               int ep) {
-    long long units, width;
-    slice_of(c, kind, layer, layout, tp, ep, &units, &width);
-    if (param_kind_is_expert(kind)) S /= ep;   /* the ranks that hold the same experts (ep divides S) */
+    long long units = s.is_vector ? nc : nr, width = s.is_vector ? 1 : nc;
+    if (param_kind_is_expert(kind)) units /= ep, S /= ep;   /* (ep divides E and S: plan_calc_mesh_ep) */
+    *whole = (double)(units * width);
     tensor_floats f = {0, 0};
     /* BEGIN ASSIGNMENT: the floats one GPU stores of this tensor, its tp slice's `units` rows of `width` sharded over S ranks (f.shard), and the floats an all-gather of them rebuilds (f.gathered) */
     long long shard_units = (units + S - 1) / S;
@@ -296,9 +290,9 @@ static tensor_floats floats_of(const llama_config *c, param_kind kind, int layer
     return f;
 }
 
-/* One layer's figures: its shard floats, of which its linears' weights (what float8 gathers) and
- * the experts'; gathered, of which the experts' (over the S / ep ranks that share them). */
-typedef struct { double shard, blocks, experts, gathered, experts_gathered, whole; } layer_floats;
+/* One layer's figures: its shard floats, of which its linears' weights (what float8 gathers);
+ * gathered, of which the experts' (over the S / ep ranks that share them); unsharded. */
+typedef struct { double shard, blocks, gathered, experts_gathered, whole; } layer_floats;
 /* The unit figures every stage is made of: a layer of each kind (the model's own, and Llama's
  * between a mixture's every moe_every-th; the same for a dense model), and each of the three ends. */
 typedef struct {
@@ -321,27 +315,21 @@ static unit_floats unit_floats_of(const llama_config *c, int tp, int S, int ep) 
         int idx[LLAMA_UNIT_MAX_TENSORS], n = llama_unit_tensors(c, l, idx);   /* its blocks' tensors */
         for (int k = 0; k < n; k++) {
             param_spec s = llama_param_spec(c, idx[k]);
-            tensor_floats f = floats_of(c, s.kind, l, layout[s.kind], tp, S, ep);
-            long long units, width;
-            slice_of(c, s.kind, l, layout[s.kind], tp, ep, &units, &width);
+            double whole;
+            tensor_floats f = floats_of(c, s.kind, l, layout[s.kind], tp, S, ep, &whole);
             /* an expert held whole (ep = S: each rank's own experts) is never gathered, and its
              * gradient stays where the table stores it: no FSDP buffer, no FSDP traffic */
             bool expert = param_kind_is_expert(s.kind), moved = !expert || S / ep > 1;
             x->shard += f.shard;
-            x->whole += (double)(units * width);
+            x->whole += whole;
             if (moved) x->gathered += f.gathered;
-            if (expert) x->experts += f.shard, x->experts_gathered += moved ? f.gathered : 0;
-            else if (!s.is_vector) x->blocks += f.shard;   /* the linears' weights, not the norms' */
+            if (expert && moved) x->experts_gathered += f.gathered;
+            if (!expert && !s.is_vector) x->blocks += f.shard;   /* the linears' weights, not the norms' */
         }
     }
     const param_kind ends[3] = {P_TOK_EMBEDDINGS, P_NORM, P_OUTPUT};
     tensor_floats *end_floats[3] = {&u.embedding, &u.norm, &u.output};
-    for (int e = 0; e < 3; e++) {
-        long long units, width;
-        *end_floats[e] = floats_of(c, ends[e], -1, layout[ends[e]], tp, S, ep);
-        slice_of(c, ends[e], -1, layout[ends[e]], tp, ep, &units, &width);
-        u.ends_whole[e] = (double)(units * width);
-    }
+    for (int e = 0; e < 3; e++) *end_floats[e] = floats_of(c, ends[e], -1, layout[ends[e]], tp, S, ep, &u.ends_whole[e]);
     return u;
 }
 

@@ -21,7 +21,7 @@ static int layers_here(const llama_model *m, bool moe_only) {
     int n = 0;
     for (int l = 0; l < m->c.n_layers; l++)
         if (!moe_only || llama_layer_has(&m->c, l, P_ROUTER))
-            n += m->params->t[param_index(m->params, moe_only ? P_ROUTER : P_WQ, l)].here;
+            n += m->params->t[param_index(m->params, P_WQ, l)].here;   /* (the stage's layers hold every tensor) */
     return n;
 }
 /* The model's mixtures of experts, on every rank or not. */
