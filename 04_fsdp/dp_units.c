@@ -70,32 +70,46 @@ void dp_mark_now(device_mark *m) {
 /* U: the floats of this rank's shards of unit u (0 when none is stored here: another stage's), of
  * the tensors its collectives move (dp_moves); they lie first in the unit's range (params.h). */
 size_t unit_shard_floats(const dp_state *s, int u) {
-    int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, u, idx);
-    size_t U = 0;
-    for (int k = 0; k < n; k++)
-        if (dp_moves(s, &s->t->t[idx[k]])) U += dp_shard_of(&s->t->t[idx[k]]);
-    return U;
+    unit_part part[DP_PARTS];
+    return unit_parts(s, u, part);
 }
 
-/* Unit u between by_rank [S, U] and its tensors by tensor: padded one after the other from
- * `by_tensor`, or, when by_tensor is NULL, each at its place in the whole block `whole` (its real
- * units only: the padding is dropped on the way out and zeroed on the way in). to_ranks: tensors ->
- * by_rank (copy-in); else by_rank -> tensors (copy-out). No collective. */
+size_t unit_parts(const dp_state *s, int u, unit_part part[DP_PARTS]) {
+    int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, u, idx);
+    for (int q = 0; q < DP_PARTS; q++) part[q] = (unit_part){.group = s->part_group[q]};
+    for (int k = 0; k < n; k++) {
+        const param_tensor *x = &s->t->t[idx[k]];
+        if (dp_moves(s, x)) part[dp_part_of(s, x)].floats += dp_shard_of(x);
+    }
+    part[1].shards_at = part[0].floats;
+    part[1].by_rank_at = part[0].floats * (size_t)(part[0].group ? part[0].group->size : 1);
+    return part[0].floats + part[1].floats;
+}
+
+/* Unit u between by_rank (each part's [S_q, U_q], part 0's first) and its tensors by tensor:
+ * padded one after the other from `by_tensor`, or, when by_tensor is NULL, each at its place in
+ * the whole block `whole` (its real units only: the padding is dropped on the way out and zeroed
+ * on the way in). to_ranks: tensors -> by_rank (copy-in); else by_rank -> tensors (copy-out). No
+ * collective. */
 void unit_copy(dp_state *s, int u, float *by_rank, float *by_tensor, float *whole, bool to_ranks) {
     int idx[PARAM_UNIT_MAX], n = param_unit_tensors(s->t, u, idx);
-    size_t U = unit_shard_floats(s, u), at = 0, f = sizeof(float);
+    unit_part part[DP_PARTS];
+    unit_parts(s, u, part);
+    size_t at[DP_PARTS] = {0}, padded_at = 0, f = sizeof(float);
     for (int k = 0; k < n; k++) {
         const param_tensor *x = &s->t->t[idx[k]];
         size_t c = dp_shard_of(x);
         if (!c || !dp_moves(s, x)) continue;   /* another stage's tensor, or one held whole */
-        float *t = by_tensor ? by_tensor + (size_t)s->S * at : param_in(s->t, whole, idx[k]);
+        int q = dp_part_of(s, x);
+        size_t U = part[q].floats, S = (size_t)x->shard_ranks;
+        float *t = by_tensor ? by_tensor + padded_at : param_in(s->t, whole, idx[k]);
         size_t real = by_tensor ? dp_padded(s, x) : (size_t)x->units * x->width;
         size_t chunks = real / c, rest = real % c;   /* whole chunks, then part of one */
-        float *r = by_rank + at;
+        float *r = by_rank + part[q].by_rank_at + at[q];
         if (to_ranks) {
             device_copy_2d(r, U * f, t, c * f, c * f, chunks);
             if (rest) device_copy(r + chunks * U, t + chunks * c, rest * f);
-            for (size_t j = chunks; j < (size_t)s->S; j++) {   /* padding: zeros */
+            for (size_t j = chunks; j < S; j++) {   /* padding: zeros */
                 size_t from = j == chunks ? rest : 0;
                 device_zero(r + j * U + from, (c - from) * f);
             }
@@ -103,7 +117,8 @@ void unit_copy(dp_state *s, int u, float *by_rank, float *by_tensor, float *whol
             device_copy_2d(t, c * f, r, U * f, c * f, chunks);
             if (rest) device_copy(t + chunks * c, r + chunks * U, rest * f);
         }
-        at += c;
+        at[q] += c;
+        padded_at += dp_padded(s, x);
     }
 }
 
@@ -131,42 +146,51 @@ void grad_wire_back(const dp_state *s, float *g, const void *wire, size_t n) {
     if (s->grad_wire != DTYPE_F32) cast_from_bf16(g, wire, n);
 }
 
-/* Where a unit's summed gradients land as they move: s->stage_out, or its bf16 twin wire_out. */
-static void *moved_sums(const dp_state *s) { return s->grad_wire == DTYPE_F32 ? (void *)s->stage_out : s->wire_out; }
+/* Where a unit's summed gradients land as they move: s->stage_out, or its bf16 twin wire_out,
+ * from element `at` on. */
+static void *moved_sums(const dp_state *s, size_t at) {
+    return s->grad_wire == DTYPE_F32 ? (void *)(s->stage_out + at) : (char *)s->wire_out + at * dtype_size(s->grad_wire);
+}
 
-/* Every rank's shards: by_rank [S, count] from shards [count] (this rank's row).
- * Issues: 1 all-gather of S * count floats over dp_shard, non-blocking: wait on the request. */
-comm_request gather_shards(dp_state *s, const float *shards, float *by_rank, size_t count) {
+/* Every rank's shards over the shard group g (S ranks): by_rank [S, count] from shards [count]
+ * (this rank's row). Issues: 1 all-gather of S * count floats over g, non-blocking: wait on the
+ * request. */
+comm_request gather_shards(dp_state *s, comm_group *g, const float *shards, float *by_rank, size_t count) {
     comm_request req = {0};   /* a request with nothing in flight */
     /* BEGIN ASSIGNMENT: start the all-gather of every rank's shards of one unit into the by-rank buffer */
-    req = comm_iall_gather(s->shard, shards, by_rank, count);
+    req = comm_iall_gather(g, shards, by_rank, count);
     /* END ASSIGNMENT */
     return req;
 }
 
-/* The gradients of this rank's shards, summed over the shard group (under shard_over_cp, over the
- * cp ranks too: chapter 06's sum rides in it), in two parts around the overlapped backward.
- * start: by_rank [S, count], this rank's full gradients of one unit laid out by rank (row r: the
- * chunks rank r's shards cover) -> row r of this rank summed over the S ranks, in flight, landing
- * in `sums`: s->stage_out [count] (fp32), or its bf16 twin s->wire_out, which the send buffer
- * `send` (by_rank, or its bf16 copy) matches. Issues: 1 reduce-scatter of S * count elements of
- * s->grad_wire over dp_shard, non-blocking: finish_grad_reduce waits on it. */
-comm_request start_grad_reduce(dp_state *s, const float *by_rank, size_t count) {
+/* The gradients of this rank's shards of one part of a unit, summed over the part's shard group
+ * (under shard_over_cp, over the cp ranks too: chapter 06's sum rides in it), in two parts around
+ * the overlapped backward. start: by_rank, this rank's full gradients of the unit laid out by rank
+ * (the part's [S_q, U_q] at part->by_rank_at; row r: the chunks rank r's shards cover) -> row r of
+ * this rank summed over the S_q ranks, in flight, landing in the part's place of `sums`:
+ * s->stage_out (fp32), or its bf16 twin s->wire_out, which the send buffer `send` (by_rank, or
+ * its bf16 copy wire_in) matches. Issues: 1 reduce-scatter of S_q U_q elements of s->grad_wire
+ * over the part's group, non-blocking: finish_grad_reduce waits on it. */
+comm_request start_grad_reduce(dp_state *s, const unit_part *part, const float *by_rank) {
     comm_request req = {0};
-    const void *send = grad_wire_send(s, (float *)by_rank, s->wire_in, (size_t)s->S * count);
-    void *sums = moved_sums(s);
-    /* BEGIN ASSIGNMENT: start the reduce-scatter of the unit's full gradients over dp_shard (send, as s->grad_wire, into sums) */
-    req = s->reduce_scatter(s->shard, s->grad_wire, send, sums, count);
+    size_t S = (size_t)part->group->size, count = part->floats;
+    void *wire = s->wire_in ? (char *)s->wire_in + part->by_rank_at * dtype_size(s->grad_wire) : NULL;
+    const void *send = grad_wire_send(s, (float *)by_rank + part->by_rank_at, wire, S * count);
+    void *sums = moved_sums(s, part->shards_at);
+    /* BEGIN ASSIGNMENT: start the reduce-scatter of the part's full gradients over its shard group (send, as s->grad_wire, into sums) */
+    req = s->reduce_scatter(part->group, s->grad_wire, send, sums, count);
     /* END ASSIGNMENT */
     return req;
 }
 
-/* finish: waits for the reduce-scatter; under HSDP the sums are then summed over the replicas
- * too, in place (in s->grad_wire, as the reduce-scatter); then s->stage_out [count] holds them in
- * fp32. Issues: under HSDP 1 all-reduce of count elements of s->grad_wire over dp_replicate. */
-void finish_grad_reduce(dp_state *s, comm_request *req, size_t count) {
-    comm_wait(req);
-    void *sums = moved_sums(s);
+/* finish: waits for the reduce-scatters (n_req, one a part); under HSDP the sums, count elements
+ * of both parts, are then summed over the replicas too, in place (in s->grad_wire, as the
+ * reduce-scatters: the replicas of an expert's shard are dp_replicate's too); then s->stage_out
+ * [count] holds them in fp32. Issues: under HSDP 1 all-reduce of count elements of s->grad_wire
+ * over dp_replicate. */
+void finish_grad_reduce(dp_state *s, comm_request *req, int n_req, size_t count) {
+    comm_wait_all(req, n_req);
+    void *sums = moved_sums(s, 0);
     /* BEGIN ASSIGNMENT: all-reduce this rank's summed shards over dp_replicate (HSDP; sums, as s->grad_wire) */
     if (s->R > 1) comm_all_reduce_typed(s->replicate, s->grad_wire, sums, count, COMM_SUM);
     /* END ASSIGNMENT */
@@ -194,24 +218,27 @@ void full_grads(dp_state *s, int u, unit_weights *w) {
 }
 
 /* After unit u's backward, the previous unit's reduce-scatter finished (finish_unit_reduce):
- * u's full gradients (by tensor, grad_full) copied in by rank into by_rank [S, U], which stays
- * busy until the reduce-scatter is finished, and their reduce-scatter started into stage_out [U].
- * Issues: 1 reduce-scatter of S * U floats over the shard group, non-blocking. */
+ * u's full gradients (by tensor, grad_full) copied in by rank into by_rank [S_0 U_0 + S_1 U_1],
+ * which stays busy until the reduce-scatters are finished, and their reduce-scatters started into
+ * stage_out [U_0 + U_1]. Issues: 1 reduce-scatter of S_q U_q floats per part over its shard group
+ * (the experts' own: a second), non-blocking. */
 void start_unit_reduce(dp_state *s, int u, float *by_rank) {
-    size_t U = unit_shard_floats(s, u);
+    unit_part part[DP_PARTS];
+    unit_parts(s, u, part);
     unit_copy(s, u, by_rank, s->grad_full[u == s->L ? 0 : 1], NULL, true);
     dp_mark_now(&s->rs_issued);
-    s->rs_req = start_grad_reduce(s, by_rank, U);
+    for (int q = 0; q < DP_PARTS; q++)
+        s->rs_req[q] = part[q].floats ? start_grad_reduce(s, &part[q], by_rank) : (comm_request){0};
     s->rs_unit = u;
 }
 
-/* The reduce-scatter in flight, finished: its sums stage_out [U] added into unit rs_unit's
- * gradient shards [U]; its send buffer is free again. Waits; issues under HSDP 1 all-reduce of U
- * floats over dp_replicate (finish_grad_reduce). */
+/* The reduce-scatters in flight, finished: their sums stage_out [U] added into unit rs_unit's
+ * gradient shards [U] (U = U_0 + U_1); the send buffer is free again. Waits; issues under HSDP 1
+ * all-reduce of U floats over dp_replicate (finish_grad_reduce). */
 void finish_unit_reduce(dp_state *s) {
     if (s->rs_unit < 0) return;
     size_t U = unit_shard_floats(s, s->rs_unit), off, count;
-    finish_grad_reduce(s, &s->rs_req, U);
+    finish_grad_reduce(s, s->rs_req, DP_PARTS, U);
     param_unit_range(s->t, s->t->grads, s->rs_unit, &off, &count);   /* the moved tensors' shards: its first U */
     add_inplace(s->t->grads + off, s->stage_out, U);
     dp_event_add(s, "comm", &s->rs_issued, s->rs_unit == s->L ? "reduce_scatter ends" : "reduce_scatter %d", s->rs_unit);
@@ -222,33 +249,44 @@ void finish_unit_reduce(dp_state *s) {
  * The plan: the state, the groups, the storage, the operators and the transient buffers.
  * ============================================================================================== */
 
-/* S * U of each unit [L + 1] (the ends last), from the layout the model's table will have
- * (params.h: each tensor's tp slice, its first dimension split in S chunks of ceil(units / S)),
- * computed without allocating anything. */
+/* S_0 U_0 + S_1 U_1 and U_0 + U_1 of each unit [L + 1] (the ends last), from the layout the
+ * model's table will have (params.h: each tensor's tp slice, its first dimension split in S_q
+ * chunks of ceil(units / S_q) over its shard group), computed without allocating anything. */
 static void plan_unit_sizes(dp_state *s, const llama_plan *plan, device_mesh *mesh, const llama_config *c) {
     comm_group *tp = mesh->group[MESH_TP];
     int p = tp ? tp->size : 1, r = tp ? tp->rank : 0;
-    size_t *unit_sum = calloc((size_t)s->L + 1, sizeof *unit_sum);   /* S * U of each unit */
+    size_t *unit_sum = calloc((size_t)s->L + 1, sizeof *unit_sum);      /* S_0 U_0 + S_1 U_1 of each unit */
+    size_t *unit_shards = calloc((size_t)s->L + 1, sizeof *unit_shards);   /* U_0 + U_1 */
     for (int i = 0; i < llama_num_params(c); i++) {
         param_spec sp = llama_param_spec(c, i);
-        if (param_held_whole(sp.kind, plan->groups.shard_dims, plan->groups.expert_dims)) {
-            s->whole_held = true;   /* held whole: moved by no unit's collective (09's experts) */
+        unsigned dims = param_shard_dims_of(sp.kind, plan->groups.shard_dims, plan->groups.expert_dims);
+        if (param_held_whole(&mesh->shape, sp.kind, plan->groups.shard_dims, plan->groups.expert_dims)) {
+            s->whole_held = true;   /* held whole: moved by no unit's collective (09's experts, ep = S) */
             continue;
         }
         int r0, nr, c0, nc;
-        shard_slice(plan->layout[sp.kind], param_split_rows(c, sp, plan->layout[sp.kind], p), sp.cols, r, p, &r0, &nr,
-                    &c0, &nc);   /* (the vocabulary's rows padded over tp: 02) */
+        bool by_expert = plan->groups.expert_dims && param_kind_is_expert(sp.kind);
+        if (by_expert)   /* whole experts over the ep ranks, as params.c splits them */
+            shard_slice(SHARD_ROWS, sp.rows, sp.cols, mesh_rank_over(&mesh->shape, mesh->coord, plan->groups.expert_dims),
+                        mesh_size_over(&mesh->shape, plan->groups.expert_dims), &r0, &nr, &c0, &nc);
+        else
+            shard_slice(plan->layout[sp.kind], param_split_rows(c, sp, plan->layout[sp.kind], p), sp.cols, r, p, &r0,
+                        &nr, &c0, &nc);   /* (the vocabulary's rows padded over tp: 02) */
         size_t units = sp.is_vector ? (size_t)nc : (size_t)nr, width = sp.is_vector ? 1 : (size_t)nc;
-        size_t shard = (units + s->S - 1) / s->S * width;
-        unit_sum[sp.layer < 0 ? s->L : sp.layer] += (size_t)s->S * shard;
+        size_t S = (size_t)mesh_size_over(&mesh->shape, dims), shard = (units + S - 1) / S * width;
+        int u = sp.layer < 0 ? s->L : sp.layer;
+        unit_sum[u] += S * shard;
+        unit_shards[u] += shard;
         s->whole_floats += units * width;
     }
     size_t layer_max = 0;
     for (int u = 0; u < s->L; u++) if (unit_sum[u] > layer_max) layer_max = unit_sum[u];
+    for (int u = 0; u <= s->L; u++) if (unit_shards[u] > s->unit_shards_max) s->unit_shards_max = unit_shards[u];
     s->unit_padded_max = layer_max;
     s->ends_padded = unit_sum[s->L];
     s->unit_by_rank_max = layer_max > s->ends_padded ? layer_max : s->ends_padded;
     free(unit_sum);
+    free(unit_shards);
 }
 
 /* Pushes a mode's state ([state_bytes], a dp_state first) on the plan with the batch split over
@@ -287,18 +325,27 @@ dp_state *dp_push(llama_plan *plan, device_mesh *mesh, const llama_config *c, co
      * data ranks, and over cp too when the gradients are reduce-scattered into shards over it */
     plan->groups.grads_summed_dims |= MESH_BIT(MESH_DP_REPLICATE) | MESH_BIT(MESH_DP_SHARD) |
                                       (over_cp && storage[PARAM_GRADS] != STORE_WHOLE ? MESH_BIT(MESH_CP) : 0);
-    /* 09's experts, split over the ranks of plan->groups.expert_dims already: held whole when the
-     * shard group is those ranks (param_held_whole), and each rank's gradients of them summed by
-     * the technique that split them. A shard group wider than them would need a shard group of the
-     * experts' own (not built); a narrower one would leave the dense tensors' sum over the other
-     * expert ranks (cp) to a reduction that would sum different experts too. */
+    /* 09's experts, split over the ranks of plan->groups.expert_dims already: sharded over the
+     * rest of the shard group, the ranks that hold the same experts (their own shard group, a unit's
+     * part 1), or held whole when there is no rest (ep = S: param_held_whole), their gradients
+     * then summed by the technique that split them. A shard group narrower than the experts'
+     * split would leave the dense tensors' sum over the other expert ranks (cp) to a reduction
+     * that would sum different experts too. */
     unsigned experts = plan->groups.expert_dims;
-    if (experts && experts != plan->groups.shard_dims)
-        comm_exit_usage("data_parallel_apply: the shard group (%s) is not the group the experts are split over; shard "
-                        "over exactly those ranks (an expert's own shard group is not built)", s->shard->name);
+    if (experts && (experts & ~plan->groups.shard_dims))
+        comm_exit_usage("data_parallel_apply: the shard group (%s) does not span the ranks the experts are split over; "
+                        "shard over them and more (dp_shard x cp under --ep-over-cp)", s->shard->name);
+    s->part_group[0] = s->shard;
+    unsigned rest = plan->groups.shard_dims & ~experts;   /* the experts' shard group */
+    if (experts && mesh_size_over(&mesh->shape, rest) > 1) {   /* (a group of its own, even over one
+                                                                   * dimension: its traffic counted apart) */
+        int dims[MESH_NDIMS], n = 0;
+        for (int d = 0; d < MESH_NDIMS; d++) if (rest & MESH_BIT(d)) dims[n++] = d;
+        s->part_group[1] = mesh_group_over(mesh, dims, n, "expert shard");
+    }
     plan_unit_sizes(s, plan, mesh, c);
-    if (s->whole_held && o->mode != DP_FSDP)
-        comm_exit_usage("data_parallel_apply: tensors held whole by the shard ranks (the experts) are built for fsdp "
+    if ((s->whole_held || s->part_group[1]) && o->mode != DP_FSDP)
+        comm_exit_usage("data_parallel_apply: the experts, split over the shard ranks already, are built for fsdp "
                         "only, not %s", dp_mode_name(o->mode));
     return s;
 }
@@ -350,14 +397,14 @@ void dp_allocate_grad_full(dp_state *s) {
     s->grad_full[1] = dp_buffer_floats(s, s->unit_padded_max);
 }
 
-/* zero1, zero2, fsdp: stage_in [S * U] and stage_out [U] for the largest unit; under a bf16
- * reduction their bf16 twins for the gradients, wire_in [S * U] and wire_out [U]. */
+/* zero1, zero2, fsdp: stage_in [S_0 U_0 + S_1 U_1] and stage_out [U_0 + U_1] for the largest
+ * unit; under a bf16 reduction their bf16 twins for the gradients, wire_in and wire_out. */
 void dp_allocate_stages(dp_state *s) {
     s->stage_in = dp_buffer_floats(s, s->unit_by_rank_max);
-    s->stage_out = dp_buffer_floats(s, s->unit_by_rank_max / s->S);
+    s->stage_out = dp_buffer_floats(s, s->unit_shards_max);
     if (s->grad_wire != DTYPE_F32) {
         s->wire_in = dp_buffer_elems(s, s->unit_by_rank_max, s->grad_wire);
-        s->wire_out = dp_buffer_elems(s, s->unit_by_rank_max / s->S, s->grad_wire);
+        s->wire_out = dp_buffer_elems(s, s->unit_shards_max, s->grad_wire);
     }
 }
 
@@ -396,6 +443,12 @@ void dp_reduce_below(dp_state *s, const llama_plan *p, llama_model *m) {
 double data_parallel_buffer_bytes(const llama_plan *plan) {
     const dp_state *s = plan_state(plan, &data_parallel_technique);
     return !s ? 0 : s->allocated ? s->measured_bytes : 0;
+}
+
+comm_group *data_parallel_group_of(const llama_plan *plan, const param_tensor *x) {
+    const dp_state *s = plan_state(plan, &data_parallel_technique);
+    if (!s || !param_sharded_here(x)) return NULL;
+    return s->part_group[x->shard_dims != param_shard_dims(plan->groups.shard_dims)];
 }
 
 /* The marks read as seconds since the step began (waiting for the device to get there). A

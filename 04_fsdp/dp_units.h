@@ -17,22 +17,39 @@
 
 #define MAX_EVENTS 4096
 
+/* A unit's collectives move up to two parts, each over its own shard group: part 0 the tensors
+ * split over the plan's shard group (dp_shard, or dp_shard x cp), part 1 those split over a
+ * narrower one (09's experts, over the ranks of the shard group that hold the same experts:
+ * params.h's param_shard_dims_of). Each part is a unit by rank of its own, [S_q, U_q]; a unit by
+ * rank is part 0's then part 1's, and this rank's shards of the unit are U_0 then U_1 floats, as
+ * the sharded blocks store them. */
+enum { DP_PARTS = 2 };
+typedef struct {
+    comm_group *group;                 /* its shard group, S_q ranks (NULL: the plan has no part 1) */
+    size_t floats;                     /* U_q: this rank's shards of the part's tensors          */
+    size_t by_rank_at;                 /* where its [S_q, U_q] starts in the unit by rank          */
+    size_t shards_at;                  /* where its U_q start in this rank's U_0 + U_1              */
+} unit_part;
+
 struct dp_state {
     dp_options o;
     int L, S, R;
     comm_group *shard, *replicate, *batch;
+    comm_group *part_group[DP_PARTS];  /* [0] shard; [1] the experts' own shard group (09), NULL
+                                        * when there is none (no experts, or held whole)          */
     param_table *t;                    /* the model's table, known from the first acquire */
     size_t unit_padded_max, ends_padded;   /* floats of a gathered layer / the ends     */
     float *grad_full[2];               /* zero2, fsdp: a unit's full gradients [0] ends, [1] a layer */
-    float *stage_in, *stage_out;       /* [S * U], [U] for the largest unit's U floats of shards:
-                                        * a unit by rank (what its collective moves), and this
+    float *stage_in, *stage_out;       /* [S_0 U_0 + S_1 U_1], [U_0 + U_1] for the largest unit:
+                                        * a unit by rank (what its collectives move), and this
                                         * rank's shards of it                                   */
-    size_t unit_by_rank_max;           /* S * U of the largest unit                          */
+    size_t unit_by_rank_max;           /* S_0 U_0 + S_1 U_1 of the largest unit               */
+    size_t unit_shards_max;            /* U_0 + U_1 of the largest unit                       */
     /* zero2, fsdp: the reduce-scatter in flight, at most one: issued after a unit's backward and
      * waited for after the next one's (or when its buffers or the gradients are needed), so it
      * overlaps that backward. Its send buffer, the unit by rank (a slot under fsdp, stage_in
      * under zero2), and stage_out stay busy until then. */
-    comm_request rs_req;
+    comm_request rs_req[DP_PARTS];     /* one per part                                         */
     int rs_unit;                       /* its unit, -1: none in flight                         */
     device_mark rs_issued;
     /* the gradient reductions, typed (comm.h's comm_ireduce_scatter_typed, comm_iall_reduce_typed),
@@ -55,9 +72,9 @@ struct dp_state {
     double measured_bytes;             /* what allocating them added to MEM_BUFFERS              */
     bool allocated;                    /* the buffers are allocated (dp_ensure_buffers)          */
     bool whole_held;                   /* some tensors are held whole by every shard rank (09's
-                                        * experts under FSDP: dp_moves); their gradients are the
-                                        * technique's that split them (09 sums them over
-                                        * dp_replicate), as the tensors are                      */
+                                        * experts under FSDP with ep = S: dp_moves); their
+                                        * gradients are the technique's that split them (09 sums
+                                        * them over dp_replicate), as the tensors are            */
     dp_event events[MAX_EVENTS];
     int n_events;
 };
@@ -92,22 +109,31 @@ void dp_event_add(dp_state *s, const char *lane, device_mark *start, const char 
 void dp_mark_now(device_mark *m);
 
 /* ---- a unit, its layouts and its collectives ---- */
-/* A tensor's padded size: S shards of shard_units rows (elements) of `width`. */
-static inline size_t dp_padded(const dp_state *s, const param_tensor *x) { return (size_t)s->S * x->shard_units * x->width; }
+/* A tensor's padded size: S_q shards (its shard group's ranks) of shard_units rows (elements) of
+ * `width`. */
+static inline size_t dp_padded(const dp_state *s, const param_tensor *x) {
+    return (size_t)x->shard_ranks * x->shard_units * x->width;
+}
 static inline size_t dp_shard_of(const param_tensor *x) { return (size_t)x->shard_units * x->width; }
-/* Whether a unit's collectives move tensor x: split over the shard group, and stored on this
- * pipeline stage. A tensor that each rank of the shard group holds whole (09's experts, split
- * over the same ranks already: params.h's held_whole) is neither gathered nor reduce-scattered: its
+/* Whether a unit's collectives move tensor x: split over its shard group, and stored on this
+ * pipeline stage. A tensor that each rank of the shard group holds whole (09's experts when ep
+ * takes the whole shard group: params.h's held_whole) is neither gathered nor reduce-scattered: its
  * values and gradients are used where the table stores them, and its gradient's sum over the
  * ranks that hold the same one is left to the technique that split it (09's, over dp_replicate). */
 static inline bool dp_moves(const dp_state *s, const param_tensor *x) {
     return param_sharded_here(x);
 }
+/* The part tensor x belongs to: 1 when its shard group is narrower than the plan's (09's experts
+ * with ep < S), else 0. */
+static inline int dp_part_of(const dp_state *s, const param_tensor *x) { return x->shard_dims != s->t->shard_dims; }
+/* Unit u's parts on this rank: each part's group, its U_q and where it lies (DP_PARTS of them; a
+ * part with nothing here has floats 0). Returns U_0 + U_1. */
+size_t unit_parts(const dp_state *s, int u, unit_part part[DP_PARTS]);
 size_t unit_shard_floats(const dp_state *s, int u);
 void unit_copy(dp_state *s, int u, float *by_rank, float *by_tensor, float *whole, bool to_ranks);
-comm_request gather_shards(dp_state *s, const float *shards, float *by_rank, size_t count);
-comm_request start_grad_reduce(dp_state *s, const float *by_rank, size_t count);
-void finish_grad_reduce(dp_state *s, comm_request *req, size_t count);
+comm_request gather_shards(dp_state *s, comm_group *g, const float *shards, float *by_rank, size_t count);
+comm_request start_grad_reduce(dp_state *s, const unit_part *part, const float *by_rank);
+void finish_grad_reduce(dp_state *s, comm_request *req, int n_req, size_t count);
 void *grad_wire_send(const dp_state *s, float *g, void *wire, size_t n);
 void grad_wire_back(const dp_state *s, float *g, const void *wire, size_t n);
 

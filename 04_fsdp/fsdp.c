@@ -98,12 +98,13 @@ static unit_slot *free_slot(fsdp_state *f, int u) {
     return slot;
 }
 
-/* Issues the all-gather of unit u's values for a free slot (the ends have slot 0): one of the
- * whole unit by rank into the landing buffer stage_in [S, U], or, with a gather hook, one per
- * tensor straight into the slot [S * shard each]. The landing buffer holds one unit at a time: a
- * gather still landing there is waited for and copied out first (prefetch keeps at most one in
- * flight, so this happens only when a unit is asked for out of the expected order). Issues 1
- * all-gather of S * U floats over the shard group (the hook's: one per tensor), non-blocking. */
+/* Issues the all-gather of unit u's values for a free slot (the ends have slot 0): one of each
+ * part of the unit by rank into the landing buffer stage_in [S_0 U_0 + S_1 U_1], or, with a
+ * gather hook, one per tensor straight into the slot [S_q * shard each]. The landing buffer holds
+ * one unit at a time: a gather still landing there is waited for and copied out first (prefetch
+ * keeps at most one in flight, so this happens only when a unit is asked for out of the expected
+ * order). Issues 1 all-gather of S_0 U_0 floats over the shard group, and 1 of S_1 U_1 over the
+ * experts' own when they are sharded over it (the hook's: one per tensor), non-blocking. */
 static void gather_unit(fsdp_state *f, int u) {
     dp_state *s = &f->dp;
     if (u < 0 || u > s->L || slot_holding(f, u)) return;
@@ -112,13 +113,16 @@ static void gather_unit(fsdp_state *f, int u) {
     slot->unit = u;
     dp_mark_now(&slot->issued);
     if (!s->o.gather) {
-        size_t U = unit_shard_floats(s, u), off, count;
+        unit_part part[DP_PARTS];
+        size_t U = unit_parts(s, u, part), off, count;
         slot->n_req = 0;
         if (!U) return;   /* nothing of it is stored here */
         if (f->landing) land_slot(f, f->landing);
         param_unit_range(s->t, s->t->params, u, &off, &count);   /* this rank's shards: the first U of count */
-        slot->req[0] = gather_shards(s, s->t->params + off, s->stage_in, U);
-        slot->n_req = 1;
+        for (int q = 0; q < DP_PARTS; q++)   /* each part over its own shard group */
+            if (part[q].floats)
+                slot->req[slot->n_req++] = gather_shards(s, part[q].group, s->t->params + off + part[q].shards_at,
+                                                         s->stage_in + part[q].by_rank_at, part[q].floats);
         f->landing = slot;
         return;
     }
@@ -131,7 +135,8 @@ static void gather_unit(fsdp_state *f, int u) {
         int r = slot->n_req++;
         slot->idx[r] = idx[k];
         slot->pending[r] = NULL;
-        slot->req[r] = s->o.gather->start(s->o.gather->ctx, s->shard, x, shard, dst, dp_shard_of(x), &slot->pending[r]);
+        slot->req[r] = s->o.gather->start(s->o.gather->ctx, s->part_group[dp_part_of(s, x)], x, shard, dst,
+                                          dp_shard_of(x), &slot->pending[r]);
         dst += dp_padded(s, x);
     }
 }
@@ -274,13 +279,13 @@ void fsdp_free(dp_state *s) {
 
 /* FSDP2's MixedPrecisionPolicy(param_dtype=bf16) casts each shard to bf16 before its all-gather,
  * half the bytes. Here the tensors whose every use rounds them to bf16 anyway are gathered so:
- * the linears' weights, the GEMMs' operands (linear.c: chapter 09's router is one too); the norms'
- * weights and the embedding table are read in fp32 and gathered in fp32. The gathered values are
+ * the linears' weights, the GEMMs' operands (linear.c: chapter 09's router and experts are ones
+ * too); the norms' weights and the embedding table are read in fp32 and gathered in fp32. The gathered values are
  * then bit for bit what the fp32 gather gives the bf16 run: a linear's cast of a bf16 value is that
  * value. */
 bool fsdp_gathers_bf16(param_kind kind) {
     return kind == P_WQ || kind == P_WK || kind == P_WV || kind == P_WO || kind == P_W1 || kind == P_W2 ||
-           kind == P_W3 || kind == P_OUTPUT || kind == P_ROUTER;
+           kind == P_W3 || kind == P_OUTPUT || kind == P_ROUTER || param_kind_is_expert(kind);
 }
 
 typedef struct { uint16_t *send, *recv; size_t count; } bf16_pending;   /* the shard's bf16, every shard's */
@@ -320,7 +325,7 @@ void fsdp_gather_counts(const param_table *t, int L, bool twice, bool keep_last,
         if (!param_sharded_here(x)) continue;   /* another stage's, or held whole */
         /* BEGIN ASSIGNMENT: the bf16 gathers: how many times a step all-gathers tensor x, and the elements of those gathers that move as bf16 (add them to *calls and *bf16_elems) */
         bool kept = twice && keep_last && (x->spec.layer < 0 || x->spec.layer == L - 1);
-        double gathers = twice && !kept ? 2 : 1, elems = (double)t->shard_ranks * x->shard_units * x->width;
+        double gathers = twice && !kept ? 2 : 1, elems = (double)x->shard_ranks * x->shard_units * x->width;
         *calls += gathers;
         if (fsdp_gathers_bf16(x->spec.kind)) *bf16_elems += gathers * elems;
         /* END ASSIGNMENT */

@@ -54,11 +54,12 @@ static void zero1_reduce_grads(void *state, const llama_plan *p, llama_model *m)
     dp_ensure_buffers(s, zero1_allocate);
     device_mark t0 = device_mark_now();
     for (int u = s->L; u >= 0; u--) {   /* the ends first, then the layers down, as backward ends */
-        size_t U = unit_shard_floats(s, u), at = 0;
+        unit_part part[DP_PARTS];   /* (one part: the experts' own are fsdp's only) */
+        size_t U = unit_parts(s, u, part), at = 0;
         if (!U) continue;
         unit_copy(s, u, s->stage_in, NULL, t->grads, true);
-        comm_request r = start_grad_reduce(s, s->stage_in, U);
-        finish_grad_reduce(s, &r, U);
+        comm_request r = start_grad_reduce(s, &part[0], s->stage_in);
+        finish_grad_reduce(s, &r, 1, U);
         int idx[PARAM_UNIT_MAX], n = param_unit_tensors(t, u, idx);
         for (int k = 0; k < n; k++) {   /* each tensor's own rows := their sum */
             const param_tensor *x = &t->t[idx[k]];
@@ -140,7 +141,7 @@ static void shard_step(dp_state *s, llama_model *m, const adamw_config *o, int s
             device_copy(s->stage_out + at, value, count * sizeof(float));
             at += dp_shard_of(x);
         }
-        comm_request r = gather_shards(s, s->stage_out, s->stage_in, U);
+        comm_request r = gather_shards(s, s->shard, s->stage_out, s->stage_in, U);
         comm_wait(&r);
         unit_copy(s, u, s->stage_in, NULL, t->params, false);
     }

@@ -133,8 +133,10 @@ void ep_load_log_close(ep_load_log *log) {
  * rank holds them under the plan (the experts split over ep, the tp-split tensors over tp, and
  * over pp only its stage's tensors); n_dense: the dense tensors held. Under chapter 04's FSDP
  * (groups.shard: S ranks) dense_shards is this rank's shards of them, Psi_S: each tensor's
- * first dimension (a matrix's rows, a vector's elements) in S chunks of ceil(units / S). */
-typedef struct { double experts, dense, experts_held, dense_held, dense_shards; int n_dense; } param_split;
+ * first dimension (a matrix's rows, a vector's elements) in S chunks of ceil(units / S); and
+ * experts_shards this rank's shards of its experts, Psi_E: each expert tensor's E/ep experts' rows
+ * in S_e = S / ep chunks over the ranks that hold the same experts (S_e = 1: held whole). */
+typedef struct { double experts, dense, experts_held, dense_held, dense_shards, experts_shards; int n_dense; } param_split;
 static param_split split_counts(const llama_model *m, const llama_plan *p) {
     param_split x = {0};
     const param_table *t = m->params;
@@ -143,7 +145,12 @@ static param_split split_counts(const llama_model *m, const llama_plan *p) {
     for (int i = 0; i < t->n; i++) {
         param_spec s = t->t[i].spec;
         double n = (double)s.rows * s.cols, here = t->t[i].here;
-        if (param_kind_is_expert(s.kind)) { x.experts += n, x.experts_held += here * n / ep; continue; }
+        if (param_kind_is_expert(s.kind)) {
+            long long rows = s.rows / (long long)ep, Se = p->groups.shard ? S / (long long)ep : 1;   /* (ep divides S) */
+            x.experts += n, x.experts_held += here * n / ep;
+            x.experts_shards += here * (double)((rows + Se - 1) / Se * s.cols);
+            continue;
+        }
         bool split = p->layout[s.kind] != SHARD_REPLICATED;
         x.dense += n, x.dense_held += here * n / (split ? tp : 1), x.n_dense += here;
         /* the tp slice [units, width]: rows split by SHARD_ROWS, columns by SHARD_COLS */
@@ -174,19 +181,28 @@ int ep_report_parameters(const llama_plan *p, llama_model *m, double param_bytes
      * their expert's a, b, g, and the outputs back (y) */
     unsigned dispatch = 1u << ACT_MOE_X | 1u << ACT_MOE_A | 1u << ACT_MOE_B | 1u << ACT_MOE_G | 1u << ACT_MOE_Y;
     bool staged = layers_here(m, false) < c->n_layers, fsdp = p->groups.shard != NULL;
-    const char *held[2][2] = {{"4 (dense whole, or / tp where tp splits it + 3 L E D F_e / ep)",
+    int Se = fsdp ? p->groups.shard->size / (p->groups.ep ? p->groups.ep->size : 1) : 1;   /* the experts' shards */
+    const char *held[3][2] = {{"4 (dense whole, or / tp where tp splits it + 3 L E D F_e / ep)",
                                "4 (this stage's: dense whole, or / tp where tp splits it + 3 (L/pp) E D F_e / ep)"},
                               {"4 (Psi_S, the dense tensors' shards over S + 3 L E D F_e / ep)",
-                               "4 (this stage's: Psi_S, the dense shards over S + 3 (L/pp) E D F_e / ep)"}};
+                               "4 (this stage's: Psi_S, the dense shards over S + 3 (L/pp) E D F_e / ep)"},
+                              {"4 (Psi_S + Psi_E: the dense shards over S, the experts' over S / ep; S_e Psi_E = 3 L E D F_e / ep)",
+                               "4 (this stage's: Psi_S + Psi_E, the dense shards over S, the experts' over S / ep)"}};
     memory_row rows[] = {
-        {"parameters", param_bytes, 4 * ((fsdp ? x.dense_shards : x.dense_held) + x.experts_held), held[fsdp][staged]},
+        {"parameters", param_bytes, 4 * (fsdp ? x.dense_shards + x.experts_shards : x.dense_held + x.experts_held),
+         held[fsdp + (Se > 1)][staged]},
         {"dispatch, one layer", (double)llama_layer_act_bytes_measured(d, dispatch), per_layer,
          d->capacity ? "4 (R (D + 3 F_e) + N k D), R = min(ep N min(k, E/ep), ep (E/ep) B C) rows at most"
                      : "4 (R (D + 3 F_e) + N k D), R = ep N min(k, E/ep) rows at most (dropless)"}};
-    if (fsdp)   /* chapter 04's: every dense tensor in S shards; the experts stay whole (params.h's held_whole) */
+    if (fsdp && Se == 1)   /* chapter 04's: every dense tensor in S shards; the experts stay whole (params.h's held_whole) */
         log0("  (FSDP: the dense tensors' %.0f elements%s in S = %d shards of ceil(rows / S) rows each: Psi_S = %.0f; "
              "the experts' %.0f whole, split over the same ranks already)\n", x.dense_held,
              p->groups.tp ? " of the tp slice" : "", p->groups.shard->size, x.dense_shards, x.experts_held);
+    else if (fsdp)   /* the experts sharded too, over the ranks that hold the same ones (params.h's param_shard_dims_of) */
+        log0("  (FSDP: the dense tensors' %.0f elements%s in S = %d shards of ceil(rows / S) rows each: Psi_S = %.0f; "
+             "this rank's E/ep experts' %.0f in S / ep = %d shards over the ranks that hold them: Psi_E = %.0f)\n",
+             x.dense_held, p->groups.tp ? " of the tp slice" : "", p->groups.shard->size, x.dense_shards, x.experts_held,
+             Se, x.experts_shards);
     if (d->capacity)
         log0("  (R = %.0f: every rank's %.0f tokens may choose this rank's experts, each of which takes at most C = %d "
              "copies of each of a rank's B = %d sequences)\n", R, N, d->capacity, d->B);
@@ -216,16 +232,18 @@ double ep_alltoall_bytes(double L, double P, double N, double k, double D, doubl
 const plan_moe_chapter ep_plan_moe_chapter = {moe_layer_for, ep_alltoall_bytes};
 
 /* Chapter 04's FSDP collectives of one pass (a step, or a microbatch under a pipeline: piped) on
- * this rank, from the tensors it moves (held whole: the experts, moved by none): a layer's unit is
- * gathered before its forward and its backward, and reduce-scattered after its backward; without
- * a pipeline prefetch keeps the ends and the last layer gathered from forward to backward (one
- * gather each); under chapter 05's pipeline every unit is gathered per use, and a stage holding
- * both the embedding and the head acquires the ends unit for each (ends_twice). Under --dtype bf16
- * the gathers go tensor by tensor, the linears' at 2 bytes an element (04's policy:
- * fsdp_gathers_bf16). gathered_bytes is per shard rank (times S for the bytes a gather moves). */
+ * this rank, from the tensors it moves, by part (dp_units.h): [0] the dense tensors over the shard
+ * group, [1] the experts over their own (ep < S; held whole: moved by none). A layer's unit is
+ * gathered before its forward and its backward, and reduce-scattered after its backward, one
+ * collective a part; without a pipeline prefetch keeps the ends and the last layer gathered from
+ * forward to backward (one gather each); under chapter 05's pipeline every unit is gathered per
+ * use, and a stage holding both the embedding and the head acquires the ends unit for each
+ * (ends_twice). Under --dtype bf16 the gathers go tensor by tensor, the linears' at 2 bytes an
+ * element (04's policy: fsdp_gathers_bf16). gathered_bytes is per shard rank (times S_q for the
+ * bytes a gather moves); reduced: the units whose sums HSDP all-reduces (both parts in one). */
 typedef struct {
     bool ends_twice, bf16;
-    double gathers, gathered_bytes, scatters, scattered_floats;
+    double gathers[2], gathered_bytes[2], scatters[2], scattered_floats[2], reduced, reduced_floats;
 } fsdp_traffic;
 static fsdp_traffic fsdp_traffic_of(const llama_model *m, bool piped) {
     const param_table *t = m->params;
@@ -236,19 +254,23 @@ static fsdp_traffic fsdp_traffic_of(const llama_model *m, bool piped) {
     for (int u = 0; u <= L; u++) {
         int idx[PARAM_UNIT_MAX], k = param_unit_tensors(t, u, idx);
         double uses = u < L ? 1 : f.ends_twice ? 2 : 1;   /* acquisitions per forward (and per backward) */
-        double gathers = 2 * uses - (!piped && (u == L || u == L - 1) ? 1 : 0), moved = 0;
+        double gathers = 2 * uses - (!piped && (u == L || u == L - 1) ? 1 : 0), moved[2] = {0, 0};
         for (int j = 0; j < k; j++) {
             const param_tensor *x = &t->t[idx[j]];
             if (!param_sharded_here(x)) continue;   /* another stage's, or held whole */
+            int q = x->shard_dims != t->shard_dims;  /* the experts' own shard group: part 1 */
             double floats = (double)x->shard_units * x->width;
             bool half = f.bf16 && fsdp_gathers_bf16(x->spec.kind);
-            f.gathered_bytes += gathers * floats * (half ? 2 : 4);
-            if (f.bf16) f.gathers += gathers;   /* tensor by tensor */
-            f.scattered_floats += uses * floats;
-            moved += floats;
+            f.gathered_bytes[q] += gathers * floats * (half ? 2 : 4);
+            if (f.bf16) f.gathers[q] += gathers;   /* tensor by tensor */
+            f.scattered_floats[q] += uses * floats;
+            moved[q] += floats;
         }
-        if (moved > 0 && !f.bf16) f.gathers += gathers;   /* the unit in one */
-        if (moved > 0) f.scatters += uses;
+        for (int q = 0; q < 2; q++) {
+            if (moved[q] > 0 && !f.bf16) f.gathers[q] += gathers;   /* the part in one */
+            if (moved[q] > 0) f.scatters[q] += uses;
+        }
+        if (moved[0] + moved[1] > 0) f.reduced += uses, f.reduced_floats += uses * (moved[0] + moved[1]);
     }
     return f;
 }
@@ -264,15 +286,17 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     comm_group *dense = expert_parallel_dense_group(p), *replicate = p->groups.mesh->group[MESH_DP_REPLICATE];
     comm_group *tp = p->groups.tp, *cp = p->groups.cp;
     bool over_cp = expert_parallel_over_cp(p);   /* the ep group spans cp: so does the dense sum */
-    comm_expectation expect[6];
+    comm_expectation expect[8];
     comm_group *groups[4];
     int n = 0, ng = 0;
-    double hsdp_calls = 0, hsdp_floats = 0;   /* FSDP under HSDP: each reduce-scatter's sums, over dp_replicate */
-    comm_group *shard = p->groups.shard;   /* chapter 04's FSDP of the dense tensors, or NULL */
+    double hsdp_calls = 0, hsdp_floats = 0;   /* FSDP under HSDP: each unit's sums of both parts, over dp_replicate */
+    comm_group *shard = p->groups.shard, *experts_shard = NULL;   /* chapter 04's FSDP, or NULL */
+    for (int i = 0; shard && i < m->params->n && !experts_shard; i++)
+        if (param_kind_is_expert(m->params->t[i].spec.kind)) experts_shard = data_parallel_group_of(p, &m->params->t[i]);
     if (shard) {
         fsdp_traffic f = fsdp_traffic_of(m, piped);
         double S = shard->size;
-        hsdp_calls = M * f.scatters, hsdp_floats = M * f.scattered_floats;
+        hsdp_calls = M * f.reduced, hsdp_floats = M * f.reduced_floats;
         /* (the shard group is the ep group, or as large: its all-to-alls are below, so it is not
          * among the groups whose every collective is predicted; the expert-parallel plan's own
          * dense group is, and must carry nothing: FSDP reduced the dense tensors) */
@@ -284,24 +308,39 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
         const char *scattered[3] = {"S Psi_S x 4 (grads)", "M x S Psi_S x 4 (grads)", "M x (S Psi_S + ends) x 4"};
         int how = !piped ? 0 : f.ends_twice ? 2 : 1;
         if (S > 1) {
-            expect[n++] = (comm_expectation){shard, COLL_ALL_GATHER, M * f.gathers, M * S * f.gathered_bytes,
+            expect[n++] = (comm_expectation){shard, COLL_ALL_GATHER, M * f.gathers[0], M * S * f.gathered_bytes[0],
                                              gathered[f.bf16][how]};
-            expect[n++] = (comm_expectation){shard, COLL_REDUCE_SCATTER, M * f.scatters,
-                                             M * S * 4 * f.scattered_floats, scattered[how]};
+            expect[n++] = (comm_expectation){shard, COLL_REDUCE_SCATTER, M * f.scatters[0],
+                                             M * S * 4 * f.scattered_floats[0], scattered[how]};
+        }
+        if (experts_shard) {   /* the experts' shards, over the S / ep ranks that hold the same experts */
+            double Se = experts_shard->size;
+            const char *gathered_e[2][2] = {{"(2 S_e Psi_E - last layer's) x 4", "M x 2 x S_e Psi_E x 4 (fwd + bwd)"},
+                                            {"(2 S_e Psi_E - last layer's) x 2 (bf16)", "M x 2 x S_e Psi_E x 2 (bf16)"}};
+            const char *scattered_e[2] = {"S_e Psi_E x 4 (grads)", "M x S_e Psi_E x 4 (grads)"};
+            groups[ng++] = experts_shard;
+            expect[n++] = (comm_expectation){experts_shard, COLL_ALL_GATHER, M * f.gathers[1],
+                                             M * Se * f.gathered_bytes[1], gathered_e[f.bf16][piped]};
+            expect[n++] = (comm_expectation){experts_shard, COLL_REDUCE_SCATTER, M * f.scatters[1],
+                                             M * Se * 4 * f.scattered_floats[1], scattered_e[piped]};
         }
     } else if (dense->size > 1) {   /* the data ranks (and the cp ranks, when the ep group spans them) */
         groups[ng++] = dense;
         expect[n++] = (comm_expectation){dense, COLL_ALL_REDUCE, x.n_dense, 4 * x.dense_held,
                                          "every dense tensor's slice: 4 x its elements"};
     }
-    if (replicate->size > 1) {   /* the experts' (and under FSDP, HSDP's sum of each unit's shards) */
-        const char *text[2][2] = {{"3 L experts' tensors: 4 x 3 L E D F_e / ep",
+    if (replicate->size > 1) {   /* the experts held whole (and under FSDP, HSDP's sum of each unit's shards) */
+        const char *text[3][2] = {{"3 L experts' tensors: 4 x 3 L E D F_e / ep",
                                    "3 L/pp experts' tensors: 4 x 3 (L/pp) E D F_e / ep"},
                                   {"4 x (3 L E D F_e / ep + Psi_S): experts, HSDP",
-                                   "4 x (3 (L/pp) E D F_e / ep + the RS's floats): experts, HSDP"}};
+                                   "4 x (3 (L/pp) E D F_e / ep + the RS's floats): experts, HSDP"},
+                                  {"4 x (Psi_S + Psi_E): HSDP's sums of the shards",
+                                   "4 x the RS's floats: HSDP's sums of the shards"}};
+        double whole = experts_shard ? 0 : 1;   /* the experts' all-reduces, 09's own when they are held whole */
         groups[ng++] = replicate;
-        expect[n++] = (comm_expectation){replicate, COLL_ALL_REDUCE, 3 * L + hsdp_calls,
-                                         4 * (x.experts_held + hsdp_floats), text[shard != NULL][piped]};
+        expect[n++] = (comm_expectation){replicate, COLL_ALL_REDUCE, whole * 3 * L + hsdp_calls,
+                                         4 * (whole * x.experts_held + hsdp_floats),
+                                         text[shard == NULL ? 0 : experts_shard ? 2 : 1][piped]};
     }
     if (tp && tp->size > 1) {   /* chapter 01's f and g: attention's region in every layer, the shared
                                  * expert's in a mixture, the dense feed-forward's in the others */
@@ -322,18 +361,15 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
                                  * made it), and the balancing loss's counts per sequence (moe.c); the
                                  * attention's own traffic is 06's (its README): so the cp group is
                                  * not in groups[], whose every collective must be predicted here */
-        double B = m->d.B, E = m->d.E, sums = over_cp ? 0 : 1;
-        /* (06's sum runs on the gradients as stored: under FSDP the dense shards and the experts) */
-        double block = shard ? x.dense_shards + x.experts_held : (double)m->params->whole_numel;
+        /* (under FSDP the shards span cp: its reduce-scatters sum over cp, and 06's skips itself) */
+        double B = m->d.B, E = m->d.E, sums = over_cp || shard ? 0 : 1;
         const char *text[2][2] = {{"Psi x 4 (06's gradients) + 2 L x B E 4 (the sequences' counts)",
                                    "2 L x B E 4 (the sequences' counts)"},
                                   {"Psi x 4 (06's gradients) + 2 (L/pp) M x B E 4 (the sequences' counts)",
                                    "2 (L/pp) M x B E 4 (the sequences' counts)"}};
-        const char *sharded[2] = {"(Psi_S + experts) x 4 (06's) + 2 L x B E 4 (the sequences' counts)",
-                                  "(Psi_S + experts) x 4 (06's) + 2 (L/pp) M x B E 4 (the sequences' counts)"};
         expect[n++] = (comm_expectation){cp, COLL_ALL_REDUCE, sums + 2 * L * M,
-                                         sums * 4.0 * block + 2 * L * M * B * E * 4,
-                                         shard && !over_cp ? sharded[piped] : text[piped][over_cp]};
+                                         sums * 4.0 * (double)m->params->whole_numel + 2 * L * M * B * E * 4,
+                                         text[piped][sums == 0]};
     }
     int bad = n ? report_communication(groups, ng, o->steps, expect, n) : 0;
     if (!ep || ep->size == 1) {
@@ -397,7 +433,7 @@ int ep_report_plan(const run_options *o, const llama_plan *p, llama_model *m, co
     q.shared_expert = c->moe.shared_expert; q.moe_every = c->layer_every > 1 ? c->layer_every : 1;
     q.moe_chapter = &ep_plan_moe_chapter;
     q.ep = ep ? ep->size : 1;
-    q.shard_cp = expert_parallel_over_cp(p);
+    q.shard_cp = p->groups.shard ? (p->groups.shard_dims & MESH_BIT(MESH_CP)) != 0 : expert_parallel_over_cp(p);
     q.global_batch = (long long)o->batch * c->seq_len;
     q.microbatch = m->d.B;   /* the sequences of one forward (a microbatch under a pipeline) */
     q.virtual_stages = pipe->virtual_stages > 0 ? pipe->virtual_stages : 1;

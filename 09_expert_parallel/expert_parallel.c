@@ -43,12 +43,13 @@ const plan_technique expert_parallel_technique = {"expert parallel", free_state}
 /* After the backward: each tensor's gradient summed over the ranks that hold the same slice of it
  * and saw different tokens (expert_parallel.h's table). One all-reduce per tensor; under chapter
  * 04's FSDP (applied after this: it set groups.shard, and runs this after its own reduction) the
- * dense tensors' gradients are its, reduce-scattered into their shards, and only the experts' are
- * summed here. */
+ * gradients of what it shards are its, reduce-scattered into their shards (the dense tensors, and
+ * the experts when ep is narrower than its shard group), and only experts held whole are summed
+ * here. */
 static void reduce_grads(void *state, const llama_plan *p, llama_model *m) {
     ep_state *s = state;
     param_table *t = m->params;
-    bool dense_sharded = p->groups.shard != NULL;
+    bool fsdp = p->groups.shard != NULL;   /* chapter 04 reduces what it shards */
     /* the step's forwards are done: their load becomes the last step's */
     for (int e = 0; e < s->E; e++) s->load_last[e] = s->load_now[e], s->load_now[e] = 0;
     s->dropped_last = s->dropped_now, s->dropped_now = 0;
@@ -57,7 +58,7 @@ static void reduce_grads(void *state, const llama_plan *p, llama_model *m) {
         if (!t->t[i].here) continue;   /* another pipeline stage's (chapter 05) */
         bool expert = param_kind_is_expert(t->t[i].spec.kind);
         comm_group *g = expert && !s->experts_as_dense ? s->replicate : s->dense;
-        if ((expert && s->skip_expert_reduce) || (!expert && dense_sharded)) continue;
+        if ((expert && s->skip_expert_reduce) || (fsdp && param_sharded_here(&t->t[i]))) continue;
         if (g->size > 1) comm_all_reduce(g, param_in(t, t->grads, i), param_stored_numel(t, t->grads, i), COMM_SUM);
     }
 }

@@ -214,9 +214,10 @@ int main(int argc, char **argv) {
     if (co.cp > 1) context_parallel_apply(&plan, mesh, c, &co.context);
     if (piped) pipeline_apply(&plan, mesh, c, &co.pipe);
     expert_parallel_apply(&plan, mesh, c, co.ep_over_cp);
-    if (co.fsdp)   /* chapter 04's FSDP over the ep group: the dense tensors sharded, the experts whole */
+    if (co.fsdp)   /* chapter 04's FSDP over dp_shard (x cp): the dense tensors sharded over all of it, the
+                    * experts over the rest of it beside ep (cp, unless ep spans it: then held whole) */
         data_parallel_apply(&plan, mesh, c, &(dp_options){.mode = DP_FSDP, .reshard_after_forward = true,
-                                                          .prefetch = !piped, .shard_over_cp = co.ep_over_cp});
+                                                          .prefetch = !piped, .shard_over_cp = co.cp > 1});
     run_apply_fault(&o, &plan);
     /* the checkpoints' directories, checked with --out and --dump before anything is allocated */
     const char *dir = co.save ? co.save : co.resume;

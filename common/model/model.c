@@ -192,8 +192,6 @@ static const int grad_scratch[] = {ACT_ATTN_OUT, ACT_Q, ACT_K, ACT_V, ACT_PROBS,
 double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, double *state_bytes,
                          double *act_bytes, double *largest_numel) {
     double p = plan->groups.tp ? plan->groups.tp->size : 1, largest = 0, state = 0;
-    double S = plan->groups.mesh ? mesh_size_over(&plan->groups.mesh->shape, param_shard_dims(plan->groups.shard_dims))
-                                 : 1;   /* the shard group */
     for (int i = 0; i < llama_num_params(c); i++) {           /* every tensor's local slice */
         param_spec s = llama_param_spec(c, i);
         if (!plan_holds(plan, c->n_layers, s.kind, s.layer)) continue;
@@ -202,10 +200,14 @@ double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, d
                        : plan->layout[s.kind] == SHARD_REPLICATED           ? 1
                                                                              : p;
         double numel = (double)s.rows * s.cols / split;
-        /* a sharded block holds a tensor's shard, or the whole of one held whole (09's experts) */
-        bool whole = param_held_whole(s.kind, plan->groups.shard_dims, plan->groups.expert_dims);
+        /* a sharded block holds a tensor's shard over its shard group (09's experts: the rest of the
+         * shard group beside ep; one rank when held whole) */
+        double S = plan->groups.mesh ? mesh_size_over(&plan->groups.mesh->shape,
+                                                      param_shard_dims_of(s.kind, plan->groups.shard_dims,
+                                                                          plan->groups.expert_dims))
+                                     : 1;
         for (int b = 0; b < PARAM_NBLOCKS; b++)               /* values, gradients, m and v */
-            state += (b == PARAM_OPTIM ? 8 : 4) * numel / (plan->storage[b] == STORE_SHARD && !whole ? S : 1);
+            state += (b == PARAM_OPTIM ? 8 : 4) * numel / (plan->storage[b] == STORE_SHARD ? S : 1);
         largest = fmax(largest, numel);
     }
     llama_dims d = plan_dims(c, plan, B);

@@ -15,8 +15,14 @@ int param_split_rows(const llama_config *c, param_spec s, shard_layout layout, i
     return vocab_rows ? llama_padded_vocab(c, tp) : s.rows;
 }
 
-bool param_held_whole(param_kind kind, unsigned shard_dims, unsigned expert_dims) {
-    return expert_dims && param_kind_is_expert(kind) && (param_shard_dims(shard_dims) & ~expert_dims) == 0;
+unsigned param_shard_dims_of(param_kind kind, unsigned shard_dims, unsigned expert_dims) {
+    unsigned dims = param_shard_dims(shard_dims);
+    return param_kind_is_expert(kind) ? dims & ~expert_dims : dims;
+}
+
+bool param_held_whole(const mesh_shape *shape, param_kind kind, unsigned shard_dims, unsigned expert_dims) {
+    return expert_dims && param_kind_is_expert(kind) &&
+           mesh_size_over(shape, param_shard_dims_of(kind, shard_dims, expert_dims)) == 1;
 }
 
 param_table *param_table_create(const llama_config *c, device_mesh *mesh,
@@ -36,9 +42,6 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
     /* the experts' weights go whole experts to each rank of the expert dimensions (09) */
     int p_ep = t->expert_dims ? mesh_size_over(&mesh->shape, t->expert_dims) : 1;
     int r_ep = t->expert_dims ? mesh_rank_over(&mesh->shape, mesh->coord, t->expert_dims) : 0;
-    int S = t->shard_ranks, s = t->shard_rank;
-    bool sharded_blocks = false;
-    for (int b = 0; b < PARAM_NBLOCKS; b++) sharded_blocks |= t->storage[b] != STORE_WHOLE;
     t->n = llama_num_params(c);
     t->t = calloc((size_t)t->n, sizeof *t->t);
     for (int i = 0; i < t->n; i++) {
@@ -64,12 +67,12 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
         int real_rows = x->spec.rows - x->r0;
         if (x->nr > real_rows) x->nr = real_rows > 0 ? real_rows : 0;
         x->real_units = x->spec.is_vector ? x->nc : x->nr;
-        x->held_whole = param_held_whole(x->spec.kind, t->shard_dims, t->expert_dims);
-        if (by_expert && !x->held_whole && S > 1 && sharded_blocks) {   /* (a plan refuses it first) */
-            fprintf(stderr, "param_table_create: %s would need a shard group of its own (the shard group spans "
-                    "ranks the experts are not split over)\n", x->spec.name);
-            exit(1);
-        }
+        /* its shard group: the table's, or for an expert the ranks of it that hold the same experts */
+        x->shard_dims = param_shard_dims_of(x->spec.kind, t->shard_dims, t->expert_dims);
+        x->shard_ranks = mesh ? mesh_size_over(&mesh->shape, x->shard_dims) : 1;
+        x->shard_rank = mesh ? mesh_rank_over(&mesh->shape, mesh->coord, x->shard_dims) : 0;
+        x->held_whole = mesh && param_held_whole(&mesh->shape, x->spec.kind, t->shard_dims, t->expert_dims);
+        int S = x->shard_ranks, s = x->shard_rank;
         x->shard_units = x->held_whole ? x->units : (x->units + S - 1) / S;
         x->own_first = x->held_whole ? 0 : s * x->shard_units;
         x->own_units = x->real_units - x->own_first;
@@ -78,7 +81,8 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
         if (!x->here) x->units = x->real_units = x->shard_units = x->own_units = 0;   /* another stage's */
     }
     /* Offsets, unit by unit, so that a unit is one contiguous range in every block; in the shard
-     * block its tensors split over the shard group first, then those held whole (held_whole). */
+     * block its tensors split over the table's shard group first, then the experts (split over
+     * their own, or held whole): each part FSDP moves is one range (part 0, part 1). */
     for (int u = 0; u <= c->n_layers; u++) {
         int idx[PARAM_UNIT_MAX], n = llama_unit_tensors(c, u, idx);
         for (int k = 0; k < n; k++) {
@@ -86,10 +90,10 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
             x->offset_whole = t->whole_numel;
             t->whole_numel += (size_t)x->units * x->width;
         }
-        for (int whole = 0; whole < 2; whole++)
+        for (int part = 0; part < 2; part++)
             for (int k = 0; k < n; k++) {
                 param_tensor *x = &t->t[idx[k]];
-                if (x->held_whole != whole) continue;
+                if ((x->shard_dims != t->shard_dims) != part) continue;   /* (dp_units.h's dp_part_of) */
                 x->offset_shard = t->shard_numel;
                 t->shard_numel += (size_t)x->shard_units * x->width;
             }
@@ -205,7 +209,7 @@ bool param_held_slice(const param_table *t, const float *block, int i, int *r0, 
         for (int d = 0; d < MESH_NDIMS; d++) {
             bool by_expert = t->expert_dims && param_kind_is_expert(x->spec.kind);
             bool split = by_expert ? (t->expert_dims & MESH_BIT(d)) != 0 : d == MESH_TP && x->tp_layout != SHARD_REPLICATED;
-            split = split || (dp_split && (t->shard_dims & MESH_BIT(d))) ||
+            split = split || (dp_split && (x->shard_dims & MESH_BIT(d))) ||
                          d == MESH_PP;   /* one stage stores it (or every stage its copy: the
                                           * pipeline never replicates a tensor) */
             if (!split && t->mesh->coord[d] != 0) return false;

@@ -49,10 +49,15 @@ typedef struct {
                                * first nr are real and the rest padding (param_split_rows)     */
     int real_units;           /* the tp slice's units that hold the tensor: units but for the
                                * vocabulary's padding rows (zero, never updated)               */
-    bool held_whole;          /* not split over the shard group: each of its ranks holds its own
-                               * whole (09's experts, split over those ranks already:
-                               * param_held_whole); a sharded block stores it whole             */
-    int shard_units;          /* units per dp shard, ceil(units / S) (units when held_whole)   */
+    unsigned shard_dims;      /* the mesh dimensions a sharded block splits it over: the
+                               * table's shard_dims, less those its rows are split over already
+                               * (09's experts: param_shard_dims_of)                          */
+    int shard_ranks, shard_rank;   /* its shard group's size (S, or S / ep for an expert) and
+                               * this rank's place in it                                       */
+    bool held_whole;          /* an expert whose shard group is this rank alone (S = ep): each
+                               * rank of the table's shard group holds its own whole, a sharded
+                               * block stores it whole, and FSDP neither gathers nor reduces it */
+    int shard_units;          /* units per dp shard, ceil(units / shard_ranks) (units when held_whole) */
     int own_first, own_units; /* this rank's real units of the tp slice (own_units may be 0)   */
     size_t offset_whole;      /* where it starts in a whole block (floats)                     */
     size_t offset_shard;      /* where its shard starts in a shard block (floats)              */
@@ -60,15 +65,18 @@ typedef struct {
                                * (then it occupies nothing and its pointers are NULL)            */
 } param_tensor;
 
-/* Whether a tensor of `kind` is held whole by every rank of the shard group (over the mesh
- * dimensions shard_dims) rather than split over it: an expert's weight when the shard group lies
- * inside the dimensions the experts are split over (expert_dims, 09): those ranks hold different
- * experts already, so there is nothing to share (torchtitan's dp_shard_mod_ep = 1). An expert's
- * weight whose shard group spans other ranks too would need a shard group of its own, which is not
- * built: a plan refuses it (data_parallel_apply). */
-bool param_held_whole(param_kind kind, unsigned shard_dims, unsigned expert_dims);
+/* The mesh dimensions a sharded block splits a tensor of `kind` over: the shard group's
+ * (shard_dims: dp_shard, or dp_shard x cp), less the dimensions the experts' rows are split over
+ * already (expert_dims, 09): the ranks there hold different experts, so an expert's weight is
+ * shared only with the rest of the shard group, the ranks that hold the same experts
+ * (torchtitan's dp_shard_mod_ep). None left (ep takes the whole shard group): each rank holds its
+ * experts whole (param_tensor.held_whole). Every other tensor: shard_dims. */
+unsigned param_shard_dims_of(param_kind kind, unsigned shard_dims, unsigned expert_dims);
+/* Whether a tensor of `kind` is held whole in a sharded block on a mesh of `shape`: an expert's
+ * weight whose shard group (param_shard_dims_of) has one rank. */
+bool param_held_whole(const mesh_shape *shape, param_kind kind, unsigned shard_dims, unsigned expert_dims);
 /* Whether FSDP's collectives move tensor x on this rank: stored here (this pipeline stage's) and
- * split over the shard group (not held whole). Chapter 04's units and its counts, and chapter 09's
+ * split over its shard group (not held whole). Chapter 04's units and its counts, and chapter 09's
  * traffic formulas, all ask this. */
 static inline bool param_sharded_here(const param_tensor *x) { return x->here && !x->held_whole; }
 
