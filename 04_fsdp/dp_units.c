@@ -10,7 +10,9 @@
  * out by rank (unit_copy below): one call per unit instead of one per tensor, as FSDP2 moves a
  * module's parameters, so that the per-call costs (on a GPU a kernel launch and NCCL's
  * synchronisation) are paid per unit (README, "One collective per unit"). The S ranks are the
- * shard group: dp_shard, or dp_shard x cp (shard_over_cp, chapter 08).
+ * shard group: dp_shard, or dp_shard x cp (shard_over_cp, chapter 08). A tensor sharded over a
+ * narrower group (chapter 09's experts, over the ranks that hold the same experts) is moved in a
+ * unit's second part, by a second collective over that group (dp_units.h's unit_part).
  */
 #include <math.h>
 #include <stdio.h>

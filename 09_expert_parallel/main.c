@@ -16,6 +16,7 @@
  *   make run-09 NP=4 ARGS="--cp 2"                chapter 06's context parallelism under ep 2
  *   make run-09 NP=4 ARGS="--cp 2 --ep-over-cp"   the ep group over dp_shard x cp: ep 4, as torchtitan
  *   make run-09 NP=4 ARGS="--fsdp"                chapter 04's FSDP: the dense tensors sharded over ep 4
+ *   make run-09 NP=4 ARGS="--fsdp --cp 2"         the experts sharded too, each over the cp ranks that hold it
  *   make run-09 ARGS="--moe-every 2 --n-layers 4" the mixture on every other layer, Llama's FFN between
  *   make check-09                                 ep 1, 2, 4, 8; top-1 and top-2; tp; pp; cp; a capacity; the bugs
  *   make plot-09                                  the load over the steps with and without the balancing loss
@@ -64,8 +65,8 @@ static const char *usage =
     "  --cp-method M        its attention: ring|allgather|alltoall (default ring)\n"
     "  --ep-over-cp         the ep group is dp_shard x cp (torchtitan's): the experts split over the cp\n"
     "                       ranks too; --ep is then that group's size, a multiple of --cp\n"
-    "  --fsdp               chapter 04's FSDP: the dense tensors sharded over the ep group (each rank's\n"
-    "                       experts stay whole: they are split over the same ranks already)\n"
+    "  --fsdp               chapter 04's FSDP over dp_shard (x cp): the dense tensors sharded over it, each\n"
+    "                       expert over the cp ranks that hold it (whole when ep spans them: --ep-over-cp)\n"
     "  --pp P               chapter 05's pipeline: the layers in P stages, each with its ep group (default 1)\n"
     "  --microbatches M     the pipeline's microbatches (default 1 without --pp, pp with it)\n"
     "  --schedule S         the pipeline's schedule: gpipe|1f1b|interleaved|zb-h1 (default 1f1b)\n"
