@@ -63,10 +63,12 @@ void dp_mark_now(device_mark *m) {
  *   by rank    [ rank 0: wq's chunk 0, wk's chunk 0, ... ][ rank 1: wq's chunk 1, ... ] ...   [S, U]
  *
  * Rank r's row of the by-rank layout is exactly what the sharded blocks store (params.h: a unit's
- * tensors lie one after the other, those held whole after the rest, outside the layouts), so the
- * unit's all-gather sends the stored shards as they are,
+ * tensors lie one after the other), so the unit's all-gather sends the stored shards as they are,
  * and its reduce-scatter hands each rank the gradients of its stored shards. Copying between the
- * layouts costs one strided copy per tensor (device_copy_2d).
+ * layouts costs one strided copy per tensor (device_copy_2d). Chapter 09's experts, when sharded
+ * over a narrower group of S_1 ranks, are a unit's second part: its own [S_1, U_1] by rank after
+ * the first part's [S, U] (dp_units.h's unit_part), stored after the dense shards; experts held
+ * whole lie after those, in neither layout.
  * ============================================================================================== */
 
 /* U: the floats of this rank's shards of unit u (0 when none is stored here: another stage's), of
@@ -261,7 +263,7 @@ static void plan_unit_sizes(dp_state *s, const llama_plan *plan, device_mesh *me
     size_t *unit_shards = calloc((size_t)s->L + 1, sizeof *unit_shards);   /* U_0 + U_1 */
     for (int i = 0; i < llama_num_params(c); i++) {
         param_spec sp = llama_param_spec(c, i);
-        unsigned dims = param_shard_dims_of(sp.kind, plan->groups.shard_dims, plan->groups.expert_dims);
+        unsigned dims = param_shard_dims_of(&mesh->shape, sp.kind, plan->groups.shard_dims, plan->groups.expert_dims);
         if (param_held_whole(&mesh->shape, sp.kind, plan->groups.shard_dims, plan->groups.expert_dims)) {
             s->whole_held = true;   /* held whole: moved by no unit's collective (09's experts, ep = S) */
             continue;
@@ -338,8 +340,8 @@ dp_state *dp_push(llama_plan *plan, device_mesh *mesh, const llama_config *c, co
         comm_exit_usage("data_parallel_apply: the shard group (%s) does not span the ranks the experts are split over; "
                         "shard over them and more (dp_shard x cp under --ep-over-cp)", s->shard->name);
     s->part_group[0] = s->shard;
-    unsigned rest = plan->groups.shard_dims & ~experts;   /* the experts' shard group */
-    if (experts && mesh_size_over(&mesh->shape, rest) > 1) {   /* (a group of its own, even over one
+    unsigned rest = param_shard_dims_of(&mesh->shape, P_EXPERT_W1, plan->groups.shard_dims, experts);   /* theirs */
+    if (experts && rest != plan->groups.shard_dims && mesh_size_over(&mesh->shape, rest) > 1) {   /* (a group of its own, even over one
                                                                    * dimension: its traffic counted apart) */
         int dims[MESH_NDIMS], n = 0;
         for (int d = 0; d < MESH_NDIMS; d++) if (rest & MESH_BIT(d)) dims[n++] = d;

@@ -58,8 +58,8 @@ struct dp_state {
     comm_request (*reduce_scatter)(comm_group *g, dtype t, const void *send, void *recv, size_t count);
     comm_request (*all_reduce)(comm_group *g, dtype t, void *buf, size_t count, comm_op op);
     dtype grad_wire;                   /* o.reduce_type (--fault grad-reduce-bf16: bf16 whatever)  */
-    void *wire_in, *wire_out;          /* bf16 only: the copies that move, [S * U] and [U] for the
-                                        * largest unit (zero1, zero2, fsdp), or wire_in [the whole
+    void *wire_in, *wire_out;          /* bf16 only: the copies that move, as stage_in and stage_out
+                                        * for the largest unit (zero1, zero2, fsdp), or wire_in [the whole
                                         * gradient block] (ddp: each bucket at its offset)        */
     size_t whole_floats;               /* the floats of this rank's whole gradient block (ddp)   */
     /* what the plan underneath owes after backward (chapter 03's norm gradients over tp, chapter

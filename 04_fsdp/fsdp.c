@@ -57,7 +57,7 @@ static unit_slot *slot_holding(fsdp_state *f, int u) {
 }
 
 /* Waits for slot's gathers and leaves its values by tensor in slot->data: copied out of the
- * landing buffer (the fp32 gather of the whole unit, stage_in [S, U]), or decoded by the gather
+ * landing buffer (the fp32 gather of the whole unit, stage_in: each part's [S_q, U_q]), or decoded by the gather
  * hook (e.g. float8 bytes back to values, tensor by tensor). Waits; issues nothing. */
 static void land_slot(fsdp_state *f, unit_slot *slot) {
     dp_state *s = &f->dp;
@@ -175,10 +175,10 @@ static int next_unit(const dp_state *s, int u, bool backward) {
 }
 
 /* After unit u's backward: the previous unit's reduce-scatter finished, then u's full gradients
- * (by tensor) copied in by rank into the unit's slot [S, U] (its values are no longer needed;
- * stage_in may be landing the next unit's prefetched gather), which stays taken until the
- * reduce-scatter is finished, and their reduce-scatter started (start_unit_reduce: 1
- * reduce-scatter of S * U floats, non-blocking). */
+ * (by tensor) copied in by rank into the unit's slot (each part's [S_q, U_q]: its values are no
+ * longer needed; stage_in may be landing the next unit's prefetched gather), which stays taken
+ * until the reduce-scatters are finished, and their reduce-scatters started (start_unit_reduce: 1
+ * reduce-scatter of S_q U_q floats a part, non-blocking). */
 static void reduce_unit_grads(fsdp_state *f, int u) {
     dp_state *s = &f->dp;
     finish_reduce(f);

@@ -290,9 +290,11 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
     comm_group *groups[4];
     int n = 0, ng = 0;
     double hsdp_calls = 0, hsdp_floats = 0;   /* FSDP under HSDP: each unit's sums of both parts, over dp_replicate */
-    comm_group *shard = p->groups.shard, *experts_shard = NULL;   /* chapter 04's FSDP, or NULL */
-    for (int i = 0; shard && i < m->params->n && !experts_shard; i++)
-        if (param_kind_is_expert(m->params->t[i].spec.kind)) experts_shard = data_parallel_group_of(p, &m->params->t[i]);
+    comm_group *shard = p->groups.shard, *experts_group = NULL;   /* chapter 04's FSDP, or NULL */
+    for (int i = 0; shard && i < m->params->n && !experts_group; i++)   /* the group FSDP moves them over */
+        if (param_kind_is_expert(m->params->t[i].spec.kind)) experts_group = data_parallel_group_of(p, &m->params->t[i]);
+    /* their own group (ep < S), or none: held whole (ep = S), or moved with the dense tensors (ep 1) */
+    comm_group *experts_shard = experts_group != shard ? experts_group : NULL;
     if (shard) {
         fsdp_traffic f = fsdp_traffic_of(m, piped);
         double S = shard->size;
@@ -336,11 +338,11 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
                                    "4 x (3 (L/pp) E D F_e / ep + the RS's floats): experts, HSDP"},
                                   {"4 x (Psi_S + Psi_E): HSDP's sums of the shards",
                                    "4 x the RS's floats: HSDP's sums of the shards"}};
-        double whole = experts_shard ? 0 : 1;   /* the experts' all-reduces, 09's own when they are held whole */
+        double whole = experts_group ? 0 : 1;   /* the experts' all-reduces, 09's own when they are held whole */
         groups[ng++] = replicate;
         expect[n++] = (comm_expectation){replicate, COLL_ALL_REDUCE, whole * 3 * L + hsdp_calls,
                                          4 * (whole * x.experts_held + hsdp_floats),
-                                         text[shard == NULL ? 0 : experts_shard ? 2 : 1][piped]};
+                                         text[shard == NULL ? 0 : experts_group ? 2 : 1][piped]};
     }
     if (tp && tp->size > 1) {   /* chapter 01's f and g: attention's region in every layer, the shared
                                  * expert's in a mixture, the dense feed-forward's in the others */

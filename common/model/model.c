@@ -202,10 +202,10 @@ double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, d
         double numel = (double)s.rows * s.cols / split;
         /* a sharded block holds a tensor's shard over its shard group (09's experts: the rest of the
          * shard group beside ep; one rank when held whole) */
-        double S = plan->groups.mesh ? mesh_size_over(&plan->groups.mesh->shape,
-                                                      param_shard_dims_of(s.kind, plan->groups.shard_dims,
-                                                                          plan->groups.expert_dims))
-                                     : 1;
+        const mesh_shape *shape = plan->groups.mesh ? &plan->groups.mesh->shape : NULL;
+        double S = shape ? mesh_size_over(shape, param_shard_dims_of(shape, s.kind, plan->groups.shard_dims,
+                                                                     plan->groups.expert_dims))
+                         : 1;
         for (int b = 0; b < PARAM_NBLOCKS; b++)               /* values, gradients, m and v */
             state += (b == PARAM_OPTIM ? 8 : 4) * numel / (plan->storage[b] == STORE_SHARD ? S : 1);
         largest = fmax(largest, numel);

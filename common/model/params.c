@@ -15,14 +15,16 @@ int param_split_rows(const llama_config *c, param_spec s, shard_layout layout, i
     return vocab_rows ? llama_padded_vocab(c, tp) : s.rows;
 }
 
-unsigned param_shard_dims_of(param_kind kind, unsigned shard_dims, unsigned expert_dims) {
-    unsigned dims = param_shard_dims(shard_dims);
-    return param_kind_is_expert(kind) ? dims & ~expert_dims : dims;
+unsigned param_shard_dims_of(const mesh_shape *shape, param_kind kind, unsigned shard_dims, unsigned expert_dims) {
+    unsigned dims = param_shard_dims(shard_dims), splitting = 0;
+    for (int d = 0; d < MESH_NDIMS; d++)   /* (a dimension of one rank splits nothing: --ep 1) */
+        if ((expert_dims & MESH_BIT(d)) && shape->degree[d] > 1) splitting |= MESH_BIT(d);
+    return param_kind_is_expert(kind) ? dims & ~splitting : dims;
 }
 
 bool param_held_whole(const mesh_shape *shape, param_kind kind, unsigned shard_dims, unsigned expert_dims) {
     return expert_dims && param_kind_is_expert(kind) &&
-           mesh_size_over(shape, param_shard_dims_of(kind, shard_dims, expert_dims)) == 1;
+           mesh_size_over(shape, param_shard_dims_of(shape, kind, shard_dims, expert_dims)) == 1;
 }
 
 param_table *param_table_create(const llama_config *c, device_mesh *mesh,
@@ -68,7 +70,8 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
         if (x->nr > real_rows) x->nr = real_rows > 0 ? real_rows : 0;
         x->real_units = x->spec.is_vector ? x->nc : x->nr;
         /* its shard group: the table's, or for an expert the ranks of it that hold the same experts */
-        x->shard_dims = param_shard_dims_of(x->spec.kind, t->shard_dims, t->expert_dims);
+        x->shard_dims = mesh ? param_shard_dims_of(&mesh->shape, x->spec.kind, t->shard_dims, t->expert_dims)
+                             : t->shard_dims;
         x->shard_ranks = mesh ? mesh_size_over(&mesh->shape, x->shard_dims) : 1;
         x->shard_rank = mesh ? mesh_rank_over(&mesh->shape, mesh->coord, x->shard_dims) : 0;
         x->held_whole = mesh && param_held_whole(&mesh->shape, x->spec.kind, t->shard_dims, t->expert_dims);

@@ -65,13 +65,14 @@ typedef struct {
                                * (then it occupies nothing and its pointers are NULL)            */
 } param_tensor;
 
-/* The mesh dimensions a sharded block splits a tensor of `kind` over: the shard group's
- * (shard_dims: dp_shard, or dp_shard x cp), less the dimensions the experts' rows are split over
- * already (expert_dims, 09): the ranks there hold different experts, so an expert's weight is
- * shared only with the rest of the shard group, the ranks that hold the same experts
- * (torchtitan's dp_shard_mod_ep). None left (ep takes the whole shard group): each rank holds its
- * experts whole (param_tensor.held_whole). Every other tensor: shard_dims. */
-unsigned param_shard_dims_of(param_kind kind, unsigned shard_dims, unsigned expert_dims);
+/* The mesh dimensions a sharded block splits a tensor of `kind` over, on a mesh of `shape`: the
+ * shard group's (shard_dims: dp_shard, or dp_shard x cp), less the dimensions the experts' rows
+ * are split over already (expert_dims, 09; those of one rank split nothing): the ranks there hold
+ * different experts, so an expert's weight is shared only with the rest of the shard group, the
+ * ranks that hold the same experts (torchtitan's dp_shard_mod_ep). None left (ep takes the whole
+ * shard group): each rank holds its experts whole (param_tensor.held_whole). Every other tensor:
+ * shard_dims. */
+unsigned param_shard_dims_of(const mesh_shape *shape, param_kind kind, unsigned shard_dims, unsigned expert_dims);
 /* Whether a tensor of `kind` is held whole in a sharded block on a mesh of `shape`: an expert's
  * weight whose shard group (param_shard_dims_of) has one rank. */
 bool param_held_whole(const mesh_shape *shape, param_kind kind, unsigned shard_dims, unsigned expert_dims);
@@ -119,8 +120,9 @@ typedef struct {
     size_t whole_numel, shard_numel;   /* floats of a whole block, of a shard block           */
     /* In the blocks the tensors lie unit by unit (layer 0, ..., layer L-1, then the ends:
      * tok_embeddings, norm, output), so a unit's tensors are one contiguous range; in a shard
-     * block those split over the shard group come first, those held whole after them
-     * (held_whole: 09's experts), so the part a unit's collectives move is contiguous too. */
+     * block those split over the table's shard group first, then 09's experts, split over their
+     * own shard group (param_shard_dims_of) or held whole (held_whole), so that each part a unit's
+     * collectives move is one contiguous range too (dp_units.h's unit_part). */
     float *params, *grads, *adam_m, *adam_v;   /* MEM_PARAMS, MEM_GRADS, MEM_OPTIM, MEM_OPTIM */
 } param_table;
 
