@@ -84,6 +84,10 @@ typedef struct {
                                    * hook's, tensor by tensor                                     */
     bool shard_over_cp;           /* shard over dp_shard x cp (chapter 08, torchtitan's), not
                                    * dp_shard alone: needs context parallelism applied first      */
+    bool shard_over_replicate;    /* shard over dp_replicate too, every data rank (x cp) one shard
+                                   * group and no HSDP replicas (chapter 09's --full-shard, where
+                                   * dp_replicate holds the ranks beside ep: torchtitan's
+                                   * dp_shard = every data rank, ep carved out of it)               */
     dtype reduce_type;            /* the gradients' reductions (FSDP2's reduce_dtype): DTYPE_F32
                                    * (zero: the default), or DTYPE_BF16 (--reduce-dtype bf16): each
                                    * rank's fp32 gradients rounded to a bf16 copy that moves and is

@@ -294,9 +294,10 @@ static void plan_unit_sizes(dp_state *s, const llama_plan *plan, device_mesh *me
 }
 
 /* Pushes a mode's state ([state_bytes], a dp_state first) on the plan with the batch split over
- * dp_replicate x dp_shard, the shard group (dp_shard, or dp_shard x cp) and the mode's storage,
- * and sizes the units (plan_unit_sizes). Creates the groups "dp" and, under shard_over_cp,
- * "dp_shard x cp"; no collective on the data. */
+ * dp_replicate x dp_shard, the shard group (dp_shard, or dp_shard x cp; under shard_over_replicate
+ * dp_replicate x those, with no replicas left) and the mode's storage, and sizes the units
+ * (plan_unit_sizes). Creates the groups "dp", the shard group when it spans more than dp_shard,
+ * and 09's experts' own when they have one; no collective on the data. */
 dp_state *dp_push(llama_plan *plan, device_mesh *mesh, const llama_config *c, const dp_options *o,
                   size_t state_bytes, const block_storage storage[PARAM_NBLOCKS]) {
     dp_state *s = plan_push(plan, &data_parallel_technique, calloc(1, state_bytes), 0);
@@ -309,11 +310,17 @@ dp_state *dp_push(llama_plan *plan, device_mesh *mesh, const llama_config *c, co
         comm_exit_usage("data_parallel_apply: sharding over dp_shard x cp needs context parallelism applied first (the "
                         "cp ranks must split the sequences, or the sum over cp counts each gradient %d times)",
                         mesh->shape.cp);
-    static const int shard_dims[] = {MESH_DP_SHARD, MESH_CP};
-    s->shard = over_cp ? mesh_group_over(mesh, shard_dims, 2, "dp_shard x cp") : mesh->group[MESH_DP_SHARD];
+    /* (09's --full-shard: the replicas share the shards too, every data rank one shard group) */
+    bool over_replicate = o->shard_over_replicate && mesh->shape.dp_replicate > 1;
+    int shard_dims[3], n_dims = 0;
+    if (over_replicate) shard_dims[n_dims++] = MESH_DP_REPLICATE;
+    shard_dims[n_dims++] = MESH_DP_SHARD;
+    if (over_cp) shard_dims[n_dims++] = MESH_CP;
+    const char *shard_name = over_replicate ? (over_cp ? "dp x cp" : "dp (shard)") : "dp_shard x cp";
+    s->shard = n_dims > 1 ? mesh_group_over(mesh, shard_dims, n_dims, shard_name) : mesh->group[MESH_DP_SHARD];
     s->replicate = mesh->group[MESH_DP_REPLICATE];
     s->S = s->shard->size;
-    s->R = s->replicate->size;
+    s->R = over_replicate ? 1 : s->replicate->size;   /* (HSDP's replicas: none when they shard too) */
     static const int batch_dims[] = {MESH_DP_REPLICATE, MESH_DP_SHARD};
     s->batch = mesh_group_over(mesh, batch_dims, 2, "dp");
     s->reduce_scatter = comm_ireduce_scatter_typed;
@@ -323,7 +330,8 @@ dp_state *dp_push(llama_plan *plan, device_mesh *mesh, const llama_config *c, co
     plan->groups.mesh = mesh;
     plan->groups.batch = s->batch;
     plan->groups.shard = s->shard;
-    plan->groups.shard_dims = MESH_BIT(MESH_DP_SHARD) | (over_cp ? MESH_BIT(MESH_CP) : 0);
+    plan->groups.shard_dims = MESH_BIT(MESH_DP_SHARD) | (over_cp ? MESH_BIT(MESH_CP) : 0) |
+                              (over_replicate ? MESH_BIT(MESH_DP_REPLICATE) : 0);
     memcpy(plan->storage, storage, sizeof plan->storage);
     /* declared for the techniques below (06's sum over cp): the gradients' reduction sums over the
      * data ranks, and over cp too when the gradients are reduce-scattered into shards over it */

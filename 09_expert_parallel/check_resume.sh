@@ -6,8 +6,8 @@
 #   3. resumed for steps 4-6 on the same mesh: bit-identical losses; on ep 2 x dp_replicate 2, on
 #      pp 2 x ep 2 (chapter 05's stages), on ep 2 x cp 2 (chapter 06's), on ep 4 = dp_shard 2 x
 #      cp 2 and under chapter 04's FSDP at ep 2 x dp_replicate 2 and at ep 2 over dp_shard 2 x cp 2
-#      (the experts sharded over cp) (when RANKS is 4), and on one rank, every expert there: within
-#      1e-5 relative
+#      (the experts sharded over cp) and at ep 2 under --full-shard (each expert over the 2 ranks
+#      beside ep) (when RANKS is 4), and on one rank, every expert there: within 1e-5 relative
 #   4. (RANKS 4) a checkpoint saved under FSDP over dp_shard 2 x cp 2 at ep 2 (the dense tensors'
 #      shards over 4 ranks, each expert's over the 2 cp ranks that hold it), resumed at ep 4:
 #      within 1e-5
@@ -28,7 +28,7 @@ run b "$np" --steps 3 --save "$tmp/ckpt" || { tail -5 "$tmp/b.txt"; fail "the ru
 run same "$np" --steps 3 --resume "$tmp/ckpt" || { tail -5 "$tmp/same.txt"; fail "resumed on the same mesh"; }
 diff <(losses a | tail -3) <(losses same) >/dev/null || { diff <(losses a | tail -3) <(losses same); fail "same mesh: not bit-identical"; }
 echo "same mesh (ep $np): steps 4-6 bit-identical: $(losses same | awk '{print $2}' | tr '\n' ' ')"
-others=("1|--ep 1"); [ "$np" = 4 ] && others+=("4|--ep 2" "4|--pp 2" "4|--cp 2" "4|--cp 2 --ep-over-cp" "4|--fsdp --ep 2" "4|--fsdp --cp 2")
+others=("1|--ep 1"); [ "$np" = 4 ] && others+=("4|--ep 2" "4|--pp 2" "4|--cp 2" "4|--cp 2 --ep-over-cp" "4|--fsdp --ep 2" "4|--fsdp --cp 2" "4|--fsdp --ep 2 --full-shard")
 for other in "${others[@]}"; do
     n=${other%%|*}; flags=${other#*|}
     run other "$n" $flags --steps 3 --resume "$tmp/ckpt" || { tail -5 "$tmp/other.txt"; fail "resumed on $flags"; }

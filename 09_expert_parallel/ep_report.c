@@ -295,10 +295,12 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
         if (param_kind_is_expert(m->params->t[i].spec.kind)) experts_group = data_parallel_group_of(p, &m->params->t[i]);
     /* their own group (ep < S), or none: held whole (ep = S), or moved with the dense tensors (ep 1) */
     comm_group *experts_shard = experts_group != shard ? experts_group : NULL;
+    /* --full-shard: the shard group spans dp_replicate, which then holds no replicas (no HSDP) */
+    bool full_shard = shard && (p->groups.shard_dims & MESH_BIT(MESH_DP_REPLICATE));
     if (shard) {
         fsdp_traffic f = fsdp_traffic_of(m, piped);
         double S = shard->size;
-        hsdp_calls = M * f.reduced, hsdp_floats = M * f.reduced_floats;
+        if (!full_shard) hsdp_calls = M * f.reduced, hsdp_floats = M * f.reduced_floats;
         /* (the shard group is the ep group, or as large: its all-to-alls are below, so it is not
          * among the groups whose every collective is predicted; the expert-parallel plan's own
          * dense group is, and must carry nothing: FSDP reduced the dense tensors) */
@@ -331,7 +333,9 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
         expect[n++] = (comm_expectation){dense, COLL_ALL_REDUCE, x.n_dense, 4 * x.dense_held,
                                          "every dense tensor's slice: 4 x its elements"};
     }
-    if (replicate->size > 1) {   /* the experts held whole (and under FSDP, HSDP's sum of each unit's shards) */
+    if (replicate->size > 1 && full_shard) {   /* (every data rank shards: nothing may move over dp_replicate) */
+        groups[ng++] = replicate;
+    } else if (replicate->size > 1) {   /* the experts held whole (and under FSDP, HSDP's sum of each unit's shards) */
         const char *text[3][2] = {{"3 L experts' tensors: 4 x 3 L E D F_e / ep",
                                    "3 L/pp experts' tensors: 4 x 3 (L/pp) E D F_e / ep"},
                                   {"4 x (3 L E D F_e / ep + Psi_S): experts, HSDP",
@@ -444,6 +448,8 @@ int ep_report_plan(const run_options *o, const llama_plan *p, llama_model *m, co
     q.gpus = comm_world()->size;
     int g[MESH_NDIMS];
     memcpy(g, mesh->shape.degree, sizeof g);
+    if (p->groups.shard && (p->groups.shard_dims & MESH_BIT(MESH_DP_REPLICATE)))   /* --full-shard: */
+        g[MESH_DP_SHARD] *= g[MESH_DP_REPLICATE], g[MESH_DP_REPLICATE] = 1;        /* one dp_shard  */
     char why[512] = "", cmd[640];
     plan_calc_result r;
     /* the command that plans this run (its figures above the table) */

@@ -17,6 +17,7 @@
  *   make run-09 NP=4 ARGS="--cp 2 --ep-over-cp"   the ep group over dp_shard x cp: ep 4, as torchtitan
  *   make run-09 NP=4 ARGS="--fsdp"                chapter 04's FSDP: the dense tensors sharded over ep 4
  *   make run-09 NP=4 ARGS="--fsdp --cp 2"         the experts sharded too, each over the cp ranks that hold it
+ *   make run-09 NP=4 ARGS="--fsdp --ep 2 --full-shard"  every data rank one shard group: each expert over 2
  *   make run-09 ARGS="--moe-every 2 --n-layers 4" the mixture on every other layer, Llama's FFN between
  *   make check-09                                 ep 1, 2, 4, 8; top-1 and top-2; tp; pp; cp; a capacity; the bugs
  *   make plot-09                                  the load over the steps with and without the balancing loss
@@ -66,7 +67,10 @@ static const char *usage =
     "  --ep-over-cp         the ep group is dp_shard x cp (torchtitan's): the experts split over the cp\n"
     "                       ranks too; --ep is then that group's size, a multiple of --cp\n"
     "  --fsdp               chapter 04's FSDP over dp_shard (x cp): the dense tensors sharded over it, each\n"
-    "                       expert over the cp ranks that hold it (whole when ep spans them: --ep-over-cp)\n"
+    "                       expert over the cp ranks that hold it (whole when ep spans them: --ep-over-cp);\n"
+    "                       the ranks --ep leaves over replicate the shards (HSDP)\n"
+    "  --full-shard         with --fsdp, those ranks shard too: every data rank one shard group, each expert\n"
+    "                       over the data ranks that hold it (torchtitan's dp_shard_mod_ep)\n"
     "  --pp P               chapter 05's pipeline: the layers in P stages, each with its ep group (default 1)\n"
     "  --microbatches M     the pipeline's microbatches (default 1 without --pp, pp with it)\n"
     "  --schedule S         the pipeline's schedule: gpipe|1f1b|interleaved|zb-h1 (default 1f1b)\n"
@@ -78,14 +82,14 @@ static const char *usage =
     "                       experts at scale (--plan-model mixtral-8x7b|deepseek-v3, the --plan-* flags below)\n";
 
 enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_ROUTER, OPT_CAPACITY, OPT_MOE_EVERY, OPT_EP, OPT_TP, OPT_PP, OPT_MICRO,
-       OPT_SCHEDULE, OPT_VIRTUAL, OPT_CP, OPT_CP_METHOD, OPT_EP_OVER_CP, OPT_FSDP, OPT_SAVE,
+       OPT_SCHEDULE, OPT_VIRTUAL, OPT_CP, OPT_CP_METHOD, OPT_EP_OVER_CP, OPT_FSDP, OPT_FULL_SHARD, OPT_SAVE,
        OPT_RESUME, OPT_PLAN };
 typedef struct {
     moe_config *moe;
     int *moe_every;   /* llama_config.layer_every */
     int ep, tp, pp, cp;
     pp_options pipe;
-    bool pipe_given, cp_method_given, ep_over_cp, fsdp;
+    bool pipe_given, cp_method_given, ep_over_cp, fsdp, full_shard;
     cp_options context;
     const char *save, *resume;
     int train_flag;           /* the first of this chapter's training flags given (a code), 0: none */
@@ -121,6 +125,7 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
         co->cp_method_given = true;
     } else if (code == OPT_EP_OVER_CP) co->ep_over_cp = true;
     else if (code == OPT_FSDP) co->fsdp = true;
+    else if (code == OPT_FULL_SHARD) co->full_shard = true;
     else if (code == OPT_VIRTUAL) co->pipe.virtual_stages = cli_int("--virtual-stages", arg, 1, 64), co->pipe_given = true;
     else if (code == OPT_SAVE) co->save = arg;
     else if (code == OPT_RESUME) co->resume = arg;
@@ -144,7 +149,7 @@ int main(int argc, char **argv) {
         {"microbatches", required_argument, 0, OPT_MICRO}, {"schedule", required_argument, 0, OPT_SCHEDULE},
         {"virtual-stages", required_argument, 0, OPT_VIRTUAL}, {"cp", required_argument, 0, OPT_CP},
         {"cp-method", required_argument, 0, OPT_CP_METHOD}, {"ep-over-cp", no_argument, 0, OPT_EP_OVER_CP},
-        {"fsdp", no_argument, 0, OPT_FSDP},
+        {"fsdp", no_argument, 0, OPT_FSDP}, {"full-shard", no_argument, 0, OPT_FULL_SHARD},
         {"save", required_argument, 0, OPT_SAVE}, {"resume", required_argument, 0, OPT_RESUME},
         {"plan", no_argument, 0, OPT_PLAN}, PLAN_CALC_FLAGS, {0, 0, 0, 0}};
     chapter_options co = {.moe = &o.model.moe, .moe_every = &o.model.layer_every, .ep = 0, .tp = 1, .pp = 1, .cp = 1, .pipe = {.schedule = PP_1F1B},
@@ -188,6 +193,8 @@ int main(int argc, char **argv) {
         comm_exit_usage("--cp-method: with one cp rank (--cp 1) no sequence is split; use --cp 2 or more");
     if (co.ep_over_cp && co.cp == 1)
         comm_exit_usage("--ep-over-cp carves the ep group out of dp_shard x cp: it needs --cp 2 or more");
+    if (co.full_shard && !co.fsdp)
+        comm_exit_usage("--full-shard shards FSDP over every data rank: give it with --fsdp");
     mesh_requirements needs = {0};
     mesh_require(&needs, tp_mesh_rule(c));
     if (co.cp > 1) {
@@ -218,7 +225,8 @@ int main(int argc, char **argv) {
     if (co.fsdp)   /* chapter 04's FSDP over dp_shard (x cp): the dense tensors sharded over all of it, the
                     * experts over the rest of it beside ep (cp, unless ep spans it: then held whole) */
         data_parallel_apply(&plan, mesh, c, &(dp_options){.mode = DP_FSDP, .reshard_after_forward = true,
-                                                          .prefetch = !piped, .shard_over_cp = co.cp > 1});
+                                                          .prefetch = !piped, .shard_over_cp = co.cp > 1,
+                                                          .shard_over_replicate = co.full_shard});
     run_apply_fault(&o, &plan);
     /* the checkpoints' directories, checked with --out and --dump before anything is allocated */
     const char *dir = co.save ? co.save : co.resume;
@@ -256,13 +264,15 @@ int main(int argc, char **argv) {
         snprintf(stages, sizeof stages, "pp %d (%s, %d microbatches) x ", mesh->shape.pp,
                  pp_schedule_name(co.pipe.schedule), co.pipe.microbatches);
     if (co.cp > 1) snprintf(contexts, sizeof contexts, "cp %d (%s) x ", co.cp, cp_method_name(co.context.method));
+    /* the ranks beside ep: replicas, or under --full-shard shards of the same experts */
+    const char *rest = co.full_shard ? "dp_shard_mod_ep" : "dp_replicate";
     if (expert_parallel_over_cp(&plan))   /* the ep group is dp_shard x cp */
-        log0("chapter 09: mixture of experts, %d experts, top-%d, %sdp_replicate %d x dp_shard %d x %stp %d, ep = "
-             "dp_shard x cp = %d, backend %s\n", d->E, d->k, stages, mesh->shape.dp_replicate, mesh->shape.dp_shard,
+        log0("chapter 09: mixture of experts, %d experts, top-%d, %s%s %d x dp_shard %d x %stp %d, ep = "
+             "dp_shard x cp = %d, backend %s\n", d->E, d->k, stages, rest, mesh->shape.dp_replicate, mesh->shape.dp_shard,
              contexts, mesh->shape.tp, d->ep, device_backend_name());
     else
-        log0("chapter 09: mixture of experts, %d experts, top-%d, %sdp_replicate %d x ep %d x %stp %d, backend %s\n",
-             d->E, d->k, stages, mesh->shape.dp_replicate, mesh->shape.dp_shard, contexts, mesh->shape.tp,
+        log0("chapter 09: mixture of experts, %d experts, top-%d, %s%s %d x ep %d x %stp %d, backend %s\n",
+             d->E, d->k, stages, rest, mesh->shape.dp_replicate, mesh->shape.dp_shard, contexts, mesh->shape.tp,
              device_backend_name());
     plan_describe(&plan);   /* which technique installed which operator; the groups */
     char every[96] = "";   /* --moe-every: which layers are mixtures */
