@@ -374,7 +374,14 @@ static void cast_operand(float8_state *s, linear_site at, operand which, int cas
 /* Which operands tp cuts at this site (float8_linear.h's table). */
 static bool column_parallel(const float8_state *s, linear_site at) { return s->tp && s->layout[at.kind] == SHARD_ROWS; }
 static bool row_parallel(const float8_state *s, linear_site at) { return s->tp && s->layout[at.kind] == SHARD_COLS; }
-static bool in_blocks(linear_site at) { return at.kind != P_OUTPUT; }
+/* The block linears float8 casts: not the output layer (its logits feed the loss directly), nor a
+ * mixture's router (its scores choose the experts: a flipped choice is not a rounding error) and
+ * experts (chapter 09: an expert's rows come from every ep rank, so a per-tensor scale would span
+ * the ep group's tokens, which the single-device baseline cannot reproduce; torchao gives grouped
+ * experts a recipe of their own). */
+static bool in_blocks(linear_site at) {
+    return at.kind != P_OUTPUT && at.kind != P_ROUTER && !param_kind_is_expert(at.kind);
+}
 bool float8_casts_site(linear_site at) { return in_blocks(at); }
 
 /* ---- the float8 GEMMs of the per-tensor recipes ------------------------------------------------

@@ -4,7 +4,8 @@
  *
  * Every linear inside the blocks (wq, wk, wv, wo, w1, w2, w3) runs its three GEMMs on float8
  * operands with fp32 accumulation; the output layer stays fp32 (its logits feed the loss
- * directly; torchtitan's float8 converter lets a run exclude it the same way):
+ * directly; torchtitan's float8 converter lets a run exclude it the same way), and so do a
+ * mixture's router and experts (chapter 09: float8_casts_site says why):
  *
  *   forward    y  = x  W^T      x, W: E4M3           contraction over in
  *   backward   dx = dy W        dy: E5M2, W: E4M3    contraction over out
@@ -104,7 +105,8 @@ typedef struct {
     void (*cast)(void *state, int role, linear_site at, const float *hi, const float *q, size_t n);
 } float8_cast_observer;
 void float8_observe_casts(llama_plan *plan, float8_cast_observer observer);
-/* Does float8 cast this linear's operands? Every linear of the blocks; the output layer stays fp32. */
+/* Does float8 cast this linear's operands? Every linear of the blocks; the output layer, a
+ * mixture's router and its experts stay in the run's precision. */
 bool float8_casts_site(linear_site at);
 
 /* Step 1's casts of the two runs, code by code: the parallel run's plan keeps each cast's codes

@@ -275,7 +275,7 @@ static fsdp_traffic fsdp_traffic_of(const llama_model *m, bool piped) {
     return f;
 }
 
-int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m) {
+int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m, float8_recipe fp8) {
     comm_group *ep = p->groups.ep;
     /* the gradients: the dense tensors' summed over every data rank, the experts' over the ranks
      * that hold the same ones (dp_replicate), one all-reduce a tensor */
@@ -360,8 +360,20 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m)
                                        "4 (L + L_d) x N D 4 (attention; shared expert or FFN)"},
                                       {"2 (L + 2 L_d) M x N D 4 (a stage's; L_d dense FFNs)",
                                        "4 (L + L_d) M x N D 4 (a stage's; shared expert or FFN)"}}};
-        expect[n++] = (comm_expectation){tp, COLL_ALL_REDUCE, 2 * regions * M, 2 * regions * M * N * D * 4,
-                                         text[mixed][piped][shared]};
+        /* --fp8 (chapter 07): each float8 linear agrees two amaxes over tp a pass (its weight's and the
+         * cut activation's): one float each, or rowwise the activation's N rows and the weight's D;
+         * the float8 linears are attention's 4 and the shared expert's or Llama's feed-forward's 3 */
+        double f8 = fp8 != FLOAT8_OFF ? 4 * all + 3 * ((shared ? L : 0) + (all - L)) : 0;
+        double amax_floats = fp8 == FLOAT8_ROWWISE ? f8 * (N + D) : 2 * f8;
+        static char with_amaxes[192];
+        snprintf(with_amaxes, sizeof with_amaxes, "%s + %s", text[mixed][piped][shared],
+                 fp8 == FLOAT8_ROWWISE ? "F8 (N + D) x 4 (07's amaxes)" : "2 F8 x 4 (07's amaxes)");
+        expect[n++] = (comm_expectation){tp, COLL_ALL_REDUCE, 2 * regions * M + 2 * f8 * M,
+                                         2 * regions * M * N * D * 4 + 4 * amax_floats * M,
+                                         f8 > 0 ? with_amaxes : text[mixed][piped][shared]};
+        if (f8 > 0)
+            log0("  (F8 = %.0f float8 linears on this rank: 4 a layer's attention, 3 its shared expert's or "
+                 "feed-forward's)\n", f8);
     }
     if (cp && cp->size > 1) {   /* chapter 06's sum of the gradients (unless the sum over dp x cp above
                                  * made it), and the balancing loss's counts per sequence (moe.c); the

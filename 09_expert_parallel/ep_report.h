@@ -5,6 +5,7 @@
 #include "plan.h"
 #include "run.h"
 #include "../05_pipeline/pipeline.h"   /* pp_options */
+#include "../07_float8/float8_linear.h"          /* --fp8's recipe */
 #include "../08_full_trainer/plan_calculator.h"   /* 09 --plan: chapter 08's calculator */
 
 C_BEGIN
@@ -14,8 +15,9 @@ C_BEGIN
  * what the router chose). Collective over the world. */
 int ep_report_load(const llama_plan *p, llama_model *m);
 /* The ep group's all-to-alls per step, summed over its ranks, and the gradients' all-reduces, beside
- * their formulas; returns the number of mismatches. Collective over the world. */
-int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m);
+ * their formulas (tp's with the amaxes of chapter 07's float8 linears under the recipe fp8);
+ * returns the number of mismatches. Collective over the world. */
+int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m, float8_recipe fp8);
 
 /* The parameters: total and active per token (k of E experts), and this rank's share beside its
  * formula (the allocator's count of the parameter block); the dispatch's activations (the rows

@@ -38,6 +38,7 @@
 #include "../05_pipeline/pipeline.h"
 #include "../05_pipeline/pp_report.h"
 #include "../06_context_parallel/context_parallel.h"
+#include "../07_float8/float8_linear.h"
 #include "../08_full_trainer/checkpoint.h"
 #include "../08_full_trainer/plan_calculator.h"
 #include "ep_report.h"
@@ -75,6 +76,9 @@ static const char *usage =
     "  --microbatches M     the pipeline's microbatches (default 1 without --pp, pp with it)\n"
     "  --schedule S         the pipeline's schedule: gpipe|1f1b|interleaved|zb-h1 (default 1f1b)\n"
     "  --virtual-stages V   chunks per pipeline rank (interleaved; default 2 with it, else 1)\n"
+    "  --fp8 R              chapter 07's float8 for the dense linears (attention, the shared expert, Llama's\n"
+    "                       feed-forward): off|tensorwise|rowwise|delayed (default off); the router and the\n"
+    "                       experts stay in --dtype\n"
     "  --save DIR           after the last step, a checkpoint in DIR (chapter 08's: it loads on any mesh)\n"
     "  --resume DIR         start from DIR's latest checkpoint, on this run's mesh (any ep, tp, pp, cp), and\n"
     "                       train --steps more (not with --check: the baseline starts at step 1)\n"
@@ -82,7 +86,7 @@ static const char *usage =
     "                       experts at scale (--plan-model mixtral-8x7b|deepseek-v3, the --plan-* flags below)\n";
 
 enum { OPT_EXPERTS = 1, OPT_TOP_K, OPT_EXPERT_DIM, OPT_SHARED, OPT_AUX, OPT_ROUTER, OPT_CAPACITY, OPT_MOE_EVERY, OPT_EP, OPT_TP, OPT_PP, OPT_MICRO,
-       OPT_SCHEDULE, OPT_VIRTUAL, OPT_CP, OPT_CP_METHOD, OPT_EP_OVER_CP, OPT_FSDP, OPT_FULL_SHARD, OPT_SAVE,
+       OPT_SCHEDULE, OPT_VIRTUAL, OPT_CP, OPT_CP_METHOD, OPT_EP_OVER_CP, OPT_FSDP, OPT_FULL_SHARD, OPT_FP8, OPT_SAVE,
        OPT_RESUME, OPT_PLAN };
 typedef struct {
     moe_config *moe;
@@ -91,6 +95,7 @@ typedef struct {
     pp_options pipe;
     bool pipe_given, cp_method_given, ep_over_cp, fsdp, full_shard;
     cp_options context;
+    float8_recipe fp8;
     const char *save, *resume;
     int train_flag;           /* the first of this chapter's training flags given (a code), 0: none */
     bool plan;
@@ -126,6 +131,10 @@ static void chapter_flag(int code, const char *arg, void *ctx) {
     } else if (code == OPT_EP_OVER_CP) co->ep_over_cp = true;
     else if (code == OPT_FSDP) co->fsdp = true;
     else if (code == OPT_FULL_SHARD) co->full_shard = true;
+    else if (code == OPT_FP8) {
+        static const char *const recipes[] = {"off", "tensorwise", "rowwise", "delayed", NULL};
+        co->fp8 = (float8_recipe)cli_choice("--fp8", arg, recipes);
+    }
     else if (code == OPT_VIRTUAL) co->pipe.virtual_stages = cli_int("--virtual-stages", arg, 1, 64), co->pipe_given = true;
     else if (code == OPT_SAVE) co->save = arg;
     else if (code == OPT_RESUME) co->resume = arg;
@@ -150,6 +159,7 @@ int main(int argc, char **argv) {
         {"virtual-stages", required_argument, 0, OPT_VIRTUAL}, {"cp", required_argument, 0, OPT_CP},
         {"cp-method", required_argument, 0, OPT_CP_METHOD}, {"ep-over-cp", no_argument, 0, OPT_EP_OVER_CP},
         {"fsdp", no_argument, 0, OPT_FSDP}, {"full-shard", no_argument, 0, OPT_FULL_SHARD},
+        {"fp8", required_argument, 0, OPT_FP8},
         {"save", required_argument, 0, OPT_SAVE}, {"resume", required_argument, 0, OPT_RESUME},
         {"plan", no_argument, 0, OPT_PLAN}, PLAN_CALC_FLAGS, {0, 0, 0, 0}};
     chapter_options co = {.moe = &o.model.moe, .moe_every = &o.model.layer_every, .ep = 0, .tp = 1, .pp = 1, .cp = 1, .pipe = {.schedule = PP_1F1B},
@@ -195,6 +205,17 @@ int main(int argc, char **argv) {
         comm_exit_usage("--ep-over-cp carves the ep group out of dp_shard x cp: it needs --cp 2 or more");
     if (co.full_shard && !co.fsdp)
         comm_exit_usage("--full-shard shards FSDP over every data rank: give it with --fsdp");
+    bool fp8 = co.fp8 != FLOAT8_OFF;   /* chapter 07's float8 on the dense linears, as chapter 08 applies it */
+    float8_refuse_baseline_dtype(co.fp8, o.baseline_dtype, o.model.precision);
+    if (fp8 && co.cp > 1 && o.check)
+        comm_exit_usage("--fp8 with --cp %d and --check is not valid: each cp rank scales the activations of its own "
+                        "positions, which the single-device float8 baseline cannot reproduce", co.cp);
+    if (fp8 && co.cp > 1 && o.dump_dir)
+        comm_exit_usage("--dump with --fp8 and --cp %d is not valid: each cp rank scales the activations of its own "
+                        "positions, which the dump's float8 metadata cannot describe; dump with --cp 1", co.cp);
+    if (co.resume && co.fp8 == FLOAT8_DELAYED)
+        comm_exit_usage("--resume with --fp8 delayed is not valid: the checkpoints do not keep the amax history, so the "
+                        "resumed casts would differ; use --fp8 tensorwise or rowwise");
     mesh_requirements needs = {0};
     mesh_require(&needs, tp_mesh_rule(c));
     if (co.cp > 1) {
@@ -211,6 +232,10 @@ int main(int argc, char **argv) {
         (mesh_shape){.pp = co.pp, .dp_replicate = MESH_REST, .dp_shard = shard, .cp = co.cp, .tp = co.tp}, &needs);
     if (co.cp > 1) context_parallel_validate(co.cp);
     if (piped) pipeline_validate(co.pp, &co.pipe);
+    int data_ranks = mesh->shape.dp_replicate * mesh->shape.dp_shard;
+    const char *float8_why = float8_shape_error(c, co.tp, o.batch / data_ranks / co.pipe.microbatches *
+                                                          (c->seq_len / co.cp), co.fp8);   /* one GEMM's rows */
+    if (float8_why) comm_exit_usage("%s", float8_why);
     if (co.fsdp && piped && co.pipe.schedule == PP_ZB_H1)   /* (chapter 08 refuses it too) */
         comm_exit_usage("--schedule zb-h1 defers the weight gradients past the moment FSDP reduce-scatters them: with "
                         "--fsdp use gpipe, 1f1b or interleaved");
@@ -220,6 +245,11 @@ int main(int argc, char **argv) {
      * split ---- */
     llama_plan plan = tensor_parallel_or_single(mesh, c);
     if (co.cp > 1) context_parallel_apply(&plan, mesh, c, &co.context);
+    /* chapter 07's float8 on the dense linears (the router and the experts are not cast:
+     * float8_casts_site), each pipeline microbatch keeping its own scales */
+    float8_options f8 = {.recipe = co.fp8, .amax_history = 16, .activation_groups = 1,
+                         .microbatches = piped ? co.pipe.microbatches : 1};
+    if (fp8) float8_apply(&plan, c, &f8);
     if (piped) pipeline_apply(&plan, mesh, c, &co.pipe);
     expert_parallel_apply(&plan, mesh, c, co.ep_over_cp);
     if (co.fsdp)   /* chapter 04's FSDP over dp_shard (x cp): the dense tensors sharded over all of it, the
@@ -303,11 +333,24 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/loss_e%d_k%d_ep%d.csv", o.out_dir, d->E, d->k, d->ep);
     snprintf(load_path, sizeof load_path, "%s/expert_load.csv", o.out_dir);
     snprintf(label, sizeof label, "moe E%d k%d ep%d", d->E, d->k, d->ep);
-    run_loop loop = run_loop_begin(&o, model, run_baseline_create(&o, NULL, false), label, path);
+    llama_plan baseline = plan_single_device();
+    if (fp8) {   /* the baseline casts as the mesh does: each data rank's microbatch rows scaled apart
+                  * (chapter 07), judged on step 1 only as there */
+        float8_options one_device = f8;
+        one_device.microbatches = 1;
+        one_device.activation_groups = data_ranks * co.pipe.microbatches;
+        float8_apply(&baseline, c, &one_device);
+        if (o.check) float8_compare_casts(&plan, &baseline);   /* (the baseline runs with --check only) */
+        char float8_json[320];   /* --dump: the recipe and its row blocks, as chapters 07 and 08 write them */
+        run_dump_describe(&o, float8_run_options_json(&f8, one_device.activation_groups, 1, float8_json,
+                                                      sizeof float8_json));
+    }
+    run_loop loop = run_loop_begin(&o, model, run_baseline_create(&o, fp8 ? &baseline : NULL, fp8), label, path);
     ep_load_log *log = ep_load_log_open(&plan, model, load_path);
     for (int step = first; step < first + o.steps; step++) {
         run_synthetic_batch(&loop, step);
         run_step_result r = run_step(&loop, step, NAN);
+        if (step == 1 && fp8) run_baseline_unjudged(loop.check, float8_casts_flipped(&baseline));
         ep_load_log_step(log, &r);   /* the load of this step (the technique tallied it), before the update */
         run_step_check(&loop, &r);
         run_update(&loop, &r);
@@ -326,15 +369,17 @@ int main(int argc, char **argv) {
     log0("\n");
     int mismatches = ep_report_parameters(&plan, model, param_bytes);
     mismatches += ep_report_load(&plan, model);
-    mismatches += ep_report_traffic(&o, &plan, model);
+    mismatches += ep_report_traffic(&o, &plan, model, co.fp8);
     mismatches += ep_report_plan(&o, &plan, model, &co.pipe, param_bytes);   /* 08's --plan on this mesh */
     if (piped) {   /* chapter 05's: the activation sets a stage held at its peak, the messages between stages */
         mismatches += report_pipeline_memory(&plan);
         mismatches += report_pipeline_messages(&o, &plan, model);
     }
+    if (o.check && fp8) mismatches += float8_report_casts(&baseline);   /* step 1's, code by code */
     run_clock_report(&clock, o.steps);
 
     llama_free(model);
     plan_free(&plan);
+    plan_free(&baseline);
     return run_finish(&o, mismatches);
 }
