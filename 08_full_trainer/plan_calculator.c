@@ -463,7 +463,7 @@ int plan_calc_mesh_ep(const plan_calc_options *o, const int mesh[MESH_NDIMS], in
     if (is_moe(&c) && !c.layer)
         REFUSE("%s: a mixture of experts, whose layer is chapter 09's: plan it with 09 --plan (the same flags)",
                o->experts ? "--plan-experts" : plan_presets[o->preset].name);
-    if (is_moe(&c) && o->fp8) REFUSE("--plan-fp8 with a mixture of experts: not planned (chapter 09 has no float8 experts)");
+    if (is_moe(&c) && o->fp8) REFUSE("--plan-fp8 with a mixture of experts: not planned (chapter 09's --fp8 casts the dense linears only and gathers nothing in float8)");
     if (is_moe(&c) && c.moe.capacity_factor > 0 && mesh[MESH_CP] > 1)   /* (chapter 09's rule) */
         REFUSE("a capacity factor with cp %d: a capacity takes a sequence's copies in token order, and cp splits "
                "each sequence over its ranks (chapter 09 refuses it too)", mesh[MESH_CP]);
@@ -912,7 +912,7 @@ int plan_calculator_run(const plan_calc_options *o) {
         comm_exit_usage("--plan-moe-every %d is more than the %d layers: no layer would be a mixture", c.layer_every,
                         c.n_layers);
     if (is_moe(&c) && o->fp8)
-        comm_exit_usage("--plan-fp8 with a mixture of experts: not planned (chapter 09 has no float8 experts)");
+        comm_exit_usage("--plan-fp8 with a mixture of experts: not planned (chapter 09's --fp8 casts the dense linears only and gathers nothing in float8)");
     if (is_moe(&c) && o->ac == AC_FULL)
         comm_exit_usage("--plan-ac full with a mixture of experts: not planned (recomputing a mixture repeats its "
                         "all-to-alls, which chapter 09's formula does not count: it recomputes nothing); use selective "

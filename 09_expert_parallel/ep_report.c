@@ -290,6 +290,7 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m,
     comm_group *groups[4];
     int n = 0, ng = 0;
     double hsdp_calls = 0, hsdp_floats = 0;   /* FSDP under HSDP: each unit's sums of both parts, over dp_replicate */
+    double float8_linears = 0;                /* --fp8 over tp: the linears whose amaxes tp agrees (F8) */
     comm_group *shard = p->groups.shard, *experts_group = NULL;   /* chapter 04's FSDP, or NULL */
     for (int i = 0; shard && i < m->params->n && !experts_group; i++)   /* the group FSDP moves them over */
         if (param_kind_is_expert(m->params->t[i].spec.kind)) experts_group = data_parallel_group_of(p, &m->params->t[i]);
@@ -371,9 +372,7 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m,
         expect[n++] = (comm_expectation){tp, COLL_ALL_REDUCE, 2 * regions * M + 2 * f8 * M,
                                          2 * regions * M * N * D * 4 + 4 * amax_floats * M,
                                          f8 > 0 ? with_amaxes : text[mixed][piped][shared]};
-        if (f8 > 0)
-            log0("  (F8 = %.0f float8 linears on this rank: 4 a layer's attention, 3 its shared expert's or "
-                 "feed-forward's)\n", f8);
+        float8_linears = f8;
     }
     if (cp && cp->size > 1) {   /* chapter 06's sum of the gradients (unless the sum over dp x cp above
                                  * made it), and the balancing loss's counts per sequence (moe.c); the
@@ -390,6 +389,9 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m,
                                          text[piped][sums == 0]};
     }
     int bad = n ? report_communication(groups, ng, o->steps, expect, n) : 0;
+    if (float8_linears > 0)
+        log0("  (F8 = %.0f float8 linears on this rank: 4 a layer's attention, 3 its shared expert's or "
+             "feed-forward's)\n", float8_linears);
     if (!ep || ep->size == 1) {
         log0("traffic: one ep rank, every expert here: no all-to-all\n");
         return bad;

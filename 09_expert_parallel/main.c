@@ -304,6 +304,10 @@ int main(int argc, char **argv) {
         log0("chapter 09: mixture of experts, %d experts, top-%d, %s%s %d x ep %d x %stp %d, backend %s\n",
              d->E, d->k, stages, rest, mesh->shape.dp_replicate, mesh->shape.dp_shard, contexts, mesh->shape.tp,
              device_backend_name());
+    if (fp8)
+        log0("float8 (chapter 07): %s on the dense linears (attention's, the shared expert's, Llama's feed-forward's), "
+             "%s; the router and the experts in %s\n", float8_recipe_name(co.fp8), float8_gemm_name(co.fp8),
+             dtype_name(c->precision));
     plan_describe(&plan);   /* which technique installed which operator; the groups */
     char every[96] = "";   /* --moe-every: which layers are mixtures */
     for (int l = 0, n = 0; c->layer_every > 1 && l < c->n_layers; l++)
