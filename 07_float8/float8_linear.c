@@ -376,9 +376,9 @@ static bool column_parallel(const float8_state *s, linear_site at) { return s->t
 static bool row_parallel(const float8_state *s, linear_site at) { return s->tp && s->layout[at.kind] == SHARD_COLS; }
 /* The block linears float8 casts: not the output layer (its logits feed the loss directly), nor a
  * mixture's router (its scores choose the experts: a flipped choice is not a rounding error) and
- * experts (chapter 09: an expert's rows come from every ep rank, so a per-tensor scale would span
- * the ep group's tokens, which the single-device baseline cannot reproduce; torchao gives grouped
- * experts a recipe of their own). */
+ * experts (chapter 09: an expert's rows are the tokens of its ep group that chose it, unequal row
+ * blocks of the single device's batch that change every step, which the equal activation groups
+ * cannot describe; torchao gives grouped experts a recipe of their own). */
 static bool in_blocks(linear_site at) {
     return at.kind != P_OUTPUT && at.kind != P_ROUTER && !param_kind_is_expert(at.kind);
 }
