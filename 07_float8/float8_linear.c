@@ -910,6 +910,7 @@ long long float8_sharded_cast_mismatches(const llama_plan *plan, llama_model *m,
         param_kind k = x->spec.kind;
         if (x->spec.layer < 0 || !x->here || x->spec.cols == 1 || k == P_ATTENTION_NORM || k == P_FFN_NORM) continue;
         linear_site at = {.kind = k, .layer = x->spec.layer};
+        if (!float8_casts_site(at)) continue;   /* (a mixture's router and experts: not cast) */
         bool col = column_parallel(s, at), row = row_parallel(s, at);
         int R = x->spec.rows, Cn = x->spec.cols;
         const float *W = param_in(t, t->params, i);

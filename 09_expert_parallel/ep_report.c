@@ -368,7 +368,8 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m,
         double amax_floats = fp8 == FLOAT8_ROWWISE ? f8 * (N + D) : 2 * f8;
         static char with_amaxes[192];
         snprintf(with_amaxes, sizeof with_amaxes, "%s + %s", text[mixed][piped][shared],
-                 fp8 == FLOAT8_ROWWISE ? "F8 (N + D) x 4 (07's amaxes)" : "2 F8 x 4 (07's amaxes)");
+                 fp8 == FLOAT8_ROWWISE ? (piped ? "F8 (N + D) M x 4 (07's amaxes)" : "F8 (N + D) x 4 (07's amaxes)")
+                                       : (piped ? "2 F8 M x 4 (07's amaxes)" : "2 F8 x 4 (07's amaxes)"));
         expect[n++] = (comm_expectation){tp, COLL_ALL_REDUCE, 2 * regions * M + 2 * f8 * M,
                                          2 * regions * M * N * D * 4 + 4 * amax_floats * M,
                                          f8 > 0 ? with_amaxes : text[mixed][piped][shared]};

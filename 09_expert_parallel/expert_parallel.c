@@ -235,8 +235,12 @@ static bool experts_sharded_by_fsdp(const llama_plan *p) {
 static const char *skip_expert_reduce(llama_plan *p) {
     ep_state *s = plan_state(p, &expert_parallel_technique);
     if (s && experts_sharded_by_fsdp(p))
-        return "skip-expert-reduce leaves out this chapter's sum of the experts' gradients, which FSDP makes when it "
-               "shards them (ep below FSDP's shard group: --fsdp --cp 2); run it without --fsdp, or with --ep-over-cp";
+        return p->groups.shard_dims & MESH_BIT(MESH_DP_REPLICATE)
+                   ? "skip-expert-reduce leaves out this chapter's sum of the experts' gradients, which FSDP makes when "
+                     "it shards them (--full-shard: over dp_replicate); run it without --full-shard"
+                   : "skip-expert-reduce leaves out this chapter's sum of the experts' gradients, which FSDP makes when "
+                     "it shards them (ep below FSDP's shard group: --fsdp --cp 2); run it without --fsdp, or with "
+                     "--ep-over-cp";
     if (!s || s->replicate->size == 1)
         return s && s->over_cp ? "skip-expert-reduce leaves out the experts' all-reduce over dp_replicate: it needs "
                                  "--ep below the data ranks times cp, dp_replicate 2 or more"
@@ -248,8 +252,12 @@ static const char *skip_expert_reduce(llama_plan *p) {
 static const char *experts_as_dense(llama_plan *p) {
     ep_state *s = plan_state(p, &expert_parallel_technique);
     if (experts_sharded_by_fsdp(p))
-        return "experts-as-dense changes this chapter's sum of the experts' gradients, which FSDP makes when it shards "
-               "them (ep below FSDP's shard group: --fsdp --cp 2); run it without --fsdp, or with --ep-over-cp";
+        return p->groups.shard_dims & MESH_BIT(MESH_DP_REPLICATE)
+                   ? "experts-as-dense changes this chapter's sum of the experts' gradients, which FSDP makes when it "
+                     "shards them (--full-shard: over dp_replicate); run it without --full-shard"
+                   : "experts-as-dense changes this chapter's sum of the experts' gradients, which FSDP makes when it "
+                     "shards them (ep below FSDP's shard group: --fsdp --cp 2); run it without --fsdp, or with "
+                     "--ep-over-cp";
     if (s->ep->size == 1)
         return "experts-as-dense sums the experts' gradients over every data rank, as a dense tensor's: it needs ep 2 "
                "or more (one ep rank holds every expert, and its data ranks replicate them)";

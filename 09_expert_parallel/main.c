@@ -70,8 +70,8 @@ static const char *usage =
     "  --fsdp               chapter 04's FSDP over dp_shard (x cp): the dense tensors sharded over it, each\n"
     "                       expert over the cp ranks that hold it (whole when ep spans them: --ep-over-cp);\n"
     "                       the ranks --ep leaves over replicate the shards (HSDP)\n"
-    "  --full-shard         with --fsdp, those ranks shard too: every data rank one shard group, each expert\n"
-    "                       over the data ranks that hold it (torchtitan's dp_shard_mod_ep)\n"
+    "  --full-shard         with --fsdp, those ranks shard too: every data rank (x cp) one shard group, each\n"
+    "                       expert over the ranks that hold it (torchtitan's dp_shard_mod_ep)\n"
     "  --pp P               chapter 05's pipeline: the layers in P stages, each with its ep group (default 1)\n"
     "  --microbatches M     the pipeline's microbatches (default 1 without --pp, pp with it)\n"
     "  --schedule S         the pipeline's schedule: gpipe|1f1b|interleaved|zb-h1 (default 1f1b)\n"
@@ -233,8 +233,12 @@ int main(int argc, char **argv) {
     if (co.cp > 1) context_parallel_validate(co.cp);
     if (piped) pipeline_validate(co.pp, &co.pipe);
     int data_ranks = mesh->shape.dp_replicate * mesh->shape.dp_shard;
-    const char *float8_why = float8_shape_error(c, co.tp, o.batch / data_ranks / co.pipe.microbatches *
-                                                          (c->seq_len / co.cp), co.fp8);   /* one GEMM's rows */
+    /* (the widths float8 casts: --ffn-dim only where a shared expert or a dense layer has it) */
+    bool ffn_cast = c->moe.shared_expert || c->layer_every > 1;
+    llama_config cast = *c;
+    if (!ffn_cast) cast.ffn_dim = c->dim;   /* (no linear of that width: nothing to check) */
+    const char *float8_why = float8_shape_error(&cast, co.tp, o.batch / data_ranks / co.pipe.microbatches *
+                                                              (c->seq_len / co.cp), co.fp8);   /* one GEMM's rows */
     if (float8_why) comm_exit_usage("%s", float8_why);
     if (co.fsdp && piped && co.pipe.schedule == PP_ZB_H1)   /* (chapter 08 refuses it too) */
         comm_exit_usage("--schedule zb-h1 defers the weight gradients past the moment FSDP reduce-scatters them: with "
@@ -252,8 +256,9 @@ int main(int argc, char **argv) {
     if (fp8) float8_apply(&plan, c, &f8);
     if (piped) pipeline_apply(&plan, mesh, c, &co.pipe);
     expert_parallel_apply(&plan, mesh, c, co.ep_over_cp);
-    if (co.fsdp)   /* chapter 04's FSDP over dp_shard (x cp): the dense tensors sharded over all of it, the
-                    * experts over the rest of it beside ep (cp, unless ep spans it: then held whole) */
+    if (co.fsdp)   /* chapter 04's FSDP over dp_shard (x cp; x dp_replicate under --full-shard): the dense
+                    * tensors sharded over all of it, the experts over the rest of it beside ep (cp unless ep
+                    * spans it, and dp_replicate under --full-shard; none left: held whole) */
         data_parallel_apply(&plan, mesh, c, &(dp_options){.mode = DP_FSDP, .reshard_after_forward = true,
                                                           .prefetch = !piped, .shard_over_cp = co.cp > 1,
                                                           .shard_over_replicate = co.full_shard});
@@ -294,8 +299,10 @@ int main(int argc, char **argv) {
         snprintf(stages, sizeof stages, "pp %d (%s, %d microbatches) x ", mesh->shape.pp,
                  pp_schedule_name(co.pipe.schedule), co.pipe.microbatches);
     if (co.cp > 1) snprintf(contexts, sizeof contexts, "cp %d (%s) x ", co.cp, cp_method_name(co.context.method));
-    /* the ranks beside ep: replicas, or under --full-shard shards of the same experts */
-    const char *rest = co.full_shard ? "dp_shard_mod_ep" : "dp_replicate";
+    /* the ranks beside ep: replicas, or under --full-shard shards of the same experts: torchtitan's
+     * dp_shard_mod_ep when nothing else shards them (cp 1, or ep spanning cp) */
+    const char *rest = !co.full_shard ? "dp_replicate"
+                       : co.cp > 1 && !co.ep_over_cp ? "dp_replicate (sharded)" : "dp_shard_mod_ep";
     if (expert_parallel_over_cp(&plan))   /* the ep group is dp_shard x cp */
         log0("chapter 09: mixture of experts, %d experts, top-%d, %s%s %d x dp_shard %d x %stp %d, ep = "
              "dp_shard x cp = %d, backend %s\n", d->E, d->k, stages, rest, mesh->shape.dp_replicate, mesh->shape.dp_shard,
@@ -305,8 +312,9 @@ int main(int argc, char **argv) {
              d->E, d->k, stages, rest, mesh->shape.dp_replicate, mesh->shape.dp_shard, contexts, mesh->shape.tp,
              device_backend_name());
     if (fp8)
-        log0("float8 (chapter 07): %s on the dense linears (attention's, the shared expert's, Llama's feed-forward's), "
-             "%s; the router and the experts in %s\n", float8_recipe_name(co.fp8), float8_gemm_name(co.fp8),
+        log0("float8 (chapter 07): %s on the dense linears (attention's%s%s), %s; the router and the experts in %s\n",
+             float8_recipe_name(co.fp8), c->moe.shared_expert ? ", the shared expert's" : "",
+             c->layer_every > 1 ? ", the dense layers' feed-forward" : "", float8_gemm_name(co.fp8),
              dtype_name(c->precision));
     plan_describe(&plan);   /* which technique installed which operator; the groups */
     char every[96] = "";   /* --moe-every: which layers are mixtures */
