@@ -348,9 +348,11 @@ dp_state *dp_push(llama_plan *plan, device_mesh *mesh, const llama_config *c, co
         comm_exit_usage("data_parallel_apply: the shard group (%s) does not span the ranks the experts are split over; "
                         "shard over them and more (dp_shard x cp under --ep-over-cp)", s->shard->name);
     s->part_group[0] = s->shard;
-    unsigned rest = param_shard_dims_of(&mesh->shape, P_EXPERT_W1, plan->groups.shard_dims, experts);   /* theirs */
-    if (experts && rest != plan->groups.shard_dims && mesh_size_over(&mesh->shape, rest) > 1) {   /* (a group of its own, even over one
-                                                                   * dimension: its traffic counted apart) */
+    /* the experts' own shard group, when it is neither the whole shard group (ep 1) nor one rank
+     * (held whole): a communicator of its own even over one mesh dimension, so that its traffic
+     * is counted apart */
+    unsigned rest = param_shard_dims_of(&mesh->shape, P_EXPERT_W1, plan->groups.shard_dims, experts);
+    if (experts && rest != plan->groups.shard_dims && mesh_size_over(&mesh->shape, rest) > 1) {
         int dims[MESH_NDIMS], n = 0;
         for (int d = 0; d < MESH_NDIMS; d++) if (rest & MESH_BIT(d)) dims[n++] = d;
         s->part_group[1] = mesh_group_over(mesh, dims, n, "expert shard");

@@ -275,9 +275,11 @@ int main(int argc, char **argv) {
     llama_model *model = run_model_paths(&o, &plan, paths, 2);   /* refuses up front what cannot fit */
     int first = 1;   /* the first step: 1, or the checkpoint's next */
     char settings[256];
-    snprintf(settings, sizeof settings, "{\"chapter\":\"09\",\"batch\":%d,\"lr\":%.9g,\"aux_alpha\":%.9g,\"capacity_factor\":%.9g%s}",
+    char fp8_key[48] = "";   /* (as chapter 08's: a float8 run resumes as one; off: as before) */
+    if (fp8) snprintf(fp8_key, sizeof fp8_key, ",\"fp8\":\"%s\"", float8_recipe_name(co.fp8));
+    snprintf(settings, sizeof settings, "{\"chapter\":\"09\",\"batch\":%d,\"lr\":%.9g,\"aux_alpha\":%.9g,\"capacity_factor\":%.9g%s%s}",
              o.batch, o.opt.lr, c->moe.aux_alpha, c->moe.capacity_factor,
-             c->moe.router == MOE_SIGMOID ? ",\"router\":\"sigmoid\"" : "");   /* (softmax: as before) */
+             c->moe.router == MOE_SIGMOID ? ",\"router\":\"sigmoid\"" : "", fp8_key);   /* (softmax: as before) */
     if (co.resume) {
         checkpoint_meta meta;
         char err[512];
