@@ -14,6 +14,9 @@
  *     stage's mixtures and microbatches, a rank's share, (ep - 1) / ep of it sent; with bf16
  *     activations the rows at 2 bytes an element, the counts at 4;
  *   - FSDP's buffers: the experts held whole (ep = S) take none, gathered (ep < S) they do;
+ *   - each tensor's shard group (params.h's param_shard_dims_of): an expert's the shard group less
+ *     the dimensions ep spans (cp under --fsdp --cp 2, dp_replicate under --full-shard), none at
+ *     ep = S (held whole), the dense tensors' at ep 1;
  *   - ZeRO-1 (--plan-dp zero1): whole values and gradients, the AdamW state sharded, one
  *     reduce-scatter and one all-gather a step whatever the microbatches, dense and with experts;
  *   - refusals: an ep that divides neither the shard group nor E, float8 with experts, full
@@ -217,6 +220,45 @@ int main(int argc, char **argv) {
         o.experts = 0;
         o.ep = 2;
         CHECK(plan_calc_mesh(&o, mesh, &r, why, sizeof why) != 0 && strstr(why, "dense"), "ep of a dense model: %s", why);
+    }
+
+    /* each tensor's shard group in a sharded block (params.h), the trainer's placement that the
+     * calculator's S / ep assumes: an expert's is the shard group less the dimensions ep spans */
+    {
+        const unsigned SHARD = MESH_BIT(MESH_DP_SHARD), CP = MESH_BIT(MESH_CP), REP = MESH_BIT(MESH_DP_REPLICATE);
+        struct {
+            mesh_shape shape;
+            unsigned shard_dims, expert_dims, want;   /* want: the experts' dims */
+            int size;                                 /* and their group's ranks */
+            bool whole;
+            const char *what;
+        } cases[] = {
+            {{.pp = 1, .dp_replicate = 2, .dp_shard = 2, .cp = 2, .tp = 1}, SHARD | CP, SHARD, CP, 2, false,
+             "--fsdp --cp 2: ep = dp_shard, each expert over cp"},
+            {{.pp = 1, .dp_replicate = 2, .dp_shard = 2, .cp = 2, .tp = 1}, SHARD | CP, SHARD | CP, 0, 1, true,
+             "--ep-over-cp: ep = S, held whole"},
+            {{.pp = 1, .dp_replicate = 2, .dp_shard = 2, .cp = 1, .tp = 1}, SHARD, SHARD, 0, 1, true,
+             "--fsdp at ep = dp_shard: held whole"},
+            {{.pp = 1, .dp_replicate = 2, .dp_shard = 2, .cp = 1, .tp = 1}, REP | SHARD, SHARD, REP, 2, false,
+             "--full-shard: each expert over dp_replicate (dp_shard_mod_ep)"},
+            {{.pp = 1, .dp_replicate = 2, .dp_shard = 2, .cp = 2, .tp = 1}, REP | SHARD | CP, SHARD, REP | CP, 4, false,
+             "--full-shard --cp 2: over dp_replicate x cp"},
+            {{.pp = 1, .dp_replicate = 4, .dp_shard = 1, .cp = 2, .tp = 1}, SHARD | CP, SHARD, SHARD | CP, 2, false,
+             "ep 1: a dimension of one rank splits nothing (the dense tensors' group)"},
+            {{.pp = 1, .dp_replicate = 1, .dp_shard = 4, .cp = 1, .tp = 1}, SHARD, 0, SHARD, 4, false,
+             "no expert parallelism: sharded as a dense tensor"}};
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+            unsigned got = param_shard_dims_of(&cases[i].shape, P_EXPERT_W1, cases[i].shard_dims, cases[i].expert_dims);
+            bool whole = param_held_whole(&cases[i].shape, P_EXPERT_W2, cases[i].shard_dims, cases[i].expert_dims);
+            CHECK(got == cases[i].want && mesh_size_over(&cases[i].shape, got) == cases[i].size &&
+                      whole == cases[i].whole,
+                  "%s: the experts' dims %#x over %d ranks, held whole %d; want %#x over %d, %d", cases[i].what, got,
+                  mesh_size_over(&cases[i].shape, got), whole, cases[i].want, cases[i].size, cases[i].whole);
+            CHECK(param_shard_dims_of(&cases[i].shape, P_WQ, cases[i].shard_dims, cases[i].expert_dims) ==
+                          cases[i].shard_dims &&
+                      !param_held_whole(&cases[i].shape, P_ROUTER, cases[i].shard_dims, cases[i].expert_dims),
+                  "%s: a dense tensor's shard group is not the table's", cases[i].what);
+        }
     }
 
     /* the whole report for a mixture, of a --plan-mesh without --plan-ep (the ep that fits and is
