@@ -139,10 +139,11 @@ const char *data_parallel_run_options_json(dtype reduce_type, int data_ranks, in
 mesh_rule dp_batch_rule(long long batch);
 /* The bytes the transient buffers added to MEM_BUFFERS when they were allocated (0 before). */
 double data_parallel_buffer_bytes(const llama_plan *plan);
-/* The group the plan's data parallelism moves tensor x's shards over: the shard group, or for a
- * tensor sharded over a narrower one (09's experts, ep < S) that group, "expert shard"; NULL when
- * nothing moves it (held whole, another stage's, or no data parallelism on the plan). */
-comm_group *data_parallel_group_of(const llama_plan *plan, const param_tensor *x);
+/* The group the plan's data parallelism moves the shards of tensor x (of the model's table t) over:
+ * the shard group, or for a tensor sharded over a narrower one (09's experts, ep < S) that group,
+ * "expert shard"; NULL when nothing moves it (held whole, another stage's, or no data parallelism
+ * on the plan). */
+comm_group *data_parallel_group_of(const llama_plan *plan, const param_table *t, const param_tensor *x);
 /* The technique as the plan's stack records it (plan_free frees its state and buffers). */
 extern const plan_technique data_parallel_technique;
 

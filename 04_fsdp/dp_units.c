@@ -83,7 +83,7 @@ size_t unit_parts(const dp_state *s, int u, unit_part part[DP_PARTS]) {
     for (int q = 0; q < DP_PARTS; q++) part[q] = (unit_part){.group = s->part_group[q]};
     for (int k = 0; k < n; k++) {
         const param_tensor *x = &s->t->t[idx[k]];
-        if (dp_moves(s, x)) part[dp_part_of(s, x)].floats += dp_shard_of(x);
+        if (dp_moves(s, x)) part[param_shard_part(s->t, x)].floats += dp_shard_of(x);
     }
     part[1].shards_at = part[0].floats;
     part[1].by_rank_at = part[0].floats * (size_t)(part[0].group ? part[0].group->size : 1);
@@ -104,10 +104,10 @@ void unit_copy(dp_state *s, int u, float *by_rank, float *by_tensor, float *whol
         const param_tensor *x = &s->t->t[idx[k]];
         size_t c = dp_shard_of(x);
         if (!c || !dp_moves(s, x)) continue;   /* another stage's tensor, or one held whole */
-        int q = dp_part_of(s, x);
+        int q = param_shard_part(s->t, x);
         size_t U = part[q].floats, S = (size_t)x->shard_ranks;
         float *t = by_tensor ? by_tensor + padded_at : param_in(s->t, whole, idx[k]);
-        size_t real = by_tensor ? dp_padded(s, x) : (size_t)x->units * x->width;
+        size_t real = by_tensor ? dp_padded(x) : (size_t)x->units * x->width;
         size_t chunks = real / c, rest = real % c;   /* whole chunks, then part of one */
         float *r = by_rank + part[q].by_rank_at + at[q];
         if (to_ranks) {
@@ -122,7 +122,7 @@ void unit_copy(dp_state *s, int u, float *by_rank, float *by_tensor, float *whol
             if (rest) device_copy(t + chunks * c, r + chunks * U, rest * f);
         }
         at[q] += c;
-        padded_at += dp_padded(s, x);
+        padded_at += dp_padded(x);
     }
 }
 
@@ -215,9 +215,9 @@ void full_grads(dp_state *s, int u, unit_weights *w) {
     for (int k = 0; k < n; k++) {
         const param_tensor *x = &s->t->t[idx[k]];
         if (!dp_moves(s, x)) continue;
-        device_zero(g, dp_padded(s, x) * sizeof(float));
+        device_zero(g, dp_padded(x) * sizeof(float));
         w->of[x->spec.kind] = g;
-        g += dp_padded(s, x);
+        g += dp_padded(x);
     }
 }
 
@@ -257,8 +257,6 @@ void finish_unit_reduce(dp_state *s) {
  * model's table will have (params.h: each tensor's tp slice, its first dimension split in S_q
  * chunks of ceil(units / S_q) over its shard group), computed without allocating anything. */
 static void plan_unit_sizes(dp_state *s, const llama_plan *plan, device_mesh *mesh, const llama_config *c) {
-    comm_group *tp = mesh->group[MESH_TP];
-    int p = tp ? tp->size : 1, r = tp ? tp->rank : 0;
     size_t *unit_sum = calloc((size_t)s->L + 1, sizeof *unit_sum);      /* S_0 U_0 + S_1 U_1 of each unit */
     size_t *unit_shards = calloc((size_t)s->L + 1, sizeof *unit_shards);   /* U_0 + U_1 */
     for (int i = 0; i < llama_num_params(c); i++) {
@@ -269,13 +267,8 @@ static void plan_unit_sizes(dp_state *s, const llama_plan *plan, device_mesh *me
             continue;
         }
         int r0, nr, c0, nc;
-        bool by_expert = plan->groups.expert_dims && param_kind_is_expert(sp.kind);
-        if (by_expert)   /* whole experts over the ep ranks, as params.c splits them */
-            shard_slice(SHARD_ROWS, sp.rows, sp.cols, mesh_rank_over(&mesh->shape, mesh->coord, plan->groups.expert_dims),
-                        mesh_size_over(&mesh->shape, plan->groups.expert_dims), &r0, &nr, &c0, &nc);
-        else
-            shard_slice(plan->layout[sp.kind], param_split_rows(c, sp, plan->layout[sp.kind], p), sp.cols, r, p, &r0,
-                        &nr, &c0, &nc);   /* (the vocabulary's rows padded over tp: 02) */
+        bool even;   /* (the table checks it) */
+        param_rank_slice(c, mesh, plan->groups.expert_dims, plan->layout[sp.kind], sp, &r0, &nr, &c0, &nc, &even);
         size_t units = sp.is_vector ? (size_t)nc : (size_t)nr, width = sp.is_vector ? 1 : (size_t)nc;
         size_t S = (size_t)mesh_size_over(&mesh->shape, dims), shard = (units + S - 1) / S * width;
         int u = sp.layer < 0 ? s->L : sp.layer;
@@ -459,10 +452,10 @@ double data_parallel_buffer_bytes(const llama_plan *plan) {
     return !s ? 0 : s->allocated ? s->measured_bytes : 0;
 }
 
-comm_group *data_parallel_group_of(const llama_plan *plan, const param_tensor *x) {
+comm_group *data_parallel_group_of(const llama_plan *plan, const param_table *t, const param_tensor *x) {
     const dp_state *s = plan_state(plan, &data_parallel_technique);
     if (!s || !param_sharded_here(x)) return NULL;
-    return s->part_group[x->shard_dims != param_shard_dims(plan->groups.shard_dims)];
+    return s->part_group[param_shard_part(t, x)];
 }
 
 /* The marks read as seconds since the step began (waiting for the device to get there). A

@@ -111,7 +111,7 @@ void dp_mark_now(device_mark *m);
 /* ---- a unit, its layouts and its collectives ---- */
 /* A tensor's padded size: S_q shards (its shard group's ranks) of shard_units rows (elements) of
  * `width`. */
-static inline size_t dp_padded(const dp_state *s, const param_tensor *x) {
+static inline size_t dp_padded(const param_tensor *x) {
     return (size_t)x->shard_ranks * x->shard_units * x->width;
 }
 static inline size_t dp_shard_of(const param_tensor *x) { return (size_t)x->shard_units * x->width; }
@@ -123,9 +123,6 @@ static inline size_t dp_shard_of(const param_tensor *x) { return (size_t)x->shar
 static inline bool dp_moves(const dp_state *s, const param_tensor *x) {
     return param_sharded_here(x);
 }
-/* The part tensor x belongs to: 1 when its shard group is narrower than the plan's (09's experts
- * with ep < S), else 0. */
-static inline int dp_part_of(const dp_state *s, const param_tensor *x) { return x->shard_dims != s->t->shard_dims; }
 /* Unit u's parts on this rank: each part's group, its U_q and where it lies (DP_PARTS of them; a
  * part with nothing here has floats 0). Returns U_0 + U_1. */
 size_t unit_parts(const dp_state *s, int u, unit_part part[DP_PARTS]);

@@ -72,7 +72,7 @@ static void land_slot(fsdp_state *f, unit_slot *slot) {
         const param_tensor *x = &s->t->t[slot->idx[k]];
         s->o.gather->finish(s->o.gather->ctx, x, full, dp_shard_of(x), slot->pending[k]);
         slot->pending[k] = NULL;
-        full += dp_padded(s, x);
+        full += dp_padded(x);
     }
     slot->n_req = 0;
     dp_event_add(s, "comm", &slot->issued, slot->unit == s->L ? "all_gather ends" : "all_gather %d", slot->unit);
@@ -135,9 +135,9 @@ static void gather_unit(fsdp_state *f, int u) {
         int r = slot->n_req++;
         slot->idx[r] = idx[k];
         slot->pending[r] = NULL;
-        slot->req[r] = s->o.gather->start(s->o.gather->ctx, s->part_group[dp_part_of(s, x)], x, shard, dst,
+        slot->req[r] = s->o.gather->start(s->o.gather->ctx, s->part_group[param_shard_part(s->t, x)], x, shard, dst,
                                           dp_shard_of(x), &slot->pending[r]);
-        dst += dp_padded(s, x);
+        dst += dp_padded(x);
     }
 }
 
@@ -152,7 +152,7 @@ static void slot_views(fsdp_state *f, unit_slot *slot, unit_weights *w) {
         const param_tensor *x = &s->t->t[idx[k]];
         if (!dp_moves(s, x)) continue;
         w->of[x->spec.kind] = p;
-        p += dp_padded(s, x);
+        p += dp_padded(x);
     }
 }
 

@@ -231,6 +231,11 @@ double ep_alltoall_bytes(double L, double P, double N, double k, double D, doubl
 }
 const plan_moe_chapter ep_plan_moe_chapter = {moe_layer_for, ep_alltoall_bytes};
 
+/* Whether chapter 04's FSDP shards over dp_replicate too (--full-shard): no HSDP replicas then. */
+static bool shards_span_replicas(const llama_plan *p) {
+    return p->groups.shard && (p->groups.shard_dims & MESH_BIT(MESH_DP_REPLICATE));
+}
+
 /* Chapter 04's FSDP collectives of one pass (a step, or a microbatch under a pipeline: piped) on
  * this rank, from the tensors it moves, by part (dp_units.h): [0] the dense tensors over the shard
  * group, [1] the experts over their own (ep < S; held whole: moved by none). A layer's unit is
@@ -258,7 +263,7 @@ static fsdp_traffic fsdp_traffic_of(const llama_model *m, bool piped) {
         for (int j = 0; j < k; j++) {
             const param_tensor *x = &t->t[idx[j]];
             if (!param_sharded_here(x)) continue;   /* another stage's, or held whole */
-            int q = x->shard_dims != t->shard_dims;  /* the experts' own shard group: part 1 */
+            int q = param_shard_part(t, x);   /* the experts' own shard group: part 1 */
             double floats = (double)x->shard_units * x->width;
             bool half = f.bf16 && fsdp_gathers_bf16(x->spec.kind);
             f.gathered_bytes[q] += gathers * floats * (half ? 2 : 4);
@@ -293,11 +298,10 @@ int ep_report_traffic(const run_options *o, const llama_plan *p, llama_model *m,
     double float8_linears = 0;                /* --fp8 over tp: the linears whose amaxes tp agrees (F8) */
     comm_group *shard = p->groups.shard, *experts_group = NULL;   /* chapter 04's FSDP, or NULL */
     for (int i = 0; shard && i < m->params->n && !experts_group; i++)   /* the group FSDP moves them over */
-        if (param_kind_is_expert(m->params->t[i].spec.kind)) experts_group = data_parallel_group_of(p, &m->params->t[i]);
+        if (param_kind_is_expert(m->params->t[i].spec.kind)) experts_group = data_parallel_group_of(p, m->params, &m->params->t[i]);
     /* their own group (ep < S), or none: held whole (ep = S), or moved with the dense tensors (ep 1) */
     comm_group *experts_shard = experts_group != shard ? experts_group : NULL;
-    /* --full-shard: the shard group spans dp_replicate, which then holds no replicas (no HSDP) */
-    bool full_shard = shard && (p->groups.shard_dims & MESH_BIT(MESH_DP_REPLICATE));
+    bool full_shard = shards_span_replicas(p);   /* then dp_replicate holds no replicas (no HSDP) */
     if (shard) {
         fsdp_traffic f = fsdp_traffic_of(m, piped);
         double S = shard->size;
@@ -443,8 +447,8 @@ int ep_report_plan(const run_options *o, const llama_plan *p, llama_model *m, co
         log0("08's --plan calculator (09 --plan) is not compared on this run: %s\n", why_not);
         return 0;
     }
-    /* the calculator's options: this model, batch and mesh (FSDP over the ep group: dp_shard, or
-     * dp_shard x cp with --ep-over-cp) */
+    /* the calculator's options: this model, batch and mesh (FSDP over dp_shard, x cp when cp > 1,
+     * x dp_replicate under --full-shard) */
     plan_calc_options q;
     plan_calc_defaults(&q);
     q.dim = c->dim; q.n_layers = c->n_layers; q.n_heads = c->n_heads; q.n_kv_heads = c->n_kv_heads;
@@ -463,8 +467,8 @@ int ep_report_plan(const run_options *o, const llama_plan *p, llama_model *m, co
     q.gpus = comm_world()->size;
     int g[MESH_NDIMS];
     memcpy(g, mesh->shape.degree, sizeof g);
-    if (p->groups.shard && (p->groups.shard_dims & MESH_BIT(MESH_DP_REPLICATE)))   /* --full-shard: */
-        g[MESH_DP_SHARD] *= g[MESH_DP_REPLICATE], g[MESH_DP_REPLICATE] = 1;        /* one dp_shard  */
+    if (shards_span_replicas(p))   /* --full-shard: one dp_shard */
+        g[MESH_DP_SHARD] *= g[MESH_DP_REPLICATE], g[MESH_DP_REPLICATE] = 1;
     char why[512] = "", cmd[640];
     plan_calc_result r;
     /* the command that plans this run (its figures above the table) */

@@ -192,6 +192,7 @@ static const int grad_scratch[] = {ACT_ATTN_OUT, ACT_Q, ACT_K, ACT_V, ACT_PROBS,
 double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, double *state_bytes,
                          double *act_bytes, double *largest_numel) {
     double p = plan->groups.tp ? plan->groups.tp->size : 1, largest = 0, state = 0;
+    const mesh_shape *shape = plan->groups.mesh ? &plan->groups.mesh->shape : NULL;
     for (int i = 0; i < llama_num_params(c); i++) {           /* every tensor's local slice */
         param_spec s = llama_param_spec(c, i);
         if (!plan_holds(plan, c->n_layers, s.kind, s.layer)) continue;
@@ -202,7 +203,6 @@ double llama_model_bytes(const llama_config *c, const llama_plan *plan, int B, d
         double numel = (double)s.rows * s.cols / split;
         /* a sharded block holds a tensor's shard over its shard group (09's experts: the rest of the
          * shard group beside ep; one rank when held whole) */
-        const mesh_shape *shape = plan->groups.mesh ? &plan->groups.mesh->shape : NULL;
         double S = shape ? mesh_size_over(shape, param_shard_dims_of(shape, s.kind, plan->groups.shard_dims,
                                                                      plan->groups.expert_dims))
                          : 1;

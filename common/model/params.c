@@ -27,6 +27,19 @@ bool param_held_whole(const mesh_shape *shape, param_kind kind, unsigned shard_d
            mesh_size_over(shape, param_shard_dims_of(shape, kind, shard_dims, expert_dims)) == 1;
 }
 
+int param_rank_slice(const llama_config *c, const device_mesh *mesh, unsigned expert_dims, shard_layout tp_layout,
+                     param_spec s, int *r0, int *nr, int *c0, int *nc, bool *even) {
+    bool by_expert = mesh && expert_dims && param_kind_is_expert(s.kind);
+    shard_layout split = by_expert ? SHARD_ROWS : tp_layout;   /* over the expert dimensions, or tp */
+    const comm_group *tp = mesh ? mesh->group[MESH_TP] : NULL;
+    int p = by_expert ? mesh_size_over(&mesh->shape, expert_dims) : tp ? tp->size : 1;
+    int r = by_expert ? mesh_rank_over(&mesh->shape, mesh->coord, expert_dims) : tp ? tp->rank : 0;
+    int rows = param_split_rows(c, s, split, p);   /* the vocabulary's padded */
+    shard_slice(split, rows, s.cols, r, p, r0, nr, c0, nc);
+    *even = !((split == SHARD_ROWS && *nr * p != rows) || (split == SHARD_COLS && *nc * p != s.cols));
+    return p;
+}
+
 param_table *param_table_create(const llama_config *c, device_mesh *mesh,
                                 const shard_layout layout[P_NKINDS],
                                 const block_storage storage[PARAM_NBLOCKS], unsigned shard_dims,
@@ -36,14 +49,8 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
     t->mesh = mesh;
     t->tp = mesh ? mesh->group[MESH_TP] : NULL;
     t->shard_dims = param_shard_dims(shard_dims);
-    t->shard_ranks = mesh ? mesh_size_over(&mesh->shape, t->shard_dims) : 1;
-    t->shard_rank = mesh ? mesh_rank_over(&mesh->shape, mesh->coord, t->shard_dims) : 0;
     for (int b = 0; b < PARAM_NBLOCKS; b++) t->storage[b] = storage ? storage[b] : STORE_WHOLE;
     t->expert_dims = mesh ? expert_dims : 0;
-    int p_tp = t->tp ? t->tp->size : 1, r_tp = t->tp ? t->tp->rank : 0;
-    /* the experts' weights go whole experts to each rank of the expert dimensions (09) */
-    int p_ep = t->expert_dims ? mesh_size_over(&mesh->shape, t->expert_dims) : 1;
-    int r_ep = t->expert_dims ? mesh_rank_over(&mesh->shape, mesh->coord, t->expert_dims) : 0;
     t->n = llama_num_params(c);
     t->t = calloc((size_t)t->n, sizeof *t->t);
     for (int i = 0; i < t->n; i++) {
@@ -51,15 +58,12 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
         x->spec = llama_param_spec(c, i);
         x->tp_layout = layout ? layout[x->spec.kind] : SHARD_REPLICATED;
         x->here = here ? here[i] : true;
-        bool by_expert = t->expert_dims && param_kind_is_expert(x->spec.kind);
-        shard_layout split = by_expert ? SHARD_ROWS : x->tp_layout;   /* over the expert dimensions, or tp */
-        int p = by_expert ? p_ep : p_tp, r = by_expert ? r_ep : r_tp;
-        int rows = param_split_rows(c, x->spec, split, p);   /* the vocabulary's padded */
-        shard_slice(split, rows, x->spec.cols, r, p, &x->r0, &x->nr, &x->c0, &x->nc);
-        if ((split == SHARD_ROWS && x->nr * p != rows) ||
-            (split == SHARD_COLS && x->nc * p != x->spec.cols)) {
+        /* the experts' weights go whole experts to each rank of the expert dimensions (09) */
+        bool even;
+        int p = param_rank_slice(c, mesh, t->expert_dims, x->tp_layout, x->spec, &x->r0, &x->nr, &x->c0, &x->nc, &even);
+        if (!even) {
             fprintf(stderr, "param_table_create: %s [%d, %d] is not divisible by %s %d\n", x->spec.name,
-                    x->spec.rows, x->spec.cols, by_expert ? "ep" : "tp", p);
+                    x->spec.rows, x->spec.cols, t->expert_dims && param_kind_is_expert(x->spec.kind) ? "ep" : "tp", p);
             exit(1);
         }
         /* the shard group's split of PyTorch's dim 0: a matrix's rows, a vector's elements */
@@ -96,7 +100,7 @@ param_table *param_table_create(const llama_config *c, device_mesh *mesh,
         for (int part = 0; part < 2; part++)
             for (int k = 0; k < n; k++) {
                 param_tensor *x = &t->t[idx[k]];
-                if ((x->shard_dims != t->shard_dims) != part) continue;   /* (dp_units.h's dp_part_of) */
+                if (param_shard_part(t, x) != part) continue;
                 x->offset_shard = t->shard_numel;
                 t->shard_numel += (size_t)x->shard_units * x->width;
             }

@@ -113,7 +113,6 @@ typedef struct {
                                * dp_shard (04), or dp_shard and cp (08)                        */
     unsigned expert_dims;     /* the mesh dimensions the experts' weights are split over by rows,
                                * whole experts to each rank (09's expert parallelism; 0: none) */
-    int shard_ranks, shard_rank;   /* S, the size of that group, and this rank's place in it    */
     int n;                    /* number of tensors: llama_num_params(c)                       */
     param_tensor *t;          /* [n], in llama.h's order                                      */
     block_storage storage[PARAM_NBLOCKS];
@@ -126,10 +125,23 @@ typedef struct {
     float *params, *grads, *adam_m, *adam_v;   /* MEM_PARAMS, MEM_GRADS, MEM_OPTIM, MEM_OPTIM */
 } param_table;
 
+/* Which part of its unit a sharded block stores tensor x in, and FSDP moves it in (dp_units.h's
+ * unit_part): 0, split over the table's shard group; 1, over a narrower one (09's experts), or
+ * held whole. */
+static inline int param_shard_part(const param_table *t, const param_tensor *x) { return x->shard_dims != t->shard_dims; }
+
 /* The rows tensor `s` has when split over tp ranks under `layout`: its own, except the
  * vocabulary's two tensors split by rows (02), which hold the padded vocabulary
  * (llama_padded_vocab), rows [vocab_size, padded) being zero padding on the last ranks. */
 int param_split_rows(const llama_config *c, param_spec s, shard_layout layout, int tp);
+
+/* This rank's slice of tensor s before any data-parallel sharding, rows [r0, r0+nr) x columns
+ * [c0, c0+nc) as shard_slice gives it (the vocabulary's padding rows included): an expert's weight
+ * in whole experts over the mesh dimensions expert_dims (09), any other tensor over the mesh's tp
+ * group as tp_layout says (mesh NULL: whole). Returns the ranks it is split over; *even is false
+ * when they do not divide it (a programming error for the caller to report). */
+int param_rank_slice(const llama_config *c, const device_mesh *mesh, unsigned expert_dims, shard_layout tp_layout,
+                     param_spec s, int *r0, int *nr, int *c0, int *nc, bool *even);
 
 /* The mesh dimensions a sharded block is split over, from a plan's shard_dims: those (MESH_BIT),
  * or dp_shard alone when 0 (a plan that does not say: chapter 04's FSDP). */
