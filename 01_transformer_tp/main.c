@@ -63,7 +63,7 @@ int main(int argc, char **argv) {
     char path[512], label[32];
     snprintf(path, sizeof path, "%s/loss_tp%d.csv", o.out_dir, tp_degree);
     snprintf(label, sizeof label, "tp=%d", tp_degree);
-    run_clock clock = run_train(&o, model, label, path);
+    run_clock clock = run_train(&o, model, NULL, label, path);
 
     /* ---- measured beside the README's formulas ---- */
     log0("\n");

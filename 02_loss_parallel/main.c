@@ -98,7 +98,7 @@ int main(int argc, char **argv) {
     /* ---- train, with the baseline beside it ---- */
     char label[32];
     snprintf(label, sizeof label, "tp=%d%s", p, co.loss_parallel ? " lp" : "");
-    run_clock clock = run_train(&o, model, label, NULL);
+    run_clock clock = run_train(&o, model, NULL, label, NULL);
 
     /* ---- measured beside the README's formulas: chapter 01's, the vocabulary terms over tp (Vp:
      * the padded vocabulary, V itself without padding or without loss parallelism) ---- */

@@ -105,7 +105,7 @@ int main(int argc, char **argv) {
     char path[512], label[48];
     snprintf(path, sizeof path, "%s/loss_%s_tp%d_%s.csv", o.out_dir, co.sp ? "sp" : "nosp", p, ac_mode_name(co.ac));
     snprintf(label, sizeof label, "%s=%d ac=%s", co.sp ? "tp+sp" : "tp", p, ac_mode_name(co.ac));
-    run_clock clock = run_train(&o, model, label, path);
+    run_clock clock = run_train(&o, model, NULL, label, path);
 
     /* ---- communication, measured beside the README's formulas ---- */
     log0("\n");

@@ -189,7 +189,8 @@ static bool recompute(void *state, llama_model *m, int l, const unit_weights *w)
         /* BEGIN ASSIGNMENT: recompute what selective AC dropped: both norms, the softmax probabilities, the SwiGLU product */
         rmsnorm_forward(a->attn_xn, a->attn_rstd, a->h_in, w->attention_norm, d->Ns, d->D, m->c.norm_eps);
         /* the probabilities from the kept q and k (one more q k^T); the output is thrown away */
-        p->attention.forward(p->attention.state, p, s->attn_out_scratch, a->probs, a->q, a->k, a->v, d->B, d->T, d->Hl, d->Hkvl, d->hd);
+        p->attention.forward(p->attention.state, p, m->c.precision, s->attn_out_scratch, a->probs, a->q, a->k, a->v, d->B,
+                             d->T, d->Hl, d->Hkvl, d->hd);
         rmsnorm_forward(a->ffn_xn, a->ffn_rstd, a->h_mid, w->ffn_norm, d->Ns, d->D, m->c.norm_eps);
         swiglu_forward(a->ffn_g, a->ffn_a, a->ffn_b, (size_t)d->N * d->Fl);
         /* END ASSIGNMENT */

@@ -113,7 +113,7 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/loss_%s_r%d_s%d_t%d.csv", o.out_dir, dp_mode_name(co.dp.mode), R, S, T);
     snprintf(label, sizeof label, "%s %dx%dx%d", dp_mode_name(co.dp.mode), R, S, T);
     comm_log_waits(true);   /* report_timeline splits the waiting (comm_wait_split) */
-    run_clock clock = run_train(&o, model, label, path);
+    run_clock clock = run_train(&o, model, NULL, label, path);
 
     /* ---- measured beside the formulas ---- */
     log0("\n");

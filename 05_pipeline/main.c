@@ -113,7 +113,7 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/loss_%s_p%d_m%d_v%d_t%d.csv", o.out_dir, pp_schedule_name(sched->kind), P,
              sched->M, sched->V, T);
     snprintf(label, sizeof label, "%s %dx%d", pp_schedule_name(sched->kind), P, T);
-    run_clock clock = run_train(&o, model, label, path);
+    run_clock clock = run_train(&o, model, NULL, label, path);
 
     /* ---- measured beside the formulas ---- */
     log0("\n");

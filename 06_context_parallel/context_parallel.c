@@ -5,6 +5,7 @@
 #include <string.h>
 #include "comm.h"
 #include "device.h"
+#include "dump.h"
 #include "init.h"
 #include "kernels.h"
 #include "llama_kernels.h"
@@ -25,6 +26,7 @@ typedef struct {
     int n_events;
     cp_event events[2 * CP_MAX_RANKS]; /* the last ring forward's steps                          */
     bool no_lse_rescale;            /* --fault no-lse-rescale                                   */
+    dtype compute;                  /* the model's precision (--dtype), set by each call          */
 } cp_state;
 
 static void restart_timeline(cp_state *s);
@@ -77,6 +79,45 @@ void cp_working_set_formula(cp_method method, int C, int B, int Tl, int H, int H
     }
 }
 
+/* One attention block call's bf16 operand copies at most, in elements (llama_kernels.h's
+ * attention_block_forward_in / backward_in, one sequence of Tq queries of Hq heads against Tk keys
+ * of Hk kv heads). */
+static double block_copies_forward(double Tq, double Tk, double Hq, double Hk, double hd) {
+    return Tk * Hk * hd + fmax(Tq * Hq * hd, Hq * Tq * Tk);
+}
+static double block_copies_backward(double Tq, double Tk, double Hq, double Hk, double hd) {
+    return 2 * Tq * Hq * hd + Tk * Hk * hd + fmax(Tk * Hk * hd, 2 * Hq * Tq * Tk);
+}
+
+void cp_working_set_bytes(cp_method method, dtype compute, size_t copy_bytes, int C, int B, int Tl, int H, int Hkv,
+                          int hd, double *forward, double *backward) {
+    double f, b;
+    cp_working_set_formula(method, C, B, Tl, H, Hkv, hd, &f, &b);
+    *forward = 4 * f;
+    *backward = 4 * b;
+    if (compute != DTYPE_BF16) return;
+    double Tc = Tl / 2.0, K = (double)B * Tl * Hkv * hd, Q = (double)B * Tl * H * hd, e = (double)copy_bytes;
+    switch (method) {
+    case CP_RING:   /* the blocks at 2 bytes and the one in hand widened: the same bytes as fp32's */
+        *forward += e * block_copies_forward(Tc, Tc, H, Hkv, hd);
+        *backward += e * block_copies_backward(Tc, Tc, H, Hkv, hd);
+        break;
+    case CP_ALLGATHER: {   /* every block at 2 bytes (2K (C + 1) x 2), one widened (2K x 4) */
+        double pair = Tc * H * hd + H * Tc + H * Tc * Tc;
+        *forward = 4 * K * (C + 1) + 8 * K + 4 * pair + e * block_copies_forward(Tc, Tc, H, Hkv, hd);
+        *backward = 4 * K * (C + 1) + 8 * K * (C + 1) + 8 * K + 8 * H * Tc * Tc +
+                    e * block_copies_backward(Tc, Tc, H, Hkv, hd);
+        break;
+    }
+    default: {   /* the largest causal block's scores and its copies, against the all-to-all's buffers */
+        double T = (double)C * Tl, rows = causal_largest_block((int)T), Hg = H / C, Hkvg = Hkv / C;
+        double scores = Hg * rows * T;
+        *forward = 4 * (2 * Q + 2 * K) + fmax(8 * Q, 4 * scores + e * block_copies_forward(rows, T, Hg, Hkvg, hd));
+        *backward = 4 * (4 * Q + 4 * K) + fmax(8 * Q, 8 * scores + e * block_copies_backward(rows, T, Hg, Hkvg, hd));
+    }
+    }
+}
+
 /* The RoPE positions of this rank's Tl = T / C rows: its two chunks' positions, in order. */
 static void cp_positions(void *state, const llama_plan *p, int *positions, int Tl) {
     const cp_state *s = state;
@@ -114,8 +155,9 @@ static void block_forward(cp_state *s, const cp_shape *z, float *out, float *lse
         for (int i = 0; i < 2; i++)
             for (int j = 0; j < 2; j++) {
                 if (!pair_visible(s->chunks[i], kchunks[j])) continue;
-                attention_block_forward(out_b, lse_b, q + q_piece(z, b, i), k + k_piece(z, b, j), v + k_piece(z, b, j),
-                                        1, z->Tc, z->Tc, z->H, z->Hkv, z->hd, s->chunks[i] * z->Tc, kchunks[j] * z->Tc);
+                attention_block_forward_in(s->compute, out_b, lse_b, q + q_piece(z, b, i), k + k_piece(z, b, j),
+                                           v + k_piece(z, b, j), 1, z->Tc, z->Tc, z->H, z->Hkv, z->hd,
+                                           s->chunks[i] * z->Tc, kchunks[j] * z->Tc);
                 if (s->no_lse_rescale) {   /* lse merged right, the outputs simply added */
                     size_t piece = (size_t)z->Tc * z->H * z->hd;
                     float *kept = device_alloc_floats(piece, MEM_BUFFERS);
@@ -149,22 +191,41 @@ static void block_backward(cp_state *s, const cp_shape *z, float *dq, float *dkv
         for (int i = 0; i < 2; i++)
             for (int j = 0; j < 2; j++) {
                 if (!pair_visible(s->chunks[i], kchunks[j])) continue;
-                attention_block_backward(dq + q_piece(z, b, i), dk + k_piece(z, b, j), dv + k_piece(z, b, j),
-                                         dout + q_piece(z, b, i), out + q_piece(z, b, i), lse + lse_piece(z, b, i),
-                                         q + q_piece(z, b, i), k + k_piece(z, b, j), v + k_piece(z, b, j), 1, z->Tc,
-                                         z->Tc, z->H, z->Hkv, z->hd, s->chunks[i] * z->Tc, kchunks[j] * z->Tc);
+                attention_block_backward_in(s->compute, dq + q_piece(z, b, i), dk + k_piece(z, b, j),
+                                            dv + k_piece(z, b, j), dout + q_piece(z, b, i), out + q_piece(z, b, i),
+                                            lse + lse_piece(z, b, i), q + q_piece(z, b, i), k + k_piece(z, b, j),
+                                            v + k_piece(z, b, j), 1, z->Tc, z->Tc, z->H, z->Hkv, z->hd,
+                                            s->chunks[i] * z->Tc, kchunks[j] * z->Tc);
                 if (exchange) comm_progress(exchange);
             }
 }
 
 static void owner_chunks(const cp_state *s, int owner, int chunks[2]) { cp_chunks_of(s->o.balance, owner, s->C, chunks); }
 
-/* This rank's k and v packed into one block [2][B][Tl][Hkv][hd]. */
-static float *pack_kv(const cp_shape *z, const float *k, const float *v) {
-    float *kv = device_alloc_floats(2 * kv_floats(z), MEM_BUFFERS);
-    device_copy(kv, k, kv_floats(z) * sizeof(float));
-    device_copy(kv + kv_floats(z), v, kv_floats(z) * sizeof(float));
+/* The type K/V blocks travel in: bf16 under --dtype bf16, where every reader of k and v is a
+ * product that rounds them to bf16 anyway (attention_block_forward_in): the same values, half the
+ * bytes. Their gradients are sums and travel in fp32. */
+static dtype kv_wire(const cp_state *s) { return s->compute == DTYPE_BF16 ? DTYPE_BF16 : DTYPE_F32; }
+
+/* This rank's k and v packed into one block [2][B][Tl][Hkv][hd] of type t. */
+static void *pack_kv(const cp_shape *z, const float *k, const float *v, dtype t) {
+    size_t n = kv_floats(z);
+    void *kv = device_alloc_elems(2 * n, t, MEM_BUFFERS);
+    if (t == DTYPE_BF16) {
+        cast_to_bf16(kv, k, n);
+        cast_to_bf16(dtype_at(kv, t, n), v, n);
+    } else {
+        device_copy(kv, k, n * sizeof(float));
+        device_copy(dtype_at(kv, t, n), v, n * sizeof(float));
+    }
     return kv;
+}
+/* A block of type t as the fp32 the attention functions read: itself, or widened into `widened`
+ * (exact: bf16 values in fp32). */
+static const float *block_in_hand(const void *kv, dtype t, float *widened, size_t n) {
+    if (t != DTYPE_BF16) return kv;
+    cast_from_bf16(widened, kv, n);
+    return widened;
 }
 
 /* ---- ring and all-gather: the K/V blocks come to the queries --------------------------------
@@ -213,35 +274,40 @@ static void ring_wait(cp_state *s, comm_request *req, int t) {
 
 static void kv_forward(cp_state *s, const cp_shape *z, float *out, float *lse, const float *q,
                        const float *k, const float *v) {
-    float *kv = pack_kv(z, k, v);
+    dtype w = kv_wire(s);
+    void *kv = pack_kv(z, k, v, w);
     size_t n = 2 * kv_floats(z);
     int next = (s->r + 1) % s->C, prev = (s->r + s->C - 1) % s->C, chunks[2];
+    /* (bf16: the block in hand widened to fp32 for the attention functions) */
+    float *widened = w == DTYPE_BF16 ? device_alloc_floats(n, MEM_BUFFERS) : NULL;
     if (s->o.method == CP_RING) {
         /* step t: the block of rank r - t is in hand; send it on while computing on it */
-        float *incoming = device_alloc_floats(n, MEM_BUFFERS);
+        void *incoming = device_alloc_elems(n, w, MEM_BUFFERS);
         restart_timeline(s);
         for (int t = 0; t < s->C; t++) {
-            /* BEGIN ASSIGNMENT: ring step t: post the exchange (kv to next, incoming from prev) unless this is the last step, compute on the block in hand (ring_compute_step, which moves the exchange along), then wait (ring_wait) and swap kv and incoming */
+            /* BEGIN ASSIGNMENT: ring step t: post the exchange in the blocks' type w (kv to next, incoming from prev) unless this is the last step, compute on the block in hand as fp32 (ring_compute_step on block_in_hand, which moves the exchange along), then wait (ring_wait) and swap kv and incoming */
             comm_request req = {0};
-            if (t < s->C - 1) req = comm_isendrecv(s->cp, kv, n, next, incoming, n, prev);
-            ring_compute_step(s, z, out, lse, q, kv, t, &req);
+            if (t < s->C - 1) req = comm_isendrecv_typed(s->cp, w, kv, n, next, incoming, n, prev);
+            ring_compute_step(s, z, out, lse, q, block_in_hand(kv, w, widened, n), t, &req);
             if (t < s->C - 1) {
                 ring_wait(s, &req, t);
-                float *x = kv; kv = incoming; incoming = x;
+                void *x = kv; kv = incoming; incoming = x;
             }
             /* END ASSIGNMENT */
         }
         device_free(incoming);
     } else {
         /* every rank's block at once: [C][2][B][Tl][Hkv][hd] */
-        float *all = device_alloc_floats(n * s->C, MEM_BUFFERS);
-        comm_all_gather(s->cp, kv, all, n);
+        void *all = device_alloc_elems(n * s->C, w, MEM_BUFFERS);
+        comm_all_gather_typed(s->cp, w, kv, all, n);
         for (int j = 0; j < s->C; j++) {
             owner_chunks(s, j, chunks);
-            block_forward(s, z, out, lse, q, all + (size_t)j * n, chunks, NULL);
+            block_forward(s, z, out, lse, q, block_in_hand(dtype_at(all, w, (size_t)j * n), w, widened, n), chunks,
+                          NULL);
         }
         device_free(all);
     }
+    if (widened) device_free(widened);
     device_free(kv);
 }
 
@@ -250,39 +316,45 @@ static void kv_backward(cp_state *s, const cp_shape *z, float *dq, float *dk, fl
                         const float *out, const float *q, const float *k, const float *v, const float *lse) {
     size_t n = 2 * kv_floats(z);
     device_zero(dq, (size_t)z->B * z->Tl * z->H * z->hd * sizeof(float));
-    float *kv = pack_kv(z, k, v), *dkv = device_alloc_floats(n, MEM_BUFFERS);
+    dtype w = kv_wire(s);
+    void *kv = pack_kv(z, k, v, w);
+    float *dkv = device_alloc_floats(n, MEM_BUFFERS);
     device_zero(dkv, n * sizeof(float));
+    float *widened = w == DTYPE_BF16 ? device_alloc_floats(n, MEM_BUFFERS) : NULL;
     int next = (s->r + 1) % s->C, prev = (s->r + s->C - 1) % s->C, chunks[2];
     if (s->o.method == CP_RING) {
         /* BEGIN ASSIGNMENT: exercise 2b, the ring's backward: C steps; at step t the block of rank r - t is in hand; dq stays home, the block's gradient dkv travels with it and ends at its owner (README: Backward) */
         /* step t: the block of rank r - t and its gradient so far are in hand; the block moves on
          * while this rank adds its share, then the gradient follows it. After C steps the last
          * send brings every block's whole gradient home. */
-        float *incoming = device_alloc_floats(n, MEM_BUFFERS), *dkv_in = device_alloc_floats(n, MEM_BUFFERS);
+        void *incoming = device_alloc_elems(n, w, MEM_BUFFERS);
+        float *dkv_in = device_alloc_floats(n, MEM_BUFFERS);
         for (int t = 0; t < s->C; t++) {
             comm_request req = {0};
-            if (t < s->C - 1) req = comm_isendrecv(s->cp, kv, n, next, incoming, n, prev);
+            if (t < s->C - 1) req = comm_isendrecv_typed(s->cp, w, kv, n, next, incoming, n, prev);
             owner_chunks(s, (s->r - t + s->C) % s->C, chunks);
-            block_backward(s, z, dq, dkv, dout, out, lse, q, kv, chunks, &req);
+            block_backward(s, z, dq, dkv, dout, out, lse, q, block_in_hand(kv, w, widened, n), chunks, &req);
             if (s->C > 1) {   /* (on one rank the block and its gradient never leave) */
                 comm_sendrecv(s->cp, dkv, n, next, dkv_in, n, prev);
                 float *x = dkv; dkv = dkv_in; dkv_in = x;
             }
             if (t < s->C - 1) {
                 comm_wait(&req);
-                float *x = kv; kv = incoming; incoming = x;
+                void *x = kv; kv = incoming; incoming = x;
             }
         }
         device_free(incoming);
         device_free(dkv_in);
         /* END ASSIGNMENT */
     } else {
-        float *all = device_alloc_floats(n * s->C, MEM_BUFFERS), *dall = device_alloc_floats(n * s->C, MEM_BUFFERS);
-        comm_all_gather(s->cp, kv, all, n);
+        void *all = device_alloc_elems(n * s->C, w, MEM_BUFFERS);
+        float *dall = device_alloc_floats(n * s->C, MEM_BUFFERS);
+        comm_all_gather_typed(s->cp, w, kv, all, n);
         device_zero(dall, n * s->C * sizeof(float));
         for (int j = 0; j < s->C; j++) {
             owner_chunks(s, j, chunks);
-            block_backward(s, z, dq, dall + (size_t)j * n, dout, out, lse, q, all + (size_t)j * n, chunks, NULL);
+            block_backward(s, z, dq, dall + (size_t)j * n, dout, out, lse, q,
+                           block_in_hand(dtype_at(all, w, (size_t)j * n), w, widened, n), chunks, NULL);
         }
         comm_reduce_scatter(s->cp, dall, dkv, n);   /* every rank's share of my block's gradient */
         device_free(all);
@@ -290,6 +362,7 @@ static void kv_backward(cp_state *s, const cp_shape *z, float *dq, float *dk, fl
     }
     device_copy(dk, dkv, kv_floats(z) * sizeof(float));
     device_copy(dv, dkv + kv_floats(z), kv_floats(z) * sizeof(float));
+    if (widened) device_free(widened);
     device_free(kv);
     device_free(dkv);
 }
@@ -329,6 +402,28 @@ static void heads_to_rows(cp_state *s, float *x, const float *y, ulysses_shape u
     device_free(recv);
 }
 
+/* rows_to_heads for a tensor whose every reader on the heads' side is a product that rounds it to
+ * bf16 (q, k and v under --dtype bf16: attention_lse_forward/backward's compute): the chunks
+ * travel as bf16, the same values at half the bytes; the scratch is rows_to_heads' own (the bf16
+ * chunks in the two buffers' first halves). */
+static void rows_to_heads_bf16(cp_state *s, float *y, const float *x, ulysses_shape u) {
+    size_t n = (size_t)u.C * u.B * u.Tl * u.Hg * u.hd;
+    float *chunks = device_alloc_floats(n, MEM_BUFFERS), *received = device_alloc_floats(n, MEM_BUFFERS);
+    uint16_t *send = (uint16_t *)received, *recv = (uint16_t *)chunks;
+    ulysses_heads_to_chunks(chunks, x, u);
+    cast_to_bf16(send, chunks, n);
+    comm_all_to_all_typed(s->cp, DTYPE_BF16, send, recv, n / u.C);
+    cast_from_bf16(received, recv, n);
+    ulysses_rank_rows_to_sequence(y, received, u);
+    device_free(chunks);
+    device_free(received);
+}
+/* q, k or v to the heads: in bf16 where the attention rounds them anyway */
+static void operand_to_heads(cp_state *s, float *y, const float *x, ulysses_shape u) {
+    if (s->compute == DTYPE_BF16) rows_to_heads_bf16(s, y, x, u);
+    else rows_to_heads(s, y, x, u);
+}
+
 /* Forward: q, k, v to heads (3 all-to-alls), attention over whole sequences, out back (1);
  * saved: lse, B (H/C) T floats (B H Tl, the same count as the ring's), in attention_lse_forward's
  * layout. The whole sequence is here, so the attention is the single device's, causal query
@@ -343,10 +438,10 @@ static void ulysses_forward(cp_state *s, const cp_shape *z, float *out, float *l
     size_t nq = (size_t)z->B * z->Tl * z->H * z->hd, nkv = kv_floats(z);
     float *qh = device_alloc_floats(nq, MEM_BUFFERS), *kh = device_alloc_floats(nkv, MEM_BUFFERS);
     float *vh = device_alloc_floats(nkv, MEM_BUFFERS), *outh = device_alloc_floats(nq, MEM_BUFFERS);
-    rows_to_heads(s, qh, q, uq);
-    rows_to_heads(s, kh, k, ukv);
-    rows_to_heads(s, vh, v, ukv);
-    double scores = attention_lse_forward(outh, lse, qh, kh, vh, z->B, T, uq.Hg, ukv.Hg, z->hd);
+    operand_to_heads(s, qh, q, uq);
+    operand_to_heads(s, kh, k, ukv);
+    operand_to_heads(s, vh, v, ukv);
+    double scores = attention_lse_forward(s->compute, outh, lse, qh, kh, vh, z->B, T, uq.Hg, ukv.Hg, z->hd);
     s->work += scores * uq.Hg / z->H;   /* the scores of Hg of the H heads, per (sequence, head) */
     heads_to_rows(s, out, outh, uq);
     device_free(qh); device_free(kh); device_free(vh); device_free(outh);
@@ -363,15 +458,15 @@ static void ulysses_backward(cp_state *s, const cp_shape *z, float *dq, float *d
     float *douth = device_alloc_floats(nq, MEM_BUFFERS), *dqh = device_alloc_floats(nq, MEM_BUFFERS);
     float *kh = device_alloc_floats(nkv, MEM_BUFFERS), *vh = device_alloc_floats(nkv, MEM_BUFFERS);
     float *dkh = device_alloc_floats(nkv, MEM_BUFFERS), *dvh = device_alloc_floats(nkv, MEM_BUFFERS);
-    rows_to_heads(s, qh, q, uq);
-    rows_to_heads(s, kh, k, ukv);
-    rows_to_heads(s, vh, v, ukv);
-    rows_to_heads(s, outh, out, uq);
+    operand_to_heads(s, qh, q, uq);
+    operand_to_heads(s, kh, k, ukv);
+    operand_to_heads(s, vh, v, ukv);
+    rows_to_heads(s, outh, out, uq);   /* out and dout in fp32: D = dout . out reads them unrounded */
     rows_to_heads(s, douth, dout, uq);
     device_zero(dqh, nq * sizeof(float));
     device_zero(dkh, nkv * sizeof(float));
     device_zero(dvh, nkv * sizeof(float));
-    attention_lse_backward(dqh, dkh, dvh, douth, outh, lse, qh, kh, vh, z->B, T, uq.Hg, ukv.Hg, z->hd);
+    attention_lse_backward(s->compute, dqh, dkh, dvh, douth, outh, lse, qh, kh, vh, z->B, T, uq.Hg, ukv.Hg, z->hd);
     heads_to_rows(s, dq, dqh, uq);
     heads_to_rows(s, dk, dkh, ukv);
     heads_to_rows(s, dv, dvh, ukv);
@@ -380,9 +475,11 @@ static void ulysses_backward(cp_state *s, const cp_shape *z, float *dq, float *d
 }
 
 /* ---- the attention operator: the method's, with its scratch measured ------------------------- */
-static void cp_attention_forward(void *state, const llama_plan *p, float *out, float *probs, const float *q,
-                                 const float *k, const float *v, int B, int Tl, int H, int Hkv, int hd) {
+static void cp_attention_forward(void *state, const llama_plan *p, dtype compute, float *out, float *probs,
+                                 const float *q, const float *k, const float *v, int B, int Tl, int H, int Hkv,
+                                 int hd) {
     cp_state *s = state;
+    s->compute = compute;
     cp_shape z = {B, Tl, Tl / 2, H, Hkv, hd};
     size_t base = mem_mark(MEM_BUFFERS);
     s->work = 0;
@@ -396,10 +493,11 @@ static void cp_attention_forward(void *state, const llama_plan *p, float *out, f
     s->forward_set = mem_mark_peak(MEM_BUFFERS) - base;
 }
 
-static void cp_attention_backward(void *state, const llama_plan *p, float *dq, float *dk, float *dv, float *dprobs,
-                                  const float *dout, const float *out, const float *q, const float *k,
+static void cp_attention_backward(void *state, const llama_plan *p, dtype compute, float *dq, float *dk, float *dv,
+                                  float *dprobs, const float *dout, const float *out, const float *q, const float *k,
                                   const float *v, const float *probs, int B, int Tl, int H, int Hkv, int hd) {
     cp_state *s = state;
+    s->compute = compute;
     cp_shape z = {B, Tl, Tl / 2, H, Hkv, hd};
     size_t base = mem_mark(MEM_BUFFERS);
     if (s->o.method == CP_ALLTOALL) ulysses_backward(s, &z, dq, dk, dv, dout, out, q, k, v, probs);
@@ -424,6 +522,109 @@ static void cp_reduce_grads(void *state, const llama_plan *p, llama_model *m) {
         comm_all_reduce(s->cp, m->params->grads, param_block_numel(m->params, m->params->grads), COMM_SUM);
 }
 
+/* ---- the --check baseline's attention under --dtype bf16 -------------------------------------
+ * In bf16 the blocks round what the whole-sequence kernel does not: each block's own softmax P
+ * (normalised over the keys it holds) before P v, and D = dout . out in the backward
+ * (docs/design.md, "Parity in bf16"). Those are differences of a bf16 ulp, which a router's top-k
+ * turns into whole choices (chapter 09). So under bf16 the baseline computes attention as the
+ * ranks do, on one device: ring and all-gather, every sequence in the same 2C chunks, query chunk
+ * a against key chunks b <= a, each pair one block call, merged by lse; all-to-all, the causal
+ * query blocks of attention_lse; each query chunk's blocks merged in its rank's order, so that
+ * lse, from which the backward recomputes P, is the ranks' bit for bit. Only the grouping follows the layout, as chapter 07's baseline
+ * cuts its contractions (docs/design.md, "Parity"); in fp32 the two differ by reordering alone
+ * and the baseline keeps the whole-sequence kernel. Saved: lse, B H T floats. */
+typedef struct { cp_options o; int C; } cp_baseline_state;
+static void cp_baseline_free_state(void *state) { free(state); }
+static const plan_technique cp_baseline_technique = {"context parallel's blocks", cp_baseline_free_state};
+
+/* Every (query chunk, key chunk) pair the ranks compute, in each rank's order: rank r's query
+ * chunks against the key chunks of owner r - t at step t (ring) or of owner t (all-gather), so that
+ * each query chunk's blocks are merged in its rank's order (the same lse, bit for bit, from which
+ * the backward recomputes P). visit(state, sequence b, query chunk a, key chunk c). */
+typedef void (*chunk_pair_fn)(void *arg, int b, int a, int c);
+static void for_each_chunk_pair(const cp_baseline_state *s, int B, chunk_pair_fn visit, void *arg) {
+    for (int r = 0; r < s->C; r++) {
+        int mine[2], theirs[2];
+        cp_chunks_of(s->o.balance, r, s->C, mine);
+        for (int t = 0; t < s->C; t++) {
+            cp_chunks_of(s->o.balance, s->o.method == CP_RING ? (r - t + s->C) % s->C : t, s->C, theirs);
+            for (int b = 0; b < B; b++)
+                for (int i = 0; i < 2; i++)
+                    for (int j = 0; j < 2; j++)
+                        if (pair_visible(mine[i], theirs[j])) visit(arg, b, mine[i], theirs[j]);
+        }
+    }
+}
+
+/* One pair's call, forward or backward, on the whole sequence's tensors */
+typedef struct {
+    dtype compute;
+    int T, Tc, n, H, Hkv, hd;
+    float *out, *lse, *out_b, *lse_b;           /* forward: written (=, merged) */
+    float *dq, *dk, *dv;                        /* backward: accumulated (+=)   */
+    const float *q, *k, *v, *dout, *out_read, *lse_read;   /* backward: the forward's out and lse */
+} chunk_pass;
+static void pair_forward(void *arg, int b, int a, int c) {
+    chunk_pass *x = arg;
+    size_t qa = ((size_t)b * x->T + (size_t)a * x->Tc) * x->H * x->hd, kc = ((size_t)b * x->T + (size_t)c * x->Tc) * x->Hkv * x->hd;
+    size_t la = ((size_t)b * x->n + a) * x->H * x->Tc;   /* lse [B][2C chunks][H][Tc] */
+    attention_block_forward_in(x->compute, x->out_b, x->lse_b, x->q + qa, x->k + kc, x->v + kc, 1, x->Tc, x->Tc, x->H,
+                               x->Hkv, x->hd, a * x->Tc, c * x->Tc);
+    attention_merge(x->out + qa, x->lse + la, x->out_b, x->lse_b, 1, x->Tc, x->H, x->hd);
+}
+static void pair_backward(void *arg, int b, int a, int c) {
+    chunk_pass *x = arg;
+    size_t qa = ((size_t)b * x->T + (size_t)a * x->Tc) * x->H * x->hd, kc = ((size_t)b * x->T + (size_t)c * x->Tc) * x->Hkv * x->hd;
+    size_t la = ((size_t)b * x->n + a) * x->H * x->Tc;
+    attention_block_backward_in(x->compute, x->dq + qa, x->dk + kc, x->dv + kc, x->dout + qa, x->out_read + qa, x->lse_read + la,
+                                x->q + qa, x->k + kc, x->v + kc, 1, x->Tc, x->Tc, x->H, x->Hkv, x->hd, a * x->Tc,
+                                c * x->Tc);
+}
+
+static void baseline_forward(void *state, const llama_plan *p, dtype compute, float *out, float *lse,
+                             const float *q, const float *k, const float *v, int B, int T, int H, int Hkv, int hd) {
+    const cp_baseline_state *s = state;
+    if (s->o.method == CP_ALLTOALL) {
+        attention_lse_forward(compute, out, lse, q, k, v, B, T, H, Hkv, hd);
+        return;
+    }
+    int n = 2 * s->C, Tc = T / n;
+    device_zero(out, (size_t)B * T * H * hd * sizeof(float));
+    init_constant_device(lse, (size_t)B * H * T, -INFINITY);
+    chunk_pass x = {.compute = compute, .T = T, .Tc = Tc, .n = n, .H = H, .Hkv = Hkv, .hd = hd, .out = out, .lse = lse,
+                    .out_b = device_alloc_floats((size_t)Tc * H * hd, MEM_BUFFERS),
+                    .lse_b = device_alloc_floats((size_t)H * Tc, MEM_BUFFERS), .q = q, .k = k, .v = v};
+    for_each_chunk_pair(s, B, pair_forward, &x);
+    device_free(x.out_b);
+    device_free(x.lse_b);
+}
+static void baseline_backward(void *state, const llama_plan *p, dtype compute, float *dq, float *dk, float *dv,
+                              float *dprobs, const float *dout, const float *out, const float *q, const float *k,
+                              const float *v, const float *lse, int B, int T, int H, int Hkv, int hd) {
+    const cp_baseline_state *s = state;
+    device_zero(dq, (size_t)B * T * H * hd * sizeof(float));
+    device_zero(dk, (size_t)B * T * Hkv * hd * sizeof(float));
+    device_zero(dv, (size_t)B * T * Hkv * hd * sizeof(float));
+    if (s->o.method == CP_ALLTOALL) {
+        attention_lse_backward(compute, dq, dk, dv, dout, out, lse, q, k, v, B, T, H, Hkv, hd);
+        return;
+    }
+    int n = 2 * s->C;
+    chunk_pass x = {.compute = compute, .T = T, .Tc = T / n, .n = n, .H = H, .Hkv = Hkv, .hd = hd, .dq = dq, .dk = dk,
+                    .dv = dv, .q = q, .k = k, .v = v, .dout = dout, .out_read = out, .lse_read = lse};
+    for_each_chunk_pair(s, B, pair_backward, &x);
+}
+static size_t baseline_saved_numel(void *state, const llama_plan *p, int B, int T, int H) { return (size_t)B * H * T; }
+
+bool context_parallel_baseline(llama_plan *baseline, dtype precision, const cp_options *o, int cp) {
+    if (cp <= 1 || precision != DTYPE_BF16) return false;
+    cp_baseline_state *s = plan_push(baseline, &cp_baseline_technique, calloc(1, sizeof(cp_baseline_state)), 0);
+    s->o = *o;
+    s->C = cp;
+    baseline->attention = (attention_ops){s, baseline_forward, baseline_backward, baseline_saved_numel};
+    return true;
+}
+
 /* ---- validation and set-up ------------------------------------------------------------------- */
 
 void context_parallel_validate(int cp) {
@@ -445,6 +646,9 @@ void context_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_con
     plan->sequence.positions = cp_positions;
     plan->attention = (attention_ops){s, cp_attention_forward, cp_attention_backward, cp_saved_numel};
     plan_wrap(plan->reduce_grads, s->below_reduce, ((grad_reduce_ops){s, cp_reduce_grads}));
+    /* --dump: under bf16 the blocks' roundings are the run's (docs/dump-format.md): ring and
+     * all-gather 2C chunk blocks; all-to-all one (whole sequences, FlashAttention's backward) */
+    if (c->precision == DTYPE_BF16 && s->C > 1) dump_set_attention_blocks(o->method == CP_ALLTOALL ? 1 : 2 * s->C);
 }
 
 double context_parallel_work(const llama_plan *plan) { return state_of(plan)->work; }

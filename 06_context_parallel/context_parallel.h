@@ -68,6 +68,13 @@ void context_parallel_validate(int cp);
  * this rank, the attention operator of the method, the gradient all-reduce over cp. */
 void context_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const cp_options *o);
 
+/* The --check baseline's attention for a run over `cp` ranks, the baseline in `precision`
+ * (run_baseline_precision): under bf16 (and cp > 1) installs into `baseline` (the single-device plan) attention computed in the
+ * ranks' blocks, on one device (the method's chunks and block kernels; context_parallel.c says
+ * why) and returns true; otherwise leaves it as it is (the whole-sequence kernel) and returns
+ * false. Give the baseline plan to run_baseline_create. */
+bool context_parallel_baseline(llama_plan *baseline, dtype precision, const cp_options *o, int cp);
+
 /* Context parallelism's rules for mesh_create (mesh.h).
  *   sequence: each cp rank holds 2 chunks of seq_len / (2 x cp) rows (the zigzag's halves); with
  *           sequence_parallel (chapter 03 over it: a fact of another technique, given as data) the
@@ -105,6 +112,19 @@ double cp_alltoall_work_formula(int C, int T);
  * Against the single-device operator, whose softmax alone is B H T^2 per layer, saved.        */
 void cp_working_set_formula(cp_method method, int C, int B, int Tl, int H, int Hkv, int hd,
                             double *forward, double *backward);
+/* The same in bytes for a run in precision `compute` (--dtype): fp32, 4 x the floats above; bf16,
+ * where the K/V blocks travel as bf16 (context_parallel.c's kv_wire) and every attention call holds
+ * its operands' bf16 copies (copy_bytes each: gemm_bf16_operand_type's size), at most:
+ *   ring       the same blocks' bytes (two at 2 bytes, the one in hand widened to fp32), plus
+ *              forward  e (Tc Hkv hd + max(Tc H hd, H Tc^2))
+ *              backward e (2 Tc H hd + Tc Hkv hd + max(Tc Hkv hd, 2 H Tc^2))
+ *   allgather  forward  2K (C + 1) x 2 + 2K x 4 + (Tc H hd + H Tc + H Tc^2) x 4 + the ring's copies
+ *              backward 2K (C + 1) x 2 + 2K (C + 1) x 4 + 2K x 4 + 2 H Tc^2 x 4 + the ring's copies
+ *   alltoall   forward  (2Q + 2K) x 4 + max(2Q x 4, (H/C) s T x 4 + e (T Hkv/C hd + max(s H/C hd, H/C s T)))
+ *              backward (4Q + 4K) x 4 + max(2Q x 4, 2 (H/C) s T x 4 + e (2 s H/C hd + T Hkv/C hd
+ *                                                 + max(T Hkv/C hd, 2 H/C s T)))             */
+void cp_working_set_bytes(cp_method method, dtype compute, size_t copy_bytes, int C, int B, int Tl, int H, int Hkv,
+                          int hd, double *forward, double *backward);
 
 /* The most scratch (MEM_BUFFERS bytes, the allocator's count) the last attention forward and
  * backward held on this rank, above what was allocated before the call. */

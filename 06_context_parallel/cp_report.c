@@ -5,6 +5,7 @@
 #include "comm.h"
 #include "device.h"
 #include "files.h"
+#include "gemm.h"
 #include "llama_kernels.h"
 #include "log.h"
 #include "parity.h"
@@ -52,16 +53,25 @@ int cp_report_traffic(const run_options *o, const llama_plan *plan, const llama_
     double rows = (double)m->d.B * m->d.T;                             /* this rank's rows, B Tl */
     comm_expectation e[5];
     int n = 0;
+    /* under --dtype bf16 the K/V blocks, and Ulysses' q, k and v, travel as bf16 (half a float):
+     * their every reader is an attention product that rounds them anyway */
+    bool bf16 = m->c.precision == DTYPE_BF16;
+    double kv = bf16 ? 0.5 : 1;
     if (C > 1 && cp->method == CP_RING) {
         double sends = L * (3.0 * C - 2);   /* forward C-1 blocks; backward C-1 blocks and C gradients */
-        e[n++] = (comm_expectation){plan->groups.cp, COLL_SEND, sends, sends * block, "L (3C-2) x 2 B Tl Hkv hd x 4"};
-        e[n++] = (comm_expectation){plan->groups.cp, COLL_RECV, sends, sends * block, "L (3C-2) x 2 B Tl Hkv hd x 4"};
+        double bytes = L * (2.0 * (C - 1) * kv + C) * block;
+        const char *f = bf16 ? "L (2(C-1) x 2 + C x 4) x 2 B Tl Hkv hd" : "L (3C-2) x 2 B Tl Hkv hd x 4";
+        e[n++] = (comm_expectation){plan->groups.cp, COLL_SEND, sends, bytes, f};
+        e[n++] = (comm_expectation){plan->groups.cp, COLL_RECV, sends, bytes, f};
     } else if (cp->method == CP_ALLGATHER) {   /* (on one rank too: a gather of one block) */
-        e[n++] = (comm_expectation){plan->groups.cp, COLL_ALL_GATHER, 2.0 * L, 2.0 * L * C * block, "2 L x C x 2 B Tl Hkv hd x 4"};
+        e[n++] = (comm_expectation){plan->groups.cp, COLL_ALL_GATHER, 2.0 * L, 2.0 * L * C * block * kv,
+                                    bf16 ? "2 L x C x 2 B Tl Hkv hd x 2" : "2 L x C x 2 B Tl Hkv hd x 4"};
         e[n++] = (comm_expectation){plan->groups.cp, COLL_REDUCE_SCATTER, L, (double)L * C * block, "L x C x 2 B Tl Hkv hd x 4"};
     } else if (cp->method == CP_ALLTOALL) {   /* forward q k v out, backward q k v out dout dq dk dv */
-        double bytes = 4.0 * 6 * L * rows * (m->d.Hl + m->d.Hkvl) * m->d.hd;
-        e[n++] = (comm_expectation){plan->groups.cp, COLL_ALL_TO_ALL, 12.0 * L, bytes, "6 L x B Tl (H + Hkv) hd x 4"};
+        double H = m->d.Hl, Hkv = m->d.Hkvl, bytes = 4.0 * 6 * L * rows * (H + Hkv) * m->d.hd;
+        if (bf16) bytes = L * rows * m->d.hd * ((2 * H + 4 * Hkv) * 2 + (4 * H + 2 * Hkv) * 4);
+        e[n++] = (comm_expectation){plan->groups.cp, COLL_ALL_TO_ALL, 12.0 * L, bytes,
+                                    bf16 ? "L x B Tl hd ((2H + 4Hkv) x 2 + (4H + 2Hkv) x 4)" : "6 L x B Tl (H + Hkv) hd x 4"};
     }
     if (C > 1)
         e[n++] = (comm_expectation){plan->groups.cp, COLL_ALL_REDUCE, 1, 4.0 * m->params->whole_numel, "Psi x 4 (the gradients)"};
@@ -79,20 +89,35 @@ int cp_report_attention_memory(const llama_plan *plan, const llama_model *m, con
     size_t forward, backward;
     context_parallel_working_sets(plan, &forward, &backward);
     double f_forward, f_backward;
-    cp_working_set_formula(o->method, C, d->B, d->T, d->Hl, d->Hkvl, d->hd, &f_forward, &f_backward);
+    bool bf16 = m->c.precision == DTYPE_BF16;
+    size_t e = dtype_size(gemm_bf16_operand_type());   /* a bf16 operand copy's element */
+    cp_working_set_bytes(o->method, m->c.precision, e, C, d->B, d->T, d->Hl, d->Hkvl, d->hd, &f_forward, &f_backward);
     double saved = (double)mem_allocation_bytes(m->saved->layers[0].probs);
     char title[160];
     snprintf(title, sizeof title, "attention memory per rank and layer, rank 0 (the single-device softmax is "
              "B H T^2 x 4 = %s)", fmt_bytes(4.0 * d->B * d->Hl * T * T));
     memory_row rows[] = {
         {"saved: log-sum-exp", saved, 4.0 * d->B * d->Hl * d->T, "B H Tl x 4"},
-        {"forward scratch, at most", (double)forward, 4 * f_forward,
-         o->method == CP_RING ? "(4K + Tc H hd + H Tc + H Tc^2) x 4"
+        {"forward scratch, at most", (double)forward, f_forward,
+         bf16 ? (o->method == CP_RING ? "(4K + Tc H hd + H Tc + H Tc^2) x 4 + copies"
+                 : o->method == CP_ALLGATHER ? "2K (C+1) x 2 + (2K + Tc H hd + H Tc + H Tc^2) x 4 + copies"
+                                             : "(2Q + 2K) x 4 + max(2Q x 4, (H/C) s T x 4 + copies)")
+         : o->method == CP_RING ? "(4K + Tc H hd + H Tc + H Tc^2) x 4"
          : o->method == CP_ALLGATHER ? "(2K (C+1) + Tc H hd + H Tc + H Tc^2) x 4" : "(2Q + 2K + max(2Q, (H/C) s T)) x 4"},
-        {"backward scratch, at most", (double)backward, 4 * f_backward,
-         o->method == CP_RING ? "(8K + 2 H Tc^2) x 4"
+        {"backward scratch, at most", (double)backward, f_backward,
+         bf16 ? (o->method == CP_RING ? "(8K + 2 H Tc^2) x 4 + copies"
+                 : o->method == CP_ALLGATHER ? "2K (C+1) x 2 + (4K (C+1) + 2K + 2 H Tc^2) x 4 + copies"
+                                             : "(4Q + 4K) x 4 + max(2Q x 4, 2 (H/C) s T x 4 + copies)")
+         : o->method == CP_RING ? "(8K + 2 H Tc^2) x 4"
          : o->method == CP_ALLGATHER ? "(4K (C+1) + 2 H Tc^2) x 4" : "(4Q + 4K + max(2Q, 2 (H/C) s T)) x 4"}};
     int bad = report_memory(title, rows, 3);
+    if (bf16)
+        log0("  (--dtype bf16: K/V blocks travel as bf16, the one in hand widened to fp32; copies: an attention call's\n"
+             "   operands rounded to bf16, at most (context_parallel.h) forward Tq Hkv hd + max(Tq H hd, H Tq Tk),\n"
+             "   backward 2 Tq H hd + Tk Hkv hd + max(Tk Hkv hd, 2 H Tq Tk) elements, for a block of Tq = Tk = Tc rows,\n"
+             "   or Tq = s rows against T keys of H/C heads)\n"
+             "  (a copy's element here: %zu bytes, %s)\n", e,
+             e == 2 ? "bf16" : "fp32 holding bf16 values, this CPU's bf16 product being an fp32 sgemm (gemm.h)");
     log0("  (K = B Tl Hkv hd, Q = B Tl H hd: this rank's k and q; Tl = %d rows, Tc = %d", d->T, d->T / 2);
     if (o->method == CP_ALLTOALL) {
         int nb = causal_query_blocks(T);

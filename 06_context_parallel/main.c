@@ -95,7 +95,11 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/loss_%s_%s_c%d_t%d.csv", o.out_dir, cp_method_name(co.cp.method),
              cp_balance_name(co.cp.balance), C, T);
     snprintf(label, sizeof label, "%s %s %dx%d", cp_method_name(co.cp.method), cp_balance_name(co.cp.balance), C, T);
-    run_clock clock = run_train(&o, model, label, path);
+    /* (under --dtype bf16 the baseline computes attention in the ranks' blocks: context_parallel.h) */
+    llama_plan baseline = plan_single_device();
+    context_parallel_baseline(&baseline, run_baseline_precision(&o), &co.cp, C);
+    run_clock clock = run_train(&o, model, &baseline, label, path);
+    plan_free(&baseline);
 
     /* ---- measured beside the formulas ---- */
     log0("\n");

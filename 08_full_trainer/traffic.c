@@ -102,8 +102,16 @@ int report_traffic(const parallel_options *o, device_mesh *mesh, const llama_mod
         /* BEGIN SOLUTION 08: composed traffic */
         f = o->ac == AC_SELECTIVE ? "n Lr (4C-3) x 2 B Tl Hkv hd x 4" : "n Lr (3C-2) x 2 B Tl Hkv hd x 4";
         /* END SOLUTION */
-        e[n++] = (comm_expectation){q, COLL_SEND, sends, sends * block, f};
-        e[n++] = (comm_expectation){q, COLL_RECV, sends, sends * block, f};
+        /* under --dtype bf16 the K/V blocks travel as bf16 (06's kv_wire), their gradients (C of the
+         * ring's sends per layer and pass) in fp32 */
+        double bytes = sends * block;
+        if (m->c.precision == DTYPE_BF16) {
+            double grad_sends = passes * Lr * C;
+            bytes = ((sends - grad_sends) / 2 + grad_sends) * block;
+            f = "n Lr x (the ring's K/V sends x 2 + its gradient sends x 4) x 2 B Tl Hkv hd";
+        }
+        e[n++] = (comm_expectation){q, COLL_SEND, sends, bytes, f};
+        e[n++] = (comm_expectation){q, COLL_RECV, sends, bytes, f};
         if (!shards_span_cp)
             e[n++] = (comm_expectation){q, COLL_ALL_REDUCE, 1, 4.0 * param_block_numel(t, t->grads),
                                         "the grads as stored x 4"};

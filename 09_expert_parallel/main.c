@@ -359,7 +359,10 @@ int main(int argc, char **argv) {
         run_dump_describe(&o, float8_run_options_json(&f8, one_device.activation_groups, 1, float8_json,
                                                       sizeof float8_json));
     }
-    run_loop loop = run_loop_begin(&o, model, run_baseline_create(&o, fp8 ? &baseline : NULL, fp8), label, path);
+    /* (under --dtype bf16 with cp, the baseline's attention in the cp ranks' blocks: 06's) */
+    bool blocks = context_parallel_baseline(&baseline, run_baseline_precision(&o), &co.context, co.cp);
+    run_loop loop = run_loop_begin(&o, model, run_baseline_create(&o, fp8 || blocks ? &baseline : NULL, fp8), label,
+                                   path);
     ep_load_log *log = ep_load_log_open(&plan, model, load_path);
     for (int step = first; step < first + o.steps; step++) {
         run_synthetic_batch(&loop, step);

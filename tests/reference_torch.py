@@ -27,7 +27,8 @@ This script rebuilds the model from the formulas alone (nothing from the C code)
 step with autograd and torch.optim.AdamW, and compares:
     loss of every step      |c - ref| <= 1e-5 * max(1, |ref|)   (a float8 dump: step 1's only)
     gradients of step 1     max|c - ref| / max|ref| <= 1e-4, per tensor
-A bf16 dump (metadata "dtype": every linear's GEMM operands rounded to bf16, Bf16Linear below) is
+A bf16 dump (metadata "dtype": every linear's GEMM operands rounded to bf16, Bf16Linear below, and
+attention's two products' operands, Bf16Product) is
 compared at bf16's tolerances (docs/design.md, "Parity in bf16"): the loss within
 4u / sqrt(tokens) relative, u = 2^-8, tokens those of batch_1; each gradient within 4u, in the max
 norm only (the C check adds an l2 norm).
@@ -189,6 +190,12 @@ def read_config(metadata, path):
         raise DumpError(f"{path}: metadata dtype '{dtype}' is not fp32 or bf16")
     if dtype == "bf16":
         config["bf16"] = 1
+    # optional: context parallelism's attention blocks under bf16 (absent: the whole sequence)
+    if "attention_blocks" in metadata:
+        blocks = int(metadata["attention_blocks"])
+        if dtype != "bf16" or blocks < 1 or config["seq_len"] % blocks:
+            raise DumpError(f"{path}: metadata attention_blocks {blocks} needs dtype bf16 and to divide seq_len")
+        config["attention_blocks"] = blocks
     # optional: a mixture of experts (chapter 09; absent: dense), docs/dump-format.md
     if "experts" in metadata:
         for key in ("experts", "top_k", "expert_dim", "shared_expert", "aux_alpha"):
@@ -608,6 +615,85 @@ class Bf16Linear(torch.autograd.Function):
         return dx, dW
 
 
+class Bf16Product(torch.autograd.Function):
+    """alpha a @ b with --dtype bf16's roundings in attention (the run's attention.c): both operands
+    rounded to bf16 forward, and in the backward the incoming gradient with each operand again
+    (da = alpha bf16(g) bf16(b)^T, db = alpha bf16(a)^T bf16(g)); the products exact here. Its
+    calls are the run's: scale q k^T, P v; the softmax and its backward between them unrounded."""
+
+    @staticmethod
+    def forward(ctx, a, b, alpha):
+        ab, bb = to_bf16(a.detach()), to_bf16(b.detach())
+        ctx.save_for_backward(ab, bb)
+        ctx.alpha = alpha
+        return alpha * (ab @ bb)
+
+    @staticmethod
+    def backward(ctx, g):
+        ab, bb = ctx.saved_tensors
+        gb = to_bf16(g)
+        return ctx.alpha * (gb @ bb.transpose(-2, -1)), ctx.alpha * (ab.transpose(-2, -1) @ gb), None
+
+
+class Bf16BlockAttention(torch.autograd.Function):
+    """Causal attention of q, k, v [B, H, T, hd] in `n` blocks of chunks, as context parallelism
+    computes it under bf16 (docs/dump-format.md, attention_blocks): the sequence in n chunks; query
+    chunk a against key chunk c <= a, each pair a block: its scores' softmax over its own keys,
+    rounded with v for the block's output; the blocks merged exactly by log-sum-exp. Backward as
+    FlashAttention's: P from the row's final lse, D = rowsum(bf16(dout) out), dS = P (dP - D)."""
+
+    @staticmethod
+    def pairs(T, n):
+        Tc = T // n
+        for a in range(n):
+            for c in range(a + 1):
+                # the diagonal block's causal mask (key after query); none below the diagonal
+                mask = torch.ones(Tc, Tc, dtype=torch.bool).triu(1) if a == c else None
+                yield slice(a * Tc, (a + 1) * Tc), slice(c * Tc, (c + 1) * Tc), mask
+
+    @staticmethod
+    def forward(ctx, q, k, v, n):
+        scale = 1 / math.sqrt(q.shape[-1])
+        qb, kb, vb = to_bf16(q.detach()), to_bf16(k.detach()), to_bf16(v.detach())
+        T = q.shape[2]
+        outs, lses = {}, {}
+        for rows, keys, mask in Bf16BlockAttention.pairs(T, n):
+            scores = scale * (qb[..., rows, :] @ kb[..., keys, :].transpose(-2, -1))
+            if mask is not None:
+                scores = scores.masked_fill(mask, float("-inf"))
+            lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+            outs.setdefault(rows.start, []).append(to_bf16((scores - lse).exp()) @ vb[..., keys, :])
+            lses.setdefault(rows.start, []).append(lse)
+        out = torch.empty_like(q)
+        lse_all = torch.empty(*q.shape[:-1], 1, dtype=q.dtype)
+        for start, parts in outs.items():
+            lse = torch.logsumexp(torch.cat(lses[start], dim=-1), dim=-1, keepdim=True)
+            rows = slice(start, start + T // n)
+            out[..., rows, :] = sum((l - lse).exp() * o for l, o in zip(lses[start], parts))
+            lse_all[..., rows, :] = lse
+        ctx.save_for_backward(qb, kb, vb, out, lse_all)
+        ctx.n, ctx.scale = n, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        qb, kb, vb, out, lse = ctx.saved_tensors
+        gb = to_bf16(g)
+        dq, dk, dv = torch.zeros_like(qb), torch.zeros_like(kb), torch.zeros_like(vb)
+        D = (gb * out).sum(-1, keepdim=True)
+        for rows, keys, mask in Bf16BlockAttention.pairs(qb.shape[2], ctx.n):
+            scores = ctx.scale * (qb[..., rows, :] @ kb[..., keys, :].transpose(-2, -1))
+            P = (scores - lse[..., rows, :]).exp()
+            if mask is not None:
+                P = P.masked_fill(mask, 0.0)
+            dP = gb[..., rows, :] @ vb[..., keys, :].transpose(-2, -1)
+            dS = to_bf16(P * (dP - D[..., rows, :]))
+            dq[..., rows, :] += ctx.scale * (dS @ kb[..., keys, :])
+            dk[..., keys, :] += ctx.scale * (dS.transpose(-2, -1) @ qb[..., rows, :])
+            dv[..., keys, :] += to_bf16(P).transpose(-2, -1) @ gb[..., rows, :]
+        return dq, dk, dv, None
+
+
 class Float8Linear(torch.autograd.Function):
     """y = x W^T on float8 operands (the module docstring's table): float64 GEMMs of the
     fake-quantized fp32 operands. site = (layer, name)."""
@@ -674,22 +760,27 @@ def rope(x, theta):
     return rotated.flatten(start_dim=-2)                              # pairs back in place
 
 
-def attention(q, k, v):
+def attention(q, k, v, bf16=False, blocks=0):
     """Causal attention with grouped-query heads.
 
     q: [B, T, H, hd], k and v: [B, T, Hkv, hd]. Query head h reads kv head h // (H / Hkv):
     repeat_interleave turns kv heads [0, 1] into [0, 0, 1, 1] for H = 4, Hkv = 2.
-    Returns [B, T, H * hd].
+    Returns [B, T, H * hd]. bf16: both products' operands rounded (Bf16Product), as a bf16 run's;
+    blocks: in that many blocks of chunks, as context parallelism under bf16 (Bf16BlockAttention).
     """
     B, T, H, hd = q.shape
     group = H // k.shape[2]
     k = k.repeat_interleave(group, dim=2)
     v = v.repeat_interleave(group, dim=2)
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))                  # [B, H, T, hd]
-    scores = q @ k.transpose(-2, -1) / math.sqrt(hd)                  # [B, H, T, T]
+    if blocks:
+        return Bf16BlockAttention.apply(q, k, v, blocks).transpose(1, 2).reshape(B, T, H * hd)
+    scale = 1 / math.sqrt(hd)
+    product = (lambda a, b, alpha: Bf16Product.apply(a, b, alpha)) if bf16 else (lambda a, b, alpha: alpha * (a @ b))
+    scores = product(q, k.transpose(-2, -1), scale)                   # [B, H, T, T]
     future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)      # key after query
     scores = scores.masked_fill(future, float("-inf"))
-    out = scores.softmax(dim=-1) @ v                                  # [B, H, T, hd]
+    out = product(scores.softmax(dim=-1), v, 1.0)                     # [B, H, T, hd]
     return out.transpose(1, 2).reshape(B, T, H * hd)
 
 
@@ -772,7 +863,8 @@ def forward(params, config, tokens, float8=None, aux=None):
         q = linear(n, "attention.wq").view(B, T, H, hd)
         k = linear(n, "attention.wk").view(B, T, Hkv, hd)
         v = linear(n, "attention.wv").view(B, T, Hkv, hd)
-        h = h + linear(attention(rope(q, theta), rope(k, theta), v), "attention.wo")
+        h = h + linear(attention(rope(q, theta), rope(k, theta), v, bool(config.get("bf16")),
+                                 config.get("attention_blocks", 0)), "attention.wo")
 
         # feed-forward block: h += w2(silu(w1 m) * w3 m),  m = rmsnorm(h); or the experts'
         m = rmsnorm(h, w("ffn_norm"), eps)
@@ -1002,9 +1094,11 @@ def run(directory):
     print(f"reference_torch: {directory}, {len(steps)} steps, {len(init)} tensors, "
           f"reference in {str(DTYPE).replace('torch.', '')}")
     print("  config: " + ", ".join(f"{k} {v:g}" if not isinstance(v, str) else f"{k} {v}"
-                                   for k, v in config.items() if k != "bf16"))
+                                   for k, v in config.items() if k not in ("bf16", "attention_blocks")))
     if config.get("bf16"):
-        print(f"  mixed precision: bf16 GEMM operands (every linear, the output layer's too"
+        print(f"  mixed precision: bf16 GEMM operands (every linear, the output layer's too, and attention's"
+              + (f"; attention in {config['attention_blocks']} blocks, as context parallelism"
+                 if config.get("attention_blocks") else "")
               + ("; float8's casts from those bf16 values" if f8 is not None else "")
               + f"), fp32 elsewhere; tolerances loss {loss_rtol:.2e}, gradients {grad_rtol:.2e}")
     if reduce is not None:

@@ -9,7 +9,7 @@ root=${BUILD_ROOT:-build}; backend=${BACKEND:-cpu}
 mpirun_base=${MPIRUN_BASE:-$(tools/mpirun_base.sh)}
 py=/usr/bin/python3
 $py -c "import torch" 2>/dev/null || { echo "PyTorch is missing for $py: run make deps"; exit 1; }
-n=0; bad=0; float8_dump=; any_float8_dump=; bf16_dump=; float8_bf16_dump=; moe_dump=
+n=0; bad=0; float8_dump=; any_float8_dump=; bf16_dump=; float8_bf16_dump=; moe_dump=; blocks_dump=
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # every chapter's dump runs first; then one PyTorch process replays them all (starting PyTorch
 # once instead of once a dump), each report in DIR/reference.txt and one "DIR STATUS" line each
@@ -44,6 +44,8 @@ if [ ${#dirs[@]} -gt 0 ]; then
             bf16_dump=${bf16_dump:-$dir}
         fi
         if grep -q "^  mixture of experts: " "$dir/reference.txt"; then moe_dump=${moe_dump:-$dir}; fi
+        if [ "$status" = 0 ] && grep -q "^  mixture of experts: " "$dir/reference.txt" &&
+           grep -q "attention in [0-9]* blocks" "$dir/reference.txt"; then blocks_dump=${blocks_dump:-$dir}; fi
         if [ "$status" = 0 ] && grep -q "float8's casts from those bf16 values" "$dir/reference.txt"; then
             float8_bf16_dump=${float8_bf16_dump:-$dir}
         fi
@@ -85,5 +87,9 @@ else tampered=$((tampered+1)); fi
 # A mixture of experts' dump is replayed with its load-balancing loss: the same dump with aux_alpha
 # set to 0 (the replay leaves that loss out) must FAIL, or the replay does not check it.
 tamper "$moe_dump" aux "mixture-of-experts dump"
-echo "$ok_dumps of $n dumps reproduced by PyTorch (fp32: losses 1e-5, step-1 gradients 1e-4; bf16: docs/design.md); $tampered of 5 tampered dumps (2 float8, 1 bf16, 1 mixture of experts; 1 float8 dump in bf16 replayed casting from unrounded values) failed, as they must"
+# A bf16 dump under context parallelism is replayed in its attention blocks: a mixture's, whose
+# router turns the blocks' roundings into choices, with attention_blocks removed (the replay then
+# computes attention whole) must FAIL, or the replay does not follow the blocks.
+tamper "$blocks_dump" blocks "bf16 mixture-of-experts dump under context parallelism"
+echo "$ok_dumps of $n dumps reproduced by PyTorch (fp32: losses 1e-5, step-1 gradients 1e-4; bf16: docs/design.md); $tampered of 6 tampered dumps (2 float8, 1 bf16, 1 mixture of experts, 1 bf16 in attention blocks; 1 float8 dump in bf16 replayed casting from unrounded values) failed, as they must"
 [ $bad -eq 0 ] && [ $n -gt 0 ]

@@ -6,7 +6,10 @@ explain a real difference away).
   dtype a bf16 dump's "dtype" metadata removed from init.safetensors: the replay then rounds
         nothing, and the run's bf16 roundings (about 2^-8) are beyond the fp32 tolerances
   aux   a mixture of experts' "aux_alpha" set to 0 in init.safetensors: the replay then leaves the
-        load-balancing loss out, which the run's loss and router gradients hold"""
+        load-balancing loss out, which the run's loss and router gradients hold
+  blocks a bf16 context-parallel dump's "attention_blocks" removed: the replay then computes each
+        sequence's attention whole, whose roundings are not the blocks' (each block's own softmax
+        rounded, FlashAttention's backward), and a router's top-k turns those into other choices"""
 import json
 import os
 import struct
@@ -61,6 +64,13 @@ def tamper_dtype(directory):
     edit_metadata(directory, drop)
 
 
+def tamper_blocks(directory):
+    def drop(meta, path):
+        if meta.pop("attention_blocks", None) is None:
+            raise SystemExit(f"tamper_dump: {path} has no attention_blocks")
+    edit_metadata(directory, drop)
+
+
 def tamper_aux(directory):
     def zero(meta, path):
         if "aux_alpha" not in meta:
@@ -70,7 +80,8 @@ def tamper_aux(directory):
 
 
 if __name__ == "__main__":
-    parts = {"grad": tamper_gradient, "loss": tamper_loss, "dtype": tamper_dtype, "aux": tamper_aux}
+    parts = {"grad": tamper_gradient, "loss": tamper_loss, "dtype": tamper_dtype, "aux": tamper_aux,
+             "blocks": tamper_blocks}
     if len(sys.argv) != 3 or sys.argv[2] not in parts:
-        raise SystemExit("usage: tamper_dump.py DIR grad|loss|dtype|aux")
+        raise SystemExit("usage: tamper_dump.py DIR grad|loss|dtype|aux|blocks")
     parts[sys.argv[2]](sys.argv[1])

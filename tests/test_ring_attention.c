@@ -17,6 +17,12 @@
  * with Hkv = 2 and Hkv = 1, and H = 8 with Hkv = 4 for alltoall at C = 4) and plain multi-head;
  * T = 24 gives chunks of 3 rows at C = 4, T = 200 uneven causal query blocks (66, 67, 67).
  *
+ * In bf16 (--dtype bf16: each attention product's operands rounded, the K/V blocks on the wire as
+ * bf16) the reference is the --check baseline's attention for the method (context_parallel_baseline:
+ * the same blocks on one device, over the whole sequence), within the same 1e-6: the blocks are
+ * the same calls on the same values, merged in another order; and bf16 is not blind: the result is
+ * at least 1e-4 from the fp32 one.
+ *
  * Also: the positions of the ranks are the documented chunks (cp_chunks_of) and together cover
  * every position once; out, dq, dk, dv are written (=) over whatever the buffers held; the work
  * counter equals cp_work_formula on every rank (alltoall: cp_alltoall_work_formula); and
@@ -25,6 +31,7 @@
  * Every tensor goes through device_alloc and device copies, so the same test runs on CUDA.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "comm.h"
@@ -91,6 +98,31 @@ static problem make_problem(int B, int T, int H, int Hkv, int hd, uint64_t seed)
     tu_full_attention(p.q, p.k, p.v, p.dout, B, T, H, Hkv, hd, &p.out, &p.dq, &p.dk, &p.dv);
     return p;
 }
+/* The --check baseline's attention in bf16 for `method` over C ranks (context_parallel_baseline),
+ * on this rank's one device, over the whole sequence: out, dq, dk, dv (host). */
+static void bf16_reference(const problem *p, cp_method method, int C, float **out_h, float **dq_h, float **dk_h,
+                           float **dv_h) {
+    int B = p->B, T = p->T, H = p->H, Hkv = p->Hkv, hd = p->hd;
+    size_t nq = (size_t)B * T * H * hd, nkv = (size_t)B * T * Hkv * hd;
+    llama_plan base = plan_single_device();
+    cp_options o = {.method = method, .balance = CP_ZIGZAG};
+    CHECK(context_parallel_baseline(&base, DTYPE_BF16, &o, C), "context_parallel_baseline installed nothing at C = %d", C);
+    float *q = tu_upload(p->q, nq), *k = tu_upload(p->k, nkv), *v = tu_upload(p->v, nkv), *dout = tu_upload(p->dout, nq);
+    float *out = device_alloc_floats(nq, MEM_BUFFERS), *lse = device_alloc_floats((size_t)B * H * T, MEM_BUFFERS);
+    float *dq = device_alloc_floats(nq, MEM_BUFFERS), *dk = device_alloc_floats(nkv, MEM_BUFFERS);
+    float *dv = device_alloc_floats(nkv, MEM_BUFFERS);
+    base.attention.forward(base.attention.state, &base, DTYPE_BF16, out, lse, q, k, v, B, T, H, Hkv, hd);
+    base.attention.backward(base.attention.state, &base, DTYPE_BF16, dq, dk, dv, NULL, dout, out, q, k, v, lse, B, T, H,
+                            Hkv, hd);
+    *out_h = tu_download_new(out, nq);
+    *dq_h = tu_download_new(dq, nq);
+    *dk_h = tu_download_new(dk, nkv);
+    *dv_h = tu_download_new(dv, nkv);
+    float *bufs[] = {q, k, v, dout, out, lse, dq, dk, dv};
+    for (int i = 0; i < 9; i++) device_free(bufs[i]);
+    plan_free(&base);
+}
+
 static void free_problem(problem *p) {
     free(p->q); free(p->k); free(p->v); free(p->dout);
     free(p->out); free(p->dq); free(p->dk); free(p->dv);
@@ -101,7 +133,8 @@ static void free_problem(problem *p) {
 /* This rank's rows through the plan's attention: out, dq, dk, dv (host, [B, Tl, ...]). With
  * `fault`, the chapter's deliberate bug is applied to the plan first. Returns the relative error
  * of out (for the blindness check). */
-static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp_balance balance, bool fault) {
+static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp_balance balance, bool fault,
+                       dtype compute) {
     char what[160];
     int C = mesh->group[MESH_CP]->size, r = mesh->group[MESH_CP]->rank;
     int B = p->B, T = p->T, H = p->H, Hkv = p->Hkv, hd = p->hd, Tl = T / C, Tc = Tl / 2;
@@ -113,7 +146,9 @@ static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp
     llama_plan plan = plan_single_device();
     context_parallel_apply(&plan, mesh, &cfg, &o);
     if (fault) CHECK(context_parallel_faults[0].apply(&plan) == NULL, "the fault %s does not apply", context_parallel_faults[0].name);
-    const char *name = cp_method_name(method), *bal = cp_balance_name(balance);
+    char name[32];
+    snprintf(name, sizeof name, "%s%s", cp_method_name(method), compute == DTYPE_BF16 ? " bf16" : "");
+    const char *bal = cp_balance_name(balance);
 
     /* the positions: chunks[0], then chunks[1], each Tc consecutive positions */
     int *pos = malloc((size_t)Tl * sizeof(int)), chunks[2];
@@ -149,17 +184,27 @@ static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp
     float *v = tu_upload(h, nkv);
     float *want_out = malloc(nq * sizeof(float)), *want_dq = malloc(nq * sizeof(float));
     float *want_dk = malloc(nkv * sizeof(float)), *want_dv = malloc(nkv * sizeof(float));
-    take_rows(want_out, p->out, pos, B, T, Tl, H * hd);
-    take_rows(want_dq, p->dq, pos, B, T, Tl, H * hd);
-    take_rows(want_dk, p->dk, pos, B, T, Tl, Hkv * hd);
-    take_rows(want_dv, p->dv, pos, B, T, Tl, Hkv * hd);
+    float *ref[4] = {p->out, p->dq, p->dk, p->dv};
+    if (compute == DTYPE_BF16) bf16_reference(p, method, C, &ref[0], &ref[1], &ref[2], &ref[3]);
+    take_rows(want_out, ref[0], pos, B, T, Tl, H * hd);
+    take_rows(want_dq, ref[1], pos, B, T, Tl, H * hd);
+    take_rows(want_dk, ref[2], pos, B, T, Tl, Hkv * hd);
+    take_rows(want_dv, ref[3], pos, B, T, Tl, Hkv * hd);
+    if (compute == DTYPE_BF16) {   /* not blind: bf16 is far from fp32 (p's own reference) */
+        float *fp32_out = malloc(nq * sizeof(float));
+        take_rows(fp32_out, p->out, pos, B, T, Tl, H * hd);
+        double e = rel_error(want_out, fp32_out, nq);
+        CHECK(e > 1e-4, "%s C=%d rank %d: bf16 attention within %.3g of fp32's, the rounding did not happen", name, C, r, e);
+        free(fp32_out);
+        for (int i = 0; i < 4; i++) free(ref[i]);
+    }
 
     /* forward: out and the saved buffer start as garbage (out is =, the lse is the operator's) */
     size_t nsaved = (size_t)B * H * Tl * Tl;
     float *out = device_alloc_floats(nq, MEM_BUFFERS), *saved = device_alloc_floats(nsaved, MEM_BUFFERS);
     fill_device(out, nq, 9.0f);
     fill_device(saved, nsaved, 9.0f);
-    plan.attention.forward(plan.attention.state, &plan, out, saved, q, k, v, B, Tl, H, Hkv, hd);
+    plan.attention.forward(plan.attention.state, &plan, compute, out, saved, q, k, v, B, Tl, H, Hkv, hd);
     float *got = tu_download_new(out, nq);
     double e_out = rel_error(got, want_out, nq);
     snprintf(what, sizeof what, "%s %s C=%d rank %d, out, B=%d T=%d H=%d Hkv=%d hd=%d", name, bal, C, r, B, T, H, Hkv, hd);
@@ -178,7 +223,7 @@ static double run_case(device_mesh *mesh, const problem *p, cp_method method, cp
         fill_device(dq, nq, 9.0f);
         fill_device(dk, nkv, 9.0f);
         fill_device(dv, nkv, 9.0f);
-        plan.attention.backward(plan.attention.state, &plan, dq, dk, dv, NULL, dout, out, q, k, v, saved, B, Tl, H, Hkv, hd);
+        plan.attention.backward(plan.attention.state, &plan, compute, dq, dk, dv, NULL, dout, out, q, k, v, saved, B, Tl, H, Hkv, hd);
         float *g = tu_download_new(dq, nq);
         snprintf(what, sizeof what, "%s %s C=%d rank %d, dq, B=%d T=%d H=%d Hkv=%d hd=%d", name, bal, C, r, B, T, H, Hkv, hd);
         check_rel(what, g, want_dq, nq);
@@ -215,13 +260,16 @@ int main(int argc, char **argv) {
         bool heads_divide = z[2] % C == 0 && z[3] % C == 0;   /* what alltoall needs */
         for (int m = 0; m < CP_NMETHODS; m++)
             for (int b = 0; b < CP_NBALANCES; b++)
-                if (m != CP_ALLTOALL || heads_divide) run_case(mesh, &p, (cp_method)m, (cp_balance)b, false);
+                if (m != CP_ALLTOALL || heads_divide) run_case(mesh, &p, (cp_method)m, (cp_balance)b, false, DTYPE_F32);
+        /* bf16 against the --check baseline's blocks (one balance: the blocks are the same) */
+        for (int m = 0; m < CP_NMETHODS && C > 1; m++)
+            if (m != CP_ALLTOALL || heads_divide) run_case(mesh, &p, (cp_method)m, CP_ZIGZAG, false, DTYPE_BF16);
         /* not blind: the deliberate bug adds the blocks' partial results without rescaling them.
          * Every rank holds a query chunk that sees two key chunks (even at C = 1), so every rank's
          * out is far off. */
         for (int m = 0; m < CP_NMETHODS; m++) {
             if (m == CP_ALLTOALL) continue;
-            double e = run_case(mesh, &p, (cp_method)m, CP_ZIGZAG, true);
+            double e = run_case(mesh, &p, (cp_method)m, CP_ZIGZAG, true, DTYPE_F32);
             CHECK(e > 1e-2, "%s with --fault no-lse-rescale, shape %zu: relative error only %.3g, the test is blind",
                   cp_method_name((cp_method)m), s, e);
         }

@@ -32,6 +32,9 @@ HD static inline uint16_t bf16_from_float(float x) {
 }
 /* Element i of a buffer of type t (its address: base + i elements of t). */
 static inline void *dtype_at(void *base, dtype t, size_t i) { return (char *)base + i * dtype_size(t); }
+static inline const void *dtype_const_at(const void *base, dtype t, size_t i) {
+    return (const char *)base + i * dtype_size(t);
+}
 
 HD static inline float bf16_to_float(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;

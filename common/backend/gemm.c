@@ -58,3 +58,10 @@ void matmul_strided_batched(float *C, const float *A, const float *B, int M, int
     gemm_args g = gemm_args_from_row_major(trans_a, trans_b, M, N, K, lda, ldb, ldc);
     gemm_colmajor_strided_batched(&g, alpha, B, stride_b, A, stride_a, beta, C, stride_c, batch);
 }
+
+void matmul_strided_batched_typed(float *C, const void *A, const void *B, dtype ab, int M, int N, int K,
+                                  bool trans_a, bool trans_b, int lda, int ldb, int ldc, long long stride_a,
+                                  long long stride_b, long long stride_c, int batch, float alpha, float beta) {
+    gemm_args g = gemm_args_from_row_major(trans_a, trans_b, M, N, K, lda, ldb, ldc);
+    gemm_colmajor_strided_batched_typed(&g, alpha, B, stride_b, A, stride_a, ab, beta, C, stride_c, batch);
+}

@@ -46,6 +46,13 @@ void gemm_colmajor_strided_batched(const gemm_args *g, float alpha,
  * does to check that path) and on cublasGemmEx, CUBLAS_COMPUTE_32F, in gemm_cuda.cu. */
 void gemm_colmajor_typed(const gemm_args *g, float alpha, const void *first, const void *second, dtype ab,
                          float beta, void *C, dtype c);
+/* The batched twin into an fp32 C (mixed-precision attention): entry i multiplies the operands at
+ * i x stride elements of `ab` and writes C + i stride_c; fp32 operands are
+ * gemm_colmajor_strided_batched itself (cublasGemmStridedBatchedEx with bf16 in gemm_cuda.cu; one
+ * gemm_colmajor_typed per entry on the CPU, whose BLAS has no batched call either). */
+void gemm_colmajor_strided_batched_typed(const gemm_args *g, float alpha, const void *first, long long stride_first,
+                                         const void *second, long long stride_second, dtype ab, float beta,
+                                         float *C, long long stride_c, int batch);
 /* Aborts, naming the pair, on operand and output types the typed call does not take. */
 void gemm_check_types(dtype ab, dtype c);
 /* The CPU: bf16 products widened to an fp32 sgemm (the path of a CPU without AVX-512) when on;
@@ -78,5 +85,11 @@ void matmul_strided_batched(float *C, const float *A, const float *B, int M, int
                             bool trans_a, bool trans_b, int lda, int ldb, int ldc,
                             long long stride_a, long long stride_b, long long stride_c,
                             int batch, float alpha, float beta);
+/* ... with typed operands A and B (`ab`: fp32, or bf16 values from gemm_operand_in) into an fp32 C,
+ * accumulated in fp32: the batched products of attention under --dtype bf16. Offsets into A and B
+ * count elements of `ab`. */
+void matmul_strided_batched_typed(float *C, const void *A, const void *B, dtype ab, int M, int N, int K,
+                                  bool trans_a, bool trans_b, int lda, int ldb, int ldc, long long stride_a,
+                                  long long stride_b, long long stride_c, int batch, float alpha, float beta);
 
 C_END

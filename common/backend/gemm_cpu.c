@@ -161,6 +161,15 @@ void gemm_colmajor_typed(const gemm_args *g, float alpha, const void *first, con
     dnnl_primitive_attr_destroy(attr);
 }
 
+void gemm_colmajor_strided_batched_typed(const gemm_args *g, float alpha, const void *first, long long stride_first,
+                                         const void *second, long long stride_second, dtype ab, float beta,
+                                         float *C, long long stride_c, int batch) {
+    for (int i = 0; i < batch; i++)
+        gemm_colmajor_typed(g, alpha, dtype_at((void *)first, ab, (size_t)(i * stride_first)),
+                            dtype_at((void *)second, ab, (size_t)(i * stride_second)), ab, beta, C + i * stride_c,
+                            DTYPE_F32);
+}
+
 /* Whether oneDNN offers a bf16 matmul on this CPU, asked once with a small product (the answer
  * does not depend on the shape: oneDNN 2.x's bf16 kernels need AVX-512). */
 static bool onednn_has_bf16(void) {

@@ -56,6 +56,23 @@ void gemm_colmajor_typed(const gemm_args *g, float alpha, const void *first, con
                               cuda_type(c), g->ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+/* The batched typed product: bf16 operands at their strides, fp32 C, fp32 accumulation (the
+ * tensor cores), one call for the batch as the fp32 twin. */
+void gemm_colmajor_strided_batched_typed(const gemm_args *g, float alpha, const void *first, long long stride_first,
+                                         const void *second, long long stride_second, dtype ab, float beta,
+                                         float *C, long long stride_c, int batch) {
+    gemm_check_types(ab, DTYPE_F32);
+    if (ab == DTYPE_F32) {
+        gemm_colmajor_strided_batched(g, alpha, (const float *)first, stride_first, (const float *)second,
+                                      stride_second, beta, C, stride_c, batch);
+        return;
+    }
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(cuda_cublas(), to_cublas_op(g->transa), to_cublas_op(g->transb), g->m,
+                                            g->n, g->k, &alpha, first, cuda_type(ab), g->lda, stride_first, second,
+                                            cuda_type(ab), g->ldb, stride_second, &beta, C, CUDA_R_32F, g->ldc,
+                                            stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 /* The GPU has one bf16 path (cublasGemmEx): nothing to force; its operands are bf16. */
 void gemm_bf16_force_widen(bool on) { (void)on; }
 dtype gemm_bf16_operand_type(void) { return DTYPE_BF16; }

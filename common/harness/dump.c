@@ -41,6 +41,7 @@ static char *last_error;      /* dump_error() */
 static char *final_dir;       /* dump_begin's DIR (trailing '/' removed), NULL when none */
 static char *tmp_dir;         /* where the writes go meanwhile: DIR.tmp.<pid>.<random>           */
 static char *run_options;     /* dump_set_run_options: the "run_options" metadata, or NULL */
+static int attention_blocks;  /* dump_set_attention_blocks: 0, or cp's blocks under bf16      */
 
 const char *dump_error(void) { return last_error ? last_error : ""; }
 
@@ -263,6 +264,8 @@ static void meta_float(st_writer *w, const char *key, float v) {
     st_writer_meta(w, key, buf);
 }
 
+void dump_set_attention_blocks(int n) { attention_blocks = n; }
+
 int dump_set_run_options(const char *json) {
     if (json && run_options)   /* one object: a chapter with two settings to record merges them */
         return fail("run_options set twice ('%.40s', then '%.40s'): one JSON object holds a run's settings",
@@ -302,8 +305,10 @@ int dump_params(const char *dir, const char *file, const llama_config *c, const 
     meta_float(w, "eps", o->eps);
     meta_float(w, "weight_decay", o->weight_decay);
     if (o->clip_grad_norm > 0) meta_float(w, "clip_grad_norm", o->clip_grad_norm);   /* grads_1 is before clipping */
-    /* mixed precision (absent: fp32): the linears' GEMM operands rounded to bf16, nothing else */
+    /* mixed precision (absent: fp32): the linears' and attention's GEMM operands rounded to bf16 */
     if (c->precision == DTYPE_BF16) st_writer_meta(w, "dtype", dtype_name(c->precision));
+    /* ... and attention's blocks under context parallelism (absent: the whole sequence) */
+    if (c->precision == DTYPE_BF16 && attention_blocks > 0) meta_int(w, "attention_blocks", attention_blocks);
     /* a mixture of experts (chapter 09; absent: dense): its sizes, routing and balancing loss are
      * docs/dump-format.md's */
     if (c->moe.experts > 0) {

@@ -49,6 +49,10 @@ const char *dump_error(void);
  * does not parse it: the chapter writes valid JSON, the reader (tests/reference_torch.py) checks
  * it. Returns 0, or -1 when it is not NULL and does not look like an object ({...}) or is longer. */
 int dump_set_run_options(const char *json);
+/* Context parallelism under bf16 (chapter 06's blocks): attention was computed in n blocks of
+ * chunks of each sequence (docs/dump-format.md's attention_blocks), written as that metadata key by
+ * every later dump_params of a bf16 model; 0 (the default): the whole sequence, no key. */
+void dump_set_attention_blocks(int n);
 
 /* params[i] is the full host tensor of llama_param_spec(c, i). */
 int dump_params(const char *dir, const char *file, const llama_config *c, const adamw_config *o,

@@ -361,13 +361,17 @@ struct baseline_check {
 #define CURVE_STEPS 10
 #define CURVE_RTOL 0.01
 
+dtype run_baseline_precision(const run_options *o) {
+    return o->baseline_dtype >= 0 ? (dtype)o->baseline_dtype : o->model.precision;
+}
+
 baseline_check *run_baseline_create(const run_options *o, const llama_plan *plan, bool first_step_only) {
     if (!o->check) return NULL;
     baseline_check *b = calloc(1, sizeof *b);
     b->first_step_only = first_step_only;
     b->near_zero = calloc((size_t)llama_num_params(&o->model), sizeof *b->near_zero);
-    llama_config c = o->model;   /* the baseline's precision: the run's, or --baseline-dtype's */
-    if (o->baseline_dtype >= 0) c.precision = (dtype)o->baseline_dtype;
+    llama_config c = o->model;
+    c.precision = run_baseline_precision(o);
     b->curve = c.precision != o->model.precision;
     b->curve_steps = o->steps < CURVE_STEPS ? o->steps : CURVE_STEPS;
     if (b->curve) parity_set_curves(CURVE_RTOL);
@@ -736,8 +740,9 @@ run_clock run_loop_end(run_loop *l) {
     return l->clock;
 }
 
-run_clock run_train(const run_options *o, llama_model *model, const char *label, const char *csv_path) {
-    run_loop loop = run_loop_begin(o, model, run_baseline_create(o, NULL, false), label, csv_path);
+run_clock run_train(const run_options *o, llama_model *model, const llama_plan *baseline, const char *label,
+                    const char *csv_path) {
+    run_loop loop = run_loop_begin(o, model, run_baseline_create(o, baseline, false), label, csv_path);
     for (int step = 1; step <= o->steps; step++) {
         run_synthetic_batch(&loop, step);
         run_step_result r = run_step(&loop, step, NAN);

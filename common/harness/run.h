@@ -129,11 +129,13 @@ float run_forward_backward(llama_model *model, const int *tokens, const int *tar
 typedef struct baseline_check baseline_check;
 /* With --check: the check on every rank (the comparisons gather from every rank), the baseline
  * model on world rank 0 under `plan` (NULL: plan_single_device(); chapter 07: the same float8
- * casts on one device). first_step_only: judge the loss and the gradients of step 1 only, and
+ * casts on one device; 06, 08, 09 under bf16 with cp: attention in the cp ranks' blocks). first_step_only: judge the loss and the gradients of step 1 only, and
  * not the parameters after the last step (float8 casts turn rounding-level differences into
  * whole quanta once the parameters differ). Without --check: NULL, which every function below
  * accepts. Collective. */
 baseline_check *run_baseline_create(const run_options *o, const llama_plan *plan, bool first_step_only);
+/* The --check baseline's precision: --baseline-dtype's, else the run's --dtype. */
+dtype run_baseline_precision(const run_options *o);
 /* Step 1's gradients are shown, not judged, because of `why` (NULL: judged). Called between
  * run_step and run_step_check of step 1 (chapter 07: a float8 cast of step 1 landed on the
  * neighbouring code, which only the step itself can tell). Rank 0 uses it. */
@@ -222,9 +224,10 @@ void run_update(run_loop *l, run_step_result *r);
 run_clock run_loop_end(run_loop *l);
 
 /* Chapters 01-06: o->steps steps on the synthetic batches beside the single-device baseline
- * (with --check), the loop above, each step's line labelled `label`, the CSV at csv_path
- * (NULL: none). Collective. */
-run_clock run_train(const run_options *o, llama_model *model, const char *label, const char *csv_path);
+ * (with --check; under `baseline`, NULL: plan_single_device(), as run_baseline_create), the loop
+ * above, each step's line labelled `label`, the CSV at csv_path (NULL: none). Collective. */
+run_clock run_train(const run_options *o, llama_model *model, const llama_plan *baseline, const char *label,
+                    const char *csv_path);
 
 /* Every rank: a failed write of an output file (files.h's file_write_error, on any rank) ends the
  * run with one line naming the file and the error, and exit 2; the file keeps its previous

@@ -50,16 +50,32 @@ float *linear_bf16_values(const float *x, size_t n) {
     return bf16_values(x, n);
 }
 
-/* x[n] rounded to bf16 for the call's GEMMs (MEM_BUFFERS; freed by the caller), in the element
+/* x[n] rounded to bf16 for a call's GEMMs (MEM_BUFFERS; freed by the caller), in the element
  * type the backend's bf16 product reads (gemm_bf16_operand_type): bf16, or the same values held in
  * fp32 where the product would widen them to an fp32 sgemm anyway (a CPU without AVX-512). Either
  * way the GEMM multiplies the same values: the same bits. */
-static void *bf16_operand(const float *x, size_t n, dtype t) {
-    if (t != DTYPE_BF16) return linear_bf16_values(x, n);
+static void *bf16_copy(const float *x, size_t n, dtype t) {
+    if (t != DTYPE_BF16) return bf16_values(x, n);
     uint16_t *h = device_alloc_elems(n, DTYPE_BF16, MEM_BUFFERS);
     cast_to_bf16(h, x, n);
-    rounded += n;
     return h;
+}
+/* ... a linear's, counted */
+static void *bf16_operand(const float *x, size_t n, dtype t) {
+    rounded += n;
+    return bf16_copy(x, n, t);
+}
+
+const void *operand_in(dtype compute, const float *x, size_t n, dtype *t) {
+    if (compute != DTYPE_BF16) {
+        *t = DTYPE_F32;
+        return x;
+    }
+    *t = gemm_bf16_operand_type();
+    return bf16_copy(x, n, *t);
+}
+void operand_release(const float *x, const void *operand) {
+    if (operand != x) device_free((void *)operand);
 }
 
 /* y[N, out] = bf16(x) bf16(W)^T, accumulated in fp32 */

@@ -11,6 +11,7 @@
  * columns, a slice of the vocabulary, a slice of the sequence).
  */
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include "cdefs.h"
 #include "dtype.h"
@@ -71,6 +72,12 @@ void linear_backward_in(dtype compute, float *dx, float dx_beta, float *dW, cons
  * (FSDP's float8 all-gather of a weight shard). */
 float *bf16_values(const float *x, size_t n);
 float *linear_bf16_values(const float *x, size_t n);
+/* x[n] as a GEMM's operand in the compute precision: fp32, x itself (*t = DTYPE_F32); bf16, a copy
+ * of its values rounded to bf16 (MEM_BUFFERS), in the type the backend's bf16 product reads (*t:
+ * gemm_bf16_operand_type). operand_release(x, operand) frees a copy, not x. Not counted below (the
+ * linears' count): attention's products round their operands this way. */
+const void *operand_in(dtype compute, const float *x, size_t n, dtype *t);
+void operand_release(const float *x, const void *operand);
 /* The elements the functions above have rounded to bf16 on this rank, since the start (every
  * operand copy counts its elements); uncount takes back n of them (the --check baseline's, which
  * are not this rank's run). */
@@ -98,6 +105,15 @@ void attention_forward(float *out, float *probs, const float *q, const float *k,
 void attention_backward(float *dq, float *dk, float *dv, float *dprobs,
                         const float *dout, const float *q, const float *k, const float *v,
                         const float *probs, int B, int T, int H, int Hkv, int hd);
+/* The same in a compute precision (--dtype): DTYPE_BF16 rounds each product's operands to bf16
+ * (forward: q, k, then P and v; backward: P, dout and v, then dS, q and k) and accumulates in
+ * fp32, as a bf16 attention kernel (cuDNN's, FlashAttention's) reads bf16 q, k, v and P; the
+ * softmax and its backward, probs and every output stay fp32. DTYPE_F32 is the two above. */
+void attention_forward_in(dtype compute, float *out, float *probs, const float *q, const float *k, const float *v,
+                          int B, int T, int H, int Hkv, int hd);
+void attention_backward_in(dtype compute, float *dq, float *dk, float *dv, float *dprobs, const float *dout,
+                           const float *q, const float *k, const float *v, const float *probs, int B, int T, int H,
+                           int Hkv, int hd);
 /* The causal query blocks both attentions compute (attention.c): nb = causal_query_blocks(T)
  * blocks of at least 64 rows (at most 8; below T = 128 one block, the whole T), block r holding the queries
  * [causal_block_row(r, nb, T), causal_block_row(r + 1, nb, T)), which see the keys [0, r1). */
@@ -136,6 +152,16 @@ void attention_block_backward(float *dq, float *dk, float *dv, const float *dout
                               const float *out, const float *lse, const float *q, const float *k,
                               const float *v, int B, int Tq, int Tk, int H, int Hkv, int hd,
                               int q_offset, int k_offset);
+/* The same in a compute precision, as attention_forward_in: in bf16 each product's operands rounded
+ * (forward: q and k, then P and v; backward: q, k, dout and v, then P and dS), fp32 accumulation,
+ * the softmax kernels, lse, out and the gradients fp32. The rounded copies (operand_in's, elements
+ * of its type) held at most: forward Tk Hkv hd + max(Tq H hd, H Tq Tk), backward
+ * 2 Tq H hd + Tk Hkv hd + max(Tk Hkv hd, 2 H Tq Tk), per sequence of the call (B = 1). */
+void attention_block_forward_in(dtype compute, float *out, float *lse, const float *q, const float *k, const float *v,
+                                int B, int Tq, int Tk, int H, int Hkv, int hd, int q_offset, int k_offset);
+void attention_block_backward_in(dtype compute, float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                 const float *lse, const float *q, const float *k, const float *v, int B, int Tq,
+                                 int Tk, int H, int Hkv, int hd, int q_offset, int k_offset);
 /* ---- whole sequences in causal query blocks, saving lse (chapter 06's all-to-all) ----------
  * attention_forward's result without its [B, H, T, T] probabilities: each query block of
  * causal_query_blocks against the keys it sees, [0, r1), with attention_block_forward (queries
@@ -144,12 +170,13 @@ void attention_block_backward(float *dq, float *dk, float *dv, const float *dout
  * B H T floats, for each sequence its query blocks in order, each [H, r1 - r0] as
  * attention_block_forward writes it. Scratch: one block's scores, [H, r1 - r0, r1] (forward),
  * twice that (backward), under MEM_BUFFERS.
+ * In a compute precision as attention_block_forward_in (--dtype).
  *   forward:  out (=), lse (=); returns the score elements computed per (sequence, head):
  *             the sum over the blocks of (r1 - r0) r1
  *   backward: dq, dk, dv (+=: zero them first) from dout and the forward's out and lse       */
-double attention_lse_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+double attention_lse_forward(dtype compute, float *out, float *lse, const float *q, const float *k, const float *v,
                              int B, int T, int H, int Hkv, int hd);
-void attention_lse_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+void attention_lse_backward(dtype compute, float *dq, float *dk, float *dv, const float *dout, const float *out,
                             const float *lse, const float *q, const float *k, const float *v,
                             int B, int T, int H, int Hkv, int hd);
 /* The backend kernels between the block's GEMMs. scores holds B*H*Tq rows of Tk scores; row
@@ -158,12 +185,13 @@ void attention_lse_backward(float *dq, float *dk, float *dv, const float *dout, 
  *             lse[B*H*Tq] (=) = log sum over visible keys of e^score, -inf for an empty row
  *   backward: scores := P = e^(score - lse), 0 where masked (in place);
  *             dscores := dS = P * (dP - D), D = rowsum(dout * out) over the row's hd elements of
- *             dout and out [B, Tq, H, hd] (in place on dP)                                     */
+ *             dout and out [B, Tq, H, hd] (in place on dP); dout_bf16: dout's elements rounded
+ *             to bf16 in D, as the bf16 GEMM of dP read them (attention_block_backward_in)     */
 void attention_block_softmax_forward(float *scores, float *lse, int B, int H, int Tq, int Tk,
                                      int q_offset, int k_offset);
 void attention_block_softmax_backward(float *scores, float *dscores, const float *lse,
                                       const float *dout, const float *out, int B, int H, int Tq,
-                                      int Tk, int hd, int q_offset, int k_offset);
+                                      int Tk, int hd, int q_offset, int k_offset, bool dout_bf16);
 
 /* ---- merge two partial attention results by log-sum-exp -------------------------------------
  * (out, lse) and (out_b, lse_b) are two blocks' results for the same query rows, out [B, T, H, hd]

@@ -230,7 +230,7 @@ void attention_block_softmax_forward(float *scores, float *lse, int B, int H, in
  * output (out and dout are [B, Tq, H, hd]: row (b, h, i) is at ((b Tq + i) H + h) hd). */
 void attention_block_softmax_backward(float *scores, float *dscores, const float *lse,
                                       const float *dout, const float *out, int B, int H, int Tq,
-                                      int Tk, int hd, int q_offset, int k_offset) {
+                                      int Tk, int hd, int q_offset, int k_offset, bool dout_bf16) {
     size_t rows = (size_t)B * H * Tq;
     for (size_t r = 0; r < rows; r++) {
         float *p = scores + r * Tk;
@@ -239,7 +239,7 @@ void attention_block_softmax_backward(float *scores, float *dscores, const float
         size_t b = r / ((size_t)H * Tq);
         size_t o = ((b * Tq + i) * H + h) * hd;
         float D = 0.0f;
-        for (int d = 0; d < hd; d++) D += attention_delta_term(dout[o + d], out[o + d]);
+        for (int d = 0; d < hd; d++) D += attention_delta_term(dout[o + d], out[o + d], dout_bf16);
         int n = attention_block_visible_keys(q_offset, i, k_offset, Tk);
         float row_lse = lse[r];
         for (int j = 0; j < n; j++) {

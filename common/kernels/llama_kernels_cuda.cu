@@ -364,7 +364,7 @@ static __global__ void attention_block_softmax_backward_kernel(float *scores, fl
                                                                const float *dout,
                                                                const float *out, int H, int Tq,
                                                                int Tk, int hd, int q_offset,
-                                                               int k_offset) {
+                                                               int k_offset, int dout_bf16) {
     size_t r = blockIdx.x;
     float *p = scores + r * Tk;
     float *dp = dscores + r * Tk;
@@ -373,7 +373,7 @@ static __global__ void attention_block_softmax_backward_kernel(float *scores, fl
     size_t o = ((b * Tq + i) * H + h) * hd;   /* the row's output in out/dout [B, Tq, H, hd] */
     float D = 0.0f;
     for (int d = threadIdx.x; d < hd; d += ROW_THREADS)
-        D += attention_delta_term(dout[o + d], out[o + d]);
+        D += attention_delta_term(dout[o + d], out[o + d], dout_bf16);
     D = block_sum(D);
     float row_lse = lse[r];
     for (int j = threadIdx.x; j < Tk; j += ROW_THREADS) {
@@ -386,11 +386,11 @@ static __global__ void attention_block_softmax_backward_kernel(float *scores, fl
 
 void attention_block_softmax_backward(float *scores, float *dscores, const float *lse,
                                       const float *dout, const float *out, int B, int H, int Tq,
-                                      int Tk, int hd, int q_offset, int k_offset) {
+                                      int Tk, int hd, int q_offset, int k_offset, bool dout_bf16) {
     size_t rows = (size_t)B * H * Tq;
     if (rows == 0 || Tk == 0) return;
     attention_block_softmax_backward_kernel<<<(unsigned)rows, ROW_THREADS, 0, cuda_stream()>>>(
-        scores, dscores, lse, dout, out, H, Tq, Tk, hd, q_offset, k_offset);
+        scores, dscores, lse, dout, out, H, Tq, Tk, hd, q_offset, k_offset, dout_bf16);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -11,6 +11,7 @@
 #pragma once
 #include <math.h>
 #include "cdefs.h"
+#include "dtype.h"
 
 /* ---- token embedding ------------------------------------------------------------------------
  * A table shard holds rows [row0, row0 + nrows) of the full vocabulary. Returns the local row
@@ -215,8 +216,13 @@ HD static inline float attention_block_prob(float score, float lse) {
  * does not have. But out = P V and dP = dOut V^T, so
  *   D_i = sum_j P_ij (dOut_i . V_j) = dOut_i . (sum_j P_ij V_j) = dOut_i . out_i,
  * a dot product over the hd elements of the final output row. This is its term; the gradient
- * of a score is then softmax_grad(P_ij, dP_ij, D_i) = P_ij (dP_ij - D_i).                      */
-HD static inline float attention_delta_term(float dout, float out) { return dout * out; }
+ * of a score is then softmax_grad(P_ij, dP_ij, D_i) = P_ij (dP_ij - D_i).
+ * In bf16 dP was computed from dOut rounded to bf16, so D takes the same rounded dOut
+ * (dout_bf16): else D would carry dOut's rounding error, which dP - D, a difference of nearly
+ * equal numbers where a row's dP is flat, turns into a large relative error of dS.             */
+HD static inline float attention_delta_term(float dout, float out, int dout_bf16) {
+    return (dout_bf16 ? bf16_to_float(bf16_from_float(dout)) : dout) * out;
+}
 
 /* ---- cross-entropy of one row of logits --------------------------------------------------------
  *   loss = -log softmax(x)[t] = logsumexp(x) - x_t = (M - x_t) + log S

@@ -63,7 +63,7 @@ static void attention_forward_block(const layer_pass *x) {
     rope_forward(a->q, m->rope_cos_sin, B, T, Hl, hd);
     rope_forward(a->k, m->rope_cos_sin, B, T, Hkvl, hd);
     /* attn_out[N, Hl*hd] = softmax(q k^T / sqrt(hd), causal) v; probs[B, Hl, T, T] saved */
-    p->attention.forward(p->attention.state, p, a->attn_out, a->probs, a->q, a->k, a->v, B, T, Hl, Hkvl, hd);
+    p->attention.forward(p->attention.state, p, m->c.precision, a->attn_out, a->probs, a->q, a->k, a->v, B, T, Hl, Hkvl, hd);
     /* partial[N, D] = attn_out wo^T (this rank's heads' share), then the region's exit: h_mid [Ns, D] */
     proj_linear wo = {.site = llama_site(m, P_WO, l), .W = w->wo, .width = Hl * hd};
     float *partial = llama_whole(m, m->y_partial, a->h_mid);
@@ -83,7 +83,7 @@ static void attention_backward_block(const layer_pass *x) {
     p->proj.out_backward(p->proj.state, p, &p->region, m->dattn_out, llama_whole(m, m->dy_full, x->dh), x->dh,
                          a->attn_out, &wo, rows);
     /* dq, dk, dv: gradients of the rotated q and k and of v */
-    p->attention.backward(p->attention.state, p, m->dq, m->dk, m->dv, m->dprobs, m->dattn_out, a->attn_out, a->q, a->k,
+    p->attention.backward(p->attention.state, p, m->c.precision, m->dq, m->dk, m->dv, m->dprobs, m->dattn_out, a->attn_out, a->q, a->k,
                           a->v, a->probs, B, T, Hl, Hkvl, hd);
     /* undo RoPE's rotation on the gradients: now d/d (wq n) and d/d (wk n) */
     rope_backward(m->dq, m->rope_cos_sin, B, T, Hl, hd);

@@ -36,14 +36,16 @@ static void local_loss_backward(void *state, const llama_plan *p, float *dlogits
 }
 const loss_ops loss_local = {NULL, 0, local_loss_forward, local_loss_backward};
 
-static void local_attention_forward(void *state, const llama_plan *p, float *out, float *probs, const float *q,
-                                    const float *k, const float *v, int B, int T, int H, int Hkv, int hd) {
-    attention_forward(out, probs, q, k, v, B, T, H, Hkv, hd);
+static void local_attention_forward(void *state, const llama_plan *p, dtype compute, float *out, float *probs,
+                                    const float *q, const float *k, const float *v, int B, int T, int H, int Hkv,
+                                    int hd) {
+    attention_forward_in(compute, out, probs, q, k, v, B, T, H, Hkv, hd);
 }
-static void local_attention_backward(void *state, const llama_plan *p, float *dq, float *dk, float *dv, float *dprobs,
-                                     const float *dout, const float *out, const float *q, const float *k,
-                                     const float *v, const float *probs, int B, int T, int H, int Hkv, int hd) {
-    attention_backward(dq, dk, dv, dprobs, dout, q, k, v, probs, B, T, H, Hkv, hd);
+static void local_attention_backward(void *state, const llama_plan *p, dtype compute, float *dq, float *dk, float *dv,
+                                     float *dprobs, const float *dout, const float *out, const float *q,
+                                     const float *k, const float *v, const float *probs, int B, int T, int H, int Hkv,
+                                     int hd) {
+    attention_backward_in(compute, dq, dk, dv, dprobs, dout, q, k, v, probs, B, T, H, Hkv, hd);
 }
 const attention_ops attention_local = {.forward = local_attention_forward, .backward = local_attention_backward,
                                        .saved_numel = NULL};   /* the softmax, B H T T */

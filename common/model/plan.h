@@ -82,12 +82,13 @@ typedef struct {
  * [B, H, T, T] for the local operator; an operator may keep less (ring attention keeps the
  * log-sum-exp of each row, [B, H, T]) and says how much with saved_numel (NULL: B H T T). The
  * backward gets the forward's out and a scratch dprobs of the same size. Under context
- * parallelism T is this rank's rows of each sequence. */
+ * parallelism T is this rank's rows of each sequence. `compute` is the model's precision (--dtype:
+ * attention_forward_in's, bf16 rounding each product's operands). */
 typedef struct {
     void *state;
-    void (*forward)(void *state, const llama_plan *p, float *out, float *probs, const float *q, const float *k,
-                    const float *v, int B, int T, int H, int Hkv, int hd);
-    void (*backward)(void *state, const llama_plan *p, float *dq, float *dk, float *dv, float *dprobs,
+    void (*forward)(void *state, const llama_plan *p, dtype compute, float *out, float *probs, const float *q,
+                    const float *k, const float *v, int B, int T, int H, int Hkv, int hd);
+    void (*backward)(void *state, const llama_plan *p, dtype compute, float *dq, float *dk, float *dv, float *dprobs,
                      const float *dout, const float *out, const float *q, const float *k, const float *v,
                      const float *probs, int B, int T, int H, int Hkv, int hd);
     size_t (*saved_numel)(void *state, const llama_plan *p, int B, int T, int H);
@@ -376,7 +377,7 @@ llama_plan plan_single_device(void);
 /* The local operators, for plans to reuse. */
 extern const region_ops region_identity;
 extern const loss_ops loss_local;           /* cross_entropy_forward / backward (llama_kernels.h) */
-extern const attention_ops attention_local; /* attention_forward / backward                         */
+extern const attention_ops attention_local; /* attention_forward_in / backward_in                   */
 extern const linear_ops linear_local;       /* linear_forward_in / backward_in, the site's precision */
 extern const projection_ops proj_local;     /* the region's operator, then the plan's linears        */
 extern const expert_exchange_ops expert_exchange_local;   /* every expert here: copies              */
