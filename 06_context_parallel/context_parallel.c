@@ -81,12 +81,12 @@ void cp_working_set_formula(cp_method method, int C, int B, int Tl, int H, int H
 
 /* One attention block call's bf16 operand copies at most, in elements (llama_kernels.h's
  * attention_block_forward_in / backward_in, one sequence of Tq queries of Hq heads against Tk keys
- * of Hk kv heads). */
-static double block_copies_forward(double Tq, double Tk, double Hq, double Hk, double hd) {
-    return Tk * Hk * hd + fmax(Tq * Hq * hd, Hq * Tq * Tk);
+ * of Hk kv heads); c: 1 where the copies are bf16, 0 where P and dS are rounded in place. */
+static double block_copies_forward(double Tq, double Tk, double Hq, double Hk, double hd, double c) {
+    return Tk * Hk * hd + fmax(Tq * Hq * hd, c * Hq * Tq * Tk);
 }
-static double block_copies_backward(double Tq, double Tk, double Hq, double Hk, double hd) {
-    return 2 * Tq * Hq * hd + Tk * Hk * hd + fmax(Tk * Hk * hd, 2 * Hq * Tq * Tk);
+static double block_copies_backward(double Tq, double Tk, double Hq, double Hk, double hd, double c) {
+    return 2 * Tq * Hq * hd + Tk * Hk * hd + fmax(Tk * Hk * hd, 2 * c * Hq * Tq * Tk);
 }
 
 void cp_working_set_bytes(cp_method method, dtype compute, size_t copy_bytes, int C, int B, int Tl, int H, int Hkv,
@@ -97,23 +97,24 @@ void cp_working_set_bytes(cp_method method, dtype compute, size_t copy_bytes, in
     *backward = 4 * b;
     if (compute != DTYPE_BF16) return;
     double Tc = Tl / 2.0, K = (double)B * Tl * Hkv * hd, Q = (double)B * Tl * H * hd, e = (double)copy_bytes;
+    double c = copy_bytes == 2 ? 1 : 0;   /* P and dS copied (bf16), or rounded in place (fp32 copies) */
     switch (method) {
     case CP_RING:   /* the blocks at 2 bytes and the one in hand widened: the same bytes as fp32's */
-        *forward += e * block_copies_forward(Tc, Tc, H, Hkv, hd);
-        *backward += e * block_copies_backward(Tc, Tc, H, Hkv, hd);
+        *forward += e * block_copies_forward(Tc, Tc, H, Hkv, hd, c);
+        *backward += e * block_copies_backward(Tc, Tc, H, Hkv, hd, c);
         break;
     case CP_ALLGATHER: {   /* every block at 2 bytes (2K (C + 1) x 2), one widened (2K x 4) */
         double pair = Tc * H * hd + H * Tc + H * Tc * Tc;
-        *forward = 4 * K * (C + 1) + 8 * K + 4 * pair + e * block_copies_forward(Tc, Tc, H, Hkv, hd);
+        *forward = 4 * K * (C + 1) + 8 * K + 4 * pair + e * block_copies_forward(Tc, Tc, H, Hkv, hd, c);
         *backward = 4 * K * (C + 1) + 8 * K * (C + 1) + 8 * K + 8 * H * Tc * Tc +
-                    e * block_copies_backward(Tc, Tc, H, Hkv, hd);
+                    e * block_copies_backward(Tc, Tc, H, Hkv, hd, c);
         break;
     }
     default: {   /* the largest causal block's scores and its copies, against the all-to-all's buffers */
         double T = (double)C * Tl, rows = causal_largest_block((int)T), Hg = H / C, Hkvg = Hkv / C;
         double scores = Hg * rows * T;
-        *forward = 4 * (2 * Q + 2 * K) + fmax(8 * Q, 4 * scores + e * block_copies_forward(rows, T, Hg, Hkvg, hd));
-        *backward = 4 * (4 * Q + 4 * K) + fmax(8 * Q, 8 * scores + e * block_copies_backward(rows, T, Hg, Hkvg, hd));
+        *forward = 4 * (2 * Q + 2 * K) + fmax(8 * Q, 4 * scores + e * block_copies_forward(rows, T, Hg, Hkvg, hd, c));
+        *backward = 4 * (4 * Q + 4 * K) + fmax(8 * Q, 8 * scores + e * block_copies_backward(rows, T, Hg, Hkvg, hd, c));
     }
     }
 }

@@ -114,15 +114,16 @@ void cp_working_set_formula(cp_method method, int C, int B, int Tl, int H, int H
                             double *forward, double *backward);
 /* The same in bytes for a run in precision `compute` (--dtype): fp32, 4 x the floats above; bf16,
  * where the K/V blocks travel as bf16 (context_parallel.c's kv_wire) and every attention call holds
- * its operands' bf16 copies (copy_bytes each: gemm_bf16_operand_type's size), at most:
+ * its operands' bf16 copies (copy_bytes e each: gemm_bf16_operand_type's size; with e = 4 the
+ * block's P and dS are rounded in place, c = 0, else c = 1), at most:
  *   ring       the same blocks' bytes (two at 2 bytes, the one in hand widened to fp32), plus
- *              forward  e (Tc Hkv hd + max(Tc H hd, H Tc^2))
- *              backward e (2 Tc H hd + Tc Hkv hd + max(Tc Hkv hd, 2 H Tc^2))
+ *              forward  e (Tc Hkv hd + max(Tc H hd, c H Tc^2))
+ *              backward e (2 Tc H hd + Tc Hkv hd + max(Tc Hkv hd, 2 c H Tc^2))
  *   allgather  forward  2K (C + 1) x 2 + 2K x 4 + (Tc H hd + H Tc + H Tc^2) x 4 + the ring's copies
  *              backward 2K (C + 1) x 2 + 2K (C + 1) x 4 + 2K x 4 + 2 H Tc^2 x 4 + the ring's copies
- *   alltoall   forward  (2Q + 2K) x 4 + max(2Q x 4, (H/C) s T x 4 + e (T Hkv/C hd + max(s H/C hd, H/C s T)))
+ *   alltoall   forward  (2Q + 2K) x 4 + max(2Q x 4, (H/C) s T x 4 + e (T Hkv/C hd + max(s H/C hd, c H/C s T)))
  *              backward (4Q + 4K) x 4 + max(2Q x 4, 2 (H/C) s T x 4 + e (2 s H/C hd + T Hkv/C hd
- *                                                 + max(T Hkv/C hd, 2 H/C s T)))             */
+ *                                                 + max(T Hkv/C hd, 2 c H/C s T)))           */
 void cp_working_set_bytes(cp_method method, dtype compute, size_t copy_bytes, int C, int B, int Tl, int H, int Hkv,
                           int hd, double *forward, double *backward);
 

@@ -113,11 +113,13 @@ int cp_report_attention_memory(const llama_plan *plan, const llama_model *m, con
     int bad = report_memory(title, rows, 3);
     if (bf16)
         log0("  (--dtype bf16: K/V blocks travel as bf16, the one in hand widened to fp32; copies: an attention call's\n"
-             "   operands rounded to bf16, at most (context_parallel.h) forward Tq Hkv hd + max(Tq H hd, H Tq Tk),\n"
-             "   backward 2 Tq H hd + Tk Hkv hd + max(Tk Hkv hd, 2 H Tq Tk) elements, for a block of Tq = Tk = Tc rows,\n"
+             "   operands rounded to bf16, at most (context_parallel.h) forward Tq Hkv hd + max(Tq H hd, c H Tq Tk),\n"
+             "   backward 2 Tq H hd + Tk Hkv hd + max(Tk Hkv hd, 2 c H Tq Tk) elements, for a block of Tq = Tk = Tc rows,\n"
              "   or Tq = s rows against T keys of H/C heads)\n"
              "  (a copy's element here: %zu bytes, %s)\n", e,
-             e == 2 ? "bf16" : "fp32 holding bf16 values, this CPU's bf16 product being an fp32 sgemm (gemm.h)");
+             e == 2 ? "bf16, c = 1"
+                    : "fp32 holding bf16 values, this CPU's bf16 product being an fp32 sgemm (gemm.h); c = 0: the block's "
+                      "P and dS, scratch, rounded in place");
     log0("  (K = B Tl Hkv hd, Q = B Tl H hd: this rank's k and q; Tl = %d rows, Tc = %d", d->T, d->T / 2);
     if (o->method == CP_ALLTOALL) {
         int nb = causal_query_blocks(T);

@@ -4,7 +4,8 @@
  * (including a stride-0 operand, as grouped-query attention uses). What passes here is the
  * exact argument tuple cuBLAS receives on the GPU. Then the typed products (bf16 operands, fp32 or
  * bf16 C: oneDNN here, cublasGemmEx on the GPU) against a sum in double, within the bound of fp32
- * accumulation in any order and, for a bf16 C, its one rounding. */
+ * accumulation in any order and, for a bf16 C, its one rounding; and the typed batch (attention's
+ * bf16 products: cublasGemmStridedBatchedEx on the GPU) against the fp32 batch on the same values. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -134,6 +135,41 @@ int main(int argc, char **argv) {
             CHECK(max_diff(C, want, nc) < 1e-5, "batched ta=%d tb=%d differs by %g", ta, tb, max_diff(C, want, nc));
             device_free(dA); device_free(dB); device_free(dC);
             free(A); free(B); free(C); free(want);
+        }
+
+    /* the typed batch (attention under --dtype bf16): bf16 operands at their strides (in elements of
+     * bf16, B shared at stride 0), padded leading dimensions, into fp32 C, against the fp32 batch of
+     * the same values (every product of two bf16 values is exact in fp32: the same sums, up to the
+     * order a backend adds them), and fp32 operands, which must be the fp32 batch itself */
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            const int batch = 3, lda = 11, ldb = 9, ldc = 13;
+            const long long sa = 40, sb = 0, sc = 70;
+            size_t na = sa * batch + 64, nb = 64, nc = sc * batch + 64;
+            float *A = random_host("A3", na), *B = random_host("B3", nb), *C = random_host("C3", nc);
+            float *got = malloc(nc * sizeof(float)), *want = malloc(nc * sizeof(float));
+            void *hA = bf16_device(A, na), *hB = bf16_device(B, nb);   /* A, B now hold the bf16 values */
+            float *dA = device_alloc_floats(na, MEM_BUFFERS), *dB = device_alloc_floats(nb, MEM_BUFFERS);
+            float *dC = device_alloc_floats(nc, MEM_BUFFERS), *dW = device_alloc_floats(nc, MEM_BUFFERS);
+            device_copy_to_device(dA, A, na * 4);
+            device_copy_to_device(dB, B, nb * 4);
+            device_copy_to_device(dC, C, nc * 4);
+            device_copy_to_device(dW, C, nc * 4);
+            matmul_strided_batched(dW, dA, dB, M, N, K, ta, tb, lda, ldb, ldc, sa, sb, sc, batch, 0.5f, 1.0f);
+            matmul_strided_batched_typed(dC, hA, hB, DTYPE_BF16, M, N, K, ta, tb, lda, ldb, ldc, sa, sb, sc, batch,
+                                         0.5f, 1.0f);
+            device_copy_to_host(got, dC, nc * 4);
+            device_copy_to_host(want, dW, nc * 4);
+            CHECK(max_diff(got, want, nc) < 1e-5, "typed batch ta=%d tb=%d: bf16 differs from the fp32 batch by %g", ta,
+                  tb, max_diff(got, want, nc));
+            device_copy_to_device(dC, C, nc * 4);
+            matmul_strided_batched_typed(dC, dA, dB, DTYPE_F32, M, N, K, ta, tb, lda, ldb, ldc, sa, sb, sc, batch,
+                                         0.5f, 1.0f);
+            device_copy_to_host(got, dC, nc * 4);
+            CHECK(max_diff(got, want, nc) == 0, "typed batch ta=%d tb=%d: fp32 operands differ from the fp32 batch by %g",
+                  ta, tb, max_diff(got, want, nc));
+            device_free(hA); device_free(hB); device_free(dA); device_free(dB); device_free(dC); device_free(dW);
+            free(A); free(B); free(C); free(got); free(want);
         }
 
     /* typed: bf16 operands, an fp32 or a bf16 C, every transpose, the scalings (and alpha 1, beta

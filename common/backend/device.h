@@ -51,6 +51,10 @@ float *device_alloc_floats(size_t n, mem_category cat);
 /* n elements of type t (dtype.h): n x dtype_size(t) bytes. */
 static inline void *device_alloc_elems(size_t n, dtype t, mem_category cat) { return device_alloc(n * dtype_size(t), cat); }
 int *device_alloc_ints(size_t n, mem_category cat);
+/* The same without the zeroing, for a buffer the caller writes whole before anything reads it
+ * (a GEMM operand's rounded copy: linear.c's and attention's operand_in). Its bytes are whatever
+ * the block held. */
+void *device_alloc_overwritten(size_t bytes, mem_category cat);
 void device_free(void *p);
 
 void device_copy_to_device(void *dst, const void *src_host, size_t bytes);

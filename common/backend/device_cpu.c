@@ -42,13 +42,17 @@ double device_memory_available(int ranks_sharing) {
  * to a cache line. The memset zeroes it and also touches every page now, at allocation: calloc
  * would map the pages lazily, and the first kernel to write them (inside a training step) would
  * take the page faults. */
-void *device_alloc(size_t bytes, mem_category cat) {
+void *device_alloc_overwritten(size_t bytes, mem_category cat) {
     void *p = mem_cache_take(bytes);
     size_t lines = bytes ? (bytes + 63) / 64 : 1;   /* aligned_alloc wants a multiple of 64 */
     if (!p) p = aligned_alloc(64, lines * 64);
     if (!p) mem_out_of_memory(bytes, cat);
-    memset(p, 0, bytes);
     mem_track_alloc(p, bytes, cat);
+    return p;
+}
+void *device_alloc(size_t bytes, mem_category cat) {
+    void *p = device_alloc_overwritten(bytes, cat);
+    memset(p, 0, bytes);
     return p;
 }
 float *device_alloc_floats(size_t n, mem_category cat) { return device_alloc(n * sizeof(float), cat); }

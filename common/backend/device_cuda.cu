@@ -192,7 +192,7 @@ double device_memory_available(int ranks_sharing) {
  * allocator); the pool's allocations are ordered on the stream instead, and with its release
  * threshold at the maximum (device_init) what is freed stays in the pool for the next
  * allocation. The memset is queued on the stream, so any kernel issued afterwards sees zeros. */
-void *device_alloc(size_t bytes, mem_category cat) {
+void *device_alloc_overwritten(size_t bytes, mem_category cat) {
     void *p = mem_cache_take(bytes);
     if (!p) {
         cudaError_t err = cudaMallocAsync(&p, bytes > 0 ? bytes : 1, g_stream);   /* like calloc: valid for 0 */
@@ -208,8 +208,12 @@ void *device_alloc(size_t bytes, mem_category cat) {
             exit(1);
         }
     }
-    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g_stream));
     mem_track_alloc(p, bytes, cat);
+    return p;
+}
+void *device_alloc(size_t bytes, mem_category cat) {
+    void *p = device_alloc_overwritten(bytes, cat);
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g_stream));
     return p;
 }
 

@@ -128,7 +128,7 @@ void attention_backward_in(dtype compute, float *dq, float *dk, float *dv, float
     operand_release(v, vo);
     operand_release(probs, po);
     causal_softmax_backward(dprobs, probs, B * H * T, T);
-    const void *dso = operand_in(compute, dprobs, (size_t)B * H * TT, &t), *qo = operand_in(compute, q, (size_t)B * T * ldq, &t),
+    const void *dso = operand_in_place(compute, dprobs, (size_t)B * H * TT, &t),   /* (dprobs: scratch) */ *qo = operand_in(compute, q, (size_t)B * T * ldq, &t),
                *ko = operand_in(compute, k, (size_t)B * T * ldkv, &t);
     for (int b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++)

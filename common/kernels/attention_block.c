@@ -52,7 +52,8 @@ void attention_block_forward_in(dtype compute, float *out, float *lse, const flo
     attention_block_softmax_forward(scores, lse, B, H, Tq, Tk, q_offset, k_offset);
     /* out_h = P_h v_g : [Tq, hd], written into the head's columns of out */
     if (Tk == 0) device_zero(out, (size_t)B * Tq * H * hd * sizeof(float));
-    const void *po = operand_in(compute, scores, (size_t)B * H * TqTk, &t), *vo = operand_in(compute, v, nk, &t);
+    /* (scores, now P, is this call's scratch: rounded in place where the product reads fp32) */
+    const void *po = operand_in_place(compute, scores, (size_t)B * H * TqTk, &t), *vo = operand_in(compute, v, nk, &t);
     for (int b = 0; b < B && Tk > 0; b++)
         for (int g = 0; g < Hkv; g++) {
             const void *p_g = dtype_const_at(po, t, ((size_t)b * H + (size_t)g * group) * TqTk);
@@ -79,7 +80,8 @@ void attention_block_forward(float *out, float *lse, const float *q, const float
  * would have its entries write the same dV_g at once, a race on the GPU); every call has
  * beta = 1, so all three outputs accumulate onto what the caller holds. In bf16 the products'
  * operands are rounded (q, k, dout, v; then P and dS); the kernel reads fp32 S, dP, dout, out.
- * The copies held at most: q, dout and k, with v or with P and dS. */
+ * The copies held at most: q, dout and k, with v or with P and dS (these two rounded in place
+ * where the product reads fp32: they are this call's scratch). */
 void attention_block_backward_in(dtype compute, float *dq, float *dk, float *dv, const float *dout, const float *out,
                                  const float *lse, const float *q, const float *k, const float *v, int B, int Tq,
                                  int Tk, int H, int Hkv, int hd, int q_offset, int k_offset) {
@@ -110,7 +112,8 @@ void attention_block_backward_in(dtype compute, float *dq, float *dk, float *dv,
     /* (D = dout . out with dout rounded as dP's GEMM read it: llama_math.h) */
     attention_block_softmax_backward(probs, dprobs, lse, dout, out, B, H, Tq, Tk, hd, q_offset, k_offset,
                                      compute == DTYPE_BF16);
-    const void *po = operand_in(compute, probs, nscores, &t), *dso = operand_in(compute, dprobs, nscores, &t);
+    /* (both are this call's scratch: rounded in place where the product reads fp32) */
+    const void *po = operand_in_place(compute, probs, nscores, &t), *dso = operand_in_place(compute, dprobs, nscores, &t);
     for (int b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++) {
             size_t q_g = (size_t)b * Tq * ldq + (size_t)g * group * hd, k_g = (size_t)b * Tk * ldkv + (size_t)g * hd;

@@ -41,7 +41,7 @@ size_t linear_bf16_rounded(void) { return rounded; }
 void linear_bf16_uncount(size_t n) { rounded -= n; }
 
 float *bf16_values(const float *x, size_t n) {
-    float *v = device_alloc_floats(n, MEM_BUFFERS);
+    float *v = device_alloc_overwritten(n * sizeof(float), MEM_BUFFERS);   /* written whole below */
     round_to_bf16(v, x, n);
     return v;
 }
@@ -56,7 +56,7 @@ float *linear_bf16_values(const float *x, size_t n) {
  * way the GEMM multiplies the same values: the same bits. */
 static void *bf16_copy(const float *x, size_t n, dtype t) {
     if (t != DTYPE_BF16) return bf16_values(x, n);
-    uint16_t *h = device_alloc_elems(n, DTYPE_BF16, MEM_BUFFERS);
+    uint16_t *h = device_alloc_overwritten(n * sizeof(uint16_t), MEM_BUFFERS);
     cast_to_bf16(h, x, n);
     return h;
 }
@@ -73,6 +73,14 @@ const void *operand_in(dtype compute, const float *x, size_t n, dtype *t) {
     }
     *t = gemm_bf16_operand_type();
     return bf16_copy(x, n, *t);
+}
+const void *operand_in_place(dtype compute, float *x, size_t n, dtype *t) {
+    if (compute == DTYPE_BF16 && gemm_bf16_operand_type() == DTYPE_F32) {
+        *t = DTYPE_F32;
+        round_to_bf16(x, x, n);
+        return x;
+    }
+    return operand_in(compute, x, n, t);
 }
 void operand_release(const float *x, const void *operand) {
     if (operand != x) device_free((void *)operand);

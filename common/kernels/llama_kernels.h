@@ -77,6 +77,9 @@ float *linear_bf16_values(const float *x, size_t n);
  * gemm_bf16_operand_type). operand_release(x, operand) frees a copy, not x. Not counted below (the
  * linears' count): attention's products round their operands this way. */
 const void *operand_in(dtype compute, const float *x, size_t n, dtype *t);
+/* ... of a scratch x that nothing reads afterwards (attention's dS): where the product reads fp32
+ * holding bf16 values, x itself rounded in place (no copy); else operand_in's. */
+const void *operand_in_place(dtype compute, float *x, size_t n, dtype *t);
 void operand_release(const float *x, const void *operand);
 /* The elements the functions above have rounded to bf16 on this rank, since the start (every
  * operand copy counts its elements); uncount takes back n of them (the --check baseline's, which
@@ -155,8 +158,10 @@ void attention_block_backward(float *dq, float *dk, float *dv, const float *dout
 /* The same in a compute precision, as attention_forward_in: in bf16 each product's operands rounded
  * (forward: q and k, then P and v; backward: q, k, dout and v, then P and dS), fp32 accumulation,
  * the softmax kernels, lse, out and the gradients fp32. The rounded copies (operand_in's, elements
- * of its type) held at most: forward Tk Hkv hd + max(Tq H hd, H Tq Tk), backward
- * 2 Tq H hd + Tk Hkv hd + max(Tk Hkv hd, 2 H Tq Tk), per sequence of the call (B = 1). */
+ * of its type) held at most: forward Tk Hkv hd + max(Tq H hd, c H Tq Tk), backward
+ * 2 Tq H hd + Tk Hkv hd + max(Tk Hkv hd, 2 c H Tq Tk), per sequence of the call (B = 1); c = 1
+ * where the copies are bf16, 0 where the product reads fp32 (P and dS are then rounded in place:
+ * operand_in_place). */
 void attention_block_forward_in(dtype compute, float *out, float *lse, const float *q, const float *k, const float *v,
                                 int B, int Tq, int Tk, int H, int Hkv, int hd, int q_offset, int k_offset);
 void attention_block_backward_in(dtype compute, float *dq, float *dk, float *dv, const float *dout, const float *out,
