@@ -328,7 +328,7 @@ static void kv_backward(cp_state *s, const cp_shape *z, float *dq, float *dk, fl
         /* step t: the block of rank r - t and its gradient so far are in hand; the block moves on
          * while this rank adds its share, then the gradient follows it. After C steps the last
          * send brings every block's whole gradient home. */
-        void *incoming = device_alloc_elems(n, w, MEM_BUFFERS);
+        void *incoming = device_alloc(n * dtype_size(w), MEM_BUFFERS);   /* the next block, as kv */
         float *dkv_in = device_alloc_floats(n, MEM_BUFFERS);
         for (int t = 0; t < s->C; t++) {
             comm_request req = {0};
