@@ -531,9 +531,10 @@ static void cp_reduce_grads(void *state, const llama_plan *p, llama_model *m) {
  * ranks do, on one device: ring and all-gather, every sequence in the same 2C chunks, query chunk
  * a against key chunks b <= a, each pair one block call, merged by lse; all-to-all, the causal
  * query blocks of attention_lse; each query chunk's blocks merged in its rank's order, so that
- * lse, from which the backward recomputes P, is the ranks' bit for bit. Only the grouping follows the layout, as chapter 07's baseline
- * cuts its contractions (docs/design.md, "Parity"); in fp32 the two differ by reordering alone
- * and the baseline keeps the whole-sequence kernel. Saved: lse, B H T floats. */
+ * lse, from which the backward recomputes P, is the ranks' bit for bit. Only the grouping follows
+ * the layout, as chapter 07's baseline cuts its contractions (docs/design.md, "Parity"); in fp32
+ * the two differ by reordering alone and the baseline keeps the whole-sequence kernel. Saved:
+ * lse, B H T floats. */
 typedef struct { cp_options o; int C; } cp_baseline_state;
 static void cp_baseline_free_state(void *state) { free(state); }
 static const plan_technique cp_baseline_technique = {"context parallel's blocks", cp_baseline_free_state};
@@ -565,21 +566,26 @@ typedef struct {
     float *dq, *dk, *dv;                        /* backward: accumulated (+=)   */
     const float *q, *k, *v, *dout, *out_read, *lse_read;   /* backward: the forward's out and lse */
 } chunk_pass;
+/* Pair (b, a, c)'s offsets: query chunk a's rows in q, out [B, T, H, hd], key chunk c's in k, v
+ * [B, T, Hkv, hd], and query chunk a's lse in [B][2C chunks][H][Tc]. */
+typedef struct { size_t q, k, lse; } pair_at;
+static pair_at pair_offsets(const chunk_pass *x, int b, int a, int c) {
+    return (pair_at){((size_t)b * x->T + (size_t)a * x->Tc) * x->H * x->hd,
+                     ((size_t)b * x->T + (size_t)c * x->Tc) * x->Hkv * x->hd, ((size_t)b * x->n + a) * x->H * x->Tc};
+}
 static void pair_forward(void *arg, int b, int a, int c) {
     chunk_pass *x = arg;
-    size_t qa = ((size_t)b * x->T + (size_t)a * x->Tc) * x->H * x->hd, kc = ((size_t)b * x->T + (size_t)c * x->Tc) * x->Hkv * x->hd;
-    size_t la = ((size_t)b * x->n + a) * x->H * x->Tc;   /* lse [B][2C chunks][H][Tc] */
-    attention_block_forward_in(x->compute, x->out_b, x->lse_b, x->q + qa, x->k + kc, x->v + kc, 1, x->Tc, x->Tc, x->H,
-                               x->Hkv, x->hd, a * x->Tc, c * x->Tc);
-    attention_merge(x->out + qa, x->lse + la, x->out_b, x->lse_b, 1, x->Tc, x->H, x->hd);
+    pair_at o = pair_offsets(x, b, a, c);
+    attention_block_forward_in(x->compute, x->out_b, x->lse_b, x->q + o.q, x->k + o.k, x->v + o.k, 1, x->Tc, x->Tc,
+                               x->H, x->Hkv, x->hd, a * x->Tc, c * x->Tc);
+    attention_merge(x->out + o.q, x->lse + o.lse, x->out_b, x->lse_b, 1, x->Tc, x->H, x->hd);
 }
 static void pair_backward(void *arg, int b, int a, int c) {
     chunk_pass *x = arg;
-    size_t qa = ((size_t)b * x->T + (size_t)a * x->Tc) * x->H * x->hd, kc = ((size_t)b * x->T + (size_t)c * x->Tc) * x->Hkv * x->hd;
-    size_t la = ((size_t)b * x->n + a) * x->H * x->Tc;
-    attention_block_backward_in(x->compute, x->dq + qa, x->dk + kc, x->dv + kc, x->dout + qa, x->out_read + qa, x->lse_read + la,
-                                x->q + qa, x->k + kc, x->v + kc, 1, x->Tc, x->Tc, x->H, x->Hkv, x->hd, a * x->Tc,
-                                c * x->Tc);
+    pair_at o = pair_offsets(x, b, a, c);
+    attention_block_backward_in(x->compute, x->dq + o.q, x->dk + o.k, x->dv + o.k, x->dout + o.q, x->out_read + o.q,
+                                x->lse_read + o.lse, x->q + o.q, x->k + o.k, x->v + o.k, 1, x->Tc, x->Tc, x->H, x->Hkv,
+                                x->hd, a * x->Tc, c * x->Tc);
 }
 
 static void baseline_forward(void *state, const llama_plan *p, dtype compute, float *out, float *lse,

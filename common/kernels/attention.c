@@ -49,8 +49,9 @@ void attention_forward_in(dtype compute, float *out, float *probs, const float *
     int ldq = H * hd, ldkv = Hkv * hd;     /* row strides of q/out and of k/v */
     long long TT = (long long)T * T;
     float scale = attention_scale(hd);
+    size_t nq = (size_t)B * T * ldq, nk = (size_t)B * T * ldkv, np = (size_t)B * H * TT;
     dtype t;
-    const void *qo = operand_in(compute, q, (size_t)B * T * ldq, &t), *ko = operand_in(compute, k, (size_t)B * T * ldkv, &t);
+    const void *qo = operand_in(compute, q, nq, &t), *ko = operand_in(compute, k, nk, &t);
     /* scores[b, h] = scale * q_h k_g^T : [T, T], each query block against keys [0, r1) */
     for (int b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++)
@@ -65,7 +66,7 @@ void attention_forward_in(dtype compute, float *out, float *probs, const float *
     operand_release(q, qo);
     operand_release(k, ko);
     causal_softmax_forward(probs, B * H * T, T);
-    const void *po = operand_in(compute, probs, (size_t)B * H * TT, &t), *vo = operand_in(compute, v, (size_t)B * T * ldkv, &t);
+    const void *po = operand_in(compute, probs, np, &t), *vo = operand_in(compute, v, nk, &t);
     /* out_h = P_h v_g : [T, hd], written into the head's columns of out; block r sums keys [0, r1) */
     for (int b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++)
@@ -102,50 +103,53 @@ void attention_backward_in(dtype compute, float *dq, float *dk, float *dv, float
     int ldq = H * hd, ldkv = Hkv * hd;
     long long TT = (long long)T * T;
     float scale = attention_scale(hd);
+    size_t nq = (size_t)B * T * ldq, nk = (size_t)B * T * ldkv, np = (size_t)B * H * TT;
     dtype t;
-    const void *douto = operand_in(compute, dout, (size_t)B * T * ldq, &t), *vo = operand_in(compute, v, (size_t)B * T * ldkv, &t),
-               *po = operand_in(compute, probs, (size_t)B * H * TT, &t);
+    const void *douto = operand_in(compute, dout, nq, &t), *vo = operand_in(compute, v, nk, &t);
+    const void *po = operand_in(compute, probs, np, &t);
     for (int b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++)
             for (int r = 0; r < nb; r++) {
                 int r0 = causal_block_row(r, nb, T), r1 = causal_block_row(r + 1, nb, T);
-                size_t dout_g = (size_t)b * T * ldq + (size_t)g * group * hd, p_g = ((size_t)b * H + (size_t)g * group) * TT;
+                size_t dout_g = (size_t)b * T * ldq + (size_t)g * group * hd;
+                size_t p_g = ((size_t)b * H + (size_t)g * group) * TT;
                 const void *v_g = dtype_const_at(vo, t, (size_t)b * T * ldkv + (size_t)g * hd);
                 float *dp_g = dprobs + p_g;
                 float *dv_g = dv + ((size_t)b * T + r0) * ldkv + (size_t)g * hd;
                 /* dV_g rows [r0, r1) = sum_h P_h[r0:T, r0:r1]^T dOut_h[r0:T] : [r1 - r0, hd] */
                 for (int i = 0; i < group; i++)
                     matmul_strided_batched_typed(dv_g, dtype_const_at(po, t, p_g + i * TT + (size_t)r0 * T + r0),
-                                                 dtype_const_at(douto, t, dout_g + (size_t)r0 * ldq + i * hd), t, r1 - r0, hd,
-                                                 T - r0, true, false, T, ldq, ldkv, 0, 0, 0, 1, 1.0f,
+                                                 dtype_const_at(douto, t, dout_g + (size_t)r0 * ldq + i * hd), t,
+                                                 r1 - r0, hd, T - r0, true, false, T, ldq, ldkv, 0, 0, 0, 1, 1.0f,
                                                  i == 0 ? 0.0f : 1.0f);
                 /* dP_h rows [r0, r1) = dOut_h[r0:r1] V_g[0:r1]^T, one per head, so one batched call */
-                matmul_strided_batched_typed(dp_g + (size_t)r0 * T, dtype_const_at(douto, t, dout_g + (size_t)r0 * ldq), v_g,
-                                             t, r1 - r0, r1, hd, false, true, ldq, ldkv, T, hd, 0, TT, group, 1.0f,
-                                             0.0f);
+                matmul_strided_batched_typed(dp_g + (size_t)r0 * T, dtype_const_at(douto, t, dout_g + (size_t)r0 * ldq),
+                                             v_g, t, r1 - r0, r1, hd, false, true, ldq, ldkv, T, hd, 0, TT, group,
+                                             1.0f, 0.0f);
             }
     operand_release(dout, douto);
     operand_release(v, vo);
     operand_release(probs, po);
     causal_softmax_backward(dprobs, probs, B * H * T, T);
-    const void *dso = operand_in_place(compute, dprobs, (size_t)B * H * TT, &t),   /* (dprobs: scratch) */ *qo = operand_in(compute, q, (size_t)B * T * ldq, &t),
-               *ko = operand_in(compute, k, (size_t)B * T * ldkv, &t);
+    const void *dso = operand_in_place(compute, dprobs, np, &t);   /* (dprobs: this call's scratch) */
+    const void *qo = operand_in(compute, q, nq, &t), *ko = operand_in(compute, k, nk, &t);
     for (int b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++)
             for (int r = 0; r < nb; r++) {
                 int r0 = causal_block_row(r, nb, T), r1 = causal_block_row(r + 1, nb, T);
-                size_t q_g = (size_t)b * T * ldq + (size_t)g * group * hd, ds_g = ((size_t)b * H + (size_t)g * group) * TT;
+                size_t q_g = (size_t)b * T * ldq + (size_t)g * group * hd;
+                size_t ds_g = ((size_t)b * H + (size_t)g * group) * TT;
                 const void *k_g = dtype_const_at(ko, t, (size_t)b * T * ldkv + (size_t)g * hd);
                 float *dq_g = dq + ((size_t)b * T + r0) * ldq + (size_t)g * group * hd;
                 float *dk_g = dk + ((size_t)b * T + r0) * ldkv + (size_t)g * hd;
                 /* dQ_h rows [r0, r1) = scale dS_h[r0:r1, 0:r1] K_g[0:r1], one per head */
-                matmul_strided_batched_typed(dq_g, dtype_const_at(dso, t, ds_g + (size_t)r0 * T), k_g, t, r1 - r0, hd, r1,
-                                             false, false, T, ldkv, ldq, TT, 0, hd, group, scale, 0.0f);
+                matmul_strided_batched_typed(dq_g, dtype_const_at(dso, t, ds_g + (size_t)r0 * T), k_g, t, r1 - r0, hd,
+                                             r1, false, false, T, ldkv, ldq, TT, 0, hd, group, scale, 0.0f);
                 /* dK_g rows [r0, r1) = scale sum_h dS_h[r0:T, r0:r1]^T Q_h[r0:T] */
                 for (int i = 0; i < group; i++)
                     matmul_strided_batched_typed(dk_g, dtype_const_at(dso, t, ds_g + i * TT + (size_t)r0 * T + r0),
-                                                 dtype_const_at(qo, t, q_g + (size_t)r0 * ldq + i * hd), t, r1 - r0, hd,
-                                                 T - r0, true, false, T, ldq, ldkv, 0, 0, 0, 1, scale,
+                                                 dtype_const_at(qo, t, q_g + (size_t)r0 * ldq + i * hd), t, r1 - r0,
+                                                 hd, T - r0, true, false, T, ldq, ldkv, 0, 0, 0, 1, scale,
                                                  i == 0 ? 0.0f : 1.0f);
             }
     operand_release(dprobs, dso);

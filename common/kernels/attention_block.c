@@ -113,7 +113,8 @@ void attention_block_backward_in(dtype compute, float *dq, float *dk, float *dv,
     attention_block_softmax_backward(probs, dprobs, lse, dout, out, B, H, Tq, Tk, hd, q_offset, k_offset,
                                      compute == DTYPE_BF16);
     /* (both are this call's scratch: rounded in place where the product reads fp32) */
-    const void *po = operand_in_place(compute, probs, nscores, &t), *dso = operand_in_place(compute, dprobs, nscores, &t);
+    const void *po = operand_in_place(compute, probs, nscores, &t);
+    const void *dso = operand_in_place(compute, dprobs, nscores, &t);
     for (int b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++) {
             size_t q_g = (size_t)b * Tq * ldq + (size_t)g * group * hd, k_g = (size_t)b * Tk * ldkv + (size_t)g * hd;
