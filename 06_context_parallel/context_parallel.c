@@ -624,7 +624,7 @@ static void baseline_backward(void *state, const llama_plan *p, dtype compute, f
 static size_t baseline_saved_numel(void *state, const llama_plan *p, int B, int T, int H) { return (size_t)B * H * T; }
 
 bool context_parallel_baseline(llama_plan *baseline, dtype precision, const cp_options *o, int cp) {
-    if (cp <= 1 || precision != DTYPE_BF16) return false;
+    if (cp < 1 || precision != DTYPE_BF16) return false;
     cp_baseline_state *s = plan_push(baseline, &cp_baseline_technique, calloc(1, sizeof(cp_baseline_state)), 0);
     s->o = *o;
     s->C = cp;
@@ -654,8 +654,8 @@ void context_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_con
     plan->attention = (attention_ops){s, cp_attention_forward, cp_attention_backward, cp_saved_numel};
     plan_wrap(plan->reduce_grads, s->below_reduce, ((grad_reduce_ops){s, cp_reduce_grads}));
     /* --dump: under bf16 the blocks' roundings are the run's (docs/dump-format.md): ring and
-     * all-gather 2C chunk blocks; all-to-all one (whole sequences, FlashAttention's backward) */
-    if (c->precision == DTYPE_BF16 && s->C > 1) dump_set_attention_blocks(o->method == CP_ALLTOALL ? 1 : 2 * s->C);
+     * all-gather 2C chunk blocks (two on one rank); all-to-all one (FlashAttention's backward) */
+    if (c->precision == DTYPE_BF16) dump_set_attention_blocks(o->method == CP_ALLTOALL ? 1 : 2 * s->C);
 }
 
 double context_parallel_work(const llama_plan *plan) { return state_of(plan)->work; }

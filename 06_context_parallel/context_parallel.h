@@ -68,11 +68,12 @@ void context_parallel_validate(int cp);
  * this rank, the attention operator of the method, the gradient all-reduce over cp. */
 void context_parallel_apply(llama_plan *plan, device_mesh *mesh, const llama_config *c, const cp_options *o);
 
-/* The --check baseline's attention for a run over `cp` ranks, the baseline in `precision`
- * (run_baseline_precision): under bf16 (and cp > 1) installs into `baseline` (the single-device plan) attention computed in the
- * ranks' blocks, on one device (the method's chunks and block kernels; context_parallel.c says
- * why) and returns true; otherwise leaves it as it is (the whole-sequence kernel) and returns
- * false. Give the baseline plan to run_baseline_create. */
+/* The --check baseline's attention for a run whose plan has context parallelism over `cp` ranks
+ * (one included: its two chunks), the baseline in `precision` (run_baseline_precision): under
+ * bf16 installs into `baseline` (the single-device plan) attention computed in the ranks' blocks,
+ * on one device (the method's chunks and block kernels; context_parallel.c says why) and returns
+ * true; otherwise leaves it as it is (the whole-sequence kernel) and returns false. Give the
+ * baseline plan to run_baseline_create. */
 bool context_parallel_baseline(llama_plan *baseline, dtype precision, const cp_options *o, int cp);
 
 /* Context parallelism's rules for mesh_create (mesh.h).

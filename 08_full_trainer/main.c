@@ -207,7 +207,7 @@ int main(int argc, char **argv) {
     if (comm_world()->rank == 0 && !o.check)
         t.csv = csv_open(path, "step,loss,val_loss,lr,grad_norm,tokens_per_s,step_ms,mfu,mem_bytes,unigram_loss");
     /* (under --dtype bf16 with cp, the baseline's attention in the cp ranks' blocks: 06's) */
-    bool blocks = context_parallel_baseline(&baseline, run_baseline_precision(&o), &co.par.cp, g[MESH_CP]);
+    bool blocks = g[MESH_CP] > 1 && context_parallel_baseline(&baseline, run_baseline_precision(&o), &co.par.cp, g[MESH_CP]);
     run_loop loop = run_loop_begin(&o, model, run_baseline_create(&o, fp8 || blocks ? &baseline : NULL, fp8), "4-D",
                                     curves ? curves_path : NULL);
     loop.own_metrics = true;   /* the metrics line; the step line of run.h beside the baseline only */

@@ -360,7 +360,7 @@ int main(int argc, char **argv) {
                                                       sizeof float8_json));
     }
     /* (under --dtype bf16 with cp, the baseline's attention in the cp ranks' blocks: 06's) */
-    bool blocks = context_parallel_baseline(&baseline, run_baseline_precision(&o), &co.context, co.cp);
+    bool blocks = co.cp > 1 && context_parallel_baseline(&baseline, run_baseline_precision(&o), &co.context, co.cp);
     run_loop loop = run_loop_begin(&o, model, run_baseline_create(&o, fp8 || blocks ? &baseline : NULL, fp8), label,
                                    path);
     ep_load_log *log = ep_load_log_open(&plan, model, load_path);
