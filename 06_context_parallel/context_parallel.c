@@ -103,13 +103,11 @@ void cp_working_set_bytes(cp_method method, dtype compute, size_t copy_bytes, in
         *forward += e * block_copies_forward(Tc, Tc, H, Hkv, hd, c);
         *backward += e * block_copies_backward(Tc, Tc, H, Hkv, hd, c);
         break;
-    case CP_ALLGATHER: {   /* every block at 2 bytes (2K (C + 1) x 2), one widened (2K x 4) */
-        double pair = Tc * H * hd + H * Tc + H * Tc * Tc;
-        *forward = 4 * K * (C + 1) + 8 * K + 4 * pair + e * block_copies_forward(Tc, Tc, H, Hkv, hd, c);
-        *backward = 4 * K * (C + 1) + 8 * K * (C + 1) + 8 * K + 8 * H * Tc * Tc +
-                    e * block_copies_backward(Tc, Tc, H, Hkv, hd, c);
+    case CP_ALLGATHER:   /* the C + 1 blocks (this rank's, every rank's) at 2 bytes, not 4, and the
+                          * one in hand widened (2K x 4); the gradients' buffers as fp32's */
+        *forward += 8 * K - 4 * K * (C + 1) + e * block_copies_forward(Tc, Tc, H, Hkv, hd, c);
+        *backward += 8 * K - 4 * K * (C + 1) + e * block_copies_backward(Tc, Tc, H, Hkv, hd, c);
         break;
-    }
     default: {   /* the largest causal block's scores and its copies, against the all-to-all's buffers */
         double T = (double)C * Tl, rows = causal_largest_block((int)T), Hg = H / C, Hkvg = Hkv / C;
         double scores = Hg * rows * T;

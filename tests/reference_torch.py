@@ -27,8 +27,8 @@ This script rebuilds the model from the formulas alone (nothing from the C code)
 step with autograd and torch.optim.AdamW, and compares:
     loss of every step      |c - ref| <= 1e-5 * max(1, |ref|)   (a float8 dump: step 1's only)
     gradients of step 1     max|c - ref| / max|ref| <= 1e-4, per tensor
-A bf16 dump (metadata "dtype": every linear's GEMM operands rounded to bf16, Bf16Linear below, and
-attention's two products' operands, Bf16Product) is
+A bf16 dump (metadata "dtype": every linear's GEMM operands rounded to bf16, bf16_linear below, and
+attention's two products' operands, both Bf16Product) is
 compared at bf16's tolerances (docs/design.md, "Parity in bf16"): the loss within
 4u / sqrt(tokens) relative, u = 2^-8, tokens those of batch_1; each gradient within 4u, in the max
 norm only (the C check adds an l2 norm).
@@ -595,31 +595,13 @@ def to_bf16(t):
     return t.float().bfloat16().to(t.dtype)
 
 
-class Bf16Linear(torch.autograd.Function):
-    """y = x W^T with --dtype bf16's roundings (docs/design.md, "Parity in bf16"): the operands of
-    each GEMM rounded to bf16 (x and W forward; dy, W and x backward), the products summed exactly
-    here (float64; the run sums in fp32), nothing else rounded: y, dx and dW unrounded."""
-
-    @staticmethod
-    def forward(ctx, x, W):
-        xb, Wb = to_bf16(x.detach()), to_bf16(W.detach())
-        ctx.save_for_backward(xb, Wb)
-        return xb @ Wb.T
-
-    @staticmethod
-    def backward(ctx, dy):
-        xb, Wb = ctx.saved_tensors
-        dyb = to_bf16(dy)
-        dx = dyb @ Wb
-        dW = dyb.reshape(-1, Wb.shape[0]).T @ xb.reshape(-1, Wb.shape[1])
-        return dx, dW
-
-
 class Bf16Product(torch.autograd.Function):
-    """alpha a @ b with --dtype bf16's roundings in attention (the run's attention.c): both operands
+    """alpha a @ b with --dtype bf16's roundings (docs/design.md, "Parity in bf16"): both operands
     rounded to bf16 forward, and in the backward the incoming gradient with each operand again
-    (da = alpha bf16(g) bf16(b)^T, db = alpha bf16(a)^T bf16(g)); the products exact here. Its
-    calls are the run's: scale q k^T, P v; the softmax and its backward between them unrounded."""
+    (da = alpha bf16(g) bf16(b)^T, db = alpha bf16(a)^T bf16(g)); the products summed exactly here
+    (float64; the run sums in fp32), nothing else rounded: the product and both gradients
+    unrounded. Its calls are the run's GEMMs: every linear (bf16_linear) and attention's two
+    products, scale q k^T and P v (the softmax and its backward between them unrounded)."""
 
     @staticmethod
     def forward(ctx, a, b, alpha):
@@ -633,6 +615,13 @@ class Bf16Product(torch.autograd.Function):
         ab, bb = ctx.saved_tensors
         gb = to_bf16(g)
         return ctx.alpha * (gb @ bb.transpose(-2, -1)), ctx.alpha * (ab.transpose(-2, -1) @ gb), None
+
+
+def bf16_linear(x, W):
+    """y = x W^T with --dtype bf16's roundings: x and W rounded forward; dy, W and x backward
+    (dx = bf16(dy) bf16(W), dW = bf16(dy)^T bf16(x) over every row of x)."""
+    rows = x.reshape(-1, x.shape[-1])
+    return Bf16Product.apply(rows, W.T, 1.0).reshape(*x.shape[:-1], W.shape[0])
 
 
 class Bf16BlockAttention(torch.autograd.Function):
@@ -855,7 +844,7 @@ def forward(params, config, tokens, float8=None, aux=None):
             if float8 is not None and short in float8.linears:
                 return Float8Linear.apply(x, W, float8, (i, short))
             if config.get("bf16"):
-                return Bf16Linear.apply(x, W)
+                return bf16_linear(x, W)
             return x @ W.T
 
         # attention block: h += wo(attention(rope(wq n), rope(wk n), wv n)),  n = rmsnorm(h)
@@ -876,7 +865,7 @@ def forward(params, config, tokens, float8=None, aux=None):
 
     out = rmsnorm(h, params["norm.weight"], eps)
     if config.get("bf16"):   # the output layer is a linear too (never a float8 one)
-        return Bf16Linear.apply(out, params["output.weight"])
+        return bf16_linear(out, params["output.weight"])
     return out @ params["output.weight"].T
 
 

@@ -38,10 +38,7 @@ double device_memory_available(int ranks_sharing) {
     return kib * 1024.0 / (ranks_sharing > 0 ? ranks_sharing : 1);
 }
 
-/* `bytes` of zeroed memory, counted under `cat`: a block the cache kept, else a new one aligned
- * to a cache line. The memset zeroes it and also touches every page now, at allocation: calloc
- * would map the pages lazily, and the first kernel to write them (inside a training step) would
- * take the page faults. */
+/* `bytes` counted under `cat`: a block the cache kept, else a new one aligned to a cache line. */
 void *device_alloc_overwritten(size_t bytes, mem_category cat) {
     void *p = mem_cache_take(bytes);
     size_t lines = bytes ? (bytes + 63) / 64 : 1;   /* aligned_alloc wants a multiple of 64 */
@@ -50,6 +47,8 @@ void *device_alloc_overwritten(size_t bytes, mem_category cat) {
     mem_track_alloc(p, bytes, cat);
     return p;
 }
+/* ... zeroed. The memset also touches every page now, at allocation: calloc would map the pages
+ * lazily, and the first kernel to write them (inside a training step) would take the page faults. */
 void *device_alloc(size_t bytes, mem_category cat) {
     void *p = device_alloc_overwritten(bytes, cat);
     memset(p, 0, bytes);

@@ -185,13 +185,13 @@ double device_memory_available(int ranks_sharing) {
     return (double)free_bytes / (ranks_sharing > 0 ? ranks_sharing : 1);
 }
 
-/* `bytes` of zeroed GPU memory, counted under `cat`: a block the cache kept (memory.c), else a
+/* `bytes` of GPU memory, counted under `cat`: a block the cache kept (memory.c), else a
  * new one, stream-ordered from the device's pool (cudaMallocAsync). cudaMalloc and cudaFree may
  * synchronise the whole device, and a synchronisation while a collective's kernel waits for a
  * peer that waits for this rank's next kernel never ends (the reason PyTorch has a caching
  * allocator); the pool's allocations are ordered on the stream instead, and with its release
  * threshold at the maximum (device_init) what is freed stays in the pool for the next
- * allocation. The memset is queued on the stream, so any kernel issued afterwards sees zeros. */
+ * allocation. */
 void *device_alloc_overwritten(size_t bytes, mem_category cat) {
     void *p = mem_cache_take(bytes);
     if (!p) {
@@ -211,6 +211,7 @@ void *device_alloc_overwritten(size_t bytes, mem_category cat) {
     mem_track_alloc(p, bytes, cat);
     return p;
 }
+/* ... zeroed: the memset is queued on the stream, so any kernel issued afterwards sees zeros. */
 void *device_alloc(size_t bytes, mem_category cat) {
     void *p = device_alloc_overwritten(bytes, cat);
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g_stream));

@@ -85,7 +85,7 @@ void matmul_strided_batched(float *C, const float *A, const float *B, int M, int
                             bool trans_a, bool trans_b, int lda, int ldb, int ldc,
                             long long stride_a, long long stride_b, long long stride_c,
                             int batch, float alpha, float beta);
-/* ... with typed operands A and B (`ab`: fp32, or bf16 values from gemm_operand_in) into an fp32 C,
+/* ... with typed operands A and B (`ab`: fp32, or bf16 values from llama_kernels.h's operand_in) into an fp32 C,
  * accumulated in fp32: the batched products of attention under --dtype bf16. Offsets into A and B
  * count elements of `ab`. */
 void matmul_strided_batched_typed(float *C, const void *A, const void *B, dtype ab, int M, int N, int K,

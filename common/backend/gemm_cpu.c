@@ -165,8 +165,8 @@ void gemm_colmajor_strided_batched_typed(const gemm_args *g, float alpha, const 
                                          const void *second, long long stride_second, dtype ab, float beta,
                                          float *C, long long stride_c, int batch) {
     for (int i = 0; i < batch; i++)
-        gemm_colmajor_typed(g, alpha, dtype_at((void *)first, ab, (size_t)(i * stride_first)),
-                            dtype_at((void *)second, ab, (size_t)(i * stride_second)), ab, beta, C + i * stride_c,
+        gemm_colmajor_typed(g, alpha, dtype_const_at(first, ab, (size_t)(i * stride_first)),
+                            dtype_const_at(second, ab, (size_t)(i * stride_second)), ab, beta, C + i * stride_c,
                             DTYPE_F32);
 }
 
